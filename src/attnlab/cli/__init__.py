@@ -1,0 +1,1 @@
+"""Command-line entry points (thin `@hydra.main` wrappers)."""

@@ -1,0 +1,157 @@
+"""Turning a composed Hydra config into validated objects, before torch or lightning is imported.
+
+`validate(cfg)` instantiates the torch-free nodes (`model`, `optim`, `data`), checks the trainer's
+simple values and the fit between data and model, and raises `ConfigError` naming the key and the fix.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import inspect
+import os
+import secrets
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from omegaconf import DictConfig, OmegaConf
+
+from attnlab.model.config import TransformerConfig
+from attnlab.optim import OptimConfig
+
+RESERVED_KEYS = {"_target_", "_partial_", "_recursive_", "_convert_", "_args_"}
+ACCELERATORS = {"auto", "cpu", "gpu", "cuda", "mps", "tpu"}
+PRECISIONS = {
+    "32",
+    "32-true",
+    "16-mixed",
+    "bf16-mixed",
+    "bf16-true",
+    "16-true",
+    "64",
+    "64-true",
+    "transformer-engine",
+}
+
+
+class ConfigError(ValueError):
+    """A configuration value is wrong; the message names the key and what to do."""
+
+
+def config_dir() -> Path:
+    """The packaged configs (a wheel install) or the repository's `conf/` (an editable install)."""
+    packaged = Path(__file__).resolve().parent / "conf"
+    return packaged if packaged.is_dir() else Path(__file__).resolve().parents[2] / "conf"
+
+
+def register_resolvers() -> None:
+    """`${attnlab.run_id:}`: a fresh id per composed config (pid + random), so run dirs never collide."""
+    if not OmegaConf.has_resolver("attnlab.run_id"):
+        OmegaConf.register_new_resolver(
+            "attnlab.run_id", lambda: f"{os.getpid():x}-{secrets.token_hex(3)}", use_cache=True
+        )
+
+
+@dataclass(frozen=True)
+class Experiment:
+    """The validated, torch-free parts of a training config."""
+
+    model: TransformerConfig
+    optim: OptimConfig
+    data: Any
+
+
+def _target_class(node: DictConfig, key: str) -> type:
+    from hydra.utils import get_class
+
+    target = node.get("_target_")
+    if target is None:
+        raise ConfigError(f"{key} has no _target_: pick a config from the `{key}` group (e.g. {key}=<name>)")
+    try:
+        return get_class(target)
+    except Exception as exc:  # hydra wraps import errors in its own types
+        raise ConfigError(f"{key}._target_={target} cannot be imported: {exc}") from exc
+
+
+def build_node(node: DictConfig, key: str) -> Any:
+    """Instantiate a torch-free config node, turning any problem into a `ConfigError` naming `key`."""
+    cls = _target_class(node, key)
+    values = OmegaConf.to_container(node, resolve=True)
+    kwargs = {k: v for k, v in values.items() if k not in RESERVED_KEYS}
+    known = (
+        [f.name for f in dataclasses.fields(cls)]
+        if dataclasses.is_dataclass(cls)
+        else list(inspect.signature(cls).parameters)
+    )
+    unknown = sorted(set(kwargs) - set(known))
+    if unknown:
+        raise ConfigError(
+            f"{key}.{unknown[0]} is not a parameter of {cls.__module__}.{cls.__qualname__}; "
+            f"known keys: {', '.join(known)}"
+        )
+    try:
+        return cls(**kwargs)
+    except (ValueError, TypeError) as exc:
+        raise ConfigError(f"{key}.{exc}") from exc
+
+
+def _check_trainer(trainer: DictConfig) -> None:
+    max_epochs = trainer.get("max_epochs")
+    if max_epochs is not None and (not isinstance(max_epochs, int) or max_epochs < -1 or max_epochs == 0):
+        raise ConfigError(
+            f"trainer.max_epochs={max_epochs!r} must be a positive integer (or -1 for no limit)"
+        )
+    accelerator = trainer.get("accelerator")
+    if isinstance(accelerator, str) and accelerator not in ACCELERATORS:
+        raise ConfigError(
+            f"trainer.accelerator={accelerator!r} is unknown: use one of {sorted(ACCELERATORS)}"
+        )
+    precision = trainer.get("precision")
+    if precision is not None and str(precision) not in PRECISIONS:
+        raise ConfigError(f"trainer.precision={precision!r} is unknown: use one of {sorted(PRECISIONS)}")
+    clip = trainer.get("gradient_clip_val")
+    if clip is not None and (not isinstance(clip, (int, float)) or clip < 0):
+        raise ConfigError(f"trainer.gradient_clip_val={clip!r} must be a number >= 0 (or null)")
+    devices = trainer.get("devices")
+    if isinstance(devices, int) and (devices == 0 or devices < -1):
+        raise ConfigError(f"trainer.devices={devices} must be a positive count, -1 (all) or 'auto'")
+
+
+def _check_fit(model: TransformerConfig, data: Any) -> TransformerConfig:
+    vocab = getattr(data, "vocab_size", None)
+    if vocab is not None:
+        if model.src_vocab_size is not None or model.tgt_vocab_size is not None:
+            raise ConfigError(
+                "model.src_vocab_size/model.tgt_vocab_size are set by the data: remove them from the model "
+                "config"
+            )
+        try:
+            model = model.with_vocab(vocab, vocab)
+        except ValueError as exc:
+            raise ConfigError(f"model.{exc} (vocabulary from data: {vocab})") from exc
+    needed = getattr(data, "max_positions_needed", None)
+    if model.pe == "learned" and needed is not None and needed > model.max_positions:
+        raise ConfigError(
+            f"model.max_positions={model.max_positions} is smaller than the {needed} positions the data "
+            f"needs with pe=learned: set model.max_positions>={needed} or use model.pe=sinusoidal"
+        )
+    return model
+
+
+def validate(cfg: DictConfig) -> Experiment:
+    """Validate a composed training config without importing torch.
+
+    Raises:
+        ConfigError: naming the offending key, its value and the fix.
+    """
+    for key in ("model", "optim", "data", "trainer"):
+        if key not in cfg or cfg[key] is None:
+            raise ConfigError(f"the config has no `{key}` node: select one, e.g. `{key}=<name>`")
+    seed = cfg.get("seed")
+    if seed is not None and (not isinstance(seed, int) or isinstance(seed, bool)):
+        raise ConfigError(f"seed={seed!r} must be an integer (or null)")
+    model = build_node(cfg.model, "model")
+    optim = build_node(cfg.optim, "optim")
+    data = build_node(cfg.data, "data")
+    _check_trainer(cfg.trainer)
+    return Experiment(model=_check_fit(model, data), optim=optim, data=data)

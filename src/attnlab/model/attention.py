@@ -1,0 +1,140 @@
+"""Scaled dot-product and multi-head attention (§3.2).
+
+Notation: `B` batch, `T` query length, `S` key/value length, `D` d_model, `H` heads, `Dh` head width.
+Masks are bool and True means "may attend" (the convention of `F.scaled_dot_product_attention`).
+"""
+
+from __future__ import annotations
+
+import math
+
+import torch
+import torch.nn.functional as F
+from torch import Tensor, nn
+
+from attnlab.model.cache import LayerKV
+
+
+def scaled_dot_product_attention(
+    q: Tensor, k: Tensor, v: Tensor, mask: Tensor | None = None, dropout: float = 0.0
+) -> tuple[Tensor, Tensor]:
+    """Attention(Q, K, V) = softmax(Q Kᵀ / sqrt(d_k)) V (§3.2.1, eq. 1), returning the weights too.
+
+    The explicit path, used when the weights are wanted (visualisation, alignment). The fast path is
+    `F.scaled_dot_product_attention`, which computes the same function.
+
+    Args:
+        q: Queries (B, H, T, Dh).
+        k: Keys (B, H, S, Dh).
+        v: Values (B, H, S, Dh).
+        mask: Bool, broadcastable to (B, H, T, S); True = may attend.
+        dropout: Dropout probability on the weights.
+
+    Returns:
+        The output (B, H, T, Dh) and the attention weights (B, H, T, S).
+    """
+    scores = q @ k.transpose(-2, -1) / math.sqrt(q.size(-1))  # (B, H, T, S)
+    if mask is not None:
+        scores = scores.masked_fill(~mask, float("-inf"))
+    weights = scores.softmax(dim=-1)
+    if dropout > 0.0:
+        weights = F.dropout(weights, p=dropout)
+    return weights @ v, weights
+
+
+class MultiHeadAttention(nn.Module):
+    """MultiHead(Q, K, V) = Concat(head_1..head_H) W_o, head_i = Attention(Q W_q^i, K W_k^i, V W_v^i).
+
+    Self-attention when `memory` is None (queries, keys and values all from `x`); cross-attention
+    otherwise (queries from `x`, keys and values from `memory`, §3.2.3).
+
+    Args:
+        d_model: Input and output width D.
+        n_heads: Number of heads H.
+        d_head: Per-head width Dh (default D / H).
+        dropout: Dropout on the attention weights.
+        bias: Whether the four projections have biases.
+    """
+
+    def __init__(
+        self,
+        *,
+        d_model: int,
+        n_heads: int,
+        d_head: int | None = None,
+        dropout: float = 0.0,
+        bias: bool = True,
+    ) -> None:
+        super().__init__()
+        if d_head is None:
+            if d_model % n_heads:
+                raise ValueError(f"n_heads={n_heads} does not divide d_model={d_model}; set d_head")
+            d_head = d_model // n_heads
+        self.n_heads = n_heads
+        self.d_head = d_head
+        self.dropout = dropout
+        inner = n_heads * d_head
+        self.w_q = nn.Linear(d_model, inner, bias=bias)
+        self.w_k = nn.Linear(d_model, inner, bias=bias)
+        self.w_v = nn.Linear(d_model, inner, bias=bias)
+        self.w_o = nn.Linear(inner, d_model, bias=bias)
+
+    def _split_heads(self, x: Tensor) -> Tensor:
+        b, t, _ = x.shape
+        return x.view(b, t, self.n_heads, self.d_head).transpose(1, 2)  # (B, H, T, Dh)
+
+    def _keys_values(self, x: Tensor, memory: Tensor | None, cache: LayerKV | None) -> tuple[Tensor, Tensor]:
+        if memory is None:
+            k, v = self._split_heads(self.w_k(x)), self._split_heads(self.w_v(x))
+            return (k, v) if cache is None else cache.append_self(k, v)
+        if cache is not None and cache.cross_k is not None:
+            return cache.cross_k, cache.cross_v
+        k, v = self._split_heads(self.w_k(memory)), self._split_heads(self.w_v(memory))  # (B, H, S, Dh)
+        if cache is not None:
+            cache.cross_k, cache.cross_v = k, v
+        return k, v
+
+    def forward(
+        self,
+        x: Tensor,
+        memory: Tensor | None = None,
+        *,
+        mask: Tensor | None = None,
+        is_causal: bool = False,
+        cache: LayerKV | None = None,
+        need_weights: bool = False,
+    ) -> tuple[Tensor, Tensor | None]:
+        """Attend from `x` (B, T, D) to itself or to `memory` (B, S, D).
+
+        Args:
+            x: Query-side input (B, T, D).
+            memory: Encoder output (B, S, D) for cross-attention; None for self-attention.
+            mask: Bool mask broadcastable to (B, H, T, S); True = may attend.
+            is_causal: Self-attention may not look ahead: position t attends to positions <= t
+                (counted after the positions already in `cache`).
+            cache: This layer's incremental-decoding cache, updated in place.
+            need_weights: Use the explicit path and also return the weights (B, H, T, S).
+
+        Returns:
+            The output (B, T, D) and the attention weights, or None when not asked for.
+        """
+        q = self._split_heads(self.w_q(x))  # (B, H, T, Dh)
+        past = 0 if cache is None or cache.self_k is None or memory is not None else cache.self_k.shape[2]
+        k, v = self._keys_values(x, memory, cache)  # (B, H, S, Dh)
+        dropout = self.dropout if self.training else 0.0
+        if is_causal and (q.size(2) > 1 and (past > 0 or mask is not None or need_weights)):
+            causal = torch.ones(q.size(2), k.size(2), dtype=torch.bool, device=x.device).tril(past)  # (T, S)
+            mask = causal if mask is None else mask & causal
+            is_causal = False
+        elif is_causal and q.size(2) == 1:
+            is_causal = False  # one new query may attend to everything cached before it
+        if need_weights:
+            out, weights = scaled_dot_product_attention(q, k, v, mask, dropout)
+        else:
+            out = F.scaled_dot_product_attention(
+                q, k, v, attn_mask=mask, dropout_p=dropout, is_causal=is_causal
+            )
+            weights = None
+        b, _, t, _ = out.shape
+        out = out.transpose(1, 2).reshape(b, t, self.n_heads * self.d_head)  # (B, T, H·Dh)
+        return self.w_o(out), weights

@@ -1,0 +1,174 @@
+"""`TranslationModule`: the Transformer trained with label-smoothed cross-entropy and Adam (§5)."""
+
+from __future__ import annotations
+
+import logging
+import time
+from typing import Any
+
+import lightning as L
+import torch
+import torch.nn.functional as F
+from torch import Tensor
+from torchmetrics import SumMetric
+
+from attnlab.decoding import greedy_decode
+from attnlab.model.config import TransformerConfig
+from attnlab.model.transformer import Transformer
+from attnlab.optim import OptimConfig
+
+log = logging.getLogger(__name__)
+
+
+def label_smoothed_nll_loss(
+    logits: Tensor, target: Tensor, *, epsilon: float, ignore_index: int
+) -> tuple[Tensor, Tensor, Tensor]:
+    """Summed label-smoothed cross-entropy and NLL over non-padding targets (§5.4).
+
+    The smoothed target puts 1 - ε on the reference and spreads ε uniformly over all V classes
+    (as `F.cross_entropy(label_smoothing=ε)` does).
+
+    Args:
+        logits: (N, V) or (B, T, V).
+        target: (N,) or (B, T) ids.
+        epsilon: ε_ls.
+        ignore_index: Target id that contributes nothing (padding).
+
+    Returns:
+        (loss sum, nll sum, number of non-padding targets).
+    """
+    lprobs = F.log_softmax(logits.float(), dim=-1).flatten(0, -2)  # (N, V)
+    target = target.flatten()
+    keep = target != ignore_index
+    nll = -lprobs.gather(-1, target.clamp(min=0)[:, None]).squeeze(-1)  # (N,)
+    smooth = -lprobs.mean(dim=-1)  # (N,)
+    nll_sum = nll[keep].sum()
+    loss_sum = (1.0 - epsilon) * nll_sum + epsilon * smooth[keep].sum()
+    return loss_sum, nll_sum, keep.sum()
+
+
+class TranslationModule(L.LightningModule):
+    """Trains a `Transformer` on batches from the data modules (`src`, `tgt_in`, `tgt_out`).
+
+    Logs per step and epoch `train/loss` (label-smoothed), `train/nll`, `train/ppl`, `train/lr`,
+    `train/tokens_per_sec`, `train/tokens_seen`; per validation epoch `val/loss`, `val/nll`,
+    `val/ppl`; on test `test/loss`, `test/ppl` and `test/exact_match` (greedy decoding). Parameter
+    counts go to the loggers at the start of fitting.
+
+    Args:
+        model: The architecture (a `TransformerConfig` or its dict form, with vocabulary sizes set).
+        optim: The objective and optimiser (an `OptimConfig` or its dict form).
+    """
+
+    def __init__(
+        self, model: TransformerConfig | dict[str, Any], optim: OptimConfig | dict[str, Any]
+    ) -> None:
+        super().__init__()
+        self.model_config = model if isinstance(model, TransformerConfig) else TransformerConfig(**model)
+        self.optim_config = optim if isinstance(optim, OptimConfig) else OptimConfig(**optim)
+        # Plain containers only, so checkpoints load with torch.load(weights_only=True).
+        self.save_hyperparameters(
+            {"model": self.model_config.to_dict(), "optim": self.optim_config.to_dict()}
+        )
+        self.model = Transformer(self.model_config)
+        self.sums = torch.nn.ModuleDict(
+            {name: SumMetric() for name in ("loss", "nll", "tokens", "exact", "sentences")}
+        )
+        self._tokens_seen = 0
+        self._step_started = 0.0
+
+    def forward(self, src: Tensor, tgt_in: Tensor) -> Tensor:
+        return self.model(src, tgt_in)
+
+    def _loss(self, batch: dict[str, Tensor], epsilon: float) -> tuple[Tensor, Tensor, Tensor]:
+        logits = self.model(batch["src"], batch["tgt_in"])  # (B, T, V)
+        return label_smoothed_nll_loss(
+            logits, batch["tgt_out"], epsilon=epsilon, ignore_index=self.model_config.pad_id
+        )
+
+    # -- training -----------------------------------------------------------------------------------
+
+    def on_fit_start(self) -> None:
+        counts = {f"params/{k}": float(v) for k, v in self.model.count_parameters().items()}
+        log.info("parameters: %s", {k: int(v) for k, v in counts.items()})
+        for logger in self.loggers:
+            logger.log_metrics(counts, step=0)
+
+    def on_train_batch_start(self, batch: dict[str, Tensor], batch_idx: int) -> None:
+        self._step_started = time.perf_counter()
+
+    def training_step(self, batch: dict[str, Tensor], batch_idx: int) -> Tensor:
+        loss_sum, nll_sum, n_tokens = self._loss(batch, self.optim_config.label_smoothing)
+        n = n_tokens.clamp(min=1)
+        loss, nll = loss_sum / n, nll_sum / n
+        tokens = int(n_tokens) * self.trainer.world_size
+        self._tokens_seen += tokens
+        elapsed = max(time.perf_counter() - self._step_started, 1e-9)
+        self.log_dict(
+            {"train/loss": loss, "train/nll": nll, "train/ppl": torch.exp(nll.detach())},
+            on_step=True, on_epoch=True, prog_bar=True, batch_size=int(n_tokens),
+        )  # fmt: skip
+        self.log_dict(
+            {
+                "train/lr": self.optimizers().param_groups[0]["lr"],
+                "train/tokens_per_sec": tokens / elapsed,
+                "train/tokens_seen": float(self._tokens_seen),
+            },
+            on_step=True, on_epoch=False,
+        )  # fmt: skip
+        return loss
+
+    # -- evaluation -----------------------------------------------------------------------------------
+
+    def _accumulate(self, batch: dict[str, Tensor]) -> None:
+        loss_sum, nll_sum, n_tokens = self._loss(batch, self.optim_config.label_smoothing)
+        self.sums["loss"].update(loss_sum)
+        self.sums["nll"].update(nll_sum)
+        self.sums["tokens"].update(n_tokens)
+
+    def _log_epoch(self, prefix: str) -> None:
+        tokens = self.sums["tokens"].compute().clamp(min=1)
+        nll = self.sums["nll"].compute() / tokens
+        metrics = {f"{prefix}/loss": self.sums["loss"].compute() / tokens, f"{prefix}/nll": nll}
+        metrics[f"{prefix}/ppl"] = torch.exp(nll)
+        if self.sums["sentences"].update_called:
+            metrics[f"{prefix}/exact_match"] = self.sums["exact"].compute() / self.sums["sentences"].compute()
+        self.log_dict(metrics, prog_bar=True, sync_dist=False)
+        for metric in self.sums.values():
+            metric.reset()
+
+    def validation_step(self, batch: dict[str, Tensor], batch_idx: int) -> None:
+        self._accumulate(batch)
+
+    def on_validation_epoch_end(self) -> None:
+        self._log_epoch("val")
+
+    def test_step(self, batch: dict[str, Tensor], batch_idx: int) -> None:
+        self._accumulate(batch)
+        hyp = greedy_decode(self.model, batch["src"])
+        self.sums["exact"].update(exact_matches(hyp, batch["tgt_out"], self.model_config.pad_id))
+        self.sums["sentences"].update(batch["src"].size(0))
+
+    def on_test_epoch_end(self) -> None:
+        self._log_epoch("test")
+
+    # -- optimisation ---------------------------------------------------------------------------------
+
+    def configure_optimizers(self) -> dict[str, Any]:
+        cfg = self.optim_config
+        optimizer_cls = torch.optim.AdamW if cfg.weight_decay > 0 else torch.optim.Adam
+        optimizer = optimizer_cls(
+            self.parameters(), lr=1.0, betas=cfg.betas, eps=cfg.eps, weight_decay=cfg.weight_decay
+        )
+        d_model = self.model_config.d_model
+        # LambdaLR multiplies the base lr (1.0) by lr_at(step); it counts optimizer steps from 0.
+        scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, lambda step: cfg.lr_at(step + 1, d_model))
+        return {"optimizer": optimizer, "lr_scheduler": {"scheduler": scheduler, "interval": "step"}}
+
+
+def exact_matches(hyp: Tensor, ref: Tensor, pad_id: int) -> Tensor:
+    """Number of rows where hypothesis ids (B, T1) equal reference ids (B, T2), padding ignored."""
+    length = max(hyp.size(1), ref.size(1))
+    hyp = F.pad(hyp, (0, length - hyp.size(1)), value=pad_id)
+    ref = F.pad(ref, (0, length - ref.size(1)), value=pad_id)
+    return (hyp == ref).all(dim=1).sum()

@@ -1,0 +1,57 @@
+"""The training objective and optimiser settings (torch-free): `OptimConfig` and the LR schedules."""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+from dataclasses import dataclass
+from typing import Any, Literal
+
+from attnlab.typed import check_fields, require, require_positive, require_probability
+
+Schedule = Literal["noam", "inverse_sqrt"]
+
+
+@dataclass(frozen=True)
+class OptimConfig:
+    """Adam with a warm-up schedule and a label-smoothed loss (§5.3, §5.4).
+
+    Args:
+        schedule: `noam`: lr = lr_scale · D^-0.5 · min(step^-0.5, step · warmup^-1.5) (§5.3, eq. 3);
+            `inverse_sqrt`: lr = peak_lr · min(step / warmup, sqrt(warmup / step)), i.e. linear warm-up
+            to `peak_lr`, then decay ∝ step^-0.5 (fairseq's inverse_sqrt).
+        lr_scale: Multiplier of the `noam` schedule (1.0 in the paper).
+        peak_lr: Peak learning rate of `inverse_sqrt`.
+        warmup_steps: Warm-up length in optimizer steps (4000 in the paper).
+        betas: Adam β1, β2 (0.9, 0.98 in the paper).
+        eps: Adam ε (1e-9 in the paper).
+        weight_decay: Decoupled weight decay (AdamW) when > 0; plain Adam when 0.
+        label_smoothing: ε_ls of the label-smoothed cross-entropy (0.1 in the paper); padding is ignored.
+    """
+
+    schedule: Schedule = "noam"
+    lr_scale: float = 1.0
+    peak_lr: float = 5e-4
+    warmup_steps: int = 4000
+    betas: tuple[float, float] = (0.9, 0.98)
+    eps: float = 1e-9
+    weight_decay: float = 0.0
+    label_smoothing: float = 0.1
+
+    def __post_init__(self) -> None:
+        check_fields(self)
+        require_positive(self, "lr_scale", "peak_lr", "warmup_steps", "eps")
+        require_probability(self, "label_smoothing")
+        require(all(0.0 <= b < 1.0 for b in self.betas), f"betas={list(self.betas)} must each be in [0, 1)")
+        require(self.weight_decay >= 0.0, f"weight_decay={self.weight_decay} must be >= 0")
+
+    def lr_at(self, step: int, d_model: int) -> float:
+        """Learning rate at optimizer step `step` (counted from 1)."""
+        step = max(step, 1)
+        if self.schedule == "noam":
+            return self.lr_scale * d_model**-0.5 * min(step**-0.5, step * self.warmup_steps**-1.5)
+        return self.peak_lr * min(step / self.warmup_steps, math.sqrt(self.warmup_steps / step))
+
+    def to_dict(self) -> dict[str, Any]:
+        """Plain-Python form (for checkpoints and loggers)."""
+        return {**dataclasses.asdict(self), "betas": list(self.betas)}

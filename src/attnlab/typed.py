@@ -1,0 +1,104 @@
+"""Validation of typed config dataclasses against their annotations (torch-free).
+
+Every config object in attnlab (`TransformerConfig`, `OptimConfig`, the data specs) is a dataclass whose
+`__post_init__` calls :func:`check_fields`. Values arriving from Hydra are coerced where that is lossless
+(an OmegaConf list becomes a tuple, an integral float stays a float) and rejected with a message naming the
+field, the value and the accepted values otherwise.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import types
+import typing
+from typing import Any, Literal, Union, get_args, get_origin
+
+
+def _describe(tp: Any) -> str:
+    origin = get_origin(tp)
+    if origin is Literal:
+        return " | ".join(repr(a) for a in get_args(tp))
+    if origin in (Union, types.UnionType):
+        return " | ".join(_describe(a) for a in get_args(tp))
+    if tp is type(None):
+        return "null"
+    if origin is tuple:
+        return "[" + ", ".join(_describe(a) for a in get_args(tp) if a is not Ellipsis) + "]"
+    return getattr(tp, "__name__", str(tp))
+
+
+def _coerce(value: Any, tp: Any) -> tuple[bool, Any]:
+    """Return (ok, coerced value) for `value` against annotation `tp`."""
+    origin = get_origin(tp)
+    if origin is Literal:
+        return (value in get_args(tp) and type(value) in {type(a) for a in get_args(tp)}), value
+    if origin in (Union, types.UnionType):
+        for arg in get_args(tp):
+            ok, coerced = _coerce(value, arg)
+            if ok:
+                return True, coerced
+        return False, value
+    if tp is type(None):
+        return value is None, value
+    if tp is bool:
+        return isinstance(value, bool), value
+    if tp is int:
+        return isinstance(value, int) and not isinstance(value, bool), value
+    if tp is float:
+        if isinstance(value, (int, float)) and not isinstance(value, bool):
+            return True, float(value)
+        return False, value
+    if tp is str:
+        return isinstance(value, str), value
+    if origin is tuple:
+        if isinstance(value, (str, bytes)) or not hasattr(value, "__iter__"):
+            return False, value
+        items = list(value)
+        args = get_args(tp)
+        if len(args) == 2 and args[1] is Ellipsis:
+            args = (args[0],) * len(items)
+        if len(items) != len(args):
+            return False, value
+        out = []
+        for item, arg in zip(items, args, strict=True):
+            ok, coerced = _coerce(item, arg)
+            if not ok:
+                return False, value
+            out.append(coerced)
+        return True, tuple(out)
+    return True, value
+
+
+def check_fields(obj: Any) -> None:
+    """Check (and coerce in place) every field of dataclass `obj` against its type annotation.
+
+    Raises:
+        ValueError: naming the field, the bad value and what is accepted.
+    """
+    hints = typing.get_type_hints(type(obj))
+    for field in dataclasses.fields(obj):
+        value = getattr(obj, field.name)
+        ok, coerced = _coerce(value, hints[field.name])
+        if not ok:
+            raise ValueError(f"{field.name}={value!r} is not valid: expected {_describe(hints[field.name])}")
+        object.__setattr__(obj, field.name, coerced)
+
+
+def require(condition: bool, message: str) -> None:
+    """Raise `ValueError(message)` unless `condition` holds."""
+    if not condition:
+        raise ValueError(message)
+
+
+def require_positive(obj: Any, *names: str) -> None:
+    """Every named field of `obj` must be > 0."""
+    for name in names:
+        value = getattr(obj, name)
+        require(value > 0, f"{name}={value!r} must be positive")
+
+
+def require_probability(obj: Any, *names: str) -> None:
+    """Every named field of `obj` must lie in [0, 1)."""
+    for name in names:
+        value = getattr(obj, name)
+        require(0.0 <= value < 1.0, f"{name}={value!r} must be in [0, 1)")
