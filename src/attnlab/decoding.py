@@ -11,9 +11,12 @@ from torch import Tensor
 from attnlab.model.transformer import Transformer
 
 
-def max_output_length(src: Tensor, pad_id: int, a: float, b: int) -> int:
-    """Longest output allowed for a batch: a · |S| + b over its longest non-pad source."""
-    return int(a * int((src != pad_id).sum(dim=1).max()) + b)
+def max_output_lengths(src: Tensor, pad_id: int, a: float, b: int) -> Tensor:
+    """Longest output allowed for each sentence (B,): a · |S| + b, |S| its non-pad source length.
+
+    Per sentence, so that a sentence decodes the same alone as inside a padded batch.
+    """
+    return (a * (src != pad_id).sum(dim=1) + b).long().clamp(min=1)
 
 
 @torch.inference_mode()
@@ -23,7 +26,7 @@ def greedy_decode(model: Transformer, src: Tensor, *, max_len_a: float = 1.0, ma
     Args:
         model: The Transformer (its mode is left unchanged; call `.eval()` first for inference).
         src: Source ids (B, S), padded with the model's pad id.
-        max_len_a: Output length limit a in a · |S| + b.
+        max_len_a: Output length limit a in a · |S| + b (per sentence, eos included).
         max_len_b: Output length limit b.
 
     Returns:
@@ -34,14 +37,15 @@ def greedy_decode(model: Transformer, src: Tensor, *, max_len_a: float = 1.0, ma
     cache = model.new_cache()
     batch = src.size(0)
     token = torch.full((batch, 1), cfg.start_id, dtype=torch.long, device=src.device)
+    limits = max_output_lengths(src, cfg.pad_id, max_len_a, max_len_b)  # (B,)
     finished = torch.zeros(batch, dtype=torch.bool, device=src.device)
     steps = []
-    for _ in range(max_output_length(src, cfg.pad_id, max_len_a, max_len_b)):
+    for step in range(int(limits.max())):
         logits = model.decode(token, memory, src_mask, cache=cache)  # (B, 1, V)
         token = logits[:, -1].argmax(dim=-1, keepdim=True)  # (B, 1)
         token = token.masked_fill(finished[:, None], cfg.pad_id)
         steps.append(token)
-        finished |= token.squeeze(1) == cfg.eos_id
+        finished |= (token.squeeze(1) == cfg.eos_id) | (limits <= step + 1)
         if bool(finished.all()):
             break
-    return torch.cat(steps, dim=1) if steps else token.new_empty(batch, 0)
+    return torch.cat(steps, dim=1)

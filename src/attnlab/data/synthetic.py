@@ -23,9 +23,6 @@ if TYPE_CHECKING:
 SPECIALS = {"pad_id": 0, "bos_id": 1, "eos_id": 2, "unk_id": 3}
 Example = tuple[list[int], list[int]]
 
-# Each split draws from its own stream so that a changed split size leaves the other splits unchanged.
-_SPLIT_STREAMS = {"train": 0, "val": 1, "test": 2}
-
 
 @dataclass(frozen=True)
 class SyntheticData:
@@ -81,7 +78,8 @@ class SyntheticData:
     def examples(self, split: Literal["train", "val", "test"]) -> list[Example]:
         """The (source ids with eos, target ids) pairs of `split`, identical for the same seed."""
         size = {"train": self.n_train, "val": self.n_val, "test": self.n_test}[split]
-        rng = random.Random(self.seed * 3 + _SPLIT_STREAMS[split])
+        # Each split has its own stream, so a changed split size leaves the other splits unchanged.
+        rng = random.Random(f"attnlab.synthetic/{self.seed}/{split}")
         first = len(SPECIALS)
         out = []
         for _ in range(size):

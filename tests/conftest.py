@@ -1,0 +1,30 @@
+"""Test-suite set-up: W&B off unless a test turns it on, and shared fixtures."""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+import pytest
+
+os.environ.setdefault("WANDB_MODE", "disabled")
+os.environ.setdefault("HYDRA_FULL_ERROR", "1")
+
+from helpers import require_shared_data
+
+
+@pytest.fixture(scope="session")
+def shared_data() -> Path:
+    """`../shared/data` beside the repository (skipped on a user's clone, required under CI=true)."""
+    return require_shared_data()
+
+
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    import torch
+
+    if torch.cuda.is_available():
+        return
+    skip_gpu = pytest.mark.skip(reason="needs a CUDA GPU")
+    for item in items:
+        if "gpu" in item.keywords:
+            item.add_marker(skip_gpu)

@@ -1,0 +1,238 @@
+"""The Hydra config tree: every config composes and builds, keys match targets, bad values fail early."""
+
+from __future__ import annotations
+
+import dataclasses
+import inspect
+import subprocess
+import sys
+from pathlib import Path
+
+import lightning as L
+import pytest
+from hydra.utils import get_class, instantiate
+from omegaconf import DictConfig, OmegaConf
+
+from attnlab.config import ConfigError, config_dir, validate
+from attnlab.model.config import TransformerConfig
+from helpers import compose_train
+
+CONF = config_dir()
+GROUPS = sorted(p.name for p in CONF.iterdir() if p.is_dir() and p.name != "hydra")
+OPTIONS = [(group, p.stem) for group in GROUPS for p in sorted((CONF / group).glob("*.yaml"))]
+BUILDABLE_TRAINERS = {"default", "cpu", "ddp_cpu"}
+
+
+def test_every_group_has_options() -> None:
+    assert {
+        "model",
+        "data",
+        "optim",
+        "trainer",
+        "logger",
+        "callbacks",
+        "paths",
+        "experiment",
+        "debug",
+    } <= set(GROUPS)
+    assert {"tiny", "small", "base"} <= {name for group, name in OPTIONS if group == "model"}
+    assert {"default", "cpu", "gpu", "ddp_cpu"} <= {name for group, name in OPTIONS if group == "trainer"}
+
+
+@pytest.mark.parametrize(("group", "name"), OPTIONS, ids=[f"{g}={n}" for g, n in OPTIONS])
+def test_every_config_composes_and_validates(group: str, name: str, tmp_path: Path) -> None:
+    cfg = compose_train([f"{group}={name}"], tmp_path)
+    experiment = validate(cfg)
+    assert experiment.model.src_vocab_size == experiment.data.vocab_size
+    OmegaConf.to_container(cfg, resolve=True)  # no dangling interpolation
+
+
+def _nodes(cfg: DictConfig) -> list[tuple[str, DictConfig]]:
+    """Every node with a `_target_` (top-level groups and the entries of logger/callbacks)."""
+    out = []
+    for key in ("model", "optim", "data", "trainer"):
+        out.append((key, cfg[key]))
+    for key in ("logger", "callbacks"):
+        out.extend((f"{key}.{name}", node) for name, node in (cfg.get(key) or {}).items())
+    return out
+
+
+def _parameters(cls: type) -> set[str]:
+    if dataclasses.is_dataclass(cls):
+        return {f.name for f in dataclasses.fields(cls)}
+    return set(inspect.signature(cls).parameters) - {"self", "args", "kwargs"}
+
+
+@pytest.mark.parametrize(("group", "name"), OPTIONS, ids=[f"{g}={n}" for g, n in OPTIONS])
+def test_node_keys_are_exactly_target_arguments(group: str, name: str, tmp_path: Path) -> None:
+    cfg = compose_train([f"{group}={name}"], tmp_path)
+    for key, node in _nodes(cfg):
+        keys = {k for k in node if not k.startswith("_")}
+        unknown = keys - _parameters(get_class(node._target_))
+        assert not unknown, f"{key} ({node._target_}) has keys that are not arguments: {unknown}"
+
+
+def test_base_model_config_is_the_paper_default_and_lists_every_knob(tmp_path: Path) -> None:
+    cfg = compose_train(["model=base"], tmp_path)
+    node = {k: v for k, v in OmegaConf.to_container(cfg.model).items() if k != "_target_"}
+    defaults = TransformerConfig().to_dict()
+    assert set(node) == set(defaults) - {"src_vocab_size", "tgt_vocab_size"}
+    assert all(node[k] == defaults[k] for k in node)
+
+
+def test_base_with_a_37000_joint_vocabulary_has_63_082_496_parameters(tmp_path: Path) -> None:
+    from attnlab.model import Transformer
+
+    experiment = validate(compose_train(["model=base"], tmp_path))
+    assert (experiment.model.tie, experiment.model.norm_first, experiment.model.output_bias) == (
+        "all",
+        False,
+        False,
+    )
+    model = Transformer(experiment.model.with_vocab(37000, 37000))
+    assert sum(p.numel() for p in model.parameters()) == 63_082_496
+
+
+@pytest.mark.parametrize(("group", "name"), OPTIONS, ids=[f"{g}={n}" for g, n in OPTIONS])
+def test_every_cpu_node_instantiates(group: str, name: str, tmp_path: Path) -> None:
+    from attnlab.model import Transformer
+
+    cfg = compose_train([f"{group}={name}"], tmp_path)
+    experiment = validate(cfg)
+    if group == "model":
+        model = Transformer(experiment.model)
+        assert model.config.d_model == cfg.model.d_model
+    datamodule = experiment.data.datamodule()
+    assert datamodule.src_vocab_size == experiment.data.vocab_size
+    for _, node in _nodes(cfg)[4:]:  # loggers and callbacks
+        instantiate(node)
+    trainer_name = name if group == "trainer" else "default"
+    if trainer_name in BUILDABLE_TRAINERS:
+        trainer = instantiate(cfg.trainer, logger=False, enable_checkpointing=False)
+        assert isinstance(trainer, L.Trainer)
+
+
+def test_gpu_presets_match_the_trainer_signature(tmp_path: Path) -> None:
+    cfg = compose_train(["trainer=gpu"], tmp_path)
+    assert get_class(cfg.trainer._target_) is L.Trainer
+    parameters = inspect.signature(L.Trainer.__init__).parameters
+    assert set(cfg.trainer) - {"_target_"} <= set(parameters)
+    assert (cfg.trainer.accelerator, cfg.trainer.devices, cfg.trainer.precision) == ("gpu", 1, "bf16-mixed")
+
+
+@pytest.mark.gpu
+def test_gpu_preset_instantiates_on_a_gpu(tmp_path: Path) -> None:
+    cfg = compose_train(["trainer=gpu"], tmp_path)
+    trainer = instantiate(cfg.trainer, logger=False, enable_checkpointing=False)
+    assert trainer.num_devices == 1 and trainer.precision == "bf16-mixed"
+
+
+def test_ddp_cpu_preset_is_two_gloo_processes(tmp_path: Path) -> None:
+    cfg = compose_train(["trainer=ddp_cpu"], tmp_path)
+    trainer = instantiate(cfg.trainer, logger=False, enable_checkpointing=False)
+    assert trainer.num_devices == 2
+    assert type(trainer.strategy).__name__ == "DDPStrategy"
+    assert trainer.strategy._process_group_backend in (None, "gloo")
+
+
+INVALID = [
+    (["model.n_heads=3"], "model.n_heads=3 does not divide d_model=256"),
+    (["model.d_model=-8"], "model.d_model=-8 must be positive"),
+    (["model.d_ff=0"], "model.d_ff=0 must be positive"),
+    (["model.n_encoder_layers=0"], "model.n_encoder_layers=0 must be positive"),
+    (["model.dropout=1.5"], "model.dropout=1.5 must be in [0, 1)"),
+    (["model.pe=rotary"], "model.pe='rotary' is not valid: expected 'sinusoidal' | 'learned' | 'none'"),
+    (["model.activation=tanh"], "model.activation='tanh' is not valid"),
+    (["model.tie=encoder"], "model.tie='encoder' is not valid"),
+    (["model.d_model=big"], "model.d_model='big' is not valid: expected int"),
+    (["model.norm_first=3"], "model.norm_first=3 is not valid: expected bool"),
+    (["model.eos_id=0"], "model.pad_id=0, bos_id=1 and eos_id=0 must be distinct"),
+    (["model.pad_id=99"], "model.pad_id=99 is outside src_vocab_size=20"),
+    (["model.pe=learned", "model.max_positions=8"], "model.max_positions=8 is smaller than the 13 positions"),
+    (["+model.d_modle=64"], "model.d_modle is not a parameter of attnlab.model.config.TransformerConfig"),
+    (["+model.src_vocab_size=30"], "model.src_vocab_size/model.tgt_vocab_size are set by the data"),
+    (["optim.warmup_steps=0"], "optim.warmup_steps=0 must be positive"),
+    (["optim.label_smoothing=1.0"], "optim.label_smoothing=1.0 must be in [0, 1)"),
+    (["optim.schedule=cosine"], "optim.schedule='cosine' is not valid"),
+    (["optim.betas=[0.9,1.5]"], "optim.betas=[0.9, 1.5] must each be in [0, 1)"),
+    (["data.min_len=9", "data.max_len=3"], "data.min_len=9 must be <= max_len=3"),
+    (["data.batch_size=0"], "data.batch_size=0 must be positive"),
+    (["data.task=sort"], "data.task='sort' is not valid"),
+    (["trainer.max_epochs=0"], "trainer.max_epochs=0 must be a positive integer"),
+    (["trainer.accelerator=tpuu"], "trainer.accelerator='tpuu' is unknown"),
+    (["trainer.precision=8"], "trainer.precision=8 is unknown"),
+    (["trainer.devices=0"], "trainer.devices=0 must be a positive count"),
+    (["trainer.gradient_clip_val=-1"], "trainer.gradient_clip_val=-1 must be a number >= 0"),
+    (["seed=abc"], "seed='abc' must be an integer"),
+    (["data._target_=attnlab.data.Nope"], "data._target_=attnlab.data.Nope cannot be imported"),
+]
+
+
+@pytest.mark.parametrize(("overrides", "message"), INVALID, ids=[" ".join(o) for o, _ in INVALID])
+def test_invalid_values_are_rejected_naming_the_key(
+    overrides: list[str], message: str, tmp_path: Path
+) -> None:
+    cfg = compose_train(["model=small", "data.n_symbols=16", *overrides], tmp_path)
+    with pytest.raises(ConfigError) as excinfo:
+        validate(cfg)
+    assert message in str(excinfo.value)
+
+
+def test_a_bad_value_is_rejected_by_the_cli_before_torch_is_imported(tmp_path: Path) -> None:
+    script = (
+        "import sys\n"
+        "from attnlab.cli.train import main\n"
+        f"sys.argv = ['attnlab-train', 'model.n_heads=5', 'paths.log_dir={tmp_path}']\n"
+        "try:\n    main()\nexcept SystemExit as exc:\n    print('EXIT', exc)\n"
+        "print('TORCH_IMPORTED', 'torch' in sys.modules, 'lightning' in sys.modules)\n"
+    )
+    out = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=120)
+    assert "EXIT attnlab-train: config error: model.n_heads=5 does not divide d_model=256" in out.stdout, out
+    assert "TORCH_IMPORTED False False" in out.stdout
+
+
+def test_help_and_cfg_job_do_not_import_torch() -> None:
+    script = (
+        "import sys\n"
+        "from attnlab.cli.train import main\n"
+        "sys.argv = ['attnlab-train', 'model=tiny', '--cfg', 'job']\n"
+        "try:\n    main()\nexcept SystemExit:\n    pass\n"
+        "print('TORCH_IMPORTED', 'torch' in sys.modules)\n"
+    )
+    out = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=120)
+    assert "d_model: 32" in out.stdout and "TORCH_IMPORTED False" in out.stdout, out
+
+
+def test_run_directories_never_collide(tmp_path: Path) -> None:
+    dirs = {str(compose_train([], tmp_path, hydra_node=True).hydra.run.dir) for _ in range(5)}
+    assert len(dirs) == 5
+    cfg = compose_train([], tmp_path, hydra_node=True)
+    assert cfg.hydra.run.dir == cfg.hydra.run.dir  # stable within one run
+
+
+def test_configs_are_packaged_into_the_wheel(tmp_path: Path) -> None:
+    import zipfile
+
+    root = Path(__file__).resolve().parents[2]
+    out = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "pip",
+            "wheel",
+            "--no-deps",
+            "--no-build-isolation",
+            "-w",
+            str(tmp_path),
+            str(root),
+        ],
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+    assert out.returncode == 0, out.stderr
+    (wheel,) = tmp_path.glob("attnlab-*.whl")
+    names = set(zipfile.ZipFile(wheel).namelist())
+    expected = {f"attnlab/conf/{p.relative_to(CONF)}" for p in CONF.rglob("*.yaml")}
+    assert expected <= names
+    assert "attnlab/cli/train.py" in names

@@ -1,0 +1,264 @@
+"""Data: the synthetic task, the collator and the `ParallelDataModule` built on them."""
+
+from __future__ import annotations
+
+import itertools
+import random
+import re
+from collections import Counter
+from typing import Any
+
+import pytest
+import torch
+from torch import Tensor
+
+from attnlab.data.batching import Collator, pad
+from attnlab.data.datamodule import ParallelDataModule
+from attnlab.data.synthetic import SPECIALS, SyntheticData
+
+PAD, BOS, EOS, UNK = 0, 1, 2, 3
+FIRST_SYMBOL = 4
+SPLITS = ("train", "val", "test")
+
+
+def small(**overrides: Any) -> SyntheticData:
+    return SyntheticData(**{"n_train": 200, "n_val": 50, "n_test": 50, **overrides})
+
+
+def rotate(symbols: list[int]) -> list[int]:
+    """x_{k+1}..x_n x_1..x_k with k = x_1 mod n (x_i the token ids)."""
+    k = symbols[0] % len(symbols)
+    return symbols[k:] + symbols[:k]
+
+
+# ---------------------------------------------------------------------------------------------------------
+# SyntheticData
+
+
+def test_special_ids() -> None:
+    assert SPECIALS == {"pad_id": PAD, "bos_id": BOS, "eos_id": EOS, "unk_id": UNK}
+    assert small(n_symbols=16).vocab_size == 20
+    assert small(max_len=9).max_positions_needed == 10
+
+
+@pytest.mark.parametrize("split", SPLITS)
+def test_same_seed_same_examples_other_seed_different(split: str) -> None:
+    data = small(seed=7)
+    assert data.examples(split) == small(seed=7).examples(split)
+    assert data.examples(split) == data.examples(split)
+    assert data.examples(split) != small(seed=8).examples(split)
+
+
+def test_splits_differ_from_each_other() -> None:
+    data = small(n_train=50, n_val=50, n_test=50)
+    train, val, test = (data.examples(s) for s in SPLITS)
+    assert train != val and train != test and val != test
+    assert len({tuple(s) for s, _ in train} & {tuple(s) for s, _ in test}) < 10
+
+
+def test_split_sizes_are_respected() -> None:
+    data = small(n_train=37, n_val=5, n_test=11)
+    assert [len(data.examples(s)) for s in SPLITS] == [37, 5, 11]
+
+
+def test_changing_n_train_leaves_val_and_test_unchanged() -> None:
+    a, b = small(n_train=30), small(n_train=300)
+    assert a.examples("val") == b.examples("val")
+    assert a.examples("test") == b.examples("test")
+    assert len(a.examples("train")) == 30 and len(b.examples("train")) == 300
+
+
+@pytest.mark.parametrize("task", ["reverse", "rotate"])
+def test_lengths_ids_and_eos(task: str) -> None:
+    data = small(task=task, n_symbols=5, min_len=3, max_len=6)
+    lengths = set()
+    for split in SPLITS:
+        for src, tgt in data.examples(split):
+            assert src[-1] == EOS
+            symbols = src[:-1]
+            lengths.add(len(symbols))
+            assert 3 <= len(symbols) <= 6
+            assert all(FIRST_SYMBOL <= t < FIRST_SYMBOL + 5 for t in symbols + tgt)
+            assert len(tgt) == len(symbols)
+            assert sorted(tgt) == sorted(symbols)
+    assert lengths == {3, 4, 5, 6}  # both ends of the range are drawn
+
+
+def test_reverse_targets() -> None:
+    for src, tgt in small(task="reverse").examples("train"):
+        assert tgt == src[:-1][::-1]
+
+
+def test_rotate_targets() -> None:
+    examples = small(task="rotate").examples("train")
+    for src, tgt in examples:
+        assert tgt == rotate(src[:-1])
+    assert any(tgt != src[:-1] for src, tgt in examples)  # some rotations are non-trivial
+
+
+def test_translate_closed_forms() -> None:
+    assert SyntheticData(task="reverse").translate([4, 5, 6, 7]) == [7, 6, 5, 4]
+    # k = 6 mod 4 = 2
+    assert SyntheticData(task="rotate").translate([6, 5, 4, 7]) == [4, 7, 6, 5]
+    # k = 8 mod 4 = 0
+    assert SyntheticData(task="rotate").translate([8, 5, 4, 7]) == [8, 5, 4, 7]
+
+
+def distinct_sources(n: int, length: int, n_symbols: int = 16, seed: int = 0) -> list[list[int]]:
+    rng = random.Random(seed)
+    return [rng.sample(range(FIRST_SYMBOL, FIRST_SYMBOL + n_symbols), length) for _ in range(n)]
+
+
+def test_reverse_target_changes_under_every_permutation() -> None:
+    data = SyntheticData(task="reverse")
+    for src in distinct_sources(20, 4):
+        for perm in itertools.permutations(src):
+            if list(perm) != src:
+                assert data.translate(list(perm)) != data.translate(src)
+
+
+@pytest.mark.parametrize("task", ["reverse", "rotate"])
+def test_bag_of_source_tokens_does_not_determine_the_target(task: str) -> None:
+    """For every random source, some reordering of the same tokens has another target."""
+    data = SyntheticData(task=task)
+    rng = random.Random(1)
+    for length in (3, 4, 6, 8):
+        for src in distinct_sources(20, length, seed=length):
+            target = data.translate(src)
+            shuffled = [rng.sample(src, len(src)) for _ in range(10)]
+            changed = [p for p in shuffled if p != src and data.translate(p) != target]
+            assert changed, f"no permutation of {src} changes its {task} target"
+            assert Counter(changed[0]) == Counter(src)
+
+
+BAD_DATA: list[tuple[dict[str, Any], str]] = [
+    ({"min_len": 5, "max_len": 3}, "min_len=5"),
+    ({"n_symbols": 0}, "n_symbols=0"),
+    ({"batch_size": 0}, "batch_size=0"),
+    ({"num_workers": -1}, "num_workers=-1"),
+    ({"task": "sort"}, "task='sort'"),
+    ({"n_train": "many"}, "n_train='many'"),
+]
+
+
+@pytest.mark.parametrize(("kwargs", "named"), BAD_DATA, ids=[n for _, n in BAD_DATA])
+def test_synthetic_data_rejects_bad_values(kwargs: dict[str, Any], named: str) -> None:
+    with pytest.raises(ValueError, match=re.escape(named)):
+        SyntheticData(**kwargs)
+
+
+# ---------------------------------------------------------------------------------------------------------
+# Collator and pad
+
+
+def test_pad_right_pads() -> None:
+    out = pad([[5, 6, 7], [8], [9, 10]], pad_id=PAD)
+    assert out.dtype == torch.long
+    assert out.tolist() == [[5, 6, 7], [8, PAD, PAD], [9, 10, PAD]]
+    assert pad([[4, 4]], pad_id=9).tolist() == [[4, 4]]
+    assert pad([[4], []], pad_id=9).tolist() == [[4], [9]]
+
+
+def test_collator_layout() -> None:
+    pairs = [([5, 6, 7, EOS], [7, 6, 5]), ([8, EOS], [8]), ([9, 10, EOS], [10, 9])]
+    batch = Collator(pad_id=PAD, bos_id=BOS, eos_id=EOS)(pairs)
+    assert set(batch) == {"src", "tgt_in", "tgt_out"}
+    assert batch["src"].tolist() == [[5, 6, 7, EOS], [8, EOS, PAD, PAD], [9, 10, EOS, PAD]]
+    assert batch["tgt_in"].tolist() == [[BOS, 7, 6, 5], [BOS, 8, PAD, PAD], [BOS, 10, 9, PAD]]
+    assert batch["tgt_out"].tolist() == [[7, 6, 5, EOS], [8, EOS, PAD, PAD], [10, 9, EOS, PAD]]
+    assert all(t.dtype == torch.long for t in batch.values())
+
+
+def check_batch(batch: dict[str, Tensor]) -> None:
+    """Structural invariants of a collated batch."""
+    src, tgt_in, tgt_out = batch["src"], batch["tgt_in"], batch["tgt_out"]
+    assert tgt_in.shape == tgt_out.shape and src.size(0) == tgt_in.size(0)
+    assert (tgt_in[:, 0] == BOS).all()
+    real = tgt_out != PAD
+    assert torch.equal(real, tgt_in != PAD)
+    lengths = real.sum(1)
+    rows = torch.arange(src.size(0))
+    assert (tgt_out[rows, lengths - 1] == EOS).all()
+    assert (src[rows, (src != PAD).sum(1) - 1] == EOS).all()
+    # teacher forcing: the input at t+1 is the output at t
+    shifted = real[:, 1:]
+    assert torch.equal(tgt_in[:, 1:][shifted], tgt_out[:, :-1][shifted])
+    for mask in (src != PAD, real):  # padding is a suffix
+        assert torch.equal(mask, mask.cummin(dim=1).values)
+
+
+def test_collator_invariants_on_synthetic_examples() -> None:
+    data = small(min_len=1, max_len=9)
+    collate = Collator(pad_id=PAD, bos_id=BOS, eos_id=EOS)
+    examples = data.examples("train")
+    batch = collate(examples[:32])
+    check_batch(batch)
+    assert batch["src"].shape == (32, max(len(s) for s, _ in examples[:32]))
+    assert batch["tgt_in"].shape == (32, 1 + max(len(t) for _, t in examples[:32]))
+
+
+# ---------------------------------------------------------------------------------------------------------
+# ParallelDataModule
+
+
+def rows(loader: Any) -> list[tuple[int, ...]]:
+    """The source rows (pad stripped) of every batch, in order."""
+    out = []
+    for batch in loader:
+        check_batch(batch)
+        assert batch["src"].size(0) <= 8
+        out += [tuple(t for t in row if t != PAD) for row in batch["src"].tolist()]
+    return out
+
+
+def datamodule(seed: int = 1234) -> ParallelDataModule:
+    return SyntheticData(n_train=100, n_val=20, n_test=20, batch_size=8, seed=seed).datamodule()
+
+
+def test_datamodule_attributes() -> None:
+    dm = datamodule()
+    assert dm.src_vocab_size == dm.tgt_vocab_size == 20
+    assert (dm.pad_id, dm.bos_id, dm.eos_id, dm.unk_id) == (PAD, BOS, EOS, UNK)
+    assert dm.batch_size == 8
+    assert dm.seed == 1234
+
+
+def test_train_loader_covers_every_example_once_per_epoch() -> None:
+    dm = datamodule()
+    expected = Counter(tuple(s) for s, _ in SyntheticData(n_train=100, n_val=20, n_test=20).examples("train"))
+    loader = dm.train_dataloader()
+    first, second = rows(loader), rows(loader)
+    assert Counter(first) == expected
+    assert Counter(second) == expected
+    assert len(loader) == 13  # ceil(100 / 8)
+    unshuffled = [tuple(s) for s, _ in dm.splits["train"]]
+    assert first != unshuffled
+    assert first != second  # a new order each epoch
+
+
+def test_train_order_depends_only_on_the_seed() -> None:
+    assert rows(datamodule().train_dataloader()) == rows(datamodule().train_dataloader())
+    data = SyntheticData(n_train=100, n_val=20, n_test=20, batch_size=8)
+    same_data = [
+        ParallelDataModule(
+            load=data.examples, src_vocab_size=20, tgt_vocab_size=20, batch_size=8, seed=s, **SPECIALS
+        )
+        for s in (1, 2)
+    ]
+    a, b = (rows(dm.train_dataloader()) for dm in same_data)
+    assert Counter(a) == Counter(b)
+    assert a != b
+
+
+@pytest.mark.parametrize("split", ["val", "test"])
+def test_eval_loaders_keep_the_original_order(split: str) -> None:
+    dm = datamodule()
+    loader = dm.val_dataloader() if split == "val" else dm.test_dataloader()
+    examples = SyntheticData(n_train=100, n_val=20, n_test=20).examples(split)
+    assert rows(loader) == [tuple(s) for s, _ in examples]
+    assert rows(loader) == rows(loader)
+    targets = []
+    for batch in loader:
+        for row in batch["tgt_out"].tolist():
+            targets.append([t for t in row if t != PAD][:-1])
+    assert targets == [t for _, t in examples]

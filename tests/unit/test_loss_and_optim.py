@@ -1,0 +1,274 @@
+"""The objective and the optimiser: label-smoothed loss, LR schedules, `OptimConfig`, `TranslationModule`."""
+
+from __future__ import annotations
+
+import math
+import re
+from pathlib import Path
+from typing import Any
+
+import pytest
+import torch
+import torch.nn.functional as F
+from torch import Tensor
+
+from attnlab.module import TranslationModule, exact_matches, label_smoothed_nll_loss
+from attnlab.optim import OptimConfig
+from helpers import tiny_config
+
+V, PAD = 50, 0
+
+
+def logits_and_targets(shape: tuple[int, ...], seed: int = 0) -> tuple[Tensor, Tensor]:
+    """Random logits `shape + (V,)` and targets `shape` with roughly a third of them padding."""
+    gen = torch.Generator().manual_seed(seed)
+    logits = torch.randn(*shape, V, generator=gen) * 3.0
+    target = torch.randint(1, V, shape, generator=gen)
+    target = target.masked_fill(torch.rand(shape, generator=gen) < 0.3, PAD)
+    assert (target == PAD).any() and (target != PAD).any()
+    return logits, target
+
+
+# ---------------------------------------------------------------------------------------------------------
+# label_smoothed_nll_loss
+
+
+@pytest.mark.parametrize("shape", [(4, 7), (28,)], ids=["BTV", "NV"])
+@pytest.mark.parametrize("epsilon", [0.0, 0.1, 0.3])
+def test_loss_equals_torch_cross_entropy(shape: tuple[int, ...], epsilon: float) -> None:
+    logits, target = logits_and_targets(shape)
+    loss_sum, nll_sum, n_tokens = label_smoothed_nll_loss(logits, target, epsilon=epsilon, ignore_index=PAD)
+    flat_logits, flat_target = logits.reshape(-1, V), target.reshape(-1)
+    expected = F.cross_entropy(
+        flat_logits, flat_target, ignore_index=PAD, label_smoothing=epsilon, reduction="sum"
+    )
+    expected_nll = F.cross_entropy(flat_logits, flat_target, ignore_index=PAD, reduction="sum")
+    torch.testing.assert_close(loss_sum, expected)
+    torch.testing.assert_close(nll_sum, expected_nll)
+    assert int(n_tokens) == int((target != PAD).sum())
+
+
+def test_loss_with_zero_epsilon_is_the_nll() -> None:
+    logits, target = logits_and_targets((3, 5), seed=1)
+    loss_sum, nll_sum, _ = label_smoothed_nll_loss(logits, target, epsilon=0.0, ignore_index=PAD)
+    torch.testing.assert_close(loss_sum, nll_sum)
+
+
+def test_padding_positions_contribute_nothing() -> None:
+    logits, target = logits_and_targets((4, 6), seed=2)
+    before = label_smoothed_nll_loss(logits, target, epsilon=0.1, ignore_index=PAD)
+    scrambled = logits.clone()
+    scrambled[target == PAD] = torch.randn_like(scrambled[target == PAD]) * 100.0
+    after = label_smoothed_nll_loss(scrambled, target, epsilon=0.1, ignore_index=PAD)
+    for a, b in zip(before, after, strict=True):
+        torch.testing.assert_close(a, b)
+    # The nll is the sum of -log p(target) over the non-pad positions only.
+    lprobs = F.log_softmax(logits, dim=-1)
+    keep = target != PAD
+    manual = -lprobs.gather(-1, target[..., None]).squeeze(-1)[keep].sum()
+    torch.testing.assert_close(before[1], manual)
+    assert int(before[2]) == int(keep.sum())
+
+
+def test_all_padding_batch_gives_zeros() -> None:
+    logits = torch.randn(2, 3, V)
+    target = torch.full((2, 3), PAD)
+    loss_sum, nll_sum, n_tokens = label_smoothed_nll_loss(logits, target, epsilon=0.1, ignore_index=PAD)
+    assert int(n_tokens) == 0
+    assert float(loss_sum) == 0.0
+    assert float(nll_sum) == 0.0
+    assert torch.isfinite(loss_sum) and torch.isfinite(nll_sum)
+
+
+def test_loss_is_larger_with_smoothing_for_a_confident_correct_model() -> None:
+    target = torch.tensor([3, 4, 5])
+    logits = F.one_hot(target, V).float() * 20.0
+    smoothed, nll, _ = label_smoothed_nll_loss(logits, target, epsilon=0.1, ignore_index=PAD)
+    assert float(smoothed) > float(nll)
+
+
+# ---------------------------------------------------------------------------------------------------------
+# OptimConfig.lr_at
+
+
+def noam(step: int, d_model: int, warmup: int, scale: float = 1.0) -> float:
+    return scale * d_model**-0.5 * min(step**-0.5, step * warmup**-1.5)
+
+
+@pytest.mark.parametrize("d_model", [32, 512])
+@pytest.mark.parametrize("step", [1, 2, 7, 99, 100, 101, 250, 4000, 10_000])
+def test_noam_matches_closed_form(step: int, d_model: int) -> None:
+    cfg = OptimConfig(schedule="noam", warmup_steps=100, lr_scale=2.0)
+    assert cfg.lr_at(step, d_model) == pytest.approx(noam(step, d_model, 100, scale=2.0), rel=1e-12)
+
+
+def test_noam_shape_linear_warmup_peak_then_inverse_sqrt() -> None:
+    warmup, d = 100, 64
+    cfg = OptimConfig(schedule="noam", warmup_steps=warmup)
+    lrs = {s: cfg.lr_at(s, d) for s in range(1, 4 * warmup)}
+    assert max(lrs, key=lrs.__getitem__) == warmup
+    assert lrs[warmup] == pytest.approx(d**-0.5 * warmup**-0.5)
+    for s in (1, 10, 50):  # linear before the peak
+        assert lrs[s] == pytest.approx(lrs[1] * s)
+    for s in (150, 200, 399):  # ∝ step^-0.5 after it
+        assert lrs[s] == pytest.approx(lrs[warmup] * math.sqrt(warmup / s))
+    increasing = [lrs[s] for s in range(1, warmup + 1)]
+    assert increasing == sorted(increasing)
+    decreasing = [lrs[s] for s in range(warmup, 4 * warmup)]
+    assert decreasing == sorted(decreasing, reverse=True)
+
+
+def test_inverse_sqrt_schedule() -> None:
+    warmup, peak = 40, 1e-3
+    cfg = OptimConfig(schedule="inverse_sqrt", warmup_steps=warmup, peak_lr=peak)
+    d = 32  # ignored by this schedule
+    assert cfg.lr_at(warmup, d) == peak
+    assert cfg.lr_at(warmup, 512) == peak
+    for s in (1, 5, 20, 39):
+        assert cfg.lr_at(s, d) == pytest.approx(peak * s / warmup)
+    for s in (41, 100, 160, 10_000):
+        assert cfg.lr_at(s, d) == pytest.approx(peak * math.sqrt(warmup / s))
+    assert cfg.lr_at(160, d) == pytest.approx(peak / 2)
+
+
+@pytest.mark.parametrize("schedule", ["noam", "inverse_sqrt"])
+def test_step_zero_is_step_one(schedule: str) -> None:
+    cfg = OptimConfig(schedule=schedule, warmup_steps=10)
+    assert cfg.lr_at(0, 32) == cfg.lr_at(1, 32)
+    assert cfg.lr_at(0, 32) > 0.0
+    assert cfg.lr_at(2, 32) > cfg.lr_at(1, 32)
+
+
+# ---------------------------------------------------------------------------------------------------------
+# OptimConfig validation and plain form
+
+
+BAD_OPTIM: list[tuple[dict[str, Any], str]] = [
+    ({"warmup_steps": 0}, "warmup_steps=0"),
+    ({"warmup_steps": -5}, "warmup_steps=-5"),
+    ({"label_smoothing": 1.0}, "label_smoothing=1.0"),
+    ({"label_smoothing": -0.1}, "label_smoothing=-0.1"),
+    ({"betas": [0.9, 1.0]}, "betas=[0.9, 1.0]"),
+    ({"betas": [0.9]}, "betas=[0.9]"),
+    ({"eps": 0}, "eps=0"),
+    ({"schedule": "cosine"}, "schedule='cosine'"),
+    ({"weight_decay": -1}, "weight_decay=-1"),
+    ({"lr_scale": "big"}, "lr_scale='big'"),
+]
+
+
+@pytest.mark.parametrize(("kwargs", "named"), BAD_OPTIM, ids=[n for _, n in BAD_OPTIM])
+def test_optim_config_rejects_bad_values(kwargs: dict[str, Any], named: str) -> None:
+    with pytest.raises(ValueError, match=re.escape(named)):
+        OptimConfig(**kwargs)
+
+
+def test_optim_config_defaults_are_the_paper() -> None:
+    cfg = OptimConfig()
+    assert cfg.schedule == "noam"
+    assert cfg.warmup_steps == 4000
+    assert cfg.betas == (0.9, 0.98)
+    assert cfg.eps == 1e-9
+    assert cfg.label_smoothing == 0.1
+    assert cfg.weight_decay == 0.0
+
+
+def test_betas_list_is_coerced_to_tuple() -> None:
+    cfg = OptimConfig(betas=[0.8, 0.99])
+    assert cfg.betas == (0.8, 0.99)
+    assert isinstance(cfg.betas, tuple)
+    assert hash(cfg) == hash(OptimConfig(betas=(0.8, 0.99)))
+
+
+def _is_plain(value: Any) -> bool:
+    if isinstance(value, dict):
+        return all(isinstance(k, str) and _is_plain(v) for k, v in value.items())
+    if isinstance(value, list):
+        return all(_is_plain(v) for v in value)
+    return value is None or type(value) in (str, int, float, bool)
+
+
+def test_optim_to_dict_is_plain_and_round_trips() -> None:
+    cfg = OptimConfig(schedule="inverse_sqrt", warmup_steps=7, betas=(0.85, 0.95), weight_decay=0.01)
+    plain = cfg.to_dict()
+    assert type(plain) is dict
+    assert _is_plain(plain)
+    assert plain["betas"] == [0.85, 0.95]
+    assert plain["schedule"] == "inverse_sqrt"
+    assert OptimConfig(**plain) == cfg
+
+
+# ---------------------------------------------------------------------------------------------------------
+# TranslationModule: optimiser, scheduler, hyperparameters
+
+
+def build_module(**optim: Any) -> TranslationModule:
+    torch.manual_seed(0)
+    return TranslationModule(tiny_config(), OptimConfig(warmup_steps=10, **optim))
+
+
+def test_configure_optimizers_is_paper_adam_with_stepwise_schedule() -> None:
+    module = build_module()
+    conf = module.configure_optimizers()
+    optimizer, sched = conf["optimizer"], conf["lr_scheduler"]
+    assert type(optimizer) is torch.optim.Adam
+    group = optimizer.param_groups[0]
+    assert group["betas"] == (0.9, 0.98)
+    assert group["eps"] == 1e-9
+    assert group["weight_decay"] == 0.0
+    assert sched["interval"] == "step"
+    n_params = sum(len(g["params"]) for g in optimizer.param_groups)
+    assert n_params == len(list(module.parameters()))
+    scheduler, cfg, d = sched["scheduler"], module.optim_config, module.model_config.d_model
+    for k in range(25):
+        assert group["lr"] == pytest.approx(cfg.lr_at(k + 1, d), rel=1e-12), f"after {k} scheduler steps"
+        optimizer.step()
+        scheduler.step()
+    assert group["lr"] == pytest.approx(cfg.lr_at(26, d), rel=1e-12)
+
+
+def test_weight_decay_selects_adamw() -> None:
+    optimizer = build_module(weight_decay=0.01).configure_optimizers()["optimizer"]
+    assert type(optimizer) is torch.optim.AdamW
+    assert optimizer.param_groups[0]["weight_decay"] == 0.01
+
+
+def test_hparams_are_plain_and_rebuild_the_module(tmp_path: Path) -> None:
+    module = build_module(schedule="inverse_sqrt")
+    hparams = {k: dict(v) for k, v in dict(module.hparams).items()}
+    assert set(hparams) == {"model", "optim"}
+    assert _is_plain(hparams)
+    rebuilt = TranslationModule(**module.hparams)
+    assert rebuilt.model_config == module.model_config
+    assert rebuilt.optim_config == module.optim_config
+    assert [(n, p.shape) for n, p in rebuilt.named_parameters()] == [
+        (n, p.shape) for n, p in module.named_parameters()
+    ]
+    path = tmp_path / "hparams.pt"
+    torch.save({"hyper_parameters": dict(module.hparams)}, path)
+    loaded = torch.load(path, weights_only=True)["hyper_parameters"]
+    assert loaded == hparams
+    assert TranslationModule(**loaded).model_config == module.model_config
+
+
+# ---------------------------------------------------------------------------------------------------------
+# exact_matches
+
+
+def test_exact_matches_ignore_padding_and_width() -> None:
+    hyp = torch.tensor(
+        [
+            [5, 6, 2, PAD, PAD],  # equals ref row 0
+            [7, 2, PAD, PAD, PAD],  # equals ref row 1
+            [5, 6, 7, 2, PAD],  # longer than ref row 2
+            [9, 2, PAD, PAD, PAD],  # differs in a token
+            [5, 6, 2, 9, PAD],  # ref row 4 followed by an extra token
+        ]
+    )
+    ref = torch.tensor([[5, 6, 2], [7, 2, PAD], [5, 6, 2], [8, 2, PAD], [5, 6, 2]])
+    assert int(exact_matches(hyp, ref, PAD)) == 2
+    assert int(exact_matches(ref, hyp, PAD)) == 2
+    assert int(exact_matches(hyp[4:], ref[4:], PAD)) == 0
+    assert int(exact_matches(hyp[:2, :3], ref[:2], PAD)) == 2
+    assert int(exact_matches(hyp[2:3, :3], ref[2:3], PAD)) == 0  # truncated hypothesis
+    assert int(exact_matches(ref, ref, PAD)) == 5
