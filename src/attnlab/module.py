@@ -51,7 +51,8 @@ class TranslationModule(L.LightningModule):
     """Trains a `Transformer` on batches from the data modules (`src`, `tgt_in`, `tgt_out`).
 
     Logs per step and epoch `train/loss` (label-smoothed), `train/nll`, `train/ppl`, `train/lr`,
-    `train/tokens_per_sec`, `train/tokens_seen`; per validation epoch `val/loss`, `val/nll`,
+    `train/tokens_per_sec` (non-padding target tokens over the whole step: forward, backward, optimizer,
+    summed over ranks), `train/tokens_seen`; per validation epoch `val/loss`, `val/nll`,
     `val/ppl`; on test `test/loss`, `test/ppl` and `test/exact_match` (greedy decoding). Parameter
     counts go to the loggers at the start of fitting.
 
@@ -75,6 +76,7 @@ class TranslationModule(L.LightningModule):
             {name: SumMetric() for name in ("loss", "nll", "tokens", "exact", "sentences")}
         )
         self._tokens_seen = 0
+        self._step_tokens = 0
         self._step_started = 0.0
 
     def forward(self, src: Tensor, tgt_in: Tensor) -> Tensor:
@@ -101,22 +103,22 @@ class TranslationModule(L.LightningModule):
         loss_sum, nll_sum, n_tokens = self._loss(batch, self.optim_config.label_smoothing)
         n = n_tokens.clamp(min=1)
         loss, nll = loss_sum / n, nll_sum / n
-        tokens = int(n_tokens) * self.trainer.world_size
-        self._tokens_seen += tokens
-        elapsed = max(time.perf_counter() - self._step_started, 1e-9)
+        self._step_tokens = int(n_tokens) * self.trainer.world_size
         self.log_dict(
             {"train/loss": loss, "train/nll": nll, "train/ppl": torch.exp(nll.detach())},
             on_step=True, on_epoch=True, prog_bar=True, batch_size=int(n_tokens),
         )  # fmt: skip
-        self.log_dict(
-            {
-                "train/lr": self.optimizers().param_groups[0]["lr"],
-                "train/tokens_per_sec": tokens / elapsed,
-                "train/tokens_seen": float(self._tokens_seen),
-            },
-            on_step=True, on_epoch=False,
-        )  # fmt: skip
         return loss
+
+    def on_train_batch_end(self, outputs: Any, batch: dict[str, Tensor], batch_idx: int) -> None:
+        # Runs after backward and the optimizer step: the whole step is timed.
+        elapsed = max(time.perf_counter() - self._step_started, 1e-9)
+        self._tokens_seen += self._step_tokens
+        lr = self.optimizers().param_groups[0]["lr"]
+        self.log_dict(
+            {"train/lr": lr, "train/tokens_per_sec": self._step_tokens / elapsed}, on_step=True, on_epoch=True
+        )
+        self.log("train/tokens_seen", float(self._tokens_seen), on_step=True, on_epoch=True, reduce_fx="max")
 
     # -- evaluation -----------------------------------------------------------------------------------
 

@@ -14,6 +14,7 @@ import pytest
 import torch
 from omegaconf import OmegaConf
 
+from attnlab.data import SyntheticData
 from attnlab.module import TranslationModule
 from attnlab.train import train
 from helpers import compose_train
@@ -57,17 +58,23 @@ def test_run_directory_holds_resolved_config_checkpoints_and_metrics(tiny_run: d
 def test_logged_metrics(tiny_run: dict[str, Any]) -> None:
     rows = read_metrics(tiny_run["dir"])
     columns = set(rows[0])
-    for name in ("train/loss_step", "train/ppl_step", "train/lr", "train/tokens_per_sec", "train/tokens_seen",
-                 "train/loss_epoch", "val/loss", "val/ppl", "val/nll", "params/total", "params/embedding",
-                 "params/non_embedding", "test/exact_match"):  # fmt: skip
+    expected = [f"train/{m}_{when}" for m in ("loss", "nll", "ppl", "lr", "tokens_per_sec", "tokens_seen")
+                for when in ("step", "epoch")]  # fmt: skip
+    expected += ["val/loss", "val/nll", "val/ppl", "test/loss", "test/ppl", "test/exact_match"]
+    expected += ["params/total", "params/embedding", "params/non_embedding"]
+    for name in expected:
         assert name in columns, name
     params = next(r for r in rows if r["params/total"])
     model = TranslationModule(**torch.load(last_checkpoint(tiny_run), weights_only=True)["hyper_parameters"])
     assert {k: int(float(params[f"params/{k}"])) for k in ("total", "embedding", "non_embedding")} == (
         model.model.count_parameters()
     )
-    seen = [float(r["train/tokens_seen"]) for r in rows if r["train/tokens_seen"]]
+    seen = [float(r["train/tokens_seen_step"]) for r in rows if r["train/tokens_seen_step"]]
     assert seen == sorted(seen) and seen[0] > 0
+    data = SyntheticData(**{k: v for k, v in tiny_run["cfg"].data.items() if k != "_target_"})
+    per_epoch = sum(len(tgt) + 1 for _, tgt in data.examples("train"))  # target tokens + eos
+    by_epoch = [float(r["train/tokens_seen_epoch"]) for r in rows if r["train/tokens_seen_epoch"]]
+    assert by_epoch == [per_epoch, 2 * per_epoch]
     metrics = tiny_run["metrics"]
     assert math.isclose(metrics["val/ppl"], math.exp(metrics["val/nll"]), rel_tol=1e-4)
     assert 0.0 <= metrics["test/exact_match"] <= 1.0
