@@ -3,12 +3,15 @@
 from __future__ import annotations
 
 import os
+import tempfile
 from pathlib import Path
 
 import pytest
 
 os.environ.setdefault("WANDB_MODE", "disabled")
 os.environ.setdefault("HYDRA_FULL_ERROR", "1")
+# Downloads and prepared corpora of the test session go to a fresh directory, never the user's cache.
+os.environ["ATTNLAB_CACHE_DIR"] = tempfile.mkdtemp(prefix="attnlab-test-cache-")
 
 from helpers import require_shared_data
 

@@ -3,6 +3,13 @@
 from __future__ import annotations
 
 import os
+import threading
+from collections import Counter
+from collections.abc import Iterator
+from contextlib import contextmanager
+from dataclasses import dataclass
+from functools import partial
+from http.server import SimpleHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 from typing import Any
 
@@ -11,6 +18,7 @@ from hydra import compose, initialize_config_dir
 from omegaconf import DictConfig
 
 from attnlab.config import config_dir, register_resolvers
+from attnlab.data.download import MULTI30K_COMMIT
 from attnlab.model.config import TransformerConfig
 
 TINY = {
@@ -51,3 +59,57 @@ def compose_train(overrides: list[str], output_dir: Path, *, hydra_node: bool = 
             overrides=[f"paths.output_dir={output_dir}", "trainer.enable_progress_bar=false", *overrides],
             return_hydra_config=hydra_node,
         )
+
+
+UPSTREAM = {"train": "train", "val": "val", "test2016": "test_2016_flickr"}
+
+
+def upstream_path(name: str) -> str:
+    """The URL path of stored file `name` on the mirror, e.g. `/<commit>/data/task1/raw/val.de.gz`."""
+    split, lang = name.split(".")
+    return f"/{MULTI30K_COMMIT}/data/task1/raw/{UPSTREAM[split]}.{lang}.gz"
+
+
+class CountingHandler(SimpleHTTPRequestHandler):
+    """Serves files and counts GET requests per path in `server.counts`; silent."""
+
+    def do_GET(self) -> None:
+        with self.server.lock:  # type: ignore[attr-defined]
+            self.server.counts[self.path] += 1  # type: ignore[attr-defined]
+        super().do_GET()
+
+    def log_message(self, format: str, *args: Any) -> None:
+        pass
+
+
+@dataclass
+class Mirror:
+    """A loopback HTTP server serving `www` in the upstream Multi30k layout."""
+
+    www: Path
+    base_url: str
+    counts: Counter[str]
+
+    def file(self, name: str) -> Path:
+        return self.www / upstream_path(name).lstrip("/")
+
+
+@contextmanager
+def serve_mirror(www: Path, gzipped: dict[str, bytes]) -> Iterator[Mirror]:
+    """Serve `gzipped` (stored name -> .gz bytes) from 127.0.0.1 in the upstream layout."""
+    for name, data in gzipped.items():
+        target = www / upstream_path(name).lstrip("/")
+        target.parent.mkdir(parents=True, exist_ok=True)
+        target.write_bytes(data)
+    server = ThreadingHTTPServer(("127.0.0.1", 0), partial(CountingHandler, directory=str(www)))
+    server.counts = Counter()  # type: ignore[attr-defined]
+    server.lock = threading.Lock()  # type: ignore[attr-defined]
+    thread = threading.Thread(target=server.serve_forever, kwargs={"poll_interval": 0.01}, daemon=True)
+    thread.start()
+    base_url = f"http://127.0.0.1:{server.server_address[1]}/{MULTI30K_COMMIT}/data/task1/raw"
+    try:
+        yield Mirror(www, base_url, server.counts)  # type: ignore[attr-defined]
+    finally:
+        server.shutdown()
+        server.server_close()
+        thread.join(5)

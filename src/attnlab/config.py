@@ -76,6 +76,11 @@ def _target_class(node: DictConfig, key: str) -> type:
 def build_node(node: DictConfig, key: str) -> Any:
     """Instantiate a torch-free config node, turning any problem into a `ConfigError` naming `key`."""
     cls = _target_class(node, key)
+    missing = [k for k in node if OmegaConf.is_missing(node, k)]
+    if missing:
+        raise ConfigError(
+            f"{key}.{missing[0]} is required (??? in the config): set {key}.{missing[0]}=<value>"
+        )
     values = OmegaConf.to_container(node, resolve=True)
     kwargs = {k: v for k, v in values.items() if k not in RESERVED_KEYS}
     known = (
@@ -118,7 +123,12 @@ def _check_trainer(trainer: DictConfig) -> None:
 
 
 def _check_fit(model: TransformerConfig, data: Any) -> TransformerConfig:
-    vocab = getattr(data, "vocab_size", None)
+    if model.tie == "all" and getattr(data, "joint_vocab", True) is False:
+        raise ConfigError(
+            "model.tie=all shares one embedding between source and target, but data.joint_vocab=false: "
+            "set data.joint_vocab=true or model.tie=decoder"
+        )
+    vocab = getattr(data, "fixed_vocab_size", None)
     if vocab is not None:
         if model.src_vocab_size is not None or model.tgt_vocab_size is not None:
             raise ConfigError(

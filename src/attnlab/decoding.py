@@ -38,6 +38,8 @@ def greedy_decode(model: Transformer, src: Tensor, *, max_len_a: float = 1.0, ma
     batch = src.size(0)
     token = torch.full((batch, 1), cfg.start_id, dtype=torch.long, device=src.device)
     limits = max_output_lengths(src, cfg.pad_id, max_len_a, max_len_b)  # (B,)
+    if cfg.pe == "learned":
+        limits = limits.clamp(max=cfg.max_positions)  # decoder inputs need a position each
     finished = torch.zeros(batch, dtype=torch.bool, device=src.device)
     steps = []
     for step in range(int(limits.max())):

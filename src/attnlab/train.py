@@ -76,8 +76,17 @@ def train(cfg: DictConfig) -> dict[str, float]:
     if cfg.get("seed") is not None:
         L.seed_everything(cfg.seed, workers=True)
     datamodule = experiment.data.datamodule()
-    check_special_ids(experiment.model, datamodule)
-    module = TranslationModule(model=experiment.model, optim=experiment.optim)
+    datamodule.setup("fit")  # real corpora are prepared (or loaded from the cache) here
+    model = experiment.model
+    if model.src_vocab_size is None:
+        try:
+            model = model.with_vocab(datamodule.src_vocab_size, datamodule.tgt_vocab_size)
+        except ValueError as exc:
+            raise ConfigError(f"model.{exc} (vocabulary sizes from the data's tokenizers)") from exc
+    check_special_ids(model, datamodule)
+    if model.pe == "learned" and hasattr(datamodule, "limit_positions"):
+        datamodule.limit_positions(model.max_positions)
+    module = TranslationModule(model=model, optim=experiment.optim)
     trainer: L.Trainer = instantiate(
         cfg.trainer,
         callbacks=_instantiate_all(cfg.get("callbacks")),
@@ -91,4 +100,6 @@ def train(cfg: DictConfig) -> dict[str, float]:
         best = trainer.checkpoint_callback.best_model_path if trainer.checkpoint_callback else ""
         results = trainer.test(module, datamodule=datamodule, ckpt_path=best or None, verbose=False)
         metrics.update({k: float(v) for k, v in results[0].items()})
+    for split, count in getattr(datamodule, "truncated", {}).items():
+        metrics[f"data/truncated/{split}"] = float(count)
     return metrics

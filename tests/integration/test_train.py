@@ -20,6 +20,7 @@ from attnlab.train import train
 from helpers import compose_train
 
 TINY_RUN = [
+    "data=synthetic",
     "model=tiny",
     "data.n_train=512",
     "data.n_val=64",
@@ -109,7 +110,9 @@ def test_training_is_reproducible_for_a_seed(tiny_run: dict[str, Any], tmp_path:
 
 
 def test_tiny_model_overfits_a_fixed_batch(tmp_path: Path) -> None:
-    cfg = compose_train(["model=tiny", "debug=overfit", "data.batch_size=16", "callbacks=none"], tmp_path)
+    cfg = compose_train(
+        ["data=synthetic", "model=tiny", "debug=overfit", "data.batch_size=16", "callbacks=none"], tmp_path
+    )
     assert cfg.optim.label_smoothing == 0.0
     metrics = train(cfg)
     assert metrics["train/loss_epoch"] < 0.05
@@ -118,7 +121,8 @@ def test_tiny_model_overfits_a_fixed_batch(tmp_path: Path) -> None:
 def test_cli_fast_dev_run(tmp_path: Path) -> None:
     env = {**os.environ, "ATTNLAB_LOG_DIR": str(tmp_path)}
     out = subprocess.run(
-        [sys.executable, "-m", "attnlab.cli.train", "debug=fast_dev_run", "model=tiny", "data.n_train=64"],
+        [sys.executable, "-m", "attnlab.cli.train", "debug=fast_dev_run", "data=synthetic", "model=tiny",
+         "data.n_train=64"],
         capture_output=True, text=True, timeout=300, env=env, cwd=tmp_path,
     )  # fmt: skip
     assert out.returncode == 0, out.stderr[-3000:]

@@ -21,6 +21,12 @@ CONF = config_dir()
 GROUPS = sorted(p.name for p in CONF.iterdir() if p.is_dir() and p.name != "hydra")
 OPTIONS = [(group, p.stem) for group in GROUPS for p in sorted((CONF / group).glob("*.yaml"))]
 BUILDABLE_TRAINERS = {"default", "cpu", "ddp_cpu"}
+REQUIRED = {"files": ["data.dir={tmp}"], "hf": ["data.name={tmp}"]}
+
+
+def option(group: str, name: str, tmp: Path) -> list[str]:
+    """Overrides selecting one option, with the values its config leaves required (???)."""
+    return [f"{group}={name}", *(o.format(tmp=tmp) for o in REQUIRED.get(name, []) if group == "data")]
 
 
 def test_every_group_has_options() -> None:
@@ -41,9 +47,10 @@ def test_every_group_has_options() -> None:
 
 @pytest.mark.parametrize(("group", "name"), OPTIONS, ids=[f"{g}={n}" for g, n in OPTIONS])
 def test_every_config_composes_and_validates(group: str, name: str, tmp_path: Path) -> None:
-    cfg = compose_train([f"{group}={name}"], tmp_path)
+    cfg = compose_train(option(group, name, tmp_path), tmp_path)
     experiment = validate(cfg)
-    assert experiment.model.src_vocab_size == experiment.data.vocab_size
+    if name == "synthetic":
+        assert experiment.model.src_vocab_size == experiment.data.fixed_vocab_size
     OmegaConf.to_container(cfg, resolve=True)  # no dangling interpolation
 
 
@@ -65,7 +72,7 @@ def _parameters(cls: type) -> set[str]:
 
 @pytest.mark.parametrize(("group", "name"), OPTIONS, ids=[f"{g}={n}" for g, n in OPTIONS])
 def test_node_keys_are_exactly_target_arguments(group: str, name: str, tmp_path: Path) -> None:
-    cfg = compose_train([f"{group}={name}"], tmp_path)
+    cfg = compose_train(option(group, name, tmp_path), tmp_path)
     for key, node in _nodes(cfg):
         keys = {k for k in node if not k.startswith("_")}
         unknown = keys - _parameters(get_class(node._target_))
@@ -83,7 +90,7 @@ def test_base_model_config_is_the_paper_default_and_lists_every_knob(tmp_path: P
 def test_base_with_a_37000_joint_vocabulary_has_63_082_496_parameters(tmp_path: Path) -> None:
     from attnlab.model import Transformer
 
-    experiment = validate(compose_train(["model=base"], tmp_path))
+    experiment = validate(compose_train(["model=base", "data=synthetic"], tmp_path))
     assert (experiment.model.tie, experiment.model.norm_first, experiment.model.output_bias) == (
         "all",
         False,
@@ -97,13 +104,13 @@ def test_base_with_a_37000_joint_vocabulary_has_63_082_496_parameters(tmp_path: 
 def test_every_cpu_node_instantiates(group: str, name: str, tmp_path: Path) -> None:
     from attnlab.model import Transformer
 
-    cfg = compose_train([f"{group}={name}"], tmp_path)
+    cfg = compose_train(["data=synthetic", *option(group, name, tmp_path)], tmp_path)
     experiment = validate(cfg)
     if group == "model":
         model = Transformer(experiment.model)
         assert model.config.d_model == cfg.model.d_model
-    datamodule = experiment.data.datamodule()
-    assert datamodule.src_vocab_size == experiment.data.vocab_size
+    datamodule = experiment.data.datamodule()  # real corpora are prepared only in setup
+    assert isinstance(datamodule, L.LightningDataModule)
     for _, node in _nodes(cfg)[4:]:  # loggers and callbacks
         instantiate(node)
     trainer_name = name if group == "trainer" else "default"
@@ -172,7 +179,7 @@ INVALID = [
 def test_invalid_values_are_rejected_naming_the_key(
     overrides: list[str], message: str, tmp_path: Path
 ) -> None:
-    cfg = compose_train(["model=small", "data.n_symbols=16", *overrides], tmp_path)
+    cfg = compose_train(["model=small", "data=synthetic", "data.n_symbols=16", *overrides], tmp_path)
     with pytest.raises(ConfigError) as excinfo:
         validate(cfg)
     assert message in str(excinfo.value)
@@ -236,3 +243,41 @@ def test_configs_are_packaged_into_the_wheel(tmp_path: Path) -> None:
     expected = {f"attnlab/conf/{p.relative_to(CONF)}" for p in CONF.rglob("*.yaml")}
     assert expected <= names
     assert "attnlab/cli/train.py" in names
+
+
+INVALID_CORPUS = [
+    (["data.vocab_size=4"], "data.vocab_size=4 must exceed the 4 special tokens"),
+    (["data.src_lang=cs"], "data.src_lang='cs' is not a Multi30k language: use one of de, en, fr"),
+    (["data.src_lang=en"], "data.src_lang='en' equals tgt_lang"),
+    (["data.max_tokens=null", "data.batch_size=null"], "data.max_tokens=null and batch_size=null"),
+    (["data.max_tokens=0"], "data.max_tokens=0 must be positive"),
+    (["data.max_length_ratio=-1"], "data.max_length_ratio=-1.0 must be positive"),
+    (["data.tokenizer=wordpiece"], "data.tokenizer='wordpiece' is not valid: expected 'bpe' | 'unigram'"),
+    (
+        ["data.joint_vocab=false"],
+        "model.tie=all shares one embedding between source and target, but data.joint",
+    ),
+]
+
+
+@pytest.mark.parametrize(
+    ("overrides", "message"), INVALID_CORPUS, ids=[" ".join(o) for o, _ in INVALID_CORPUS]
+)
+def test_invalid_corpus_values_are_rejected_naming_the_key(
+    overrides: list[str], message: str, tmp_path: Path
+) -> None:
+    with pytest.raises(ConfigError) as excinfo:
+        validate(compose_train(["data=multi30k", *overrides], tmp_path))
+    assert message in str(excinfo.value)
+
+
+def test_required_values_are_named(tmp_path: Path) -> None:
+    with pytest.raises(ConfigError, match=r"data\.dir is required .*set data\.dir=<value>"):
+        validate(compose_train(["data=files"], tmp_path))
+
+
+def test_separate_vocabularies_work_with_decoder_tying(tmp_path: Path) -> None:
+    experiment = validate(
+        compose_train(["data=multi30k", "data.joint_vocab=false", "model.tie=decoder"], tmp_path)
+    )
+    assert experiment.data.joint_vocab is False and experiment.model.src_vocab_size is None

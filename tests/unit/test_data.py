@@ -1,4 +1,4 @@
-"""Data: the synthetic task, the collator and the `ParallelDataModule` built on them."""
+"""Data: the synthetic task, the collator and the `SyntheticDataModule` built on them."""
 
 from __future__ import annotations
 
@@ -12,9 +12,10 @@ import pytest
 import torch
 from torch import Tensor
 
-from attnlab.data.batching import Collator, pad
-from attnlab.data.datamodule import ParallelDataModule
-from attnlab.data.synthetic import SPECIALS, SyntheticData
+from attnlab.data.batching import Collator, pad, restore_order
+from attnlab.data.datamodule import SyntheticDataModule
+from attnlab.data.synthetic import SyntheticData
+from attnlab.data.tokenizer import SPECIAL_IDS
 
 PAD, BOS, EOS, UNK = 0, 1, 2, 3
 FIRST_SYMBOL = 4
@@ -36,8 +37,8 @@ def rotate(symbols: list[int]) -> list[int]:
 
 
 def test_special_ids() -> None:
-    assert SPECIALS == {"pad_id": PAD, "bos_id": BOS, "eos_id": EOS, "unk_id": UNK}
-    assert small(n_symbols=16).vocab_size == 20
+    assert SPECIAL_IDS == {"pad_id": PAD, "bos_id": BOS, "eos_id": EOS, "unk_id": UNK}
+    assert small(n_symbols=16).fixed_vocab_size == 20
     assert small(max_len=9).max_positions_needed == 10
 
 
@@ -198,7 +199,7 @@ def test_collator_invariants_on_synthetic_examples() -> None:
 
 
 # ---------------------------------------------------------------------------------------------------------
-# ParallelDataModule
+# SyntheticDataModule
 
 
 def rows(loader: Any) -> list[tuple[int, ...]]:
@@ -211,7 +212,7 @@ def rows(loader: Any) -> list[tuple[int, ...]]:
     return out
 
 
-def datamodule(seed: int = 1234) -> ParallelDataModule:
+def datamodule(seed: int = 1234) -> SyntheticDataModule:
     return SyntheticData(n_train=100, n_val=20, n_test=20, batch_size=8, seed=seed).datamodule()
 
 
@@ -227,11 +228,13 @@ def test_train_loader_covers_every_example_once_per_epoch() -> None:
     dm = datamodule()
     expected = Counter(tuple(s) for s, _ in SyntheticData(n_train=100, n_val=20, n_test=20).examples("train"))
     loader = dm.train_dataloader()
-    first, second = rows(loader), rows(loader)
+    first = rows(loader)
+    loader.batch_sampler.set_epoch(1)  # what Lightning does at each epoch
+    second = rows(loader)
     assert Counter(first) == expected
     assert Counter(second) == expected
     assert len(loader) == 13  # ceil(100 / 8)
-    unshuffled = [tuple(s) for s, _ in dm.splits["train"]]
+    unshuffled = [tuple(s) for s, _, _ in dm.splits["train"]]
     assert first != unshuffled
     assert first != second  # a new order each epoch
 
@@ -239,26 +242,22 @@ def test_train_loader_covers_every_example_once_per_epoch() -> None:
 def test_train_order_depends_only_on_the_seed() -> None:
     assert rows(datamodule().train_dataloader()) == rows(datamodule().train_dataloader())
     data = SyntheticData(n_train=100, n_val=20, n_test=20, batch_size=8)
-    same_data = [
-        ParallelDataModule(
-            load=data.examples, src_vocab_size=20, tgt_vocab_size=20, batch_size=8, seed=s, **SPECIALS
-        )
-        for s in (1, 2)
-    ]
+    same_data = [data.datamodule(), data.datamodule()]
+    same_data[1].seed = data.seed + 1  # the same examples, another shuffle seed
     a, b = (rows(dm.train_dataloader()) for dm in same_data)
     assert Counter(a) == Counter(b)
     assert a != b
 
 
 @pytest.mark.parametrize("split", ["val", "test"])
-def test_eval_loaders_keep_the_original_order(split: str) -> None:
+def test_eval_loaders_are_deterministic_and_restore_the_original_order(split: str) -> None:
     dm = datamodule()
     loader = dm.val_dataloader() if split == "val" else dm.test_dataloader()
     examples = SyntheticData(n_train=100, n_val=20, n_test=20).examples(split)
-    assert rows(loader) == [tuple(s) for s, _ in examples]
     assert rows(loader) == rows(loader)
-    targets = []
+    indices, pairs = [], []
     for batch in loader:
-        for row in batch["tgt_out"].tolist():
-            targets.append([t for t in row if t != PAD][:-1])
-    assert targets == [t for _, t in examples]
+        indices += batch["index"].tolist()
+        for src, tgt in zip(batch["src"].tolist(), batch["tgt_out"].tolist(), strict=True):
+            pairs.append(([t for t in src if t != PAD], [t for t in tgt if t != PAD][:-1]))
+    assert restore_order(indices, pairs) == examples

@@ -1,16 +1,29 @@
-"""Collation of (source, target) id pairs into padded batches.
+"""Collation of (source, target) id pairs into padded batches, and token-budget batching.
 
 A batch is a dict of LongTensors: `src` (B, S) source ids ending in eos; `tgt_in` (B, T) decoder input
 = bos + target; `tgt_out` (B, T) decoder output = target + eos. Padding uses `pad_id`; masks are derived
-from it by the model (True = real token).
+from it by the model (True = real token). Items given as (src, tgt, index) triples add `index` (B,), the
+example indices, so that `restore_order` can put per-example outputs back into dataset order.
+
+`TokenBatchSampler` forms fairseq `--max-tokens`-style batches: examples of similar length go together,
+and each batch holds at most `max_tokens` tokens counting padding.
 """
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+import hashlib
+import logging
+from collections import Counter
+from collections.abc import Iterator, Sequence
+from typing import TypeVar
 
 import torch
 from torch import Tensor
+from torch.utils.data import Sampler
+
+log = logging.getLogger(__name__)
+
+T = TypeVar("T")
 
 
 def pad(sequences: Sequence[Sequence[int]], pad_id: int) -> Tensor:
@@ -21,15 +34,265 @@ def pad(sequences: Sequence[Sequence[int]], pad_id: int) -> Tensor:
     return out
 
 
+Pair = tuple[Sequence[int], Sequence[int]]
+Triple = tuple[Sequence[int], Sequence[int], int]
+
+
 class Collator:
-    """Turns a list of (src ids, tgt ids) pairs into a padded batch (picklable for worker processes)."""
+    """Turns a list of (src ids, tgt ids) pairs into a padded batch (picklable for worker processes).
+
+    Items may also be (src ids, tgt ids, example index) triples; the batch then also holds `index`, a
+    (B,) LongTensor of the example indices. All items of a batch must have the same form.
+    """
 
     def __init__(self, *, pad_id: int, bos_id: int, eos_id: int) -> None:
         self.pad_id, self.bos_id, self.eos_id = pad_id, bos_id, eos_id
 
-    def __call__(self, pairs: Sequence[tuple[Sequence[int], Sequence[int]]]) -> dict[str, Tensor]:
-        return {
-            "src": pad([s for s, _ in pairs], self.pad_id),
-            "tgt_in": pad([[self.bos_id, *t] for _, t in pairs], self.pad_id),
-            "tgt_out": pad([[*t, self.eos_id] for _, t in pairs], self.pad_id),
+    def __call__(self, items: Sequence[Pair | Triple]) -> dict[str, Tensor]:
+        widths = {len(item) for item in items}
+        if not widths <= {2, 3} or len(widths) > 1:
+            raise ValueError(
+                f"Collator: items have {sorted(widths)} elements; give every item of a batch as a "
+                "(src, tgt) pair or every item as a (src, tgt, index) triple"
+            )
+        batch = {
+            "src": pad([item[0] for item in items], self.pad_id),
+            "tgt_in": pad([[self.bos_id, *item[1]] for item in items], self.pad_id),
+            "tgt_out": pad([[*item[1], self.eos_id] for item in items], self.pad_id),
         }
+        if widths == {3}:
+            batch["index"] = torch.tensor([int(item[2]) for item in items], dtype=torch.long)  # (B,)
+        return batch
+
+
+def _listed(values: Sequence[int], limit: int = 10) -> str:
+    shown = ", ".join(str(v) for v in values[:limit])
+    return shown + (f", ... ({len(values)} in all)" if len(values) > limit else "")
+
+
+def restore_order(indices: Sequence[int], items: Sequence[T]) -> list[T]:
+    """Puts per-example outputs back into dataset order.
+
+    Args:
+        indices: The example index of each item, e.g. the concatenated `batch["index"].tolist()` of an
+            evaluation pass; must be a permutation of `0 .. len(items) - 1`.
+        items: The per-example outputs, in the order the batches produced them.
+
+    Returns:
+        `out` with `out[indices[k]] = items[k]`.
+
+    Raises:
+        ValueError: Lengths differ, or an index is duplicated, missing or out of range (named).
+    """
+    if len(indices) != len(items):
+        raise ValueError(f"restore_order: {len(indices)} indices for {len(items)} items; give one per item")
+    n = len(items)
+    positions = [int(i) for i in indices]
+    counts = Counter(positions)
+    duplicates = sorted(i for i, count in counts.items() if count > 1)
+    outside = sorted(i for i in counts if not 0 <= i < n)
+    missing = sorted(set(range(n)) - counts.keys())
+    if duplicates or outside or missing:
+        problems = [
+            f"{name} indices {_listed(values)}"
+            for name, values in (("duplicate", duplicates), ("out-of-range", outside), ("missing", missing))
+            if values
+        ]
+        raise ValueError(
+            f"restore_order: {'; '.join(problems)} (expected each of 0..{n - 1} exactly once: did an "
+            "evaluation sampler drop or repeat examples?)"
+        )
+    out: list[T] = list(items)
+    for position, item in zip(positions, items, strict=True):
+        out[position] = item
+    return out
+
+
+def _positive(name: str, value: int | None) -> None:
+    if value is not None and (isinstance(value, bool) or not isinstance(value, int) or value < 1):
+        raise ValueError(f"TokenBatchSampler: {name}={value!r}; give a positive integer or None")
+
+
+def _generator(seed: int, epoch: int) -> torch.Generator:
+    """A torch generator seeded by the pair (seed, epoch), identical across runs and platforms."""
+    digest = hashlib.blake2b(f"{seed}/{epoch}".encode(), digest_size=8).digest()
+    return torch.Generator().manual_seed(int.from_bytes(digest, "little") >> 1)
+
+
+class TokenBatchSampler(Sampler[list[int]]):
+    """Batches of example indices holding at most `max_tokens` tokens including padding.
+
+    A batch's cost is `len(batch) * max(lengths in batch)`, the size of its padded (B, L) tensor, and is
+    at most `max_tokens`; `batch_size` (if given) also caps the sentences per batch. An example longer
+    than `max_tokens` gets a batch of its own (one warning is logged when the sampler is built).
+
+    Order:
+        - Training (`shuffle=True`): indices are sorted by length with ties broken at random, packed
+          greedily into batches of consecutive indices, and the order of the batches is shuffled. Both
+          random draws come from a generator seeded by (seed, epoch): the same seed and epoch give the
+          same batches in every run, another epoch gives other batches.
+        - Evaluation (`shuffle=False`): indices sorted by length (ties by index), packed greedily, batches
+          in that order; every epoch is the same.
+
+    Distribution: with `num_replicas > 1`, rank r yields `batches[r::num_replicas]` of the global list.
+    In training the global list is first cut to a multiple of `num_replicas` by dropping its last
+    batches (the shuffle makes these differ each epoch), so every rank yields as many batches and the
+    ranks see disjoint examples; the dropped examples are not seen that epoch. In evaluation nothing is
+    dropped or repeated: every example is seen exactly once across the ranks, which may differ by one
+    batch (a collective op in a per-batch step would then hang: gather results at the epoch's end).
+
+    Resumption: the sampler counts the batches it has yielded in the current epoch. `state_dict()`
+    returns `{"epoch", "seed", "yielded"}`; after `load_state_dict` the next iteration skips the first
+    `yielded` batches of that epoch and yields the rest. A later iteration, or `set_epoch` to another
+    epoch, starts from the first batch again. With `num_workers > 0` a DataLoader draws batches ahead of
+    the training loop, so `yielded` may exceed the batches trained on; for exact resumption there, store
+    the trained batch count as `yielded`.
+
+    Args:
+        lengths: `lengths[i]` is the size of example i in tokens; pass max(source length, target
+            length + 1), the longer of its `src` and `tgt_in` rows.
+        max_tokens: Most tokens in a padded batch, or None for no token budget.
+        batch_size: Most sentences in a batch, or None for no cap. At least one of the two is needed.
+        shuffle: Training order (bucketed and shuffled) if True, evaluation order (sorted) if False.
+        seed: Seed of the training order.
+        num_replicas: Number of distributed ranks.
+        rank: This process's rank, in `0 .. num_replicas - 1`.
+    """
+
+    def __init__(
+        self,
+        lengths: Sequence[int],
+        *,
+        max_tokens: int | None = None,
+        batch_size: int | None = None,
+        shuffle: bool = True,
+        seed: int = 0,
+        num_replicas: int = 1,
+        rank: int = 0,
+    ) -> None:
+        if max_tokens is None and batch_size is None:
+            raise ValueError("TokenBatchSampler: give max_tokens, batch_size or both (both are None)")
+        _positive("max_tokens", max_tokens)
+        _positive("batch_size", batch_size)
+        _positive("num_replicas", num_replicas)
+        if not 0 <= rank < num_replicas:
+            raise ValueError(
+                f"TokenBatchSampler: rank={rank!r}; give 0 <= rank < num_replicas={num_replicas}"
+            )
+        self.lengths = [int(n) for n in lengths]
+        short = [i for i, n in enumerate(self.lengths) if n < 1]
+        if short:
+            raise ValueError(
+                f"TokenBatchSampler: lengths[{short[0]}]={self.lengths[short[0]]}; every example has at "
+                "least one token (pass max(source length, target length + 1))"
+            )
+        self.max_tokens, self.batch_size, self.shuffle = max_tokens, batch_size, shuffle
+        self.seed, self.num_replicas, self.rank = seed, num_replicas, rank
+        self.epoch, self.yielded = 0, 0
+        self._resume_pending = False
+        self._cache: tuple[tuple[int, int], list[list[int]]] | None = None
+        oversize = [n for n in self.lengths if max_tokens is not None and n > max_tokens]
+        if oversize:
+            log.warning(
+                "%d of %d examples are longer than max_tokens=%d (longest: %d tokens); each gets a batch of "
+                "its own. Raise max_tokens or filter long examples to stay within the budget.",
+                len(oversize),
+                len(self.lengths),
+                max_tokens,
+                max(oversize),
+            )
+
+    def set_epoch(self, epoch: int) -> None:
+        """Selects the epoch whose batches the next iteration yields.
+
+        Resets the yielded-batch count unless a state loaded for this same epoch is pending.
+        """
+        if not (self._resume_pending and epoch == self.epoch):
+            self.yielded, self._resume_pending = 0, False
+        self.epoch = epoch
+
+    def _pack(self, order: list[int]) -> list[list[int]]:
+        """Greedily cuts indices (sorted by length) into batches within the token and sentence caps."""
+        batches: list[list[int]] = []
+        batch: list[int] = []
+        longest = 0
+        for i in order:
+            n = self.lengths[i]
+            full = self.batch_size is not None and len(batch) >= self.batch_size
+            over = self.max_tokens is not None and (len(batch) + 1) * max(longest, n) > self.max_tokens
+            if batch and (full or over):
+                batches.append(batch)
+                batch, longest = [], 0
+            batch.append(i)
+            longest = max(longest, n)
+        if batch:
+            batches.append(batch)
+        return batches
+
+    def _global_batches(self) -> list[list[int]]:
+        """This epoch's batches over all ranks (in training, cut to a multiple of `num_replicas`)."""
+        if self._cache is not None and self._cache[0] == (self.seed, self.epoch):
+            return self._cache[1]
+        lengths = torch.tensor(self.lengths, dtype=torch.long)
+        if self.shuffle:
+            generator = _generator(self.seed, self.epoch)
+            tie_break = torch.randperm(len(lengths), generator=generator)  # (N,)
+            order = tie_break[torch.argsort(lengths[tie_break], stable=True)]
+            batches = self._pack(order.tolist())
+            batches = [batches[j] for j in torch.randperm(len(batches), generator=generator).tolist()]
+            batches = batches[: len(batches) - len(batches) % self.num_replicas]
+        else:
+            batches = self._pack(torch.argsort(lengths, stable=True).tolist())
+        self._cache = ((self.seed, self.epoch), batches)
+        return batches
+
+    def _rank_batches(self) -> list[list[int]]:
+        return self._global_batches()[self.rank :: self.num_replicas]
+
+    def __iter__(self) -> Iterator[list[int]]:
+        # not a generator: the position is reset (or resumed) when iteration starts, not at its first batch
+        skip = self.yielded if self._resume_pending else 0
+        self._resume_pending = False
+        self.yielded = skip
+        return self._yield_from(self._rank_batches()[skip:])
+
+    def _yield_from(self, batches: list[list[int]]) -> Iterator[list[int]]:
+        for batch in batches:
+            self.yielded += 1
+            yield list(batch)
+
+    def __len__(self) -> int:
+        """Batches this rank yields in the current epoch (the whole epoch, a resumed part included)."""
+        return len(self._rank_batches())
+
+    def state_dict(self) -> dict[str, int]:
+        """The position in the epoch: `{"epoch": e, "seed": s, "yielded": batches yielded so far}`."""
+        return {"epoch": self.epoch, "seed": self.seed, "yielded": self.yielded}
+
+    def load_state_dict(self, state: dict[str, int]) -> None:
+        """Restores a `state_dict()`; the next iteration resumes after its `yielded` batches.
+
+        Raises:
+            ValueError: A key is missing, or `yielded` is negative or more than the epoch's batches.
+        """
+        missing = sorted({"epoch", "seed", "yielded"} - set(state))
+        if missing:
+            raise ValueError(f"TokenBatchSampler.load_state_dict: state lacks {missing}; pass a state_dict()")
+        self.epoch, self.seed = int(state["epoch"]), int(state["seed"])
+        yielded = int(state["yielded"])
+        if not 0 <= yielded <= len(self):
+            raise ValueError(
+                f"TokenBatchSampler.load_state_dict: yielded={yielded} but epoch {self.epoch} has "
+                f"{len(self)} batches on this rank; was the state saved with other lengths, max_tokens, "
+                "batch_size or num_replicas?"
+            )
+        self.yielded, self._resume_pending = yielded, True
+
+    def padding_ratio(self) -> float:
+        """Padding tokens / tokens of the padded batches, summed over this epoch's batches of all ranks."""
+        total = padded = 0
+        for batch in self._global_batches():
+            sizes = [self.lengths[i] for i in batch]
+            padded += len(batch) * max(sizes)
+            total += sum(sizes)
+        return (padded - total) / padded if padded else 0.0

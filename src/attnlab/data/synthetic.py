@@ -15,12 +15,12 @@ import random
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Literal
 
+from attnlab.data.tokenizer import SPECIAL_IDS
 from attnlab.typed import check_fields, require, require_positive
 
 if TYPE_CHECKING:
-    from attnlab.data.datamodule import ParallelDataModule
+    from attnlab.data.datamodule import SyntheticDataModule
 
-SPECIALS = {"pad_id": 0, "bos_id": 1, "eos_id": 2, "unk_id": 3}
 Example = tuple[list[int], list[int]]
 
 
@@ -59,9 +59,9 @@ class SyntheticData:
         require(self.num_workers >= 0, f"num_workers={self.num_workers} must be >= 0")
 
     @property
-    def vocab_size(self) -> int:
-        """Special tokens plus symbols (shared by source and target)."""
-        return len(SPECIALS) + self.n_symbols
+    def fixed_vocab_size(self) -> int:
+        """Special tokens plus symbols (shared by source and target; known before any data is built)."""
+        return len(SPECIAL_IDS) + self.n_symbols
 
     @property
     def max_positions_needed(self) -> int:
@@ -80,24 +80,16 @@ class SyntheticData:
         size = {"train": self.n_train, "val": self.n_val, "test": self.n_test}[split]
         # Each split has its own stream, so a changed split size leaves the other splits unchanged.
         rng = random.Random(f"attnlab.synthetic/{self.seed}/{split}")
-        first = len(SPECIALS)
+        first = len(SPECIAL_IDS)
         out = []
         for _ in range(size):
             length = rng.randint(self.min_len, self.max_len)
             symbols = [rng.randrange(first, first + self.n_symbols) for _ in range(length)]
-            out.append(([*symbols, SPECIALS["eos_id"]], self.translate(symbols)))
+            out.append(([*symbols, SPECIAL_IDS["eos_id"]], self.translate(symbols)))
         return out
 
-    def datamodule(self) -> ParallelDataModule:
+    def datamodule(self) -> SyntheticDataModule:
         """The LightningDataModule serving this task."""
-        from attnlab.data.datamodule import ParallelDataModule
+        from attnlab.data.datamodule import SyntheticDataModule
 
-        return ParallelDataModule(
-            load=self.examples,
-            src_vocab_size=self.vocab_size,
-            tgt_vocab_size=self.vocab_size,
-            batch_size=self.batch_size,
-            num_workers=self.num_workers,
-            seed=self.seed,
-            **SPECIALS,
-        )
+        return SyntheticDataModule(self)

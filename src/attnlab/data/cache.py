@@ -1,0 +1,279 @@
+"""The on-disk cache: where it lives, cache keys, an inter-process lock and atomic writes (torch-free).
+
+Everything the data pipeline derives from a corpus (downloaded files, trained tokenizers, encoded
+splits) is built once and reused. Three rules keep that safe when several processes share one cache
+(DDP ranks, DataLoader workers, two experiments started at once):
+
+* A cache entry is named by a :func:`fingerprint` of everything it depends on, so a changed input
+  gives a new entry rather than a stale hit.
+* Only one process builds an entry: builders hold a :class:`FileLock` (``fcntl.flock``, so the lock
+  is released by the kernel when its holder dies, and a crashed builder never blocks the next one).
+* Nothing half-written is ever visible under an entry's final name: files are written with
+  :func:`atomic_write_bytes`, directories with :func:`building`, both rename into place.
+
+POSIX only (``fcntl``).
+"""
+
+from __future__ import annotations
+
+import fcntl
+import hashlib
+import json
+import os
+import re
+import shutil
+import tempfile
+import time
+from collections.abc import Iterator
+from contextlib import contextmanager, suppress
+from pathlib import Path
+from types import TracebackType
+from typing import Any
+
+_CHUNK = 1 << 20
+_POLL_S = 0.05
+
+
+def default_cache_dir() -> Path:
+    """The cache root: ``$ATTNLAB_CACHE_DIR``, else ``$XDG_CACHE_HOME/attnlab``, else ``~/.cache/attnlab``."""
+    explicit = os.environ.get("ATTNLAB_CACHE_DIR")
+    if explicit:
+        return Path(explicit).expanduser()
+    xdg = os.environ.get("XDG_CACHE_HOME")
+    if xdg:
+        return Path(xdg).expanduser() / "attnlab"
+    return Path.home() / ".cache" / "attnlab"
+
+
+def file_sha256(path: Path) -> str:
+    """The full hex SHA-256 of the file at `path`, read in 1 MiB chunks."""
+    digest = hashlib.sha256()
+    with open(path, "rb") as f:
+        for chunk in iter(lambda: f.read(_CHUNK), b""):
+            digest.update(chunk)
+    return digest.hexdigest()
+
+
+def _json_default(value: Any) -> Any:
+    if isinstance(value, Path):
+        return {"__file_sha256__": file_sha256(value)}
+    raise TypeError(
+        f"fingerprint() cannot encode {value!r} of type {type(value).__name__}: "
+        "use Path, dict, list, tuple, str, int, float, bool or None"
+    )
+
+
+def fingerprint(*parts: object) -> str:
+    """A stable cache key: the first 16 hex characters of a SHA-256 over `parts`.
+
+    Each part contributes, in order and length-prefixed (so parts never run into each other):
+
+    * a ``Path``: the SHA-256 of the file's *content* (read in chunks). The path itself does not
+      count, so the same bytes at another path give the same key, and edited bytes a new one.
+    * anything else: its canonical JSON (sorted keys, no whitespace, UTF-8). Supported are dict
+      (with str keys), list, tuple, str, int, float, bool and None, nested freely; a ``Path``
+      nested inside them is replaced by its content hash as above.
+
+    The key depends on values only, never on the process, the Python version or dict order. Tuples and
+    lists encode alike (both JSON arrays, as a Hydra list and a dataclass tuple should), whereas
+    ``1`` and ``1.0`` and ``"1"`` differ.
+
+    Args:
+        *parts: What the cached artefact depends on: input files, settings, a format version.
+
+    Returns:
+        16 lowercase hex characters.
+
+    Raises:
+        TypeError: A part (or a nested value) has an unsupported type such as a set.
+        OSError: A ``Path`` part cannot be read (e.g. ``FileNotFoundError``).
+    """
+    digest = hashlib.sha256()
+    for part in parts:
+        if isinstance(part, Path):
+            encoded = b"file:" + file_sha256(part).encode("ascii")
+        else:
+            text = json.dumps(
+                part, sort_keys=True, separators=(",", ":"), ensure_ascii=False, default=_json_default
+            )
+            encoded = b"json:" + text.encode("utf-8")
+        digest.update(len(encoded).to_bytes(8, "big"))
+        digest.update(encoded)
+    return digest.hexdigest()[:16]
+
+
+class FileLock:
+    """An exclusive inter-process lock held on `path` with ``fcntl.flock``.
+
+    The lock file is created (with its parent directories) and never deleted: deleting it would let
+    two processes lock two different files of the same name. The kernel drops the lock when the
+    holder closes it or dies. Not reentrant: acquiring a held lock again from another ``FileLock``
+    in the same process waits like any other process would.
+
+    Example::
+
+        with FileLock(cache / ".lock", timeout=600):
+            ...  # only one process at a time runs this
+
+    Args:
+        path: The lock file.
+        timeout: Seconds to wait for the lock; None waits forever.
+    """
+
+    def __init__(self, path: Path, *, timeout: float | None = None) -> None:
+        self.path = Path(path)
+        self.timeout = timeout
+        self._fd: int | None = None
+
+    @property
+    def locked(self) -> bool:
+        """Whether this object holds the lock."""
+        return self._fd is not None
+
+    def acquire(self) -> None:
+        """Take the lock, waiting at most `timeout` seconds.
+
+        Raises:
+            RuntimeError: This object already holds the lock.
+            TimeoutError: The lock stayed taken for `timeout` seconds; the message names the lock file.
+        """
+        if self._fd is not None:
+            raise RuntimeError(f"FileLock({self.path}) is already held by this object")
+        self.path.parent.mkdir(parents=True, exist_ok=True)
+        fd = os.open(self.path, os.O_RDWR | os.O_CREAT, 0o644)
+        try:
+            if self.timeout is None:
+                fcntl.flock(fd, fcntl.LOCK_EX)
+            else:
+                self._wait(fd, time.monotonic() + self.timeout)
+        except BaseException:
+            os.close(fd)
+            raise
+        self._fd = fd
+
+    def _wait(self, fd: int, deadline: float) -> None:
+        while True:
+            try:
+                fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+                return
+            except BlockingIOError:
+                remaining = deadline - time.monotonic()
+                if remaining <= 0:
+                    raise TimeoutError(
+                        f"could not lock {self.path} within {self.timeout} s: another process holds it. "
+                        "Wait for it to finish, or stop it if it is stuck (the lock is freed when it exits)."
+                    ) from None
+                time.sleep(min(_POLL_S, remaining))
+
+    def release(self) -> None:
+        """Drop the lock (a no-op when not held)."""
+        if self._fd is None:
+            return
+        fd, self._fd = self._fd, None
+        try:
+            fcntl.flock(fd, fcntl.LOCK_UN)
+        finally:
+            os.close(fd)
+
+    def __enter__(self) -> FileLock:
+        self.acquire()
+        return self
+
+    def __exit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
+    ) -> None:
+        self.release()
+
+
+def _fsync_dir(directory: Path) -> None:
+    """Make a rename in `directory` durable (best effort: not every filesystem allows it)."""
+    with suppress(OSError):
+        fd = os.open(directory, os.O_RDONLY)
+        try:
+            os.fsync(fd)
+        finally:
+            os.close(fd)
+
+
+def _building_name(target: Path) -> str:
+    return f".{target.name}.building-{os.getpid()}"
+
+
+def _remove_stale_builds(target: Path) -> None:
+    """Delete temporary directories left beside `target` by builders that died (call under the lock)."""
+    pattern = re.compile(rf"\.{re.escape(target.name)}\.building-\d+")
+    for entry in target.parent.iterdir():
+        if pattern.fullmatch(entry.name) and entry.is_dir() and not entry.is_symlink():
+            shutil.rmtree(entry, ignore_errors=True)
+
+
+@contextmanager
+def building(target: Path, *, timeout: float | None = None) -> Iterator[Path | None]:
+    """Build the cache directory `target` once, atomically, whichever process gets there first.
+
+    Holds the lock ``<target>.lock`` for the whole block. If `target` exists once the lock is held
+    (built earlier, or by another process while this one waited), yields None and touches nothing.
+    Otherwise yields a fresh, empty temporary directory beside `target` (same filesystem) for the
+    caller to fill; on normal exit it is renamed to `target`, on an exception it is deleted and
+    `target` stays absent. So a reader never sees a half-built `target`::
+
+        with building(target) as tmp:
+            if tmp is not None:
+                fill(tmp)
+        use(target)
+
+    Temporary directories of builders that were killed mid-build are removed by the next builder.
+
+    Args:
+        target: The directory to build.
+        timeout: Seconds to wait for the lock; None waits forever.
+
+    Yields:
+        The temporary directory to fill, or None when `target` already exists.
+
+    Raises:
+        TimeoutError: The lock was not obtained within `timeout` seconds.
+    """
+    target = Path(target)
+    target.parent.mkdir(parents=True, exist_ok=True)
+    with FileLock(target.with_name(target.name + ".lock"), timeout=timeout):
+        if target.exists():
+            yield None
+            return
+        _remove_stale_builds(target)
+        tmp = target.with_name(_building_name(target))
+        tmp.mkdir()
+        try:
+            yield tmp
+            os.rename(tmp, target)
+        except BaseException:
+            shutil.rmtree(tmp, ignore_errors=True)
+            raise
+        _fsync_dir(target.parent)
+
+
+def atomic_write_bytes(path: Path, data: bytes) -> None:
+    """Write `data` to `path` so that readers see either the old file or the whole new one.
+
+    Writes a temporary file in the same directory (created if needed), fsyncs it and renames it over
+    `path` with ``os.replace``. On any error the temporary file is removed and `path` is unchanged.
+    The new file gets mode 0o644.
+    """
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fd, tmp_name = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
+    try:
+        with os.fdopen(fd, "wb") as f:
+            f.write(data)
+            f.flush()
+            os.fsync(f.fileno())
+            os.fchmod(f.fileno(), 0o644)
+        os.replace(tmp_name, path)
+    except BaseException:
+        with suppress(FileNotFoundError):
+            os.unlink(tmp_name)
+        raise
+    _fsync_dir(path.parent)

@@ -1,0 +1,283 @@
+"""Real parallel corpora: Multi30k, any aligned plain-text files, Hugging Face datasets (torch-free specs).
+
+Each spec is a typed dataclass (a Hydra `data` node) holding where the text comes from plus the shared
+preprocessing and batching settings of `CorpusData`; `spec.datamodule()` builds the LightningDataModule
+(`attnlab.data.datamodule.CorpusDataModule`), which tokenizes and caches everything derived.
+
+Splits are named `train`, `val` and one or more test sets (the first is the one `Trainer.test` uses).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from dataclasses import dataclass
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+from attnlab.data.download import MULTI30K_BASE_URL, MULTI30K_LANGS, DataError
+from attnlab.data.tokenizer import SPECIAL_TOKENS, TokenizerModel
+from attnlab.typed import check_fields, require, require_positive
+
+if TYPE_CHECKING:
+    from attnlab.data.datamodule import CorpusDataModule
+
+Text = tuple[list[str], list[str]]  # aligned (source lines, target lines)
+
+
+def read_lines(path: Path) -> list[str]:
+    """The lines of a UTF-8 text file, split on "\\n" only (one segment per line; a final newline ends
+    the last line, and a trailing "\\r" is dropped).
+
+    Raises:
+        DataError: the file is missing or not valid UTF-8 (naming the file and line).
+    """
+    try:
+        raw = path.read_bytes()
+    except FileNotFoundError:
+        raise DataError(f"data file not found: {path}") from None
+    try:
+        text = raw.decode("utf-8")
+    except UnicodeDecodeError as exc:
+        line = raw[: exc.start].count(b"\n") + 1
+        raise DataError(f"{path}:{line}: invalid UTF-8 ({exc.reason}); re-encode the file as UTF-8") from None
+    lines = text.split("\n")
+    if lines and lines[-1] == "":
+        lines.pop()
+    return [line[:-1] if line.endswith("\r") else line for line in lines]
+
+
+def read_parallel(src_path: Path, tgt_path: Path) -> Text:
+    """Aligned source and target lines; line counts must agree."""
+    src, tgt = read_lines(src_path), read_lines(tgt_path)
+    if len(src) != len(tgt):
+        raise DataError(
+            f"{src_path} has {len(src)} lines but {tgt_path} has {len(tgt)}: parallel files must be aligned "
+            "line by line"
+        )
+    return src, tgt
+
+
+@dataclass(frozen=True)
+class CorpusData:
+    """Preprocessing and batching settings shared by every real corpus.
+
+    Args:
+        src_lang: Source language (file suffix / dataset key).
+        tgt_lang: Target language.
+        tokenizer: Subword model, `bpe` or `unigram` (Hugging Face `tokenizers`, Metaspace pieces).
+        vocab_size: Vocabulary size per tokenizer, the 4 special tokens included.
+        joint_vocab: One vocabulary for both languages (required by `model.tie=all`).
+        max_source_tokens: Training pairs with a longer source (in subwords, eos included) are dropped.
+        max_target_tokens: Training pairs with a longer target (eos included) are dropped.
+        max_length_ratio: Training pairs whose longer side exceeds this multiple of the shorter are
+            dropped (null: no ratio filter). Validation and test sets are never filtered.
+        max_tokens: Tokens per batch including padding (fairseq `--max-tokens`); null for sentence batches.
+        batch_size: Sentences per batch (a cap when `max_tokens` is set too).
+        num_workers: DataLoader worker processes.
+        seed: Seed of the batch shuffle.
+        cache_dir: Where downloads and prepared data go (null: `$ATTNLAB_CACHE_DIR` or `~/.cache/attnlab`).
+    """
+
+    src_lang: str = "de"
+    tgt_lang: str = "en"
+    tokenizer: TokenizerModel = "bpe"
+    vocab_size: int = 8000
+    joint_vocab: bool = True
+    max_source_tokens: int = 256
+    max_target_tokens: int = 256
+    max_length_ratio: float | None = None
+    max_tokens: int | None = 4096
+    batch_size: int | None = None
+    num_workers: int = 0
+    seed: int = 1
+    cache_dir: str | None = None
+
+    def __post_init__(self) -> None:
+        check_fields(self)
+        require(
+            self.src_lang != self.tgt_lang, f"src_lang={self.src_lang!r} equals tgt_lang: pick two languages"
+        )
+        require(
+            self.vocab_size > len(SPECIAL_TOKENS),
+            f"vocab_size={self.vocab_size} must exceed the {len(SPECIAL_TOKENS)} special tokens "
+            f"({', '.join(SPECIAL_TOKENS)})",
+        )
+        require_positive(self, "max_source_tokens", "max_target_tokens")
+        require(
+            self.max_tokens is not None or self.batch_size is not None,
+            "max_tokens=null and batch_size=null: set max_tokens (tokens per batch) or batch_size "
+            "(sentences per batch)",
+        )
+        for name in ("max_tokens", "batch_size", "max_length_ratio"):
+            value = getattr(self, name)
+            require(value is None or value > 0, f"{name}={value} must be positive (or null)")
+        require(self.num_workers >= 0, f"num_workers={self.num_workers} must be >= 0")
+
+    def cache_root(self) -> Path:
+        """The cache directory (downloads and prepared data)."""
+        from attnlab.data.cache import default_cache_dir
+
+        return Path(self.cache_dir).expanduser().resolve() if self.cache_dir else default_cache_dir()
+
+    def preprocessing(self) -> dict[str, Any]:
+        """The settings that determine the prepared data (part of its cache key)."""
+        keys = ("src_lang", "tgt_lang", "tokenizer", "vocab_size", "joint_vocab", "max_source_tokens",
+                "max_target_tokens", "max_length_ratio")  # fmt: skip
+        return {k: getattr(self, k) for k in keys}
+
+    def files(self) -> dict[str, tuple[Path, Path]]:
+        """Split name -> (source file, target file): `train`, `val`, then the test sets."""
+        raise NotImplementedError(f"{type(self).__name__} reads no files; it overrides `load`")
+
+    def load(self) -> dict[str, Text]:
+        """Split name -> aligned raw lines."""
+        return {name: read_parallel(src, tgt) for name, (src, tgt) in self.files().items()}
+
+    def fingerprint_inputs(self) -> list[Any]:
+        """What identifies the raw text (file contents are hashed, not paths)."""
+        return [(name, src, tgt) for name, (src, tgt) in self.files().items()]
+
+    def datamodule(self) -> CorpusDataModule:
+        """The LightningDataModule serving this corpus."""
+        from attnlab.data.datamodule import CorpusDataModule
+
+        return CorpusDataModule(self)
+
+    def to_dict(self) -> dict[str, Any]:
+        """Plain-Python form."""
+        return dataclasses.asdict(self)
+
+
+@dataclass(frozen=True)
+class Multi30kData(CorpusData):
+    """Multi30k (WMT16 multimodal task 1), de/en/fr, downloaded and checksummed on first use.
+
+    Args:
+        root: A directory holding `train.de`, `val.de`, `test2016.de`, ... (gunzipped official files);
+            when set, nothing touches the network.
+        base_url: Where the gzipped files are fetched from (a mirror of the pinned upstream commit).
+    """
+
+    root: str | None = None
+    base_url: str = MULTI30K_BASE_URL
+
+    def __post_init__(self) -> None:
+        super().__post_init__()
+        for name in ("src_lang", "tgt_lang"):
+            value = getattr(self, name)
+            require(value in MULTI30K_LANGS, f"{name}={value!r} is not a Multi30k language: use one of "
+                    f"{', '.join(MULTI30K_LANGS)}")  # fmt: skip
+
+    def files(self) -> dict[str, tuple[Path, Path]]:
+        from attnlab.data.download import multi30k_paths
+
+        root = Path(self.root).expanduser().resolve() if self.root else None
+        paths = multi30k_paths(
+            (self.src_lang, self.tgt_lang), root=root, cache_dir=self.cache_root(), base_url=self.base_url
+        )
+        return {
+            split: (paths[f"{split}.{self.src_lang}"], paths[f"{split}.{self.tgt_lang}"])
+            for split in ("train", "val", "test2016")
+        }
+
+
+@dataclass(frozen=True)
+class FilesData(CorpusData):
+    """Any aligned plain-text corpus, one segment per line, files named `<prefix>.<lang>` (fairseq style).
+
+    With `dir` set, prefixes are relative to it (`dir/train.de`); otherwise they are paths themselves
+    (`/data/wmt/train` -> `/data/wmt/train.de`). For files not named by language (`train.src`,
+    `train.tgt`), set `src_lang=src tgt_lang=tgt`.
+
+    Args:
+        dir: Directory holding the files (null: prefixes are paths).
+        train: Training prefix.
+        valid: Validation prefix.
+        test: Test prefixes; each is a test set named by its prefix's file name.
+    """
+
+    dir: str | None = None
+    train: str = "train"
+    valid: str = "valid"
+    test: tuple[str, ...] = ("test",)
+
+    def __post_init__(self) -> None:
+        super().__post_init__()
+        require(len(self.test) > 0, "test=[] needs at least one test prefix")
+        names = [Path(p).name for p in self.test]
+        require(len(set(names)) == len(names), f"test={list(self.test)} has two test sets with one name")
+
+    def _pair(self, prefix: str) -> tuple[Path, Path]:
+        base = Path(self.dir) / prefix if self.dir else Path(prefix)
+        base = base.expanduser().resolve()
+        return base.with_name(f"{base.name}.{self.src_lang}"), base.with_name(f"{base.name}.{self.tgt_lang}")
+
+    def files(self) -> dict[str, tuple[Path, Path]]:
+        out = {"train": self._pair(self.train), "val": self._pair(self.valid)}
+        for prefix in self.test:
+            out[Path(prefix).name] = self._pair(prefix)
+        return out
+
+
+@dataclass(frozen=True)
+class HFData(CorpusData):
+    """A Hugging Face `datasets` translation dataset (needs the `[hf]` extra).
+
+    Rows are `{"translation": {src_lang: ..., tgt_lang: ...}}` (the hub's translation format) or have
+    `src_lang`/`tgt_lang` columns directly.
+
+    Args:
+        name: A hub name (`bentrevett/multi30k`), a local dataset directory saved with
+            `Dataset(Dict).save_to_disk`, or a local data-file builder (`json`, `csv`, `parquet`, ...)
+            with `data_files`.
+        config: Dataset configuration name (e.g. `de-en`), or null.
+        data_files: For builders like `json`: split name -> file.
+        train_split: Split used for training.
+        valid_split: Split used for validation.
+        test_splits: Test splits (the first is the one `Trainer.test` uses).
+    """
+
+    name: str = ""
+    config: str | None = None
+    data_files: dict[str, str] | None = None
+    train_split: str = "train"
+    valid_split: str = "validation"
+    test_splits: tuple[str, ...] = ("test",)
+
+    def __post_init__(self) -> None:
+        super().__post_init__()
+        require(bool(self.name), "name='' must name a dataset (hub name, saved directory or builder)")
+        require(len(self.test_splits) > 0, "test_splits=[] needs at least one test split")
+
+    def _dataset(self) -> Any:
+        try:
+            import datasets
+        except ImportError:
+            raise DataError("data=hf needs the `datasets` package: pip install 'attnlab[hf]'") from None
+        local = Path(self.name).expanduser()
+        if local.is_dir() and (local / "dataset_dict.json").is_file():
+            return datasets.load_from_disk(str(local))
+        return datasets.load_dataset(self.name, self.config, data_files=self.data_files)
+
+    def _column(self, rows: Any, lang: str, split: str) -> list[str]:
+        if "translation" in rows.column_names:
+            return [pair[lang] for pair in rows["translation"]]
+        if lang in rows.column_names:
+            return list(rows[lang])
+        raise DataError(f"split {split!r} of {self.name} has no 'translation' or {lang!r} column: "
+                        f"columns are {rows.column_names}")  # fmt: skip
+
+    def load(self) -> dict[str, Text]:
+        dataset = self._dataset()
+        wanted = {"train": self.train_split, "val": self.valid_split, **{s: s for s in self.test_splits}}
+        out = {}
+        for name, split in wanted.items():
+            if split not in dataset:
+                raise DataError(f"{self.name} has no split {split!r}: available {sorted(dataset)}")
+            rows = dataset[split]
+            out[name] = (self._column(rows, self.src_lang, split), self._column(rows, self.tgt_lang, split))
+        return out
+
+    def fingerprint_inputs(self) -> list[Any]:
+        dataset = self._dataset()
+        return [self.name, self.config, self.data_files, {s: d._fingerprint for s, d in dataset.items()}]

@@ -1,0 +1,174 @@
+"""Preparing a corpus: normalise, train the tokenizer(s), encode, filter, and cache it all on disk.
+
+The prepared data lives in `<cache>/prepared/<key>/`, where the key hashes the raw files' content and
+every preprocessing setting: a changed file or setting builds anew, an unchanged one is loaded without
+rebuilding anything. The directory is built in a temporary place and renamed into position (nothing
+half-written is ever visible), under a lock, so concurrent DDP ranks or sweep jobs build it once.
+"""
+
+from __future__ import annotations
+
+import itertools
+import json
+import logging
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import torch
+from torch import Tensor
+
+from attnlab.data.cache import building, fingerprint
+from attnlab.data.corpora import CorpusData, Text
+from attnlab.data.download import DataError
+from attnlab.data.text import normalize
+from attnlab.data.tokenizer import EOS_ID, SubwordTokenizer
+
+log = logging.getLogger(__name__)
+
+PREPARE_VERSION = 1  # bump when the prepared format or the preprocessing changes
+
+
+@dataclass
+class EncodedSplit:
+    """One split: per example, source ids (eos included), target ids (bare) and the raw text."""
+
+    src: list[list[int]]
+    tgt: list[list[int]]
+    raw_src: list[str]
+    raw_tgt: list[str]
+
+    def __len__(self) -> int:
+        return len(self.src)
+
+
+@dataclass
+class Prepared:
+    """A prepared corpus: tokenizers, encoded splits and the statistics of building it."""
+
+    src_tokenizer: SubwordTokenizer
+    tgt_tokenizer: SubwordTokenizer
+    splits: dict[str, EncodedSplit]
+    stats: dict[str, Any] = field(default_factory=dict)
+
+
+def _flat(seqs: list[list[int]]) -> tuple[Tensor, Tensor]:
+    lengths = torch.tensor([len(s) for s in seqs], dtype=torch.long)
+    offsets = torch.zeros(len(seqs) + 1, dtype=torch.long)
+    offsets[1:] = lengths.cumsum(0)
+    flat = torch.tensor([i for s in seqs for i in s], dtype=torch.int32)
+    return flat, offsets
+
+
+def _unflat(flat: Tensor, offsets: Tensor) -> list[list[int]]:
+    values, bounds = flat.tolist(), offsets.tolist()
+    return [values[a:b] for a, b in itertools.pairwise(bounds)]
+
+
+def _keep_for_training(spec: CorpusData, src: list[int], tgt: list[int]) -> str | None:
+    """Why a training pair is dropped, or None to keep it."""
+    if len(src) > spec.max_source_tokens:
+        return "source_too_long"
+    if len(tgt) + 1 > spec.max_target_tokens:
+        return "target_too_long"
+    if spec.max_length_ratio is not None:
+        short, long = sorted((len(src), len(tgt) + 1))
+        if long > spec.max_length_ratio * short:
+            return "length_ratio"
+    return None
+
+
+def _encode(tokenizer: SubwordTokenizer, lines: list[str]) -> list[list[int]]:
+    return tokenizer.encode_batch(lines)
+
+
+def _build(spec: CorpusData, raw: dict[str, Text], out: Path) -> None:
+    started = time.perf_counter()
+    src_train, tgt_train = raw["train"]
+    pairs = [(s, t) for s, t in zip(src_train, tgt_train, strict=True) if normalize(s) and normalize(t)]
+    stats: dict[str, Any] = {"train_lines": len(src_train), "dropped_empty": len(src_train) - len(pairs)}
+    if not pairs:
+        raise DataError(f"the training split has no non-empty sentence pairs ({len(src_train)} lines)")
+    src_texts, tgt_texts = [s for s, _ in pairs], [t for _, t in pairs]
+    settings = {"model": spec.tokenizer, "vocab_size": spec.vocab_size}
+    if spec.joint_vocab:
+        src_tok = tgt_tok = SubwordTokenizer.train(src_texts + tgt_texts, **settings)
+        src_tok.save(out / "tokenizer.json")
+    else:
+        src_tok, tgt_tok = (
+            SubwordTokenizer.train(src_texts, **settings),
+            SubwordTokenizer.train(tgt_texts, **settings),
+        )
+        src_tok.save(out / "src.tokenizer.json")
+        tgt_tok.save(out / "tgt.tokenizer.json")
+    stats["tokenizer_seconds"] = round(time.perf_counter() - started, 3)
+    for name, (src_lines, tgt_lines) in raw.items():
+        if name == "train":
+            src_lines, tgt_lines = src_texts, tgt_texts
+        src_ids = [[*ids, EOS_ID] for ids in _encode(src_tok, src_lines)]
+        tgt_ids = _encode(tgt_tok, tgt_lines)
+        if name == "train":
+            keep, dropped = [], {}
+            for i, (s, t) in enumerate(zip(src_ids, tgt_ids, strict=True)):
+                reason = _keep_for_training(spec, s, t)
+                if reason is None:
+                    keep.append(i)
+                else:
+                    dropped[reason] = dropped.get(reason, 0) + 1
+            stats["dropped_filter"] = dropped
+            src_ids, tgt_ids = [src_ids[i] for i in keep], [tgt_ids[i] for i in keep]
+            src_lines, tgt_lines = [src_lines[i] for i in keep], [tgt_lines[i] for i in keep]
+        src_flat, src_off = _flat(src_ids)
+        tgt_flat, tgt_off = _flat(tgt_ids)
+        torch.save(
+            {"src": src_flat, "src_offsets": src_off, "tgt": tgt_flat, "tgt_offsets": tgt_off},
+            out / f"{name}.pt",
+        )
+        (out / f"{name}.raw.json").write_text(
+            json.dumps({"src": src_lines, "tgt": tgt_lines}, ensure_ascii=False)
+        )
+        stats[f"{name}_examples"] = len(src_ids)
+    stats["build_seconds"] = round(time.perf_counter() - started, 3)
+    stats["splits"] = list(raw)
+    (out / "stats.json").write_text(json.dumps(stats, indent=2))
+
+
+def _load(directory: Path) -> Prepared:
+    stats = json.loads((directory / "stats.json").read_text())
+    if (directory / "tokenizer.json").is_file():
+        src_tok = tgt_tok = SubwordTokenizer.load(directory / "tokenizer.json")
+    else:
+        src_tok = SubwordTokenizer.load(directory / "src.tokenizer.json")
+        tgt_tok = SubwordTokenizer.load(directory / "tgt.tokenizer.json")
+    splits = {}
+    for name in stats["splits"]:
+        tensors = torch.load(directory / f"{name}.pt", weights_only=True)
+        raw = json.loads((directory / f"{name}.raw.json").read_text())
+        splits[name] = EncodedSplit(
+            src=_unflat(tensors["src"], tensors["src_offsets"]),
+            tgt=_unflat(tensors["tgt"], tensors["tgt_offsets"]),
+            raw_src=raw["src"],
+            raw_tgt=raw["tgt"],
+        )
+    return Prepared(src_tok, tgt_tok, splits, stats)
+
+
+def prepared_dir(spec: CorpusData) -> Path:
+    """Where `spec`'s prepared data lives (its key hashes file contents and preprocessing settings)."""
+    key = fingerprint(PREPARE_VERSION, spec.preprocessing(), spec.fingerprint_inputs())
+    return spec.cache_root() / "prepared" / key
+
+
+def prepare(spec: CorpusData) -> Prepared:
+    """Build (once, atomically, under a lock) or load the prepared corpus of `spec`."""
+    target = prepared_dir(spec)
+    if not target.is_dir():
+        with building(target) as tmp:
+            if tmp is not None:
+                log.info("preparing %s into %s", type(spec).__name__, target)
+                _build(spec, spec.load(), tmp)
+    started = time.perf_counter()
+    prepared = _load(target)
+    log.info("loaded prepared data from %s in %.2fs", target, time.perf_counter() - started)
+    return prepared

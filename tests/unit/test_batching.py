@@ -1,0 +1,329 @@
+"""Token-budget batching (`TokenBatchSampler`), the collator's index triples and `restore_order`."""
+
+from __future__ import annotations
+
+import logging
+import random
+import re
+from typing import Any
+
+import pytest
+import torch
+from hypothesis import given, settings
+from hypothesis import strategies as st
+from torch.utils.data import DataLoader
+
+from attnlab.data.batching import Collator, TokenBatchSampler, restore_order
+
+PAD, BOS, EOS = 0, 1, 2
+
+lengths_strategy = st.lists(st.integers(1, 60), min_size=1, max_size=200)
+property_settings = settings(max_examples=50, deadline=None)
+
+
+def cost(lengths: list[int], batch: list[int]) -> int:
+    """Tokens of the padded batch: B * longest."""
+    return len(batch) * max(lengths[i] for i in batch)
+
+
+def rank_batches(
+    lengths: list[int], num_replicas: int, epoch: int = 0, **kwargs: Any
+) -> list[list[list[int]]]:
+    """The batches of every rank for one epoch (checking `len` against the iteration)."""
+    out = []
+    for rank in range(num_replicas):
+        sampler = TokenBatchSampler(lengths, num_replicas=num_replicas, rank=rank, **kwargs)
+        sampler.set_epoch(epoch)
+        batches = list(sampler)
+        assert len(sampler) == len(batches)
+        out.append(batches)
+    return out
+
+
+def interleave(per_rank: list[list[list[int]]]) -> list[list[int]]:
+    """Inverse of `batches[r::num_replicas]`: the global list from the ranks' lists."""
+    merged = []
+    for step in range(max(len(b) for b in per_rank)):
+        merged += [batches[step] for batches in per_rank if step < len(batches)]
+    return merged
+
+
+def realistic_lengths(n: int = 5000, seed: int = 0) -> list[int]:
+    """Sentence lengths around 14 tokens, like a sentence-piece tokenised news corpus."""
+    rng = random.Random(seed)
+    return [max(1, min(120, round(rng.normalvariate(14, 6)))) for _ in range(n)]
+
+
+def padding_ratio(lengths: list[int], batches: list[list[int]]) -> float:
+    padded = sum(cost(lengths, b) for b in batches)
+    return 1 - sum(lengths[i] for b in batches for i in b) / padded
+
+
+# ---------------------------------------------------------------------------------------------------------
+# Arguments
+
+
+BAD_SAMPLERS: list[tuple[dict[str, Any], str]] = [
+    ({}, "max_tokens, batch_size"),
+    ({"max_tokens": 0}, "max_tokens=0"),
+    ({"batch_size": -1}, "batch_size=-1"),
+    ({"max_tokens": 64, "num_replicas": 0}, "num_replicas=0"),
+    ({"max_tokens": 64, "num_replicas": 2, "rank": 2}, "rank=2"),
+    ({"max_tokens": 64, "rank": -1}, "rank=-1"),
+]
+
+
+@pytest.mark.parametrize(("kwargs", "named"), BAD_SAMPLERS, ids=[n for _, n in BAD_SAMPLERS])
+def test_sampler_rejects_bad_arguments(kwargs: dict[str, Any], named: str) -> None:
+    with pytest.raises(ValueError, match=re.escape(named)):
+        TokenBatchSampler([3, 4, 5], **kwargs)
+
+
+def test_sampler_rejects_empty_examples() -> None:
+    with pytest.raises(ValueError, match=re.escape("lengths[1]=0")):
+        TokenBatchSampler([3, 0, 5], max_tokens=64)
+
+
+# ---------------------------------------------------------------------------------------------------------
+# Budget, coverage, distribution
+
+
+@property_settings
+@given(
+    lengths=lengths_strategy,
+    max_tokens=st.integers(60, 600),
+    batch_size=st.one_of(st.none(), st.integers(1, 40)),
+    num_replicas=st.integers(1, 4),
+    epoch=st.integers(0, 5),
+)
+def test_eval_batches_are_within_budget_and_cover_every_example_once(
+    lengths: list[int], max_tokens: int, batch_size: int | None, num_replicas: int, epoch: int
+) -> None:
+    kwargs = {"max_tokens": max_tokens, "batch_size": batch_size, "shuffle": False}
+    (single,) = rank_batches(lengths, 1, **kwargs)
+    per_rank = rank_batches(lengths, num_replicas, epoch=epoch, **kwargs)
+    assert interleave(per_rank) == single  # the ranks' batches are exactly the global list
+    assert max(len(b) for b in per_rank) - min(len(b) for b in per_rank) <= 1
+    assert sorted(i for b in single for i in b) == list(range(len(lengths)))
+    for batch in single:
+        assert cost(lengths, batch) <= max_tokens or len(batch) == 1
+        assert batch_size is None or len(batch) <= batch_size
+    flat = [lengths[i] for b in single for i in b]
+    assert flat == sorted(flat)  # sorted by length for little padding
+
+
+@property_settings
+@given(
+    lengths=lengths_strategy,
+    max_tokens=st.integers(60, 600),
+    num_replicas=st.integers(1, 4),
+    seed=st.integers(0, 2**40),
+    epoch=st.integers(0, 5),
+)
+def test_train_batches_are_within_budget_disjoint_and_equal_per_rank(
+    lengths: list[int], max_tokens: int, num_replicas: int, seed: int, epoch: int
+) -> None:
+    kwargs = {"max_tokens": max_tokens, "seed": seed}
+    (single,) = rank_batches(lengths, 1, epoch=epoch, **kwargs)
+    assert sorted(i for b in single for i in b) == list(range(len(lengths)))  # each example once
+    assert all(cost(lengths, b) <= max_tokens or len(b) == 1 for b in single)
+    per_rank = rank_batches(lengths, num_replicas, epoch=epoch, **kwargs)
+    assert len({len(b) for b in per_rank}) == 1  # every rank takes as many steps
+    kept = len(single) - len(single) % num_replicas
+    assert interleave(per_rank) == single[:kept]  # the last batches of the shuffled order are dropped
+    seen = [i for batches in per_rank for b in batches for i in b]
+    assert len(seen) == len(set(seen))  # disjoint
+    assert per_rank == rank_batches(lengths, num_replicas, epoch=epoch, **kwargs)  # reproducible
+
+
+def test_an_oversize_example_gets_a_batch_of_its_own_and_one_warning(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    lengths = [5, 100, 6, 120, 5, 7]
+    with caplog.at_level(logging.WARNING, logger="attnlab.data.batching"):
+        sampler = TokenBatchSampler(lengths, max_tokens=50, shuffle=False)
+        batches = list(sampler) + list(sampler)
+    assert batches[: len(sampler)] == [[0, 4, 2, 5], [1], [3]]
+    warnings = [r for r in caplog.records if r.levelno == logging.WARNING]
+    assert len(warnings) == 1
+    assert "2 of 6 examples are longer than max_tokens=50" in warnings[0].getMessage()
+
+
+def test_batch_size_alone_gives_fixed_size_batches() -> None:
+    sampler = TokenBatchSampler([9, 1, 8, 2, 7, 3, 6], batch_size=3, shuffle=False)
+    assert list(sampler) == [[1, 3, 5], [6, 4, 2], [0]]
+    assert len(sampler) == 3
+
+
+# ---------------------------------------------------------------------------------------------------------
+# Order across epochs and seeds
+
+
+def test_train_order_depends_on_seed_and_epoch_only() -> None:
+    rng = random.Random(3)
+    lengths = [rng.randint(1, 60) for _ in range(1000)]
+
+    def epoch_batches(seed: int, epoch: int) -> list[list[int]]:
+        sampler = TokenBatchSampler(lengths, max_tokens=256, seed=seed)
+        sampler.set_epoch(epoch)
+        return list(sampler)
+
+    first = epoch_batches(seed=7, epoch=1)
+    assert first == epoch_batches(seed=7, epoch=1)
+    assert first != epoch_batches(seed=7, epoch=2)
+    assert first != epoch_batches(seed=8, epoch=1)
+    # not only the order of the batches: ties are broken anew, so their contents change too
+    assert {tuple(sorted(b)) for b in first} != {tuple(sorted(b)) for b in epoch_batches(seed=7, epoch=2)}
+    eval_sampler = TokenBatchSampler(lengths, max_tokens=256, shuffle=False)
+    eval_first = list(eval_sampler)
+    eval_sampler.set_epoch(3)
+    assert list(eval_sampler) == eval_first
+
+
+def test_dropped_training_batches_change_each_epoch() -> None:
+    rng = random.Random(4)
+    lengths = [rng.randint(1, 60) for _ in range(500)]
+    assert len(TokenBatchSampler(lengths, max_tokens=100)) % 3 == 2  # two batches are dropped
+    dropped = []
+    for epoch in range(4):
+        seen = {i for rank in rank_batches(lengths, 3, epoch=epoch, max_tokens=100) for b in rank for i in b}
+        dropped.append(frozenset(range(len(lengths))) - seen)
+    assert any(dropped) and len(set(dropped)) > 1
+
+
+def test_padding_ratio_is_low_and_beats_shuffled_fixed_size_batches() -> None:
+    lengths = realistic_lengths()
+    sampler = TokenBatchSampler(lengths, max_tokens=1024, seed=0)
+    batches = list(sampler)
+    assert sampler.padding_ratio() == pytest.approx(padding_ratio(lengths, batches))
+    # baseline: shuffled batches of a fixed number of sentences, as many per batch on average
+    per_batch = round(len(lengths) / len(batches))
+    order = random.Random(0).sample(range(len(lengths)), len(lengths))
+    baseline = padding_ratio(lengths, [order[k : k + per_batch] for k in range(0, len(order), per_batch)])
+    assert sampler.padding_ratio() < 0.10
+    assert sampler.padding_ratio() < baseline
+
+
+# ---------------------------------------------------------------------------------------------------------
+# Resumption
+
+
+@pytest.mark.parametrize("num_replicas", [1, 2])
+@pytest.mark.parametrize("k", [0, 1, 5])
+def test_resume_mid_epoch_yields_exactly_the_remaining_batches(num_replicas: int, k: int) -> None:
+    lengths = realistic_lengths(n=600, seed=1)
+    for rank in range(num_replicas):
+
+        def make(rank: int = rank) -> TokenBatchSampler:
+            return TokenBatchSampler(lengths, max_tokens=256, seed=3, num_replicas=num_replicas, rank=rank)
+
+        original = make()
+        original.set_epoch(1)
+        expected = list(original)
+        batches = iter(original)
+        head = [next(batches) for _ in range(k)]
+        state = original.state_dict()
+        assert state == {"epoch": 1, "seed": 3, "yielded": k}
+
+        resumed = make()
+        resumed.load_state_dict(state)
+        resumed.set_epoch(1)  # as the training loop does: keeps the pending state of the same epoch
+        assert head + list(resumed) == expected
+        assert resumed.state_dict()["yielded"] == len(expected)
+        assert list(resumed) == expected  # a later pass starts from the beginning again
+        resumed.set_epoch(2)
+        assert resumed.state_dict()["yielded"] == 0
+
+
+def test_set_epoch_to_another_epoch_drops_a_loaded_state() -> None:
+    sampler = TokenBatchSampler(realistic_lengths(n=300), max_tokens=256)
+    sampler.set_epoch(2)
+    full = list(sampler)
+    sampler.load_state_dict({"epoch": 1, "seed": 0, "yielded": 3})
+    sampler.set_epoch(2)
+    assert sampler.state_dict() == {"epoch": 2, "seed": 0, "yielded": 0}
+    assert list(sampler) == full
+
+
+def test_load_state_dict_restores_the_seed() -> None:
+    lengths = realistic_lengths(n=300)
+    other = TokenBatchSampler(lengths, max_tokens=256, seed=9)
+    other.set_epoch(4)
+    sampler = TokenBatchSampler(lengths, max_tokens=256, seed=0)
+    assert list(sampler) != list(other)
+    sampler.load_state_dict({"epoch": 4, "seed": 9, "yielded": 2})
+    assert list(sampler) == list(other)[2:]
+
+
+def test_load_state_dict_rejects_bad_states() -> None:
+    sampler = TokenBatchSampler([4] * 10, max_tokens=8)
+    with pytest.raises(ValueError, match="yielded"):
+        sampler.load_state_dict({"epoch": 0, "seed": 0})
+    with pytest.raises(ValueError, match=re.escape("yielded=6 but epoch 0 has 5 batches")):
+        sampler.load_state_dict({"epoch": 0, "seed": 0, "yielded": 6})
+
+
+# ---------------------------------------------------------------------------------------------------------
+# Collator triples and restore_order
+
+
+def test_collator_adds_index_for_triples_only() -> None:
+    collate = Collator(pad_id=PAD, bos_id=BOS, eos_id=EOS)
+    pairs = [([5, 6, EOS], [6, 5]), ([7, EOS], [7])]
+    triples = [(s, t, i) for (s, t), i in zip(pairs, [4, 1], strict=True)]
+    plain, indexed = collate(pairs), collate(triples)
+    assert set(plain) == {"src", "tgt_in", "tgt_out"}
+    assert set(indexed) == {"src", "tgt_in", "tgt_out", "index"}
+    assert all(torch.equal(plain[key], indexed[key]) for key in plain)
+    assert indexed["index"].dtype == torch.long and indexed["index"].tolist() == [4, 1]
+    with pytest.raises(ValueError, match=re.escape("[2, 3]")):
+        collate([pairs[0], triples[1]])
+
+
+def test_restore_order_round_trip() -> None:
+    items = [f"out{i}" for i in range(50)]
+    order = random.Random(0).sample(range(50), 50)
+    assert restore_order(order, [items[i] for i in order]) == items
+    assert restore_order(torch.tensor(order), [items[i] for i in order]) == items
+    assert restore_order([], []) == []
+
+
+@pytest.mark.parametrize(
+    ("indices", "named"),
+    [
+        ([0, 2, 2], "duplicate indices 2; missing indices 1"),
+        ([0, 1, 5], "out-of-range indices 5; missing indices 2"),
+        ([0, 1], "2 indices for 3 items"),
+    ],
+)
+def test_restore_order_names_bad_indices(indices: list[int], named: str) -> None:
+    with pytest.raises(ValueError, match=re.escape(named)):
+        restore_order(indices, ["a", "b", "c"])
+
+
+# ---------------------------------------------------------------------------------------------------------
+# DataLoader
+
+
+@pytest.mark.parametrize("shuffle", [True, False])
+def test_dataloader_with_token_batches_restores_the_original_order(shuffle: bool) -> None:
+    rng = random.Random(5)
+    examples = []
+    for i in range(300):
+        src = [rng.randint(3, 20) for _ in range(rng.randint(1, 30))] + [EOS]
+        examples.append((src, src[:-1][::-1], i))
+    lengths = [max(len(s), len(t) + 1) for s, t, _ in examples]
+    sampler = TokenBatchSampler(lengths, max_tokens=200, shuffle=shuffle, seed=1)
+    loader = DataLoader(
+        examples, batch_sampler=sampler, collate_fn=Collator(pad_id=PAD, bos_id=BOS, eos_id=EOS)
+    )
+    assert len(loader) == len(sampler)
+    sampler.set_epoch(1)
+    indices: list[int] = []
+    sources: list[list[int]] = []
+    for batch in loader:
+        assert batch["src"].numel() <= 200 and batch["tgt_in"].numel() <= 200
+        assert batch["src"].size(0) == batch["index"].size(0)
+        indices += batch["index"].tolist()
+        sources += [[t for t in row if t != PAD] for row in batch["src"].tolist()]
+    assert restore_order(indices, sources) == [s for s, _, _ in examples]

@@ -1,0 +1,285 @@
+"""Multi30k download and the cache helpers, against a real HTTP server on loopback (no internet)."""
+
+from __future__ import annotations
+
+import gzip
+import multiprocessing
+import os
+import re
+import socket
+import time
+from collections import Counter
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from attnlab.data.cache import FileLock, atomic_write_bytes, building, fingerprint
+from attnlab.data.download import (
+    MULTI30K_COMMIT,
+    MULTI30K_SHA256,
+    DataError,
+    fetch_gzipped,
+    multi30k_paths,
+)
+from helpers import Mirror, serve_mirror, upstream_path
+
+LANGS = ("de", "en")
+NAMES = [f"{split}.{lang}" for split in ("train", "val", "test2016") for lang in LANGS]
+
+
+@pytest.fixture(scope="module")
+def gzipped(shared_data: Path) -> dict[str, bytes]:
+    """Gzipped copies of the shared de/en files (level 1: the test is about transfer, not size)."""
+    return {name: gzip.compress((shared_data / "multi30k" / name).read_bytes(), 1) for name in NAMES}
+
+
+@pytest.fixture
+def mirror(tmp_path: Path, gzipped: dict[str, bytes]) -> Iterator[Mirror]:
+    with serve_mirror(tmp_path / "www", gzipped) as served:
+        yield served
+
+
+@pytest.fixture
+def closed_port() -> int:
+    """A loopback port with nothing listening on it."""
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
+        sock.bind(("127.0.0.1", 0))
+        return sock.getsockname()[1]
+
+
+def cache_files(cache_dir: Path) -> set[str]:
+    """The names in the Multi30k cache directory (empty when it does not exist)."""
+    directory = cache_dir / "multi30k" / MULTI30K_COMMIT[:12]
+    return set(os.listdir(directory)) if directory.is_dir() else set()
+
+
+# --- download ------------------------------------------------------------------------------------------
+
+
+def test_download_once_then_reuse_then_refetch_only_what_is_missing(
+    mirror: Mirror, shared_data: Path, tmp_path: Path
+) -> None:
+    cache = tmp_path / "cache"
+    paths = multi30k_paths(LANGS, root=None, cache_dir=cache, base_url=mirror.base_url)
+
+    assert list(paths) == NAMES
+    for name, path in paths.items():
+        assert path == cache / "multi30k" / MULTI30K_COMMIT[:12] / name
+        assert path.read_bytes() == (shared_data / "multi30k" / name).read_bytes()
+    assert mirror.counts == Counter({upstream_path(name): 1 for name in NAMES})
+    assert cache_files(cache) == {*NAMES, ".lock"}
+
+    assert multi30k_paths(LANGS, root=None, cache_dir=cache, base_url=mirror.base_url) == paths
+    assert sum(mirror.counts.values()) == len(NAMES)
+
+    paths["val.en"].unlink()
+    multi30k_paths(LANGS, root=None, cache_dir=cache, base_url=mirror.base_url)
+    assert paths["val.en"].read_bytes() == (shared_data / "multi30k" / "val.en").read_bytes()
+    assert mirror.counts == Counter({upstream_path(n): 2 if n == "val.en" else 1 for n in NAMES})
+
+
+def test_cached_file_with_wrong_bytes_is_fetched_again(
+    mirror: Mirror, shared_data: Path, tmp_path: Path
+) -> None:
+    cache = tmp_path / "cache"
+    paths = multi30k_paths(LANGS, root=None, cache_dir=cache, base_url=mirror.base_url)
+    paths["test2016.de"].write_text("edited\n", encoding="utf-8")
+    multi30k_paths(LANGS, root=None, cache_dir=cache, base_url=mirror.base_url)
+    assert paths["test2016.de"].read_bytes() == (shared_data / "multi30k" / "test2016.de").read_bytes()
+    assert mirror.counts[upstream_path("test2016.de")] == 2
+
+
+def test_root_is_used_without_network(
+    mirror: Mirror, shared_data: Path, tmp_path: Path, closed_port: int
+) -> None:
+    root = shared_data / "multi30k"
+    expected = {name: root / name for name in NAMES}
+    assert multi30k_paths(LANGS, root=root, cache_dir=tmp_path, base_url=mirror.base_url) == expected
+    offline = f"http://127.0.0.1:{closed_port}/raw"
+    assert multi30k_paths(LANGS, root=root, cache_dir=tmp_path, base_url=offline) == expected
+    assert sum(mirror.counts.values()) == 0
+    assert not (tmp_path / "multi30k").exists()
+
+
+def test_corrupt_mirror_file_is_rejected_and_nothing_is_left(mirror: Mirror, tmp_path: Path) -> None:
+    mirror.file("val.en").write_bytes(gzip.compress(b"A dog runs.\n"))
+    cache = tmp_path / "cache"
+    with pytest.raises(DataError, match=r"SHA-256 checksum mismatch.*val\.en\.gz.*data\.root="):
+        multi30k_paths(LANGS, root=None, cache_dir=cache, base_url=mirror.base_url)
+    # Files before val.en were fetched and verified; val.en itself and any temporary file are absent.
+    assert cache_files(cache) == {"train.de", "train.en", "val.de", ".lock"}
+
+
+def test_payload_that_is_not_gzip_is_rejected(mirror: Mirror, tmp_path: Path) -> None:
+    mirror.file("train.de").write_bytes(b"<html>captive portal</html>")
+    dest = tmp_path / "out" / "train.de"
+    with pytest.raises(DataError, match=r"not a valid gzip file.*data\.root="):
+        fetch_gzipped(f"{mirror.base_url}/train.de.gz", dest, MULTI30K_SHA256["train.de"])
+    assert not dest.parent.exists() or os.listdir(dest.parent) == []
+
+
+def test_offline_names_the_url_and_data_root(closed_port: int, tmp_path: Path) -> None:
+    base_url = f"http://127.0.0.1:{closed_port}/{MULTI30K_COMMIT}/data/task1/raw"
+    url = f"{base_url}/train.de.gz"
+    with pytest.raises(DataError, match=rf"could not download {re.escape(url)} .*data\.root=") as info:
+        multi30k_paths(LANGS, root=None, cache_dir=tmp_path, base_url=base_url)
+    assert "official layout" in str(info.value)
+    assert cache_files(tmp_path) <= {".lock"}
+
+
+def test_missing_file_on_mirror_is_an_http_error(mirror: Mirror, tmp_path: Path) -> None:
+    mirror.file("test2016.en").unlink()
+    with pytest.raises(DataError, match=r"test_2016_flickr\.en\.gz \(HTTP 404"):
+        multi30k_paths(LANGS, root=None, cache_dir=tmp_path, base_url=mirror.base_url)
+    assert "test2016.en" not in cache_files(tmp_path)
+
+
+def _copy_root(shared_data: Path, root: Path, names: list[str]) -> None:
+    root.mkdir()
+    for name in names:
+        (root / name).write_bytes((shared_data / "multi30k" / name).read_bytes())
+
+
+def test_root_missing_a_file_names_it(shared_data: Path, tmp_path: Path, closed_port: int) -> None:
+    _copy_root(shared_data, tmp_path / "root", [n for n in NAMES if n != "val.de"])
+    with pytest.raises(DataError, match=r"lacks val\.de\. It must hold"):
+        multi30k_paths(
+            LANGS, root=tmp_path / "root", cache_dir=tmp_path, base_url=f"http://127.0.0.1:{closed_port}"
+        )
+
+
+def test_root_with_a_modified_file_is_rejected(shared_data: Path, tmp_path: Path) -> None:
+    root = tmp_path / "root"
+    _copy_root(shared_data, root, NAMES)
+    with (root / "test2016.en").open("a", encoding="utf-8") as f:
+        f.write("one more line\n")
+    with pytest.raises(DataError, match=r"SHA-256 checksum mismatch for .*test2016\.en.*`files` data source"):
+        multi30k_paths(LANGS, root=root, cache_dir=tmp_path)
+
+
+@pytest.mark.parametrize(
+    ("langs", "message"),
+    [(("de", "cs"), r"unknown Multi30k language 'cs': known languages are de, en, fr"), ("de", "list")],
+)
+def test_bad_languages_are_rejected(langs: Any, message: str, tmp_path: Path) -> None:
+    with pytest.raises(DataError, match=message):
+        multi30k_paths(langs, root=None, cache_dir=tmp_path)
+
+
+def test_checksums_match_shared_sha256sums(shared_data: Path) -> None:
+    sums = {}
+    for line in (shared_data / "SHA256SUMS").read_text(encoding="utf-8").splitlines():
+        digest, path = line.split(maxsplit=1)
+        if path.startswith("multi30k/"):
+            sums[path.removeprefix("multi30k/")] = digest
+    assert sums == MULTI30K_SHA256
+
+
+# --- cache ---------------------------------------------------------------------------------------------
+
+
+def test_fingerprint_is_stable_and_sensitive(tmp_path: Path) -> None:
+    data = tmp_path / "a.txt"
+    data.write_text("ein Hund\n", encoding="utf-8")
+    settings = {"vocab": 8000, "lowercase": False, "langs": ["de", "en"]}
+    key = fingerprint(data, settings, 1)
+
+    assert re.fullmatch(r"[0-9a-f]{16}", key)
+    assert fingerprint(data, dict(reversed(settings.items())), 1) == key
+    # Pinned: a cache key must not change between runs, processes or Python versions.
+    assert fingerprint({"b": [1, 2.5, None, True], "a": "ü"}) == "6b88d3ee7cb9eea0"
+
+    elsewhere = tmp_path / "sub" / "b.txt"
+    elsewhere.parent.mkdir()
+    elsewhere.write_bytes(data.read_bytes())
+    assert fingerprint(elsewhere, settings, 1) == key
+
+    assert fingerprint(data, {**settings, "vocab": 8001}, 1) != key
+    assert fingerprint(data, settings, 2) != key
+    assert fingerprint(settings, data, 1) != key
+    assert fingerprint(str(data), settings, 1) != key
+    data.write_text("ein Hund.\n", encoding="utf-8")
+    assert fingerprint(data, settings, 1) != key
+    with pytest.raises(TypeError, match="set"):
+        fingerprint({1, 2})
+
+
+def test_building_renames_into_place(tmp_path: Path) -> None:
+    target = tmp_path / "entry"
+    with building(target) as tmp:
+        assert tmp is not None and tmp.parent == tmp_path and not target.exists()
+        (tmp / "data.txt").write_text("x", encoding="utf-8")
+    assert (target / "data.txt").read_text(encoding="utf-8") == "x"
+    assert sorted(os.listdir(tmp_path)) == ["entry", "entry.lock"]
+    with building(target) as again:
+        assert again is None
+
+
+def test_building_failure_leaves_nothing(tmp_path: Path) -> None:
+    target = tmp_path / "entry"
+    with pytest.raises(ValueError, match="boom"), building(target) as tmp:
+        assert tmp is not None
+        (tmp / "half.txt").write_text("x", encoding="utf-8")
+        raise ValueError("boom")
+    assert os.listdir(tmp_path) == ["entry.lock"]
+
+
+def test_building_removes_leftovers_of_a_killed_builder(tmp_path: Path) -> None:
+    stale = tmp_path / ".entry.building-999999"
+    stale.mkdir()
+    (stale / "half.txt").write_text("x", encoding="utf-8")
+    with building(tmp_path / "entry") as tmp:
+        assert tmp is not None
+    assert sorted(os.listdir(tmp_path)) == ["entry", "entry.lock"]
+
+
+def build_in_process(target: str, records: str, barrier: Any) -> None:
+    """Child process body: build `target` (0.5 s) unless it exists, and record which case happened."""
+    barrier.wait()
+    with building(Path(target)) as tmp:
+        if tmp is not None:
+            time.sleep(0.5)
+            (tmp / "payload").write_text("built", encoding="utf-8")
+            (Path(records) / f"built-{os.getpid()}").touch()
+            return
+    seen = (Path(target) / "payload").read_text(encoding="utf-8")
+    (Path(records) / f"reused-{os.getpid()}").write_text(seen, encoding="utf-8")
+
+
+def test_building_concurrently_builds_once(tmp_path: Path) -> None:
+    ctx = multiprocessing.get_context("spawn")
+    records = tmp_path / "records"
+    records.mkdir()
+    barrier = ctx.Barrier(2)
+    args = (str(tmp_path / "entry"), str(records), barrier)
+    processes = [ctx.Process(target=build_in_process, args=args) for _ in range(2)]
+    for process in processes:
+        process.start()
+    for process in processes:
+        process.join(30)
+        assert process.exitcode == 0
+    outcomes = sorted(path.name.split("-")[0] for path in records.iterdir())
+    assert outcomes == ["built", "reused"]
+    assert next(records.glob("reused-*")).read_text(encoding="utf-8") == "built"
+    assert sorted(os.listdir(tmp_path)) == ["entry", "entry.lock", "records"]
+
+
+def test_file_lock_times_out_naming_the_lock(tmp_path: Path) -> None:
+    path = tmp_path / "locks" / "x.lock"
+    with FileLock(path):
+        start = time.monotonic()
+        with pytest.raises(TimeoutError, match=re.escape(str(path))), FileLock(path, timeout=0.2):
+            pass
+        assert time.monotonic() - start >= 0.2
+    with FileLock(path, timeout=0.2) as lock:
+        assert lock.locked
+
+
+def test_atomic_write_bytes_leaves_no_temporary_files(tmp_path: Path) -> None:
+    path = tmp_path / "new" / "file.bin"
+    atomic_write_bytes(path, b"one")
+    atomic_write_bytes(path, b"two")
+    assert path.read_bytes() == b"two"
+    assert os.listdir(path.parent) == ["file.bin"]
