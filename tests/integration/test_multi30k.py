@@ -67,3 +67,19 @@ def test_offline_root_reuses_the_prepared_cache_without_network(
     assert len(datamodule.references["test2016"]) == 1000
     assert datamodule.references["val"][0] == (shared_data / "multi30k" / "val.en").read_text().split("\n")[0]
     assert len(datamodule.splits["train"]) == 29000
+
+
+def test_files_corpus_trains_with_several_test_sets(shared_data: Path, tmp_path: Path) -> None:
+    corpus = tmp_path / "corpus"
+    corpus.mkdir()
+    for split, source, lines in (("train", "train", 400), ("valid", "val", 40), ("test", "test2016", 30),
+                                 ("test2", "val", 20)):  # fmt: skip
+        for lang in ("de", "en"):
+            text = (shared_data / "multi30k" / f"{source}.{lang}").read_text().split("\n")[:lines]
+            (corpus / f"{split}.{lang}").write_text("\n".join(text) + "\n")
+    overrides = [
+        "data=files", f"data.dir={corpus}", "data.src_lang=de", "data.tgt_lang=en", "data.test=[test,test2]",
+        "data.vocab_size=300", f"data.cache_dir={tmp_path / 'cache'}", "model=tiny", "trainer.max_epochs=1",
+    ]  # fmt: skip
+    metrics = train(compose_train(overrides, tmp_path / "run"))
+    assert {"val/loss", "test/loss", "test/exact_match"} <= set(metrics)

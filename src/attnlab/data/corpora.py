@@ -36,7 +36,7 @@ def read_lines(path: Path) -> list[str]:
     except FileNotFoundError:
         raise DataError(f"data file not found: {path}") from None
     try:
-        text = raw.decode("utf-8")
+        text = raw.decode("utf-8-sig")  # a byte-order mark is not part of the first line
     except UnicodeDecodeError as exc:
         line = raw[: exc.start].count(b"\n") + 1
         raise DataError(f"{path}:{line}: invalid UTF-8 ({exc.reason}); re-encode the file as UTF-8") from None
@@ -135,7 +135,11 @@ class CorpusData:
 
     def fingerprint_inputs(self) -> list[Any]:
         """What identifies the raw text (file contents are hashed, not paths)."""
-        return [(name, src, tgt) for name, (src, tgt) in self.files().items()]
+        files = self.files()
+        for path in (p for pair in files.values() for p in pair):
+            if not path.is_file():
+                raise DataError(f"data file not found: {path}")
+        return [(name, src, tgt) for name, (src, tgt) in files.items()]
 
     def datamodule(self) -> CorpusDataModule:
         """The LightningDataModule serving this corpus."""
@@ -206,6 +210,9 @@ class FilesData(CorpusData):
         require(len(self.test) > 0, "test=[] needs at least one test prefix")
         names = [Path(p).name for p in self.test]
         require(len(set(names)) == len(names), f"test={list(self.test)} has two test sets with one name")
+        for name in names:
+            require(name not in ("train", "val"), f"test={list(self.test)} names a test set {name!r}, "
+                    "like a training or validation split: rename the files")  # fmt: skip
 
     def _pair(self, prefix: str) -> tuple[Path, Path]:
         base = Path(self.dir) / prefix if self.dir else Path(prefix)
@@ -248,6 +255,9 @@ class HFData(CorpusData):
         super().__post_init__()
         require(bool(self.name), "name='' must name a dataset (hub name, saved directory or builder)")
         require(len(self.test_splits) > 0, "test_splits=[] needs at least one test split")
+        for name in self.test_splits:
+            require(name not in ("train", "val"), f"test_splits={list(self.test_splits)} names a test "
+                    f"split {name!r}, which clashes with the training/validation split names")  # fmt: skip
 
     def _dataset(self) -> Any:
         try:

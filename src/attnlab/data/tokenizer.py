@@ -53,7 +53,19 @@ class SubwordTokenizer:
         tokenizer.normalizer = normalizers.NFC()
         tokenizer.pre_tokenizer = pre_tokenizers.Metaspace()
         tokenizer.decoder = decoders.Metaspace()
-        tokenizer.train_from_iterator((normalize(t) for t in texts), trainer)
+        lines = [normalize(t) for t in texts]
+        too_small = ValueError(
+            f"vocab_size={vocab_size} cannot hold the special tokens plus the "
+            f"{len(set(''.join(lines)) | {'▁'})} distinct characters of the training text: raise vocab_size"
+        )
+        try:
+            tokenizer.train_from_iterator(lines, trainer)
+        except Exception as exc:  # the Rust trainer raises a bare Exception
+            if "not large enough" in str(exc):
+                raise too_small from None
+            raise
+        if tokenizer.get_vocab_size() > vocab_size:  # BPE keeps every character whatever the budget
+            raise too_small
         return cls(tokenizer)
 
     @classmethod
@@ -71,12 +83,16 @@ class SubwordTokenizer:
         return self.tokenizer.get_vocab_size()
 
     def encode(self, text: str) -> list[int]:
-        """Ids of normalised `text` (no bos/eos)."""
-        return self.tokenizer.encode(normalize(text)).ids
+        """Ids of normalised `text` (no bos/eos).
+
+        Text that spells a special token ("<pad>", "<s>", "</s>") gets the unknown id, never pad, bos or
+        eos. A literal "▁" (the Metaspace marker) in the text decodes as a space.
+        """
+        return _no_specials(self.tokenizer.encode(normalize(text)).ids)
 
     def encode_batch(self, texts: Sequence[str]) -> list[list[int]]:
-        """Ids of many texts at once (parallel in the Rust library)."""
-        return [e.ids for e in self.tokenizer.encode_batch([normalize(t) for t in texts])]
+        """Ids of many texts at once (parallel in the Rust library); see `encode`."""
+        return [_no_specials(e.ids) for e in self.tokenizer.encode_batch([normalize(t) for t in texts])]
 
     def decode(self, ids: Iterable[int]) -> str:
         """Detokenized text of `ids`, stopping at eos and skipping pad/bos."""
@@ -91,3 +107,7 @@ class SubwordTokenizer:
     def pieces(self, text: str) -> list[str]:
         """The subword pieces of `text` (for inspection)."""
         return self.tokenizer.encode(normalize(text)).tokens
+
+
+def _no_specials(ids: list[int]) -> list[int]:
+    return [UNK_ID if i < UNK_ID else i for i in ids]

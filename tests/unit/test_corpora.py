@@ -1,0 +1,581 @@
+"""Real corpora: reading aligned files, preparing (tokenize, filter, cache) and serving them as batches."""
+
+from __future__ import annotations
+
+import json
+import os
+import random
+import re
+import shutil
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+import torch
+
+from attnlab.data.corpora import FilesData, HFData, read_lines
+from attnlab.data.datamodule import CorpusDataModule
+from attnlab.data.download import DataError
+from attnlab.data.prepare import Prepared, prepare, prepared_dir
+from attnlab.data.tokenizer import SPECIAL_TOKENS, SubwordTokenizer
+
+PAD, BOS, EOS, UNK = 0, 1, 2, 3
+DE_WORDS = "der die das ein eine Haus Hund Katze läuft schnell über Straße Mädchen spielt im Garten Fußball"
+EN_WORDS = "the a dog cat runs quickly over street girl plays in garden football green trees bridge house"
+DE, EN = DE_WORDS.split(), EN_WORDS.split()
+SIZES = {"train": 200, "valid": 20, "test": 15, "test2": 10}
+ODD_REFERENCE = "the  girl plays football "  # double space and trailing space: kept verbatim as a reference
+
+
+def sentences(rng: random.Random, words: list[str], n: int) -> list[str]:
+    """`n` lines of 2..12 random `words`."""
+    return [" ".join(rng.choice(words) for _ in range(rng.randint(2, 12))) for _ in range(n)]
+
+
+def write_lines(path: Path, lines: list[str]) -> None:
+    path.write_text("".join(line + "\n" for line in lines), encoding="utf-8")
+
+
+def write_pair(root: Path, prefix: str, src: list[str], tgt: list[str]) -> None:
+    write_lines(root / f"{prefix}.de", src)
+    write_lines(root / f"{prefix}.en", tgt)
+
+
+@pytest.fixture
+def corpus(tmp_path: Path) -> Path:
+    """train/valid/test/test2 `.de`/`.en` files of random sentences; test.en line 3 is `ODD_REFERENCE`."""
+    root = tmp_path / "corpus"
+    root.mkdir()
+    rng = random.Random(0)
+    for prefix, n in SIZES.items():
+        src, tgt = sentences(rng, DE, n), sentences(rng, EN, n)
+        if prefix == "test":
+            tgt[3] = ODD_REFERENCE
+        write_pair(root, prefix, src, tgt)
+    return root
+
+
+def files_spec(root: Path, tmp_path: Path, **overrides: Any) -> FilesData:
+    settings: dict[str, Any] = {
+        "dir": str(root),
+        "test": ("test", "test2"),
+        "src_lang": "de",
+        "tgt_lang": "en",
+        "tokenizer": "bpe",
+        "vocab_size": 200,
+        "max_tokens": 256,
+        "cache_dir": str(tmp_path / "cache"),
+    }
+    return FilesData(**{**settings, **overrides})
+
+
+def setup_datamodule(spec: FilesData | HFData) -> CorpusDataModule:
+    dm = spec.datamodule()
+    dm.setup()
+    return dm
+
+
+def leftovers(directory: Path) -> list[str]:
+    """Temporary build directories left in `directory`."""
+    return [p.name for p in directory.iterdir() if ".building-" in p.name] if directory.is_dir() else []
+
+
+@pytest.fixture
+def train_calls(monkeypatch: pytest.MonkeyPatch) -> list[dict[str, Any]]:
+    """Counts `SubwordTokenizer.train` calls (their keyword arguments), still training for real."""
+    real = SubwordTokenizer.train
+    calls: list[dict[str, Any]] = []
+
+    def counting(texts: Any, **kwargs: Any) -> SubwordTokenizer:
+        calls.append(kwargs)
+        return real(texts, **kwargs)
+
+    monkeypatch.setattr(SubwordTokenizer, "train", counting)
+    return calls
+
+
+# ---------------------------------------------------------------------------------------------------------
+# read_lines / read_parallel
+
+
+def test_read_lines_splits_on_newline_only(tmp_path: Path) -> None:
+    path = tmp_path / "lines.txt"
+    path.write_bytes("a\x1cb\nc\u2028d\r\ne\u0085f\rg\n\nlast".encode())
+    assert read_lines(path) == ["a\x1cb", "c\u2028d", "e\u0085f\rg", "", "last"]
+    path.write_bytes(b"one\r\ntwo\r\n")
+    assert read_lines(path) == ["one", "two"]
+    path.write_bytes(b"")
+    assert read_lines(path) == []
+    path.write_bytes(b"\n")
+    assert read_lines(path) == [""]
+
+
+def test_read_lines_names_the_file_and_line_of_invalid_utf8(tmp_path: Path) -> None:
+    path = tmp_path / "bad.de"
+    path.write_bytes(b"gut\nsch\xc3\xb6n\nkaputt \xff hier\nok\n")
+    with pytest.raises(DataError, match=re.escape(f"{path}:3:")):
+        read_lines(path)
+
+
+def test_read_lines_names_a_missing_file(tmp_path: Path) -> None:
+    with pytest.raises(DataError, match=re.escape(str(tmp_path / "missing.de"))):
+        read_lines(tmp_path / "missing.de")
+
+
+def test_prepare_names_a_missing_file(corpus: Path, tmp_path: Path) -> None:
+    (corpus / "valid.en").unlink()
+    with pytest.raises(DataError, match=re.escape(str(corpus.resolve() / "valid.en"))):
+        prepare(files_spec(corpus, tmp_path))
+
+
+def test_mismatched_line_counts_name_both_files_and_counts(corpus: Path, tmp_path: Path) -> None:
+    rng = random.Random(1)
+    write_pair(corpus, "train", sentences(rng, DE, 7), sentences(rng, EN, 5))
+    spec = files_spec(corpus, tmp_path)
+    src, tgt = corpus.resolve() / "train.de", corpus.resolve() / "train.en"
+    for load in (spec.load, lambda: prepare(spec)):
+        with pytest.raises(DataError) as info:
+            load()
+        message = str(info.value)
+        assert f"{src} has 7 lines" in message and f"{tgt} has 5" in message
+
+
+# ---------------------------------------------------------------------------------------------------------
+# Preparation: empty lines and filters
+
+
+def test_empty_training_pairs_are_dropped_and_counted(corpus: Path, tmp_path: Path) -> None:
+    src, tgt = read_lines(corpus / "train.de"), read_lines(corpus / "train.en")
+    src[:4], tgt[:4] = ["", "der Hund", "", " \t"], ["the dog", "   ", "", "a cat"]
+    write_pair(corpus, "train", src, tgt)
+    prepared = prepare(files_spec(corpus, tmp_path))
+    assert prepared.stats["train_lines"] == 200
+    assert prepared.stats["dropped_empty"] == 4
+    train = prepared.splits["train"]
+    assert len(train) == prepared.stats["train_examples"] == 196
+    assert train.raw_src == src[4:] and train.raw_tgt == tgt[4:]
+    assert all(len(s) > 1 and s[-1] == EOS for s in train.src) and all(train.tgt)
+
+
+def test_validation_and_test_sets_keep_every_line(corpus: Path, tmp_path: Path) -> None:
+    src, tgt = read_lines(corpus / "test.de"), read_lines(corpus / "test.en")
+    src[2], tgt[4] = "", ""
+    write_pair(corpus, "test", src, tgt)
+    val_src = read_lines(corpus / "valid.de")
+    val_src[0] = "  \t "
+    write_lines(corpus / "valid.de", val_src)
+    prepared = prepare(files_spec(corpus, tmp_path))
+    test, val = prepared.splits["test"], prepared.splits["val"]
+    assert len(test) == SIZES["test"] and len(val) == SIZES["valid"]
+    assert test.src[2] == [EOS] and test.tgt[4] == [] and val.src[0] == [EOS]
+    assert test.raw_src == src and test.raw_tgt == tgt and val.raw_src == val_src
+    assert all(s[-1] == EOS and EOS not in s[:-1] for s in test.src)
+
+
+def test_an_all_empty_training_corpus_is_an_error(corpus: Path, tmp_path: Path) -> None:
+    write_pair(corpus, "train", ["", " ", "der Hund", ""], ["", "the dog", "\t", ""])
+    spec = files_spec(corpus, tmp_path)
+    with pytest.raises(DataError, match="no non-empty sentence pairs"):
+        prepare(spec)
+    assert not prepared_dir(spec).exists()
+
+
+def lengths(prepared: Prepared, split: str, side: str) -> list[int]:
+    """Ids per example as the filters count them: the raw line's subwords plus eos."""
+    split_data = prepared.splits[split]
+    tokenizer, lines = (
+        (prepared.src_tokenizer, split_data.raw_src)
+        if side == "src"
+        else (prepared.tgt_tokenizer, split_data.raw_tgt)
+    )
+    return [len(ids) + 1 for ids in tokenizer.encode_batch(lines)]
+
+
+def train_raw(prepared: Prepared) -> tuple[list[str], list[str]]:
+    """The raw training pairs that survived preparation, as (sources, targets)."""
+    return prepared.splits["train"].raw_src, prepared.splits["train"].raw_tgt
+
+
+@pytest.mark.parametrize(
+    ("field", "side", "reason"),
+    [("max_source_tokens", "src", "source_too_long"), ("max_target_tokens", "tgt", "target_too_long")],
+)
+def test_length_filter_drops_long_training_pairs_only(
+    corpus: Path, tmp_path: Path, field: str, side: str, reason: str
+) -> None:
+    limit = 8
+    unfiltered = prepare(files_spec(corpus, tmp_path))
+    before = lengths(unfiltered, "train", side)
+    expected = sum(n > limit for n in before)
+    assert 0 < expected < len(before)
+
+    prepared = prepare(files_spec(corpus, tmp_path, **{field: limit}))
+    assert prepared.stats["dropped_filter"] == {reason: expected}
+    assert prepared.stats["train_examples"] == len(before) - expected
+    assert max(lengths(prepared, "train", side)) <= limit
+    kept = [(s, t) for s, t, n in zip(*train_raw(unfiltered), before, strict=True) if n <= limit]
+    assert list(zip(*train_raw(prepared), strict=True)) == kept
+    for split in ("val", "test", "test2"):
+        assert len(prepared.splits[split]) == len(unfiltered.splits[split])
+    assert max(lengths(prepared, "val", side)) > limit  # long validation pairs were kept
+
+
+def test_length_ratio_filter_drops_unbalanced_training_pairs(corpus: Path, tmp_path: Path) -> None:
+    ratio = 1.5
+    unfiltered = prepare(files_spec(corpus, tmp_path))
+    pairs = list(zip(lengths(unfiltered, "train", "src"), lengths(unfiltered, "train", "tgt"), strict=True))
+    keep = [max(s, t) <= ratio * min(s, t) for s, t in pairs]
+    assert 0 < keep.count(False) < len(keep)
+
+    prepared = prepare(files_spec(corpus, tmp_path, max_length_ratio=ratio))
+    assert prepared.stats["dropped_filter"] == {"length_ratio": keep.count(False)}
+    kept = [p for p, ok in zip(zip(*train_raw(unfiltered), strict=True), keep, strict=True) if ok]
+    assert list(zip(*train_raw(prepared), strict=True)) == kept
+    val = zip(lengths(prepared, "val", "src"), lengths(prepared, "val", "tgt"), strict=True)
+    assert len(prepared.splits["val"]) == SIZES["valid"]
+    assert any(max(s, t) > ratio * min(s, t) for s, t in val)  # unbalanced validation pairs were kept
+
+
+# ---------------------------------------------------------------------------------------------------------
+# FilesData validation
+
+
+@pytest.mark.parametrize(
+    ("overrides", "named"),
+    [
+        ({"vocab_size": 4}, "vocab_size=4"),
+        ({"src_lang": "en", "tgt_lang": "en"}, "src_lang='en'"),
+        ({"max_tokens": None, "batch_size": None}, "max_tokens=null"),
+        ({"test": []}, "test=[]"),
+        ({"test": ("a/test", "b/test")}, "test=['a/test', 'b/test']"),
+        ({"tokenizer": "wordpiece"}, "tokenizer='wordpiece'"),
+        ({"max_source_tokens": 0}, "max_source_tokens=0"),
+        ({"max_length_ratio": 0.0}, "max_length_ratio=0.0"),
+        ({"batch_size": 0}, "batch_size=0"),
+    ],
+)
+def test_files_data_rejects_bad_values(tmp_path: Path, overrides: dict[str, Any], named: str) -> None:
+    with pytest.raises(ValueError, match=re.escape(named)):
+        files_spec(tmp_path, tmp_path, **overrides)
+
+
+def test_files_data_maps_prefixes_to_language_files(tmp_path: Path) -> None:
+    spec = files_spec(tmp_path, tmp_path, test=["test", "sub/test2"])
+    root = tmp_path.resolve()
+    assert spec.test == ("test", "sub/test2")
+    assert spec.files() == {
+        "train": (root / "train.de", root / "train.en"),
+        "val": (root / "valid.de", root / "valid.en"),
+        "test": (root / "test.de", root / "test.en"),
+        "test2": (root / "sub" / "test2.de", root / "sub" / "test2.en"),
+    }
+
+
+@pytest.mark.parametrize("name", ["val", "train"])
+def test_a_test_set_named_like_a_split_is_rejected(tmp_path: Path, name: str) -> None:
+    with pytest.raises(ValueError, match=rf"test=\['other/{name}'\] names a test set '{name}'"):
+        files_spec(tmp_path, tmp_path, test=(f"other/{name}",))
+
+
+# ---------------------------------------------------------------------------------------------------------
+# The prepared-data cache
+
+
+def test_a_second_prepare_loads_without_rebuilding(
+    corpus: Path, tmp_path: Path, train_calls: list[dict[str, Any]], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    spec = files_spec(corpus, tmp_path)
+    first = prepare(spec)
+    assert train_calls == [{"model": "bpe", "vocab_size": 200}]
+
+    def refuse(*args: Any, **kwargs: Any) -> SubwordTokenizer:
+        raise AssertionError("the tokenizer was trained again although the prepared data is cached")
+
+    monkeypatch.setattr("attnlab.data.tokenizer.SubwordTokenizer.train", refuse)
+    again = files_spec(corpus, tmp_path)
+    assert prepared_dir(again) == prepared_dir(spec)
+    second = prepare(again)
+    assert second.stats == first.stats
+    assert second.src_tokenizer.tokenizer.get_vocab() == first.src_tokenizer.tokenizer.get_vocab()
+    for name, split in first.splits.items():
+        assert second.splits[name] == split
+
+
+@pytest.mark.parametrize(
+    "change",
+    [
+        {"vocab_size": 150},
+        {"tokenizer": "unigram"},
+        {"joint_vocab": False},
+        {"max_source_tokens": 10},
+        {"max_length_ratio": 2.0},
+        {"src_lang": "en", "tgt_lang": "de"},
+        "content",
+    ],
+)
+def test_a_changed_setting_or_file_content_builds_anew(
+    corpus: Path, tmp_path: Path, train_calls: list[dict[str, Any]], change: dict[str, Any] | str
+) -> None:
+    base = files_spec(corpus, tmp_path)
+    prepare(base)
+    old = prepared_dir(base)
+    if change == "content":
+        tgt = read_lines(corpus / "test2.en")
+        write_lines(corpus / "test2.en", [tgt[0] + " green", *tgt[1:]])
+        spec = files_spec(corpus, tmp_path)
+    else:
+        spec = files_spec(corpus, tmp_path, **change)
+    assert prepared_dir(spec) != old
+    train_calls.clear()
+    prepared = prepare(spec)
+    assert len(train_calls) >= 1
+    assert prepared_dir(spec).is_dir() and old.is_dir()
+    if change == "content":
+        assert prepared.splits["test2"].raw_tgt[0].endswith(" green")
+
+
+@pytest.mark.parametrize("change", [{"max_tokens": 64}, {"batch_size": 8}, {"seed": 7}, {"num_workers": 2}])
+def test_batching_settings_share_the_prepared_data(
+    corpus: Path, tmp_path: Path, change: dict[str, Any]
+) -> None:
+    assert prepared_dir(files_spec(corpus, tmp_path, **change)) == prepared_dir(files_spec(corpus, tmp_path))
+
+
+def test_the_same_content_at_another_path_reuses_the_cache(
+    corpus: Path, tmp_path: Path, train_calls: list[dict[str, Any]]
+) -> None:
+    first = prepare(files_spec(corpus, tmp_path))
+    copy = shutil.copytree(corpus, tmp_path / "elsewhere" / "copy")
+    by_dir = files_spec(copy, tmp_path)
+    by_path = files_spec(
+        copy,
+        tmp_path,
+        dir=None,
+        train=str(copy / "train"),
+        valid=str(copy / "valid"),
+        test=(str(copy / "test"), str(copy / "test2")),
+    )
+    assert prepared_dir(by_dir) == prepared_dir(by_path) == prepared_dir(files_spec(corpus, tmp_path))
+    train_calls.clear()
+    assert prepare(by_path).splits == first.splits
+    assert train_calls == []
+
+
+def test_joint_vocab_writes_one_tokenizer_separate_vocabs_two(corpus: Path, tmp_path: Path) -> None:
+    joint = prepare(files_spec(corpus, tmp_path))
+    joint_files = set(os.listdir(prepared_dir(files_spec(corpus, tmp_path))))
+    assert "tokenizer.json" in joint_files
+    assert not {"src.tokenizer.json", "tgt.tokenizer.json"} & joint_files
+    assert joint.src_tokenizer is joint.tgt_tokenizer
+
+    spec = files_spec(corpus, tmp_path, joint_vocab=False)
+    separate = prepare(spec)
+    files = set(os.listdir(prepared_dir(spec)))
+    assert {"src.tokenizer.json", "tgt.tokenizer.json"} <= files and "tokenizer.json" not in files
+    src_vocab = separate.src_tokenizer.tokenizer.get_vocab()
+    tgt_vocab = separate.tgt_tokenizer.tokenizer.get_vocab()
+    assert src_vocab != tgt_vocab
+    assert any("ß" in piece for piece in src_vocab) and not any("ß" in piece for piece in tgt_vocab)
+    assert UNK not in {i for ids in separate.splits["train"].src for i in ids}
+    assert UNK not in {i for ids in separate.splits["train"].tgt for i in ids}
+
+
+def test_building_leaves_no_temporary_directories(corpus: Path, tmp_path: Path) -> None:
+    spec = files_spec(corpus, tmp_path)
+    prepare(spec)
+    target = prepared_dir(spec)
+    assert sorted(os.listdir(target.parent)) == [target.name, target.name + ".lock"]
+
+
+def test_a_failed_build_leaves_no_prepared_directory(corpus: Path, tmp_path: Path) -> None:
+    write_lines(corpus / "test2.en", read_lines(corpus / "test2.en")[:-1])
+    spec = files_spec(corpus, tmp_path)
+    with pytest.raises(DataError, match=r"test2\.en has 9"):
+        prepare(spec)
+    target = prepared_dir(spec)
+    assert not target.exists()
+    assert leftovers(target.parent) == []
+    write_lines(corpus / "test2.en", [*read_lines(corpus / "test2.en"), "the cat"])
+    assert len(prepare(files_spec(corpus, tmp_path)).splits["test2"]) == SIZES["test2"]
+
+
+# ---------------------------------------------------------------------------------------------------------
+# CorpusDataModule
+
+
+@pytest.mark.parametrize("joint_vocab", [True, False])
+def test_datamodule_vocabularies_special_ids_and_test_sets(
+    corpus: Path, tmp_path: Path, joint_vocab: bool
+) -> None:
+    dm = setup_datamodule(files_spec(corpus, tmp_path, joint_vocab=joint_vocab))
+    assert dm.src_vocab_size == dm.src_tokenizer.vocab_size > len(SPECIAL_TOKENS)
+    assert dm.tgt_vocab_size == dm.tgt_tokenizer.vocab_size > len(SPECIAL_TOKENS)
+    assert (dm.src_vocab_size == dm.tgt_vocab_size) or not joint_vocab
+    assert (dm.pad_id, dm.bos_id, dm.eos_id, dm.unk_id) == (PAD, BOS, EOS, UNK)
+    for tokenizer in (dm.src_tokenizer, dm.tgt_tokenizer):
+        assert [tokenizer.tokenizer.token_to_id(t) for t in SPECIAL_TOKENS] == [PAD, BOS, EOS, UNK]
+    assert dm.test_sets == ["test", "test2"]
+    assert {name: len(examples) for name, examples in dm.splits.items()} == {
+        "train": SIZES["train"],
+        "val": SIZES["valid"],
+        "test": SIZES["test"],
+        "test2": SIZES["test2"],
+    }
+
+
+def test_references_are_the_raw_target_lines_untouched(corpus: Path, tmp_path: Path) -> None:
+    for _ in range(2):  # built, then loaded from the cache
+        dm = setup_datamodule(files_spec(corpus, tmp_path))
+        assert dm.references["test"][3] == ODD_REFERENCE
+        assert dm.references["test"] == (corpus / "test.en").read_text(encoding="utf-8").split("\n")[:-1]
+        assert dm.references["test2"] == read_lines(corpus / "test2.en")
+        assert dm.references["val"] == read_lines(corpus / "valid.en")
+
+
+def batch_rows(batch: dict[str, torch.Tensor]) -> Iterator[tuple[int, list[int], list[int]]]:
+    """(example index, unpadded src, unpadded tgt_out) per row of `batch`."""
+    for index, src, tgt_out in zip(batch["index"], batch["src"], batch["tgt_out"], strict=True):
+        yield int(index), src[src != PAD].tolist(), tgt_out[tgt_out != PAD].tolist()
+
+
+def test_training_batches_stay_within_the_token_budget_and_cover_each_example_once(
+    corpus: Path, tmp_path: Path
+) -> None:
+    max_tokens = 64
+    dm = setup_datamodule(files_spec(corpus, tmp_path, max_tokens=max_tokens))
+    examples = {i: (s, t) for s, t, i in dm.splits["train"]}
+    for epoch in range(2):
+        loader = dm.train_dataloader()
+        loader.batch_sampler.set_epoch(epoch)
+        seen, sizes = [], []
+        for batch in loader:
+            assert set(batch) == {"src", "tgt_in", "tgt_out", "index"}
+            size = len(batch["index"])
+            sizes.append(size)
+            assert batch["src"].numel() <= max_tokens or size == 1
+            assert batch["tgt_in"].numel() <= max_tokens or size == 1
+            assert batch["tgt_in"].shape == batch["tgt_out"].shape
+            assert (batch["tgt_in"][:, 0] == BOS).all()
+            for index, src, tgt_out in batch_rows(batch):
+                assert (src, tgt_out) == (examples[index][0], [*examples[index][1], EOS])
+                seen.append(index)
+        assert sorted(seen) == sorted(examples)
+        assert max(sizes) > 1 and len(sizes) > 1
+
+
+@pytest.mark.parametrize("split", ["val", "test"])
+def test_evaluation_loaders_cover_each_example_once(corpus: Path, tmp_path: Path, split: str) -> None:
+    dm = setup_datamodule(files_spec(corpus, tmp_path, max_tokens=64))
+    loader = dm.val_dataloader() if split == "val" else dm.test_dataloader()
+    seen = []
+    for batch in loader:
+        for index, src, tgt_out in batch_rows(batch):
+            assert src == dm.splits[split][index][0]
+            assert tgt_out == [*dm.splits[split][index][1], EOS]
+            seen.append(index)
+    assert sorted(seen) == list(range(len(dm.splits[split])))
+
+
+def test_limit_positions_drops_long_training_pairs_and_truncates_evaluation_sets(
+    corpus: Path, tmp_path: Path
+) -> None:
+    n = 6
+    dm = setup_datamodule(files_spec(corpus, tmp_path))
+    before = {name: list(examples) for name, examples in dm.splits.items()}
+    dm.limit_positions(n)
+
+    fits = [e for e in before["train"] if len(e[0]) <= n and len(e[1]) + 1 <= n]
+    assert 0 < len(fits) < len(before["train"])
+    assert dm.splits["train"] == fits
+    assert "train" not in dm.truncated
+    for name in ("val", "test", "test2"):
+        long = [len(s) > n or len(t) + 1 > n for s, t, _ in before[name]]
+        assert dm.truncated[name] == sum(long) > 0
+        assert len(dm.splits[name]) == len(before[name])
+        for (s, t, i), (s2, t2, i2) in zip(before[name], dm.splits[name], strict=True):
+            assert i2 == i and s2[-1] == EOS and len(s2) <= n and len(t2) + 1 <= n
+            assert s2 == (s if len(s) <= n else [*s[: n - 1], EOS])
+            assert t2 == t[: n - 1]
+    seen = [i for batch in dm.test_dataloader() for i in batch["index"].tolist()]
+    assert sorted(seen) == list(range(SIZES["test"]))
+
+
+# ---------------------------------------------------------------------------------------------------------
+# HFData
+
+
+@pytest.fixture
+def hf_datasets(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Any:
+    """The `datasets` module, its cache redirected into `tmp_path`."""
+    import datasets
+
+    monkeypatch.setattr(datasets.config, "HF_DATASETS_CACHE", tmp_path / "hf-cache")
+    return datasets
+
+
+HF_SIZES = {"train": 60, "validation": 8, "test": 6}
+
+
+def hf_rows(split: str, n: int) -> tuple[list[str], list[str]]:
+    rng = random.Random(split)
+    return sentences(rng, DE, n), sentences(rng, EN, n)
+
+
+def hf_spec(name: str, tmp_path: Path, **overrides: Any) -> HFData:
+    return HFData(name=name, cache_dir=str(tmp_path / "cache"), vocab_size=200, max_tokens=256, **overrides)
+
+
+def check_served(spec: HFData, sizes: dict[str, int]) -> None:
+    dm = setup_datamodule(spec)
+    assert dm.test_sets == ["test"]
+    assert {name: len(examples) for name, examples in dm.splits.items()} == {
+        "train": sizes["train"],
+        "val": sizes["validation"],
+        "test": sizes["test"],
+    }
+    assert dm.references["test"] == hf_rows("test", sizes["test"])[1]
+    assert dm.src_tokenizer.decode(dm.splits["test"][0][0]) == hf_rows("test", sizes["test"])[0][0]
+
+
+def test_hf_saved_dataset_dict_with_a_translation_column(tmp_path: Path, hf_datasets: Any) -> None:
+    splits = {}
+    for split, n in HF_SIZES.items():
+        de, en = hf_rows(split, n)
+        rows = [{"de": s, "en": t} for s, t in zip(de, en, strict=True)]
+        splits[split] = hf_datasets.Dataset.from_dict({"translation": rows})
+    hf_datasets.DatasetDict(splits).save_to_disk(str(tmp_path / "hfds"))
+    check_served(hf_spec(str(tmp_path / "hfds"), tmp_path), HF_SIZES)
+
+
+def test_hf_plain_language_columns(tmp_path: Path, hf_datasets: Any) -> None:
+    splits = {split: hf_datasets.Dataset.from_dict(dict(zip(("de", "en"), hf_rows(split, n), strict=True)))
+              for split, n in HF_SIZES.items()}  # fmt: skip
+    hf_datasets.DatasetDict(splits).save_to_disk(str(tmp_path / "hfds"))
+    check_served(hf_spec(str(tmp_path / "hfds"), tmp_path), HF_SIZES)
+    with pytest.raises(DataError, match=r"no 'translation' or 'fr' column: columns are \['de', 'en'\]"):
+        prepare(hf_spec(str(tmp_path / "hfds"), tmp_path, src_lang="fr"))
+
+
+def test_hf_missing_split_lists_the_available_ones(tmp_path: Path, hf_datasets: Any) -> None:
+    splits = {split: hf_datasets.Dataset.from_dict(dict(zip(("de", "en"), hf_rows(split, n), strict=True)))
+              for split, n in HF_SIZES.items() if split != "test"}  # fmt: skip
+    hf_datasets.DatasetDict(splits).save_to_disk(str(tmp_path / "hfds"))
+    spec = hf_spec(str(tmp_path / "hfds"), tmp_path)
+    with pytest.raises(DataError, match=re.escape("no split 'test': available ['train', 'validation']")):
+        prepare(spec)
+    assert not prepared_dir(spec).exists()
+
+
+def test_hf_json_builder_with_data_files(tmp_path: Path, hf_datasets: Any) -> None:
+    data_files = {}
+    for split, n in HF_SIZES.items():
+        path = tmp_path / f"{split}.jsonl"
+        de, en = hf_rows(split, n)
+        path.write_text(
+            "".join(
+                json.dumps({"translation": {"de": s, "en": t}}) + "\n" for s, t in zip(de, en, strict=True)
+            )
+        )
+        data_files[split] = str(path)
+    check_served(hf_spec("json", tmp_path, data_files=data_files), HF_SIZES)
