@@ -327,3 +327,17 @@ def test_dataloader_with_token_batches_restores_the_original_order(shuffle: bool
         indices += batch["index"].tolist()
         sources += [[t for t in row if t != PAD] for row in batch["src"].tolist()]
     assert restore_order(indices, sources) == [s for s, _, _ in examples]
+
+
+def test_unbucketed_training_batches_mix_lengths_and_still_cover_every_example_once() -> None:
+    rng = random.Random(3)
+    lengths = [rng.randint(2, 40) for _ in range(400)]
+    bucketed = TokenBatchSampler(lengths, batch_size=16, seed=1)
+    mixed = TokenBatchSampler(lengths, batch_size=16, seed=1, bucket=False)
+    assert sorted(i for b in mixed for i in b) == list(range(400))
+
+    def spread(sampler: TokenBatchSampler) -> float:
+        return sum(max(lengths[i] for i in b) - min(lengths[i] for i in b) for b in sampler) / len(sampler)
+
+    assert spread(mixed) > 5 * spread(bucketed)
+    assert mixed.padding_ratio() > bucketed.padding_ratio()

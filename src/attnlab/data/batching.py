@@ -157,6 +157,8 @@ class TokenBatchSampler(Sampler[list[int]]):
         seed: Seed of the training order.
         num_replicas: Number of distributed ranks.
         rank: This process's rank, in `0 .. num_replicas - 1`.
+        bucket: Group training examples of similar length (the default). False packs them in random
+            order instead (more padding, batches of mixed lengths, as with a shuffled DataLoader).
     """
 
     def __init__(
@@ -169,6 +171,7 @@ class TokenBatchSampler(Sampler[list[int]]):
         seed: int = 0,
         num_replicas: int = 1,
         rank: int = 0,
+        bucket: bool = True,
     ) -> None:
         if max_tokens is None and batch_size is None:
             raise ValueError("TokenBatchSampler: give max_tokens, batch_size or both (both are None)")
@@ -187,7 +190,7 @@ class TokenBatchSampler(Sampler[list[int]]):
                 "least one token (pass max(source length, target length + 1))"
             )
         self.max_tokens, self.batch_size, self.shuffle = max_tokens, batch_size, shuffle
-        self.seed, self.num_replicas, self.rank = seed, num_replicas, rank
+        self.seed, self.num_replicas, self.rank, self.bucket = seed, num_replicas, rank, bucket
         self.epoch, self.yielded = 0, 0
         self._resume_pending = False
         self._cache: tuple[tuple[int, int], list[list[int]]] | None = None
@@ -236,8 +239,9 @@ class TokenBatchSampler(Sampler[list[int]]):
         lengths = torch.tensor(self.lengths, dtype=torch.long)
         if self.shuffle:
             generator = _generator(self.seed, self.epoch)
-            tie_break = torch.randperm(len(lengths), generator=generator)  # (N,)
-            order = tie_break[torch.argsort(lengths[tie_break], stable=True)]
+            order = torch.randperm(len(lengths), generator=generator)  # (N,)
+            if self.bucket:
+                order = order[torch.argsort(lengths[order], stable=True)]  # by length, random ties
             batches = self._pack(order.tolist())
             batches = [batches[j] for j in torch.randperm(len(batches), generator=generator).tolist()]
             batches = batches[: len(batches) - len(batches) % self.num_replicas]

@@ -38,10 +38,17 @@ class ParallelDataModule(L.LightningDataModule):
         batch_size: Sentences per batch (a cap when `max_tokens` is set).
         num_workers: DataLoader workers.
         seed: Seed of the training shuffle (the same seed gives the same batches).
+        bucket: Batch training examples of similar length together (see `TokenBatchSampler`).
     """
 
     def __init__(
-        self, *, max_tokens: int | None, batch_size: int | None, num_workers: int, seed: int
+        self,
+        *,
+        max_tokens: int | None,
+        batch_size: int | None,
+        num_workers: int,
+        seed: int,
+        bucket: bool = True,
     ) -> None:
         super().__init__()
         self.max_tokens, self.batch_size, self.num_workers, self.seed = (
@@ -50,6 +57,7 @@ class ParallelDataModule(L.LightningDataModule):
             num_workers,
             seed,
         )
+        self.bucket = bucket
         self.pad_id, self.bos_id, self.eos_id, self.unk_id = (SPECIAL_IDS[k] for k in SPECIAL_IDS)
         self.collate = Collator(pad_id=self.pad_id, bos_id=self.bos_id, eos_id=self.eos_id)
         self.src_vocab_size = self.tgt_vocab_size = 0
@@ -69,7 +77,7 @@ class ParallelDataModule(L.LightningDataModule):
         replicas, rank = self._replicas()
         return TokenBatchSampler(
             lengths, max_tokens=self.max_tokens, batch_size=self.batch_size, shuffle=shuffle, seed=self.seed,
-            num_replicas=replicas, rank=rank,
+            num_replicas=replicas, rank=rank, bucket=self.bucket,
         )  # fmt: skip
 
     def _loader(self, split: str, sampler: TokenBatchSampler) -> DataLoader:
@@ -108,11 +116,16 @@ def _indexed(pairs: list[tuple[list[int], list[int]]]) -> list[Example]:
 
 
 class SyntheticDataModule(ParallelDataModule):
-    """The synthetic task of `attnlab.data.synthetic` (sentence batches)."""
+    """The synthetic task of `attnlab.data.synthetic`: shuffled sentence batches of mixed lengths (short
+    sequences pad little, and length-homogeneous batches were measured to slow its learning)."""
 
     def __init__(self, spec: SyntheticData) -> None:
         super().__init__(
-            max_tokens=None, batch_size=spec.batch_size, num_workers=spec.num_workers, seed=spec.seed
+            max_tokens=None,
+            batch_size=spec.batch_size,
+            num_workers=spec.num_workers,
+            seed=spec.seed,
+            bucket=False,
         )
         self.spec = spec
         self.src_vocab_size = self.tgt_vocab_size = spec.fixed_vocab_size
