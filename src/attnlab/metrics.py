@@ -1,0 +1,238 @@
+"""Corpus BLEU and chrF with sacreBLEU, on detokenized text, with their full signatures.
+
+Scores are only comparable across papers when computed by sacreBLEU on detokenized hypotheses against
+untouched references (Post, 2018). `check_detokenized` refuses subword pieces (a Metaspace `▁` or a
+subword-nmt `@@`) so a forgotten `SubwordTokenizer.decode` fails loudly instead of scoring low. BLEU is
+13a-tokenized and cased with exponential smoothing; chrF is sacreBLEU's default chrF2.
+
+`BleuStats` keeps BLEU's sufficient statistics (hypothesis and reference lengths, per-order n-gram
+matches and totals). They add across batches or DDP ranks, and their score equals `corpus_bleu` on the
+concatenated corpus; the average of per-batch BLEU scores does not.
+
+sacreBLEU 2.6 API relied on: public `BLEU`, `CHRF`, `Metric.corpus_score`, `Metric.get_signature`,
+`BLEU.compute_bleu` (a static method); private `BLEU._extract_corpus_statistics` (per-segment statistics
+`[sys_len, ref_len, correct_1..N, total_1..N]`) and the attribute `num_refs` that sacreBLEU sets while
+caching references and reads to build the signature.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Any
+
+from sacrebleu.metrics import BLEU, CHRF
+
+SUBWORD_MARKERS = ("▁", "@@ ", "@@")  # Metaspace/SentencePiece and subword-nmt markers
+MAX_NGRAM_ORDER = 4
+
+
+class ScoringError(ValueError):
+    """Inputs that cannot be scored as they are (count mismatch, empty corpus, subword pieces)."""
+
+
+@dataclass(frozen=True)
+class Score:
+    """One corpus-level score with the sacreBLEU signature that makes it reproducible.
+
+    Attributes:
+        name: "bleu" or "chrf".
+        score: The score in [0, 100].
+        signature: The full sacreBLEU signature, e.g.
+            "nrefs:1|case:mixed|eff:no|tok:13a|smooth:exp|version:2.6.0".
+        details: bleu: precisions, bp, sys_len, ref_len; chrf: char_order, word_order, beta.
+    """
+
+    name: str
+    score: float
+    signature: str
+    details: dict[str, Any]
+
+
+def check_detokenized(hypotheses: Sequence[str], references: Sequence[str]) -> None:
+    """Check that the inputs can be scored; references are only counted, never modified.
+
+    Args:
+        hypotheses: One detokenized hypothesis per line (a line may be empty).
+        references: One reference per hypothesis.
+
+    Raises:
+        ScoringError: When the corpus is empty, the counts differ, or a hypothesis contains a subword marker.
+    """
+    if isinstance(hypotheses, str) or isinstance(references, str):
+        raise ScoringError("hypotheses and references must be sequences of lines, not a single string")
+    if len(hypotheses) != len(references):
+        raise ScoringError(
+            f"{len(hypotheses)} hypotheses but {len(references)} references: "
+            "score one hypothesis per reference line"
+        )
+    if not hypotheses:
+        raise ScoringError("empty corpus: no hypotheses and no references to score")
+    for line_number, hypothesis in enumerate(hypotheses, start=1):
+        for marker in SUBWORD_MARKERS:
+            if marker in hypothesis:
+                raise ScoringError(
+                    f"hypothesis line {line_number} contains the subword marker {marker!r}: BLEU must be "
+                    "computed on detokenized text — decode with the tokenizer first "
+                    f"(line: {hypothesis[:80]!r})"
+                )
+
+
+def _bleu() -> BLEU:
+    return BLEU(tokenize="13a", lowercase=False, smooth_method="exp", max_ngram_order=MAX_NGRAM_ORDER)
+
+
+def _bleu_score(bleu: BLEU, result: Any) -> Score:
+    details = {
+        "precisions": list(result.precisions),
+        "bp": result.bp,
+        "sys_len": result.sys_len,
+        "ref_len": result.ref_len,
+    }
+    return Score(name="bleu", score=result.score, signature=str(bleu.get_signature()), details=details)
+
+
+def _corpus_bleu(hypotheses: Sequence[str], references: Sequence[str]) -> Score:
+    bleu = _bleu()
+    return _bleu_score(bleu, bleu.corpus_score(list(hypotheses), [list(references)]))
+
+
+def _corpus_chrf(hypotheses: Sequence[str], references: Sequence[str]) -> Score:
+    chrf = CHRF()
+    result = chrf.corpus_score(list(hypotheses), [list(references)])
+    details = {"char_order": chrf.char_order, "word_order": chrf.word_order, "beta": chrf.beta}
+    return Score(name="chrf", score=result.score, signature=str(chrf.get_signature()), details=details)
+
+
+def corpus_bleu(hypotheses: Sequence[str], references: Sequence[str]) -> Score:
+    """Cased corpus BLEU with the 13a tokenizer and exponential smoothing (sacreBLEU `BLEU()`).
+
+    Args:
+        hypotheses: Detokenized hypotheses, one per line.
+        references: One untouched reference per hypothesis.
+
+    Returns:
+        The "bleu" `Score`.
+
+    Raises:
+        ScoringError: See `check_detokenized`.
+    """
+    check_detokenized(hypotheses, references)
+    return _corpus_bleu(hypotheses, references)
+
+
+def corpus_chrf(hypotheses: Sequence[str], references: Sequence[str]) -> Score:
+    """Corpus chrF2 with sacreBLEU's `CHRF()` defaults (character 6-grams, no word n-grams, beta 2).
+
+    Args:
+        hypotheses: Detokenized hypotheses, one per line.
+        references: One untouched reference per hypothesis.
+
+    Returns:
+        The "chrf" `Score`.
+
+    Raises:
+        ScoringError: See `check_detokenized`.
+    """
+    check_detokenized(hypotheses, references)
+    return _corpus_chrf(hypotheses, references)
+
+
+def score_all(hypotheses: Sequence[str], references: Sequence[str]) -> dict[str, Score]:
+    """BLEU and chrF after one `check_detokenized`.
+
+    Args:
+        hypotheses: Detokenized hypotheses, one per line.
+        references: One untouched reference per hypothesis.
+
+    Returns:
+        {"bleu": ..., "chrf": ...}.
+
+    Raises:
+        ScoringError: See `check_detokenized`.
+    """
+    check_detokenized(hypotheses, references)
+    return {"bleu": _corpus_bleu(hypotheses, references), "chrf": _corpus_chrf(hypotheses, references)}
+
+
+@dataclass(frozen=True)
+class BleuStats:
+    """Sufficient statistics of corpus BLEU that sum across batches or ranks into exactly the corpus score.
+
+    Attributes:
+        sys_len: Hypothesis length in 13a tokens.
+        ref_len: Reference length in 13a tokens.
+        correct: Clipped n-gram matches for n = 1..4.
+        total: Hypothesis n-grams for n = 1..4.
+    """
+
+    sys_len: int
+    ref_len: int
+    correct: tuple[int, ...]
+    total: tuple[int, ...]
+
+    @classmethod
+    def of(cls, hypotheses: Sequence[str], references: Sequence[str]) -> BleuStats:
+        """Statistics of one batch (after `check_detokenized`).
+
+        Uses sacreBLEU's private `BLEU._extract_corpus_statistics`, which returns one
+        `[sys_len, ref_len, correct_1..4, total_1..4]` list per segment; this sums them.
+
+        Args:
+            hypotheses: Detokenized hypotheses, one per line.
+            references: One untouched reference per hypothesis.
+
+        Returns:
+            The summed statistics.
+
+        Raises:
+            ScoringError: See `check_detokenized`.
+        """
+        check_detokenized(hypotheses, references)
+        segments = _bleu()._extract_corpus_statistics(list(hypotheses), [list(references)])
+        summed = [sum(int(segment[i]) for segment in segments) for i in range(2 + 2 * MAX_NGRAM_ORDER)]
+        return cls.from_list(summed)
+
+    def __add__(self, other: BleuStats) -> BleuStats:
+        """Element-wise sum: the statistics of the two corpora concatenated."""
+        if not isinstance(other, BleuStats):
+            return NotImplemented
+        return BleuStats.from_list([a + b for a, b in zip(self.as_list(), other.as_list(), strict=True)])
+
+    def score(self) -> Score:
+        """The corpus BLEU of these statistics; equals `corpus_bleu` on the concatenated inputs."""
+        bleu = _bleu()
+        bleu.num_refs = 1  # set by sacreBLEU while caching references; the signature reads it
+        result = BLEU.compute_bleu(
+            correct=list(self.correct),
+            total=list(self.total),
+            sys_len=self.sys_len,
+            ref_len=self.ref_len,
+            smooth_method=bleu.smooth_method,
+            smooth_value=bleu.smooth_value,
+            effective_order=bleu.effective_order,
+            max_ngram_order=MAX_NGRAM_ORDER,
+        )
+        return _bleu_score(bleu, result)
+
+    def as_list(self) -> list[float]:
+        """`[sys_len, ref_len, correct_1..4, total_1..4]` as floats, e.g. for a tensor all-reduce."""
+        return [float(v) for v in (self.sys_len, self.ref_len, *self.correct, *self.total)]
+
+    @classmethod
+    def from_list(cls, values: Sequence[float]) -> BleuStats:
+        """Inverse of `as_list` (accepts ints or integral floats, e.g. from a gathered tensor).
+
+        Raises:
+            ScoringError: When `values` has the wrong length or a non-integral or negative entry.
+        """
+        expected = 2 + 2 * MAX_NGRAM_ORDER
+        if len(values) != expected:
+            raise ScoringError(f"BleuStats needs {expected} values, got {len(values)}: {list(values)}")
+        ints = [int(v) for v in values]
+        if any(i != v or i < 0 for i, v in zip(ints, values, strict=True)):
+            raise ScoringError(f"BleuStats values must be non-negative integers, got {list(values)}")
+        n = MAX_NGRAM_ORDER
+        return cls(
+            sys_len=ints[0], ref_len=ints[1], correct=tuple(ints[2 : 2 + n]), total=tuple(ints[2 + n :])
+        )

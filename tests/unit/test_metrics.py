@@ -1,0 +1,199 @@
+"""Corpus BLEU / chrF through sacreBLEU, the detokenization guard, and summable BLEU statistics."""
+
+from __future__ import annotations
+
+import random
+
+import pytest
+import sacrebleu
+
+from attnlab.metrics import (
+    SUBWORD_MARKERS,
+    BleuStats,
+    ScoringError,
+    check_detokenized,
+    corpus_bleu,
+    corpus_chrf,
+    score_all,
+)
+
+REFS = [
+    "A man in an orange hat is staring at something.",
+    "A Boston Terrier is running on lush green grass in front of a white fence.",
+    "A girl in karate uniform breaking a stick with a front kick.",
+    "Five people wearing winter jackets and helmets stand in the snow, with snowmobiles in the background.",
+    "People are fixing the roof of a house.",
+    "A man in light colored clothing photographs a group of men wearing dark suits and hats.",
+]
+HYPS = [
+    "A man with an orange hat is looking at something.",
+    "A Boston terrier runs on green grass in front of a white fence.",
+    "A girl in a karate uniform breaks a stick with a kick.",
+    "Five people in winter jackets and helmets are standing in the snow with snowmobiles behind them.",
+    "People fix the roof of a house.",
+    "A man in light clothing takes a photo of a group of men in dark suits and hats.",
+]
+
+
+def reference_bleu(hyps: list[str], refs: list[str]) -> sacrebleu.BLEUScore:
+    return sacrebleu.corpus_bleu(hyps, [refs], tokenize="13a", lowercase=False)
+
+
+# ---------------------------------------------------------------------------------------------------------
+# corpus_bleu / corpus_chrf / score_all
+
+
+def test_bleu_equals_sacrebleu() -> None:
+    score = corpus_bleu(HYPS, REFS)
+    expected = reference_bleu(HYPS, REFS)
+    assert score.name == "bleu"
+    assert score.score == pytest.approx(expected.score, abs=1e-9)
+    assert 0.0 < score.score < 100.0
+    assert score.details["bp"] == pytest.approx(expected.bp)
+    assert score.details["precisions"] == pytest.approx(expected.precisions)
+    assert (score.details["sys_len"], score.details["ref_len"]) == (expected.sys_len, expected.ref_len)
+
+
+def test_bleu_signature() -> None:
+    signature = corpus_bleu(HYPS, REFS).signature
+    for part in ("nrefs:1", "case:mixed", "tok:13a", "smooth:exp", f"version:{sacrebleu.__version__}"):
+        assert part in signature.split("|")
+
+
+def test_identical_hypotheses_score_100() -> None:
+    assert corpus_bleu(REFS, REFS).score == pytest.approx(100.0)
+
+
+def test_bleu_is_cased() -> None:
+    lowered = [h.lower() for h in HYPS]
+    assert corpus_bleu(lowered, REFS).score < corpus_bleu(HYPS, REFS).score
+
+
+def test_chrf_equals_sacrebleu() -> None:
+    score = corpus_chrf(HYPS, REFS)
+    assert score.name == "chrf"
+    assert score.score == pytest.approx(sacrebleu.corpus_chrf(HYPS, [REFS]).score, abs=1e-9)
+    assert score.details == {"char_order": 6, "word_order": 0, "beta": 2}
+    assert "nc:6" in score.signature and "nrefs:1" in score.signature
+    assert f"version:{sacrebleu.__version__}" in score.signature
+
+
+def test_score_all_matches_single_metrics() -> None:
+    scores = score_all(HYPS, REFS)
+    assert set(scores) == {"bleu", "chrf"}
+    assert scores["bleu"] == corpus_bleu(HYPS, REFS)
+    assert scores["chrf"] == corpus_chrf(HYPS, REFS)
+
+
+def test_references_are_scored_untouched() -> None:
+    refs = list(REFS)
+    refs[0] = "A man  in an orange hat   is staring at something. "
+    refs[4] = "People are\tfixing the roof of a house."
+    before = list(refs)
+    assert corpus_bleu(HYPS, refs).score == pytest.approx(reference_bleu(HYPS, refs).score, abs=1e-9)
+    assert corpus_chrf(HYPS, refs).score == pytest.approx(sacrebleu.corpus_chrf(HYPS, [refs]).score, abs=1e-9)
+    assert refs == before
+
+
+def test_empty_hypothesis_line_is_allowed() -> None:
+    hyps = [*HYPS[:-1], ""]
+    assert corpus_bleu(hyps, REFS).score == pytest.approx(reference_bleu(hyps, REFS).score, abs=1e-9)
+    assert BleuStats.of(hyps, REFS).score() == corpus_bleu(hyps, REFS)
+
+
+# ---------------------------------------------------------------------------------------------------------
+# check_detokenized
+
+
+@pytest.mark.parametrize("marker", ["▁", "@@ "])
+def test_rejects_subword_markers(marker: str) -> None:
+    hyps = list(HYPS)
+    hyps[2] = f"A girl in a kar{marker}ate uniform."
+    with pytest.raises(ScoringError, match="detokenized") as info:
+        corpus_bleu(hyps, REFS)
+    assert "line 3" in str(info.value) and repr(marker) in str(info.value)
+    assert "decode" in str(info.value)
+
+
+def test_rejects_metaspace_pieces_and_trailing_at_markers() -> None:
+    with pytest.raises(ScoringError, match=r"line 1 .*'▁'"):
+        check_detokenized(["▁A ▁man ▁runs ."], ["A man runs."])
+    with pytest.raises(ScoringError, match=r"line 2 .*'@@'"):
+        check_detokenized(["A man runs.", "A wo@@"], ["A man runs.", "A woman."])
+    assert SUBWORD_MARKERS == ("▁", "@@ ", "@@")
+
+
+def test_references_with_markers_are_not_checked() -> None:
+    check_detokenized(["a b"], ["a@@ b▁"])
+
+
+def test_rejects_count_mismatch_naming_both_counts() -> None:
+    with pytest.raises(ScoringError, match=r"6 hypotheses but 5 references"):
+        score_all(HYPS, REFS[:5])
+    with pytest.raises(ScoringError, match=r"5 hypotheses but 6 references"):
+        BleuStats.of(HYPS[:5], REFS)
+
+
+def test_rejects_empty_corpus() -> None:
+    for fn in (corpus_bleu, corpus_chrf, score_all, BleuStats.of):
+        with pytest.raises(ScoringError, match="empty corpus"):
+            fn([], [])
+
+
+def test_rejects_a_single_string() -> None:
+    with pytest.raises(ScoringError, match="not a single string"):
+        check_detokenized("a b c", "a b c")
+
+
+# ---------------------------------------------------------------------------------------------------------
+# BleuStats
+
+
+def test_stats_of_whole_corpus_give_corpus_bleu() -> None:
+    assert BleuStats.of(HYPS, REFS).score() == corpus_bleu(HYPS, REFS)
+
+
+def test_summed_halves_give_corpus_score_not_average() -> None:
+    # One long near-perfect pair and one short poor pair: per-half BLEU averages differently from the
+    # corpus, and the short half alone has a brevity penalty that the corpus does not.
+    hyps = [REFS[3], "Men photograph."]
+    refs = [REFS[3], "A man in light colored clothing photographs a group of men."]
+    whole = corpus_bleu(hyps, refs)
+    first, second = BleuStats.of(hyps[:1], refs[:1]), BleuStats.of(hyps[1:], refs[1:])
+    summed = (first + second).score()
+    assert summed == whole
+    assert summed.details["bp"] == pytest.approx(reference_bleu(hyps, refs).bp)
+    average = (first.score().score + second.score().score) / 2
+    assert abs(average - whole.score) > 1.0
+
+
+def test_as_list_round_trip() -> None:
+    stats = BleuStats.of(HYPS, REFS)
+    values = stats.as_list()
+    assert len(values) == 10 and all(isinstance(v, float) for v in values)
+    assert BleuStats.from_list(values) == stats
+    assert BleuStats.from_list([int(v) for v in values]) == stats
+
+
+def test_from_list_rejects_bad_values() -> None:
+    with pytest.raises(ScoringError, match="10 values, got 3"):
+        BleuStats.from_list([1.0, 2.0, 3.0])
+    with pytest.raises(ScoringError, match="non-negative integers"):
+        BleuStats.from_list([1.5] + [0.0] * 9)
+
+
+def test_shard_order_does_not_matter() -> None:
+    shards = [BleuStats.of(HYPS[i : i + 2], REFS[i : i + 2]) for i in range(0, len(HYPS), 2)]
+    expected = corpus_bleu(HYPS, REFS)
+    rng = random.Random(0)
+    for _ in range(5):
+        rng.shuffle(shards)
+        total = shards[0]
+        for shard in shards[1:]:
+            total = total + shard
+        assert total.score() == expected
+
+
+def test_add_rejects_other_types() -> None:
+    with pytest.raises(TypeError):
+        BleuStats.of(HYPS, REFS) + [0.0] * 10  # type: ignore[operator]
