@@ -1,9 +1,12 @@
-"""Autoregressive decoding over the incremental K/V cache.
+"""Autoregressive decoding over the incremental K/V cache: greedy and beam search.
 
-Notation: `B` batch, `S` source length, `T` output length, `V` vocabulary size.
+Notation: `B` batch, `K` beam size, `S` source length, `T` output length, `V` vocabulary size.
 """
 
 from __future__ import annotations
+
+import math
+from dataclasses import dataclass
 
 import torch
 from torch import Tensor
@@ -51,3 +54,180 @@ def greedy_decode(model: Transformer, src: Tensor, *, max_len_a: float = 1.0, ma
         if bool(finished.all()):
             break
     return torch.cat(steps, dim=1)
+
+
+@dataclass
+class Hypothesis:
+    """One finished beam-search output.
+
+    Attributes:
+        tokens: Output ids, eos included if produced, no start token.
+        score: Sum of the tokens' log-probabilities (natural log).
+        normalized: `score / length_penalty(len(tokens), alpha)`, the key hypotheses are ranked by.
+        attention: (len(tokens), S_real) last-decoder-layer cross-attention averaged over heads, over the
+            sentence's non-pad source positions; only when `need_attention` was asked for.
+    """
+
+    tokens: list[int]
+    score: float
+    normalized: float
+    attention: Tensor | None = None
+
+
+def length_penalty(length: int, alpha: float) -> float:
+    """GNMT length penalty lp(Y) = ((5 + |Y|) / 6) ** alpha (Wu et al. 2016, eq. 14); alpha = 0 gives 1."""
+    return ((5 + length) / 6) ** alpha
+
+
+class _Kept:
+    """The best `beam` finished hypotheses of one sentence, best first (ties keep the earlier one)."""
+
+    def __init__(self, beam: int, alpha: float) -> None:
+        self.beam, self.alpha = beam, alpha
+        self.hyps: list[Hypothesis] = []
+
+    def add(self, tokens: list[int], score: float, attention: Tensor | None) -> None:
+        normalized = score / length_penalty(len(tokens), self.alpha)
+        self.hyps.append(Hypothesis(tokens, score, normalized, attention))
+        self.hyps.sort(key=lambda h: -h.normalized)  # stable
+        del self.hyps[self.beam :]
+
+    def is_done(self, best_live: float, max_len: int) -> bool:
+        """No live beam can beat the worst kept hypothesis any more.
+
+        Log-probs are <= 0, so a live score only decreases; with alpha > 0 the best normalized score
+        it could still reach is at most best_live / lp(max_len) (fairseq / Hugging Face's check).
+        """
+        if len(self.hyps) < self.beam:
+            return False
+        worst = self.hyps[-1].normalized
+        if self.alpha == 0:
+            return best_live < worst
+        return best_live / length_penalty(max_len, self.alpha) <= worst
+
+
+def _check_beam_args(beam: int, alpha: float, min_len: int, n_best: int) -> None:
+    if beam < 1:
+        raise ValueError(f"beam={beam} must be >= 1")
+    if not 1 <= n_best <= beam:
+        raise ValueError(f"n_best={n_best} must be between 1 and beam={beam}: raise beam or lower n_best")
+    if min_len < 1:
+        raise ValueError(f"min_len={min_len} must be >= 1 (the length counts eos)")
+    if not alpha >= 0:
+        raise ValueError(f"alpha={alpha} must be >= 0 (0 turns length normalisation off)")
+
+
+@torch.inference_mode()
+def beam_search(
+    model: Transformer,
+    src: Tensor,
+    *,
+    beam: int = 5,
+    alpha: float = 0.6,
+    max_len_a: float = 1.2,
+    max_len_b: int = 10,
+    min_len: int = 1,
+    n_best: int = 1,
+    need_attention: bool = False,
+) -> list[list[Hypothesis]]:
+    """Beam search over the incremental K/V cache, B sentences × K beams decoded as one (B·K) batch.
+
+    The source is encoded once and its memory repeated K times; after each step the cache is reordered
+    to follow the surviving beams. At step 0 only the first beam of each sentence is live (the others
+    score -inf), so the initial beams are distinct. Each step scores every extension
+    `score(y_<t) + log p(y_t | y_<t, x)`, keeps the top 2K of the K·V candidates per sentence; an eos
+    candidate ranked in the top K becomes a finished hypothesis (its length counts the eos), the best K
+    other candidates are the next beams. Pad and the start/bos ids are never generated, eos not before
+    `min_len`. A sentence stops at its length limit a·|S| + b (`max_output_lengths`; at most
+    `max_positions` with learned positions), where its live beams are finished without eos, or earlier
+    once it holds K finished hypotheses that no live beam can beat (`_Kept.is_done`).
+
+    Args:
+        model: The Transformer (its mode is left unchanged; call `.eval()` first for inference).
+        src: Source ids (B, S), padded with the model's pad id; moved to the model's device.
+        beam: Beam size K.
+        alpha: GNMT length-penalty exponent (0: rank by raw log-probability).
+        max_len_a: Output length limit a in a · |S| + b (per sentence, eos included).
+        max_len_b: Output length limit b.
+        min_len: Shortest output allowed, eos included.
+        n_best: Hypotheses returned per sentence (<= beam).
+        need_attention: Also return each hypothesis' cross-attention (see `Hypothesis.attention`).
+
+    Returns:
+        Per sentence, its `n_best` best hypotheses sorted by normalized score, best first.
+    """
+    _check_beam_args(beam, alpha, min_len, n_best)
+    cfg = model.config
+    device = next(model.parameters()).device
+    src = src.to(device)
+    batch, k, vocab = src.size(0), beam, cfg.tgt_vocab_size
+    memory, src_mask = model.encode(src)  # (B, S, D), (B, S)
+    expand = torch.arange(batch, device=device).repeat_interleave(k)  # (B·K,)
+    memory, beam_mask = memory.index_select(0, expand), src_mask.index_select(0, expand)  # (B·K, S, ...)
+    limits = max_output_lengths(src, cfg.pad_id, max_len_a, max_len_b)  # (B,)
+    if cfg.pe == "learned":
+        limits = limits.clamp(max=cfg.max_positions)  # decoder inputs need a position each
+    limit_list = limits.tolist()
+    cache = model.new_cache()
+    token = torch.full((batch * k, 1), cfg.start_id, dtype=torch.long, device=device)
+    history = torch.empty(batch * k, 0, dtype=torch.long, device=device)  # (B·K, T) outputs so far
+    attn = None  # (B·K, T, S) cross-attention of the outputs so far, when asked
+    if need_attention:
+        attn = torch.empty(batch * k, 0, src.size(1), device=device, dtype=memory.dtype)
+    scores = torch.zeros(batch, k, device=device)
+    scores[:, 1:] = -math.inf  # step 0: one live beam per sentence
+    never = sorted({cfg.pad_id, cfg.bos_id, cfg.start_id})
+    kept = [_Kept(k, alpha) for _ in range(batch)]
+    done = [False] * batch
+
+    def finish(b: int, tokens: Tensor, ends: Tensor, attn_rows: Tensor | None) -> None:
+        """Hand sentence b's candidates `tokens` (n, T) with finite scores `ends` (n,) to its kept list."""
+        for r, (ids, score) in enumerate(zip(tokens.tolist(), ends.tolist(), strict=True)):
+            if score > -math.inf:
+                a = None if attn_rows is None else attn_rows[r][:, src_mask[b]]  # (T, S_real)
+                kept[b].add(ids, score, a)
+
+    for step in range(int(limits.max())):
+        length = step + 1  # output length of this step's candidates, eos included
+        out = model.decode(token, memory, beam_mask, cache=cache, need_weights=need_attention)
+        logits, weights = out if need_attention else (out, None)
+        lprobs = logits[:, -1].float().log_softmax(dim=-1)  # (B·K, V)
+        lprobs[:, never] = -math.inf
+        if length < min_len:
+            lprobs[:, cfg.eos_id] = -math.inf
+        cand = scores[:, :, None] + lprobs.view(batch, k, vocab)  # (B, K, V)
+        top_scores, top_idx = cand.view(batch, k * vocab).topk(2 * k, dim=1)  # (B, 2K)
+        top_beam, top_token = top_idx // vocab, top_idx % vocab  # (B, 2K)
+        parent = torch.arange(batch, device=device)[:, None] * k + top_beam  # (B, 2K) rows of B·K
+        step_attn = None if weights is None else weights[-1].mean(dim=1)[:, -1:]  # (B·K, 1, S)
+
+        is_eos = top_token == cfg.eos_id  # (B, 2K)
+        for b, eos_row in enumerate(is_eos[:, :k].tolist()):  # only eos ranked in the top K finishes
+            ranks = [r for r, e in enumerate(eos_row) if e and not done[b]]
+            if ranks:
+                rows = parent[b, ranks]
+                tokens = torch.cat([history[rows], top_token[b, ranks, None]], dim=1)  # (n, T+1)
+                a = None if attn is None else torch.cat([attn[rows], step_attn[rows]], dim=1)
+                finish(b, tokens, top_scores[b, ranks], a)
+        # The K best non-eos candidates (at most K of the 2K are eos, one per beam) become the beams.
+        order = is_eos.long() * (2 * k) + torch.arange(2 * k, device=device)  # (B, 2K)
+        pick = order.topk(k, dim=1, largest=False).values  # (B, K) candidate ranks, best first
+        scores = top_scores.gather(1, pick)  # (B, K)
+        flat = parent.gather(1, pick).view(-1)  # (B·K,)
+        token = top_token.gather(1, pick).view(-1, 1)  # (B·K, 1)
+        history = torch.cat([history.index_select(0, flat), token], dim=1)  # (B·K, T+1)
+        if attn is not None:
+            attn = torch.cat([attn.index_select(0, flat), step_attn.index_select(0, flat)], dim=1)
+        cache.reorder(flat)
+        for b in range(batch):
+            if done[b]:
+                continue
+            if length >= limit_list[b]:  # force-finish the live beams, without eos
+                rows = torch.arange(b * k, (b + 1) * k, device=device)
+                finish(b, history[rows], scores[b], None if attn is None else attn[rows])
+                done[b] = True
+            else:
+                done[b] = kept[b].is_done(float(scores[b].max()), limit_list[b])
+        if all(done):
+            break
+    return [sentence.hyps[:n_best] for sentence in kept]

@@ -1,0 +1,262 @@
+"""Beam search over the K/V cache: greedy parity, exhaustive search, teacher-forced scores, invariants."""
+
+from __future__ import annotations
+
+import itertools
+import math
+from typing import Any
+
+import pytest
+import torch
+from torch import Tensor
+
+from attnlab.decoding import Hypothesis, beam_search, greedy_decode, length_penalty
+from attnlab.model.cache import KVCache
+from attnlab.model.transformer import Transformer
+from helpers import tiny_config
+
+PAD, BOS, EOS = 0, 1, 2
+
+
+class Steered(Transformer):
+    """A real Transformer with pad/bos suppressed (greedy may not pick them, beam search never does),
+    `eos_bias` added to the eos logit, and optionally eos pushed up at target position |S_b| - 1."""
+
+    eos_bias = 0.0
+    eos_at_source_length = False
+
+    def decode(
+        self, tgt: Tensor, memory: Tensor, src_mask: Tensor, *, cache: KVCache | None = None, **kw: Any
+    ):
+        offset = 0 if cache is None else cache.length
+        out = super().decode(tgt, memory, src_mask, cache=cache, **kw)
+        logits = (out[0] if isinstance(out, tuple) else out).clone()  # (B, T, V)
+        logits[..., [PAD, BOS]] = -1e4
+        logits[..., EOS] += self.eos_bias
+        if self.eos_at_source_length:
+            positions = offset + torch.arange(tgt.size(1))  # (T,)
+            logits[..., EOS] += 1e4 * (positions[None, :] == src_mask.sum(1, keepdim=True) - 1)
+        return (logits, out[1]) if isinstance(out, tuple) else logits
+
+
+def build(
+    seed: int = 0, vocab: int = 50, eos_bias: float = 0.0, at_length: bool = False, **kw: Any
+) -> Steered:
+    torch.manual_seed(seed)
+    model = Steered(tiny_config(src_vocab_size=vocab, tgt_vocab_size=vocab, **kw)).eval()
+    model.eos_bias, model.eos_at_source_length = eos_bias, at_length
+    return model
+
+
+def source(lengths: list[int], vocab: int = 50, seed: int = 0) -> Tensor:
+    """(B, max(lengths) + 1) random symbol ids ending in eos, right-padded."""
+    gen = torch.Generator().manual_seed(seed)
+    out = torch.full((len(lengths), max(lengths) + 1), PAD)
+    for i, n in enumerate(lengths):
+        out[i, :n] = torch.randint(4, vocab, (n,), generator=gen)
+        out[i, n] = EOS
+    return out
+
+
+@torch.no_grad()
+def teacher_forced_scores(model: Transformer, src: Tensor, seqs: list[list[int]]) -> Tensor:
+    """Sum of log p(y_t | y_<t, x) of each output sequence (all of one length) for one source (1, S)."""
+    ys = torch.tensor(seqs)  # (N, T)
+    start = torch.full((len(seqs), 1), model.config.start_id)
+    inputs = torch.cat([start, ys[:, :-1]], dim=1)  # (N, T)
+    lprobs = model(src.expand(len(seqs), -1), inputs).log_softmax(dim=-1)  # (N, T, V)
+    return lprobs.gather(2, ys[..., None]).squeeze(2).sum(dim=1)  # (N,)
+
+
+def check_invariants(hyps: list[Hypothesis], min_len: int = 1) -> None:
+    for h in hyps:
+        assert len(h.tokens) >= min_len
+        assert EOS not in h.tokens[:-1]
+        assert PAD not in h.tokens and BOS not in h.tokens
+    assert [h.normalized for h in hyps] == sorted((h.normalized for h in hyps), reverse=True)
+    assert len({tuple(h.tokens) for h in hyps}) == len(hyps)
+
+
+# ---------------------------------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("at_length", [False, True], ids=["plain", "eos-at-source-length"])
+@pytest.mark.parametrize("seed", [0, 1, 2])
+def test_beam_one_equals_greedy(at_length: bool, seed: int) -> None:
+    model = build(seed, eos_bias=2.0 if not at_length else 0.0, at_length=at_length)
+    src = source([7, 3, 5, 1], seed=seed)
+    greedy = greedy_decode(model, src, max_len_a=1.0, max_len_b=4)
+    result = beam_search(model, src, beam=1, alpha=0.0, max_len_a=1.0, max_len_b=4)
+    for row, (hyp,) in zip(greedy.tolist(), result, strict=True):
+        expected = row[: row.index(EOS) + 1] if EOS in row else [t for t in row if t != PAD]
+        assert hyp.tokens == expected
+
+
+@pytest.mark.parametrize(
+    ("vocab", "max_len", "beam", "seed", "eos_bias", "min_len"),
+    [(10, 3, 64, 5, 1.0, 1), (8, 4, 128, 4, 0.0, 2)],
+)
+def test_large_beam_finds_the_exhaustive_n_best(
+    vocab: int, max_len: int, beam: int, seed: int, eos_bias: float, min_len: int
+) -> None:
+    """With a beam wider than the number of live prefixes, beam search is exhaustive (alpha = 0)."""
+    model = build(seed=seed, vocab=vocab, eos_bias=eos_bias)
+    src = source([4], vocab=vocab, seed=seed)
+    symbols = [t for t in range(vocab) if t not in (PAD, BOS)]
+    every: list[tuple[float, list[int]]] = []
+    for n in range(min_len, max_len + 1):  # sequences ending at eos, or at the length limit without it
+        seqs = [
+            [*prefix, last]
+            for prefix in itertools.product([t for t in symbols if t != EOS], repeat=n - 1)
+            for last in symbols
+            if last == EOS or n == max_len
+        ]
+        every += zip(teacher_forced_scores(model, src, seqs).tolist(), seqs, strict=True)
+    every.sort(key=lambda pair: -pair[0])
+    hyps = beam_search(
+        model, src, beam=beam, alpha=0.0, max_len_a=0.0, max_len_b=max_len, min_len=min_len, n_best=5
+    )[0]
+    assert [h.tokens for h in hyps] == [seq for _, seq in every[:5]]
+    assert len({len(h.tokens) for h in hyps}) > 1  # finished hypotheses of different lengths compete
+    torch.testing.assert_close(
+        [h.score for h in hyps], [score for score, _ in every[:5]], rtol=1e-4, atol=1e-4
+    )
+    assert all(h.normalized == h.score for h in hyps)
+
+
+@pytest.mark.parametrize("alpha", [0.0, 0.6])
+def test_scores_equal_teacher_forced_log_probs(alpha: float) -> None:
+    model = build(seed=4, eos_bias=1.0, norm_first=True, pe="learned", tie="none")
+    src = source([5, 2, 6], seed=4)
+    results = beam_search(model, src, beam=4, alpha=alpha, n_best=4, max_len_a=1.0, max_len_b=2)
+    for i, hyps in enumerate(results):
+        assert len(hyps) == 4
+        check_invariants(hyps)
+        real = src[i : i + 1, : int((src[i] != PAD).sum())]
+        for h in hyps:
+            expected = float(teacher_forced_scores(model, real, [h.tokens])[0])
+            torch.testing.assert_close(h.score, expected, rtol=1e-4, atol=1e-4)
+            assert h.normalized == pytest.approx(h.score / length_penalty(len(h.tokens), alpha))
+
+
+def test_sentence_alone_equals_sentence_in_padded_batch() -> None:
+    model = build(seed=5, eos_bias=1.0)
+    lengths = [3, 9, 5]
+    batch = source(lengths, seed=5)
+    together = beam_search(model, batch, beam=3, n_best=3, max_len_b=3)
+    for i, n in enumerate(lengths):
+        alone = beam_search(model, batch[i : i + 1, : n + 1], beam=3, n_best=3, max_len_b=3)[0]
+        assert [h.tokens for h in alone] == [h.tokens for h in together[i]]
+        torch.testing.assert_close(
+            [h.score for h in alone], [h.score for h in together[i]], rtol=1e-5, atol=1e-5
+        )
+
+
+class Table(Transformer):
+    """Next-token probabilities looked up from the last decoder input alone (the real decoder still runs
+    to keep its cache): start -> eos .4, A .6; A -> eos .6, B .4; anything else -> eos.
+
+    Raw log-probability prefers [eos] (-0.92) over [A, eos] (-1.02) and [A, B, eos] (-1.43); with
+    alpha = 1 the normalized scores are -0.92, -0.88 and -1.07, so [A, eos] wins.
+    """
+
+    A, B = 4, 5
+
+    def decode(
+        self, tgt: Tensor, memory: Tensor, src_mask: Tensor, *, cache: KVCache | None = None, **kw: Any
+    ):
+        out = super().decode(tgt, memory, src_mask, cache=cache, **kw)
+        logits = out[0] if isinstance(out, tuple) else out
+        table = torch.full((logits.size(-1), logits.size(-1)), -1e4)  # (V, V): row = last input
+        table[:, EOS] = 0.0
+        table[self.config.start_id, [EOS, self.A]] = torch.tensor([0.4, 0.6]).log()
+        table[self.A, [EOS, self.B]] = torch.tensor([0.6, 0.4]).log()
+        fixed = table[tgt].log_softmax(dim=-1)  # (B, T, V)
+        return (fixed, out[1]) if isinstance(out, tuple) else fixed
+
+
+def test_length_penalty_changes_the_choice() -> None:
+    torch.manual_seed(0)
+    model = Table(tiny_config(src_vocab_size=12, tgt_vocab_size=12)).eval()
+    src = source([3], vocab=12)
+    raw = beam_search(model, src, beam=3, alpha=0.0, n_best=3)[0]
+    assert [h.tokens for h in raw] == [[EOS], [Table.A, EOS], [Table.A, Table.B, EOS]]
+    torch.testing.assert_close(raw[0].score, math.log(0.4))
+    normalized = beam_search(model, src, beam=3, alpha=1.0, n_best=3)[0]
+    assert [h.tokens for h in normalized] == [[Table.A, EOS], [EOS], [Table.A, Table.B, EOS]]
+    torch.testing.assert_close(normalized[0].normalized, math.log(0.36) / (7 / 6))
+    assert length_penalty(1, 0.0) == 1.0
+    assert length_penalty(7, 1.0) == pytest.approx(2.0)
+
+
+@pytest.mark.parametrize("min_len", [1, 3, 6])
+def test_min_len_and_generated_ids(min_len: int) -> None:
+    model = build(seed=6, eos_bias=3.0)
+    results = beam_search(model, source([4, 6], seed=6), beam=4, n_best=4, min_len=min_len, max_len_b=4)
+    for hyps in results:
+        assert len(hyps) == 4
+        check_invariants(hyps, min_len=min_len)
+    if min_len == 1:  # with a strong eos bias short outputs appear when allowed
+        assert any(len(h.tokens) < 3 for hyps in results for h in hyps)
+
+
+def test_forced_finish_at_the_length_limit_without_eos() -> None:
+    model = build(seed=7, eos_bias=-1e4)  # eos never wins
+    src = source([2, 5], seed=7)
+    for hyps, cap in zip(
+        beam_search(model, src, beam=3, n_best=3, max_len_a=1.0, max_len_b=1), [4, 7], strict=True
+    ):
+        assert [len(h.tokens) for h in hyps] == [cap] * 3
+        assert all(EOS not in h.tokens for h in hyps)
+
+
+@pytest.mark.parametrize(
+    ("kwargs", "message"),
+    [
+        ({"beam": 0}, "beam=0"),
+        ({"beam": 2, "n_best": 3}, "n_best=3"),
+        ({"n_best": 0}, "n_best=0"),
+        ({"min_len": 0}, "min_len=0"),
+        ({"alpha": -0.5}, "alpha=-0.5"),
+    ],
+)
+def test_argument_validation(kwargs: dict[str, Any], message: str) -> None:
+    with pytest.raises(ValueError, match=message):
+        beam_search(build(), source([3]), **kwargs)
+
+
+def test_attention_per_hypothesis() -> None:
+    model = build(seed=8, eos_bias=1.0)
+    lengths = [3, 6]
+    results = beam_search(model, source(lengths, seed=8), beam=3, n_best=2, need_attention=True)
+    for hyps, n in zip(results, lengths, strict=True):
+        for h in hyps:
+            assert h.attention is not None
+            assert h.attention.shape == (len(h.tokens), n + 1)  # real source: symbols + eos
+            torch.testing.assert_close(h.attention.sum(dim=-1), torch.ones(len(h.tokens)))
+    plain = beam_search(model, source(lengths, seed=8), beam=3, n_best=2)
+    assert [[h.tokens for h in hs] for hs in plain] == [[h.tokens for h in hs] for hs in results]
+    assert all(h.attention is None for hs in plain for h in hs)
+
+
+@pytest.mark.parametrize("training", [False, True])
+def test_runs_under_inference_mode_and_keeps_the_mode(training: bool) -> None:
+    model = build(dropout=0.0)
+    model.train(training)
+    (hyps,) = beam_search(model, source([4]), beam=2, n_best=2, need_attention=True)
+    assert all(h.attention is not None and not h.attention.requires_grad for h in hyps)
+    assert all(h.attention.is_inference() for h in hyps if h.attention is not None)
+    assert model.training is training
+    assert all(m.training is training for m in model.modules())
+
+
+@pytest.mark.parametrize("alpha", [0.0, 0.6])
+def test_stops_once_no_live_beam_can_beat_the_finished_ones(alpha: float) -> None:
+    model = build(seed=9, at_length=True)  # every beam's eos gets +1e4 at output length |S|
+    calls = []
+    decode = model.decode
+    model.decode = lambda *args, **kw: calls.append(1) or decode(*args, **kw)  # type: ignore[method-assign]
+    results = beam_search(model, source([2, 4], seed=9), beam=2, n_best=2, alpha=alpha, max_len_b=10)
+    assert len(calls) == 5  # the longest real source (4 symbols + eos), not its length cap 1.2·5 + 10
+    assert [max(len(h.tokens) for h in hyps) for hyps in results] == [3, 5]  # none outlives the eos push
+    assert all(h.tokens[-1] == EOS for hyps in results for h in hyps)
