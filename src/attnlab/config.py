@@ -16,6 +16,7 @@ from typing import Any
 
 from omegaconf import DictConfig, OmegaConf
 
+from attnlab.evaluation import DecodeConfig
 from attnlab.model.config import TransformerConfig
 from attnlab.optim import OptimConfig
 
@@ -59,6 +60,7 @@ class Experiment:
     model: TransformerConfig
     optim: OptimConfig
     data: Any
+    decode: DecodeConfig
 
 
 def _target_class(node: DictConfig, key: str) -> type:
@@ -154,7 +156,7 @@ def validate(cfg: DictConfig) -> Experiment:
     Raises:
         ConfigError: naming the offending key, its value and the fix.
     """
-    for key in ("model", "optim", "data", "trainer"):
+    for key in ("model", "optim", "data", "decode", "trainer"):
         if key not in cfg or cfg[key] is None:
             raise ConfigError(f"the config has no `{key}` node: select one, e.g. `{key}=<name>`")
     seed = cfg.get("seed")
@@ -163,5 +165,6 @@ def validate(cfg: DictConfig) -> Experiment:
     model = build_node(cfg.model, "model")
     optim = build_node(cfg.optim, "optim")
     data = build_node(cfg.data, "data")
+    decode = build_node(cfg.decode, "decode")
     _check_trainer(cfg.trainer)
-    return Experiment(model=_check_fit(model, data), optim=optim, data=data)
+    return Experiment(model=_check_fit(model, data), optim=optim, data=data, decode=decode)

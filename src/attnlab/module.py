@@ -12,7 +12,10 @@ import torch.nn.functional as F
 from torch import Tensor
 from torchmetrics import SumMetric
 
-from attnlab.decoding import greedy_decode
+from attnlab.data.batching import restore_order
+from attnlab.decoding import beam_search, greedy_decode
+from attnlab.evaluation import DecodeConfig
+from attnlab.metrics import score_all
 from attnlab.model.config import TransformerConfig
 from attnlab.model.transformer import Transformer
 from attnlab.optim import OptimConfig
@@ -53,24 +56,36 @@ class TranslationModule(L.LightningModule):
     Logs per step and epoch `train/loss` (label-smoothed), `train/nll`, `train/ppl`, `train/lr`,
     `train/tokens_per_sec` (non-padding target tokens over the whole step: forward, backward, optimizer,
     summed over ranks), `train/tokens_seen`; per validation epoch `val/loss`, `val/nll`,
-    `val/ppl`; on test `test/loss`, `test/ppl` and `test/exact_match` (greedy decoding). Parameter
-    counts go to the loggers at the start of fitting.
+    `val/ppl`, and every `decode.every_n_epochs` epochs `val/bleu` and `val/chrf` (detokenized
+    sacreBLEU on decoded validation sentences, corpora with a tokenizer only); on test `test/loss`,
+    `test/ppl` and `test/exact_match` (greedy decoding). Parameter counts go to the loggers at the start
+    of fitting.
 
     Args:
         model: The architecture (a `TransformerConfig` or its dict form, with vocabulary sizes set).
         optim: The objective and optimiser (an `OptimConfig` or its dict form).
+        decode: Decoding settings (a `DecodeConfig` or its dict form; defaults when omitted).
     """
 
     def __init__(
-        self, model: TransformerConfig | dict[str, Any], optim: OptimConfig | dict[str, Any]
+        self,
+        model: TransformerConfig | dict[str, Any],
+        optim: OptimConfig | dict[str, Any],
+        decode: DecodeConfig | dict[str, Any] | None = None,
     ) -> None:
         super().__init__()
         self.model_config = model if isinstance(model, TransformerConfig) else TransformerConfig(**model)
         self.optim_config = optim if isinstance(optim, OptimConfig) else OptimConfig(**optim)
+        self.decode_config = decode if isinstance(decode, DecodeConfig) else DecodeConfig(**(decode or {}))
         # Plain containers only, so checkpoints load with torch.load(weights_only=True).
         self.save_hyperparameters(
-            {"model": self.model_config.to_dict(), "optim": self.optim_config.to_dict()}
+            {
+                "model": self.model_config.to_dict(),
+                "optim": self.optim_config.to_dict(),
+                "decode": self.decode_config.to_dict(),
+            }
         )
+        self._val_hypotheses: list[tuple[int, list[int]]] | None = None
         self.model = Transformer(self.model_config)
         self.sums = torch.nn.ModuleDict(
             {name: SumMetric() for name in ("loss", "nll", "tokens", "exact", "sentences")}
@@ -139,11 +154,66 @@ class TranslationModule(L.LightningModule):
         for metric in self.sums.values():
             metric.reset()
 
+    def _decodes_this_epoch(self) -> bool:
+        every = self.decode_config.every_n_epochs
+        datamodule = getattr(self.trainer, "datamodule", None)
+        return (
+            every > 0
+            and (self.current_epoch + 1) % every == 0
+            and not self.trainer.sanity_checking
+            and getattr(datamodule, "tgt_tokenizer", None) is not None
+        )
+
+    def translate(self, src: Tensor, beam: int) -> list[list[int]]:
+        """Output ids (eos and padding removed) for source ids (B, S)."""
+        cfg = self.decode_config
+        if beam == 1:
+            rows = greedy_decode(self.model, src, max_len_a=cfg.max_len_a, max_len_b=cfg.max_len_b).tolist()
+        else:
+            best = beam_search(self.model, src, beam=beam, alpha=cfg.lenpen, max_len_a=cfg.max_len_a,
+                               max_len_b=cfg.max_len_b, min_len=cfg.min_len)  # fmt: skip
+            rows = [hyps[0].tokens for hyps in best]
+        eos = self.model_config.eos_id
+        return [row[: row.index(eos)] if eos in row else [t for t in row if t != self.model_config.pad_id]
+                for row in rows]  # fmt: skip
+
+    def on_validation_epoch_start(self) -> None:
+        self._val_hypotheses = [] if self._decodes_this_epoch() else None
+
     def validation_step(self, batch: dict[str, Tensor], batch_idx: int) -> None:
         self._accumulate(batch)
+        if self._val_hypotheses is None:
+            return
+        subset = self.decode_config.val_subset
+        keep = (
+            batch["index"] < subset
+            if subset is not None
+            else torch.ones_like(batch["index"], dtype=torch.bool)
+        )
+        if bool(keep.any()):
+            outputs = self.translate(batch["src"][keep], self.decode_config.val_beam)
+            self._val_hypotheses.extend(zip(batch["index"][keep].tolist(), outputs, strict=True))
+
+    def _score_validation(self) -> dict[str, float]:
+        """BLEU and chrF of the gathered validation decodes against the raw references."""
+        pairs = self._val_hypotheses
+        if self.trainer.world_size > 1:
+            gathered: list[Any] = [None] * self.trainer.world_size
+            torch.distributed.all_gather_object(gathered, pairs)
+            pairs = [pair for shard in gathered for pair in shard]
+        datamodule = self.trainer.datamodule
+        indices = [i for i, _ in pairs]
+        hypotheses = restore_order(indices, [datamodule.tgt_tokenizer.decode(ids) for _, ids in pairs])
+        references = [datamodule.references["val"][i] for i in sorted(indices)]
+        scores = score_all(hypotheses, references)
+        log.info("val BLEU %.2f (%s)", scores["bleu"].score, scores["bleu"].signature)
+        return {"val/bleu": scores["bleu"].score, "val/chrf": scores["chrf"].score}
 
     def on_validation_epoch_end(self) -> None:
         self._log_epoch("val")
+        if self._val_hypotheses is not None:
+            self.log_dict(self._score_validation(), prog_bar=True, sync_dist=False)
+            self._val_hypotheses = None
 
     def test_step(self, batch: dict[str, Tensor], batch_idx: int) -> None:
         self._accumulate(batch)

@@ -86,7 +86,7 @@ def train(cfg: DictConfig) -> dict[str, float]:
     check_special_ids(model, datamodule)
     if model.pe == "learned" and hasattr(datamodule, "limit_positions"):
         datamodule.limit_positions(model.max_positions)
-    module = TranslationModule(model=model, optim=experiment.optim)
+    module = TranslationModule(model=model, optim=experiment.optim, decode=experiment.decode)
     trainer: L.Trainer = instantiate(
         cfg.trainer,
         callbacks=_instantiate_all(cfg.get("callbacks")),

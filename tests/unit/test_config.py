@@ -57,7 +57,7 @@ def test_every_config_composes_and_validates(group: str, name: str, tmp_path: Pa
 def _nodes(cfg: DictConfig) -> list[tuple[str, DictConfig]]:
     """Every node with a `_target_` (top-level groups and the entries of logger/callbacks)."""
     out = []
-    for key in ("model", "optim", "data", "trainer"):
+    for key in ("model", "optim", "data", "decode", "trainer"):
         out.append((key, cfg[key]))
     for key in ("logger", "callbacks"):
         out.extend((f"{key}.{name}", node) for name, node in (cfg.get(key) or {}).items())
@@ -111,7 +111,7 @@ def test_every_cpu_node_instantiates(group: str, name: str, tmp_path: Path) -> N
         assert model.config.d_model == cfg.model.d_model
     datamodule = experiment.data.datamodule()  # real corpora are prepared only in setup
     assert isinstance(datamodule, L.LightningDataModule)
-    for _, node in _nodes(cfg)[4:]:  # loggers and callbacks
+    for _, node in _nodes(cfg)[5:]:  # loggers and callbacks
         instantiate(node)
     trainer_name = name if group == "trainer" else "default"
     if trainer_name in BUILDABLE_TRAINERS:
@@ -171,6 +171,10 @@ INVALID = [
     (["trainer.devices=0"], "trainer.devices=0 must be a positive count"),
     (["trainer.gradient_clip_val=-1"], "trainer.gradient_clip_val=-1 must be a number >= 0"),
     (["seed=abc"], "seed='abc' must be an integer"),
+    (["decode.beam=0"], "decode.beam=0 must be positive"),
+    (["decode.lenpen=-1"], "decode.lenpen=-1.0 must be >= 0"),
+    (["decode.every_n_epochs=-1"], "decode.every_n_epochs=-1 must be >= 0"),
+    (["decode.val_subset=0"], "decode.val_subset=0 must be positive"),
     (["data._target_=attnlab.data.Nope"], "data._target_=attnlab.data.Nope cannot be imported"),
 ]
 

@@ -1,0 +1,49 @@
+"""Decoding settings for evaluation (torch-free): `DecodeConfig`, the `decode` config node."""
+
+from __future__ import annotations
+
+import dataclasses
+from dataclasses import dataclass
+from typing import Any
+
+from attnlab.typed import check_fields, require, require_positive
+
+
+@dataclass(frozen=True)
+class DecodeConfig:
+    """How translations are produced and scored.
+
+    Args:
+        beam: Beam size for test-set evaluation (1 = greedy).
+        lenpen: GNMT length-penalty exponent α in ((5 + |Y|) / 6)^α (0 = none).
+        max_len_a: Output length limit a in a · |S| + b.
+        max_len_b: Output length limit b.
+        min_len: Shortest output (eos included).
+        every_n_epochs: During training, decode the validation set and log `val/bleu` and `val/chrf`
+            every n epochs (0: never). Needs a corpus with a tokenizer (not `data=synthetic`).
+        val_beam: Beam size of those validation decodes (1 = greedy, the fast default).
+        val_subset: Decode only the first n validation sentences (null: all).
+    """
+
+    beam: int = 5
+    lenpen: float = 0.6
+    max_len_a: float = 1.2
+    max_len_b: int = 10
+    min_len: int = 1
+    every_n_epochs: int = 1
+    val_beam: int = 1
+    val_subset: int | None = None
+
+    def __post_init__(self) -> None:
+        check_fields(self)
+        require_positive(self, "beam", "val_beam", "min_len")
+        require(self.lenpen >= 0, f"lenpen={self.lenpen} must be >= 0")
+        require(self.max_len_a >= 0 and self.max_len_b >= 0, "max_len_a and max_len_b must be >= 0")
+        require(self.every_n_epochs >= 0, f"every_n_epochs={self.every_n_epochs} must be >= 0 (0: never)")
+        require(
+            self.val_subset is None or self.val_subset > 0, f"val_subset={self.val_subset} must be positive"
+        )
+
+    def to_dict(self) -> dict[str, Any]:
+        """Plain-Python form (for checkpoints and loggers)."""
+        return dataclasses.asdict(self)
