@@ -12,7 +12,6 @@ import torch.nn.functional as F
 from torch import Tensor
 from torchmetrics import SumMetric
 
-from attnlab.data.batching import restore_order
 from attnlab.decoding import beam_search, greedy_decode
 from attnlab.evaluation import DecodeConfig
 from attnlab.metrics import score_all
@@ -201,10 +200,16 @@ class TranslationModule(L.LightningModule):
             gathered: list[Any] = [None] * self.trainer.world_size
             torch.distributed.all_gather_object(gathered, pairs)
             pairs = [pair for shard in gathered for pair in shard]
-        datamodule = self.trainer.datamodule
+        # Original order; a limited validation (fast_dev_run, limit_val_batches) scores what it decoded.
+        pairs = sorted(pairs)
         indices = [i for i, _ in pairs]
-        hypotheses = restore_order(indices, [datamodule.tgt_tokenizer.decode(ids) for _, ids in pairs])
-        references = [datamodule.references["val"][i] for i in sorted(indices)]
+        if len(set(indices)) != len(indices):
+            raise RuntimeError(
+                "validation decoding saw a sentence twice: the evaluation sampler repeated examples"
+            )
+        datamodule = self.trainer.datamodule
+        hypotheses = [datamodule.tgt_tokenizer.decode(ids) for _, ids in pairs]
+        references = [datamodule.references["val"][i] for i in indices]
         scores = score_all(hypotheses, references)
         log.info("val BLEU %.2f (%s)", scores["bleu"].score, scores["bleu"].signature)
         return {"val/bleu": scores["bleu"].score, "val/chrf": scores["chrf"].score}
