@@ -14,8 +14,10 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+import torch
 from hydra import compose, initialize_config_dir
 from omegaconf import DictConfig
+from torch import Tensor
 
 from attnlab.config import config_dir, register_resolvers
 from attnlab.data.download import MULTI30K_COMMIT
@@ -30,6 +32,16 @@ TINY = {
     "n_encoder_layers": 2,
     "n_decoder_layers": 2,
 }
+
+
+def random_source(lengths: list[int], vocab: int = 50, seed: int = 0) -> Tensor:
+    """(B, max(lengths) + 1) random symbol ids (>= 4) ending in eos (2), right-padded with pad (0)."""
+    gen = torch.Generator().manual_seed(seed)
+    out = torch.full((len(lengths), max(lengths) + 1), 0)
+    for i, n in enumerate(lengths):
+        out[i, :n] = torch.randint(4, vocab, (n,), generator=gen)
+        out[i, n] = 2
+    return out
 
 
 def tiny_config(**overrides: Any) -> TransformerConfig:

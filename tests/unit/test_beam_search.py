@@ -13,7 +13,7 @@ from torch import Tensor
 from attnlab.decoding import Hypothesis, beam_search, greedy_decode, length_penalty
 from attnlab.model.cache import KVCache
 from attnlab.model.transformer import Transformer
-from helpers import tiny_config
+from helpers import random_source, tiny_config
 
 PAD, BOS, EOS = 0, 1, 2
 
@@ -49,13 +49,7 @@ def build(
 
 
 def source(lengths: list[int], vocab: int = 50, seed: int = 0) -> Tensor:
-    """(B, max(lengths) + 1) random symbol ids ending in eos, right-padded."""
-    gen = torch.Generator().manual_seed(seed)
-    out = torch.full((len(lengths), max(lengths) + 1), PAD)
-    for i, n in enumerate(lengths):
-        out[i, :n] = torch.randint(4, vocab, (n,), generator=gen)
-        out[i, n] = EOS
-    return out
+    return random_source(lengths, vocab, seed)
 
 
 @torch.no_grad()

@@ -11,7 +11,7 @@ from torch import Tensor
 from attnlab.decoding import greedy_decode
 from attnlab.model.cache import KVCache
 from attnlab.model.transformer import Transformer
-from helpers import tiny_config
+from helpers import random_source, tiny_config
 
 V, PAD, BOS, EOS = 50, 0, 1, 2
 
@@ -48,13 +48,7 @@ def build(cls: type[Transformer] = Transformer, seed: int = 0, **overrides: Any)
 
 
 def source(lengths: list[int], seed: int = 0) -> Tensor:
-    """(B, max(lengths) + 1) random symbol ids ending in eos, right-padded."""
-    gen = torch.Generator().manual_seed(seed)
-    out = torch.full((len(lengths), max(lengths) + 1), PAD)
-    for i, n in enumerate(lengths):
-        out[i, :n] = torch.randint(4, V, (n,), generator=gen)
-        out[i, n] = EOS
-    return out
+    return random_source(lengths, V, seed)
 
 
 @torch.no_grad()
