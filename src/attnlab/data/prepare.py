@@ -130,6 +130,11 @@ def _build(spec: CorpusData, raw: dict[str, Text], out: Path) -> None:
         )
         stats[f"{name}_examples"] = len(src_ids)
     stats["build_seconds"] = round(time.perf_counter() - started, 3)
+    log.info(
+        "training pairs: %d lines, %d dropped as empty, dropped by the length filters: %s; kept %d",
+        stats["train_lines"], stats["dropped_empty"], stats["dropped_filter"] or "none",
+        stats["train_examples"],
+    )  # fmt: skip
     stats["splits"] = list(raw)
     (out / "stats.json").write_text(json.dumps(stats, indent=2))
 
