@@ -130,13 +130,12 @@ def _check_fit(model: TransformerConfig, data: Any) -> TransformerConfig:
             "model.tie=all shares one embedding between source and target, but data.joint_vocab=false: "
             "set data.joint_vocab=true or model.tie=decoder"
         )
+    if model.src_vocab_size is not None or model.tgt_vocab_size is not None:
+        raise ConfigError(
+            "model.src_vocab_size/model.tgt_vocab_size are set by the data: remove them from the model config"
+        )
     vocab = getattr(data, "fixed_vocab_size", None)
     if vocab is not None:
-        if model.src_vocab_size is not None or model.tgt_vocab_size is not None:
-            raise ConfigError(
-                "model.src_vocab_size/model.tgt_vocab_size are set by the data: remove them from the model "
-                "config"
-            )
         try:
             model = model.with_vocab(vocab, vocab)
         except ValueError as exc:

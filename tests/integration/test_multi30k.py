@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import csv
 import gzip
-import time
 from pathlib import Path
 from typing import Any
 
@@ -62,10 +61,8 @@ def test_offline_root_reuses_the_prepared_cache_without_network(
     first = validate(downloaded_run["cfg"]).data
     assert prepared_dir(spec) == prepared_dir(first)  # same content, same key, whatever the path
     built = prepared_dir(spec).stat().st_mtime
-    started = time.perf_counter()
     datamodule = spec.datamodule()
-    datamodule.setup()
-    assert time.perf_counter() - started < 60  # loads; a rebuild would retrain the tokenizer
+    datamodule.setup()  # loads: a rebuild would replace the directory (and its mtime)
     assert prepared_dir(spec).stat().st_mtime == built
     assert len(datamodule.references["test2016"]) == 1000
     assert datamodule.references["val"][0] == (shared_data / "multi30k" / "val.en").read_text().split("\n")[0]

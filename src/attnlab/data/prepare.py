@@ -79,10 +79,6 @@ def _keep_for_training(spec: CorpusData, src: list[int], tgt: list[int]) -> str 
     return None
 
 
-def _encode(tokenizer: SubwordTokenizer, lines: list[str]) -> list[list[int]]:
-    return tokenizer.encode_batch(lines)
-
-
 def _build(spec: CorpusData, raw: dict[str, Text], out: Path) -> None:
     started = time.perf_counter()
     src_train, tgt_train = raw["train"]
@@ -106,8 +102,8 @@ def _build(spec: CorpusData, raw: dict[str, Text], out: Path) -> None:
     for name, (src_lines, tgt_lines) in raw.items():
         if name == "train":
             src_lines, tgt_lines = src_texts, tgt_texts
-        src_ids = [[*ids, EOS_ID] for ids in _encode(src_tok, src_lines)]
-        tgt_ids = _encode(tgt_tok, tgt_lines)
+        src_ids = [[*ids, EOS_ID] for ids in src_tok.encode_batch(src_lines)]
+        tgt_ids = tgt_tok.encode_batch(tgt_lines)
         if name == "train":
             keep, dropped = [], {}
             for i, (s, t) in enumerate(zip(src_ids, tgt_ids, strict=True)):

@@ -54,18 +54,14 @@ class SubwordTokenizer:
         tokenizer.pre_tokenizer = pre_tokenizers.Metaspace()
         tokenizer.decoder = decoders.Metaspace()
         lines = [normalize(t) for t in texts]
-        too_small = ValueError(
-            f"vocab_size={vocab_size} cannot hold the special tokens plus the "
-            f"{len(set(''.join(lines)) | {'▁'})} distinct characters of the training text: raise vocab_size"
-        )
         try:
             tokenizer.train_from_iterator(lines, trainer)
         except Exception as exc:  # the Rust trainer raises a bare Exception
             if "not large enough" in str(exc):
-                raise too_small from None
+                raise _vocab_too_small(vocab_size, lines) from None
             raise
         if tokenizer.get_vocab_size() > vocab_size:  # BPE keeps every character whatever the budget
-            raise too_small
+            raise _vocab_too_small(vocab_size, lines)
         return cls(tokenizer)
 
     @classmethod
@@ -107,6 +103,14 @@ class SubwordTokenizer:
     def pieces(self, text: str) -> list[str]:
         """The subword pieces of `text` (for inspection)."""
         return self.tokenizer.encode(normalize(text)).tokens
+
+
+def _vocab_too_small(vocab_size: int, lines: list[str]) -> ValueError:
+    characters = len(set("".join(lines)) | {"▁"})
+    return ValueError(
+        f"vocab_size={vocab_size} cannot hold the special tokens plus the {characters} distinct characters "
+        "of the training text: raise vocab_size"
+    )
 
 
 def _no_specials(ids: list[int]) -> list[int]:
