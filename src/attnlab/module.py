@@ -44,8 +44,8 @@ def label_smoothed_nll_loss(
     keep = target != ignore_index
     nll = -lprobs.gather(-1, target.clamp(min=0)[:, None]).squeeze(-1)  # (N,)
     smooth = -lprobs.mean(dim=-1)  # (N,)
-    nll_sum = nll[keep].sum()
-    loss_sum = (1.0 - epsilon) * nll_sum + epsilon * smooth[keep].sum()
+    nll_sum = (nll * keep).sum()  # masks instead of boolean indexing: no data-dependent shapes
+    loss_sum = (1.0 - epsilon) * nll_sum + epsilon * (smooth * keep).sum()
     return loss_sum, nll_sum, keep.sum()
 
 
@@ -117,10 +117,11 @@ class TranslationModule(L.LightningModule):
         loss_sum, nll_sum, n_tokens = self._loss(batch, self.optim_config.label_smoothing)
         n = n_tokens.clamp(min=1)
         loss, nll = loss_sum / n, nll_sum / n
-        self._step_tokens = int(n_tokens) * self.trainer.world_size
+        local_tokens = int(n_tokens)  # one host sync per step, shared by the logging below
+        self._step_tokens = local_tokens * self.trainer.world_size
         self.log_dict(
             {"train/loss": loss, "train/nll": nll, "train/ppl": torch.exp(nll.detach())},
-            on_step=True, on_epoch=True, prog_bar=True, batch_size=int(n_tokens),
+            on_step=True, on_epoch=True, prog_bar=True, batch_size=local_tokens,
         )  # fmt: skip
         return loss
 
