@@ -261,6 +261,7 @@ INVALID_CORPUS = [
         ["data.joint_vocab=false"],
         "model.tie=all shares one embedding between source and target, but data.joint",
     ),
+    (["+model.tgt_vocab_size=8000"], "model.src_vocab_size/model.tgt_vocab_size are set by the data"),
 ]
 
 
