@@ -239,8 +239,14 @@ class TranslationModule(L.LightningModule):
             self.parameters(), lr=1.0, betas=cfg.betas, eps=cfg.eps, weight_decay=cfg.weight_decay
         )
         d_model = self.model_config.d_model
+        total = None
+        if cfg.schedule == "linear" and cfg.total_steps is None:
+            total = int(self.trainer.estimated_stepping_batches)
+            cfg.lr_at(1, d_model, total)  # fails now, naming the fix, when the run is too short
         # LambdaLR multiplies the base lr (1.0) by lr_at(step); it counts optimizer steps from 0.
-        scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, lambda step: cfg.lr_at(step + 1, d_model))
+        scheduler = torch.optim.lr_scheduler.LambdaLR(
+            optimizer, lambda step: cfg.lr_at(step + 1, d_model, total)
+        )
         return {"optimizer": optimizer, "lr_scheduler": {"scheduler": scheduler, "interval": "step"}}
 
 

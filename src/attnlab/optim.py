@@ -9,7 +9,7 @@ from typing import Any, Literal
 
 from attnlab.typed import check_fields, require, require_positive, require_probability
 
-Schedule = Literal["noam", "inverse_sqrt"]
+Schedule = Literal["noam", "inverse_sqrt", "linear"]
 
 
 @dataclass(frozen=True)
@@ -19,14 +19,18 @@ class OptimConfig:
     Args:
         schedule: `noam`: lr = lr_scale · D^-0.5 · min(step^-0.5, step · warmup^-1.5) (§5.3, eq. 3);
             `inverse_sqrt`: lr = peak_lr · min(step / warmup, sqrt(warmup / step)), i.e. linear warm-up
-            to `peak_lr`, then decay ∝ step^-0.5 (fairseq's inverse_sqrt).
+            to `peak_lr`, then decay ∝ step^-0.5 (fairseq's inverse_sqrt);
+            `linear`: linear warm-up to `peak_lr`, then linear decay to 0 at `total_steps` — a schedule
+            fitted to a fixed budget, which ends training at a small learning rate.
         lr_scale: Multiplier of the `noam` schedule (1.0 in the paper).
-        peak_lr: Peak learning rate of `inverse_sqrt`.
+        peak_lr: Peak learning rate of `inverse_sqrt` and `linear`.
         warmup_steps: Warm-up length in optimizer steps (4000 in the paper).
         betas: Adam β1, β2 (0.9, 0.98 in the paper).
         eps: Adam ε (1e-9 in the paper).
         weight_decay: Decoupled weight decay (AdamW) when > 0; plain Adam when 0.
         label_smoothing: ε_ls of the label-smoothed cross-entropy (0.1 in the paper); padding is ignored.
+        total_steps: Length of the `linear` schedule in optimizer steps; None: all the optimizer steps
+            of the run (`trainer.max_epochs` or `trainer.max_steps`, as Lightning estimates them).
     """
 
     schedule: Schedule = "noam"
@@ -37,6 +41,7 @@ class OptimConfig:
     eps: float = 1e-9
     weight_decay: float = 0.0
     label_smoothing: float = 0.1
+    total_steps: int | None = None
 
     def __post_init__(self) -> None:
         check_fields(self)
@@ -44,13 +49,30 @@ class OptimConfig:
         require_probability(self, "label_smoothing")
         require(all(0.0 <= b < 1.0 for b in self.betas), f"betas={list(self.betas)} must each be in [0, 1)")
         require(self.weight_decay >= 0.0, f"weight_decay={self.weight_decay} must be >= 0")
+        if self.total_steps is not None:
+            require(
+                self.total_steps > self.warmup_steps,
+                f"total_steps={self.total_steps} must be more than warmup_steps={self.warmup_steps}",
+            )
 
-    def lr_at(self, step: int, d_model: int) -> float:
-        """Learning rate at optimizer step `step` (counted from 1)."""
+    def lr_at(self, step: int, d_model: int, total_steps: int | None = None) -> float:
+        """Learning rate at optimizer step `step` (counted from 1).
+
+        `total_steps` is the length of a `linear` schedule when `self.total_steps` is None.
+        """
         step = max(step, 1)
         if self.schedule == "noam":
             return self.lr_scale * d_model**-0.5 * min(step**-0.5, step * self.warmup_steps**-1.5)
-        return self.peak_lr * min(step / self.warmup_steps, math.sqrt(self.warmup_steps / step))
+        if self.schedule == "inverse_sqrt":
+            return self.peak_lr * min(step / self.warmup_steps, math.sqrt(self.warmup_steps / step))
+        total = self.total_steps or total_steps
+        if total is None or total <= self.warmup_steps:
+            raise ValueError(
+                f"the linear schedule needs total_steps > warmup_steps={self.warmup_steps}, got {total}: "
+                "set optim.total_steps or lower optim.warmup_steps"
+            )
+        decay = max(0.0, (total - step) / (total - self.warmup_steps))
+        return self.peak_lr * min(step / self.warmup_steps, decay)
 
     def to_dict(self) -> dict[str, Any]:
         """Plain-Python form (for checkpoints and loggers)."""
