@@ -9,3 +9,7 @@ python -c "import torch; print('torch', torch.__version__, 'cuda', torch.cuda.is
 WANDB_MODE=disabled python -m pytest -m gpu -q -p no:cacheprovider
 WANDB_MODE=disabled ATTNLAB_LOG_DIR="${OUT:-/tmp}/logs" \
   python -m attnlab.cli.train experiment=synthetic_pe trainer=gpu trainer.max_epochs=3 trainer.enable_progress_bar=false
+# Decoding speed on the GPU (random model=small: outputs run to the length limit, a worst case).
+if [ -d ../shared/data/multi30k ]; then
+  python scripts/bench_decode.py --root ../shared/data/multi30k --device cuda --batch-sizes 64 --sweep-sentences 200
+fi

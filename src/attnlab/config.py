@@ -167,3 +167,41 @@ def validate(cfg: DictConfig) -> Experiment:
     decode = build_node(cfg.decode, "decode")
     _check_trainer(cfg.trainer)
     return Experiment(model=_check_fit(model, data), optim=optim, data=data, decode=decode)
+
+
+SCORED_METRICS = ("val/bleu", "val/chrf")
+
+
+def resolve_monitor(cfg: DictConfig, experiment: Experiment) -> None:
+    """Fill in the `auto` values of `cfg.monitor` (in place; see `conf/train.yaml`).
+
+    Raises:
+        ConfigError: A BLEU/chrF monitor without validation decodes, or an unknown mode.
+    """
+    node = cfg.get("monitor")
+    if node is None:
+        return
+    from attnlab.data.corpora import CorpusData  # torch-free, like everything validate() builds
+
+    has_text = isinstance(experiment.data, CorpusData)
+    decodes = has_text and experiment.decode.every_n_epochs > 0
+    metric = node.get("metric", "auto")
+    if metric == "auto":
+        metric = "val/bleu" if decodes else "val/loss"
+    if metric in SCORED_METRICS and not decodes:
+        why = "the data has no text to score" if not has_text else "decode.every_n_epochs=0 turns them off"
+        raise ConfigError(
+            f"monitor.metric={metric} needs validation decodes, but {why}: use monitor.metric=val/loss "
+            "(or auto)"
+        )
+    mode = node.get("mode", "auto")
+    if mode == "auto":
+        mode = "max" if metric.endswith(("bleu", "chrf", "exact_match")) else "min"
+    if mode not in ("min", "max"):
+        raise ConfigError(f"monitor.mode={mode!r} must be min, max or auto")
+    every = node.get("every_n_epochs", "auto")
+    if every == "auto":
+        every = experiment.decode.every_n_epochs if metric in SCORED_METRICS else 1
+    if not isinstance(every, int) or isinstance(every, bool) or every < 1:
+        raise ConfigError(f"monitor.every_n_epochs={every!r} must be a positive integer or auto")
+    node.metric, node.mode, node.every_n_epochs = metric, mode, every

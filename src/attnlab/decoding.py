@@ -23,7 +23,9 @@ def max_output_lengths(src: Tensor, pad_id: int, a: float, b: int) -> Tensor:
 
 
 @torch.inference_mode()
-def greedy_decode(model: Transformer, src: Tensor, *, max_len_a: float = 1.0, max_len_b: int = 10) -> Tensor:
+def greedy_decode(
+    model: Transformer, src: Tensor, *, max_len_a: float = 1.0, max_len_b: int = 10, use_cache: bool = True
+) -> Tensor:
     """Pick the most probable token at each step until every sentence has produced eos.
 
     Args:
@@ -31,25 +33,30 @@ def greedy_decode(model: Transformer, src: Tensor, *, max_len_a: float = 1.0, ma
         src: Source ids (B, S), padded with the model's pad id.
         max_len_a: Output length limit a in a · |S| + b (per sentence, eos included).
         max_len_b: Output length limit b.
+        use_cache: Feed one token per step over the K/V cache (the default); False re-runs the decoder
+            over the whole prefix at every step (the same result, slower; for benchmarks and tests).
 
     Returns:
         Output ids (B, T) without the start token, eos included, padded with pad after eos.
     """
     cfg = model.config
     memory, src_mask = model.encode(src)
-    cache = model.new_cache()
+    cache = model.new_cache() if use_cache else None
     batch = src.size(0)
     token = torch.full((batch, 1), cfg.start_id, dtype=torch.long, device=src.device)
+    prefix = token
     limits = max_output_lengths(src, cfg.pad_id, max_len_a, max_len_b)  # (B,)
     if cfg.pe == "learned":
         limits = limits.clamp(max=cfg.max_positions)  # decoder inputs need a position each
     finished = torch.zeros(batch, dtype=torch.bool, device=src.device)
     steps = []
     for step in range(int(limits.max())):
-        logits = model.decode(token, memory, src_mask, cache=cache)  # (B, 1, V)
+        logits = model.decode(token if use_cache else prefix, memory, src_mask, cache=cache)  # (B, 1|t, V)
         token = logits[:, -1].argmax(dim=-1, keepdim=True)  # (B, 1)
         token = token.masked_fill(finished[:, None], cfg.pad_id)
         steps.append(token)
+        if not use_cache:
+            prefix = torch.cat([prefix, token], dim=1)
         finished |= (token.squeeze(1) == cfg.eos_id) | (limits <= step + 1)
         if bool(finished.all()):
             break
@@ -129,6 +136,7 @@ def beam_search(
     min_len: int = 1,
     n_best: int = 1,
     need_attention: bool = False,
+    use_cache: bool = True,
 ) -> list[list[Hypothesis]]:
     """Beam search over the incremental K/V cache, B sentences × K beams decoded as one (B·K) batch.
 
@@ -152,6 +160,8 @@ def beam_search(
         min_len: Shortest output allowed, eos included.
         n_best: Hypotheses returned per sentence (<= beam).
         need_attention: Also return each hypothesis' cross-attention (see `Hypothesis.attention`).
+        use_cache: Decode over the K/V cache (the default); False re-runs the decoder over each beam's
+            whole prefix at every step (the same result, slower; for benchmarks and tests).
 
     Returns:
         Per sentence, its `n_best` best hypotheses sorted by normalized score, best first.
@@ -168,8 +178,9 @@ def beam_search(
     if cfg.pe == "learned":
         limits = limits.clamp(max=cfg.max_positions)  # decoder inputs need a position each
     limit_list = limits.tolist()
-    cache = model.new_cache()
+    cache = model.new_cache() if use_cache else None
     token = torch.full((batch * k, 1), cfg.start_id, dtype=torch.long, device=device)
+    start = token
     history = torch.empty(batch * k, 0, dtype=torch.long, device=device)  # (B·K, T) outputs so far
     attn = None  # (B·K, T, S) cross-attention of the outputs so far, when asked
     if need_attention:
@@ -189,7 +200,8 @@ def beam_search(
 
     for step in range(int(limits.max())):
         length = step + 1  # output length of this step's candidates, eos included
-        out = model.decode(token, memory, beam_mask, cache=cache, need_weights=need_attention)
+        fed = token if use_cache else torch.cat([start, history], dim=1)  # (B·K, 1 | T+1)
+        out = model.decode(fed, memory, beam_mask, cache=cache, need_weights=need_attention)
         logits, weights = out if need_attention else (out, None)
         lprobs = logits[:, -1].float().log_softmax(dim=-1)  # (B·K, V)
         lprobs[:, never] = -math.inf
@@ -218,7 +230,8 @@ def beam_search(
         history = torch.cat([history.index_select(0, flat), token], dim=1)  # (B·K, T+1)
         if attn is not None:
             attn = torch.cat([attn.index_select(0, flat), step_attn.index_select(0, flat)], dim=1)
-        cache.reorder(flat)
+        if cache is not None:
+            cache.reorder(flat)
         for b in range(batch):
             if done[b]:
                 continue
@@ -231,3 +244,27 @@ def beam_search(
         if all(done):
             break
     return [sentence.hyps[:n_best] for sentence in kept]
+
+
+def translate_ids(
+    model: Transformer,
+    src: Tensor,
+    *,
+    beam: int,
+    alpha: float,
+    max_len_a: float,
+    max_len_b: int,
+    min_len: int = 1,
+    use_cache: bool = True,
+) -> list[list[int]]:
+    """The best output ids of each sentence, eos and padding removed: greedy when `beam` is 1."""
+    cfg = model.config
+    if beam == 1:
+        out = greedy_decode(model, src, max_len_a=max_len_a, max_len_b=max_len_b, use_cache=use_cache)
+        rows = out.tolist()
+    else:
+        best = beam_search(model, src, beam=beam, alpha=alpha, max_len_a=max_len_a, max_len_b=max_len_b,
+                           min_len=min_len, use_cache=use_cache)  # fmt: skip
+        rows = [hyps[0].tokens for hyps in best]
+    return [row[: row.index(cfg.eos_id)] if cfg.eos_id in row else [t for t in row if t != cfg.pad_id]
+            for row in rows]  # fmt: skip

@@ -23,6 +23,9 @@ class DecodeConfig:
             every n epochs (0: never). Needs a corpus with a tokenizer (not `data=synthetic`).
         val_beam: Beam size of those validation decodes (1 = greedy, the fast default).
         val_subset: Decode only the first n validation sentences (null: all).
+        batch_size: Most sentences per decoding batch outside training (each holds `beam` hypotheses).
+        max_tokens: Most source tokens (padding included) per decoding batch outside training (null: no
+            token budget, `batch_size` alone).
     """
 
     beam: int = 5
@@ -33,10 +36,15 @@ class DecodeConfig:
     every_n_epochs: int = 1
     val_beam: int = 1
     val_subset: int | None = None
+    batch_size: int = 64
+    max_tokens: int | None = None
 
     def __post_init__(self) -> None:
         check_fields(self)
-        require_positive(self, "beam", "val_beam", "min_len")
+        require_positive(self, "beam", "val_beam", "min_len", "batch_size")
+        require(
+            self.max_tokens is None or self.max_tokens > 0, f"max_tokens={self.max_tokens} must be positive"
+        )
         require(self.lenpen >= 0, f"lenpen={self.lenpen} must be >= 0")
         require(self.max_len_a >= 0 and self.max_len_b >= 0, "max_len_a and max_len_b must be >= 0")
         require(self.every_n_epochs >= 0, f"every_n_epochs={self.every_n_epochs} must be >= 0 (0: never)")

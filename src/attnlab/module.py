@@ -12,7 +12,8 @@ import torch.nn.functional as F
 from torch import Tensor
 from torchmetrics import SumMetric
 
-from attnlab.decoding import beam_search, greedy_decode
+from attnlab.checkpoint import BUNDLE_KEY, bundle
+from attnlab.decoding import greedy_decode, translate_ids
 from attnlab.evaluation import DecodeConfig
 from attnlab.metrics import score_all
 from attnlab.model.config import TransformerConfig
@@ -167,15 +168,8 @@ class TranslationModule(L.LightningModule):
     def translate(self, src: Tensor, beam: int) -> list[list[int]]:
         """Output ids (eos and padding removed) for source ids (B, S)."""
         cfg = self.decode_config
-        if beam == 1:
-            rows = greedy_decode(self.model, src, max_len_a=cfg.max_len_a, max_len_b=cfg.max_len_b).tolist()
-        else:
-            best = beam_search(self.model, src, beam=beam, alpha=cfg.lenpen, max_len_a=cfg.max_len_a,
-                               max_len_b=cfg.max_len_b, min_len=cfg.min_len)  # fmt: skip
-            rows = [hyps[0].tokens for hyps in best]
-        eos = self.model_config.eos_id
-        return [row[: row.index(eos)] if eos in row else [t for t in row if t != self.model_config.pad_id]
-                for row in rows]  # fmt: skip
+        return translate_ids(self.model, src, beam=beam, alpha=cfg.lenpen, max_len_a=cfg.max_len_a,
+                             max_len_b=cfg.max_len_b, min_len=cfg.min_len)  # fmt: skip
 
     def on_validation_epoch_start(self) -> None:
         self._val_hypotheses = [] if self._decodes_this_epoch() else None
@@ -229,6 +223,12 @@ class TranslationModule(L.LightningModule):
 
     def on_test_epoch_end(self) -> None:
         self._log_epoch("test")
+
+    # -- checkpoints ----------------------------------------------------------------------------------
+
+    def on_save_checkpoint(self, checkpoint: dict[str, Any]) -> None:
+        """Store what inference needs besides the weights: tokenizers (JSON) and data settings."""
+        checkpoint[BUNDLE_KEY] = bundle(getattr(self.trainer, "datamodule", None))
 
     # -- optimisation ---------------------------------------------------------------------------------
 

@@ -12,7 +12,7 @@ from typing import TYPE_CHECKING, Any
 
 from omegaconf import DictConfig, OmegaConf
 
-from attnlab.config import ConfigError, validate
+from attnlab.config import ConfigError, Experiment, resolve_monitor, validate
 
 if TYPE_CHECKING:
     from attnlab.data.datamodule import ParallelDataModule
@@ -64,19 +64,46 @@ def train(cfg: DictConfig) -> dict[str, float]:
         ConfigError: before any heavy import, for a wrong config value.
     """
     experiment = validate(cfg)
+    resolve_monitor(cfg, experiment)
     output_dir = Path(cfg.paths.output_dir)
     output_dir.mkdir(parents=True, exist_ok=True)
     OmegaConf.save(OmegaConf.create(resolved_config(cfg)), output_dir / "config.yaml")
 
     import lightning as L
+    from lightning.pytorch.utilities import rank_zero_only
+
+    from attnlab.manifest import now, start_manifest, write_manifest
+
+    is_zero = rank_zero_only.rank == 0  # under DDP every rank runs this; one writes the manifest
+    manifest = start_manifest(output_dir) if is_zero else {}
+    try:
+        if cfg.get("seed") is not None:
+            L.seed_everything(cfg.seed, workers=True)
+        metrics = _fit_and_evaluate(cfg, experiment, output_dir, manifest if is_zero else None)
+    except BaseException as exc:
+        if is_zero:
+            error = f"{type(exc).__name__}: {exc}".splitlines()[0]
+            write_manifest(output_dir, {**manifest, "status": "failed", "error": error, "end_time": now()})
+        raise
+    if is_zero:
+        write_manifest(output_dir, {**manifest, "status": "finished", "end_time": now()})
+    return metrics
+
+
+def _fit_and_evaluate(
+    cfg: DictConfig, experiment: Experiment, output_dir: Path, manifest: dict[str, Any] | None
+) -> dict[str, float]:
+    import lightning as L
     from hydra.utils import instantiate
 
+    from attnlab.manifest import data_identity, write_manifest
     from attnlab.module import TranslationModule
 
-    if cfg.get("seed") is not None:
-        L.seed_everything(cfg.seed, workers=True)
     datamodule = experiment.data.datamodule()
     datamodule.setup("fit")  # real corpora are prepared (or loaded from the cache) here
+    if manifest is not None:
+        manifest["data"] = data_identity(datamodule)
+        write_manifest(output_dir, manifest)
     model = experiment.model
     if model.src_vocab_size is None:
         try:
@@ -97,9 +124,52 @@ def train(cfg: DictConfig) -> dict[str, float]:
     trainer.fit(module, datamodule=datamodule, ckpt_path=cfg.get("ckpt_path"))
     metrics = {k: float(v) for k, v in trainer.callback_metrics.items()}
     if cfg.get("test", True):
-        best = trainer.checkpoint_callback.best_model_path if trainer.checkpoint_callback else ""
-        results = trainer.test(module, datamodule=datamodule, ckpt_path=best or None, verbose=False)
-        metrics.update({k: float(v) for k, v in results[0].items()})
+        metrics.update(_final_evaluation(cfg, trainer, module, datamodule, output_dir))
     for split, count in getattr(datamodule, "truncated", {}).items():
         metrics[f"data/truncated/{split}"] = float(count)
+    return metrics
+
+
+def _best_checkpoint(cfg: DictConfig, trainer: Any) -> str:
+    """The best checkpoint by `cfg.monitor` ('' when none was saved)."""
+    metric = cfg.get("monitor", {}).get("metric")
+    callbacks = [
+        cb for cb in trainer.checkpoint_callbacks if cb.monitor == metric
+    ] or trainer.checkpoint_callbacks
+    return callbacks[0].best_model_path if callbacks else ""
+
+
+def _final_evaluation(
+    cfg: DictConfig, trainer: Any, module: Any, datamodule: ParallelDataModule, output_dir: Path
+) -> dict[str, float]:
+    """Load the final weights (best checkpoint, or the average of the last `average_last` epochs),
+    compute the test loss, and on rank 0 decode every test set with beam search into `results.json`."""
+    from attnlab.checkpoint import last_epoch_checkpoints, read_averaged
+    from attnlab.translate import Translator, evaluate, write_results
+
+    average_last = int(cfg.get("average_last") or 0)
+    if average_last > 0:
+        paths = [str(p) for p in last_epoch_checkpoints(output_dir, average_last)]
+    else:
+        best = _best_checkpoint(cfg, trainer)
+        paths = [best] if best else []
+    if paths:
+        module.load_state_dict(read_averaged(paths)["state_dict"])
+    tested = trainer.test(module, datamodule=datamodule, verbose=False)
+    metrics = {k: float(v) for k, v in tested[0].items()}
+    if not trainer.is_global_zero:  # one process decodes and scores the complete test sets
+        return metrics
+    tokenizer = getattr(datamodule, "tgt_tokenizer", None)
+    extra = {"test_metrics": metrics}
+    if tokenizer is None:  # no text to translate (synthetic data)
+        checkpoints = [str(Path(p).resolve()) for p in paths]
+        write_results(output_dir, {"checkpoints": checkpoints, "averaged": len(paths) > 1, **extra})
+        return metrics
+    module.to(trainer.strategy.root_device)  # Lightning moves the model back to the CPU after testing
+    translator = Translator(module.model, datamodule.src_tokenizer, tokenizer, module.decode_config)
+    sets = {name: datamodule.raw_text(name) for name in datamodule.test_sets}
+    results = evaluate(translator, sets, output_dir, checkpoints=paths, extra=extra)
+    for name, entry in results["sets"].items():
+        metrics[f"test/{name}/bleu"] = entry["bleu"]
+        metrics[f"test/{name}/chrf"] = entry["chrf"]
     return metrics

@@ -3,10 +3,12 @@
 from __future__ import annotations
 
 import csv
+import json
 import math
 import os
 import subprocess
 import sys
+from importlib import metadata
 from pathlib import Path
 from typing import Any
 
@@ -140,3 +142,25 @@ def test_positional_encoding_is_what_makes_the_synthetic_task_learnable(tmp_path
         results[pe] = train(cfg)["test/exact_match"]
     assert results["sinusoidal"] >= 0.95, results
     assert results["none"] <= 0.50, results
+
+
+def test_manifest_records_code_packages_hardware_data_and_a_finished_status(tiny_run: dict[str, Any]) -> None:
+    manifest = json.loads((tiny_run["dir"] / "manifest.json").read_text())
+    assert manifest["status"] == "finished"
+    assert manifest["start_time"] <= manifest["end_time"]
+    assert manifest["packages"]["torch"] == metadata.version("torch")
+    assert manifest["packages"]["lightning"] and manifest["packages"]["sacrebleu"]
+    assert manifest["hardware"]["cpu_count"] >= 1
+    assert manifest["git"]["commit"] is None or len(manifest["git"]["commit"]) == 40
+    assert manifest["data"]["spec"] == "SyntheticData" and manifest["data"]["settings"]["n_train"] == 512
+    assert isinstance(manifest["command"], list)
+
+
+def test_a_failed_run_is_recorded_as_failed_in_its_manifest(tmp_path: Path) -> None:
+    (tmp_path / "empty").mkdir()
+    cfg = compose_train(["data=files", f"data.dir={tmp_path / 'empty'}", "model=tiny"], tmp_path / "run")
+    with pytest.raises(Exception, match="not found"):
+        train(cfg)
+    manifest = json.loads((tmp_path / "run" / "manifest.json").read_text())
+    assert manifest["status"] == "failed" and "not found" in manifest["error"]
+    assert manifest["end_time"] is not None

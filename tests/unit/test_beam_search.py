@@ -254,3 +254,17 @@ def test_stops_once_no_live_beam_can_beat_the_finished_ones(alpha: float) -> Non
     assert len(calls) == 5  # the longest real source (4 symbols + eos), not its length cap 1.2·5 + 10
     assert [max(len(h.tokens) for h in hyps) for hyps in results] == [3, 5]  # none outlives the eos push
     assert all(h.tokens[-1] == EOS for hyps in results for h in hyps)
+
+
+@pytest.mark.parametrize("seed", [0, 3])
+def test_uncached_decoding_equals_cached_decoding(seed: int) -> None:
+    model = build(seed=seed, eos_bias=0.5)
+    src = source([2, 7, 4], seed=seed)
+    cached = beam_search(model, src, beam=4, n_best=3, need_attention=True)
+    uncached = beam_search(model, src, beam=4, n_best=3, need_attention=True, use_cache=False)
+    for hyps, others in zip(cached, uncached, strict=True):
+        assert [h.tokens for h in hyps] == [h.tokens for h in others]
+        for h, other in zip(hyps, others, strict=True):
+            assert h.score == pytest.approx(other.score, abs=1e-4)
+            torch.testing.assert_close(h.attention, other.attention, atol=1e-5, rtol=1e-4)
+    torch.testing.assert_close(greedy_decode(model, src), greedy_decode(model, src, use_cache=False))

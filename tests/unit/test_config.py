@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import dataclasses
 import inspect
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -13,7 +14,7 @@ import pytest
 from hydra.utils import get_class, instantiate
 from omegaconf import DictConfig, OmegaConf
 
-from attnlab.config import ConfigError, config_dir, validate
+from attnlab.config import ConfigError, config_dir, resolve_monitor, validate
 from attnlab.model.config import TransformerConfig
 from helpers import compose_train
 
@@ -67,7 +68,11 @@ def _nodes(cfg: DictConfig) -> list[tuple[str, DictConfig]]:
 def _parameters(cls: type) -> set[str]:
     if dataclasses.is_dataclass(cls):
         return {f.name for f in dataclasses.fields(cls)}
-    return set(inspect.signature(cls).parameters) - {"self", "args", "kwargs"}
+    parameters = inspect.signature(cls).parameters
+    names = set(parameters) - {"self", "args", "kwargs"}
+    if any(p.kind is inspect.Parameter.VAR_KEYWORD for p in parameters.values()):  # passed on to the base
+        names |= set().union(*(_parameters(base) for base in cls.__bases__ if base is not object))
+    return names
 
 
 @pytest.mark.parametrize(("group", "name"), OPTIONS, ids=[f"{g}={n}" for g, n in OPTIONS])
@@ -104,8 +109,10 @@ def test_base_with_a_37000_joint_vocabulary_has_63_082_496_parameters(tmp_path: 
 def test_every_cpu_node_instantiates(group: str, name: str, tmp_path: Path) -> None:
     from attnlab.model import Transformer
 
-    cfg = compose_train(["data=synthetic", *option(group, name, tmp_path)], tmp_path)
+    offline = [] if group == "experiment" else ["data=synthetic"]  # experiments choose their own data
+    cfg = compose_train([*offline, *option(group, name, tmp_path)], tmp_path)
     experiment = validate(cfg)
+    resolve_monitor(cfg, experiment)
     if group == "model":
         model = Transformer(experiment.model)
         assert model.config.d_model == cfg.model.d_model
@@ -114,9 +121,52 @@ def test_every_cpu_node_instantiates(group: str, name: str, tmp_path: Path) -> N
     for _, node in _nodes(cfg)[5:]:  # loggers and callbacks
         instantiate(node)
     trainer_name = name if group == "trainer" else "default"
-    if trainer_name in BUILDABLE_TRAINERS:
+    if trainer_name in BUILDABLE_TRAINERS and cfg.trainer.accelerator != "gpu":
         trainer = instantiate(cfg.trainer, logger=False, enable_checkpointing=False)
         assert isinstance(trainer, L.Trainer)
+
+
+MONITORS = [
+    ([], ("val/bleu", "max", 1)),
+    (["decode.every_n_epochs=3"], ("val/bleu", "max", 3)),
+    (["decode.every_n_epochs=0"], ("val/loss", "min", 1)),
+    (["data=synthetic"], ("val/loss", "min", 1)),
+    (["monitor.metric=val/chrf", "decode.every_n_epochs=2"], ("val/chrf", "max", 2)),
+    (["monitor.metric=val/loss", "monitor.mode=max"], ("val/loss", "max", 1)),
+]
+
+
+@pytest.mark.parametrize(
+    ("overrides", "expected"), MONITORS, ids=[" ".join(o) or "default" for o, _ in MONITORS]
+)
+def test_monitor_auto_resolves_from_the_data_and_decoding(
+    overrides: list[str], expected: tuple[str, str, int], tmp_path: Path
+) -> None:
+    cfg = compose_train(overrides, tmp_path)
+    resolve_monitor(cfg, validate(cfg))
+    assert (cfg.monitor.metric, cfg.monitor.mode, cfg.monitor.every_n_epochs) == expected
+    assert (cfg.callbacks.model_checkpoint.monitor, cfg.callbacks.model_checkpoint.every_n_epochs) == (
+        expected[0],
+        expected[2],
+    )
+
+
+@pytest.mark.parametrize(
+    ("overrides", "message"),
+    [
+        (
+            ["data=synthetic", "monitor.metric=val/bleu"],
+            "monitor.metric=val/bleu needs validation decodes, but the data",
+        ),
+        (["decode.every_n_epochs=0", "monitor.metric=val/chrf"], "decode.every_n_epochs=0 turns them off"),
+        (["monitor.mode=up"], "monitor.mode='up'"),
+        (["monitor.every_n_epochs=0"], "monitor.every_n_epochs=0"),
+    ],
+)
+def test_impossible_monitors_are_rejected(overrides: list[str], message: str, tmp_path: Path) -> None:
+    cfg = compose_train(overrides, tmp_path)
+    with pytest.raises(ConfigError, match=re.escape(message)):
+        resolve_monitor(cfg, validate(cfg))
 
 
 def test_gpu_presets_match_the_trainer_signature(tmp_path: Path) -> None:

@@ -5,6 +5,7 @@ from __future__ import annotations
 import math
 import re
 from pathlib import Path
+from types import SimpleNamespace
 from typing import Any
 
 import pytest
@@ -131,9 +132,37 @@ def test_inverse_sqrt_schedule() -> None:
     assert cfg.lr_at(160, d) == pytest.approx(peak / 2)
 
 
-@pytest.mark.parametrize("schedule", ["noam", "inverse_sqrt"])
+def test_linear_schedule_warms_up_then_decays_to_zero_at_total_steps() -> None:
+    warmup, total, peak = 10, 50, 1e-3
+    cfg = OptimConfig(schedule="linear", warmup_steps=warmup, peak_lr=peak, total_steps=total)
+    assert cfg.lr_at(5, 32) == pytest.approx(peak / 2)
+    assert cfg.lr_at(warmup, 32) == pytest.approx(peak)
+    assert cfg.lr_at(30, 32) == pytest.approx(peak / 2)
+    assert cfg.lr_at(total, 32) == 0.0
+    assert cfg.lr_at(total + 7, 32) == 0.0
+    # Without total_steps, the caller passes the run's length (the trainer's optimizer steps).
+    fitted = OptimConfig(schedule="linear", warmup_steps=warmup, peak_lr=peak)
+    assert fitted.lr_at(30, 32, total_steps=total) == cfg.lr_at(30, 32)
+    with pytest.raises(ValueError, match=r"total_steps > warmup_steps=10.*optim\.total_steps"):
+        fitted.lr_at(3, 32, total_steps=8)
+
+
+def test_linear_schedule_spans_the_trainers_optimizer_steps() -> None:
+    module = build_module(schedule="linear", peak_lr=1e-3)  # 10 warm-up steps
+    module.trainer = SimpleNamespace(estimated_stepping_batches=20)
+    scheduler = module.configure_optimizers()["lr_scheduler"]["scheduler"]
+    lrs = []
+    for _ in range(20):
+        lrs.append(scheduler.get_last_lr()[0])
+        scheduler.optimizer.step()
+        scheduler.step()
+    assert lrs[9] == pytest.approx(1e-3)  # step 10: the end of warm-up
+    assert lrs[-1] == 0.0  # step 20: the last optimizer step of the run
+
+
+@pytest.mark.parametrize("schedule", ["noam", "inverse_sqrt", "linear"])
 def test_step_zero_is_step_one(schedule: str) -> None:
-    cfg = OptimConfig(schedule=schedule, warmup_steps=10)
+    cfg = OptimConfig(schedule=schedule, warmup_steps=10, total_steps=100 if schedule == "linear" else None)
     assert cfg.lr_at(0, 32) == cfg.lr_at(1, 32)
     assert cfg.lr_at(0, 32) > 0.0
     assert cfg.lr_at(2, 32) > cfg.lr_at(1, 32)
@@ -153,6 +182,7 @@ BAD_OPTIM: list[tuple[dict[str, Any], str]] = [
     ({"eps": 0}, "eps=0"),
     ({"schedule": "cosine"}, "schedule='cosine'"),
     ({"weight_decay": -1}, "weight_decay=-1"),
+    ({"schedule": "linear", "warmup_steps": 10, "total_steps": 10}, "total_steps=10"),
     ({"lr_scale": "big"}, "lr_scale='big'"),
 ]
 

@@ -10,6 +10,7 @@ Splits are named `train`, `val` and one or more test sets (the first is the one 
 from __future__ import annotations
 
 import dataclasses
+from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -55,6 +56,16 @@ def read_parallel(src_path: Path, tgt_path: Path) -> Text:
             "line by line"
         )
     return src, tgt
+
+
+def _check_splits(splits: Sequence[str] | None, available: list[str]) -> list[str]:
+    if splits is None:
+        return available
+    unknown = [name for name in splits if name not in available]
+    if unknown:
+        raise DataError(f"no split named {', '.join(map(repr, unknown))} in this corpus: it has "
+                        f"{', '.join(available)}")  # fmt: skip
+    return list(splits)
 
 
 @dataclass(frozen=True)
@@ -129,9 +140,14 @@ class CorpusData:
         """Split name -> (source file, target file): `train`, `val`, then the test sets."""
         raise NotImplementedError(f"{type(self).__name__} reads no files; it overrides `load`")
 
-    def load(self) -> dict[str, Text]:
-        """Split name -> aligned raw lines."""
-        return {name: read_parallel(src, tgt) for name, (src, tgt) in self.files().items()}
+    def load(self, splits: Sequence[str] | None = None) -> dict[str, Text]:
+        """Split name -> aligned raw lines, for `splits` (None: every split)."""
+        files = self.files()
+        return {name: read_parallel(*files[name]) for name in _check_splits(splits, list(files))}
+
+    def test_split_names(self) -> list[str]:
+        """The test sets' names (every split except `train` and `val`)."""
+        return [name for name in self.files() if name not in ("train", "val")]
 
     def fingerprint_inputs(self) -> list[Any]:
         """What identifies the raw text (file contents are hashed, not paths)."""
@@ -277,16 +293,20 @@ class HFData(CorpusData):
         raise DataError(f"split {split!r} of {self.name} has no 'translation' or {lang!r} column: "
                         f"columns are {rows.column_names}")  # fmt: skip
 
-    def load(self) -> dict[str, Text]:
-        dataset = self._dataset()
+    def load(self, splits: Sequence[str] | None = None) -> dict[str, Text]:
         wanted = {"train": self.train_split, "val": self.valid_split, **{s: s for s in self.test_splits}}
+        names = _check_splits(splits, list(wanted))
+        dataset = self._dataset()
         out = {}
-        for name, split in wanted.items():
+        for name, split in ((n, wanted[n]) for n in names):
             if split not in dataset:
                 raise DataError(f"{self.name} has no split {split!r}: available {sorted(dataset)}")
             rows = dataset[split]
             out[name] = (self._column(rows, self.src_lang, split), self._column(rows, self.tgt_lang, split))
         return out
+
+    def test_split_names(self) -> list[str]:
+        return list(self.test_splits)
 
     def fingerprint_inputs(self) -> list[Any]:
         dataset = self._dataset()

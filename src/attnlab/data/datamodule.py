@@ -189,6 +189,12 @@ class CorpusDataModule(ParallelDataModule):
         self.references = {name: split.raw_tgt for name, split in prepared.splits.items()}
         self.test_sets = [name for name in prepared.splits if name not in ("train", "val")]
 
+    def raw_text(self, split: str) -> tuple[list[str], list[str]]:
+        """The raw (untokenized) source and reference lines of `split`."""
+        self.setup()
+        prepared = self.prepared.splits[split]
+        return prepared.raw_src, prepared.raw_tgt
+
     def limit_positions(self, max_positions: int) -> None:
         """Fit every split to a model with a learned position table of `max_positions`.
 

@@ -51,6 +51,7 @@ class Prepared:
     tgt_tokenizer: SubwordTokenizer
     splits: dict[str, EncodedSplit]
     stats: dict[str, Any] = field(default_factory=dict)
+    key: str | None = None  # the cache key: a hash of the raw files and the preprocessing settings
 
 
 def _flat(seqs: list[list[int]]) -> tuple[Tensor, Tensor]:
@@ -152,7 +153,7 @@ def _load(directory: Path) -> Prepared:
             raw_src=raw["src"],
             raw_tgt=raw["tgt"],
         )
-    return Prepared(src_tok, tgt_tok, splits, stats)
+    return Prepared(src_tok, tgt_tok, splits, stats, key=directory.name)
 
 
 def prepared_dir(spec: CorpusData) -> Path:

@@ -73,6 +73,15 @@ class SubwordTokenizer:
         """Write the tokenizer as one JSON file."""
         self.tokenizer.save(str(path))
 
+    def to_json(self) -> str:
+        """The tokenizer as a JSON string (what `save` writes; stored inside checkpoints)."""
+        return self.tokenizer.to_str()
+
+    @classmethod
+    def from_json(cls, text: str) -> SubwordTokenizer:
+        """The tokenizer of a `to_json` string."""
+        return cls(Tokenizer.from_str(text))
+
     @property
     def vocab_size(self) -> int:
         """Number of ids, specials included."""

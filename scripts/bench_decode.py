@@ -1,0 +1,134 @@
+"""Benchmark decoding: greedy and beam search, with and without the K/V cache, at several batch sizes.
+
+Usage:
+    python scripts/bench_decode.py --root ../shared/data/multi30k [--ckpt RUN_DIR_OR_CKPT]
+        [--batch-sizes 1 16 64] [--sweep-sentences 200] [--threads 2] [--device cpu]
+
+Without `--ckpt` the model is a randomly initialised `model=small` with the Multi30k tokenizer (its
+outputs run to the length limit: a worst case); with a trained checkpoint the outputs have natural
+lengths. Reports (Markdown tables, all measured in this process):
+- the decoder step loop at output length 30 (64 sentences of test2016, eos ignored): cached vs uncached,
+  their ratio (the cache's speed-up);
+- sentences/s and output tokens/s of greedy and beam 5 on test2016 sources (Multi30k-sized inputs) at
+  each batch size, cached and uncached, on the first `--sweep-sentences` sentences;
+- the whole test2016 set (1000 sentences) with beam 5 at batch 64, cached: wall time and BLEU.
+"""
+
+from __future__ import annotations
+
+import argparse
+import time
+from pathlib import Path
+
+import torch
+
+from attnlab.data import Multi30kData
+from attnlab.data.batching import TokenBatchSampler, pad
+from attnlab.decoding import translate_ids
+from attnlab.evaluation import DecodeConfig
+from attnlab.metrics import corpus_bleu
+from attnlab.model.config import TransformerConfig
+from attnlab.model.transformer import Transformer
+from attnlab.translate import Translator, pick_device, resolve_checkpoints
+
+
+def load(args: argparse.Namespace) -> Translator:
+    if args.ckpt:
+        return Translator.from_checkpoints(resolve_checkpoints(args.ckpt), device=args.device)
+    datamodule = Multi30kData(root=str(args.root)).datamodule()
+    datamodule.setup()
+    torch.manual_seed(0)
+    config = TransformerConfig(d_model=256, n_heads=4, d_ff=1024, n_encoder_layers=3, n_decoder_layers=3)
+    model = Transformer(config.with_vocab(datamodule.src_vocab_size, datamodule.tgt_vocab_size))
+    model.to(pick_device(args.device))
+    return Translator(model, datamodule.src_tokenizer, datamodule.tgt_tokenizer, DecodeConfig())
+
+
+@torch.inference_mode()
+def step_loop(model: Transformer, src: torch.Tensor, steps: int, use_cache: bool) -> float:
+    """Seconds for `steps` decoder steps (argmax fed back, eos ignored) over a batch."""
+    synchronize(src.device)
+    started = time.perf_counter()
+    memory, mask = model.encode(src)
+    cache = model.new_cache() if use_cache else None
+    prefix = torch.full((src.size(0), 1), model.config.start_id, dtype=torch.long, device=src.device)
+    for _ in range(steps):
+        logits = model.decode(prefix[:, -1:] if use_cache else prefix, memory, mask, cache=cache)
+        prefix = torch.cat([prefix, logits[:, -1].argmax(-1, keepdim=True)], dim=1)
+    synchronize(src.device)
+    return time.perf_counter() - started
+
+
+def synchronize(device: torch.device) -> None:
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
+
+
+def decode_all(translator: Translator, ids: list[list[int]], beam: int, batch_size: int, use_cache: bool):
+    """(seconds, output ids in input order) for decoding `ids` in length-sorted batches."""
+    cfg, model = translator.decode, translator.model
+    sampler = TokenBatchSampler([len(r) for r in ids], batch_size=batch_size, shuffle=False)
+    outputs: list[list[int]] = [[] for _ in ids]
+    device = next(model.parameters()).device
+    started = time.perf_counter()
+    for batch in sampler:
+        src = pad([ids[i] for i in batch], model.config.pad_id).to(device)
+        rows = translate_ids(model, src, beam=beam, alpha=cfg.lenpen, max_len_a=cfg.max_len_a,
+                             max_len_b=cfg.max_len_b, min_len=cfg.min_len, use_cache=use_cache)  # fmt: skip
+        for i, row in zip(batch, rows, strict=True):
+            outputs[i] = row
+    return time.perf_counter() - started, outputs
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--root", type=Path, required=True, help="directory with test2016.de, ...")
+    parser.add_argument("--ckpt", help="a trained checkpoint or run directory (default: random model=small)")
+    parser.add_argument("--batch-sizes", type=int, nargs="+", default=[1, 16, 64])
+    parser.add_argument("--sweep-sentences", type=int, default=200)
+    parser.add_argument("--threads", type=int, default=torch.get_num_threads())
+    parser.add_argument("--device", default="cpu", help="cpu, cuda, or auto")
+    args = parser.parse_args()
+    torch.set_num_threads(args.threads)
+
+    translator = load(args)
+    model = translator.model.eval()
+    sources = (args.root / "test2016.de").read_text(encoding="utf-8").split("\n")[:1000]
+    references = (args.root / "test2016.en").read_text(encoding="utf-8").split("\n")[:1000]
+    ids = [[*row, model.config.eos_id] for row in translator.src_tokenizer.encode_batch(sources)]
+    name = f"checkpoint {args.ckpt}" if args.ckpt else "random model=small"
+    n_params = sum(p.numel() for p in model.parameters())
+    print(f"model: {name}, {n_params:,} parameters, {args.threads} threads, device {args.device}\n")
+
+    src = pad(ids[:64], model.config.pad_id).to(next(model.parameters()).device)
+    step_loop(model, src, 5, True)  # warm-up
+    cached = min(step_loop(model, src, 30, True) for _ in range(3))
+    uncached = min(step_loop(model, src, 30, False) for _ in range(3))
+    print("| decoder steps (64 sentences, output length 30) | seconds | speed-up |")
+    print("|---|---|---|")
+    print(f"| uncached | {uncached:.3f} | 1.00x |")
+    print(f"| cached | {cached:.3f} | {uncached / cached:.2f}x |\n")
+
+    subset = ids[: args.sweep_sentences]
+    print(f"| search | batch | cache | sentences/s | tokens/s | ({len(subset)} sentences of test2016) |")
+    print("|---|---|---|---|---|---|")
+    for beam in (1, 5):
+        for batch_size in args.batch_sizes:
+            for use_cache in (True, False):
+                seconds, outputs = decode_all(translator, subset, beam, batch_size, use_cache)
+                tokens = sum(len(o) + 1 for o in outputs)  # eos included
+                name = "greedy" if beam == 1 else f"beam {beam}"
+                cache = "yes" if use_cache else "no"
+                rate = len(subset) / seconds
+                print(f"| {name} | {batch_size} | {cache} | {rate:.1f} | {tokens / seconds:.0f} | |")
+
+    seconds, outputs = decode_all(translator, ids, 5, 64, True)
+    hypotheses = [translator.tgt_tokenizer.decode(o) for o in outputs]
+    bleu = corpus_bleu(hypotheses, references)
+    print(f"\ntest2016, 1000 sentences, beam 5, batch 64, cached: {seconds:.1f} s "
+          f"({1000 / seconds:.1f} sentences/s), BLEU {bleu.score:.2f}, "
+          f"lenpen {translator.decode.lenpen}")  # fmt: skip
+
+
+if __name__ == "__main__":
+    main()

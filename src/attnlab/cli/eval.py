@@ -1,0 +1,74 @@
+"""`attnlab-eval`: evaluate a checkpoint, or an average of several, on test sets (`conf/eval.yaml`).
+
+Examples:
+    attnlab-eval ckpt_path=logs/train/runs/<run> average_last=5
+    attnlab-eval ckpt_path=<file.ckpt> decode.beam=5 decode.lenpen=1.0 sets=[val]
+"""
+
+from __future__ import annotations
+
+import logging
+from pathlib import Path
+from typing import Any
+
+import hydra
+from omegaconf import DictConfig, OmegaConf
+
+from attnlab.config import ConfigError, build_node, config_dir, register_resolvers
+
+log = logging.getLogger(__name__)
+register_resolvers()
+
+
+def evaluate_checkpoint(cfg: DictConfig) -> dict[str, Any]:
+    """Evaluate `cfg.ckpt_path` as `conf/eval.yaml` describes; returns what `results.json` holds.
+
+    Raises:
+        ConfigError: A bad value, or a checkpoint or data file that cannot be used (with the fix).
+    """
+    from attnlab.checkpoint import CheckpointError
+    from attnlab.data.download import DataError
+    from attnlab.translate import Translator, decode_settings, evaluate, resolve_checkpoints
+
+    try:
+        ckpt_path = cfg.ckpt_path
+        if OmegaConf.is_config(ckpt_path):  # a list of checkpoint files
+            ckpt_path = OmegaConf.to_container(ckpt_path)
+        paths = resolve_checkpoints(ckpt_path, int(cfg.get("average_last") or 0))
+        translator = Translator.from_checkpoints(paths, device=str(cfg.get("device", "auto")))
+        translator.decode = decode_settings(translator.decode.to_dict(), OmegaConf.to_container(cfg.decode))
+        if cfg.get("data") is not None:
+            spec = build_node(cfg.data, "data")
+        elif translator.data is not None:
+            spec = build_node(OmegaConf.create(translator.data), "data")
+        else:
+            raise ConfigError(f"{paths[0]} holds no data settings: select the data, e.g. data=multi30k")
+        names = list(cfg.sets) if cfg.get("sets") is not None else spec.test_split_names()
+        sets = spec.load(names)
+    except (CheckpointError, DataError, ValueError) as exc:
+        raise ConfigError(str(exc)) from None
+    output_dir = Path(cfg.paths.output_dir)
+    return evaluate(translator, sets, output_dir, checkpoints=paths)
+
+
+@hydra.main(version_base="1.3", config_path=str(config_dir()), config_name="eval")
+def _main(cfg: DictConfig) -> float | None:
+    from attnlab.translate import RESULTS_FILE, results_table
+
+    try:
+        results = evaluate_checkpoint(cfg)
+    except ConfigError as exc:
+        raise SystemExit(f"attnlab-eval: {exc}") from None
+    print(results_table(results))
+    print(f"attnlab-eval: wrote {Path(cfg.paths.output_dir) / RESULTS_FILE}")
+    first = next(iter(results["sets"].values()), None)
+    return first["bleu"] if first else None
+
+
+def main() -> None:
+    """Console-script entry point."""
+    _main()
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,268 @@
+"""Translating text with a trained model, and scoring test sets into `results.json`.
+
+`Translator` wraps a `Transformer` with its source and target tokenizers and a `DecodeConfig`: lines in,
+detokenized lines out, decoded in token-limited batches of similar source length (sorted, then put back
+in input order). `Translator.stream` reads an iterable of any length in chunks, so memory stays bounded
+whatever the input size. `evaluate` decodes named test sets, scores them with sacreBLEU against the raw
+references and writes hypotheses and `results.json`; `attnlab-train` (at the end of training),
+`attnlab-eval` and `attnlab-translate` all go through it.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import logging
+import time
+from collections.abc import Iterable, Iterator, Sequence
+from itertools import islice
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from attnlab.checkpoint import BUNDLE_KEY, CheckpointError, model_weights, read_averaged
+from attnlab.data.batching import TokenBatchSampler, pad
+from attnlab.data.tokenizer import SubwordTokenizer
+from attnlab.decoding import translate_ids
+from attnlab.evaluation import DecodeConfig
+from attnlab.metrics import score_all
+from attnlab.model.config import TransformerConfig
+from attnlab.model.transformer import Transformer
+
+log = logging.getLogger(__name__)
+
+RESULTS_FILE = "results.json"
+HYPOTHESES_DIR = "hypotheses"
+
+
+def pick_device(device: str) -> torch.device:
+    """`auto`: the first CUDA GPU when there is one, else the CPU; otherwise `device` as given."""
+    if device == "auto":
+        return torch.device("cuda" if torch.cuda.is_available() else "cpu")
+    return torch.device(device)
+
+
+class Translator:
+    """A model ready to translate: weights in eval mode, tokenizers and decoding settings.
+
+    Args:
+        model: The Transformer (put in eval mode; left on its device).
+        src_tokenizer: Tokenizer of the source language.
+        tgt_tokenizer: Tokenizer of the target language (for detokenizing outputs).
+        decode: Beam size, length penalty, length limits and batch sizes.
+        data: The data settings the model was trained with (from its checkpoint), if known.
+    """
+
+    def __init__(
+        self,
+        model: Transformer,
+        src_tokenizer: SubwordTokenizer,
+        tgt_tokenizer: SubwordTokenizer,
+        decode: DecodeConfig,
+        data: dict[str, Any] | None = None,
+    ) -> None:
+        self.model = model.eval()
+        self.src_tokenizer, self.tgt_tokenizer = src_tokenizer, tgt_tokenizer
+        self.decode = decode
+        self.data = data
+        self.truncated = 0  # sources cut to fit a learned position table
+
+    @classmethod
+    def from_checkpoints(
+        cls, paths: Sequence[str | Path], decode: DecodeConfig | None = None, device: str = "cpu"
+    ) -> Translator:
+        """A translator from one checkpoint, or from the average of several (same model and tokenizers).
+
+        `decode` defaults to the decoding settings saved in the checkpoint.
+
+        Raises:
+            attnlab.checkpoint.CheckpointError: A checkpoint is missing, damaged or not from attnlab-train.
+        """
+        checkpoint = read_averaged(paths)
+        hparams, bundle = checkpoint["hyper_parameters"], checkpoint[BUNDLE_KEY]
+        if bundle.get("src_tokenizer") is None or bundle.get("tgt_tokenizer") is None:
+            raise CheckpointError(
+                f"{paths[0]} holds no tokenizers: its model was trained on data without text "
+                "(data=synthetic), so it cannot translate text"
+            )
+        config = TransformerConfig(**hparams["model"])
+        model = Transformer(config)
+        model.load_state_dict(model_weights(checkpoint["state_dict"]))
+        model.to(pick_device(device))
+        return cls(
+            model,
+            SubwordTokenizer.from_json(bundle["src_tokenizer"]),
+            SubwordTokenizer.from_json(bundle["tgt_tokenizer"]),
+            decode or DecodeConfig(**hparams.get("decode", {})),
+            data=bundle.get("data"),
+        )
+
+    def _source_ids(self, lines: Sequence[str]) -> list[list[int]]:
+        cfg = self.model.config
+        ids = [[*row, cfg.eos_id] for row in self.src_tokenizer.encode_batch(lines)]
+        if cfg.pe == "learned":  # the position table has max_positions rows: cut, keeping eos
+            limit = cfg.max_positions
+            self.truncated += sum(len(row) > limit for row in ids)
+            ids = [row if len(row) <= limit else [*row[: limit - 1], cfg.eos_id] for row in ids]
+        return ids
+
+    def translate(self, lines: Sequence[str]) -> list[str]:
+        """Detokenized translations of `lines`, in their order."""
+        if not lines:
+            return []
+        ids = self._source_ids(lines)
+        cfg, device = self.decode, next(self.model.parameters()).device
+        sampler = TokenBatchSampler([len(row) for row in ids], max_tokens=cfg.max_tokens,
+                                    batch_size=cfg.batch_size, shuffle=False)  # fmt: skip
+        out: list[str | None] = [None] * len(lines)
+        for batch in sampler:
+            src = pad([ids[i] for i in batch], self.model.config.pad_id).to(device)
+            outputs = translate_ids(self.model, src, beam=cfg.beam, alpha=cfg.lenpen, max_len_a=cfg.max_len_a,
+                                    max_len_b=cfg.max_len_b, min_len=cfg.min_len)  # fmt: skip
+            for i, row in zip(batch, outputs, strict=True):
+                out[i] = self.tgt_tokenizer.decode(row)
+        return out  # type: ignore[return-value]
+
+    def stream(self, lines: Iterable[str], chunk_lines: int = 2048) -> Iterator[str]:
+        """Translations of `lines` in input order, read and decoded `chunk_lines` at a time.
+
+        At most `chunk_lines` inputs and outputs are held at once, so a file of any length streams
+        through in bounded memory; each chunk is sorted by length for batching.
+        """
+        if chunk_lines < 1:
+            raise ValueError(f"chunk_lines={chunk_lines} must be >= 1")
+        iterator = (line.rstrip("\r\n") for line in lines)
+        while chunk := list(islice(iterator, chunk_lines)):
+            yield from self.translate(chunk)
+
+
+def evaluate(
+    translator: Translator,
+    sets: dict[str, tuple[Sequence[str], Sequence[str]]],
+    output_dir: str | Path,
+    *,
+    checkpoints: Sequence[str | Path] = (),
+    extra: dict[str, Any] | None = None,
+) -> dict[str, Any]:
+    """Decode and score each named set, writing `hypotheses/<name>.txt` and `results.json`.
+
+    Args:
+        translator: The model to evaluate.
+        sets: Set name -> (raw source lines, raw reference lines).
+        output_dir: Where `results.json` and `hypotheses/` go.
+        checkpoints: The checkpoint file(s) the weights came from (several: averaged).
+        extra: More top-level entries for `results.json` (e.g. test loss).
+
+    Returns:
+        What was written to `results.json`: per set its BLEU and chrF with their sacreBLEU signatures,
+        sentence count, hypotheses file and decoding time, plus the decoding settings and checkpoints.
+    """
+    output_dir = Path(output_dir)
+    (output_dir / HYPOTHESES_DIR).mkdir(parents=True, exist_ok=True)
+    results: dict[str, Any] = {
+        "checkpoints": [str(Path(p).resolve()) for p in checkpoints],
+        "averaged": len(checkpoints) > 1,
+        "decode": translator.decode.to_dict(),
+        "sets": {},
+    }
+    for name, (sources, references) in sets.items():
+        started = time.perf_counter()
+        hypotheses = translator.translate(list(sources))
+        seconds = time.perf_counter() - started
+        hyp_file = output_dir / HYPOTHESES_DIR / f"{name}.txt"
+        hyp_file.write_text("".join(f"{line}\n" for line in hypotheses), encoding="utf-8")
+        scores = score_all(hypotheses, list(references))
+        results["sets"][name] = {
+            "bleu": scores["bleu"].score,
+            "chrf": scores["chrf"].score,
+            "bleu_signature": scores["bleu"].signature,
+            "chrf_signature": scores["chrf"].signature,
+            "bleu_details": scores["bleu"].details,
+            "sentences": len(hypotheses),
+            "hypotheses": str(hyp_file.relative_to(output_dir)),
+            "decode_seconds": round(seconds, 3),
+        }
+        log.info("%s: BLEU %.2f chrF %.2f (%d sentences, %.1f s; %s)", name, scores["bleu"].score,
+                 scores["chrf"].score, len(hypotheses), seconds, scores["bleu"].signature)  # fmt: skip
+    if translator.truncated:
+        results["truncated_sources"] = translator.truncated
+    results.update(extra or {})
+    write_results(output_dir, results)
+    return results
+
+
+def write_results(output_dir: str | Path, results: dict[str, Any]) -> Path:
+    """Write `results.json` (written to a temporary name first, so a reader never sees half a file)."""
+    path = Path(output_dir) / RESULTS_FILE
+    tmp = path.with_suffix(".json.tmp")
+    tmp.write_text(json.dumps(results, indent=2, sort_keys=True) + "\n", encoding="utf-8")
+    tmp.replace(path)
+    return path
+
+
+def results_table(results: dict[str, Any]) -> str:
+    """The scores of `results.json` as a text table (one row per set)."""
+    rows = [("set", "sentences", "BLEU", "chrF", "signature")]
+    for name, entry in results["sets"].items():
+        rows.append((name, str(entry["sentences"]), f"{entry['bleu']:.2f}", f"{entry['chrf']:.2f}",
+                     entry["bleu_signature"]))  # fmt: skip
+    widths = [max(len(row[i]) for row in rows) for i in range(len(rows[0]))]
+    return "\n".join(
+        "  ".join(cell.ljust(w) for cell, w in zip(row, widths, strict=True)).rstrip() for row in rows
+    )
+
+
+def resolve_checkpoints(ckpt_path: str | Path | Sequence[str | Path], average_last: int = 0) -> list[Path]:
+    """The checkpoint file(s) a `ckpt_path` (and `average_last`) of the CLIs stands for.
+
+    - a list of files: all of them, averaged;
+    - a file: that file, or with `average_last=N` the last N epoch checkpoints of its run;
+    - a run directory (or its `checkpoints/`): its best checkpoint `best-*.ckpt`, or with
+      `average_last=N` its last N epoch checkpoints.
+
+    Raises:
+        CheckpointError: Nothing usable at `ckpt_path`; the message says what was looked for.
+    """
+    from attnlab.checkpoint import last_epoch_checkpoints
+
+    if average_last < 0:
+        raise CheckpointError(f"average_last={average_last} must be >= 0")
+    if ckpt_path is not None and not isinstance(ckpt_path, (str, Path)):  # a list (or ListConfig)
+        paths = [Path(p) for p in ckpt_path]
+        if not paths:
+            raise CheckpointError("ckpt_path=[] names no checkpoint")
+        return paths
+    if ckpt_path is None or str(ckpt_path) == "":
+        raise CheckpointError("ckpt_path is required: a checkpoint file or a run directory")
+    path = Path(ckpt_path).expanduser()
+    if not path.exists():
+        raise CheckpointError(f"ckpt_path={ckpt_path} does not exist")
+    if average_last > 0:
+        return last_epoch_checkpoints(path.parent if path.is_file() else path, average_last)
+    if path.is_file():
+        return [path]
+    for directory in (path / "checkpoints", path):
+        best = sorted(directory.glob("best-*.ckpt"))
+        if best:
+            return [best[-1]]
+    raise CheckpointError(
+        f"no best-*.ckpt under {path}: give a checkpoint file as ckpt_path, or average_last=N to average "
+        "the run's last epoch checkpoints"
+    )
+
+
+def decode_settings(saved: dict[str, Any], overrides: dict[str, Any] | None) -> DecodeConfig:
+    """The decoding settings saved in a checkpoint with the non-null `overrides` applied.
+
+    Raises:
+        ValueError: An override is not a `DecodeConfig` field or has a bad value.
+    """
+    fields = {f.name for f in dataclasses.fields(DecodeConfig)}
+    chosen = {k: v for k, v in (overrides or {}).items() if v is not None}
+    unknown = sorted(set(chosen) - fields)
+    if unknown:
+        raise ValueError(
+            f"decode.{unknown[0]} is not a decoding setting: use one of {', '.join(sorted(fields))}"
+        )
+    return DecodeConfig(**{**{k: v for k, v in saved.items() if k in fields}, **chosen})

@@ -1,0 +1,62 @@
+"""Two-process DDP (gloo on CPU) through the real CLI: BLEU over the complete sets, computed once."""
+
+from __future__ import annotations
+
+import csv
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from attnlab.metrics import corpus_bleu
+from attnlab.translate import Translator, decode_settings, evaluate, resolve_checkpoints
+
+SPLITS = (("train", "train", 300), ("valid", "val", 37), ("test", "test2016", 23))
+
+
+@pytest.mark.ddp
+def test_ddp_bleu_equals_a_single_process_evaluation_of_the_same_checkpoint(
+    shared_data: Path, tmp_path: Path
+) -> None:
+    corpus = tmp_path / "corpus"
+    corpus.mkdir()
+    for split, source, lines in SPLITS:  # odd sizes: the ranks get unequal shares of val and test
+        for lang in ("de", "en"):
+            text = (shared_data / "multi30k" / f"{source}.{lang}").read_text().split("\n")[:lines]
+            (corpus / f"{split}.{lang}").write_text("\n".join(text) + "\n")
+    env = {**os.environ, "ATTNLAB_LOG_DIR": str(tmp_path / "logs"), "OMP_NUM_THREADS": "1",
+           "ATTNLAB_CACHE_DIR": str(tmp_path / "cache")}  # fmt: skip
+    command = [
+        sys.executable, "-m", "attnlab.cli.train", "trainer=ddp_cpu", "data=files", f"data.dir={corpus}",
+        "data.src_lang=de", "data.tgt_lang=en",
+        "data.vocab_size=300", "data.max_tokens=300", "model=tiny", "trainer.max_epochs=2",
+        "optim.warmup_steps=5", "decode.beam=2", "trainer.enable_progress_bar=false",
+    ]  # fmt: skip
+    done = subprocess.run(command, capture_output=True, text=True, timeout=600, env=env, cwd=tmp_path)
+    assert done.returncode == 0, done.stderr[-4000:]
+    assert "GLOBAL_RANK: 1, MEMBER: 2/2" in done.stderr + done.stdout  # two processes really ran
+    (run,) = (tmp_path / "logs" / "train" / "runs").iterdir()  # one run directory for both ranks
+
+    # Validation BLEU of the last epoch: sacreBLEU of all 37 sentences, as one process decodes them.
+    with open(run / "csv" / "metrics.csv") as f:
+        logged = [float(r["val/bleu"]) for r in csv.DictReader(f) if r["val/bleu"]]
+    assert len(logged) == 2
+    translator = Translator.from_checkpoints([run / "checkpoints" / "last.ckpt"])
+    translator.decode = decode_settings(translator.decode.to_dict(), {"beam": 1})
+    sources = (corpus / "valid.de").read_text().split("\n")[:37]
+    references = (corpus / "valid.en").read_text().split("\n")[:37]
+    assert logged[-1] == pytest.approx(corpus_bleu(translator.translate(sources), references).score, abs=1e-6)
+
+    # Test BLEU: results.json written once, equal to a single-process evaluation of the same weights.
+    results = json.loads((run / "results.json").read_text())
+    assert results["sets"]["test"]["sentences"] == 23
+    paths = resolve_checkpoints(run)
+    assert results["checkpoints"] == [str(p.resolve()) for p in paths]
+    single = evaluate(Translator.from_checkpoints(paths), {"test": (
+        (corpus / "test.de").read_text().split("\n")[:23], (corpus / "test.en").read_text().split("\n")[:23]
+    )}, tmp_path / "single")  # fmt: skip
+    assert single["sets"]["test"]["bleu"] == results["sets"]["test"]["bleu"]
+    assert single["decode"]["beam"] == 2

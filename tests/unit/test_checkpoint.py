@@ -1,0 +1,105 @@
+"""Checkpoint averaging, epoch-checkpoint discovery and decoding-setting overrides."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+import torch
+
+from attnlab.checkpoint import (
+    CheckpointError,
+    average_state_dicts,
+    epoch_checkpoints,
+    last_epoch_checkpoints,
+    model_weights,
+)
+from attnlab.evaluation import DecodeConfig
+from attnlab.translate import decode_settings, resolve_checkpoints
+
+
+def test_average_is_the_elementwise_mean_in_the_original_dtype() -> None:
+    states = [
+        {"w": torch.full((2, 3), float(i)), "h": torch.tensor([i], dtype=torch.float16)} for i in (1, 2, 6)
+    ]
+    averaged = average_state_dicts(states)
+    assert torch.equal(averaged["w"], torch.full((2, 3), 3.0))
+    assert averaged["h"].dtype == torch.float16 and float(averaged["h"]) == 3.0
+
+
+def test_average_accumulates_in_float64() -> None:
+    # In float32, 1e8 + 1 == 1e8: a float32 running sum would lose the ones.
+    states = [{"w": torch.tensor([1e8], dtype=torch.float32)}] + [{"w": torch.tensor([1.0])}] * 3
+    expected = (1e8 + 3.0) / 4
+    assert float(average_state_dicts(states)["w"]) == pytest.approx(expected, rel=1e-7)
+
+
+def test_non_float_tensors_must_agree() -> None:
+    same = [{"n": torch.tensor([3])}, {"n": torch.tensor([3])}]
+    assert torch.equal(average_state_dicts(same)["n"], torch.tensor([3]))
+    with pytest.raises(CheckpointError, match="n differs"):
+        average_state_dicts([{"n": torch.tensor([3])}, {"n": torch.tensor([4])}], ["a.ckpt", "b.ckpt"])
+
+
+def test_average_rejects_other_models() -> None:
+    with pytest.raises(CheckpointError, match=r"b\.ckpt has other parameters than a\.ckpt \(x\)"):
+        average_state_dicts(
+            [{"w": torch.zeros(1)}, {"w": torch.zeros(1), "x": torch.zeros(1)}], ["a.ckpt", "b.ckpt"]
+        )
+    with pytest.raises(CheckpointError, match=r"w is \(2,\) in b\.ckpt but \(1,\) in a\.ckpt"):
+        average_state_dicts([{"w": torch.zeros(1)}, {"w": torch.zeros(2)}], ["a.ckpt", "b.ckpt"])
+    with pytest.raises(CheckpointError, match="no checkpoints"):
+        average_state_dicts([])
+
+
+def test_model_weights_strip_the_module_prefix() -> None:
+    state = {"model.w": torch.zeros(1), "sums.x": torch.zeros(1)}
+    assert list(model_weights(state)) == ["w"]
+
+
+def touch(directory: Path, *names: str) -> None:
+    directory.mkdir(parents=True, exist_ok=True)
+    for name in names:
+        (directory / name).write_bytes(b"")
+
+
+def test_epoch_checkpoints_are_found_in_epoch_order_from_any_level_of_a_run(tmp_path: Path) -> None:
+    epochs = tmp_path / "run" / "checkpoints" / "epochs"
+    touch(epochs, "epoch009.ckpt", "epoch010.ckpt", "epoch002.ckpt", "notes.txt", "epoch1.tmp")
+    expected = [epochs / n for n in ("epoch002.ckpt", "epoch009.ckpt", "epoch010.ckpt")]
+    for level in (tmp_path / "run", tmp_path / "run" / "checkpoints", epochs):
+        assert epoch_checkpoints(level) == expected
+    assert last_epoch_checkpoints(tmp_path / "run", 2) == expected[1:]
+    with pytest.raises(CheckpointError, match="needs 4, found 3"):
+        last_epoch_checkpoints(tmp_path / "run", 4)
+
+
+def test_resolve_checkpoints(tmp_path: Path) -> None:
+    run = tmp_path / "run"
+    touch(run / "checkpoints", "best-epoch003-step90.ckpt", "last.ckpt")
+    touch(run / "checkpoints" / "epochs", "epoch002.ckpt", "epoch003.ckpt")
+    best = run / "checkpoints" / "best-epoch003-step90.ckpt"
+    assert resolve_checkpoints(run) == [best]
+    assert resolve_checkpoints(str(best)) == [best]
+    assert resolve_checkpoints(best, average_last=2) == [
+        run / "checkpoints" / "epochs" / f"epoch00{i}.ckpt" for i in (2, 3)
+    ]
+    assert resolve_checkpoints([str(best), str(run / "checkpoints" / "last.ckpt")]) == [
+        best,
+        run / "checkpoints" / "last.ckpt",
+    ]
+    with pytest.raises(CheckpointError, match="does not exist"):
+        resolve_checkpoints(tmp_path / "nothing")
+    with pytest.raises(CheckpointError, match="no best-"):
+        resolve_checkpoints(tmp_path)
+    with pytest.raises(CheckpointError, match="required"):
+        resolve_checkpoints(None)
+
+
+def test_decode_overrides_replace_only_the_values_given() -> None:
+    saved = DecodeConfig(beam=4, lenpen=1.0).to_dict()
+    assert decode_settings(saved, {"beam": None, "lenpen": 0.6}) == DecodeConfig(beam=4, lenpen=0.6)
+    with pytest.raises(ValueError, match=r"decode\.beam_size is not a decoding setting"):
+        decode_settings(saved, {"beam_size": 2})
+    with pytest.raises(ValueError, match="beam=0"):
+        decode_settings(saved, {"beam": 0})
