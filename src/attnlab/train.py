@@ -6,6 +6,7 @@ second; the heavy imports happen inside `train` once the config is known to be g
 
 from __future__ import annotations
 
+import json
 import logging
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -67,6 +68,10 @@ def train(cfg: DictConfig) -> dict[str, float]:
     resolve_monitor(cfg, experiment)
     output_dir = Path(cfg.paths.output_dir)
     output_dir.mkdir(parents=True, exist_ok=True)
+    if (cfg.get("logger") or {}).get("wandb") is not None:
+        from attnlab.tracking import name_and_group
+
+        name_and_group(cfg, resolved_config(cfg))
     OmegaConf.save(OmegaConf.create(resolved_config(cfg)), output_dir / "config.yaml")
 
     import lightning as L
@@ -84,10 +89,21 @@ def train(cfg: DictConfig) -> dict[str, float]:
         if is_zero:
             error = f"{type(exc).__name__}: {exc}".splitlines()[0]
             write_manifest(output_dir, {**manifest, "status": "failed", "error": error, "end_time": now()})
+        _finish_tracking(exit_code=1)
         raise
     if is_zero:
         write_manifest(output_dir, {**manifest, "status": "finished", "end_time": now()})
+    _finish_tracking(exit_code=0)
     return metrics
+
+
+def _finish_tracking(exit_code: int) -> None:
+    import sys
+
+    if "wandb" in sys.modules:  # imported only when a W&B logger was configured
+        from attnlab.tracking import finish_wandb
+
+        finish_wandb(exit_code)
 
 
 def _fit_and_evaluate(
@@ -121,13 +137,30 @@ def _fit_and_evaluate(
         default_root_dir=str(output_dir),
     )
     log.info("run directory: %s", output_dir)
+    runs = _tracked_runs(trainer)
+    for run in runs:  # the whole resolved config and the manifest, beside Lightning's hyperparameters
+        run.config.update({"run": resolved_config(cfg), "manifest": manifest or {}}, allow_val_change=True)
     trainer.fit(module, datamodule=datamodule, ckpt_path=cfg.get("ckpt_path"))
     metrics = {k: float(v) for k, v in trainer.callback_metrics.items()}
     if cfg.get("test", True):
         metrics.update(_final_evaluation(cfg, trainer, module, datamodule, output_dir))
+        if runs and (output_dir / "results.json").is_file():
+            from attnlab.tracking import log_results
+
+            log_results(runs, json.loads((output_dir / "results.json").read_text()), output_dir)
     for split, count in getattr(datamodule, "truncated", {}).items():
         metrics[f"data/truncated/{split}"] = float(count)
     return metrics
+
+
+def _tracked_runs(trainer: Any) -> list[Any]:
+    from lightning.pytorch.loggers import WandbLogger
+
+    if not any(isinstance(lg, WandbLogger) for lg in trainer.loggers):
+        return []
+    from attnlab.tracking import wandb_runs
+
+    return wandb_runs(trainer)
 
 
 def _best_checkpoint(cfg: DictConfig, trainer: Any) -> str:

@@ -1,0 +1,159 @@
+"""W&B tracking: the logger, run grouping and naming, and what goes to W&B besides metrics.
+
+- `config_group(cfg)`: a hash of the resolved config without the seed and the paths, so the seeds of
+  one setting share a W&B group (and `attnlab-compare` can group runs the same way).
+- `run_name(overrides)`: the run's name from its command-line overrides (`pe=learned,n_heads=4,seed=2`).
+- `WandbLogger`: Lightning's `WandbLogger` that keeps W&B's directories inside the run directory
+  (`WANDB_DIR`, `WANDB_DATA_DIR`, `WANDB_CACHE_DIR`, `WANDB_CONFIG_DIR`, unless the user set them),
+  offline unless asked otherwise.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+from lightning.pytorch.loggers import WandbLogger as _LightningWandbLogger
+
+# Keys that do not change what a run computes: left out of the group hash.
+UNGROUPED = ("seed", "paths", "hydra", "logger", "ckpt_path", "task_name", "optimized_metric")
+_SET_BY_US: dict[str, str] = {}  # W&B directory variables this process set (for the next run of a multirun)
+WANDB_DIRS = {
+    "WANDB_DIR": "",
+    "WANDB_DATA_DIR": "data",
+    "WANDB_CACHE_DIR": "cache",
+    "WANDB_CONFIG_DIR": "config",
+}
+
+
+def config_group(config: dict[str, Any]) -> str:
+    """A 10-hex-digit hash of a resolved config without its seed, paths, loggers and run bookkeeping
+    (values derived from the run directory, like checkpoint paths, count as the same)."""
+    kept = {k: v for k, v in config.items() if k not in UNGROUPED}
+    text = json.dumps(kept, sort_keys=True, default=str)
+    paths = config.get("paths") or {}
+    for key in ("output_dir", "log_dir"):  # e.g. checkpoint directories inside the run directory
+        if isinstance(paths.get(key), str) and paths[key]:
+            text = text.replace(json.dumps(paths[key])[1:-1], f"<{key}>")
+    return hashlib.sha256(text.encode("utf-8")).hexdigest()[:10]
+
+
+def run_name(overrides: Sequence[str]) -> str | None:
+    """`a.b.pe=learned model.n_heads=4 seed=2` -> `pe=learned,n_heads=4,seed=2` (None without overrides).
+
+    Overrides of paths, Hydra and loggers are left out; a config group choice keeps its name
+    (`model=small`).
+    """
+    parts = []
+    for override in overrides:
+        key, sep, value = override.lstrip("+~").partition("=")
+        if not sep or key.split(".")[0] in ("paths", "hydra", "logger"):
+            continue
+        parts.append(f"{key.split('.')[-1]}={value}")
+    return ",".join(parts) or None
+
+
+class WandbLogger(_LightningWandbLogger):
+    """Lightning's `WandbLogger` with W&B's files under `save_dir` and offline by default.
+
+    Args:
+        project: W&B project.
+        entity: W&B entity (user or team; None: the default of the logged-in user).
+        group: Run group (attnlab fills it with `config_group` when None).
+        name: Run name (attnlab fills it with `run_name` of the overrides when None).
+        tags: Run tags.
+        mode: `offline` (the default: nothing leaves the machine until `wandb sync`), `online` or
+            `disabled`. The `WANDB_MODE` environment variable, when set, wins.
+        save_dir: Where W&B writes (`<save_dir>/wandb/`); its data, cache and config directories go
+            to `<save_dir>/wandb/{data,cache,config}` unless their environment variables are set.
+        job_type: W&B job type.
+        **kwargs: Passed on to Lightning's `WandbLogger` and `wandb.init`.
+    """
+
+    def __init__(
+        self,
+        project: str = "attnlab",
+        entity: str | None = None,
+        group: str | None = None,
+        name: str | None = None,
+        tags: Sequence[str] = (),
+        mode: str = "offline",
+        save_dir: str = ".",
+        job_type: str = "train",
+        **kwargs: Any,
+    ) -> None:
+        root = Path(save_dir) / "wandb"
+        for variable, sub in WANDB_DIRS.items():
+            current = os.environ.get(variable)
+            if current is None or _SET_BY_US.get(variable) == current:  # not the user's own setting
+                (root / sub).mkdir(parents=True, exist_ok=True)
+                os.environ[variable] = _SET_BY_US[variable] = str(root / sub)
+        mode = os.environ.get("WANDB_MODE", mode)
+        super().__init__(name=name, save_dir=save_dir, project=project, entity=entity, group=group,
+                         tags=list(tags), mode=mode, job_type=job_type, **kwargs)  # fmt: skip
+
+
+def task_overrides() -> list[str]:
+    """The command-line overrides of the current Hydra job ([] outside a Hydra app)."""
+    from hydra.core.hydra_config import HydraConfig
+
+    return list(HydraConfig.get().overrides.task) if HydraConfig.initialized() else []
+
+
+def name_and_group(cfg: Any, resolved: dict[str, Any]) -> None:
+    """Fill a null `logger.wandb.group` / `name` (in place) with `config_group` / `run_name`."""
+    node = (cfg.get("logger") or {}).get("wandb")
+    if node is None:
+        return
+    if node.get("group") is None:
+        node.group = config_group(resolved)
+    if node.get("name") is None:
+        node.name = run_name(task_overrides())
+
+
+def wandb_runs(trainer: Any) -> list[Any]:
+    """The W&B runs of the trainer's `WandbLogger`s (rank 0 only; empty elsewhere or when disabled)."""
+    if not trainer.is_global_zero:
+        return []
+    return [lg.experiment for lg in trainer.loggers if isinstance(lg, _LightningWandbLogger)]
+
+
+def log_results(runs: list[Any], results: dict[str, Any], output_dir: Path) -> None:
+    """`results.json` into each run's summary, and per test set its hypotheses as a W&B Table and all
+    hypotheses files as one artifact."""
+    import wandb
+
+    if not runs:
+        return
+    summary: dict[str, Any] = {}
+    for name, entry in results.get("sets", {}).items():
+        for key in ("bleu", "chrf", "bleu_signature", "chrf_signature", "sentences"):
+            summary[f"results/{name}/{key}"] = entry[key]
+    for key, value in results.get("test_metrics", {}).items():
+        summary[f"results/{key}"] = value
+    for run in runs:
+        run.summary.update(summary)
+        tables = {}
+        for name, entry in results.get("sets", {}).items():
+            lines = (output_dir / entry["hypotheses"]).read_text(encoding="utf-8").split("\n")[:-1]
+            rows = [[i + 1, line] for i, line in enumerate(lines)]
+            tables[f"test/{name}/hypotheses"] = wandb.Table(columns=["line", "hypothesis"], data=rows)
+        if tables:
+            run.log(tables)
+            artifact = wandb.Artifact(f"hypotheses-{run.id}", type="hypotheses")
+            artifact.add_dir(str(output_dir / "hypotheses"))
+            run.log_artifact(artifact)
+
+
+def finish_wandb(exit_code: int) -> None:
+    """End the active W&B run, if any: wandb.init would otherwise hand the next job of a multirun the
+    previous run."""
+    import sys
+
+    wandb = sys.modules.get("wandb")
+    if wandb is not None and getattr(wandb, "run", None) is not None:
+        wandb.finish(exit_code=exit_code)

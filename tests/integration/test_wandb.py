@@ -1,0 +1,124 @@
+"""W&B for real, offline: train twice in one process, then read the run files back with wandb's protobufs."""
+
+from __future__ import annotations
+
+import csv
+import json
+import os
+from pathlib import Path
+from typing import Any
+
+import pytest
+from omegaconf import OmegaConf
+
+from attnlab.tracking import config_group, run_name
+from attnlab.train import train
+from attnlab.wandb_records import WandbFileError, find_run_file, read_wandb_run
+from helpers import compose_train
+
+SPLITS = (("train", "train", 200), ("valid", "val", 20), ("test", "test2016", 15))
+
+
+@pytest.fixture(scope="module")
+def wandb_runs(shared_data: Path, tmp_path_factory: pytest.TempPathFactory) -> list[dict[str, Any]]:
+    """Two seeds of one setting, trained one after the other in this process with W&B offline."""
+    tmp = tmp_path_factory.mktemp("wandb")
+    corpus = tmp / "corpus"
+    corpus.mkdir()
+    for split, source, lines in SPLITS:
+        for lang in ("de", "en"):
+            text = (shared_data / "multi30k" / f"{source}.{lang}").read_text().split("\n")[:lines]
+            (corpus / f"{split}.{lang}").write_text("\n".join(text) + "\n")
+    runs = []
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setenv("WANDB_MODE", "offline")
+        for variable in ("WANDB_DIR", "WANDB_DATA_DIR", "WANDB_CACHE_DIR", "WANDB_CONFIG_DIR"):
+            patch.delenv(variable, raising=False)
+        for seed in (1, 2):
+            overrides = [
+                "data=files", f"data.dir={corpus}", "data.src_lang=de", "data.tgt_lang=en",
+                "data.vocab_size=300", f"data.cache_dir={tmp / 'cache'}", "model=tiny",
+                "trainer.max_epochs=2", "optim.warmup_steps=5",
+                "decode.beam=2", "logger=wandb", "logger.wandb.tags=[ablation,tiny]", f"seed={seed}",
+                "trainer.log_every_n_steps=2",
+            ]  # fmt: skip
+            run_dir = tmp / f"run{seed}"
+            metrics = train(compose_train(overrides, run_dir))
+            env = {v: os.environ.get(v) for v in ("WANDB_DIR", "WANDB_DATA_DIR", "WANDB_CACHE_DIR")}
+            runs.append({"dir": run_dir, "metrics": metrics, "record": read_wandb_run(find_run_file(run_dir)),
+                         "env": env})  # fmt: skip
+    return runs
+
+
+def test_offline_run_holds_config_history_and_summary(wandb_runs: list[dict[str, Any]]) -> None:
+    run = wandb_runs[0]
+    record, run_dir = run["record"], run["dir"]
+    assert record.config["model"]["d_model"] == 32  # the module's hyperparameters
+    assert record.config["run"]["seed"] == 1 and record.config["run"]["data"]["vocab_size"] == 300
+    assert record.config["manifest"]["status"] == "running"  # the manifest as the run started
+    with open(run_dir / "csv" / "metrics.csv") as f:
+        csv_val = [float(r["val/loss"]) for r in csv.DictReader(f) if r["val/loss"]]
+    wandb_val = [row["val/loss"] for row in record.history if "val/loss" in row]
+    assert wandb_val == pytest.approx(csv_val, rel=1e-6)
+    assert any("train/loss_step" in row for row in record.history)
+    results = json.loads((run_dir / "results.json").read_text())
+    assert record.summary["results/test/bleu"] == pytest.approx(results["sets"]["test"]["bleu"])
+    assert record.summary["results/test/bleu_signature"] == results["sets"]["test"]["bleu_signature"]
+    assert record.summary["val/bleu"] == pytest.approx(run["metrics"]["val/bleu"])
+
+
+def test_hypotheses_go_to_a_table_and_an_artifact(wandb_runs: list[dict[str, Any]]) -> None:
+    record = wandb_runs[0]["record"]
+    (table,) = [row["test/test/hypotheses"] for row in record.history if "test/test/hypotheses" in row]
+    assert table["_type"] == "table-file" and table["nrows"] == 15
+    assert table["path"] in record.files
+    (artifact,) = [a for a in record.artifacts if a["type"] == "hypotheses"]
+    assert artifact["type"] == "hypotheses" and artifact["name"] == f"hypotheses-{record.run['id']}"
+    assert artifact["files"] == ["test.txt"]
+
+
+def test_seeds_of_one_setting_share_a_group_and_get_their_own_runs(wandb_runs: list[dict[str, Any]]) -> None:
+    first, second = (r["record"] for r in wandb_runs)
+    assert first.run["id"] != second.run["id"]
+    assert first.run["group"] == second.run["group"]
+    resolved = OmegaConf.to_container(OmegaConf.load(wandb_runs[0]["dir"] / "config.yaml"))
+    assert first.run["group"] == config_group(resolved) == resolved["logger"]["wandb"]["group"]
+    assert first.run["tags"] == ["ablation", "tiny"] and first.run["project"] == "attnlab"
+    assert first.exit_code == 0 and second.exit_code == 0
+
+
+def test_wandb_files_stay_inside_the_run_directory(wandb_runs: list[dict[str, Any]]) -> None:
+    for run in wandb_runs:
+        assert find_run_file(run["dir"]).is_relative_to(run["dir"] / "wandb")
+        for value in run["env"].values():
+            assert Path(value).is_relative_to(run["dir"] / "wandb")
+
+
+def test_group_ignores_the_seed_and_paths_but_not_the_model() -> None:
+    base = {"seed": 1, "paths": {"output_dir": "/a"}, "model": {"pe": "sinusoidal"}, "ckpt": {"dir": "/a/c"}}
+    other = {**base, "seed": 2, "paths": {"output_dir": "/b"}, "ckpt": {"dir": "/b/c"}}
+    assert config_group(base) == config_group(other)
+    assert config_group(base) != config_group({**base, "model": {"pe": "learned"}})
+
+
+def test_run_name_from_overrides() -> None:
+    overrides = [
+        "model.pe=learned",
+        "model.n_heads=4",
+        "seed=2",
+        "paths.log_dir=/x",
+        "+logger.wandb.tags=[a]",
+    ]
+    assert run_name(overrides) == "pe=learned,n_heads=4,seed=2"
+    assert run_name([]) is None
+
+
+def test_a_damaged_run_file_is_reported(tmp_path: Path, wandb_runs: list[dict[str, Any]]) -> None:
+    data = find_run_file(wandb_runs[0]["dir"]).read_bytes()
+    bad = tmp_path / "run-x.wandb"
+    bad.write_bytes(data[:100] + bytes([data[100] ^ 0xFF]) + data[101:])
+    with pytest.raises(WandbFileError, match="checksum"):
+        read_wandb_run(bad)
+    (tmp_path / "other.wandb").write_bytes(b"not a wandb file")
+    with pytest.raises(WandbFileError, match="not a W&B run file"):
+        read_wandb_run(tmp_path / "other.wandb")
