@@ -7,8 +7,10 @@ simple values and the fit between data and model, and raises `ConfigError` namin
 from __future__ import annotations
 
 import dataclasses
+import hashlib
 import inspect
 import os
+import re
 import secrets
 from dataclasses import dataclass
 from pathlib import Path
@@ -45,12 +47,27 @@ def config_dir() -> Path:
     return packaged if packaged.is_dir() else Path(__file__).resolve().parents[2] / "conf"
 
 
+def job_dirname(overrides: str) -> str:
+    """A multirun job's directory name from its overrides (Hydra's `override_dirname`): readable (keys
+    shortened to their last part), filesystem-safe, and ending in a hash of the exact overrides, so two
+    jobs never share a directory and the same job of a re-run sweep finds its directory again:
+    `model.pe=learned,seed=2` -> `pe=learned,seed=2-1b2c3d4e`."""
+    digest = hashlib.sha256(overrides.encode("utf-8")).hexdigest()[:8]
+    short = [f"{key.rsplit('.', 1)[-1]}={value}" for key, _, value in (item.partition("=") for item in
+             overrides.split(",") if "=" in item)]  # fmt: skip
+    readable = re.sub(r"[^A-Za-z0-9=,._+-]", "_", ",".join(short))[:160]
+    return f"{readable}-{digest}" if readable else digest
+
+
 def register_resolvers() -> None:
-    """`${attnlab.run_id:}`: a fresh id per composed config (pid + random), so run dirs never collide."""
+    """`${attnlab.run_id:}`: a fresh id per composed config (pid + random), so run dirs never collide;
+    `${attnlab.job_dir:<overrides>}`: `job_dirname`."""
     if not OmegaConf.has_resolver("attnlab.run_id"):
         OmegaConf.register_new_resolver(
             "attnlab.run_id", lambda: f"{os.getpid():x}-{secrets.token_hex(3)}", use_cache=True
         )
+    if not OmegaConf.has_resolver("attnlab.job_dir"):
+        OmegaConf.register_new_resolver("attnlab.job_dir", lambda overrides="": job_dirname(str(overrides)))
 
 
 @dataclass(frozen=True)

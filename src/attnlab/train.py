@@ -150,6 +150,11 @@ def _fit_and_evaluate(
             log_results(runs, json.loads((output_dir / "results.json").read_text()), output_dir)
     for split, count in getattr(datamodule, "truncated", {}).items():
         metrics[f"data/truncated/{split}"] = float(count)
+    results_file = output_dir / "results.json"
+    if trainer.is_global_zero and results_file.is_file():  # every final metric, for sweeps and reports
+        from attnlab.translate import write_results
+
+        write_results(output_dir, {**json.loads(results_file.read_text()), "metrics": metrics})
     return metrics
 
 
