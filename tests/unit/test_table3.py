@@ -1,0 +1,68 @@
+"""Table 3 ablation variants: each composes on the recipe and changes what its row says."""
+
+from __future__ import annotations
+
+import importlib.util
+import sys
+from pathlib import Path
+
+import pytest
+
+from attnlab.config import config_dir, validate
+from helpers import compose_train
+
+VARIANTS = sorted(p.stem for p in (config_dir() / "experiment" / "table3").glob("*.yaml"))
+SCRIPT = Path(__file__).resolve().parents[2] / "scripts" / "table3.py"
+
+
+def load_script():
+    spec = importlib.util.spec_from_file_location("table3", SCRIPT)
+    module = importlib.util.module_from_spec(spec)
+    sys.modules["table3"] = module
+    spec.loader.exec_module(module)
+    return module
+
+
+def model_of(variant: str, tmp_path: Path):
+    cfg = compose_train(["experiment=multi30k_small", f"+experiment/table3={variant}"], tmp_path)
+    return validate(cfg)
+
+
+def test_every_row_has_variants_and_a_baseline() -> None:
+    assert "base" in VARIANTS
+    assert {v[0] for v in VARIANTS if v != "base"} == set("ABCDE")
+
+
+@pytest.mark.parametrize("variant", VARIANTS)
+def test_every_variant_composes_and_validates(variant: str, tmp_path: Path) -> None:
+    experiment = model_of(variant, tmp_path)
+    base = model_of("base", tmp_path)
+    if variant == "base":
+        assert experiment == base
+    else:
+        assert experiment != base  # every variant changes something
+
+
+@pytest.mark.parametrize("variant", [v for v in VARIANTS if v.startswith("A")])
+def test_row_a_varies_heads_at_constant_compute(variant: str, tmp_path: Path) -> None:
+    model = model_of(variant, tmp_path).model
+    base = model_of("base", tmp_path).model
+    assert model.n_heads != base.n_heads
+    assert model.n_heads * model.head_dim == model.d_model == base.d_model
+
+
+@pytest.mark.parametrize("variant", [v for v in VARIANTS if v.startswith("B")])
+def test_row_b_has_smaller_keys(variant: str, tmp_path: Path) -> None:
+    model = model_of(variant, tmp_path).model
+    assert model.head_dim < model_of("base", tmp_path).model.head_dim
+
+
+def test_script_builds_one_resumable_multirun() -> None:
+    table3 = load_script()
+    line = table3.command(
+        ["A", "E"], 3, "experiment=multi30k_small", "logs/sweeps/t3", ["trainer.max_epochs=2"]
+    )
+    assert line == [
+        "attnlab-train", "-m", "experiment=multi30k_small", "+experiment/table3=base,A1,A2,A3,A4,E1,E2",
+        "seed=1,2,3", "hydra.sweep.dir=logs/sweeps/t3", "sweep.skip_done=true", "trainer.max_epochs=2",
+    ]  # fmt: skip
