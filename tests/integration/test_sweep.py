@@ -8,6 +8,7 @@ import subprocess
 import sys
 from pathlib import Path
 
+from attnlab.compare import report
 from attnlab.config import job_dirname
 
 
@@ -42,6 +43,10 @@ def test_a_sweep_runs_every_job_records_failures_and_resumes_without_redoing_fin
     assert second.stdout.count("already finished (sweep.skip_done=true): skipped") == 2
     assert {p.name for p in (tmp_path / "sweep").iterdir() if p.is_dir()} == set(jobs)  # the same directories
     assert {n: (jobs[n] / "results.json").stat().st_mtime_ns for n in finished} == stamps
+
+    # attnlab-compare reads the sweep back: the two seeds as one group, the failed jobs listed.
+    text = report([tmp_path / "sweep"])
+    assert "| all | 2 |" in text and text.count("(failed: ConfigError: model.n_heads=3") == 2
 
 
 def test_job_directory_names_are_readable_safe_and_unique() -> None:

@@ -1,0 +1,39 @@
+"""`attnlab-compare`: compare runs across seeds (see `attnlab.compare`).
+
+Usage:
+    attnlab-compare logs/sweeps/pe [more run or sweep directories] [--baseline 'model.pe=sinusoidal']
+                    [--format md|csv|latex] [--out table.md]
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from collections.abc import Sequence
+
+
+def main(argv: Sequence[str] | None = None) -> None:
+    """Console-script entry point."""
+    parser = argparse.ArgumentParser(prog="attnlab-compare", description=__doc__.splitlines()[0])
+    parser.add_argument(
+        "paths", nargs="+", help="run directories, sweep directories, or directories above them"
+    )
+    parser.add_argument("--baseline", help="the group the others are compared with (default: the first)")
+    parser.add_argument("--format", choices=["md", "csv", "latex"], default="md")
+    parser.add_argument("--out", help="write the table to this file instead of stdout")
+    args = parser.parse_args(argv)
+    from attnlab.compare import report
+
+    try:
+        text = report(args.paths, baseline=args.baseline, fmt=args.format)
+    except (FileNotFoundError, ValueError) as exc:
+        raise SystemExit(f"attnlab-compare: {exc}") from None
+    if args.out:
+        with open(args.out, "w", encoding="utf-8") as f:
+            f.write(text)
+    else:
+        sys.stdout.write(text)
+
+
+if __name__ == "__main__":
+    main()

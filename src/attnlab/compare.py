@@ -1,0 +1,288 @@
+"""Comparing runs across seeds: `attnlab-compare` and its API.
+
+Run directories are the source of truth: each holds `config.yaml`, `manifest.json`, `results.json` and
+`csv/metrics.csv`. `load_runs` finds them (a run directory, a sweep directory, or any directory above),
+`varying_keys` finds the config values that differ between runs (the seed aside), `group_runs` groups
+the runs by those values, and `summarize` gives per group the seed count, mean ± std and a 95%
+Student-t interval over seeds of each metric, and the difference of the means against a baseline group.
+Runs that failed or never finished are listed, not dropped.
+"""
+
+from __future__ import annotations
+
+import csv
+import json
+import math
+import statistics
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from datetime import datetime
+from pathlib import Path
+from typing import Any
+
+from omegaconf import OmegaConf
+
+# Config keys that never define a setting (bookkeeping, or values derived from the run directory).
+IGNORED_PREFIXES = ("paths.", "hydra.", "logger.", "callbacks.", "sweep.", "ckpt_path", "task_name")
+
+
+@dataclass
+class Run:
+    """One run directory: its flattened config, status, and final numbers."""
+
+    path: Path
+    config: dict[str, Any]
+    status: str
+    metrics: dict[str, float] = field(default_factory=dict)
+    error: str | None = None
+
+
+def flatten(tree: Any, prefix: str = "") -> dict[str, Any]:
+    """`{"a": {"b": 1}}` -> `{"a.b": 1}` (lists kept as values)."""
+    if not isinstance(tree, dict):
+        return {prefix[:-1]: tree}
+    out: dict[str, Any] = {}
+    for key, value in tree.items():
+        out.update(flatten(value, f"{prefix}{key}."))
+    return out
+
+
+def _params(run_dir: Path) -> float | None:
+    path = run_dir / "csv" / "metrics.csv"
+    if not path.is_file():
+        return None
+    with open(path, newline="") as f:
+        for row in csv.DictReader(f):
+            if row.get("params/total"):
+                return float(row["params/total"])
+    return None
+
+
+def _seconds(manifest: dict[str, Any]) -> float | None:
+    try:
+        start, end = (datetime.fromisoformat(manifest[k]) for k in ("start_time", "end_time"))
+    except (KeyError, TypeError, ValueError):
+        return None
+    return (end - start).total_seconds()
+
+
+def read_run(run_dir: Path) -> Run:
+    """The `Run` of a run directory (config from `config.yaml`, status from `manifest.json`)."""
+    config = {}  # a job that failed validation has a manifest but no config.yaml
+    if (run_dir / "config.yaml").is_file():
+        config = flatten(OmegaConf.to_container(OmegaConf.load(run_dir / "config.yaml")))
+    manifest: dict[str, Any] = {}
+    if (run_dir / "manifest.json").is_file():
+        manifest = json.loads((run_dir / "manifest.json").read_text())
+    status = manifest.get("status", "unknown")
+    results_file = run_dir / "results.json"
+    if status != "finished" or not results_file.is_file():
+        status = status if status != "finished" else "unfinished"
+        return Run(run_dir, config, status, error=manifest.get("error"))
+    results = json.loads(results_file.read_text())
+    metrics = {k: float(v) for k, v in results.get("metrics", {}).items() if isinstance(v, (int, float))}
+    for name, entry in results.get("sets", {}).items():
+        metrics[f"test/{name}/bleu"] = entry["bleu"]
+        metrics[f"test/{name}/chrf"] = entry["chrf"]
+    params = _params(run_dir)
+    if params is not None:
+        metrics["params"] = params
+    seconds = _seconds(manifest)
+    if seconds is not None:
+        metrics["train_minutes"] = seconds / 60
+    return Run(run_dir, config, "finished", metrics)
+
+
+def load_runs(paths: Sequence[str | Path]) -> list[Run]:
+    """Every run directory (one with `config.yaml` or `manifest.json`) at or below `paths`, by path."""
+    found: set[Path] = set()
+    for path in map(Path, paths):
+        if not path.exists():
+            raise FileNotFoundError(f"no such run or sweep directory: {path}")
+        for name in ("config.yaml", "manifest.json"):
+            found.update(p.parent for p in path.rglob(name) if ".hydra" not in p.parts)
+    return [read_run(p) for p in sorted(found)]
+
+
+def varying_keys(runs: Sequence[Run], seed_key: str = "seed") -> list[str]:
+    """Config keys whose values differ between runs (the seed and bookkeeping keys excluded)."""
+    keys = sorted({k for run in runs for k in run.config})
+    out = []
+    for key in keys:
+        if key == seed_key or key.startswith(IGNORED_PREFIXES):
+            continue
+        values = {json.dumps(run.config.get(key), sort_keys=True) for run in runs}
+        if len(values) > 1:
+            out.append(key)
+    return out
+
+
+def group_name(run: Run, keys: Sequence[str]) -> str:
+    """`model.pe=learned,model.n_heads=4` for the values of `keys` (or `all` with no keys)."""
+    return ",".join(f"{k}={run.config.get(k)}" for k in keys) or "all"
+
+
+def t_quantile(p: float, df: int) -> float:
+    """The p-quantile of Student's t with `df` degrees of freedom (bisection on its CDF)."""
+    if df < 1:
+        raise ValueError(f"df={df} must be >= 1")
+
+    def cdf(t: float) -> float:
+        x = df / (df + t * t)
+        tail = 0.5 * _incomplete_beta(df / 2, 0.5, x)
+        return 1 - tail if t > 0 else tail
+
+    low, high = -1e3, 1e3
+    for _ in range(200):
+        mid = (low + high) / 2
+        low, high = (mid, high) if cdf(mid) < p else (low, mid)
+    return (low + high) / 2
+
+
+def _incomplete_beta(a: float, b: float, x: float) -> float:
+    """Regularized incomplete beta I_x(a, b) by its continued fraction (Lentz's method)."""
+    if x <= 0 or x >= 1:
+        return 0.0 if x <= 0 else 1.0
+    if x > (a + 1) / (a + b + 2):
+        return 1 - _incomplete_beta(b, a, 1 - x)
+    log_front = math.lgamma(a + b) - math.lgamma(a) - math.lgamma(b) + a * math.log(x) + b * math.log(1 - x)
+    tiny = 1e-300
+    c, d = 1.0, 1 - (a + b) * x / (a + 1)
+    d = 1 / (d if abs(d) > tiny else tiny)
+    f = d
+    for m in range(1, 300):
+        for numerator in (m * (b - m) * x / ((a + 2 * m - 1) * (a + 2 * m)),
+                          -(a + m) * (a + b + m) * x / ((a + 2 * m) * (a + 2 * m + 1))):  # fmt: skip
+            d = 1 + numerator * d
+            d = 1 / (d if abs(d) > tiny else tiny)
+            c = 1 + numerator / c
+            c = c if abs(c) > tiny else tiny
+            f *= c * d
+        if abs(c * d - 1) < 1e-15:
+            break
+    return math.exp(log_front) * f / a
+
+
+@dataclass
+class Stat:
+    """Mean, standard deviation and 95% t-interval half-width over seeds (None with one seed)."""
+
+    n: int
+    mean: float
+    std: float | None
+    half_width: float | None
+
+
+def stat(values: Sequence[float]) -> Stat:
+    n = len(values)
+    mean = statistics.fmean(values)
+    if n < 2:
+        return Stat(n, mean, None, None)
+    std = statistics.stdev(values)
+    return Stat(n, mean, std, t_quantile(0.975, n - 1) * std / math.sqrt(n))
+
+
+@dataclass
+class GroupSummary:
+    """One group of runs (a setting) over its seeds."""
+
+    name: str
+    runs: list[Run]
+    stats: dict[str, Stat]
+    delta: dict[str, float] = field(default_factory=dict)
+
+
+DEFAULT_METRICS = ("val/ppl", "params", "train/tokens_per_sec_epoch", "train_minutes")
+
+
+def summarize(runs: Sequence[Run], baseline: str | None = None) -> tuple[list[GroupSummary], list[Run]]:
+    """Group the finished runs by the varying config values and summarize each group's metrics over
+    seeds; returns (groups, runs that did not finish). `baseline` names a group (see `group_name`), the
+    first one by default; `delta` is each group's mean minus the baseline's."""
+    finished = [r for r in runs if r.status == "finished"]
+    others = [r for r in runs if r.status != "finished"]
+    keys = varying_keys(finished)
+    grouped: dict[str, list[Run]] = {}
+    for run in finished:
+        grouped.setdefault(group_name(run, keys), []).append(run)
+    groups = []
+    for name, members in grouped.items():
+        metric_names = sorted({m for r in members for m in r.metrics})
+        stats = {m: stat([r.metrics[m] for r in members if m in r.metrics]) for m in metric_names}
+        groups.append(GroupSummary(name, members, stats))
+    if groups:
+        base = next((g for g in groups if g.name == baseline), None) if baseline else groups[0]
+        if base is None:
+            raise ValueError(f"no group named {baseline!r}: groups are {', '.join(g.name for g in groups)}")
+        for group in groups:
+            group.delta = {m: s.mean - base.stats[m].mean for m, s in group.stats.items() if m in base.stats}
+    return groups, others
+
+
+def _cell(s: Stat | None, digits: int = 2) -> str:
+    if s is None:
+        return ""
+    if s.half_width is None:
+        return f"{s.mean:.{digits}f}"
+    return f"{s.mean:.{digits}f} ± {s.std:.{digits}f} [±{s.half_width:.{digits}f}]"
+
+
+def table_rows(groups: Sequence[GroupSummary], metrics: Sequence[str]) -> list[list[str]]:
+    """Header plus one row per group: group, seeds, then per metric `mean ± std [±95% CI]` and its Δ."""
+    header = ["group", "seeds"]
+    for m in metrics:
+        header += [m, f"Δ {m}"]
+    rows = [header]
+    for g in groups:
+        row = [g.name, str(len(g.runs))]
+        for m in metrics:
+            row += [_cell(g.stats.get(m)), f"{g.delta[m]:+.2f}" if m in g.delta else ""]
+        rows.append(row)
+    return rows
+
+
+def render(rows: list[list[str]], fmt: str = "md") -> str:
+    """The rows as a Markdown table (`md`), CSV (`csv`) or LaTeX tabular (`latex`)."""
+    if fmt == "csv":
+        import io
+
+        buffer = io.StringIO()
+        csv.writer(buffer).writerows(rows)
+        return buffer.getvalue()
+    if fmt == "latex":
+
+        def esc(text: str) -> str:
+            return (
+                text.replace("\\", "\\textbackslash{}")
+                .replace("_", "\\_")
+                .replace("%", "\\%")
+                .replace("&", "\\&")
+            )
+
+        lines = ["\\begin{tabular}{" + "l" * len(rows[0]) + "}", "\\hline"]
+        lines.append(" & ".join(esc(c) for c in rows[0]) + " \\\\ \\hline")
+        lines += [" & ".join(esc(c).replace("±", "$\\pm$") for c in row) + " \\\\" for row in rows[1:]]
+        return "\n".join([*lines, "\\hline", "\\end{tabular}"]) + "\n"
+    if fmt != "md":
+        raise ValueError(f"format {fmt!r}: use md, csv or latex")
+    lines = ["| " + " | ".join(rows[0]) + " |", "|" + "---|" * len(rows[0])]
+    lines += ["| " + " | ".join(row) + " |" for row in rows[1:]]
+    return "\n".join(lines) + "\n"
+
+
+def report(paths: Sequence[str | Path], baseline: str | None = None, fmt: str = "md") -> str:
+    """The comparison table of the runs under `paths`, then the runs that did not finish."""
+    runs = load_runs(paths)
+    if not runs:
+        raise FileNotFoundError(
+            f"no run directories (config.yaml, manifest.json) under {', '.join(map(str, paths))}"
+        )
+    groups, others = summarize(runs, baseline)
+    tested = sorted({m for g in groups for m in g.stats if m.startswith("test/")})
+    scored = [m for m in tested if m.endswith(("/bleu", "/chrf"))] or tested  # BLEU/chrF when translated
+    metrics = [*scored, *(m for m in DEFAULT_METRICS if any(m in g.stats for g in groups))]
+    text = render(table_rows(groups, metrics), fmt) if groups else "no finished runs\n"
+    if others and fmt == "md":
+        text += "\nNot finished:\n" + "".join(f"- {r.path} ({r.status}{': ' + r.error if r.error else ''})\n"
+                                              for r in others)  # fmt: skip
+    return text

@@ -1,0 +1,93 @@
+"""attnlab-compare on run directories with known numbers."""
+
+from __future__ import annotations
+
+import json
+import math
+import statistics
+from pathlib import Path
+
+import pytest
+import yaml
+
+from attnlab.cli.compare import main as compare_main
+from attnlab.compare import load_runs, render, report, summarize, t_quantile, varying_keys
+
+BLEU = {("sinusoidal", 1): 30.0, ("sinusoidal", 2): 32.0, ("sinusoidal", 3): 34.0,
+        ("none", 1): 20.0, ("none", 2): 21.0, ("none", 3): 25.0}  # fmt: skip
+
+
+def write_run(directory: Path, pe: str, seed: int, bleu: float | None, status: str = "finished") -> None:
+    directory.mkdir(parents=True)
+    config = {"seed": seed, "model": {"pe": pe, "d_model": 32}, "paths": {"output_dir": str(directory)},
+              "callbacks": {"last": {"dirpath": f"{directory}/checkpoints"}}}  # fmt: skip
+    (directory / "config.yaml").write_text(yaml.safe_dump(config))
+    manifest = {
+        "status": status,
+        "start_time": "2026-01-01T00:00:00+00:00",
+        "end_time": "2026-01-01T00:30:00+00:00",
+    }
+    if status == "failed":
+        manifest["error"] = "RuntimeError: out of memory"
+    (directory / "manifest.json").write_text(json.dumps(manifest))
+    if bleu is not None:
+        results = {
+            "sets": {"test2016": {"bleu": bleu, "chrf": bleu + 20}},
+            "metrics": {"val/ppl": 10.0 - seed},
+        }
+        (directory / "results.json").write_text(json.dumps(results))
+    (directory / "csv").mkdir()
+    (directory / "csv" / "metrics.csv").write_text("params/total,step\n1234.0,0\n")
+
+
+@pytest.fixture
+def sweep(tmp_path: Path) -> Path:
+    for (pe, seed), bleu in BLEU.items():
+        write_run(tmp_path / "sweep" / f"pe={pe},seed={seed}", pe, seed, bleu)
+    write_run(tmp_path / "sweep" / "pe=learned,seed=1", "learned", 1, None, status="failed")
+    write_run(tmp_path / "sweep" / "pe=learned,seed=2", "learned", 2, None, status="running")
+    return tmp_path / "sweep"
+
+
+def test_groups_by_the_varying_keys_with_seed_statistics(sweep: Path) -> None:
+    runs = load_runs([sweep])
+    assert len(runs) == 8
+    assert varying_keys([r for r in runs if r.status == "finished"]) == ["model.pe"]
+    groups, others = summarize(runs, baseline="model.pe=sinusoidal")
+    by_name = {g.name: g for g in groups}
+    assert set(by_name) == {"model.pe=sinusoidal", "model.pe=none"}
+    none = by_name["model.pe=none"].stats["test/test2016/bleu"]
+    values = [20.0, 21.0, 25.0]
+    assert none.n == 3 and none.mean == pytest.approx(22.0)
+    assert none.std == pytest.approx(statistics.stdev(values))
+    assert none.half_width == pytest.approx(4.302653 * statistics.stdev(values) / math.sqrt(3), rel=1e-6)
+    assert by_name["model.pe=none"].delta["test/test2016/bleu"] == pytest.approx(22.0 - 32.0)
+    assert by_name["model.pe=none"].stats["train_minutes"].mean == pytest.approx(30.0)
+    assert by_name["model.pe=none"].stats["params"].mean == 1234.0
+    assert sorted(r.status for r in others) == ["failed", "running"]
+
+
+def test_report_lists_unfinished_runs_and_renders_three_formats(sweep: Path) -> None:
+    text = report([sweep], baseline="model.pe=sinusoidal")
+    assert "| model.pe=none | 3 | 22.00 ± 2.65 [±6.57] | -10.00 |" in text
+    assert "Not finished:" in text and "failed: RuntimeError: out of memory" in text and "(running)" in text
+    rows = [["group", "x"], ["a_b", "1.00 ± 0.50 [±1.00]"]]
+    assert render(rows, "csv").splitlines() == ["group,x", "a_b,1.00 ± 0.50 [±1.00]"]
+    latex = render(rows, "latex")
+    assert "a\\_b & 1.00 $\\pm$ 0.50 [$\\pm$1.00] \\\\" in latex and latex.startswith("\\begin{tabular}{ll}")
+
+
+def test_cli_writes_a_file_and_reports_bad_input(sweep: Path, tmp_path: Path) -> None:
+    compare_main([str(sweep), "--format", "csv", "--out", str(tmp_path / "t.csv")])
+    assert (tmp_path / "t.csv").read_text().startswith("group,seeds,test/test2016/bleu")
+    with pytest.raises(SystemExit, match=r"no group named 'model\.pe=rotary'"):
+        compare_main([str(sweep), "--baseline", "model.pe=rotary"])
+    with pytest.raises(SystemExit, match="no such run or sweep directory"):
+        compare_main([str(tmp_path / "nothing")])
+
+
+@pytest.mark.parametrize(
+    ("df", "expected"), [(1, 12.7062), (2, 4.3027), (4, 2.7764), (9, 2.2622), (30, 2.0423)]
+)
+def test_t_quantiles_match_the_tables(df: int, expected: float) -> None:
+    assert t_quantile(0.975, df) == pytest.approx(expected, abs=1e-4)
