@@ -4,7 +4,8 @@ Run directories are the source of truth: each holds `config.yaml`, `manifest.jso
 `csv/metrics.csv`. `load_runs` finds them (a run directory, a sweep directory, or any directory above),
 `varying_keys` finds the config values that differ between runs (the seed aside), `group_runs` groups
 the runs by those values, and `summarize` gives per group the seed count, mean ± std and a 95%
-Student-t interval over seeds of each metric, and the difference of the means against a baseline group.
+Student-t interval over seeds of each metric, the difference of the means against a baseline group,
+and per seed the p-value of sacreBLEU's paired bootstrap test against the baseline run of that seed.
 Runs that failed or never finished are listed, not dropped.
 """
 
@@ -190,6 +191,7 @@ class GroupSummary:
     runs: list[Run]
     stats: dict[str, Stat]
     delta: dict[str, float] = field(default_factory=dict)
+    p_values: dict[str, list[tuple[Any, float]]] = field(default_factory=dict)  # set -> [(seed, p)]
 
 
 DEFAULT_METRICS = ("val/ppl", "params", "train/tokens_per_sec_epoch", "train_minutes")
@@ -216,7 +218,35 @@ def summarize(runs: Sequence[Run], baseline: str | None = None) -> tuple[list[Gr
             raise ValueError(f"no group named {baseline!r}: groups are {', '.join(g.name for g in groups)}")
         for group in groups:
             group.delta = {m: s.mean - base.stats[m].mean for m, s in group.stats.items() if m in base.stats}
+            if group is not base:
+                group.p_values = paired_tests(base.runs, group.runs)
     return groups, others
+
+
+def _lines(path: Path) -> list[str] | None:
+    return path.read_text(encoding="utf-8").split("\n")[:-1] if path.is_file() else None
+
+
+def paired_tests(baseline: Sequence[Run], runs: Sequence[Run], n_samples: int = 1000) -> dict[str, list]:
+    """Per test set, `[(seed, p-value)]` of sacreBLEU's paired bootstrap of each run against the baseline
+    run with the same seed, on the same sentences (hypotheses and references saved by the runs)."""
+    from attnlab.metrics import paired_bootstrap
+
+    by_seed = {r.config.get("seed"): r for r in baseline}
+    out: dict[str, list[tuple[Any, float]]] = {}
+    for run in runs:
+        base = by_seed.get(run.config.get("seed"))
+        if base is None:
+            continue
+        for hyp_file in sorted((run.path / "hypotheses").glob("*.txt")):
+            name = hyp_file.stem
+            refs = _lines(run.path / "references" / f"{name}.txt")
+            base_hyps = _lines(base.path / "hypotheses" / f"{name}.txt")
+            if refs is None or base_hyps is None or refs != _lines(base.path / "references" / f"{name}.txt"):
+                continue  # not the same test sentences: no paired test
+            result = paired_bootstrap(base_hyps, _lines(hyp_file), refs, n_samples=n_samples)
+            out.setdefault(name, []).append((run.config.get("seed"), result.p_value))
+    return out
 
 
 def _cell(s: Stat | None, digits: int = 2) -> str:
@@ -232,11 +262,15 @@ def table_rows(groups: Sequence[GroupSummary], metrics: Sequence[str]) -> list[l
     header = ["group", "seeds"]
     for m in metrics:
         header += [m, f"Δ {m}"]
+    tested = sorted({name for g in groups for name in g.p_values})
+    header += [f"p {name} (paired bootstrap vs same-seed baseline)" for name in tested]
     rows = [header]
     for g in groups:
         row = [g.name, str(len(g.runs))]
         for m in metrics:
             row += [_cell(g.stats.get(m)), f"{g.delta[m]:+.2f}" if m in g.delta else ""]
+        for name in tested:
+            row.append(", ".join(f"seed {seed}: {p:.3f}" for seed, p in g.p_values.get(name, [])))
         rows.append(row)
     return rows
 

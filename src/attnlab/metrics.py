@@ -78,8 +78,10 @@ def check_detokenized(hypotheses: Sequence[str], references: Sequence[str]) -> N
                 )
 
 
-def _bleu() -> BLEU:
-    return BLEU(tokenize="13a", lowercase=False, smooth_method="exp", max_ngram_order=MAX_NGRAM_ORDER)
+def _bleu(references: Sequence[str] | None = None) -> BLEU:
+    refs = None if references is None else [list(references)]
+    return BLEU(tokenize="13a", lowercase=False, smooth_method="exp", max_ngram_order=MAX_NGRAM_ORDER,
+                references=refs)  # fmt: skip
 
 
 def _bleu_score(bleu: BLEU, result: Any) -> Score:
@@ -153,6 +155,51 @@ def score_all(hypotheses: Sequence[str], references: Sequence[str]) -> dict[str,
     """
     check_detokenized(hypotheses, references)
     return {"bleu": _corpus_bleu(hypotheses, references), "chrf": _corpus_chrf(hypotheses, references)}
+
+
+@dataclass(frozen=True)
+class PairedResult:
+    """A paired bootstrap comparison of two systems' corpus BLEU on the same sentences.
+
+    Attributes:
+        p_value: Probability of a difference at least as large by chance (sacreBLEU's paired bootstrap).
+        baseline: BLEU of the baseline; system: BLEU of the compared system.
+        baseline_ci, system_ci: Half-widths of their 95% bootstrap confidence intervals.
+        n_samples: Bootstrap resamples; seed: the resampling seed (`SACREBLEU_SEED`, default 12345).
+    """
+
+    p_value: float
+    baseline: float
+    system: float
+    baseline_ci: float
+    system_ci: float
+    n_samples: int
+    seed: str
+
+
+def paired_bootstrap(
+    baseline: Sequence[str], system: Sequence[str], references: Sequence[str], n_samples: int = 1000
+) -> PairedResult:
+    """sacreBLEU's paired bootstrap resampling test of `system` against `baseline` (Koehn, 2004), the
+    same computation as `sacrebleu REF -i BASELINE SYSTEM --paired-bs -m bleu` (13a, cased).
+
+    Raises:
+        ScoringError: See `check_detokenized` (for either system).
+    """
+    import os
+
+    from sacrebleu.significance import PairedTest
+
+    check_detokenized(baseline, references)
+    check_detokenized(system, references)
+    test = PairedTest([("baseline", list(baseline)), ("system", list(system))],
+                      {"BLEU": _bleu(references)}, references=None, test_type="bs",
+                      n_samples=n_samples)  # fmt: skip
+    _, scores = test()
+    base, other = scores["BLEU"]
+    return PairedResult(p_value=float(other.p_value), baseline=base.score, system=other.score,
+                        baseline_ci=base.ci, system_ci=other.ci, n_samples=n_samples,
+                        seed=os.environ.get("SACREBLEU_SEED", "12345"))  # fmt: skip
 
 
 @dataclass(frozen=True)

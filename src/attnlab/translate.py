@@ -34,6 +34,7 @@ log = logging.getLogger(__name__)
 
 RESULTS_FILE = "results.json"
 HYPOTHESES_DIR = "hypotheses"
+REFERENCES_DIR = "references"
 
 
 def pick_device(device: str) -> torch.device:
@@ -145,7 +146,8 @@ def evaluate(
     checkpoints: Sequence[str | Path] = (),
     extra: dict[str, Any] | None = None,
 ) -> dict[str, Any]:
-    """Decode and score each named set, writing `hypotheses/<name>.txt` and `results.json`.
+    """Decode and score each named set, writing `hypotheses/<name>.txt`, the raw references as
+    `references/<name>.txt` (so runs can be compared by paired significance tests) and `results.json`.
 
     Args:
         translator: The model to evaluate.
@@ -172,6 +174,9 @@ def evaluate(
         seconds = time.perf_counter() - started
         hyp_file = output_dir / HYPOTHESES_DIR / f"{name}.txt"
         hyp_file.write_text("".join(f"{line}\n" for line in hypotheses), encoding="utf-8")
+        ref_file = output_dir / REFERENCES_DIR / f"{name}.txt"  # for paired significance tests later
+        ref_file.parent.mkdir(parents=True, exist_ok=True)
+        ref_file.write_text("".join(f"{line}\n" for line in references), encoding="utf-8")
         scores = score_all(hypotheses, list(references))
         results["sets"][name] = {
             "bleu": scores["bleu"].score,
@@ -181,6 +186,7 @@ def evaluate(
             "bleu_details": scores["bleu"].details,
             "sentences": len(hypotheses),
             "hypotheses": str(hyp_file.relative_to(output_dir)),
+            "references": str(ref_file.relative_to(output_dir)),
             "decode_seconds": round(seconds, 3),
         }
         log.info("%s: BLEU %.2f chrF %.2f (%d sentences, %.1f s; %s)", name, scores["bleu"].score,

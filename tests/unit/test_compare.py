@@ -17,6 +17,15 @@ BLEU = {("sinusoidal", 1): 30.0, ("sinusoidal", 2): 32.0, ("sinusoidal", 3): 34.
         ("none", 1): 20.0, ("none", 2): 21.0, ("none", 3): 25.0}  # fmt: skip
 
 
+REFS = [f"a man in shirt number {i} rides a red bike down the street ." for i in range(60)]
+
+
+def hypotheses(pe: str, seed: int) -> list[str]:
+    """The references, with the last word dropped from every `k`-th line (worse without positions)."""
+    k = 2 if pe == "none" else 5 + seed
+    return [" ".join(r.split()[:-2]) if i % k == 0 else r for i, r in enumerate(REFS)]
+
+
 def write_run(directory: Path, pe: str, seed: int, bleu: float | None, status: str = "finished") -> None:
     directory.mkdir(parents=True)
     config = {"seed": seed, "model": {"pe": pe, "d_model": 32}, "paths": {"output_dir": str(directory)},
@@ -36,6 +45,9 @@ def write_run(directory: Path, pe: str, seed: int, bleu: float | None, status: s
             "metrics": {"val/ppl": 10.0 - seed},
         }
         (directory / "results.json").write_text(json.dumps(results))
+        for sub, lines in (("references", REFS), ("hypotheses", hypotheses(pe, seed))):
+            (directory / sub).mkdir()
+            (directory / sub / "test2016.txt").write_text("".join(f"{line}\n" for line in lines))
     (directory / "csv").mkdir()
     (directory / "csv" / "metrics.csv").write_text("params/total,step\n1234.0,0\n")
 
@@ -91,3 +103,16 @@ def test_cli_writes_a_file_and_reports_bad_input(sweep: Path, tmp_path: Path) ->
 )
 def test_t_quantiles_match_the_tables(df: int, expected: float) -> None:
     assert t_quantile(0.975, df) == pytest.approx(expected, abs=1e-4)
+
+
+def test_each_seed_is_tested_against_the_same_seed_baseline_run(sweep: Path) -> None:
+    from attnlab.metrics import paired_bootstrap
+
+    groups, _ = summarize(load_runs([sweep]), baseline="model.pe=sinusoidal")
+    by_name = {g.name: g for g in groups}
+    assert by_name["model.pe=sinusoidal"].p_values == {}
+    tested = by_name["model.pe=none"].p_values["test2016"]
+    assert [seed for seed, _ in tested] == [1, 2, 3]
+    for seed, p in tested:
+        assert p == paired_bootstrap(hypotheses("sinusoidal", seed), hypotheses("none", seed), REFS).p_value
+    assert "seed 1: " in report([sweep], baseline="model.pe=sinusoidal")

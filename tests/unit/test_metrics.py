@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+import os
 import random
+from pathlib import Path
 
 import pytest
 import sacrebleu
@@ -197,3 +199,31 @@ def test_shard_order_does_not_matter() -> None:
 def test_add_rejects_other_types() -> None:
     with pytest.raises(TypeError):
         BleuStats.of(HYPS, REFS) + [0.0] * 10  # type: ignore[operator]
+
+
+def test_paired_bootstrap_equals_the_sacrebleu_command(shared_data: Path, tmp_path: Path) -> None:
+    import json as _json
+    import subprocess
+    import sys
+
+    from attnlab.metrics import paired_bootstrap
+
+    references = (shared_data / "multi30k" / "val.en").read_text(encoding="utf-8").split("\n")[:300]
+    baseline = [" ".join(r.split()[:-1]) for r in references]  # drops each sentence's last word
+    system = [r if i % 3 else " ".join(r.split()[1:]) for i, r in enumerate(references)]
+    files = {}
+    for name, lines in (("ref", references), ("base", baseline), ("sys", system)):
+        files[name] = tmp_path / f"{name}.txt"
+        files[name].write_text("\n".join(lines) + "\n", encoding="utf-8")
+    ours = paired_bootstrap(baseline, system, references, n_samples=1000)
+    env = {k: v for k, v in os.environ.items() if k != "SACREBLEU_SEED"}
+    command = [sys.executable, "-m", "sacrebleu", str(files["ref"]), "-i", str(files["base"]),
+               str(files["sys"]), "--paired-bs", "-m", "bleu", "-f", "json"]  # fmt: skip
+    printed = _json.loads(subprocess.run(command, capture_output=True, text=True, check=True, env=env).stdout)
+    assert ours.p_value == printed[1]["BLEU"]["p_value"]
+    assert (
+        ours.system == pytest.approx(printed[1]["BLEU"]["score"])
+        and ours.system_ci == printed[1]["BLEU"]["ci"]
+    )
+    assert ours.baseline == pytest.approx(printed[0]["BLEU"]["score"])
+    assert ours.seed == "12345" and 0.0 < ours.p_value <= 1.0
