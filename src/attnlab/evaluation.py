@@ -26,6 +26,8 @@ class DecodeConfig:
         batch_size: Most sentences per decoding batch outside training (each holds `beam` hypotheses).
         max_tokens: Most source tokens (padding included) per decoding batch outside training (null: no
             token budget, `batch_size` alone).
+        probe_sentences: At each validation decode, the cross-attention (last decoder layer, averaged
+            over heads) of the first n validation sentences goes to W&B as heatmap images (0: none).
     """
 
     beam: int = 5
@@ -38,6 +40,7 @@ class DecodeConfig:
     val_subset: int | None = None
     batch_size: int = 64
     max_tokens: int | None = None
+    probe_sentences: int = 2
 
     def __post_init__(self) -> None:
         check_fields(self)
@@ -47,6 +50,7 @@ class DecodeConfig:
         )
         require(self.lenpen >= 0, f"lenpen={self.lenpen} must be >= 0")
         require(self.max_len_a >= 0 and self.max_len_b >= 0, "max_len_a and max_len_b must be >= 0")
+        require(self.probe_sentences >= 0, f"probe_sentences={self.probe_sentences} must be >= 0")
         require(self.every_n_epochs >= 0, f"every_n_epochs={self.every_n_epochs} must be >= 0 (0: never)")
         require(
             self.val_subset is None or self.val_subset > 0, f"val_subset={self.val_subset} must be positive"

@@ -13,7 +13,7 @@ from torch import Tensor
 from torchmetrics import SumMetric
 
 from attnlab.checkpoint import BUNDLE_KEY, bundle
-from attnlab.decoding import greedy_decode, translate_ids
+from attnlab.decoding import beam_search, greedy_decode, translate_ids
 from attnlab.evaluation import DecodeConfig
 from attnlab.metrics import score_all
 from attnlab.model.config import TransformerConfig
@@ -214,6 +214,30 @@ class TranslationModule(L.LightningModule):
         if self._val_hypotheses is not None:
             self.log_dict(self._score_validation(), prog_bar=True, sync_dist=False)
             self._val_hypotheses = None
+            self._log_attention()
+
+    def _log_attention(self) -> None:
+        """Cross-attention heatmaps of the first `decode.probe_sentences` validation sentences, to the
+        W&B loggers (rank 0): rows are output tokens, columns source tokens, white = weight 1."""
+        from lightning.pytorch.loggers import WandbLogger
+
+        loggers = [lg for lg in self.loggers if isinstance(lg, WandbLogger)]
+        count = self.decode_config.probe_sentences
+        if not loggers or count == 0 or not self.trainer.is_global_zero:
+            return
+        datamodule = self.trainer.datamodule
+        images, captions = [], []
+        for src_ids, _, _ in datamodule.splits["val"][:count]:
+            src = torch.tensor([src_ids], device=self.device)
+            (hyp,) = beam_search(self.model, src, beam=1, max_len_a=self.decode_config.max_len_a,
+                                 max_len_b=self.decode_config.max_len_b, need_attention=True)[0]  # fmt: skip
+            weights = hyp.attention.float().clamp(0, 1).cpu()  # (T, S)
+            pixels = (weights * 255).round().to(torch.uint8).repeat_interleave(8, 0).repeat_interleave(8, 1)
+            images.append(pixels.numpy())
+            source = datamodule.src_tokenizer.decode(src_ids)
+            captions.append(f"{source} -> {datamodule.tgt_tokenizer.decode(hyp.tokens)}")
+        for logger in loggers:
+            logger.log_image(key="val/attention", images=images, caption=captions, step=self.global_step)
 
     def test_step(self, batch: dict[str, Tensor], batch_idx: int) -> None:
         self._accumulate(batch)

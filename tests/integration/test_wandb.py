@@ -122,3 +122,16 @@ def test_a_damaged_run_file_is_reported(tmp_path: Path, wandb_runs: list[dict[st
     (tmp_path / "other.wandb").write_bytes(b"not a wandb file")
     with pytest.raises(WandbFileError, match="not a W&B run file"):
         read_wandb_run(tmp_path / "other.wandb")
+
+
+def test_cross_attention_heatmaps_of_probe_sentences_at_each_validation_decode(
+    wandb_runs: list[dict[str, Any]],
+) -> None:
+    record = wandb_runs[0]["record"]
+    logged = [row["val/attention"] for row in record.history if "val/attention" in row]
+    assert len(logged) == 2  # two epochs, each decoding the validation set
+    for entry in logged:
+        assert entry["_type"] == "images/separated" and entry["count"] == 2
+        assert len(entry["captions"]) == 2 and " -> " in entry["captions"][0]
+    images = [f for f in record.files if f.startswith("media/images/val/attention")]
+    assert len(images) == 4 and all(f.endswith(".png") for f in images)
