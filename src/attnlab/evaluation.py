@@ -24,8 +24,8 @@ class DecodeConfig:
         val_beam: Beam size of those validation decodes (1 = greedy, the fast default).
         val_subset: Decode only the first n validation sentences (null: all).
         batch_size: Most sentences per decoding batch outside training (each holds `beam` hypotheses).
-        max_tokens: Most source tokens (padding included) per decoding batch outside training (null: no
-            token budget, `batch_size` alone).
+        max_tokens: Most source tokens (padding included) per decoding batch outside training, so long
+            inputs get fewer sentences per batch (null: no token budget, `batch_size` alone).
         probe_sentences: At each validation decode, the cross-attention (last decoder layer, averaged
             over heads) of the first n validation sentences goes to W&B as heatmap images (0: none).
     """
@@ -39,7 +39,7 @@ class DecodeConfig:
     val_beam: int = 1
     val_subset: int | None = None
     batch_size: int = 64
-    max_tokens: int | None = None
+    max_tokens: int | None = 4096
     probe_sentences: int = 2
 
     def __post_init__(self) -> None:
