@@ -19,6 +19,8 @@ from importlib import metadata
 from pathlib import Path
 from typing import Any
 
+from attnlab.data.cache import atomic_write_bytes
+
 MANIFEST_FILE = "manifest.json"
 PACKAGES = ("attnlab", "torch", "lightning", "hydra-core", "omegaconf", "sacrebleu", "tokenizers", "wandb")
 
@@ -77,9 +79,9 @@ def text_sha256(text: str) -> str:
 def write_manifest(output_dir: str | Path, manifest: dict[str, Any]) -> Path:
     """Write `manifest.json` atomically (a reader never sees half a file)."""
     path = Path(output_dir) / MANIFEST_FILE
-    tmp = path.with_suffix(".json.tmp")
-    tmp.write_text(json.dumps(manifest, indent=2, sort_keys=True, default=str) + "\n", encoding="utf-8")
-    tmp.replace(path)
+    atomic_write_bytes(
+        path, (json.dumps(manifest, indent=2, sort_keys=True, default=str) + "\n").encode("utf-8")
+    )
     return path
 
 

@@ -203,7 +203,7 @@ def _final_evaluation(
         checkpoints = [str(Path(p).resolve()) for p in paths]
         write_results(output_dir, {"checkpoints": checkpoints, "averaged": len(paths) > 1, **extra})
         return metrics
-    module.to(trainer.strategy.root_device)  # Lightning moves the model back to the CPU after testing
+    module.to(trainer.strategy.root_device)  # decode on the training device, wherever testing left it
     translator = Translator(module.model, datamodule.src_tokenizer, tokenizer, module.decode_config)
     sets = {name: datamodule.raw_text(name) for name in datamodule.test_sets}
     results = evaluate(translator, sets, output_dir, checkpoints=paths, extra=extra)

@@ -23,6 +23,7 @@ import torch
 
 from attnlab.checkpoint import BUNDLE_KEY, CheckpointError, model_weights, read_averaged
 from attnlab.data.batching import TokenBatchSampler, pad
+from attnlab.data.cache import atomic_write_bytes
 from attnlab.data.tokenizer import SubwordTokenizer
 from attnlab.decoding import translate_ids
 from attnlab.evaluation import DecodeConfig
@@ -199,11 +200,9 @@ def evaluate(
 
 
 def write_results(output_dir: str | Path, results: dict[str, Any]) -> Path:
-    """Write `results.json` (written to a temporary name first, so a reader never sees half a file)."""
+    """Write `results.json` atomically (a reader never sees half a file)."""
     path = Path(output_dir) / RESULTS_FILE
-    tmp = path.with_suffix(".json.tmp")
-    tmp.write_text(json.dumps(results, indent=2, sort_keys=True) + "\n", encoding="utf-8")
-    tmp.replace(path)
+    atomic_write_bytes(path, (json.dumps(results, indent=2, sort_keys=True) + "\n").encode("utf-8"))
     return path
 
 
