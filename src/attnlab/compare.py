@@ -304,19 +304,38 @@ def render(rows: list[list[str]], fmt: str = "md") -> str:
     return "\n".join(lines) + "\n"
 
 
-def report(paths: Sequence[str | Path], baseline: str | None = None, fmt: str = "md") -> str:
-    """The comparison table of the runs under `paths`, then the runs that did not finish."""
+def main_metric(groups: Sequence[GroupSummary]) -> tuple[str | None, list[str]]:
+    """The metric a comparison is about (the first test BLEU, else the first test metric, else the
+    validation loss) and the table's columns (test BLEU/chrF or test metrics, then `DEFAULT_METRICS`)."""
+    tested = sorted({m for g in groups for m in g.stats if m.startswith("test/")})
+    scored = [m for m in tested if m.endswith(("/bleu", "/chrf"))] or tested  # BLEU/chrF when translated
+    columns = [*scored, *(m for m in DEFAULT_METRICS if any(m in g.stats for g in groups))]
+    bleu = [m for m in scored if m.endswith("/bleu")]
+    validation = [m for m in ("val/bleu", "val/loss") if any(m in g.stats for g in groups)]
+    main = (bleu or scored or validation or [None])[0]
+    return main, columns
+
+
+def report(
+    paths: Sequence[str | Path], baseline: str | None = None, fmt: str = "md", plots: str | Path | None = None
+) -> str:
+    """The comparison table of the runs under `paths`, then the runs that did not finish; with `plots`,
+    the plots of `attnlab.plots.plot_comparison` are written into that directory."""
     runs = load_runs(paths)
     if not runs:
         raise FileNotFoundError(
             f"no run directories (config.yaml, manifest.json) under {', '.join(map(str, paths))}"
         )
     groups, others = summarize(runs, baseline)
-    tested = sorted({m for g in groups for m in g.stats if m.startswith("test/")})
-    scored = [m for m in tested if m.endswith(("/bleu", "/chrf"))] or tested  # BLEU/chrF when translated
-    metrics = [*scored, *(m for m in DEFAULT_METRICS if any(m in g.stats for g in groups))]
-    text = render(table_rows(groups, metrics), fmt) if groups else "no finished runs\n"
+    metric, columns = main_metric(groups)
+    text = render(table_rows(groups, columns), fmt) if groups else "no finished runs\n"
     if others and fmt == "md":
         text += "\nNot finished:\n" + "".join(f"- {r.path} ({r.status}{': ' + r.error if r.error else ''})\n"
                                               for r in others)  # fmt: skip
+    if plots is not None and groups and metric is not None:
+        from attnlab.plots import plot_comparison
+
+        files = plot_comparison(groups, metric, plots)
+        if fmt == "md":
+            text += "\nPlots:\n" + "".join(f"- {f}\n" for f in files)
     return text

@@ -49,7 +49,8 @@ def write_run(directory: Path, pe: str, seed: int, bleu: float | None, status: s
             (directory / sub).mkdir()
             (directory / sub / "test2016.txt").write_text("".join(f"{line}\n" for line in lines))
     (directory / "csv").mkdir()
-    (directory / "csv" / "metrics.csv").write_text("params/total,step\n1234.0,0\n")
+    curve = "".join(f",{10 * (e + 1)},{e},{5.0 - e - (pe == 'sinusoidal')}\n" for e in range(3))
+    (directory / "csv" / "metrics.csv").write_text(f"params/total,step,epoch,val/loss\n1234.0,0,,\n{curve}")
 
 
 @pytest.fixture
@@ -116,3 +117,28 @@ def test_each_seed_is_tested_against_the_same_seed_baseline_run(sweep: Path) -> 
     for seed, p in tested:
         assert p == paired_bootstrap(hypotheses("sinusoidal", seed), hypotheses("none", seed), REFS).p_value
     assert "seed 1: " in report([sweep], baseline="model.pe=sinusoidal")
+
+
+def test_plots_show_groups_with_intervals_curves_and_parameters(sweep: Path, tmp_path: Path) -> None:
+    from PIL import Image
+
+    from attnlab.plots import validation_curve
+
+    runs = load_runs([sweep])
+    none = next(r for r in runs if r.path.name == "pe=none,seed=1")
+    assert validation_curve(none, "val/loss") == {0: 5.0, 1: 4.0, 2: 3.0}
+    assert validation_curve(none, "val/bleu") == {}
+    out = tmp_path / "plots"
+    compare_main([str(sweep), "--plots", str(out), "--out", str(tmp_path / "t")])
+    names = sorted(p.name for p in out.iterdir())
+    expected = [
+        "test_test2016_bleu_by_group.png",
+        "test_test2016_bleu_vs_params.png",
+        "validation_curves.png",
+    ]
+    assert names == expected
+    for name in names:
+        with Image.open(out / name) as image:
+            assert image.format == "PNG" and image.size[0] >= 600
+            assert len(image.convert("L").getcolors(maxcolors=10**6)) > 10  # drawn, not blank
+    assert "validation_curves.png" in report([sweep], plots=tmp_path / "again")

@@ -2,7 +2,7 @@
 
 Usage:
     attnlab-compare logs/sweeps/pe [more run or sweep directories] [--baseline 'model.pe=sinusoidal']
-                    [--format md|csv|latex] [--out table.md]
+                    [--format md|csv|latex] [--out table.md] [--plots plots/]
 """
 
 from __future__ import annotations
@@ -21,11 +21,13 @@ def main(argv: Sequence[str] | None = None) -> None:
     parser.add_argument("--baseline", help="the group the others are compared with (default: the first)")
     parser.add_argument("--format", choices=["md", "csv", "latex"], default="md")
     parser.add_argument("--out", help="write the table to this file instead of stdout")
+    parser.add_argument("--plots", help="also save PNG plots (BLEU per group, validation curves, BLEU vs "
+                        "parameters) into this directory")  # fmt: skip
     args = parser.parse_args(argv)
     from attnlab.compare import report
 
     try:
-        text = report(args.paths, baseline=args.baseline, fmt=args.format)
+        text = report(args.paths, baseline=args.baseline, fmt=args.format, plots=args.plots)
     except (FileNotFoundError, ValueError) as exc:
         raise SystemExit(f"attnlab-compare: {exc}") from None
     if args.out:

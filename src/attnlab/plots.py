@@ -1,0 +1,113 @@
+"""Plots of a comparison (`attnlab-compare --plots DIR`), as PNG files drawn with matplotlib's Agg backend.
+
+- `<metric>_by_group.png`: each group's mean of the main metric (test BLEU when the runs translated) with
+  its 95% t-interval over seeds, and every seed's value as a dot;
+- `validation_curves.png`: per group, the mean over seeds of a validation metric (`val/bleu` when it
+  was logged, else `val/loss`) at each epoch, with the range over seeds shaded;
+- `<metric>_vs_params.png`: the main metric against the parameter count, one point per group.
+"""
+
+from __future__ import annotations
+
+import csv
+import math
+import statistics
+from collections.abc import Sequence
+from pathlib import Path
+
+from attnlab.compare import GroupSummary, Run
+
+
+def validation_curve(run: Run, metric: str) -> dict[int, float]:
+    """`{epoch: value}` of `metric` from the run's `csv/metrics.csv` (empty when it was not logged)."""
+    path = run.path / "csv" / "metrics.csv"
+    if not path.is_file():
+        return {}
+    curve: dict[int, float] = {}
+    with open(path, newline="") as f:
+        for row in csv.DictReader(f):
+            value, epoch = row.get(metric), row.get("epoch")
+            if value and epoch:
+                curve[int(float(epoch))] = float(value)
+    return curve
+
+
+def _slug(metric: str) -> str:
+    return metric.replace("/", "_")
+
+
+def plot_comparison(groups: Sequence[GroupSummary], metric: str, out_dir: str | Path) -> list[Path]:
+    """Write the comparison plots of `groups` (from `attnlab.compare.summarize`) for `metric` into
+    `out_dir`; returns the files written."""
+    import matplotlib
+
+    matplotlib.use("Agg")  # files only: no display needed
+    import matplotlib.pyplot as plt
+
+    out = Path(out_dir)
+    out.mkdir(parents=True, exist_ok=True)
+    written = []
+    names = [g.name for g in groups]
+    width = max(6.0, 1.2 * len(groups))
+
+    fig, ax = plt.subplots(figsize=(width, 4.5))
+    for i, g in enumerate(groups):
+        s = g.stats.get(metric)
+        if s is None:
+            continue
+        ax.errorbar([i], [s.mean], yerr=[[s.half_width or 0.0]], fmt="o", capsize=6, color="C0")
+        seeds = [r.metrics[metric] for r in g.runs if metric in r.metrics]
+        ax.scatter([i + 0.12] * len(seeds), seeds, s=12, color="C1", zorder=3)
+    ax.set_xticks(range(len(names)), names, rotation=20, ha="right", fontsize=8)
+    ax.set_ylabel(metric)
+    ax.set_title(f"{metric}: mean, 95% t-interval; dots: seeds", fontsize=10)
+    fig.tight_layout()
+    written.append(_save(fig, out / f"{_slug(metric)}_by_group.png"))
+
+    bleu_logged = any(validation_curve(r, "val/bleu") for g in groups for r in g.runs)
+    curve_metric = "val/bleu" if bleu_logged else "val/loss"
+    fig, ax = plt.subplots(figsize=(7, 4.5))
+    for i, g in enumerate(groups):
+        curves = [c for c in (validation_curve(r, curve_metric) for r in g.runs) if c]
+        epochs = sorted(set().union(*curves)) if curves else []
+        if not epochs:
+            continue
+        values = [[c[e] for c in curves if e in c] for e in epochs]
+        x, color = [e + 1 for e in epochs], f"C{i % 10}"
+        ax.plot(x, [statistics.fmean(v) for v in values], marker="o", color=color, label=g.name)
+        ax.fill_between(x, [min(v) for v in values], [max(v) for v in values], color=color, alpha=0.2)
+    ax.set_xlabel("epoch")
+    ax.xaxis.get_major_locator().set_params(integer=True)
+    ax.set_ylabel(curve_metric)
+    ax.set_title(f"{curve_metric} per epoch: mean over seeds, range shaded", fontsize=10)
+    _legend(ax)
+    fig.tight_layout()
+    written.append(_save(fig, out / "validation_curves.png"))
+
+    fig, ax = plt.subplots(figsize=(7, 4.5))
+    for i, g in enumerate(groups):
+        s, p = g.stats.get(metric), g.stats.get("params")
+        if s is None or p is None or not math.isfinite(p.mean):
+            continue
+        ax.errorbar([p.mean], [s.mean], yerr=[[s.half_width or 0.0]], fmt="o", capsize=4, color=f"C{i % 10}",
+                    label=g.name)  # fmt: skip
+    ax.set_xlabel("parameters")
+    ax.set_ylabel(metric)
+    ax.set_title(f"{metric} vs parameter count", fontsize=10)
+    _legend(ax)
+    fig.tight_layout()
+    written.append(_save(fig, out / f"{_slug(metric)}_vs_params.png"))
+    return written
+
+
+def _legend(ax: object) -> None:
+    if ax.get_legend_handles_labels()[0]:  # type: ignore[attr-defined]
+        ax.legend(fontsize=7)  # type: ignore[attr-defined]
+
+
+def _save(fig: object, path: Path) -> Path:
+    import matplotlib.pyplot as plt
+
+    fig.savefig(path, dpi=100)  # type: ignore[attr-defined]
+    plt.close(fig)  # type: ignore[arg-type]
+    return path
