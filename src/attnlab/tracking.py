@@ -150,10 +150,15 @@ def log_results(runs: list[Any], results: dict[str, Any], output_dir: Path) -> N
 
 
 def finish_wandb(exit_code: int) -> None:
-    """End the active W&B run, if any: wandb.init would otherwise hand the next job of a multirun the
-    previous run."""
+    """End the active W&B run, if any, and shut W&B's service process down.
+
+    `wandb.init` would otherwise hand the next job of a multirun the previous run; the shutdown waits
+    until the run's files are completely written (`finish` alone may return before the offline run file
+    is flushed), and lets the next job's W&B directories (`WANDB_DIR`, ...) take effect, which a running
+    W&B session ignores."""
     import sys
 
     wandb = sys.modules.get("wandb")
     if wandb is not None and getattr(wandb, "run", None) is not None:
         wandb.finish(exit_code=exit_code)
+        wandb.teardown()
