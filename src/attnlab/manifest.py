@@ -92,6 +92,9 @@ def start_manifest(output_dir: str | Path) -> dict[str, Any]:
         "start_time": now(),
         "end_time": None,
         "command": [sys.executable, *sys.argv],
+        # This job's own overrides (under a multirun or a launcher, `command` is the sweep's or the
+        # launcher's): `attnlab-train <overrides>` re-runs the job alone.
+        "overrides": _job_overrides(),
         "cwd": os.getcwd(),
         "git": git_state(),
         "packages": package_versions(),
@@ -99,6 +102,12 @@ def start_manifest(output_dir: str | Path) -> dict[str, Any]:
     }
     write_manifest(output_dir, manifest)
     return manifest
+
+
+def _job_overrides() -> list[str]:
+    from hydra.core.hydra_config import HydraConfig
+
+    return list(HydraConfig.get().overrides.task) if HydraConfig.initialized() else []
 
 
 def data_identity(datamodule: Any) -> dict[str, Any]:

@@ -142,6 +142,9 @@ def _fit_and_evaluate(
         run.config.update({"run": resolved_config(cfg), "manifest": manifest or {}}, allow_val_change=True)
     trainer.fit(module, datamodule=datamodule, ckpt_path=cfg.get("ckpt_path"))
     metrics = {k: float(v) for k, v in trainer.callback_metrics.items()}
+    best = _best_score(cfg, trainer)
+    if best is not None:  # what sweepers optimize: the monitor's value at the selected checkpoint
+        metrics[f"best/{cfg.monitor.metric}"] = best
     if cfg.get("test", True):
         metrics.update(_final_evaluation(cfg, trainer, module, datamodule, output_dir))
         if runs and (output_dir / "results.json").is_file():
@@ -175,6 +178,15 @@ def _best_checkpoint(cfg: DictConfig, trainer: Any) -> str:
         cb for cb in trainer.checkpoint_callbacks if cb.monitor == metric
     ] or trainer.checkpoint_callbacks
     return callbacks[0].best_model_path if callbacks else ""
+
+
+def _best_score(cfg: DictConfig, trainer: Any) -> float | None:
+    """The monitor's value at the best checkpoint (None without a checkpoint callback on it)."""
+    metric = cfg.get("monitor", {}).get("metric")
+    for cb in trainer.checkpoint_callbacks:
+        if cb.monitor == metric and cb.best_model_score is not None:
+            return float(cb.best_model_score)
+    return None
 
 
 def _final_evaluation(

@@ -336,3 +336,24 @@ def test_separate_vocabularies_work_with_decoder_tying(tmp_path: Path) -> None:
         compose_train(["data=multi30k", "data.joint_vocab=false", "model.tie=decoder"], tmp_path)
     )
     assert experiment.data.joint_vocab is False and experiment.model.src_vocab_size is None
+
+
+def test_launcher_presets_give_each_device_a_task(tmp_path: Path) -> None:
+    pytest.importorskip("hydra_plugins.hydra_submitit_launcher", reason="needs the [sweep] extra")
+    cfg = compose_train(["hydra/launcher=slurm", "trainer=ddp_cpu", "trainer.num_nodes=2"], tmp_path,
+                        hydra_node=True)  # fmt: skip
+    launcher = cfg.hydra.launcher
+    assert launcher._target_.endswith("SlurmLauncher")
+    assert (launcher.tasks_per_node, launcher.nodes, launcher.gpus_per_node) == (2, 2, 2)
+    assert launcher.max_num_timeout == 3 and launcher.signal_delay_s == 120
+    local = compose_train(["hydra/launcher=local"], tmp_path, hydra_node=True).hydra.launcher
+    assert local._target_.endswith("LocalLauncher") and local.tasks_per_node == 1
+
+
+def test_the_optuna_search_preset_composes(tmp_path: Path) -> None:
+    pytest.importorskip("hydra_plugins.hydra_optuna_sweeper", reason="needs the [sweep] extra")
+    cfg = compose_train(["hparams_search=optuna"], tmp_path, hydra_node=True)
+    assert cfg.optimized_metric == "best/val/bleu" and cfg.hydra.sweeper.direction == "maximize"
+    assert cfg.hydra.sweeper.storage is None  # an in-memory study
+    assert set(cfg.hydra.sweeper.params) == {"optim.peak_lr", "optim.warmup_steps", "model.dropout",
+                                             "optim.label_smoothing"}  # fmt: skip

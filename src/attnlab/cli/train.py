@@ -57,6 +57,11 @@ def _main(cfg: DictConfig) -> float | None:
         return None
     summary = ", ".join(f"{k}={v:.4g}" for k, v in sorted(metrics.items()) if k.startswith(("val/", "test/")))
     print(f"attnlab-train: {summary}")
+    if metric and metric not in metrics:
+        available = ", ".join(sorted(metrics))
+        log.error("optimized_metric=%s is not among this run's final metrics (%s): nothing to return to the "
+                  "sweeper; set optimized_metric to one of them", metric, available)  # fmt: skip
+        return None
     return metrics.get(metric) if metric else None
 
 

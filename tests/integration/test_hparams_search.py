@@ -1,0 +1,97 @@
+"""`hparams_search=optuna` for real, in this process: three tiny trials through attnlab-train's Hydra main.
+
+Each trial must get its own parameters, job directory and W&B run (offline), and the value Optuna's
+study is told must be the one the trial's results.json holds.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import sys
+from typing import Any
+
+import pytest
+import yaml
+
+from attnlab.wandb_records import find_run_file, read_wandb_run
+
+optuna = pytest.importorskip("optuna", reason='needs the [sweep] extra: pip install -e ".[sweep]"')
+PARAMS = ("optim.peak_lr", "optim.warmup_steps", "model.dropout", "optim.label_smoothing")
+
+
+def lookup(config: dict[str, Any], dotted: str) -> Any:
+    for part in dotted.split("."):
+        config = config[part]
+    return config
+
+
+@pytest.fixture(scope="module")
+def optuna_sweep(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Any]:
+    from hydra.core.global_hydra import GlobalHydra
+
+    from attnlab.cli.train import _main
+
+    sweep_dir = tmp_path_factory.mktemp("optuna") / "sweep"
+    told: list[tuple[dict[str, Any], list[float] | None]] = []
+    original_tell = optuna.study.Study.tell
+
+    def recording_tell(self: Any, trial: Any, values: Any = None, state: Any = None, **kwargs: Any) -> Any:
+        told.append((dict(trial.params), None if values is None else [float(v) for v in values]))
+        return original_tell(self, trial, values=values, state=state, **kwargs)
+
+    argv = [
+        "attnlab-train", "hparams_search=optuna", "data=synthetic", "model=tiny", "optim=linear",
+        "optim.total_steps=5000", "data.n_train=48", "data.n_val=16", "data.n_test=16",
+        "trainer.max_epochs=1",
+        "logger=wandb", "optimized_metric=best/val/loss", "hydra.sweeper.direction=minimize",
+        "hydra.sweeper.n_trials=3", f"hydra.sweep.dir={sweep_dir}", "trainer.enable_progress_bar=false",
+        "hydra/job_logging=none", "hydra/hydra_logging=none",
+    ]  # fmt: skip
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setattr(optuna.study.Study, "tell", recording_tell)
+        patch.setattr(sys, "argv", argv)
+        patch.setenv("WANDB_MODE", "offline")
+        GlobalHydra.instance().clear()
+        try:
+            _main()
+        finally:
+            GlobalHydra.instance().clear()
+    return {"dir": sweep_dir, "told": told}
+
+
+def test_trials_get_distinct_parameters_and_the_sweeper_receives_their_results(
+    optuna_sweep: dict[str, Any],
+) -> None:
+    told, sweep_dir = optuna_sweep["told"], optuna_sweep["dir"]
+    assert len(told) == 3 and all(values is not None for _, values in told)
+    settings = [tuple(params[p] for p in PARAMS) for params, _ in told]
+    assert len(set(settings)) == 3  # each trial a different point of the search space
+    jobs = sorted(p for p in sweep_dir.iterdir() if (p / "results.json").is_file())
+    assert len(jobs) == 3
+    for params, values in told:
+        matches = []
+        for job in jobs:
+            config = yaml.safe_load((job / "config.yaml").read_text())
+            if all(math.isclose(float(lookup(config, p)), float(params[p]), rel_tol=1e-12) for p in PARAMS):
+                matches.append(job)
+        (job,) = matches
+        results = json.loads((job / "results.json").read_text())
+        assert values == [results["metrics"]["best/val/loss"]]
+        assert 1e-12 < results["metrics"]["best/val/loss"] <= results["metrics"]["val/loss"] + 1e-6
+    best = yaml.safe_load((sweep_dir / "optimization_results.yaml").read_text())
+    assert best["best_value"] == min(values[0] for _, values in told)
+
+
+def test_every_trial_is_its_own_wandb_run(optuna_sweep: dict[str, Any]) -> None:
+    jobs = sorted(p for p in optuna_sweep["dir"].iterdir() if (p / "results.json").is_file())
+    records = [read_wandb_run(find_run_file(job)) for job in jobs]
+    assert len({r.run["id"] for r in records}) == 3
+    assert all(r.exit_code == 0 for r in records)
+    for job, record in zip(jobs, records, strict=True):
+        config = yaml.safe_load((job / "config.yaml").read_text())
+        assert record.config["run"]["optim"]["peak_lr"] == config["optim"]["peak_lr"]
+        assert f"peak_lr={config['optim']['peak_lr']}" in record.run["name"]
+        history = [row["val/loss"] for row in record.history if "val/loss" in row]
+        final = json.loads((job / "results.json").read_text())["metrics"]["val/loss"]
+        assert history == pytest.approx([final])
