@@ -321,3 +321,32 @@ def test_cross_attention_keys_are_computed_once() -> None:
     assert cache.cross_k is k and cache.cross_v is v
     assert cache.self_k is None
     torch.testing.assert_close(second, expected)
+
+
+def test_attention_maps_records_every_layer_without_changing_the_outputs() -> None:
+    from attnlab.model.attention import attention_maps
+    from attnlab.model.transformer import Transformer
+    from helpers import tiny_config
+
+    torch.manual_seed(0)
+    model = Transformer(tiny_config(dropout=0.1)).train()
+    src = torch.tensor([[5, 6, 7, 8, 2], [9, 10, 2, 0, 0]])
+    tgt = torch.tensor([[1, 11, 12], [1, 13, 0]])
+    with torch.no_grad():
+        expected = model.eval()(src, tgt)
+    model.train()
+    maps = attention_maps(model, src, tgt)
+    assert model.training  # mode restored
+    assert "forward" not in vars(model.encoder.layers[0].self_attn)  # the class's forward again
+    layers = model.config.n_encoder_layers
+    assert len(maps) == layers + 2 * model.config.n_decoder_layers
+    names = ("encoder.layers.0.self_attn", "decoder.layers.0.self_attn", "decoder.layers.0.cross_attn")
+    enc, dec, cross = (maps[name] for name in names)
+    heads = model.config.n_heads
+    assert enc.shape == (2, heads, 5, 5) and dec.shape == (2, heads, 3, 3) and cross.shape == (2, heads, 3, 5)
+    for weights in (enc, dec, cross):
+        torch.testing.assert_close(weights.sum(-1), torch.ones(weights.shape[:-1]))
+    assert dec.triu(1).abs().max() == 0  # no look-ahead
+    assert cross[1, :, :, 3:].abs().max() == 0 and enc[1, :, :, 3:].abs().max() == 0  # padding ignored
+    with torch.no_grad():
+        torch.testing.assert_close(model.eval()(src, tgt), expected)

@@ -14,6 +14,7 @@ from attnlab.model.config import TransformerConfig
 _LAZY = {
     "MultiHeadAttention": "attnlab.model.attention",
     "scaled_dot_product_attention": "attnlab.model.attention",
+    "attention_maps": "attnlab.model.attention",
     "KVCache": "attnlab.model.cache",
     "LayerKV": "attnlab.model.cache",
     "SinusoidalPositionalEncoding": "attnlab.model.positional",

@@ -138,3 +138,37 @@ class MultiHeadAttention(nn.Module):
         b, _, t, _ = out.shape
         out = out.transpose(1, 2).reshape(b, t, self.n_heads * self.d_head)  # (B, T, H·Dh)
         return self.w_o(out), weights
+
+
+def attention_maps(model: nn.Module, src: Tensor, tgt: Tensor) -> dict[str, Tensor]:
+    """Every attention layer's weights in one teacher-forced forward pass, for inspection.
+
+    Runs `model(src, tgt)` in eval mode without gradients, with each `MultiHeadAttention` on its explicit
+    path, and returns `{module name: weights (B, H, T, S)}` — e.g. `encoder.layers.0.self_attn`
+    (source × source), `decoder.layers.0.self_attn` (target × target, zero above the diagonal) and
+    `decoder.layers.0.cross_attn` (target × source). The model's outputs are unchanged by this.
+    """
+    maps: dict[str, Tensor] = {}
+    patched = []
+    for name, module in model.named_modules():
+        if not isinstance(module, MultiHeadAttention):
+            continue
+
+        def recording(*args: object, _name: str = name, _forward: object = module.forward, **kwargs: object):
+            kwargs["need_weights"] = True
+            out, weights = _forward(*args, **kwargs)  # type: ignore[operator]
+            maps[_name] = weights.detach()
+            return out, weights
+
+        module.forward = recording  # type: ignore[method-assign]
+        patched.append(module)
+    was_training = model.training
+    try:
+        model.eval()
+        with torch.no_grad():
+            model(src, tgt)
+    finally:
+        for module in patched:
+            del module.forward  # back to the class's forward
+        model.train(was_training)
+    return maps
