@@ -40,3 +40,108 @@ class EarlyStopping(_LightningEarlyStopping):
     def on_validation_end(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
         if self._checks_this_epoch(trainer):
             super().on_validation_end(trainer, pl_module)
+
+
+class Preempted(SystemExit):
+    """Training stopped on a signal after saving a checkpoint; `attnlab-train resume=true` continues it.
+
+    A `SystemExit` (like Lightning's `SIGTERMException`): it ends the process, with `code` 128 + the
+    signal number, as a process killed by that signal would report.
+    """
+
+    def __init__(self, signum: int, step: int, path: str) -> None:
+        import signal
+
+        super().__init__(128 + signum)
+        self.signum, self.step, self.path = signum, step, path
+        self.message = (
+            f"stopped by {signal.Signals(signum).name} at step {step} after saving {path}; "
+            "continue with resume=true (same run directory)"
+        )
+
+    def __str__(self) -> str:
+        return self.message
+
+
+class Preemption(L.Callback):
+    """On SIGTERM or SIGUSR1, save a checkpoint at the end of the current training step and stop.
+
+    Clusters announce the end of a job with a signal: SLURM sends SIGTERM before killing a job (and
+    SIGUSR1 some time before its time limit when asked to, as submitit and `--signal` do). The signal
+    only sets a flag; the checkpoint is written at the end of the training step, where Lightning's own
+    step checkpoints are written and where model, optimizer, schedule, data position and random states
+    are consistent, to `dirpath/filename.ckpt` (the run's last.ckpt); `resume=true` continues from it
+    exactly. Training then stops with `Preempted` (exit status 128 + the signal number). Under DDP the
+    ranks agree on stopping (a signal that reached any rank stops all) and all take part in the save.
+
+    While training runs, this callback's handlers replace Lightning's SIGTERM handler (which would stop
+    training at the end of the step without a checkpoint) and whatever handled SIGUSR1. A SIGUSR1 handler
+    that was installed before (Lightning's SLURM auto-requeue, which saves its own checkpoint and calls
+    `scontrol requeue`, or submitit's, which requeues the job) runs after the save.
+
+    Args:
+        dirpath: Directory of the checkpoint.
+        filename: Its name without `.ckpt`.
+    """
+
+    def __init__(self, dirpath: str, filename: str = "last") -> None:
+        super().__init__()
+        self.dirpath, self.filename = dirpath, filename
+        self._received: int | None = None
+        self._previous: dict[int, Any] = {}
+
+    def _on_signal(self, signum: int, frame: Any) -> None:
+        self._received = signum
+
+    def on_train_start(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
+        import signal
+        import threading
+
+        if threading.current_thread() is not threading.main_thread():
+            return  # signals reach only the main thread
+        for signum in (signal.SIGTERM, signal.SIGUSR1):
+            self._previous[signum] = signal.getsignal(signum)
+            signal.signal(signum, self._on_signal)
+
+    def _restore(self) -> None:
+        import signal
+
+        for signum, handler in self._previous.items():
+            signal.signal(signum, handler if handler is not None else signal.SIG_DFL)
+        self._previous = {}
+
+    def on_train_batch_end(
+        self, trainer: L.Trainer, pl_module: L.LightningModule, outputs: Any, batch: Any, batch_idx: int
+    ) -> None:
+        import signal
+
+        local = self._received
+        if not trainer.strategy.reduce_boolean_decision(local is not None, all=False):
+            return
+        signum = int(local or signal.SIGTERM)
+        path = f"{self.dirpath}/{self.filename}.ckpt"
+        trainer.save_checkpoint(path)
+        self._log_this_step(trainer)
+        previous = self._previous.get(signal.SIGUSR1)
+        self._received = None
+        self._restore()
+        if signum == signal.SIGUSR1 and callable(previous):
+            previous(signum, None)  # Lightning's auto-requeue or submitit's handler
+        raise Preempted(signum, trainer.global_step, path)
+
+    @staticmethod
+    def _log_this_step(trainer: L.Trainer) -> None:
+        """Log this step's metrics, which Lightning logs only after `on_train_batch_end` (a resumed run
+        starts after this step, so its history would otherwise lack it). Uses Lightning internals; on a
+        Lightning without them, the step's log row is the only loss."""
+        connector = getattr(trainer, "_logger_connector", None)
+        try:
+            connector.on_batch_end()  # type: ignore[union-attr]
+            connector.update_train_step_metrics()  # type: ignore[union-attr]
+        except AttributeError:
+            return
+        for logger in trainer.loggers:
+            logger.save()
+
+    def teardown(self, trainer: L.Trainer, pl_module: L.LightningModule, stage: str) -> None:
+        self._restore()

@@ -22,7 +22,33 @@ from torch import Tensor
 
 BUNDLE_KEY = "attnlab"
 BUNDLE_FORMAT = 1
+# What an exact resumption needs beyond Lightning's own entries (random-number generator states, counters).
+RESUME_KEY = "attnlab_resume"
 EPOCH_FILE = re.compile(r"^epoch(\d+)\.ckpt$")
+
+
+def rng_states() -> dict[str, Any]:
+    """This process's random-number generator states (torch CPU, every CUDA device, Python's `random`),
+    in types `torch.load(weights_only=True)` reads back. NumPy's global generator is not used by
+    attnlab and not saved."""
+    import random
+
+    version, state, gauss = random.getstate()
+    states: dict[str, Any] = {"torch": torch.get_rng_state(), "python": [version, list(state), gauss]}
+    if torch.cuda.is_available() and torch.cuda.is_initialized():
+        states["cuda"] = torch.cuda.get_rng_state_all()
+    return states
+
+
+def set_rng_states(states: dict[str, Any]) -> None:
+    """Restore what `rng_states` saved."""
+    import random
+
+    torch.set_rng_state(states["torch"])
+    version, state, gauss = states["python"]
+    random.setstate((version, tuple(state), gauss))
+    if "cuda" in states and torch.cuda.is_available():
+        torch.cuda.set_rng_state_all(states["cuda"])
 
 
 class CheckpointError(ValueError):

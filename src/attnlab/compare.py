@@ -24,7 +24,7 @@ from typing import Any
 from omegaconf import OmegaConf
 
 # Config keys that never define a setting (bookkeeping, or values derived from the run directory).
-IGNORED_PREFIXES = ("paths.", "hydra.", "logger.", "callbacks.", "sweep.", "ckpt_path", "task_name")
+IGNORED_PREFIXES = ("paths.", "hydra.", "logger.", "callbacks.", "sweep.", "ckpt_path", "resume", "task_name")
 
 
 @dataclass

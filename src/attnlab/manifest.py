@@ -85,9 +85,14 @@ def write_manifest(output_dir: str | Path, manifest: dict[str, Any]) -> Path:
     return path
 
 
-def start_manifest(output_dir: str | Path) -> dict[str, Any]:
-    """The manifest of a run starting now (written to `output_dir`); add to it and `write_manifest`."""
-    manifest = {
+def start_manifest(output_dir: str | Path, resumed_from: str | None = None) -> dict[str, Any]:
+    """The manifest of a run starting now (written to `output_dir`); add to it and `write_manifest`.
+
+    With `resumed_from` (the run continues from that checkpoint), the first start time, the W&B run id
+    and the earlier resumptions are kept from the run's manifest, and this resumption is added to
+    `resumed` (time, checkpoint, command).
+    """
+    manifest: dict[str, Any] = {
         "status": "running",
         "start_time": now(),
         "end_time": None,
@@ -100,6 +105,16 @@ def start_manifest(output_dir: str | Path) -> dict[str, Any]:
         "packages": package_versions(),
         "hardware": hardware(),
     }
+    if resumed_from is not None:
+        try:
+            before = json.loads((Path(output_dir) / "manifest.json").read_text())
+        except (OSError, ValueError):
+            before = {}
+        for key in ("start_time", "wandb_run_id"):
+            if before.get(key):
+                manifest[key] = before[key]
+        entry = {"time": now(), "checkpoint": str(resumed_from), "command": manifest["command"]}
+        manifest["resumed"] = [*before.get("resumed", []), entry]
     write_manifest(output_dir, manifest)
     return manifest
 

@@ -12,7 +12,7 @@ import torch.nn.functional as F
 from torch import Tensor
 from torchmetrics import SumMetric
 
-from attnlab.checkpoint import BUNDLE_KEY, bundle
+from attnlab.checkpoint import BUNDLE_KEY, RESUME_KEY, bundle, rng_states, set_rng_states
 from attnlab.decoding import beam_search, greedy_decode, translate_ids
 from attnlab.evaluation import DecodeConfig
 from attnlab.metrics import score_all
@@ -93,6 +93,7 @@ class TranslationModule(L.LightningModule):
         self._tokens_seen = 0
         self._step_tokens = 0
         self._step_started = 0.0
+        self._rng_to_restore: dict[str, Any] | None = None
 
     def forward(self, src: Tensor, tgt_in: Tensor) -> Tensor:
         return self.model(src, tgt_in)
@@ -112,6 +113,9 @@ class TranslationModule(L.LightningModule):
             logger.log_metrics(counts, step=0)
 
     def on_train_batch_start(self, batch: dict[str, Tensor], batch_idx: int) -> None:
+        if self._rng_to_restore is not None:  # resumed: the random streams continue where they were saved
+            set_rng_states(self._rng_to_restore)
+            self._rng_to_restore = None
         self._step_started = time.perf_counter()
 
     def training_step(self, batch: dict[str, Tensor], batch_idx: int) -> Tensor:
@@ -251,8 +255,19 @@ class TranslationModule(L.LightningModule):
     # -- checkpoints ----------------------------------------------------------------------------------
 
     def on_save_checkpoint(self, checkpoint: dict[str, Any]) -> None:
-        """Store what inference needs besides the weights: tokenizers (JSON) and data settings."""
+        """Store what inference needs besides the weights (tokenizers as JSON, data settings), and what
+        an exact resumption needs besides Lightning's state: this rank's random-number generator states
+        and the count of target tokens seen."""
         checkpoint[BUNDLE_KEY] = bundle(getattr(self.trainer, "datamodule", None))
+        checkpoint[RESUME_KEY] = {"rng": rng_states(), "tokens_seen": self._tokens_seen}
+
+    def on_load_checkpoint(self, checkpoint: dict[str, Any]) -> None:
+        state = checkpoint.get(RESUME_KEY)
+        if state is None:  # a checkpoint from before exact resumption: weights and optimizer only
+            return
+        self._tokens_seen = int(state["tokens_seen"])
+        # Applied at the first training step, after everything that runs between loading and training.
+        self._rng_to_restore = state["rng"]
 
     # -- optimisation ---------------------------------------------------------------------------------
 

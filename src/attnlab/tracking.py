@@ -20,7 +20,7 @@ from typing import Any
 from lightning.pytorch.loggers import WandbLogger as _LightningWandbLogger
 
 # Keys that do not change what a run computes: left out of the group hash.
-UNGROUPED = ("seed", "paths", "hydra", "logger", "ckpt_path", "task_name", "optimized_metric")
+UNGROUPED = ("seed", "paths", "hydra", "logger", "ckpt_path", "resume", "task_name", "optimized_metric")
 _SET_BY_US: dict[str, str] = {}  # W&B directory variables this process set (for the next run of a multirun)
 WANDB_DIRS = {
     "WANDB_DIR": "",
@@ -51,7 +51,7 @@ def run_name(overrides: Sequence[str]) -> str | None:
     parts = []
     for override in overrides:
         key, sep, value = override.lstrip("+~").partition("=")
-        if not sep or key.split(".")[0] in ("paths", "hydra", "logger"):
+        if not sep or key.split(".")[0] in ("paths", "hydra", "logger", "resume", "ckpt_path"):
             continue
         parts.append(f"{key.split('.')[-1]}={value}")
     return ",".join(parts) or None

@@ -67,6 +67,12 @@ def train(cfg: DictConfig) -> dict[str, float]:
     experiment = validate(cfg)
     resolve_monitor(cfg, experiment)
     output_dir = Path(cfg.paths.output_dir)
+    from attnlab.resume import LAST, check_same_experiment, resume_path
+
+    resume_from = resume_path(cfg, output_dir)
+    continuing = resume_from is not None and Path(resume_from) == output_dir / LAST
+    if continuing:  # the same run goes on: the same experiment, in its own directory
+        check_same_experiment(output_dir / "config.yaml", resolved_config(cfg))
     output_dir.mkdir(parents=True, exist_ok=True)
     if (cfg.get("logger") or {}).get("wandb") is not None:
         from attnlab.tracking import name_and_group
@@ -77,18 +83,22 @@ def train(cfg: DictConfig) -> dict[str, float]:
     import lightning as L
     from lightning.pytorch.utilities import rank_zero_only
 
+    from attnlab.callbacks import Preempted
     from attnlab.manifest import now, start_manifest, write_manifest
 
     is_zero = rank_zero_only.rank == 0  # under DDP every rank runs this; one writes the manifest
-    manifest = start_manifest(output_dir) if is_zero else {}
+    manifest = start_manifest(output_dir, resumed_from=resume_from if continuing else None) if is_zero else {}
     try:
         if cfg.get("seed") is not None:
             L.seed_everything(cfg.seed, workers=True)
-        metrics = _fit_and_evaluate(cfg, experiment, output_dir, manifest if is_zero else None)
+        metrics = _fit_and_evaluate(
+            cfg, experiment, output_dir, manifest if is_zero else None, resume_from, continuing
+        )
     except BaseException as exc:
         if is_zero:
+            status = "interrupted" if isinstance(exc, Preempted) else "failed"
             error = f"{type(exc).__name__}: {exc}".splitlines()[0]
-            write_manifest(output_dir, {**manifest, "status": "failed", "error": error, "end_time": now()})
+            write_manifest(output_dir, {**manifest, "status": status, "error": error, "end_time": now()})
         _finish_tracking(exit_code=1)
         raise
     if is_zero:
@@ -107,7 +117,12 @@ def _finish_tracking(exit_code: int) -> None:
 
 
 def _fit_and_evaluate(
-    cfg: DictConfig, experiment: Experiment, output_dir: Path, manifest: dict[str, Any] | None
+    cfg: DictConfig,
+    experiment: Experiment,
+    output_dir: Path,
+    manifest: dict[str, Any] | None,
+    resume_from: str | None,
+    continuing: bool,
 ) -> dict[str, float]:
     import lightning as L
     from hydra.utils import instantiate
@@ -130,17 +145,37 @@ def _fit_and_evaluate(
     if model.pe == "learned" and hasattr(datamodule, "limit_positions"):
         datamodule.limit_positions(model.max_positions)
     module = TranslationModule(model=model, optim=experiment.optim, decode=experiment.decode)
+    history: list[dict[str, float]] = []
+    if continuing:
+        from attnlab.resume import checkpoint_step, csv_history, previous_wandb_id
+
+        history = csv_history(output_dir, checkpoint_step(str(resume_from)))
+        wandb_node = (cfg.get("logger") or {}).get("wandb")
+        if wandb_node is not None and wandb_node.get("id") is None:
+            wandb_node.id = previous_wandb_id(output_dir)  # the same W&B run, continued
     trainer: L.Trainer = instantiate(
         cfg.trainer,
         callbacks=_instantiate_all(cfg.get("callbacks")),
         logger=_instantiate_all(cfg.get("logger")) or False,
         default_root_dir=str(output_dir),
+        plugins=cluster_plugins(),
     )
     log.info("run directory: %s", output_dir)
+    if history:
+        from attnlab.resume import restore_csv_history
+
+        restore_csv_history(trainer, history)
+    effective = effective_batch(cfg, trainer)
+    log.info("effective batch: %s", effective["formula"])
     runs = _tracked_runs(trainer)
+    if manifest is not None:
+        manifest["effective_batch"] = effective
+        if runs:
+            manifest["wandb_run_id"] = runs[0].id
+        write_manifest(output_dir, manifest)
     for run in runs:  # the whole resolved config and the manifest, beside Lightning's hyperparameters
         run.config.update({"run": resolved_config(cfg), "manifest": manifest or {}}, allow_val_change=True)
-    trainer.fit(module, datamodule=datamodule, ckpt_path=cfg.get("ckpt_path"))
+    trainer.fit(module, datamodule=datamodule, ckpt_path=resume_from)
     metrics = {k: float(v) for k, v in trainer.callback_metrics.items()}
     best = _best_score(cfg, trainer)
     if best is not None:  # what sweepers optimize: the monitor's value at the selected checkpoint
@@ -159,6 +194,40 @@ def _fit_and_evaluate(
 
         write_results(output_dir, {**json.loads(results_file.read_text()), "metrics": metrics})
     return metrics
+
+
+def effective_batch(cfg: DictConfig, trainer: Any) -> dict[str, Any]:
+    """Tokens (or sentences) per optimizer step: per-device batch × devices × nodes × accumulation.
+
+    The LR schedules count optimizer steps, so 2 devices with accumulate 1 and 1 device with accumulate
+    2 see the same batches per step and the same schedule."""
+    data = cfg.data
+    per_device = data.get("max_tokens") or data.get("batch_size")
+    unit = "tokens" if data.get("max_tokens") else "sentences"
+    devices = int(getattr(trainer, "num_devices", 1))
+    nodes = int(getattr(trainer, "num_nodes", 1))
+    accumulate = int(trainer.accumulate_grad_batches)
+    total = per_device * devices * nodes * accumulate if per_device else None
+    formula = (
+        f"{per_device} {unit} per device batch x {devices} devices x {nodes} nodes x {accumulate} "
+        f"accumulated = {total} {unit} per optimizer step"
+    )
+    return {
+        "per_device": per_device, "unit": unit, "devices": devices, "nodes": nodes,
+        "accumulate_grad_batches": accumulate, "per_optimizer_step": total, "formula": formula,
+    }  # fmt: skip
+
+
+def cluster_plugins() -> list[Any]:
+    """Under submitit on SLURM, Lightning's SLURM environment without its auto-requeue: submitit
+    requeues the job itself (its SIGUSR1 handler runs after `attnlab.callbacks.Preemption` saved)."""
+    import os
+
+    if os.environ.get("SUBMITIT_EXECUTOR") != "slurm":
+        return []
+    from lightning.pytorch.plugins.environments import SLURMEnvironment
+
+    return [SLURMEnvironment(auto_requeue=False)]
 
 
 def _tracked_runs(trainer: Any) -> list[Any]:

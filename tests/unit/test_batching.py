@@ -341,3 +341,19 @@ def test_unbucketed_training_batches_mix_lengths_and_still_cover_every_example_o
 
     assert spread(mixed) > 5 * spread(bucketed)
     assert mixed.padding_ratio() > bucketed.padding_ratio()
+
+
+def test_a_loaded_position_survives_an_iterator_that_draws_nothing() -> None:
+    """A DataLoader with workers makes an iterator of its batch sampler, drops it and makes another."""
+    import torch
+
+    lengths = realistic_lengths(n=300)
+    original = TokenBatchSampler(lengths, max_tokens=256, seed=2)
+    expected = list(original)
+    resumed = TokenBatchSampler(lengths, max_tokens=256, seed=2)
+    resumed.load_state_dict({"epoch": 0, "seed": 2, "yielded": 3})
+    iter(resumed)  # made and dropped
+    assert list(resumed) == expected[3:]
+    resumed.load_state_dict({"epoch": 0, "seed": 2, "yielded": 3})
+    loader = torch.utils.data.DataLoader(list(range(300)), batch_sampler=resumed, num_workers=1)
+    assert [b.tolist() for b in loader] == expected[3:]

@@ -142,11 +142,11 @@ class TokenBatchSampler(Sampler[list[int]]):
     batch (a collective op in a per-batch step would then hang: gather results at the epoch's end).
 
     Resumption: the sampler counts the batches it has yielded in the current epoch. `state_dict()`
-    returns `{"epoch", "seed", "yielded"}`; after `load_state_dict` the next iteration skips the first
-    `yielded` batches of that epoch and yields the rest. A later iteration, or `set_epoch` to another
-    epoch, starts from the first batch again. With `num_workers > 0` a DataLoader draws batches ahead of
-    the training loop, so `yielded` may exceed the batches trained on; for exact resumption there, store
-    the trained batch count as `yielded`.
+    returns `{"epoch", "seed", "yielded"}`; after `load_state_dict` the next iteration that draws a
+    batch skips the first `yielded` batches of that epoch and yields the rest. A later iteration, or
+    `set_epoch` to another epoch, starts from the first batch again. With `num_workers > 0` a DataLoader
+    draws batches ahead of the training loop, so `yielded` may exceed the batches trained on; for exact
+    resumption there, store the trained batch count as `yielded` (`ParallelDataModule.state_dict` does).
 
     Args:
         lengths: `lengths[i]` is the size of example i in tokens; pass max(source length, target
@@ -193,6 +193,7 @@ class TokenBatchSampler(Sampler[list[int]]):
         self.seed, self.num_replicas, self.rank, self.bucket = seed, num_replicas, rank, bucket
         self.epoch, self.yielded = 0, 0
         self._resume_pending = False
+        self._starting_at: int | None = None  # an iterator was made and has drawn nothing yet
         self._cache: tuple[tuple[int, int], list[list[int]]] | None = None
         oversize = [n for n in self.lengths if max_tokens is not None and n > max_tokens]
         if oversize:
@@ -211,7 +212,7 @@ class TokenBatchSampler(Sampler[list[int]]):
         Resets the yielded-batch count unless a state loaded for this same epoch is pending.
         """
         if not (self._resume_pending and epoch == self.epoch):
-            self.yielded, self._resume_pending = 0, False
+            self.yielded, self._resume_pending, self._starting_at = 0, False, None
         self.epoch = epoch
 
     def _pack(self, order: list[int]) -> list[list[int]]:
@@ -254,14 +255,18 @@ class TokenBatchSampler(Sampler[list[int]]):
         return self._global_batches()[self.rank :: self.num_replicas]
 
     def __iter__(self) -> Iterator[list[int]]:
-        # not a generator: the position is reset (or resumed) when iteration starts, not at its first batch
-        skip = self.yielded if self._resume_pending else 0
-        self._resume_pending = False
-        self.yielded = skip
-        return self._yield_from(self._rank_batches()[skip:])
+        # A generator: the position is reset (or a loaded one taken up) when the first batch is drawn,
+        # not when the iterator is made. A DataLoader with workers makes an iterator of its batch sampler
+        # and replaces it with a second one before drawing anything; the loaded position must survive
+        # the first. Until then `state_dict()` reports where the new pass will start.
+        self._starting_at = self.yielded if self._resume_pending else 0
+        return self._iterate()
 
-    def _yield_from(self, batches: list[list[int]]) -> Iterator[list[int]]:
-        for batch in batches:
+    def _iterate(self) -> Iterator[list[int]]:
+        skip = self.yielded if self._resume_pending else 0
+        self._resume_pending, self._starting_at = False, None
+        self.yielded = skip
+        for batch in self._rank_batches()[skip:]:
             self.yielded += 1
             yield list(batch)
 
@@ -271,7 +276,8 @@ class TokenBatchSampler(Sampler[list[int]]):
 
     def state_dict(self) -> dict[str, int]:
         """The position in the epoch: `{"epoch": e, "seed": s, "yielded": batches yielded so far}`."""
-        return {"epoch": self.epoch, "seed": self.seed, "yielded": self.yielded}
+        yielded = self.yielded if self._starting_at is None else self._starting_at
+        return {"epoch": self.epoch, "seed": self.seed, "yielded": yielded}
 
     def load_state_dict(self, state: dict[str, int]) -> None:
         """Restores a `state_dict()`; the next iteration resumes after its `yielded` batches.
@@ -290,7 +296,7 @@ class TokenBatchSampler(Sampler[list[int]]):
                 f"{len(self)} batches on this rank; was the state saved with other lengths, max_tokens, "
                 "batch_size or num_replicas?"
             )
-        self.yielded, self._resume_pending = yielded, True
+        self.yielded, self._resume_pending, self._starting_at = yielded, True, None
 
     def padding_ratio(self) -> float:
         """Padding tokens / tokens of the padded batches, summed over this epoch's batches of all ranks."""

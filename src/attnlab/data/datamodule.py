@@ -81,12 +81,17 @@ class ParallelDataModule(L.LightningDataModule):
         )  # fmt: skip
 
     def _loader(self, split: str, sampler: TokenBatchSampler) -> DataLoader:
+        import torch
+
         return DataLoader(
             self.splits[split],
             batch_sampler=sampler,
             collate_fn=self.collate,
             num_workers=self.num_workers,
             persistent_workers=self.num_workers > 0,
+            # Worker seeds come from this generator, not the global one: starting an epoch's workers
+            # never shifts the dropout stream, so a resumed run draws exactly what the original drew.
+            generator=torch.Generator().manual_seed(self.seed),
         )
 
     def train_dataloader(self) -> DataLoader:
@@ -104,8 +109,19 @@ class ParallelDataModule(L.LightningDataModule):
         return self._loader(self.test_sets[0], self.sampler(self.test_sets[0], shuffle=False))
 
     def state_dict(self) -> dict[str, Any]:
-        """The training sampler's position (saved in checkpoints for mid-epoch resumption)."""
-        return {"train_sampler": self._train_sampler.state_dict()} if self._train_sampler is not None else {}
+        """The training sampler's position (saved in checkpoints for mid-epoch resumption).
+
+        The position is the number of batches the training loop has finished in this epoch, not the
+        number the sampler has handed out: DataLoader workers fetch batches ahead of the loop.
+        """
+        if self._train_sampler is None:
+            return {}
+        state = self._train_sampler.state_dict()
+        trainer = self.trainer
+        if trainer is not None and trainer.training:
+            progress = trainer.fit_loop.epoch_loop.batch_progress.current
+            state["yielded"] = min(int(progress.processed), len(self._train_sampler))
+        return {"train_sampler": state}
 
     def load_state_dict(self, state_dict: dict[str, Any]) -> None:
         self._sampler_state = state_dict.get("train_sampler")

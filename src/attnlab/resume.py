@@ -1,0 +1,143 @@
+"""Continuing an interrupted run in its own directory (`attnlab-train ... resume=true`).
+
+`resume` is `false` (a new run), `true` (continue the run in the output directory from its
+`checkpoints/last.ckpt`; an error when there is none) or `auto` (continue when there is one, else start:
+what a requeued cluster job wants). `ckpt_path=last` means `resume=true`; any other `ckpt_path` starts
+the run from that checkpoint's state.
+
+A resumed run must be the same experiment: its config may differ from the saved `config.yaml` only in
+`RESUMABLE_CHANGES` (more epochs, decoding, logging, paths); anything else is an error that lists the
+differences. The checkpoint carries everything the rest of the training depends on (weights, optimizer,
+LR schedule, step and epoch counters, the data sampler's position inside the epoch, the random-number
+generator states), so the resumed run reaches the same weights as one that was never interrupted.
+Its CSV history keeps the rows logged before the checkpoint's step; its W&B run is the same run (same
+id) continued. Epoch averages of the interrupted epoch's training metrics (`train/*_epoch`) cover only
+the steps after the resumption.
+"""
+
+from __future__ import annotations
+
+import csv
+import json
+from pathlib import Path
+from typing import Any
+
+from omegaconf import DictConfig, OmegaConf
+
+from attnlab.config import ConfigError
+
+RESUMABLE_CHANGES = (
+    "resume", "ckpt_path", "paths.", "hydra.", "logger.", "sweep.", "decode.", "test", "average_last",
+    "trainer.max_epochs", "trainer.max_steps", "trainer.enable_progress_bar", "trainer.log_every_n_steps",
+    "callbacks.", "optimized_metric",
+)  # fmt: skip
+LAST = Path("checkpoints") / "last.ckpt"
+
+
+def resume_path(cfg: DictConfig, output_dir: Path) -> str | None:
+    """The checkpoint to continue from (None: a new run), per `cfg.resume` and `cfg.ckpt_path`.
+
+    Raises:
+        ConfigError: A wrong `resume` value, or `resume=true` with no checkpoint in `output_dir`.
+    """
+    mode = cfg.get("resume", False)
+    ckpt_path = cfg.get("ckpt_path")
+    if mode not in (True, False, "auto", None):
+        raise ConfigError(f"resume={mode!r}: use true, false or auto")
+    if ckpt_path == "last":
+        mode, ckpt_path = True, None
+    if ckpt_path is not None:
+        if mode not in (False, None):
+            raise ConfigError(f"resume={mode} and ckpt_path={ckpt_path}: give one of them")
+        if not Path(ckpt_path).is_file():
+            raise ConfigError(f"ckpt_path={ckpt_path}: no such checkpoint file")
+        return str(ckpt_path)
+    if not mode:
+        return None
+    last = output_dir / LAST
+    if last.is_file():
+        return str(last)
+    if mode == "auto":
+        return None
+    raise ConfigError(
+        f"resume=true but {last} does not exist: run with hydra.run.dir=<the run's directory> (for a "
+        "sweep, the same hydra.sweep.dir and overrides), or resume=auto to start afresh when there is "
+        "nothing to resume"
+    )
+
+
+def _flat(tree: Any, prefix: str = "") -> dict[str, Any]:
+    if not isinstance(tree, dict):
+        return {prefix[:-1]: tree}
+    out: dict[str, Any] = {}
+    for key, value in tree.items():
+        out.update(_flat(value, f"{prefix}{key}."))
+    return out
+
+
+def check_same_experiment(saved: Path, resolved: dict[str, Any]) -> None:
+    """The resumed run's config (resolved) against the run's `config.yaml`.
+
+    Raises:
+        ConfigError: Listing each key whose value differs outside `RESUMABLE_CHANGES`.
+    """
+    if not saved.is_file():
+        return
+    before = _flat(OmegaConf.to_container(OmegaConf.load(saved)))
+    now = _flat(resolved)
+    changed = sorted(
+        key
+        for key in set(before) | set(now)
+        if before.get(key) != now.get(key) and not key.startswith(RESUMABLE_CHANGES)
+    )
+    if changed:
+        listed = ", ".join(f"{k}: {before.get(k)!r} -> {now.get(k)!r}" for k in changed[:8])
+        raise ConfigError(
+            f"resuming {saved.parent} with a different experiment ({listed}): give the overrides the run "
+            "was started with (its config.yaml), or start a new run"
+        )
+
+
+def checkpoint_step(path: str) -> int:
+    """The global step a checkpoint was saved at."""
+    import torch
+
+    return int(torch.load(path, map_location="cpu", weights_only=True, mmap=True)["global_step"])
+
+
+def csv_history(output_dir: Path, before_step: int) -> list[dict[str, float]]:
+    """The rows of `csv/metrics.csv` logged before `before_step` (the resumed run logs the rest again)."""
+    path = output_dir / "csv" / "metrics.csv"
+    if not path.is_file():
+        return []
+    rows = []
+    with open(path, newline="") as f:
+        for row in csv.DictReader(f):
+            values = {k: float(v) for k, v in row.items() if v not in ("", None)}
+            if values.get("step", 0) < before_step:
+                if "step" in values:
+                    values["step"] = int(values["step"])
+                if "epoch" in values:
+                    values["epoch"] = int(values["epoch"])
+                rows.append(values)
+    return rows
+
+
+def restore_csv_history(trainer: Any, rows: list[dict[str, float]]) -> None:
+    """Put `rows` back into the CSV logger's file (Lightning's CSV logger starts a new file)."""
+    from lightning.pytorch.loggers import CSVLogger
+
+    for logger in trainer.loggers:
+        if isinstance(logger, CSVLogger) and rows and trainer.is_global_zero:
+            writer = logger.experiment
+            writer.metrics = [dict(r) for r in rows]
+            writer.metrics_keys = sorted({k for r in rows for k in r})
+            writer.save()
+
+
+def previous_wandb_id(output_dir: Path) -> str | None:
+    """The W&B run id the run's manifest recorded (None without one)."""
+    try:
+        return json.loads((output_dir / "manifest.json").read_text()).get("wandb_run_id")
+    except (OSError, ValueError):
+        return None
