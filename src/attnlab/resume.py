@@ -24,6 +24,7 @@ from typing import Any
 
 from omegaconf import DictConfig, OmegaConf
 
+from attnlab.compare import flatten
 from attnlab.config import ConfigError
 
 RESUMABLE_CHANGES = (
@@ -66,15 +67,6 @@ def resume_path(cfg: DictConfig, output_dir: Path) -> str | None:
     )
 
 
-def _flat(tree: Any, prefix: str = "") -> dict[str, Any]:
-    if not isinstance(tree, dict):
-        return {prefix[:-1]: tree}
-    out: dict[str, Any] = {}
-    for key, value in tree.items():
-        out.update(_flat(value, f"{prefix}{key}."))
-    return out
-
-
 def check_same_experiment(saved: Path, resolved: dict[str, Any]) -> None:
     """The resumed run's config (resolved) against the run's `config.yaml`.
 
@@ -83,8 +75,8 @@ def check_same_experiment(saved: Path, resolved: dict[str, Any]) -> None:
     """
     if not saved.is_file():
         return
-    before = _flat(OmegaConf.to_container(OmegaConf.load(saved)))
-    now = _flat(resolved)
+    before = flatten(OmegaConf.to_container(OmegaConf.load(saved)))
+    now = flatten(resolved)
     changed = sorted(
         key
         for key in set(before) | set(now)
