@@ -10,6 +10,7 @@ import sys
 from pathlib import Path
 
 import pytest
+import torch
 
 from attnlab.metrics import corpus_bleu
 from attnlab.translate import Translator, decode_settings, evaluate, resolve_checkpoints
@@ -28,17 +29,26 @@ def test_ddp_bleu_equals_a_single_process_evaluation_of_the_same_checkpoint(
             text = (shared_data / "multi30k" / f"{source}.{lang}").read_text().split("\n")[:lines]
             (corpus / f"{split}.{lang}").write_text("\n".join(text) + "\n")
     env = {**os.environ, "ATTNLAB_LOG_DIR": str(tmp_path / "logs"), "OMP_NUM_THREADS": "1",
-           "ATTNLAB_CACHE_DIR": str(tmp_path / "cache")}  # fmt: skip
+           "ATTNLAB_CACHE_DIR": str(tmp_path / "cache"), "WANDB_MODE": "offline",
+           "PYTHONPATH": str(Path(__file__).resolve().parents[1])}  # fmt: skip
     command = [
         sys.executable, "-m", "attnlab.cli.train", "trainer=ddp_cpu", "data=files", f"data.dir={corpus}",
         "data.src_lang=de", "data.tgt_lang=en",
         "data.vocab_size=300", "data.max_tokens=300", "model=tiny", "trainer.max_epochs=2",
-        "optim.warmup_steps=5", "decode.beam=2", "trainer.enable_progress_bar=false",
+        "optim.warmup_steps=5", "decode.beam=2", "trainer.enable_progress_bar=false", "logger=wandb",
+        "+callbacks.final._target_=probes.SaveFinalWeights", f"+callbacks.final.dirpath={tmp_path / 'final'}",
     ]  # fmt: skip
     done = subprocess.run(command, capture_output=True, text=True, timeout=600, env=env, cwd=tmp_path)
     assert done.returncode == 0, done.stderr[-4000:]
     assert "GLOBAL_RANK: 1, MEMBER: 2/2" in done.stderr + done.stdout  # two processes really ran
     (run,) = (tmp_path / "logs" / "train" / "runs").iterdir()  # one run directory for both ranks
+    assert len(list((run / "checkpoints").glob("last*.ckpt"))) == 1  # one set of checkpoints
+    assert len(list(run.rglob("run-*.wandb"))) == 1  # one W&B run, from rank 0
+    ranks = [torch.load(tmp_path / "final" / f"final_weights_rank{r}.pt", weights_only=True) for r in (0, 1)]
+    assert all(torch.equal(ranks[0][k], ranks[1][k]) for k in ranks[0])  # the same parameters on both ranks
+    effective = json.loads((run / "manifest.json").read_text())["effective_batch"]
+    assert (effective["devices"], effective["per_optimizer_step"]) == (2, 600)  # 300 tokens x 2 ranks
+    assert "effective batch: 300 tokens per device batch x 2 devices x 1 nodes x 1 accumulated" in done.stdout
 
     # Validation BLEU of the last epoch: sacreBLEU of all 37 sentences, as one process decodes them.
     with open(run / "csv" / "metrics.csv") as f:

@@ -103,3 +103,37 @@ def test_the_local_launcher_runs_each_job_in_its_own_process(tmp_path: Path) -> 
     logs = sorted((tmp_path / "sweep" / ".submitit").glob("*/*_log.out"))
     assert len(logs) == 2  # one submitit job (process) per sweep job
     assert len({log.parent.name for log in logs}) == 2
+
+
+def test_a_sweep_of_ddp_jobs_runs_each_job_as_its_own_process_group(tmp_path: Path) -> None:
+    """hydra/launcher=local with trainer=ddp_cpu: two jobs, each two ranks; and the basic launcher refuses."""
+    import pytest
+
+    pytest.importorskip("hydra_plugins.hydra_submitit_launcher", reason="needs the [sweep] extra")
+    common = [
+        sys.executable, "-m", "attnlab.cli.train", "-m", "trainer=ddp_cpu", "data=synthetic", "model=tiny",
+        "data.batch_size=8", "data.n_train=64", "data.n_val=16", "data.n_test=16", "trainer.max_epochs=1",
+        "logger=csv",
+        "seed=1,2", "trainer.enable_progress_bar=false",
+    ]  # fmt: skip
+    env = {**os.environ, "ATTNLAB_LOG_DIR": str(tmp_path / "logs"), "OMP_NUM_THREADS": "1"}
+    refused = subprocess.run([*common, f"hydra.sweep.dir={tmp_path / 'basic'}"], capture_output=True,
+                             text=True, timeout=600, env=env, cwd=tmp_path)  # fmt: skip
+    assert refused.returncode != 0
+    assert "which Hydra's basic launcher cannot start: add hydra/launcher=local" in refused.stderr
+    assert not list((tmp_path / "basic").glob("*/manifest.json"))  # stopped before any job trained
+
+    done = subprocess.run([*common, "hydra/launcher=local", f"hydra.sweep.dir={tmp_path / 'sweep'}"],
+                          capture_output=True, text=True, timeout=600, env=env, cwd=tmp_path)  # fmt: skip
+    assert done.returncode == 0, done.stderr[-3000:]
+    jobs = sorted(p for p in (tmp_path / "sweep").iterdir() if p.is_dir() and not p.name.startswith("."))
+    assert len(jobs) == 2
+    for job in jobs:
+        manifest = json.loads((job / "manifest.json").read_text())
+        assert manifest["status"] == "finished"
+        assert manifest["effective_batch"]["devices"] == 2  # one job = one process group of two ranks
+        assert (job / "results.json").is_file()
+        assert sorted(p.name for p in (job / "checkpoints").glob("*.ckpt"))[-1] == "last.ckpt"
+    logs = sorted((tmp_path / "sweep" / ".submitit").glob("*/*_log.err"))
+    assert len(logs) == 4  # two tasks per job
+    assert sum("GLOBAL_RANK: 1, MEMBER: 2/2" in p.read_text() for p in logs) == 2  # rank 1 of each job

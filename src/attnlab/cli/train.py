@@ -32,6 +32,9 @@ def _main(cfg: DictConfig) -> float | None:
     from hydra.types import RunMode
 
     multirun = HydraConfig.initialized() and HydraConfig.get().mode == RunMode.MULTIRUN
+    if multirun:
+        check_launcher(cfg, HydraConfig.get().launcher.get("_target_", ""))
+    submitit_ranks()
     output_dir = Path(cfg.paths.output_dir)
     metric = cfg.get("optimized_metric")
     if (cfg.get("sweep") or {}).get("skip_done"):
@@ -63,6 +66,53 @@ def _main(cfg: DictConfig) -> float | None:
                   "sweeper; set optimized_metric to one of them", metric, available)  # fmt: skip
         return None
     return metrics.get(metric) if metric else None
+
+
+def trainer_processes(cfg: DictConfig) -> int | None:
+    """Processes one job's trainer runs (devices × nodes for a distributed strategy; None: unknown)."""
+    trainer = cfg.get("trainer") or {}
+    strategy = str(trainer.get("strategy", "auto"))
+    devices, nodes = trainer.get("devices", 1), int(trainer.get("num_nodes", 1) or 1)
+    if not isinstance(devices, int) or devices < 0:
+        return None if ("ddp" in strategy or "fsdp" in strategy) else 1
+    return devices * nodes if devices * nodes > 1 else 1
+
+
+def check_launcher(cfg: DictConfig, launcher: str) -> None:
+    """A multirun of jobs that each run several processes needs a launcher that gives every job its own
+    processes: Hydra's basic launcher runs the jobs inside this process, where Lightning cannot start
+    the other ranks (it would re-run this whole command line for them)."""
+    processes = trainer_processes(cfg)
+    if launcher.endswith("BasicLauncher") and processes != 1:
+        raise SystemExit(
+            f"attnlab-train: each job of this sweep runs {processes or 'several'} processes "
+            f"(trainer.strategy={cfg.trainer.get('strategy')}, trainer.devices={cfg.trainer.get('devices')}, "
+            f"trainer.num_nodes={cfg.trainer.get('num_nodes')}), which Hydra's basic launcher cannot start: "
+            "add hydra/launcher=local (this machine) or hydra/launcher=slurm (a cluster)"
+        )
+
+
+def submitit_ranks() -> None:
+    """Under submitit's local executor with several tasks per job (hydra/launcher=local and a
+    multi-process trainer), tell Lightning each task's rank through the environment variables it reads
+    (`LOCAL_RANK`, `NODE_RANK`, `WORLD_SIZE`, `MASTER_ADDR`, `MASTER_PORT`), so the tasks become the DDP
+    ranks instead of each starting its own. On SLURM, Lightning reads SLURM's variables itself."""
+    import os
+
+    if os.environ.get("SUBMITIT_EXECUTOR") != "local" or "LOCAL_RANK" in os.environ:
+        return
+    import submitit
+
+    env = submitit.JobEnvironment()
+    if env.num_tasks <= 1:
+        return
+    import zlib
+
+    port = 20000 + zlib.crc32(str(env.job_id).encode()) % 20000  # the same in every task of the job
+    os.environ.update(
+        MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port), WORLD_SIZE=str(env.num_tasks),
+        RANK=str(env.global_rank), LOCAL_RANK=str(env.local_rank), NODE_RANK=str(env.node),
+    )  # fmt: skip
 
 
 def finished_results(output_dir: Path) -> dict[str, Any] | None:
