@@ -145,6 +145,7 @@ def _fit_and_evaluate(
     if model.pe == "learned" and hasattr(datamodule, "limit_positions"):
         datamodule.limit_positions(model.max_positions)
     module = TranslationModule(model=model, optim=experiment.optim, decode=experiment.decode)
+    compile_model(module.model, cfg.get("compile"))
     history: list[dict[str, float]] = []
     if continuing:
         from attnlab.resume import checkpoint_step, csv_history, previous_wandb_id
@@ -216,6 +217,24 @@ def effective_batch(cfg: DictConfig, trainer: Any) -> dict[str, Any]:
         "per_device": per_device, "unit": unit, "devices": devices, "nodes": nodes,
         "accumulate_grad_batches": accumulate, "per_optimizer_step": total, "formula": formula,
     }  # fmt: skip
+
+
+def compile_model(model: Any, options: DictConfig | None) -> None:
+    """`model.compile(...)` in place (its state_dict keys stay the same) when `options.enabled`.
+
+    Raises:
+        ConfigError: An unknown `compile.backend`.
+    """
+    if not options or not options.get("enabled"):
+        return
+    import torch._dynamo
+
+    backend = options.get("backend", "inductor")
+    known = torch._dynamo.list_backends(exclude_tags=())
+    if backend not in known:
+        raise ConfigError(f"compile.backend={backend!r} is unknown to torch.compile: use one of {known}")
+    model.compile(backend=backend, mode=options.get("mode"), dynamic=options.get("dynamic"))
+    log.info("model compiled for training (backend %s, mode %s)", backend, options.get("mode"))
 
 
 def cluster_plugins() -> list[Any]:

@@ -35,7 +35,8 @@ def test_ddp_bleu_equals_a_single_process_evaluation_of_the_same_checkpoint(
         sys.executable, "-m", "attnlab.cli.train", "trainer=ddp_cpu", "data=files", f"data.dir={corpus}",
         "data.src_lang=de", "data.tgt_lang=en",
         "data.vocab_size=300", "data.max_tokens=300", "model=tiny", "trainer.max_epochs=2",
-        "optim.warmup_steps=5", "decode.beam=2", "trainer.enable_progress_bar=false", "logger=wandb",
+        "optim=linear", "optim.warmup_steps=5", "decode.beam=2", "trainer.log_every_n_steps=1",
+        "trainer.enable_progress_bar=false", "logger=wandb",
         "+callbacks.final._target_=probes.SaveFinalWeights", f"+callbacks.final.dirpath={tmp_path / 'final'}",
     ]  # fmt: skip
     done = subprocess.run(command, capture_output=True, text=True, timeout=600, env=env, cwd=tmp_path)
@@ -49,6 +50,16 @@ def test_ddp_bleu_equals_a_single_process_evaluation_of_the_same_checkpoint(
     effective = json.loads((run / "manifest.json").read_text())["effective_batch"]
     assert (effective["devices"], effective["per_optimizer_step"]) == (2, 600)  # 300 tokens x 2 ranks
     assert "effective batch: 300 tokens per device batch x 2 devices x 1 nodes x 1 accumulated" in done.stdout
+    # The linear schedule runs over optimizer steps: each rank takes half the batches, and the schedule
+    # ends at the run's own last step (what a 1-process run with accumulate_grad_batches=2 also takes).
+    from attnlab.optim import OptimConfig
+
+    with open(run / "csv" / "metrics.csv") as f:
+        lrs = {int(r["step"]): float(r["train/lr_step"]) for r in csv.DictReader(f) if r["train/lr_step"]}
+    steps = len(lrs)
+    linear = OptimConfig(schedule="linear", peak_lr=1e-3, warmup_steps=5)
+    # (logged after the step: the rate the next optimizer step uses)
+    assert lrs == pytest.approx({s: linear.lr_at(s + 2, 32, steps) for s in range(steps)}, rel=1e-5, abs=1e-9)
 
     # Validation BLEU of the last epoch: sacreBLEU of all 37 sentences, as one process decodes them.
     with open(run / "csv" / "metrics.csv") as f:

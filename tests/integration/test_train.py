@@ -16,6 +16,7 @@ import pytest
 import torch
 from omegaconf import OmegaConf
 
+from attnlab.config import ConfigError
 from attnlab.data import SyntheticData
 from attnlab.module import TranslationModule
 from attnlab.train import train
@@ -164,3 +165,34 @@ def test_a_failed_run_is_recorded_as_failed_in_its_manifest(tmp_path: Path) -> N
     manifest = json.loads((tmp_path / "run" / "manifest.json").read_text())
     assert manifest["status"] == "failed" and "not found" in manifest["error"]
     assert manifest["end_time"] is not None
+
+
+@pytest.mark.parametrize("backend", ["aot_eager", pytest.param("inductor", marks=pytest.mark.slow)])
+def test_a_compiled_run_checkpoint_loads_into_an_uncompiled_model(backend: str, tmp_path: Path) -> None:
+    """compile.enabled: graphs really compiled, and the checkpoint keys are those of the plain model.
+    aot_eager needs no C compiler; inductor generates and compiles C++ (slow marker)."""
+    import torch._dynamo
+
+    from attnlab.checkpoint import model_weights, read_checkpoint
+    from attnlab.model.config import TransformerConfig
+    from attnlab.model.transformer import Transformer
+
+    torch._dynamo.reset()
+    torch._dynamo.utils.counters.clear()
+    overrides = ["data=synthetic", "model=tiny", "data.n_train=64", "data.min_len=6", "data.max_len=6",
+                 "trainer.max_epochs=1", "+trainer.limit_val_batches=0", "test=false", "logger=csv",
+                 "compile.enabled=true", f"compile.backend={backend}"]  # fmt: skip
+    train(compose_train(overrides, tmp_path))
+    assert torch._dynamo.utils.counters["stats"]["unique_graphs"] >= 1  # the training forward was compiled
+    checkpoint = read_checkpoint(tmp_path / "checkpoints" / "last.ckpt")
+    assert not any("_orig_mod" in k for k in checkpoint["state_dict"])
+    model = Transformer(TransformerConfig(**checkpoint["hyper_parameters"]["model"])).eval()
+    model.load_state_dict(model_weights(checkpoint["state_dict"]))  # strict: every key matches
+    torch._dynamo.reset()
+
+
+def test_an_unknown_compile_backend_is_named(tmp_path: Path) -> None:
+    overrides = ["data=synthetic", "model=tiny", "data.n_train=64", "logger=csv", "compile.enabled=true",
+                 "compile.backend=turbo"]  # fmt: skip
+    with pytest.raises(ConfigError, match=r"compile.backend='turbo' is unknown to torch.compile: use one of"):
+        train(compose_train(overrides, tmp_path))

@@ -357,3 +357,20 @@ def test_the_optuna_search_preset_composes(tmp_path: Path) -> None:
     assert cfg.hydra.sweeper.storage is None  # an in-memory study
     assert set(cfg.hydra.sweeper.params) == {"optim.peak_lr", "optim.warmup_steps", "model.dropout",
                                              "optim.label_smoothing"}  # fmt: skip
+
+
+def test_multi_gpu_presets(tmp_path: Path) -> None:
+    from lightning.pytorch.strategies import FSDPStrategy
+
+    from attnlab.model.layers import DecoderLayer, EncoderLayer
+
+    parameters = inspect.signature(L.Trainer.__init__).parameters
+    ddp = compose_train(["trainer=ddp"], tmp_path).trainer
+    assert set(ddp) - {"_target_"} <= set(parameters)
+    assert (ddp.accelerator, ddp.devices, ddp.strategy, ddp.precision) == ("gpu", -1, "ddp", "bf16-mixed")
+    fsdp = compose_train(["trainer=fsdp"], tmp_path).trainer
+    assert set(fsdp) - {"_target_"} <= set(parameters)
+    strategy = instantiate(fsdp.strategy)
+    assert isinstance(strategy, FSDPStrategy)
+    assert strategy.kwargs["auto_wrap_policy"]._module_classes == {EncoderLayer, DecoderLayer}
+    assert strategy._state_dict_type == "full"
