@@ -104,17 +104,23 @@ def test_a_run_killed_with_sigkill_resumes_to_the_same_weights(reference: Path, 
 def test_a_run_stopped_by_sigterm_saves_and_resumes_to_the_same_weights(
     reference: Path, tmp_path: Path
 ) -> None:
-    run_dir = tmp_path / "run"
-    stopped = attnlab_train(run_dir, "+callbacks.kill._target_=probes.SignalAt", "+callbacks.kill.step=6",
-                            f"+callbacks.kill.signum={int(signal.SIGTERM)}")  # fmt: skip
+    run_dir, wandb = tmp_path / "run", {"WANDB_MODE": "offline"}  # and W&B for real: the same run goes on
+    kill = ["+callbacks.kill._target_=probes.SignalAt", "+callbacks.kill.step=6",
+            f"+callbacks.kill.signum={int(signal.SIGTERM)}"]  # fmt: skip
+    stopped = attnlab_train(run_dir, *kill, "logger=wandb", env=wandb)
     assert stopped.returncode == 128 + signal.SIGTERM, stopped.stderr[-3000:]
     manifest = json.loads((run_dir / "manifest.json").read_text())
     # the signal came after this step's check: saved at the end of the next step, 7 (not a checkpoint step)
     assert manifest["status"] == "interrupted" and "SIGTERM at step 7" in manifest["error"]
     assert torch.load(run_dir / "checkpoints" / "last.ckpt", weights_only=True)["global_step"] == 7
-    resumed = attnlab_train(run_dir, "ckpt_path=last")
+    resumed = attnlab_train(run_dir, "ckpt_path=last", "logger=wandb", env=wandb)
     assert resumed.returncode == 0, resumed.stderr[-3000:]
     assert_same_training(run_dir, reference)
+    from attnlab.wandb_records import read_wandb_run
+
+    records = [read_wandb_run(p) for p in sorted(run_dir.rglob("run-*.wandb"))]
+    assert len(records) == 2 and records[0].run["id"] == records[1].run["id"] == manifest["wandb_run_id"]
+    assert [r.exit_code for r in records] == [1, 0]  # the interrupted part, then the finished one
 
 
 def test_sigusr1_under_slurm_saves_requeues_and_resumes(reference: Path, tmp_path: Path) -> None:

@@ -374,3 +374,15 @@ def test_multi_gpu_presets(tmp_path: Path) -> None:
     assert isinstance(strategy, FSDPStrategy)
     assert strategy.kwargs["auto_wrap_policy"]._module_classes == {EncoderLayer, DecoderLayer}
     assert strategy._state_dict_type == "full"
+
+
+def test_under_submitit_on_slurm_lightning_does_not_requeue(monkeypatch: pytest.MonkeyPatch) -> None:
+    from lightning.pytorch.plugins.environments import SLURMEnvironment
+
+    from attnlab.train import cluster_plugins
+
+    monkeypatch.delenv("SUBMITIT_EXECUTOR", raising=False)
+    assert cluster_plugins() == []  # Lightning picks its environment itself (auto-requeue on SLURM)
+    monkeypatch.setenv("SUBMITIT_EXECUTOR", "slurm")
+    (plugin,) = cluster_plugins()
+    assert isinstance(plugin, SLURMEnvironment) and plugin.auto_requeue is False
