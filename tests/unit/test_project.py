@@ -45,3 +45,23 @@ def test_shared_multi30k_matches_its_checksums(shared_data: Path) -> None:
     assert len(sums) == 9
     for digest, name in sums:
         assert hashlib.sha256((shared_data / name).read_bytes()).hexdigest() == digest, name
+
+
+def test_train_help_lists_every_config_group_without_composing(capsys: pytest.CaptureFixture[str]) -> None:
+    import sys
+
+    from attnlab.cli.train import main
+    from attnlab.config import config_dir
+
+    argv = sys.argv
+    sys.argv = ["attnlab-train", "--help"]
+    try:
+        main()
+    finally:
+        sys.argv = argv
+    text = capsys.readouterr().out
+    assert text.startswith("`attnlab-train`: train and evaluate")
+    for group in ("model", "data", "trainer", "experiment/table3", "hydra/launcher", "hparams_search"):
+        options = sorted(p.stem for p in (config_dir() / group).glob("*.yaml"))
+        assert f"  {group}: {', '.join(options)}\n" in text
+    assert "--hydra-help" in text

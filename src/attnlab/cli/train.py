@@ -134,8 +134,38 @@ def record_failure(output_dir: Path, error: str) -> None:
     write_manifest(output_dir, {"status": "failed", "error": error.splitlines()[0], "end_time": now()})
 
 
+def help_text(conf: Path | None = None) -> str:
+    """`attnlab-train --help`: what the command does and the config groups with their options.
+
+    Written from the config directory's files rather than by Hydra's own help, which composes every
+    group's every option (seconds with the sweeper plugins installed); `--hydra-help` is Hydra's.
+    """
+    conf = conf or config_dir()
+    lines = [
+        (__doc__ or "").strip(),
+        "",
+        "Config groups (group=option; `+group=option` for those without a default):",
+    ]
+    for group in sorted(p for p in conf.rglob("*") if p.is_dir() and p.name != "__pycache__"):
+        name = group.relative_to(conf).as_posix()
+        options = sorted(f.stem for f in group.glob("*.yaml"))
+        if options and name != "hydra":
+            lines.append(f"  {name}: {', '.join(options)}")
+    lines += [
+        "",
+        "Any value can be overridden (model.pe=learned, trainer.max_epochs=3); see the composed config with",
+        "`attnlab-train <overrides> --cfg job`, Hydra's own options with `attnlab-train --hydra-help`.",
+    ]
+    return "\n".join(lines) + "\n"
+
+
 def main() -> None:
     """Console-script entry point."""
+    import sys
+
+    if any(arg in ("--help", "-h") for arg in sys.argv[1:]):
+        sys.stdout.write(help_text())
+        return
     _main()
 
 
