@@ -1,0 +1,1 @@
+"""Converters between attnlab models and other frameworks' (optional extra `[interop]`)."""
