@@ -24,3 +24,18 @@ def test_bench_gpu_train_quick_reports_throughput_and_mfu(capsys: pytest.Capture
     cells = [c.strip() for c in table[-1].strip("|").split("|")]
     assert cells[0] == "off" and float(cells[1].replace(",", "")) > 0 and cells[3].endswith("%")
     assert 0 < float(cells[3][:-1]) < 100  # a utilisation, measured against the same device's matmul rate
+
+
+def test_bench_train_quick_compares_three_models_doing_the_same_arithmetic(
+    capsys: pytest.CaptureFixture[str], tmp_path: Path
+) -> None:
+    pytest.importorskip("transformers", reason="MarianMT needs the [interop] extra")
+    bench = load("bench_train")
+    counts = {f: bench.trainable(bench.build(f, "tiny")) for f in bench.FRAMEWORKS}
+    assert len(set(counts.values())) == 1, counts  # the same parameters in all three
+    bench.main(["--quick", "--no-memory", "--out", str(tmp_path / "t.md")])
+    rows = [line for line in (tmp_path / "t.md").read_text().splitlines() if line.startswith("| tiny")]
+    assert [r.split("|")[2].strip() for r in rows] == ["attnlab", "MarianMT", "nn.Transformer"]
+    assert all("×" in r.split("|")[8] for r in rows[1:])  # speed-ups with their intervals
+    ratio, low, high = bench.interval([(1.0, 2.0), (1.0, 2.0), (1.0, 2.0)])
+    assert (ratio, low, high) == (2.0, 2.0, 2.0)  # half the step time = twice the speed

@@ -1,0 +1,282 @@
+"""One training step (forward, backward, AdamW) of attnlab, MarianMT and torch.nn.Transformer, side by side.
+
+Usage:
+    python scripts/bench_train.py [--sizes small base] [--repeats 7] [--threads 2] [--out docs/bench_train.md]
+    python scripts/bench_train.py --quick        # tiny shapes: checks the harness (CI), times mean nothing
+
+The three models do the same arithmetic, asserted before timing: the same trainable parameter count,
+ReLU feed-forward, post-norm, dropout 0.1, embeddings shared by encoder, decoder and output layer, no
+output bias, the same fixed batch of B sentences of S source and T target tokens (no padding), label-
+smoothed cross-entropy (0.1) and AdamW. MarianMT is built from a `MarianConfig` of the same sizes (random
+initialisation); the `nn.Transformer` model has the same embeddings, sinusoidal positions and output layer
+around `torch.nn.Transformer` (its final stack LayerNorms removed, as post-norm has none).
+
+Timing: after warm-up steps, `--repeats` rounds each time one step of every model, in an order rotated per
+round; per model the median step time. Ratios (attnlab's tokens/s over the other's) come with a 95%
+bootstrap interval over the rounds (pairs from the same round). Model FLOPs utilisation = the step's
+matrix-multiply FLOPs (`attnlab.flops.training_flops`: encoder weights × source tokens, decoder and output
+weights × target tokens, plus attention, ×3 for forward and backward) per second over the float32 matmul
+rate measured in this process. Peak memory: each model's maximum resident set size over 3 steps in a fresh
+process (`--memory-of`).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import random
+import statistics
+import subprocess
+import sys
+import time
+from typing import Any
+
+SIZES = {  # d_model, heads, d_ff, layers per stack, vocabulary, (batch, source length, target length)
+    "tiny": (64, 4, 128, 2, 500, (8, 12, 12)),
+    "small": (256, 4, 1024, 3, 8000, (32, 32, 32)),
+    "base": (512, 8, 2048, 6, 8000, (16, 32, 32)),
+}
+PAD, EOS, START = 0, 2, 1
+FRAMEWORKS = ("attnlab", "marian", "torch")
+
+
+def attnlab_model(size: str) -> Any:
+    from attnlab.model.config import TransformerConfig
+    from attnlab.model.transformer import Transformer
+
+    d, h, ff, layers, vocab, _ = SIZES[size]
+    config = TransformerConfig(
+        src_vocab_size=vocab, tgt_vocab_size=vocab, d_model=d, n_heads=h, d_ff=ff, n_encoder_layers=layers,
+        n_decoder_layers=layers, dropout=0.1, activation="relu", tie="all", output_bias=False, pad_id=PAD,
+        bos_id=START, eos_id=EOS,
+    )  # fmt: skip
+    return Transformer(config)
+
+
+def marian_model(size: str) -> Any:
+    from transformers import MarianConfig, MarianMTModel
+
+    d, h, ff, layers, vocab, _ = SIZES[size]
+    config = MarianConfig(vocab_size=vocab, d_model=d, encoder_layers=layers, decoder_layers=layers,
+                          encoder_attention_heads=h, decoder_attention_heads=h, encoder_ffn_dim=ff,
+                          decoder_ffn_dim=ff, dropout=0.1, activation_function="relu", scale_embedding=True,
+                          pad_token_id=PAD, eos_token_id=EOS, decoder_start_token_id=PAD,
+                          max_position_embeddings=256)  # fmt: skip
+    return MarianMTModel(config)
+
+
+def torch_model(size: str) -> Any:
+    import torch
+    from torch import nn
+
+    from attnlab.model.positional import sinusoidal_table
+
+    d, h, ff, layers, vocab, _ = SIZES[size]
+
+    class TorchTransformer(nn.Module):
+        """Embeddings (shared), sinusoidal positions and a tied output layer around nn.Transformer."""
+
+        def __init__(self) -> None:
+            super().__init__()
+            self.embed = nn.Embedding(vocab, d, padding_idx=PAD)
+            self.register_buffer("pe", sinusoidal_table(512, d), persistent=False)
+            self.dropout = nn.Dropout(0.1)
+            self.core = nn.Transformer(
+                d, h, layers, layers, ff, dropout=0.1, activation="relu", batch_first=True
+            )
+            self.core.encoder.norm = None  # post-norm stacks have no final LayerNorm
+            self.core.decoder.norm = None
+
+        def _embed(self, ids: torch.Tensor) -> torch.Tensor:
+            return self.dropout(self.embed(ids) * math.sqrt(d) + self.pe[: ids.size(1)])
+
+        def forward(self, src: torch.Tensor, tgt: torch.Tensor) -> torch.Tensor:
+            causal = nn.Transformer.generate_square_subsequent_mask(tgt.size(1), dtype=torch.float32)
+            pad = src == PAD
+            hidden = self.core(self._embed(src), self._embed(tgt), tgt_mask=causal, tgt_is_causal=True,
+                               src_key_padding_mask=pad, memory_key_padding_mask=pad)  # fmt: skip
+            return hidden @ self.embed.weight.t()
+
+    return TorchTransformer()
+
+
+def build(framework: str, size: str) -> Any:
+    return {"attnlab": attnlab_model, "marian": marian_model, "torch": torch_model}[framework](size)
+
+
+def trainable(model: Any) -> int:
+    return sum(p.numel() for p in {id(p): p for p in model.parameters() if p.requires_grad}.values())
+
+
+def make_step(framework: str, model: Any, size: str) -> Any:
+    """A function running one optimizer step on the fixed batch."""
+    import torch
+    import torch.nn.functional as F
+
+    _, _, _, _, vocab, (batch, src_len, tgt_len) = SIZES[size]
+    generator = torch.Generator().manual_seed(0)
+    src = torch.randint(3, vocab, (batch, src_len), generator=generator)
+    tgt = torch.randint(3, vocab, (batch, tgt_len + 1), generator=generator)
+    tgt[:, 0] = START
+    tgt_in, tgt_out = tgt[:, :-1], tgt[:, 1:]
+    optimizer = torch.optim.AdamW(model.parameters(), lr=1e-4)
+    model.train()
+
+    def forward() -> torch.Tensor:
+        if framework == "marian":
+            return model(input_ids=src, decoder_input_ids=tgt_in).logits
+        return model(src, tgt_in)
+
+    def step() -> float:
+        optimizer.zero_grad(set_to_none=True)
+        logits = forward()
+        loss = F.cross_entropy(
+            logits.reshape(-1, vocab), tgt_out.reshape(-1), label_smoothing=0.1, ignore_index=PAD
+        )
+        loss.backward()
+        optimizer.step()
+        return float(loss.detach())
+
+    return step
+
+
+def matmul_rate(size: int = 2048, repeats: int = 10) -> float:
+    import torch
+
+    a, b = torch.randn(size, size), torch.randn(size, size)
+    a @ b
+    start = time.perf_counter()
+    for _ in range(repeats):
+        a @ b
+    return 2 * size**3 * repeats / (time.perf_counter() - start)
+
+
+def peak_memory(framework: str, size: str, threads: int) -> tuple[float, float]:
+    """(peak resident set, its growth during the steps) in MB of a fresh process that builds the model
+    and runs 3 training steps."""
+    out = subprocess.run([sys.executable, __file__, "--memory-of", framework, "--sizes", size,
+                          "--threads", str(threads)], capture_output=True, text=True, check=True)  # fmt: skip
+    peak, growth = map(float, out.stdout.strip().splitlines()[-1].split())
+    return peak, growth
+
+
+def _status_mb(field: str) -> float:
+    """A memory figure of this process from /proc/self/status, in MB (VmHWM: the peak resident set of
+    this process image; ru_maxrss would carry the parent's peak over fork and exec)."""
+    with open("/proc/self/status") as status:
+        return next(int(line.split()[1]) for line in status if line.startswith(field + ":")) / 1024
+
+
+def interval(pairs: list[tuple[float, float]], seed: int = 0) -> tuple[float, float, float]:
+    """Ratio of medians (a/b of step times inverted: b/a is a's speed-up) and its 95% bootstrap interval."""
+    rng = random.Random(seed)
+
+    def ratio(sample: list[tuple[float, float]]) -> float:
+        return statistics.median(b for _, b in sample) / statistics.median(a for a, _ in sample)
+
+    draws = sorted(ratio([rng.choice(pairs) for _ in pairs]) for _ in range(2000))
+    return ratio(pairs), draws[49], draws[1949]
+
+
+def bench(size: str, repeats: int, warmup: int, threads: int, memory: bool) -> dict[str, Any]:
+    import torch
+
+    from attnlab.flops import training_flops
+
+    torch.set_num_threads(threads)
+    torch.manual_seed(0)
+    models = {f: build(f, size) for f in FRAMEWORKS}
+    counts = {f: trainable(m) for f, m in models.items()}
+    if len(set(counts.values())) != 1:
+        raise AssertionError(f"different trainable parameter counts, not the same arithmetic: {counts}")
+    steps = {f: make_step(f, models[f], size) for f in FRAMEWORKS}
+    for f in FRAMEWORKS:
+        for _ in range(warmup):
+            steps[f]()
+    times: dict[str, list[float]] = {f: [] for f in FRAMEWORKS}
+    for r in range(repeats):
+        order = FRAMEWORKS[r % 3 :] + FRAMEWORKS[: r % 3]
+        for f in order:
+            start = time.perf_counter()
+            steps[f]()
+            times[f].append(time.perf_counter() - start)
+    _, _, _, _, _, (batch, src_len, tgt_len) = SIZES[size]
+    flops = training_flops(models["attnlab"].config, batch, src_len, tgt_len)
+    peak = matmul_rate()
+    tokens = batch * tgt_len
+    result: dict[str, Any] = {"size": size, "params": counts["attnlab"], "batch": [batch, src_len, tgt_len],
+                              "matmul_gflops": peak / 1e9, "step_flops": flops, "models": {}}  # fmt: skip
+    for f in FRAMEWORKS:
+        median = statistics.median(times[f])
+        result["models"][f] = {
+            "median_s": median, "tokens_per_s": tokens / median, "mfu": flops / median / peak,
+            "peak_rss_mb": peak_memory(f, size, threads) if memory else None,
+        }  # fmt: skip
+    for other in ("marian", "torch"):
+        result[f"speedup_vs_{other}"] = interval(list(zip(times["attnlab"], times[other], strict=True)))
+    return result
+
+
+def table(results: list[dict[str, Any]]) -> str:
+    lines = [
+        "| size | model | params | step (median) | target tokens/s | MFU | peak RSS (+ in the steps) "
+        "| attnlab speed-up [95% CI] |",
+        "|---|---|---|---|---|---|---|---|",
+    ]
+    for r in results:
+        for f in FRAMEWORKS:
+            m = r["models"][f]
+            rss = (
+                ""
+                if m["peak_rss_mb"] is None
+                else f"{m['peak_rss_mb'][0]:.0f} MB (+{m['peak_rss_mb'][1]:.0f} MB)"
+            )
+            speedup = ""
+            if f != "attnlab":
+                ratio, low, high = r[f"speedup_vs_{f}"]
+                speedup = f"{ratio:.3f}× [{low:.3f}, {high:.3f}]"
+            name = {"attnlab": "attnlab", "marian": "MarianMT", "torch": "nn.Transformer"}[f]
+            step = f"{m['median_s'] * 1000:.0f} ms"
+            lines.append(f"| {r['size']} | {name} | {r['params'] / 1e6:.1f}M | {step} | "
+                         f"{m['tokens_per_s']:,.0f} | {m['mfu']:.1%} | {rss} | {speedup} |")  # fmt: skip
+    return "\n".join(lines) + "\n"
+
+
+def main(argv: list[str] | None = None) -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--sizes", nargs="+", default=["small", "base"], choices=list(SIZES))
+    parser.add_argument("--repeats", type=int, default=7)
+    parser.add_argument("--warmup", type=int, default=2)
+    parser.add_argument("--threads", type=int, default=2)
+    parser.add_argument("--out", help="also write the table (and the raw numbers as JSON beside it)")
+    parser.add_argument("--no-memory", action="store_true", help="skip the per-model memory processes")
+    parser.add_argument("--quick", action="store_true", help="tiny shapes, 2 repeats: checks the harness")
+    parser.add_argument("--memory-of", choices=FRAMEWORKS, help=argparse.SUPPRESS)
+    args = parser.parse_args(argv)
+    if args.memory_of:
+        import torch
+
+        torch.set_num_threads(args.threads)
+        step = make_step(args.memory_of, build(args.memory_of, args.sizes[0]), args.sizes[0])
+        before = _status_mb("VmRSS")  # imports, model, optimizer and batch in place
+        for _ in range(3):
+            step()
+        print(_status_mb("VmHWM"), _status_mb("VmHWM") - before)
+        return
+    if args.quick:
+        args.sizes, args.repeats, args.warmup = ["tiny"], 2, 1
+    results = [bench(s, args.repeats, args.warmup, args.threads, not args.no_memory) for s in args.sizes]
+    text = table(results)
+    rate = results[0]["matmul_gflops"]
+    print(f"float32 matmul rate measured here: {rate:.1f} GFLOP/s, {args.threads} threads")
+    print(text)
+    if args.out:
+        with open(args.out, "w", encoding="utf-8") as f:
+            f.write(text)
+        with open(args.out + ".json", "w", encoding="utf-8") as f:
+            json.dump(results, f, indent=1)
+
+
+if __name__ == "__main__":
+    main()
