@@ -12,6 +12,12 @@ lengths. Reports (Markdown tables, all measured in this process):
 - sentences/s and output tokens/s of greedy and beam 5 on test2016 sources (Multi30k-sized inputs) at
   each batch size, cached and uncached, on the first `--sweep-sentences` sentences;
 - the whole test2016 set (1000 sentences) with beam 5 at batch 64, cached: wall time and BLEU.
+
+`--marian` instead compares attnlab's decoders with Hugging Face MarianMT's `generate()` on the same
+weights (`attnlab.interop.marian.to_marian`, `[interop]` extra): greedy and beam 5 over the test2016
+sources at batch 64 and one sentence at a time (latency), length penalty 0, the same fixed length limit
+(60 tokens, no forced eos), reporting sentences/s, the speed-ups, and how many outputs are identical;
+for greedy, each difference's top-2 log-probability margin (attnlab's model) at the first differing step.
 """
 
 from __future__ import annotations
@@ -88,10 +94,18 @@ def main() -> None:
     parser.add_argument("--sweep-sentences", type=int, default=200)
     parser.add_argument("--threads", type=int, default=torch.get_num_threads())
     parser.add_argument("--device", default="cpu", help="cpu, cuda, or auto")
+    parser.add_argument("--marian", action="store_true", help="compare with MarianMT generate() instead")
+    parser.add_argument(
+        "--sentences", type=int, default=1000, help="with --marian: how many test2016 sentences"
+    )
+    parser.add_argument("--latency-sentences", type=int, default=50, help="with --marian: for batch 1")
     args = parser.parse_args()
     torch.set_num_threads(args.threads)
 
     translator = load(args)
+    if args.marian:
+        compare_with_marian(translator, args)
+        return
     model = translator.model.eval()
     sources = (args.root / "test2016.de").read_text(encoding="utf-8").split("\n")[:1000]
     references = (args.root / "test2016.en").read_text(encoding="utf-8").split("\n")[:1000]
@@ -128,6 +142,84 @@ def main() -> None:
     print(f"\ntest2016, 1000 sentences, beam 5, batch 64, cached: {seconds:.1f} s "
           f"({1000 / seconds:.1f} sentences/s), BLEU {bleu.score:.2f}, "
           f"lenpen {translator.decode.lenpen}")  # fmt: skip
+
+
+LIMIT = 60  # output tokens, eos included, for both decoders
+
+
+def marian_decode(marian, ids: list[list[int]], beam: int, batch_size: int, pad_id: int):
+    """(seconds, output ids without start and eos) of MarianMT generate() in length-sorted batches."""
+    sampler = TokenBatchSampler([len(r) for r in ids], batch_size=batch_size, shuffle=False)
+    outputs: list[list[int]] = [[] for _ in ids]
+    eos = marian.config.eos_token_id
+    started = time.perf_counter()
+    for batch in sampler:
+        src = pad([ids[i] for i in batch], pad_id)
+        with torch.inference_mode():
+            generated = marian.generate(input_ids=src, attention_mask=src != pad_id, num_beams=beam,
+                                        do_sample=False, length_penalty=0.0, max_new_tokens=LIMIT,
+                                        min_new_tokens=1, num_return_sequences=1)  # fmt: skip
+        for i, row in zip(batch, generated[:, 1:].tolist(), strict=True):
+            outputs[i] = row[: row.index(eos)] if eos in row else [t for t in row if t != pad_id]
+    return time.perf_counter() - started, outputs
+
+
+def attnlab_decode(model: Transformer, ids: list[list[int]], beam: int, batch_size: int):
+    """(seconds, output ids) of attnlab with the same settings as `marian_decode`."""
+    sampler = TokenBatchSampler([len(r) for r in ids], batch_size=batch_size, shuffle=False)
+    outputs: list[list[int]] = [[] for _ in ids]
+    started = time.perf_counter()
+    for batch in sampler:
+        src = pad([ids[i] for i in batch], model.config.pad_id)
+        rows = translate_ids(model, src, beam=beam, alpha=0.0, max_len_a=0.0, max_len_b=LIMIT, min_len=1)
+        for i, row in zip(batch, rows, strict=True):
+            outputs[i] = row
+    return time.perf_counter() - started, outputs
+
+
+@torch.inference_mode()
+def first_step_margin(model: Transformer, src: list[int], prefix: list[int]) -> float:
+    """Top-2 log-probability margin of the next token after `prefix` (attnlab's model)."""
+    tgt = torch.tensor([[model.config.start_id, *prefix]])
+    logits = model(torch.tensor([src]), tgt)[0, -1].float().log_softmax(-1)
+    top = logits.topk(2).values
+    return float(top[0] - top[1])
+
+
+def compare_with_marian(translator: Translator, args: argparse.Namespace) -> None:
+    from attnlab.interop.marian import to_marian
+
+    model = translator.model.eval().cpu()
+    marian = to_marian(model)
+    marian.generation_config.forced_eos_token_id = None  # the same length limit rule on both sides
+    sources = (args.root / "test2016.de").read_text(encoding="utf-8").split("\n")[: args.sentences]
+    ids = [[*row, model.config.eos_id] for row in translator.src_tokenizer.encode_batch(sources)]
+    name = f"checkpoint {args.ckpt}" if args.ckpt else "random model=small"
+    print(f"model: {name}, {len(ids)} test2016 sentences, {args.threads} threads, length penalty 0\n")
+    print("| search | batch | attnlab sentences/s | MarianMT sentences/s | speed-up | identical outputs |")
+    print("|---|---|---|---|---|---|")
+    for beam in (1, 5):
+        for batch_size, subset in ((64, ids), (1, ids[: args.latency_sentences])):
+            marian_decode(marian, subset[:2], beam, batch_size, model.config.pad_id)  # warm-up
+            ours_s, ours = attnlab_decode(model, subset, beam, batch_size)
+            theirs_s, theirs = marian_decode(marian, subset, beam, batch_size, model.config.pad_id)
+            same = sum(a == b for a, b in zip(ours, theirs, strict=True))
+            search = "greedy" if beam == 1 else f"beam {beam}"
+            n = len(subset)
+            print(f"| {search} | {batch_size} | {n / ours_s:.1f} | {n / theirs_s:.1f} | "
+                  f"{theirs_s / ours_s:.2f}x | {same}/{n} ({same / n:.1%}) |")  # fmt: skip
+            if beam == 1 and batch_size == 64:
+                margins = []
+                for src, a, b in zip(subset, ours, theirs, strict=True):
+                    if a != b:
+                        pairs = enumerate(zip(a, b, strict=False))
+                        k = next((j for j, (x, y) in pairs if x != y), min(len(a), len(b)))
+                        margins.append(first_step_margin(model, src, a[:k]))
+                greedy_differences = sorted(margins)
+    print(
+        f"\ngreedy differences: {len(greedy_differences)}; top-2 margins at the first differing step: "
+        f"{[f'{m:.2e}' for m in greedy_differences]}"
+    )
 
 
 if __name__ == "__main__":

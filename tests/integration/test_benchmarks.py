@@ -39,3 +39,23 @@ def test_bench_train_quick_compares_three_models_doing_the_same_arithmetic(
     assert all("×" in r.split("|")[8] for r in rows[1:])  # speed-ups with their intervals
     ratio, low, high = bench.interval([(1.0, 2.0), (1.0, 2.0), (1.0, 2.0)])
     assert (ratio, low, high) == (2.0, 2.0, 2.0)  # half the step time = twice the speed
+
+
+def test_bench_decode_compares_with_marian_generate(
+    shared_data: Path, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """--marian on a random model=small (outputs run to the length limit): the harness, not the speed."""
+    pytest.importorskip("transformers", reason="MarianMT needs the [interop] extra")
+    import sys
+
+    argv = ["bench_decode.py", "--root", str(shared_data / "multi30k"), "--marian", "--sentences", "6",
+            "--latency-sentences", "2"]  # fmt: skip
+    monkeypatch.setattr(sys, "argv", argv)
+    load("bench_decode").main()
+    out = capsys.readouterr().out
+    rows = [line for line in out.splitlines() if line.startswith(("| greedy", "| beam"))]
+    assert len(rows) == 4  # greedy and beam 5, at batch 64 and 1
+    for row in rows:
+        identical = row.split("|")[6].strip()
+        assert identical.split("/")[1].startswith(("6 ", "2 "))  # every sentence compared
+    assert "greedy differences:" in out

@@ -97,3 +97,24 @@ def test_round_trip_back_to_marian(marian, tmp_path: Path) -> None:
         expected = marian(input_ids=src, attention_mask=src != PAD, decoder_input_ids=tgt).logits
         got = again(input_ids=src, attention_mask=src != PAD, decoder_input_ids=tgt).logits
         torch.testing.assert_close(got, expected, atol=2e-5, rtol=1e-5)
+
+
+def test_a_model_with_the_papers_layout_converts_by_permuting_its_model_dimension() -> None:
+    """Interleaved sinusoids, ReLU, no output bias (attnlab's defaults): the same logits from MarianMT."""
+    from attnlab.model.config import TransformerConfig
+    from attnlab.model.transformer import Transformer
+
+    torch.manual_seed(3)
+    config = TransformerConfig(src_vocab_size=60, tgt_vocab_size=60, d_model=32, n_heads=4, d_ff=64,
+                               n_encoder_layers=2, n_decoder_layers=2, pad_id=PAD, bos_id=1, eos_id=EOS,
+                               decoder_start_id=PAD, tie="all")  # fmt: skip
+    ours = Transformer(config).eval()
+    with torch.no_grad():
+        for name, param in ours.named_parameters():
+            if "norm" in name:
+                param.add_(torch.randn_like(param) * 0.1)
+    src, tgt = batch()
+    with torch.no_grad():
+        expected = ours(src, tgt)
+        theirs = to_marian(ours)(input_ids=src, attention_mask=src != PAD, decoder_input_ids=tgt).logits
+    torch.testing.assert_close(theirs, expected, atol=2e-5, rtol=1e-5)

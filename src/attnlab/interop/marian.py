@@ -122,7 +122,7 @@ def marian_config(config: TransformerConfig) -> Any:
     """
     from transformers import MarianConfig
 
-    wanted = {"pe": "sinusoidal", "pe_layout": "split", "norm_first": False, "output_bias": True}
+    wanted = {"pe": "sinusoidal", "norm_first": False}
     for key, value in wanted.items():
         if getattr(config, key) != value:
             raise ValueError(f"MarianMT needs {key}={value!r}, the model has {key}={getattr(config, key)!r}")
@@ -144,21 +144,56 @@ def marian_config(config: TransformerConfig) -> Any:
     )  # fmt: skip
 
 
+def split_order(d_model: int) -> list[int]:
+    """Model dimensions in `split` order: the interleaved layout's sines (even dimensions), then its
+    cosines (odd ones). `split_order(d)[j]` is the interleaved dimension that becomes dimension j."""
+    return [*range(0, d_model, 2), *range(1, d_model, 2)]
+
+
+def _in_split_order(config: TransformerConfig, state: dict[str, Any]) -> dict[str, Any]:
+    """The same function with its model dimension permuted so that the positional encoding is in the
+    `split` layout: every vector of the residual stream is permuted, so weights reading it permute their
+    input columns, weights writing it (and LayerNorms, biases) their output rows."""
+    order = split_order(config.d_model)
+    out = {}
+    for key, value in state.items():
+        reads = (
+            key.endswith(("w_q.weight", "w_k.weight", "w_v.weight", "w_1.weight")) or key == "output.weight"
+        )
+        writes = key.endswith(("w_o.weight", "w_o.bias", "w_2.weight", "w_2.bias")) or ".norm." in key
+        if key.endswith("embed.token.weight") or reads:
+            value = value[:, order]
+        elif writes:
+            value = value[order]
+        out[key] = value
+    return out
+
+
 def to_marian(model: Transformer) -> Any:
-    """A `MarianMTModel` (eval mode) with the weights of an attnlab `Transformer` in Marian's form."""
+    """A `MarianMTModel` (eval mode) computing the same function as an attnlab `Transformer`.
+
+    A model with the paper's interleaved sinusoids is converted with its model dimension permuted into
+    Marian's split layout (`split_order`), which changes no output; a model without output bias gets a zero
+    `final_logits_bias`.
+    """
     import torch
     from transformers import MarianMTModel
 
     config = model.config
     marian = MarianMTModel(marian_config(config)).eval()
     ours = model.state_dict()
+    if config.pe_layout == "interleaved":
+        ours = _in_split_order(config, ours)
     state = marian.state_dict()
     for key, theirs in _key_pairs(config):
         state[theirs] = ours[key]
     if config.tie == "all":
         state["model.shared.weight"] = ours["encoder.embed.token.weight"]
     state["lm_head.weight"] = ours["output.weight"]
-    state["final_logits_bias"] = ours["output.bias"].reshape(1, -1)
+    bias = ours.get("output.bias")
+    state["final_logits_bias"] = (bias if bias is not None else torch.zeros(config.tgt_vocab_size)).reshape(
+        1, -1
+    )
     with torch.no_grad():
         marian.load_state_dict(state, strict=False)
     return marian
