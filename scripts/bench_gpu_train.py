@@ -19,24 +19,6 @@ import time
 from typing import Any
 
 
-def matmul_rate(device: str, dtype: Any, size: int = 8192, repeats: int = 20) -> float:
-    """Measured FLOP/s of a (size × size) @ (size × size) matmul in `dtype` on `device`."""
-    import torch
-
-    a = torch.randn(size, size, device=device, dtype=dtype)
-    b = torch.randn(size, size, device=device, dtype=dtype)
-    for _ in range(3):
-        a @ b
-    if device.startswith("cuda"):
-        torch.cuda.synchronize()
-    start = time.perf_counter()
-    for _ in range(repeats):
-        a @ b
-    if device.startswith("cuda"):
-        torch.cuda.synchronize()
-    return 2 * size**3 * repeats / (time.perf_counter() - start)
-
-
 def compose(overrides: list[str]) -> Any:
     from hydra import compose as hydra_compose
     from hydra import initialize_config_dir
@@ -119,6 +101,8 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--quick", action="store_true", help="CPU smoke test: tiny model, synthetic data")
     args = parser.parse_args(argv)
     import torch
+
+    from attnlab.flops import matmul_rate
 
     if args.quick:
         overrides = ["data=synthetic", "model=tiny", "data.n_train=256", "data.batch_size=32", "seed=1"]

@@ -141,17 +141,6 @@ def make_step(framework: str, model: Any, size: str) -> Any:
     return step
 
 
-def matmul_rate(size: int = 2048, repeats: int = 10) -> float:
-    import torch
-
-    a, b = torch.randn(size, size), torch.randn(size, size)
-    a @ b
-    start = time.perf_counter()
-    for _ in range(repeats):
-        a @ b
-    return 2 * size**3 * repeats / (time.perf_counter() - start)
-
-
 def peak_memory(framework: str, size: str, threads: int) -> tuple[float, float]:
     """(peak resident set, its growth during the steps) in MB of a fresh process that builds the model
     and runs 3 training steps."""
@@ -182,7 +171,7 @@ def interval(pairs: list[tuple[float, float]], seed: int = 0) -> tuple[float, fl
 def bench(size: str, repeats: int, warmup: int, threads: int, memory: bool) -> dict[str, Any]:
     import torch
 
-    from attnlab.flops import training_flops
+    from attnlab.flops import matmul_rate, training_flops
 
     torch.set_num_threads(threads)
     torch.manual_seed(0)

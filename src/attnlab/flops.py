@@ -17,6 +17,8 @@ dropout, the loss) is not counted; neither is padding removed: the count is for 
 
 from __future__ import annotations
 
+from typing import Any
+
 from attnlab.model.config import TransformerConfig
 
 
@@ -43,3 +45,23 @@ def forward_flops(config: TransformerConfig, batch: int, src_len: int, tgt_len: 
 def training_flops(config: TransformerConfig, batch: int, src_len: int, tgt_len: int) -> int:
     """Forward and backward: 3 × `forward_flops`."""
     return 3 * forward_flops(config, batch, src_len, tgt_len)
+
+
+def matmul_rate(device: str = "cpu", dtype: Any = None, size: int = 2048, repeats: int = 10) -> float:
+    """Measured FLOP/s of a (size × size) @ (size × size) matmul on `device` in `dtype` (default float32):
+    the denominator of model FLOPs utilisation."""
+    import time
+
+    import torch
+
+    a = torch.randn(size, size, device=device, dtype=dtype or torch.float32)
+    b = torch.randn(size, size, device=device, dtype=dtype or torch.float32)
+    sync = torch.cuda.synchronize if str(device).startswith("cuda") else (lambda: None)
+    for _ in range(2):
+        a @ b
+    sync()
+    start = time.perf_counter()
+    for _ in range(repeats):
+        a @ b
+    sync()
+    return 2 * size**3 * repeats / (time.perf_counter() - start)

@@ -259,22 +259,28 @@ def _tracked_runs(trainer: Any) -> list[Any]:
     return wandb_runs(trainer)
 
 
-def _best_checkpoint(cfg: DictConfig, trainer: Any) -> str:
-    """The best checkpoint by `cfg.monitor` ('' when none was saved)."""
+def _monitor_checkpoint(cfg: DictConfig, trainer: Any) -> Any:
+    """The checkpoint callback of `cfg.monitor` (else the first one; None without any)."""
     metric = cfg.get("monitor", {}).get("metric")
     callbacks = [
         cb for cb in trainer.checkpoint_callbacks if cb.monitor == metric
     ] or trainer.checkpoint_callbacks
-    return callbacks[0].best_model_path if callbacks else ""
+    return callbacks[0] if callbacks else None
+
+
+def _best_checkpoint(cfg: DictConfig, trainer: Any) -> str:
+    """The best checkpoint by `cfg.monitor` ('' when none was saved)."""
+    callback = _monitor_checkpoint(cfg, trainer)
+    return callback.best_model_path if callback is not None else ""
 
 
 def _best_score(cfg: DictConfig, trainer: Any) -> float | None:
-    """The monitor's value at the best checkpoint (None without a checkpoint callback on it)."""
+    """The monitor's value at the best checkpoint (None when no callback tracks the monitor)."""
+    callback = _monitor_checkpoint(cfg, trainer)
     metric = cfg.get("monitor", {}).get("metric")
-    for cb in trainer.checkpoint_callbacks:
-        if cb.monitor == metric and cb.best_model_score is not None:
-            return float(cb.best_model_score)
-    return None
+    if callback is None or callback.monitor != metric or callback.best_model_score is None:
+        return None
+    return float(callback.best_model_score)
 
 
 def _final_evaluation(

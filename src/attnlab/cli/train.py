@@ -75,7 +75,7 @@ def trainer_processes(cfg: DictConfig) -> int | None:
     devices, nodes = trainer.get("devices", 1), int(trainer.get("num_nodes", 1) or 1)
     if not isinstance(devices, int) or devices < 0:
         return None if ("ddp" in strategy or "fsdp" in strategy) else 1
-    return devices * nodes if devices * nodes > 1 else 1
+    return devices * nodes
 
 
 def check_launcher(cfg: DictConfig, launcher: str) -> None:
