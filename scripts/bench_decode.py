@@ -16,13 +16,15 @@ lengths. Reports (Markdown tables, all measured in this process):
 `--marian` instead compares attnlab's decoders with Hugging Face MarianMT's `generate()` on the same
 weights (`attnlab.interop.marian.to_marian`, `[interop]` extra): greedy and beam 5 over the test2016
 sources at batch 64 and one sentence at a time (latency), length penalty 0, the same fixed length limit
-(60 tokens, no forced eos), reporting sentences/s, the speed-ups, and how many outputs are identical;
+(60 tokens, no forced eos), reporting sentences/s (median of `--repeats` interleaved runs), the
+speed-up (median and range of the per-run ratios), and how many outputs are identical;
 for greedy, each difference's top-2 log-probability margin (attnlab's model) at the first differing step.
 """
 
 from __future__ import annotations
 
 import argparse
+import statistics
 import time
 from pathlib import Path
 
@@ -99,6 +101,9 @@ def main() -> None:
         "--sentences", type=int, default=1000, help="with --marian: how many test2016 sentences"
     )
     parser.add_argument("--latency-sentences", type=int, default=50, help="with --marian: for batch 1")
+    parser.add_argument(
+        "--repeats", type=int, default=3, help="with --marian: interleaved runs; medians, ratio range"
+    )
     args = parser.parse_args()
     torch.set_num_threads(args.threads)
 
@@ -196,18 +201,28 @@ def compare_with_marian(translator: Translator, args: argparse.Namespace) -> Non
     ids = [[*row, model.config.eos_id] for row in translator.src_tokenizer.encode_batch(sources)]
     name = f"checkpoint {args.ckpt}" if args.ckpt else "random model=small"
     print(f"model: {name}, {len(ids)} test2016 sentences, {args.threads} threads, length penalty 0\n")
-    print("| search | batch | attnlab sentences/s | MarianMT sentences/s | speed-up | identical outputs |")
+    print(f"| search | batch | attnlab sentences/s | MarianMT sentences/s | speed-up (median [min, max] of "
+          f"{args.repeats}) | identical outputs |")  # fmt: skip
     print("|---|---|---|---|---|---|")
     for beam in (1, 5):
         for batch_size, subset in ((64, ids), (1, ids[: args.latency_sentences])):
             marian_decode(marian, subset[:2], beam, batch_size, model.config.pad_id)  # warm-up
-            ours_s, ours = attnlab_decode(model, subset, beam, batch_size)
-            theirs_s, theirs = marian_decode(marian, subset, beam, batch_size, model.config.pad_id)
+            attnlab_decode(model, subset[:2], beam, batch_size)
+            times: dict[str, list[float]] = {"attnlab": [], "marian": []}
+            for _ in range(args.repeats):  # interleaved, so that machine noise hits both alike
+                ours_s, ours = attnlab_decode(model, subset, beam, batch_size)
+                theirs_s, theirs = marian_decode(marian, subset, beam, batch_size, model.config.pad_id)
+                times["attnlab"].append(ours_s)
+                times["marian"].append(theirs_s)
+            ratios = sorted(m / a for a, m in zip(times["attnlab"], times["marian"], strict=True))
             same = sum(a == b for a, b in zip(ours, theirs, strict=True))
             search = "greedy" if beam == 1 else f"beam {beam}"
             n = len(subset)
-            print(f"| {search} | {batch_size} | {n / ours_s:.1f} | {n / theirs_s:.1f} | "
-                  f"{theirs_s / ours_s:.2f}x | {same}/{n} ({same / n:.1%}) |")  # fmt: skip
+            ours_rate = n / statistics.median(times["attnlab"])
+            theirs_rate = n / statistics.median(times["marian"])
+            spread = f" [{ratios[0]:.2f}, {ratios[-1]:.2f}]" if len(ratios) > 1 else ""
+            print(f"| {search} | {batch_size} | {ours_rate:.1f} | {theirs_rate:.1f} | "
+                  f"{statistics.median(ratios):.2f}x{spread} | {same}/{n} ({same / n:.1%}) |")  # fmt: skip
             if beam == 1 and batch_size == 64:
                 margins = []
                 for src, a, b in zip(subset, ours, theirs, strict=True):

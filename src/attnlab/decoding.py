@@ -28,6 +28,9 @@ def greedy_decode(
 ) -> Tensor:
     """Pick the most probable token at each step until every sentence has produced eos.
 
+    A sentence leaves the batch (and the cache) once it has produced eos or reached its length limit,
+    so the remaining steps cost only the sentences still being decoded.
+
     Args:
         model: The Transformer (its mode is left unchanged; call `.eval()` first for inference).
         src: Source ids (B, S), padded with the model's pad id.
@@ -43,24 +46,31 @@ def greedy_decode(
     memory, src_mask = model.encode(src)
     cache = model.new_cache() if use_cache else None
     batch = src.size(0)
-    token = torch.full((batch, 1), cfg.start_id, dtype=torch.long, device=src.device)
-    prefix = token
     limits = max_output_lengths(src, cfg.pad_id, max_len_a, max_len_b)  # (B,)
     if cfg.pe == "learned":
         limits = limits.clamp(max=cfg.max_positions)  # decoder inputs need a position each
-    finished = torch.zeros(batch, dtype=torch.bool, device=src.device)
-    steps = []
-    for step in range(int(limits.max())):
-        logits = model.decode(token if use_cache else prefix, memory, src_mask, cache=cache)  # (B, 1|t, V)
-        token = logits[:, -1].argmax(dim=-1, keepdim=True)  # (B, 1)
-        token = token.masked_fill(finished[:, None], cfg.pad_id)
-        steps.append(token)
+    out = torch.full((batch, int(limits.max())), cfg.pad_id, dtype=torch.long, device=src.device)
+    alive = torch.arange(batch, device=src.device)  # the sentence each decoder row belongs to
+    token = torch.full((batch, 1), cfg.start_id, dtype=torch.long, device=src.device)
+    prefix = token
+    for step in range(out.size(1)):
+        logits = model.decode(token if use_cache else prefix, memory, src_mask, cache=cache)  # (B', 1|t, V)
+        token = logits[:, -1].argmax(dim=-1, keepdim=True)  # (B', 1)
+        out[alive, step] = token.squeeze(1)
         if not use_cache:
             prefix = torch.cat([prefix, token], dim=1)
-        finished |= (token.squeeze(1) == cfg.eos_id) | (limits <= step + 1)
-        if bool(finished.all()):
-            break
-    return torch.cat(steps, dim=1)
+        finished = (token.squeeze(1) == cfg.eos_id) | (limits <= step + 1)  # (B',)
+        if bool(finished.any()):  # finished sentences leave the batch
+            keep = (~finished).nonzero().squeeze(1)
+            if keep.numel() == 0:
+                return out[:, : step + 1]
+            alive, token, limits = alive[keep], token[keep], limits[keep]
+            memory, src_mask = memory.index_select(0, keep), src_mask.index_select(0, keep)
+            if cache is None:
+                prefix = prefix[keep]
+            else:
+                cache.reorder(keep, keep)
+    return out
 
 
 @dataclass
@@ -140,15 +150,17 @@ def beam_search(
 ) -> list[list[Hypothesis]]:
     """Beam search over the incremental K/V cache, B sentences × K beams decoded as one (B·K) batch.
 
-    The source is encoded once and its memory repeated K times; after each step the cache is reordered
-    to follow the surviving beams. At step 0 only the first beam of each sentence is live (the others
-    score -inf), so the initial beams are distinct. Each step scores every extension
-    `score(y_<t) + log p(y_t | y_<t, x)`, keeps the top 2K of the K·V candidates per sentence; an eos
-    candidate ranked in the top K becomes a finished hypothesis (its length counts the eos), the best K
-    other candidates are the next beams. Pad and the start/bos ids are never generated, eos not before
-    `min_len`. A sentence stops at its length limit a·|S| + b (`max_output_lengths`; at most
-    `max_positions` with learned positions), where its live beams are finished without eos, or earlier
-    once it holds K finished hypotheses that no live beam can beat (`_Kept.is_done`).
+    The source is encoded once; the K beams of a sentence share its memory and cross-attention keys and
+    values (they are the sentence's K queries, see `KVCache`); after each step the self-attention cache
+    is reordered to follow the surviving beams, and sentences that are done leave the batch. At step 0
+    only the first beam of each sentence is live (the others score -inf), so the initial beams are
+    distinct. Each step scores every extension `score(y_<t) + log p(y_t | y_<t, x)`, keeps the top 2K of
+    the K·V candidates per sentence; an eos candidate ranked in the top K becomes a finished hypothesis
+    (its length counts the eos), the best K other candidates are the next beams. Pad and the start/bos
+    ids are never generated, eos not before `min_len`. A sentence stops at its length limit a·|S| + b
+    (`max_output_lengths`; at most `max_positions` with learned positions), where its live beams are
+    finished without eos, or earlier once it holds K finished hypotheses that no live beam can beat
+    (`_Kept.is_done`).
 
     Args:
         model: The Transformer (its mode is left unchanged; call `.eval()` first for inference).
@@ -172,13 +184,15 @@ def beam_search(
     src = src.to(device)
     batch, k, vocab = src.size(0), beam, cfg.tgt_vocab_size
     memory, src_mask = model.encode(src)  # (B, S, D), (B, S)
-    expand = torch.arange(batch, device=device).repeat_interleave(k)  # (B·K,)
-    memory, beam_mask = memory.index_select(0, expand), src_mask.index_select(0, expand)  # (B·K, S, ...)
+    source_mask = src_mask  # of the original batch, for the attention rows of finished hypotheses
+    if not use_cache:  # the uncached decoder takes the memory once per beam
+        expand = torch.arange(batch, device=device).repeat_interleave(k)  # (B·K,)
+        memory, src_mask = memory.index_select(0, expand), src_mask.index_select(0, expand)  # (B·K, S, ...)
     limits = max_output_lengths(src, cfg.pad_id, max_len_a, max_len_b)  # (B,)
     if cfg.pe == "learned":
         limits = limits.clamp(max=cfg.max_positions)  # decoder inputs need a position each
     limit_list = limits.tolist()
-    cache = model.new_cache() if use_cache else None
+    cache = model.new_cache(beams=k) if use_cache else None
     token = torch.full((batch * k, 1), cfg.start_id, dtype=torch.long, device=device)
     start = token
     history = torch.empty(batch * k, 0, dtype=torch.long, device=device)  # (B·K, T) outputs so far
@@ -190,59 +204,71 @@ def beam_search(
     never = sorted({cfg.pad_id, cfg.bos_id, cfg.start_id})
     kept = [_Kept(k, alpha) for _ in range(batch)]
     done = [False] * batch
+    alive = list(range(batch))  # the sentence of each group of K decoder rows; finished ones leave
 
     def finish(b: int, tokens: Tensor, ends: Tensor, attn_rows: Tensor | None) -> None:
         """Hand sentence b's candidates `tokens` (n, T) with finite scores `ends` (n,) to its kept list."""
         for r, (ids, score) in enumerate(zip(tokens.tolist(), ends.tolist(), strict=True)):
             if score > -math.inf:
-                a = None if attn_rows is None else attn_rows[r][:, src_mask[b]]  # (T, S_real)
+                a = None if attn_rows is None else attn_rows[r][:, source_mask[b]]  # (T, S_real)
                 kept[b].add(ids, score, a)
 
     for step in range(int(limits.max())):
         length = step + 1  # output length of this step's candidates, eos included
-        fed = token if use_cache else torch.cat([start, history], dim=1)  # (B·K, 1 | T+1)
-        out = model.decode(fed, memory, beam_mask, cache=cache, need_weights=need_attention)
+        live = len(alive)
+        fed = token if use_cache else torch.cat([start, history], dim=1)  # (B'·K, 1 | T+1)
+        out = model.decode(fed, memory, src_mask, cache=cache, need_weights=need_attention)
         logits, weights = out if need_attention else (out, None)
-        lprobs = logits[:, -1].float().log_softmax(dim=-1)  # (B·K, V)
+        lprobs = logits[:, -1].float().log_softmax(dim=-1)  # (B'·K, V)
         lprobs[:, never] = -math.inf
         if length < min_len:
             lprobs[:, cfg.eos_id] = -math.inf
-        cand = scores[:, :, None] + lprobs.view(batch, k, vocab)  # (B, K, V)
-        top_scores, top_idx = cand.view(batch, k * vocab).topk(2 * k, dim=1)  # (B, 2K)
-        top_beam, top_token = top_idx // vocab, top_idx % vocab  # (B, 2K)
-        parent = torch.arange(batch, device=device)[:, None] * k + top_beam  # (B, 2K) rows of B·K
-        step_attn = None if weights is None else weights[-1].mean(dim=1)[:, -1:]  # (B·K, 1, S)
+        cand = scores[:, :, None] + lprobs.view(live, k, vocab)  # (B', K, V)
+        top_scores, top_idx = cand.view(live, k * vocab).topk(2 * k, dim=1)  # (B', 2K)
+        top_beam, top_token = top_idx // vocab, top_idx % vocab  # (B', 2K)
+        parent = torch.arange(live, device=device)[:, None] * k + top_beam  # (B', 2K) rows of B'·K
+        step_attn = None if weights is None else weights[-1].mean(dim=1)[:, -1:]  # (B'·K, 1, S)
 
-        is_eos = top_token == cfg.eos_id  # (B, 2K)
-        for b, eos_row in enumerate(is_eos[:, :k].tolist()):  # only eos ranked in the top K finishes
-            ranks = [r for r, e in enumerate(eos_row) if e and not done[b]]
+        is_eos = top_token == cfg.eos_id  # (B', 2K)
+        for i, eos_row in enumerate(is_eos[:, :k].tolist()):  # only eos ranked in the top K finishes
+            ranks = [r for r, e in enumerate(eos_row) if e]
             if ranks:
-                rows = parent[b, ranks]
-                tokens = torch.cat([history[rows], top_token[b, ranks, None]], dim=1)  # (n, T+1)
+                rows = parent[i, ranks]
+                tokens = torch.cat([history[rows], top_token[i, ranks, None]], dim=1)  # (n, T+1)
                 a = None if attn is None else torch.cat([attn[rows], step_attn[rows]], dim=1)
-                finish(b, tokens, top_scores[b, ranks], a)
+                finish(alive[i], tokens, top_scores[i, ranks], a)
         # The K best non-eos candidates (at most K of the 2K are eos, one per beam) become the beams.
-        order = is_eos.long() * (2 * k) + torch.arange(2 * k, device=device)  # (B, 2K)
-        pick = order.topk(k, dim=1, largest=False).values  # (B, K) candidate ranks, best first
-        scores = top_scores.gather(1, pick)  # (B, K)
-        flat = parent.gather(1, pick).view(-1)  # (B·K,)
-        token = top_token.gather(1, pick).view(-1, 1)  # (B·K, 1)
-        history = torch.cat([history.index_select(0, flat), token], dim=1)  # (B·K, T+1)
+        order = is_eos.long() * (2 * k) + torch.arange(2 * k, device=device)  # (B', 2K)
+        pick = order.topk(k, dim=1, largest=False).values  # (B', K) candidate ranks, best first
+        scores = top_scores.gather(1, pick)  # (B', K)
+        flat = parent.gather(1, pick).view(-1)  # (B'·K,)
+        token = top_token.gather(1, pick).view(-1, 1)  # (B'·K, 1)
+        history = torch.cat([history.index_select(0, flat), token], dim=1)  # (B'·K, T+1)
         if attn is not None:
             attn = torch.cat([attn.index_select(0, flat), step_attn.index_select(0, flat)], dim=1)
-        if cache is not None:
-            cache.reorder(flat)
-        for b in range(batch):
-            if done[b]:
-                continue
+        for i, b in enumerate(alive):
             if length >= limit_list[b]:  # force-finish the live beams, without eos
-                rows = torch.arange(b * k, (b + 1) * k, device=device)
-                finish(b, history[rows], scores[b], None if attn is None else attn[rows])
+                rows = torch.arange(i * k, (i + 1) * k, device=device)
+                finish(b, history[rows], scores[i], None if attn is None else attn[rows])
                 done[b] = True
             else:
-                done[b] = kept[b].is_done(float(scores[b].max()), limit_list[b])
-        if all(done):
+                done[b] = kept[b].is_done(float(scores[i].max()), limit_list[b])
+        keep = [i for i, b in enumerate(alive) if not done[b]]
+        if not keep:
             break
+        if len(keep) < live:  # finished sentences leave the batch
+            alive = [alive[i] for i in keep]
+            sentences = torch.tensor(keep, device=device)
+            rows = (sentences[:, None] * k + torch.arange(k, device=device)).view(-1)  # (B''·K,)
+            scores, flat, token, history = scores[sentences], flat[rows], token[rows], history[rows]
+            attn = None if attn is None else attn[rows]
+            if cache is None:
+                memory, src_mask, start = memory[rows], src_mask[rows], start[rows]
+            else:
+                memory, src_mask = memory[sentences], src_mask[sentences]
+                cache.reorder(flat, sentences)
+        elif cache is not None:
+            cache.reorder(flat)
     return [sentence.hyps[:n_best] for sentence in kept]
 
 

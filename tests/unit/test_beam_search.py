@@ -35,7 +35,9 @@ class Steered(Transformer):
         logits[..., EOS] += self.eos_bias
         if self.eos_at_source_length:
             positions = offset + torch.arange(tgt.size(1))  # (T,)
-            logits[..., EOS] += 1e4 * (positions[None, :] == src_mask.sum(1, keepdim=True) - 1)
+            beams = logits.size(0) // src_mask.size(0)  # decoder rows per sentence (cached beams share)
+            lengths = src_mask.sum(1, keepdim=True).repeat_interleave(beams, dim=0)  # (B·K, 1)
+            logits[..., EOS] += 1e4 * (positions[None, :] == lengths - 1)
         return (logits, out[1]) if isinstance(out, tuple) else logits
 
 

@@ -153,8 +153,10 @@ def test_first_fed_token_is_decoder_start_id() -> None:
     src = source([5, 3])
     out = greedy_decode(model, src)
     assert torch.equal(model.fed[0], torch.full((2, 1), PAD))
-    assert all(t.shape == (2, 1) for t in model.fed)  # one new position per cached step
-    assert torch.equal(torch.cat(model.fed[1:], dim=1), out[:, :-1])
+    rows = [t.size(0) for t in model.fed]  # one new position per cached step and unfinished sentence
+    assert all(t.size(1) == 1 for t in model.fed)
+    assert rows == sorted(rows, reverse=True) and rows[-1] == 1  # the shorter sentence left the batch
+    assert torch.equal(torch.cat(model.fed[1 : rows.count(2)], dim=1), out[:, : rows.count(2) - 1])
     assert torch.equal(out, reference_greedy(model, src, 1.0, 10, start=PAD))
 
 

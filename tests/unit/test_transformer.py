@@ -197,7 +197,7 @@ def test_cache_reorder_selects_batch_rows() -> None:
         cached_steps = [model.decode(tgt[:, t : t + 1], memory, src_mask, cache=cache) for t in range(3)]
         names = ("self_k", "self_v", "cross_k", "cross_v")
         before = [{name: getattr(layer, name) for name in names} for layer in cache.layers]
-        cache.reorder(index)
+        cache.reorder(index, index)
         for layer, old in zip(cache.layers, before, strict=True):
             for name in names:
                 assert torch.equal(getattr(layer, name), old[name][index]), name
@@ -384,3 +384,42 @@ def test_need_weights_with_cache() -> None:
     for layer in range(2):
         stacked = torch.cat([weights[layer] for _, weights in steps], dim=2)  # (B, H, T, S)
         torch.testing.assert_close(stacked, full[layer], rtol=1e-5, atol=1e-5)
+
+
+def test_beams_share_their_sentence_memory_in_the_cache() -> None:
+    """A cache for K beams per sentence takes the un-repeated memory; equal to repeating it K times,
+    also after reordering beams within sentences and after a sentence leaves the batch."""
+    model, beams = build(), 2
+    src, tgt = padded_source(), ids(6, 4, seed=11)  # 3 sentences × 2 beams, sentence-major rows
+    parents = torch.tensor([1, 1, 2, 3, 5, 4])  # beams move within their sentence only
+    with torch.inference_mode():
+        memory, src_mask = model.encode(src)
+        repeated = memory.repeat_interleave(beams, 0), src_mask.repeat_interleave(beams, 0)
+        shared, plain = model.new_cache(beams), model.new_cache()
+        for t in range(2):
+            got = model.decode(tgt[:, t : t + 1], memory, src_mask, cache=shared)
+            want = model.decode(tgt[:, t : t + 1], *repeated, cache=plain)
+            torch.testing.assert_close(got, want, rtol=1e-5, atol=1e-5)
+        shared.reorder(parents)
+        plain.reorder(parents, parents)
+        assert shared.layers[0].cross_k.size(0) == 3  # one per sentence
+        got = model.decode(tgt[:, 2:3], memory, src_mask, cache=shared)
+        want = model.decode(tgt[:, 2:3], *repeated, cache=plain)
+        torch.testing.assert_close(got, want, rtol=1e-5, atol=1e-5)
+        keep, rows = torch.tensor([0, 2]), torch.tensor([0, 1, 4, 5])  # sentence 1 is done
+        shared.reorder(rows, keep)
+        plain.reorder(rows, rows)
+        got = model.decode(tgt[rows, 3:4], memory[keep], src_mask[keep], cache=shared)
+        want = model.decode(tgt[rows, 3:4], repeated[0][rows], repeated[1][rows], cache=plain)
+    torch.testing.assert_close(got, want, rtol=1e-5, atol=1e-5)
+
+
+def test_explicit_attention_for_many_decoding_rows_equals_the_fused_kernel() -> None:
+    model = build()
+    src, tgt = padded_source().repeat(12, 1), ids(36, 10, seed=12)  # 36 rows, one query each: explicit
+    with torch.inference_mode():
+        memory, src_mask = model.encode(src)
+        cache = model.new_cache()
+        steps = [model.decode(tgt[:, t : t + 1], memory, src_mask, cache=cache) for t in range(3)]
+        full = model.decode(tgt, memory, src_mask)  # 10 queries per row: the fused kernel
+    torch.testing.assert_close(torch.cat(steps, 1), full[:, :3], rtol=1e-5, atol=1e-5)

@@ -1,8 +1,8 @@
 """Incremental-decoding cache: per decoder layer, self-attention K/V grown step by step and
 cross-attention K/V computed once from the encoder output.
 
-Notation: `B` batch (sentences × beams), `H` heads, `T` decoded steps so far, `S` source length,
-`Dh` head width.
+Notation: `B` sentences, `K` beams per sentence, `H` heads, `T` decoded steps so far, `S` source length,
+`Dh` head width. The decoder's rows are sentence-major: row b·K + j is beam j of sentence b.
 """
 
 from __future__ import annotations
@@ -15,12 +15,17 @@ from torch import Tensor
 
 @dataclass
 class LayerKV:
-    """Keys and values one decoder layer keeps between decoding steps."""
+    """Keys and values one decoder layer keeps between decoding steps.
 
-    self_k: Tensor | None = None  # (B, H, T, Dh)
-    self_v: Tensor | None = None  # (B, H, T, Dh)
+    Cross-attention keys/values are kept once per sentence: the K beams of a sentence attend to the same
+    source, so cross-attention takes them as K queries of one sentence (`beams`).
+    """
+
+    self_k: Tensor | None = None  # (B·K, H, T, Dh)
+    self_v: Tensor | None = None  # (B·K, H, T, Dh)
     cross_k: Tensor | None = None  # (B, H, S, Dh)
     cross_v: Tensor | None = None  # (B, H, S, Dh)
+    beams: int = 1
 
     def append_self(self, k: Tensor, v: Tensor) -> tuple[Tensor, Tensor]:
         """Append this step's self-attention keys/values; return all of them so far."""
@@ -31,12 +36,16 @@ class LayerKV:
             self.self_v = torch.cat([self.self_v, v], dim=2)
         return self.self_k, self.self_v
 
-    def reorder(self, index: Tensor) -> None:
-        """Select batch rows `index` (B',) of every cached tensor."""
-        for name in ("self_k", "self_v", "cross_k", "cross_v"):
+    def reorder(self, rows: Tensor, sentences: Tensor | None = None) -> None:
+        """Keep decoder rows `rows` (B'·K,) and, when given, sentences `sentences` (B',)."""
+        for name in ("self_k", "self_v"):
             value = getattr(self, name)
             if value is not None:
-                setattr(self, name, value.index_select(0, index))
+                setattr(self, name, value.index_select(0, rows))
+        for name in ("cross_k", "cross_v"):
+            value = getattr(self, name)
+            if value is not None and sentences is not None:
+                setattr(self, name, value.index_select(0, sentences))
 
 
 @dataclass
@@ -46,9 +55,9 @@ class KVCache:
     layers: list[LayerKV] = field(default_factory=list)
 
     @classmethod
-    def empty(cls, n_layers: int) -> KVCache:
-        """A cache with nothing decoded yet."""
-        return cls([LayerKV() for _ in range(n_layers)])
+    def empty(cls, n_layers: int, beams: int = 1) -> KVCache:
+        """A cache with nothing decoded yet, for decoder rows holding `beams` beams per sentence."""
+        return cls([LayerKV(beams=beams) for _ in range(n_layers)])
 
     @property
     def length(self) -> int:
@@ -56,7 +65,12 @@ class KVCache:
         first = self.layers[0].self_k if self.layers else None
         return 0 if first is None else first.shape[2]
 
-    def reorder(self, index: Tensor) -> None:
-        """Reorder (or expand) the batch dimension, e.g. to follow the surviving beams."""
+    def reorder(self, rows: Tensor, sentences: Tensor | None = None) -> None:
+        """Follow the surviving beams: keep decoder rows `rows` (each beam's parent row, b·K + j).
+
+        Beams only move within their sentence, so cross-attention keys/values stay, unless `sentences`
+        (B',) says which sentences remain (finished ones leave the batch); `rows` then holds the kept
+        sentences' rows only.
+        """
         for layer in self.layers:
-            layer.reorder(index)
+            layer.reorder(rows, sentences)

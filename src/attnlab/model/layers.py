@@ -12,6 +12,7 @@ from torch import Tensor, nn
 from attnlab.model.attention import MultiHeadAttention
 from attnlab.model.cache import LayerKV
 from attnlab.model.config import TransformerConfig
+from attnlab.model.linear import Linear
 
 ACTIVATIONS: dict[str, Callable[[], nn.Module]] = {"relu": nn.ReLU, "gelu": nn.GELU, "silu": nn.SiLU}
 
@@ -21,10 +22,10 @@ class FeedForward(nn.Module):
 
     def __init__(self, config: TransformerConfig) -> None:
         super().__init__()
-        self.w_1 = nn.Linear(config.d_model, config.d_ff)
+        self.w_1 = Linear(config.d_model, config.d_ff)
         self.activation = ACTIVATIONS[config.activation]()
         self.dropout = nn.Dropout(config.activation_dropout)
-        self.w_2 = nn.Linear(config.d_ff, config.d_model)
+        self.w_2 = Linear(config.d_ff, config.d_model)
 
     def forward(self, x: Tensor) -> Tensor:
         return self.w_2(self.dropout(self.activation(self.w_1(x))))  # (B, T, F) -> (B, T, D)
@@ -45,8 +46,10 @@ class Residual(nn.Module):
 
     def forward(self, x: Tensor, sublayer: Callable[[Tensor], Tensor]) -> Tensor:
         if self.norm_first:
-            return x + self.dropout(sublayer(self.norm(x)))
-        return self.norm(x + self.dropout(sublayer(x)))
+            h = sublayer(self.norm(x))
+            return x + (self.dropout(h) if self.training else h)
+        h = sublayer(x)
+        return self.norm(x + (self.dropout(h) if self.training else h))
 
 
 def _attention(config: TransformerConfig) -> MultiHeadAttention:

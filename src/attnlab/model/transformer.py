@@ -14,6 +14,7 @@ from torch import Tensor, nn
 from attnlab.model.cache import KVCache
 from attnlab.model.config import TransformerConfig
 from attnlab.model.layers import DecoderLayer, EncoderLayer
+from attnlab.model.linear import Linear
 from attnlab.model.positional import build_positional_encoding
 
 
@@ -112,7 +113,7 @@ class Transformer(nn.Module):
             tgt_token = nn.Embedding(config.tgt_vocab_size, config.d_model, padding_idx=config.pad_id)
         self.encoder = Encoder(config, src_token)
         self.decoder = Decoder(config, tgt_token)
-        self.output = nn.Linear(config.d_model, config.tgt_vocab_size, bias=config.output_bias)
+        self.output = Linear(config.d_model, config.tgt_vocab_size, bias=config.output_bias)
         self.reset_parameters()
         if config.tie != "none":
             self.output.weight = tgt_token.weight
@@ -156,9 +157,13 @@ class Transformer(nn.Module):
         logits = self.output(hidden)  # (B, T, V)
         return (logits, weights) if need_weights else logits
 
-    def new_cache(self) -> KVCache:
-        """An empty incremental-decoding cache for this model."""
-        return KVCache.empty(len(self.decoder.layers))
+    def new_cache(self, beams: int = 1) -> KVCache:
+        """An empty incremental-decoding cache, for `beams` decoder rows per sentence (see `KVCache`).
+
+        With beams > 1, `decode` takes the un-repeated memory (B, S, D) and mask (B, S) of the B
+        sentences, and B·K decoder rows, sentence-major.
+        """
+        return KVCache.empty(len(self.decoder.layers), beams)
 
     def forward(self, src: Tensor, tgt: Tensor) -> Tensor:
         """Teacher-forced logits (B, T, V) for source ids (B, S) and decoder inputs (B, T)."""

@@ -1,0 +1,79 @@
+"""Linear layers, y = x Wᵀ + b, with a fast path for inference on the CPU.
+
+Training runs `F.linear` on the weight (out, in), exactly as `nn.Linear` does. Without autograd on the
+CPU (decoding, validation), `project` picks the operand layout MKL is fastest with for the number of
+rows (one per sentence and beam in a decoding step; see `project`) and, for several layers reading the
+same input (W_q, W_k, W_v of self-attention), multiplies once by their concatenated weights: one wide
+product reads memory better than three narrow ones. Measured on a 2-core EPYC: 8000 × 256 output
+projection, one row, x @ W (in, out) 0.8 ms vs F.linear 1.9 ms (weights not in cache). The copies are
+cached per layer group and rebuilt when a weight changes (its version counter or storage), so they cost
+up to one extra copy of the linear weights while a model is used for inference.
+"""
+
+from __future__ import annotations
+
+import weakref
+
+import torch
+import torch.nn.functional as F
+from torch import Tensor, nn
+
+# first layer of a group -> {group key: (weights' versions and storages, (in, out) weight, bias)}
+_PACKED: weakref.WeakKeyDictionary[nn.Linear, dict[tuple, tuple[list, Tensor, Tensor | None]]]
+_PACKED = weakref.WeakKeyDictionary()
+
+
+class Linear(nn.Linear):
+    """`nn.Linear` (same parameters and state-dict keys) using `project`'s inference fast path."""
+
+    def forward(self, x: Tensor) -> Tensor:
+        return project(x, self)[0]
+
+
+def project(x: Tensor, *layers: nn.Linear) -> tuple[Tensor, ...]:
+    """x (..., in) through each of `layers` (all reading x): one output (..., out_i) per layer.
+
+    With autograd, under `torch.compile` or off the CPU: `F.linear` per layer. Otherwise one matrix
+    product with the layers' weights concatenated (cached), its result split per layer (views): for one
+    row, x (1, in) @ W (in, Σ out); for 2–16 rows (the beams of one sentence), (W (Σ out, in) @ xᵀ)ᵀ,
+    which MKL streams without packing the weight — 2.2× faster than either layout of x Wᵀ for 5 rows of
+    the 8000 × 256 output projection; for more rows, x @ W (in, Σ out).
+    """
+    if torch.is_grad_enabled() or x.device.type != "cpu" or torch.compiler.is_compiling():
+        return tuple(F.linear(x, layer.weight, layer.bias) for layer in layers)
+    flat = x.reshape(-1, x.size(-1))
+    rows_first = not 1 < flat.size(0) <= 16
+    weight, bias = _packed(layers, rows_first)
+    if rows_first:
+        out = torch.mm(flat, weight) if bias is None else torch.addmm(bias, flat, weight)
+    else:
+        out = torch.mm(weight, flat.t()) if bias is None else torch.addmm(bias[:, None], weight, flat.t())
+        out = out.t().contiguous()
+    out = out.view(*x.shape[:-1], out.size(-1))
+    if len(layers) == 1:
+        return (out,)
+    return out.split([layer.out_features for layer in layers], dim=-1)
+
+
+def _packed(layers: tuple[nn.Linear, ...], transposed: bool) -> tuple[Tensor, Tensor | None]:
+    """The layers' weights concatenated, (in, Σ out) if `transposed` else (Σ out, in), and biases."""
+    if len(layers) == 1 and not transposed:
+        return layers[0].weight, layers[0].bias
+    params = [p for layer in layers for p in (layer.weight, layer.bias) if p is not None]
+    state = [(p._version, p.data_ptr()) for p in params]
+    group = _PACKED.setdefault(layers[0], {})
+    key = (transposed, *map(id, layers))
+    cached = group.get(key)
+    if cached is not None and cached[0] == state:
+        return cached[1], cached[2]
+    with torch.inference_mode(False), torch.no_grad():  # ordinary tensors, usable outside inference mode
+        weight = torch.cat([layer.weight for layer in layers])  # (Σ out, in)
+        weight = weight.t().contiguous() if transposed else weight
+        bias = None
+        if any(layer.bias is not None for layer in layers):
+            bias = torch.cat([
+                layer.weight.new_zeros(layer.out_features) if layer.bias is None else layer.bias
+                for layer in layers
+            ])  # fmt: skip
+    group[key] = (state, weight, bias)
+    return weight, bias

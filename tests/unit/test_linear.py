@@ -1,0 +1,58 @@
+"""Linear layers: the CPU inference path (layouts, fused groups, cached weights) equals F.linear."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+import torch.nn.functional as F
+
+from attnlab.model.linear import Linear, project
+
+
+def layers(*shapes: tuple[int, int], bias: bool = True) -> list[Linear]:
+    torch.manual_seed(0)
+    return [Linear(n_in, n_out, bias=bias) for n_in, n_out in shapes]
+
+
+@pytest.mark.parametrize("rows", [1, 5, 16, 17, 64])  # each operand layout `project` picks
+@pytest.mark.parametrize("bias", [True, False])
+def test_inference_path_equals_f_linear(rows: int, bias: bool) -> None:
+    group = layers((24, 8), (24, 16), (24, 8), bias=bias)
+    x = torch.randn(rows, 3, 24)
+    expected = [F.linear(x, layer.weight, layer.bias) for layer in group]
+    with torch.inference_mode():
+        outs = project(x, *group)
+        single = group[1](x)
+    assert [o.shape for o in outs] == [(rows, 3, 8), (rows, 3, 16), (rows, 3, 8)]
+    for out, want in zip(outs, expected, strict=True):
+        torch.testing.assert_close(out, want, rtol=1e-5, atol=1e-5)
+    torch.testing.assert_close(single, expected[1], rtol=1e-5, atol=1e-5)
+
+
+def test_training_path_is_f_linear_with_gradients() -> None:
+    (layer,) = layers((6, 4))
+    x = torch.randn(5, 6, requires_grad=True)
+    out = layer(x)
+    assert torch.equal(out, F.linear(x, layer.weight, layer.bias))
+    out.sum().backward()
+    assert layer.weight.grad is not None and x.grad is not None
+
+
+def test_cached_weights_follow_every_change_of_the_weights() -> None:
+    group = layers((8, 4), (8, 4))
+    x = torch.randn(1, 8)  # one row: the cached (in, out) copy
+
+    def check() -> None:
+        with torch.no_grad():
+            got = project(x, *group)
+        for out, layer in zip(got, group, strict=True):
+            torch.testing.assert_close(out, F.linear(x, layer.weight, layer.bias))
+
+    check()
+    with torch.no_grad():
+        group[1].bias.add_(1.0)  # an in-place update (as the optimizer makes) of one bias only
+    check()
+    group[0].load_state_dict({"weight": torch.randn(4, 8), "bias": torch.zeros(4)})
+    check()
+    group[1].weight = torch.nn.Parameter(torch.randn(4, 8))  # a new tensor
+    check()
