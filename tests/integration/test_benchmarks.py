@@ -49,7 +49,7 @@ def test_bench_decode_compares_with_marian_generate(
     import sys
 
     argv = ["bench_decode.py", "--root", str(shared_data / "multi30k"), "--marian", "--sentences", "6",
-            "--latency-sentences", "2"]  # fmt: skip
+            "--latency-sentences", "2", "--repeats", "2"]  # fmt: skip
     monkeypatch.setattr(sys, "argv", argv)
     load("bench_decode").main()
     out = capsys.readouterr().out
@@ -59,3 +59,19 @@ def test_bench_decode_compares_with_marian_generate(
         identical = row.split("|")[6].strip()
         assert identical.split("/")[1].startswith(("6 ", "2 "))  # every sentence compared
     assert "greedy differences:" in out
+
+
+def test_bench_epoch_quick_compares_token_batches_with_padded_sentence_batches(
+    shared_data: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    load("bench_epoch").main(["--root", str(shared_data / "multi30k"), "--quick"])
+    out = capsys.readouterr().out
+    rows = {
+        line.split("|")[1].strip(): line.split("|")[2:-1]
+        for line in out.splitlines()
+        if line.startswith("| ")
+    }
+    ours, theirs = rows["attnlab"], rows["Hugging Face-style"]
+    assert ours[1].strip() == theirs[1].strip()  # the same number of batches per epoch
+    assert float(ours[3].strip().rstrip("%")) < float(theirs[3].strip().rstrip("%"))  # less padding
+    assert "attnlab / HF-style:" in out
