@@ -22,6 +22,17 @@ def shared_data() -> Path:
     return require_shared_data()
 
 
+@pytest.fixture(scope="session")
+def resume_reference(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """An uninterrupted `attnlab-train` run (`runs.RUN`) that interrupted and resumed runs must equal."""
+    from runs import attnlab_train
+
+    run_dir = tmp_path_factory.mktemp("reference") / "run"
+    done = attnlab_train(run_dir)
+    assert done.returncode == 0, done.stderr[-3000:]
+    return run_dir
+
+
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
     import torch
 

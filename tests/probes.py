@@ -34,3 +34,97 @@ class SaveFinalWeights(L.Callback):
         Path(self.dirpath).mkdir(parents=True, exist_ok=True)
         state = {k: v.detach().cpu().clone() for k, v in pl_module.state_dict().items()}
         torch.save(state, Path(self.dirpath) / f"final_weights_rank{trainer.global_rank}.pt")
+
+
+class KillDuringSave(L.Callback):
+    """SIGKILL this process halfway through writing the `nth` save of `name` (bytes on disk, no rename)."""
+
+    def __init__(self, nth: int, name: str = "last.ckpt") -> None:
+        self.nth, self.name, self.seen = nth, name, 0
+
+    def setup(self, trainer: L.Trainer, pl_module: L.LightningModule, stage: str) -> None:
+        import io
+        import signal
+
+        checkpoint_io = trainer.strategy.checkpoint_io
+        save, write = checkpoint_io.save_checkpoint, checkpoint_io.write
+        target: list[str] = [""]
+
+        def saving(checkpoint: dict[str, Any], path: Any, storage_options: Any = None) -> None:
+            target[0] = Path(path).name
+            save(checkpoint, path, storage_options)
+
+        def writing(checkpoint: dict[str, Any], file: Any) -> None:
+            if target[0] == self.name:
+                self.seen += 1
+                if self.seen == self.nth:
+                    buffer = io.BytesIO()
+                    torch.save(checkpoint, buffer)
+                    file.write(buffer.getvalue()[: buffer.tell() // 2])
+                    file.flush()
+                    os.fsync(file.fileno())
+                    os.kill(os.getpid(), signal.SIGKILL)
+            write(checkpoint, file)
+
+        checkpoint_io.save_checkpoint, checkpoint_io.write = saving, writing
+
+
+class NonFiniteAt(L.Callback):
+    """Make optimizer step `step`'s loss NaN (`what="loss"`) or a gradient infinite (`what="grad"`).
+
+    Records, per instance (`NonFiniteAt.last`), the bytes of every checkpoint file when it strikes and
+    whether the weights changed in that step.
+    """
+
+    last: NonFiniteAt | None = None
+
+    def __init__(self, step: int, what: str) -> None:
+        self.step, self.what = step, what
+        self.saved: dict[str, bytes] = {}
+        self.before: dict[str, torch.Tensor] = {}
+        self.updated: bool | None = None
+        NonFiniteAt.last = self
+
+    def _strike(self, trainer: L.Trainer, pl_module: L.LightningModule) -> bool:
+        if trainer.global_step + 1 != self.step:
+            return False
+        directory = Path(trainer.default_root_dir) / "checkpoints"
+        self.saved = {str(p): p.read_bytes() for p in sorted(directory.rglob("*.ckpt"))}
+        self.before = {k: v.detach().clone() for k, v in pl_module.state_dict().items()}
+        return True
+
+    def on_train_batch_start(self, trainer: L.Trainer, pl_module: L.LightningModule, *args: Any) -> None:
+        if self.what == "loss" and self._strike(trainer, pl_module):
+            model, forward = pl_module.model, pl_module.model.forward
+
+            def poisoned(*a: Any, **kw: Any) -> torch.Tensor:
+                del model.forward  # once
+                return forward(*a, **kw) * float("nan")
+
+            model.forward = poisoned
+
+    def on_before_optimizer_step(
+        self, trainer: L.Trainer, pl_module: L.LightningModule, optimizer: Any
+    ) -> None:
+        if self.what == "grad" and self._strike(trainer, pl_module):
+            next(p for p in pl_module.parameters() if p.grad is not None).grad[0] = float("inf")
+
+    def on_train_batch_end(self, trainer: L.Trainer, pl_module: L.LightningModule, *args: Any) -> None:
+        if self.before and self.updated is None:
+            after = pl_module.state_dict()
+            self.updated = any(not torch.equal(v, after[k]) for k, v in self.before.items())
+
+
+class KillIfSeed(L.Callback):
+    """SIGKILL this process at the end of training step `step` when the run's seed (`PL_GLOBAL_SEED`)
+    equals the environment variable `PROBE_KILL_SEED`: one job of a sweep dies, as under the OOM killer."""
+
+    def __init__(self, step: int) -> None:
+        self.step = step
+
+    def on_train_batch_end(self, trainer: L.Trainer, *args: Any) -> None:
+        import signal
+
+        seed = os.environ.get("PROBE_KILL_SEED")
+        if seed is not None and seed == os.environ.get("PL_GLOBAL_SEED") and trainer.global_step == self.step:
+            os.kill(os.getpid(), signal.SIGKILL)

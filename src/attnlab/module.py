@@ -50,6 +50,10 @@ def label_smoothed_nll_loss(
     return loss_sum, nll_sum, keep.sum()
 
 
+class NonFiniteError(FloatingPointError):
+    """A training loss or gradient is NaN or infinite (`optim.on_nonfinite=stop`)."""
+
+
 class TranslationModule(L.LightningModule):
     """Trains a `Transformer` on batches from the data modules (`src`, `tgt_in`, `tgt_out`).
 
@@ -91,6 +95,7 @@ class TranslationModule(L.LightningModule):
             {name: SumMetric() for name in ("loss", "nll", "tokens", "exact", "sentences")}
         )
         self._tokens_seen = 0
+        self._skipped = 0  # batches skipped for a non-finite loss or gradient (optim.on_nonfinite=skip)
         self._step_tokens = 0
         self._step_started = 0.0
         self._rng_to_restore: dict[str, Any] | None = None
@@ -118,17 +123,52 @@ class TranslationModule(L.LightningModule):
             self._rng_to_restore = None
         self._step_started = time.perf_counter()
 
-    def training_step(self, batch: dict[str, Tensor], batch_idx: int) -> Tensor:
+    def training_step(self, batch: dict[str, Tensor], batch_idx: int) -> Tensor | None:
         loss_sum, nll_sum, n_tokens = self._loss(batch, self.optim_config.label_smoothing)
         n = n_tokens.clamp(min=1)
         loss, nll = loss_sum / n, nll_sum / n
-        local_tokens = int(n_tokens)  # one host sync per step, shared by the logging below
+        local_tokens, finite = int(n_tokens), bool(torch.isfinite(loss_sum))  # host syncs, once per step
+        if not self._all_ranks(finite):
+            self._step_tokens = 0
+            return self._nonfinite(f"training loss is {loss_sum.detach().item()}", batch_idx)
         self._step_tokens = local_tokens * self.trainer.world_size
         self.log_dict(
             {"train/loss": loss, "train/nll": nll, "train/ppl": torch.exp(nll.detach())},
             on_step=True, on_epoch=True, prog_bar=True, batch_size=local_tokens,
         )  # fmt: skip
         return loss
+
+    def on_before_optimizer_step(self, optimizer: Any) -> None:
+        grads = [p.grad for p in self.parameters() if p.grad is not None]
+        if not grads or str(self.trainer.precision).startswith("16"):
+            return  # float16's gradient scaler skips overflowing steps itself
+        norm = torch.linalg.vector_norm(torch.stack(torch._foreach_norm(grads)))
+        if self._all_ranks(bool(torch.isfinite(norm))):  # gradients are all-reduced: ranks agree
+            return
+        self._nonfinite(f"gradient norm is {float(norm)}", None)
+        optimizer.zero_grad(set_to_none=True)  # skip: parameters without gradients are not updated
+
+    def _all_ranks(self, finite: bool) -> bool:
+        """True when the value is finite on every rank (under DDP one rank's NaN must stop them all)."""
+        if self.trainer.world_size > 1:
+            return bool(self.trainer.strategy.reduce_boolean_decision(finite, all=True))
+        return finite
+
+    def _nonfinite(self, what: str, batch_idx: int | None) -> None:
+        """Stop (`optim.on_nonfinite=stop`) or count a skipped step (`skip`)."""
+        step = self.trainer.global_step + 1  # the optimizer step this batch was for, counted from 1
+        where = f"optimizer step {step} (epoch {self.current_epoch}"
+        where += f", batch {batch_idx})" if batch_idx is not None else ")"
+        if self.optim_config.on_nonfinite == "stop":
+            raise NonFiniteError(
+                f"{what} at {where}: training stopped before updating the weights with it; the checkpoints "
+                "saved so far are unchanged (continue from the last with resume=auto). Lower optim.peak_lr "
+                "or lengthen optim.warmup_steps, check the data, or set optim.on_nonfinite=skip to skip "
+                "such batches"
+            )
+        self._skipped += 1
+        log.warning("%s at %s: batch skipped (%d so far)", what, where, self._skipped)
+        self.log("train/skipped_steps", float(self._skipped), on_step=False, on_epoch=True, reduce_fx="max")
 
     def on_train_batch_end(self, outputs: Any, batch: dict[str, Tensor], batch_idx: int) -> None:
         # Runs after backward and the optimizer step: the whole step is timed.

@@ -10,6 +10,7 @@ from typing import Any, Literal
 from attnlab.typed import check_fields, require, require_positive, require_probability
 
 Schedule = Literal["noam", "inverse_sqrt", "linear"]
+NonFinite = Literal["stop", "skip"]
 
 
 @dataclass(frozen=True)
@@ -31,6 +32,10 @@ class OptimConfig:
         label_smoothing: ε_ls of the label-smoothed cross-entropy (0.1 in the paper); padding is ignored.
         total_steps: Length of the `linear` schedule in optimizer steps; None: all the optimizer steps
             of the run (`trainer.max_epochs` or `trainer.max_steps`, as Lightning estimates them).
+        on_nonfinite: What a NaN or infinite training loss or gradient does: `stop` the run with an
+            error naming the step (the checkpoints saved before stay as they were; the weights are never
+            updated from it), or `skip` that batch (its optimizer step updates no parameter; the step still
+            counts for the schedule; the epoch's count is logged as `train/skipped_steps`).
     """
 
     schedule: Schedule = "noam"
@@ -42,6 +47,7 @@ class OptimConfig:
     weight_decay: float = 0.0
     label_smoothing: float = 0.1
     total_steps: int | None = None
+    on_nonfinite: NonFinite = "stop"
 
     def __post_init__(self) -> None:
         check_fields(self)

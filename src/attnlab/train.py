@@ -73,7 +73,7 @@ def train(cfg: DictConfig) -> dict[str, float]:
     continuing = resume_from is not None and Path(resume_from) == output_dir / LAST
     if continuing:  # the same run goes on: the same experiment, in its own directory
         check_same_experiment(output_dir / "config.yaml", resolved_config(cfg))
-    output_dir.mkdir(parents=True, exist_ok=True)
+    _writable_run_directory(output_dir)
     if (cfg.get("logger") or {}).get("wandb") is not None:
         from attnlab.tracking import name_and_group
 
@@ -107,6 +107,21 @@ def train(cfg: DictConfig) -> dict[str, float]:
     return metrics
 
 
+def _writable_run_directory(output_dir: Path) -> None:
+    """Create the run directory and check that files can be written there, before anything is run."""
+    import tempfile
+
+    try:
+        output_dir.mkdir(parents=True, exist_ok=True)
+        with tempfile.TemporaryFile(dir=output_dir):
+            pass
+    except OSError as exc:
+        raise ConfigError(
+            f"cannot create the run directory {output_dir} or write in it: {exc.strerror or exc} — set "
+            "hydra.run.dir (hydra.sweep.dir for -m) to a writable directory, or fix its permissions"
+        ) from None
+
+
 def _finish_tracking(exit_code: int) -> None:
     import sys
 
@@ -127,6 +142,7 @@ def _fit_and_evaluate(
     import lightning as L
     from hydra.utils import instantiate
 
+    from attnlab.checkpoint_io import AtomicCheckpointIO
     from attnlab.manifest import data_identity, write_manifest
     from attnlab.module import TranslationModule
 
@@ -159,7 +175,7 @@ def _fit_and_evaluate(
         callbacks=_instantiate_all(cfg.get("callbacks")),
         logger=_instantiate_all(cfg.get("logger")) or False,
         default_root_dir=str(output_dir),
-        plugins=cluster_plugins(),
+        plugins=[*cluster_plugins(), AtomicCheckpointIO()],
     )
     log.info("run directory: %s", output_dir)
     if history:

@@ -8,85 +8,20 @@ The runs have dropout, a shuffled training order and a DataLoader worker; checkp
 
 from __future__ import annotations
 
-import csv
 import json
 import os
 import signal
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
 import torch
 
-TESTS = Path(__file__).resolve().parents[1]
-RUN = [
-    "data=synthetic",
-    "model=tiny",
-    "model.dropout=0.1",
-    "data.n_train=160",
-    "data.n_val=16",
-    "data.n_test=16",
-    "data.batch_size=16",
-    "data.num_workers=1",
-    "trainer.max_epochs=2",
-    "logger=csv",
-    "test=false",
-    "trainer.log_every_n_steps=1",
-    "callbacks.last_checkpoint.every_n_train_steps=4",
-    "seed=7",
-    "trainer.enable_progress_bar=false",
-]  # 10 steps per epoch: checkpoints at steps 4, 8, 12, 16, 20
+from runs import RUN, assert_same_training, attnlab_train, final
 
 
-def final(run_dir: Path) -> list[str]:
-    return ["+callbacks.final._target_=probes.SaveFinalWeights", f"+callbacks.final.dirpath={run_dir}"]
-
-
-def attnlab_train(
-    run_dir: Path, *extra: str, env: dict[str, str] | None = None
-) -> subprocess.CompletedProcess:
-    command = [
-        sys.executable,
-        "-m",
-        "attnlab.cli.train",
-        *RUN,
-        f"hydra.run.dir={run_dir}",
-        *final(run_dir),
-        *extra,
-    ]
-    environment = {**os.environ, "PYTHONPATH": str(TESTS), **(env or {})}
-    return subprocess.run(command, capture_output=True, text=True, timeout=600, env=environment)
-
-
-def weights(run_dir: Path) -> dict[str, torch.Tensor]:
-    return torch.load(run_dir / "final_weights_rank0.pt", weights_only=True)
-
-
-def step_losses(run_dir: Path) -> dict[int, float]:
-    with open(run_dir / "csv" / "metrics.csv", newline="") as f:
-        return {
-            int(r["step"]): float(r["train/loss_step"]) for r in csv.DictReader(f) if r.get("train/loss_step")
-        }
-
-
-@pytest.fixture(scope="module")
-def reference(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    run_dir = tmp_path_factory.mktemp("reference") / "run"
-    done = attnlab_train(run_dir)
-    assert done.returncode == 0, done.stderr[-3000:]
-    return run_dir
-
-
-def assert_same_training(run_dir: Path, reference: Path) -> None:
-    ours, theirs = weights(run_dir), weights(reference)
-    assert ours.keys() == theirs.keys()
-    different = [k for k in ours if not torch.equal(ours[k], theirs[k])]
-    assert not different, f"weights differ from the uninterrupted run: {different[:5]}"
-    assert step_losses(run_dir) == step_losses(reference)  # the history, before and after the resumption
-
-
-def test_a_run_killed_with_sigkill_resumes_to_the_same_weights(reference: Path, tmp_path: Path) -> None:
+def test_a_run_killed_with_sigkill_resumes_to_the_same_weights(
+    resume_reference: Path, tmp_path: Path
+) -> None:
     run_dir = tmp_path / "run"
     killed = attnlab_train(run_dir, "+callbacks.kill._target_=probes.SignalAt", "+callbacks.kill.step=6",
                            f"+callbacks.kill.signum={int(signal.SIGKILL)}")  # fmt: skip
@@ -95,14 +30,14 @@ def test_a_run_killed_with_sigkill_resumes_to_the_same_weights(reference: Path, 
     assert torch.load(run_dir / "checkpoints" / "last.ckpt", weights_only=True)["global_step"] == 4
     resumed = attnlab_train(run_dir, "resume=true")
     assert resumed.returncode == 0, resumed.stderr[-3000:]
-    assert_same_training(run_dir, reference)
+    assert_same_training(run_dir, resume_reference)
     manifest = json.loads((run_dir / "manifest.json").read_text())
     assert manifest["status"] == "finished" and len(manifest["resumed"]) == 1
     assert manifest["resumed"][0]["checkpoint"] == str(run_dir / "checkpoints" / "last.ckpt")
 
 
 def test_a_run_stopped_by_sigterm_saves_and_resumes_to_the_same_weights(
-    reference: Path, tmp_path: Path
+    resume_reference: Path, tmp_path: Path
 ) -> None:
     run_dir, wandb = tmp_path / "run", {"WANDB_MODE": "offline"}  # and W&B for real: the same run goes on
     kill = ["+callbacks.kill._target_=probes.SignalAt", "+callbacks.kill.step=6",
@@ -115,7 +50,7 @@ def test_a_run_stopped_by_sigterm_saves_and_resumes_to_the_same_weights(
     assert torch.load(run_dir / "checkpoints" / "last.ckpt", weights_only=True)["global_step"] == 7
     resumed = attnlab_train(run_dir, "ckpt_path=last", "logger=wandb", env=wandb)
     assert resumed.returncode == 0, resumed.stderr[-3000:]
-    assert_same_training(run_dir, reference)
+    assert_same_training(run_dir, resume_reference)
     from attnlab.wandb_records import read_wandb_run
 
     records = [read_wandb_run(p) for p in sorted(run_dir.rglob("run-*.wandb"))]
@@ -123,7 +58,7 @@ def test_a_run_stopped_by_sigterm_saves_and_resumes_to_the_same_weights(
     assert [r.exit_code for r in records] == [1, 0]  # the interrupted part, then the finished one
 
 
-def test_sigusr1_under_slurm_saves_requeues_and_resumes(reference: Path, tmp_path: Path) -> None:
+def test_sigusr1_under_slurm_saves_requeues_and_resumes(resume_reference: Path, tmp_path: Path) -> None:
     """Lightning's SLURM auto-requeue path, with a stand-in `scontrol` on PATH that records its call."""
     bin_dir, calls = tmp_path / "bin", tmp_path / "scontrol_calls.txt"
     bin_dir.mkdir()
@@ -143,20 +78,20 @@ def test_sigusr1_under_slurm_saves_requeues_and_resumes(reference: Path, tmp_pat
     assert (run_dir / "hpc_ckpt_1.ckpt").is_file()  # Lightning's own, saved by its requeue handler
     resumed = attnlab_train(run_dir, "resume=auto")  # what the requeued job runs
     assert resumed.returncode == 0, resumed.stderr[-3000:]
-    assert_same_training(run_dir, reference)
+    assert_same_training(run_dir, resume_reference)
 
 
-def test_two_runs_with_one_seed_have_identical_histories(reference: Path, tmp_path: Path) -> None:
+def test_two_runs_with_one_seed_have_identical_histories(resume_reference: Path, tmp_path: Path) -> None:
     from attnlab.train import train
     from helpers import compose_train
 
     run_dir = tmp_path / "again"
     overrides = [o for o in RUN if not o.startswith("trainer.enable_progress_bar")] + final(run_dir)
     train(compose_train(overrides, run_dir))
-    assert_same_training(run_dir, reference)
+    assert_same_training(run_dir, resume_reference)
 
 
-def test_resume_errors_name_the_fix(tmp_path: Path, reference: Path) -> None:
+def test_resume_errors_name_the_fix(tmp_path: Path, resume_reference: Path) -> None:
     from attnlab.config import ConfigError
     from attnlab.train import train
     from helpers import compose_train
@@ -167,7 +102,7 @@ def test_resume_errors_name_the_fix(tmp_path: Path, reference: Path) -> None:
         train(compose_train([*RUN, "resume=true"], tmp_path / "empty"))
     with pytest.raises(ConfigError, match=r"resume='yes': use true, false or auto"):
         train(compose_train([*RUN, "resume=yes"], tmp_path / "empty"))
-    before = (reference / "config.yaml").read_bytes()
+    before = (resume_reference / "config.yaml").read_bytes()
     with pytest.raises(ConfigError, match=r"different experiment \(model.d_model: 32 -> 64"):
-        train(compose_train([*RUN, "resume=true", "model.d_model=64"], reference))
-    assert (reference / "config.yaml").read_bytes() == before  # nothing of the run was touched
+        train(compose_train([*RUN, "resume=true", "model.d_model=64"], resume_reference))
+    assert (resume_reference / "config.yaml").read_bytes() == before  # nothing of the run was touched

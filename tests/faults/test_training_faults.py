@@ -1,0 +1,141 @@
+"""Faults during training: NaN/inf losses and gradients, a kill in the middle of a checkpoint save, a full
+disk, an unwritable run directory. Each ends with a message naming the problem and the fix, and the
+checkpoints saved before are unchanged."""
+
+from __future__ import annotations
+
+import csv
+import errno
+import json
+import signal
+from pathlib import Path
+
+import pytest
+import torch
+
+from attnlab.checkpoint import read_checkpoint
+from attnlab.config import ConfigError
+from attnlab.train import train
+from helpers import compose_train
+from runs import assert_same_training, attnlab_train
+
+RUN = [
+    "data=synthetic",
+    "model=tiny",
+    "data.n_train=160",
+    "data.n_val=16",
+    "data.n_test=16",
+    "data.batch_size=16",
+    "trainer.max_epochs=1",
+    "logger=csv",
+    "test=false",
+    "trainer.log_every_n_steps=1",
+    "callbacks.last_checkpoint.every_n_train_steps=2",
+    "trainer.enable_progress_bar=false",
+    "seed=3",
+]  # 10 optimizer steps; last.ckpt at steps 2, 4, 6, 8, 10
+
+
+def nonfinite_at(step: int, what: str) -> list[str]:
+    return [
+        "+callbacks.nan._target_=probes.NonFiniteAt",
+        f"+callbacks.nan.step={step}",
+        f"+callbacks.nan.what={what}",
+    ]
+
+
+def finite_weights(checkpoint: Path) -> bool:
+    state = torch.load(checkpoint, weights_only=True)["state_dict"]
+    return all(bool(torch.isfinite(v).all()) for v in state.values() if v.is_floating_point())
+
+
+@pytest.mark.parametrize(("what", "message"), [
+    ("loss", r"training loss is nan at optimizer step 5 \(epoch 0, batch 4\)"),
+    ("grad", r"gradient norm is inf at optimizer step 5 \(epoch 0\)"),
+])  # fmt: skip
+def test_a_nonfinite_step_stops_the_run_and_keeps_the_saved_checkpoints(
+    what: str, message: str, tmp_path: Path
+) -> None:
+    from attnlab.module import NonFiniteError
+    from probes import NonFiniteAt
+
+    with pytest.raises(NonFiniteError, match=message + r".*optim\.on_nonfinite=skip"):
+        train(compose_train([*RUN, *nonfinite_at(5, what)], tmp_path))
+    probe = NonFiniteAt.last
+    assert probe is not None and probe.saved  # checkpoints existed when it struck
+    now = {str(p): p.read_bytes() for p in sorted((tmp_path / "checkpoints").rglob("*.ckpt"))}
+    assert now == probe.saved  # nothing saved after, nothing changed
+    last = tmp_path / "checkpoints" / "last.ckpt"
+    assert torch.load(last, weights_only=True)["global_step"] == 4 and finite_weights(last)
+    manifest = json.loads((tmp_path / "manifest.json").read_text())
+    assert manifest["status"] == "failed" and "NonFiniteError" in manifest["error"]
+
+
+@pytest.mark.parametrize("what", ["loss", "grad"])
+def test_skip_leaves_the_weights_untouched_by_the_bad_batch_and_trains_on(what: str, tmp_path: Path) -> None:
+    from probes import NonFiniteAt
+
+    train(compose_train([*RUN, *nonfinite_at(5, what), "optim.on_nonfinite=skip"], tmp_path))
+    assert NonFiniteAt.last is not None and NonFiniteAt.last.updated is False
+    last = tmp_path / "checkpoints" / "last.ckpt"
+    assert finite_weights(last)
+    with open(tmp_path / "csv" / "metrics.csv", newline="") as f:
+        skipped = [float(r["train/skipped_steps"]) for r in csv.DictReader(f) if r.get("train/skipped_steps")]
+    assert skipped == [1.0]  # the epoch's count
+    assert torch.load(last, weights_only=True)["global_step"] == 10  # the step counts; it updated nothing
+
+
+def test_a_kill_in_the_middle_of_a_checkpoint_save_keeps_the_previous_one(
+    resume_reference: Path, tmp_path: Path
+) -> None:
+    """SIGKILL while last.ckpt's second save (step 8) is half written: last.ckpt is still step 4's and
+    loads; the partial file is hidden and removed by the next save; the run resumes to the same weights."""
+    run_dir = tmp_path / "run"
+    killed = attnlab_train(run_dir, "+callbacks.kill._target_=probes.KillDuringSave", "+callbacks.kill.nth=2")
+    assert killed.returncode == -signal.SIGKILL
+    checkpoints = run_dir / "checkpoints"
+    partial = list(checkpoints.glob(".last.ckpt.partial-*"))
+    assert len(partial) == 1 and partial[0].stat().st_size > 0  # the kill came mid-write
+    assert read_checkpoint(checkpoints / "last.ckpt")["global_step"] == 4
+    resumed = attnlab_train(run_dir, "resume=auto")
+    assert resumed.returncode == 0, resumed.stderr[-3000:]
+    assert_same_training(run_dir, resume_reference)
+    assert not list(checkpoints.glob(".*partial*"))
+
+
+def test_a_full_disk_during_a_save_names_the_file_and_keeps_the_previous_checkpoint(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from attnlab.checkpoint_io import AtomicCheckpointIO, CheckpointWriteError
+
+    write, calls = AtomicCheckpointIO.write, []
+
+    def filling(self: AtomicCheckpointIO, checkpoint: dict, file) -> None:  # the third save: disk full
+        calls.append(file.name)
+        if len(calls) == 3:
+            file.write(b"x" * 1000)
+            raise OSError(errno.ENOSPC, "No space left on device")
+        write(self, checkpoint, file)
+
+    monkeypatch.setattr(AtomicCheckpointIO, "write", filling)
+    last = tmp_path / "checkpoints" / "last.ckpt"
+    with pytest.raises(CheckpointWriteError) as raised:
+        train(compose_train(RUN, tmp_path))
+    message = str(raised.value)
+    assert f"cannot write checkpoint {last}: No space left on device" in message
+    assert (
+        "the previous checkpoint there is unchanged. Free disk space" in message and "resume=auto" in message
+    )
+    assert read_checkpoint(last)["global_step"] == 4  # the second save's, intact
+    assert not list(last.parent.glob(".*partial*"))
+
+
+def test_an_unwritable_run_directory_fails_before_training(tmp_path: Path) -> None:
+    blocker = tmp_path / "a_file"
+    blocker.write_text("not a directory")
+    with pytest.raises(
+        ConfigError,
+        match=r"run directory .*a_file/run or write in it: Not a directory — set hydra\.run\.dir",
+    ):
+        train(compose_train(RUN, blocker / "run"))
+    assert blocker.read_text() == "not a directory"

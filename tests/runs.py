@@ -1,0 +1,72 @@
+"""Real `attnlab-train` subprocess runs shared by the resumption and fault tests.
+
+Kept apart from `helpers` so that importing the helpers does not import torch's checkpoint loading.
+"""
+
+from __future__ import annotations
+
+import csv
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import torch
+
+TESTS = Path(__file__).resolve().parent
+RUN = [
+    "data=synthetic",
+    "model=tiny",
+    "model.dropout=0.1",
+    "data.n_train=160",
+    "data.n_val=16",
+    "data.n_test=16",
+    "data.batch_size=16",
+    "data.num_workers=1",
+    "trainer.max_epochs=2",
+    "logger=csv",
+    "test=false",
+    "trainer.log_every_n_steps=1",
+    "callbacks.last_checkpoint.every_n_train_steps=4",
+    "seed=7",
+    "trainer.enable_progress_bar=false",
+]  # 10 steps per epoch: checkpoints at steps 4, 8, 12, 16, 20
+
+
+def final(run_dir: Path) -> list[str]:
+    return ["+callbacks.final._target_=probes.SaveFinalWeights", f"+callbacks.final.dirpath={run_dir}"]
+
+
+def attnlab_train(
+    run_dir: Path, *extra: str, env: dict[str, str] | None = None
+) -> subprocess.CompletedProcess:
+    command = [
+        sys.executable,
+        "-m",
+        "attnlab.cli.train",
+        *RUN,
+        f"hydra.run.dir={run_dir}",
+        *final(run_dir),
+        *extra,
+    ]
+    environment = {**os.environ, "PYTHONPATH": str(TESTS), **(env or {})}
+    return subprocess.run(command, capture_output=True, text=True, timeout=600, env=environment)
+
+
+def weights(run_dir: Path) -> dict[str, torch.Tensor]:
+    return torch.load(run_dir / "final_weights_rank0.pt", weights_only=True)
+
+
+def step_losses(run_dir: Path) -> dict[int, float]:
+    with open(run_dir / "csv" / "metrics.csv", newline="") as f:
+        return {
+            int(r["step"]): float(r["train/loss_step"]) for r in csv.DictReader(f) if r.get("train/loss_step")
+        }
+
+
+def assert_same_training(run_dir: Path, reference: Path) -> None:
+    ours, theirs = weights(run_dir), weights(reference)
+    assert ours.keys() == theirs.keys()
+    different = [k for k in ours if not torch.equal(ours[k], theirs[k])]
+    assert not different, f"weights differ from the uninterrupted run: {different[:5]}"
+    assert step_losses(run_dir) == step_losses(reference)  # the history, before and after the resumption
