@@ -77,34 +77,6 @@ def test_the_wandb_sweep_file_passes_valid_overrides(tmp_path: Path) -> None:
         validate(compose_train([f"{k}={v}" for k, v in zip(keys, combo, strict=True)], tmp_path))
 
 
-def test_the_local_launcher_runs_each_job_in_its_own_process(tmp_path: Path) -> None:
-    """hydra/launcher=local (submitit's local executor) for real: two tiny jobs, each in a process of its
-    own, with the same run directories, results and manifests as under the basic launcher."""
-    import pytest
-
-    pytest.importorskip("hydra_plugins.hydra_submitit_launcher", reason="needs the [sweep] extra")
-    command = [
-        sys.executable, "-m", "attnlab.cli.train", "-m", "hydra/launcher=local", "data=synthetic",
-        "model=tiny", "data.n_train=48", "data.n_val=16", "data.n_test=16",
-        "trainer.max_epochs=1", "logger=csv",
-        "seed=1,2", f"hydra.sweep.dir={tmp_path / 'sweep'}", "trainer.enable_progress_bar=false",
-    ]  # fmt: skip
-    env = {**os.environ, "ATTNLAB_LOG_DIR": str(tmp_path / "logs")}
-    done = subprocess.run(command, capture_output=True, text=True, timeout=600, env=env, cwd=tmp_path)
-    assert done.returncode == 0, done.stderr[-3000:]
-    jobs = sorted(p for p in (tmp_path / "sweep").iterdir() if p.is_dir() and not p.name.startswith("."))
-    assert len(jobs) == 2 and "seed=1" in jobs[0].name and "seed=2" in jobs[1].name
-    manifests = [json.loads((job / "manifest.json").read_text()) for job in jobs]
-    assert [m["status"] for m in manifests] == ["finished", "finished"]
-    assert "seed=1" in manifests[0]["overrides"] and "seed=2" in manifests[1]["overrides"]
-    assert "hydra/launcher=local" not in manifests[0]["overrides"]  # Hydra's own choices are not the job's
-    assert all("submitit" in " ".join(m["command"]) for m in manifests)  # run by submitit's worker
-    assert all((job / "results.json").is_file() for job in jobs)
-    logs = sorted((tmp_path / "sweep" / ".submitit").glob("*/*_log.out"))
-    assert len(logs) == 2  # one submitit job (process) per sweep job
-    assert len({log.parent.name for log in logs}) == 2
-
-
 def test_a_sweep_of_ddp_jobs_runs_each_job_as_its_own_process_group(tmp_path: Path) -> None:
     """hydra/launcher=local with trainer=ddp_cpu: two jobs, each two ranks; and the basic launcher refuses."""
     import pytest

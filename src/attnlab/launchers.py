@@ -1,0 +1,99 @@
+"""What attnlab's Hydra launchers (`hydra/launcher=local` and `hydra/launcher=slurm`, the classes in
+`hydra_plugins.attnlab_launchers`) add to hydra-submitit-launcher's, which run every job in a process of
+its own: tolerance of jobs whose process dies.
+
+A job that raises is already recorded by the job itself (its manifest says `failed` and why, and it
+returns no value). A job whose process is killed outright — the out-of-memory killer, SIGKILL, a lost
+node — cannot: the plugin's launcher then raises at the first such job and the sweep stops collecting
+the others. These launchers instead mark that job's manifest `failed` ("its process ended without
+finishing"), log it, and return no value for it, so the other jobs' results are collected, sweepers
+count it as a failed trial, and `sweep.skip_done=true` (with `resume=auto`, from its last checkpoint)
+runs it again.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+from hydra.core.singleton import Singleton
+from hydra.core.utils import JobReturn, JobStatus, filter_overrides
+from omegaconf import OmegaConf
+
+log = logging.getLogger(__name__)
+
+
+class TolerantLaunch:
+    """`launch` of hydra-submitit-launcher's launchers (mixed into a subclass of theirs), collecting every
+    job's result even when some jobs' processes died."""
+
+    config: Any
+    params: dict[str, Any]
+    _EXECUTOR: str
+
+    def launch(self, job_overrides: Sequence[Sequence[str]], initial_job_idx: int) -> Sequence[JobReturn]:
+        import submitit
+        from hydra_plugins.hydra_submitit_launcher.config import BaseQueueConf
+
+        assert self.config is not None and len(job_overrides) > 0
+        params = dict(self.params)
+        folder = params.pop("submitit_folder")
+        init = {}
+        if "max_num_timeout" in params:
+            init[f"{self._EXECUTOR}_max_num_timeout"] = params.pop("max_num_timeout")
+        executor = submitit.AutoExecutor(cluster=self._EXECUTOR, folder=folder, **init)
+        queue_keys = set(OmegaConf.structured(BaseQueueConf).keys())
+        executor.update_parameters(
+            **{key if key in queue_keys else f"{self._EXECUTOR}_{key}": v for key, v in params.items()}
+        )
+        sweep_dir = Path(str(self.config.hydra.sweep.dir))
+        sweep_dir.mkdir(parents=True, exist_ok=True)
+        log.info("submitit '%s' sweep output dir: %s", self._EXECUTOR, sweep_dir)
+        arguments = []
+        for offset, overrides in enumerate(job_overrides):
+            idx = initial_job_idx + offset
+            log.info("\t#%d : %s", idx, " ".join(filter_overrides(overrides)))
+            arguments.append(
+                (list(overrides), "hydra.sweep.dir", idx, f"job_id_for_{idx}", Singleton.get_state())
+            )
+        jobs = executor.map_array(self, *zip(*arguments, strict=True))
+        return [
+            _result(job, list(overrides), sweep_dir)
+            for job, overrides in zip(jobs, job_overrides, strict=True)
+        ]
+
+
+def _result(job: Any, overrides: list[str], sweep_dir: Path) -> JobReturn:
+    """The job's own return, or, when its process died without one, a value-less return (after marking
+    its manifest failed)."""
+    from submitit.core.utils import FailedJobError, UncompletedJobError
+
+    try:
+        return job.results()[0]
+    except (FailedJobError, UncompletedJobError) as exc:
+        reason = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
+        error = (
+            f"the job's process ended without finishing (killed by the out-of-memory killer or a signal, or "
+            f"its node was lost): {reason} — see its submitit log in {job.paths.folder}"
+        )
+        marked = mark_failed(sweep_dir, overrides, error)
+        log.error("job %s failed: %s%s", " ".join(overrides), error, "" if marked else " (no manifest found)")
+        return JobReturn(overrides=overrides, status=JobStatus.COMPLETED, _return_value=None)
+
+
+def mark_failed(sweep_dir: Path, overrides: list[str], error: str) -> bool:
+    """Mark `failed` the still-`running` manifest of the job with these overrides; False if none."""
+    from attnlab.manifest import now, write_manifest
+
+    for path in sorted(sweep_dir.glob("*/manifest.json")):
+        try:
+            manifest = json.loads(path.read_text())
+        except (OSError, ValueError):
+            continue
+        if manifest.get("status") == "running" and manifest.get("overrides") == overrides:
+            write_manifest(path.parent, {**manifest, "status": "failed", "error": error, "end_time": now()})
+            return True
+    return False

@@ -1,0 +1,75 @@
+"""Sweeps under failure with a per-process launcher: a job killed outright (SIGKILL, as the out-of-memory
+killer does) does not stop the others, is reported failed by attnlab-compare, and is run again — from its
+last checkpoint — by re-running the sweep with `sweep.skip_done=true resume=auto`."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from attnlab.compare import report
+
+TESTS = Path(__file__).resolve().parents[1]
+
+
+def local_sweep(
+    tmp_path: Path, *extra: str, kill_seed: int | None = None
+) -> subprocess.CompletedProcess[str]:
+    command = [
+        sys.executable, "-m", "attnlab.cli.train", "-m", "hydra/launcher=local", "data=synthetic",
+        "model=tiny", "data.n_train=48", "data.n_val=16", "data.n_test=16", "data.batch_size=8",
+        "trainer.max_epochs=1", "logger=csv", "callbacks.last_checkpoint.every_n_train_steps=1",
+        "+callbacks.kill._target_=probes.KillIfSeed", "+callbacks.kill.step=3",
+        "seed=1,2,3", f"hydra.sweep.dir={tmp_path / 'sweep'}", "trainer.enable_progress_bar=false", *extra,
+    ]  # fmt: skip
+    env = {**os.environ, "ATTNLAB_LOG_DIR": str(tmp_path / "logs"), "PYTHONPATH": str(TESTS)}
+    env.pop("PROBE_KILL_SEED", None)
+    if kill_seed is not None:
+        env["PROBE_KILL_SEED"] = str(kill_seed)
+    return subprocess.run(command, capture_output=True, text=True, timeout=600, env=env, cwd=tmp_path)
+
+
+def manifests(sweep_dir: Path) -> dict[str, dict]:
+    jobs = sorted(p for p in sweep_dir.iterdir() if p.is_dir() and not p.name.startswith("."))
+    return {job.name: json.loads((job / "manifest.json").read_text()) for job in jobs}
+
+
+def test_a_killed_job_does_not_stop_the_others_is_reported_failed_and_rerun(tmp_path: Path) -> None:
+    pytest.importorskip("hydra_plugins.hydra_submitit_launcher", reason="needs the [sweep] extra")
+    sweep_dir = tmp_path / "sweep"
+    first = local_sweep(tmp_path, kill_seed=2)
+    assert first.returncode == 0, first.stderr[-3000:]
+    jobs = manifests(sweep_dir)
+    assert len(jobs) == 3
+    status = {next(o for o in m["overrides"] if o.startswith("seed=")): m["status"] for m in jobs.values()}
+    assert status == {"seed=1": "finished", "seed=2": "failed", "seed=3": "finished"}
+    killed = next(m for m in jobs.values() if m["status"] == "failed")
+    assert "the job's process ended without finishing (killed by the out-of-memory killer" in killed["error"]
+    assert all("submitit" in " ".join(m["command"]) for m in jobs.values())  # each run by submitit's worker
+    assert all("hydra/launcher=local" not in m["overrides"] for m in jobs.values())  # Hydra's, not the job's
+    assert all(
+        (sweep_dir / n / "results.json").is_file() for n, m in jobs.items() if m["status"] == "finished"
+    )
+    logs = sorted((sweep_dir / ".submitit").glob("*/*_log.out"))
+    assert len({log.parent.name for log in logs}) == 3  # one process per job
+    text = report([sweep_dir])
+    assert text.count("(failed: the job's process ended without finishing") == 1
+
+    finished = {
+        n: (sweep_dir / n / "results.json").stat().st_mtime_ns
+        for n, m in jobs.items()
+        if m["status"] == "finished"
+    }
+    second = local_sweep(tmp_path, "sweep.skip_done=true", "resume=auto")
+    assert second.returncode == 0, second.stderr[-3000:]
+    again = manifests(sweep_dir)
+    assert set(again) == set(jobs) and all(m["status"] == "finished" for m in again.values())
+    assert {n: (sweep_dir / n / "results.json").stat().st_mtime_ns for n in finished} == finished  # skipped
+    rerun = next(m for n, m in again.items() if n not in finished)
+    assert len(rerun["resumed"]) == 1 and rerun["resumed"][0]["checkpoint"].endswith("last.ckpt")
+    assert "failed" not in report([sweep_dir])
