@@ -1,12 +1,14 @@
 """Turning a composed Hydra config into validated objects, before torch or lightning is imported.
 
-`validate(cfg)` instantiates the torch-free nodes (`model`, `optim`, `data`), checks the trainer's
-simple values and the fit between data and model, and raises `ConfigError` naming the key and the fix.
+`validate(cfg)` checks the top-level keys, instantiates the torch-free nodes (`model`, `optim`, `data`,
+`decode`), checks the trainer's simple values, the data directories and the fit between data and model,
+and raises `ConfigError` naming the key and the fix.
 """
 
 from __future__ import annotations
 
 import dataclasses
+import difflib
 import hashlib
 import inspect
 import os
@@ -23,6 +25,24 @@ from attnlab.model.config import TransformerConfig
 from attnlab.optim import OptimConfig
 
 RESERVED_KEYS = {"_target_", "_partial_", "_recursive_", "_convert_", "_args_"}
+# The keys of a composed `conf/train.yaml`: its own values and its (non-global) config groups.
+TOP_LEVEL_KEYS = {
+    "task_name", "seed", "compile", "resume", "ckpt_path", "test", "average_last", "monitor", "sweep",
+    "optimized_metric", "hydra",
+    "data", "model", "optim", "decode", "trainer", "logger", "callbacks", "paths",
+}  # fmt: skip
+# Trainer counts that must be positive integers (True: null is allowed too).
+POSITIVE_TRAINER_COUNTS = {
+    "accumulate_grad_batches": False,
+    "num_nodes": False,
+    "check_val_every_n_epoch": True,
+}
+# Data directories that must exist when set, and what they must hold.
+DATA_DIRS = {
+    "root": "the gunzipped Multi30k files (train.de, val.de, test2016.de, ...), or set data.root=null to "
+    "download them",
+    "dir": "the <prefix>.<src_lang> and <prefix>.<tgt_lang> files (e.g. train.de, train.en, valid.de, ...)",
+}
 ACCELERATORS = {"auto", "cpu", "gpu", "cuda", "mps", "tpu"}
 PRECISIONS = {
     "32",
@@ -39,6 +59,16 @@ PRECISIONS = {
 
 class ConfigError(ValueError):
     """A configuration value is wrong; the message names the key and what to do."""
+
+
+def _is_int(value: Any) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool)
+
+
+def _did_you_mean(name: str, known: list[str], prefix: str = "") -> str:
+    """`did you mean <prefix><closest known name>? ` for a mistyped key, or "" when none is close."""
+    close = difflib.get_close_matches(name, known, n=1)
+    return f"did you mean {prefix}{close[0]}? " if close else ""
 
 
 def config_dir() -> Path:
@@ -111,7 +141,7 @@ def build_node(node: DictConfig, key: str) -> Any:
     if unknown:
         raise ConfigError(
             f"{key}.{unknown[0]} is not a parameter of {cls.__module__}.{cls.__qualname__}; "
-            f"known keys: {', '.join(known)}"
+            f"{_did_you_mean(unknown[0], known, f'{key}.')}known keys: {', '.join(known)}"
         )
     try:
         return cls(**kwargs)
@@ -119,12 +149,40 @@ def build_node(node: DictConfig, key: str) -> Any:
         raise ConfigError(f"{key}.{exc}") from exc
 
 
+def _check_top_level(cfg: DictConfig) -> None:
+    unknown = sorted(set(cfg) - TOP_LEVEL_KEYS)
+    if unknown:
+        key, known = unknown[0], sorted(TOP_LEVEL_KEYS - {"hydra"})
+        raise ConfigError(
+            f"{key} is not a key of the training config (conf/train.yaml): {_did_you_mean(key, known)}"
+            f"remove the +{key}=... override or fix its name; known keys: {', '.join(known)}"
+        )
+    seed = cfg.get("seed")
+    if seed is not None and not _is_int(seed):
+        raise ConfigError(f"seed={seed!r} must be an integer (or null)")
+    average_last = cfg.get("average_last", 0)
+    if not _is_int(average_last) or average_last < 0:
+        raise ConfigError(
+            f"average_last={average_last!r} must be an integer >= 0 (the last N epochs to average; 0: the "
+            "best checkpoint)"
+        )
+    test = cfg.get("test", True)
+    if not isinstance(test, bool):
+        raise ConfigError(f"test={test!r} must be true or false")
+
+
 def _check_trainer(trainer: DictConfig) -> None:
     max_epochs = trainer.get("max_epochs")
-    if max_epochs is not None and (not isinstance(max_epochs, int) or max_epochs < -1 or max_epochs == 0):
+    if max_epochs is not None and (not _is_int(max_epochs) or max_epochs < -1 or max_epochs == 0):
         raise ConfigError(
             f"trainer.max_epochs={max_epochs!r} must be a positive integer (or -1 for no limit)"
         )
+    for key, nullable in POSITIVE_TRAINER_COUNTS.items():
+        value = trainer.get(key, 1)
+        if not (value is None and nullable) and (not _is_int(value) or value < 1):
+            raise ConfigError(
+                f"trainer.{key}={value!r} must be a positive integer{' (or null)' if nullable else ''}"
+            )
     accelerator = trainer.get("accelerator")
     if isinstance(accelerator, str) and accelerator not in ACCELERATORS:
         raise ConfigError(
@@ -139,6 +197,16 @@ def _check_trainer(trainer: DictConfig) -> None:
     devices = trainer.get("devices")
     if isinstance(devices, int) and (devices == 0 or devices < -1):
         raise ConfigError(f"trainer.devices={devices} must be a positive count, -1 (all) or 'auto'")
+
+
+def _check_data_dirs(data: Any) -> None:
+    for key, holding in DATA_DIRS.items():
+        value = getattr(data, key, None)
+        if value is not None and not Path(value).expanduser().is_dir():
+            raise ConfigError(
+                f"data.{key}={value} does not exist or is not a directory: set data.{key} to the directory "
+                f"holding {holding}"
+            )
 
 
 def _check_fit(model: TransformerConfig, data: Any) -> TransformerConfig:
@@ -175,14 +243,13 @@ def validate(cfg: DictConfig) -> Experiment:
     for key in ("model", "optim", "data", "decode", "trainer"):
         if key not in cfg or cfg[key] is None:
             raise ConfigError(f"the config has no `{key}` node: select one, e.g. `{key}=<name>`")
-    seed = cfg.get("seed")
-    if seed is not None and (not isinstance(seed, int) or isinstance(seed, bool)):
-        raise ConfigError(f"seed={seed!r} must be an integer (or null)")
+    _check_top_level(cfg)
     model = build_node(cfg.model, "model")
     optim = build_node(cfg.optim, "optim")
     data = build_node(cfg.data, "data")
     decode = build_node(cfg.decode, "decode")
     _check_trainer(cfg.trainer)
+    _check_data_dirs(data)
     return Experiment(model=_check_fit(model, data), optim=optim, data=data, decode=decode)
 
 

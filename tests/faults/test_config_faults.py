@@ -1,0 +1,161 @@
+"""Fault injection into the training config: every wrong value fails before training starts, with a
+message naming the offending key and the fix.
+
+Each row of `CASES` is one mistake a user can type on the command line, run in-process the way
+`attnlab-train <overrides>` runs it: the Hydra overrides are composed onto `conf/train.yaml` (the
+defaults: `data=multi30k`, `model=small`, `optim=noam`, ...) and the config goes to `attnlab.train.train`,
+whose first steps are the torch-free checks (`validate`, `resolve_monitor`, `resume_path`). A row is
+`Case(overrides, error, key, fix)`:
+
+    overrides  the Hydra overrides, exactly as typed after `attnlab-train`
+    error      the exception: `ConfigError` from our checks, or Hydra's own exception for mistakes
+               Hydra rejects while composing (an unknown preset, an unknown key without `+`)
+    key        text naming the offending key that the message must contain (`model.d_model=0`)
+    fix        text of the fix that the message must contain (the accepted values, the bound, the
+               override to use)
+
+Rows are grouped by config node: model, optim, decode, data, trainer, top level. "Before training
+starts" is checked by the run directory: `train` creates it right after these checks, so after every
+case it must not exist (and reaching the training loop fails the test outright).
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import NamedTuple
+
+import pytest
+from hydra.errors import ConfigCompositionException, MissingConfigException
+
+import attnlab.train
+from attnlab.config import ConfigError
+from attnlab.train import train
+from helpers import compose_train
+
+MISSING = "/nonexistent/attnlab-faults"  # a path that exists nowhere
+
+
+class Case(NamedTuple):
+    overrides: list[str]
+    error: type[Exception]
+    key: str
+    fix: str
+
+
+E = ConfigError
+CASES = [
+    # --- model: sizes, closed choices, probabilities, types, unknown keys ------------------------------
+    Case(["model.d_model=0"], E, "model.d_model=0", "must be positive"),
+    Case(["model.d_model=-8"], E, "model.d_model=-8", "must be positive"),
+    Case(["model.n_heads=0"], E, "model.n_heads=0", "must be positive"),
+    Case(["model.n_heads=-2"], E, "model.n_heads=-2", "must be positive"),
+    Case(["model.d_ff=0"], E, "model.d_ff=0", "must be positive"),
+    Case(["model.d_ff=-1"], E, "model.d_ff=-1", "must be positive"),
+    Case(["model.n_encoder_layers=0"], E, "model.n_encoder_layers=0", "must be positive"),
+    Case(["model.n_decoder_layers=-1"], E, "model.n_decoder_layers=-1", "must be positive"),
+    Case(["model.n_heads=3"], E, "model.n_heads=3", "choose n_heads that divides d_model"),
+    Case(["model.pe=rotary"], E, "model.pe='rotary'", "'sinusoidal' | 'learned' | 'none'"),
+    Case(["model.pe_layout=zigzag"], E, "model.pe_layout='zigzag'", "'interleaved' | 'split'"),
+    Case(["model.activation=tanh"], E, "model.activation='tanh'", "'relu' | 'gelu' | 'silu'"),
+    Case(["model.dropout=-0.1"], E, "model.dropout=-0.1", "in [0, 1)"),
+    Case(["model.dropout=1.5"], E, "model.dropout=1.5", "in [0, 1)"),
+    Case(["model.attention_dropout=2"], E, "model.attention_dropout=2.0", "in [0, 1)"),
+    # tie=all (the paper's shared embeddings, model=base/small) needs one joint source/target vocabulary
+    Case(["data.joint_vocab=false"], E, "model.tie=all", "set data.joint_vocab=true or model.tie=decoder"),
+    Case(["model.d_model=big"], E, "model.d_model='big'", "expected int"),
+    Case(["model.n_heads=4.5"], E, "model.n_heads=4.5", "expected int"),
+    Case(["model.n_encoder_layers=two"], E, "model.n_encoder_layers='two'", "expected int"),
+    Case(["model.norm_first=3"], E, "model.norm_first=3", "expected bool"),
+    Case(["+model.d_modle=64"], E, "model.d_modle", "did you mean model.d_model?"),
+    Case(["model=huge"], MissingConfigException, "model/huge", "Available options in 'model'"),
+    # --- optim: schedule, warm-up, learning rate, label smoothing -------------------------------------
+    Case(["optim.label_smoothing=-0.1"], E, "optim.label_smoothing=-0.1", "in [0, 1)"),
+    Case(["optim.label_smoothing=1.0"], E, "optim.label_smoothing=1.0", "in [0, 1)"),
+    Case(["optim.warmup_steps=0"], E, "optim.warmup_steps=0", "must be positive"),
+    Case(["optim.warmup_steps=-100"], E, "optim.warmup_steps=-100", "must be positive"),
+    Case(["optim=linear", "optim.warmup_steps=0"], E, "optim.warmup_steps=0", "must be positive"),
+    Case(["optim.warmup_steps=1.5"], E, "optim.warmup_steps=1.5", "expected int"),
+    Case(["optim=inverse_sqrt", "optim.peak_lr=0"], E, "optim.peak_lr=0.0", "must be positive"),
+    Case(["optim=linear", "optim.peak_lr=-1e-3"], E, "optim.peak_lr=-0.001", "must be positive"),
+    Case(["optim.lr_scale=0"], E, "optim.lr_scale=0.0", "must be positive"),
+    Case(["optim=linear", "optim.total_steps=100"], E, "optim.total_steps=100", "more than warmup_steps=500"),
+    Case(["optim.schedule=cosine"], E, "optim.schedule='cosine'", "'noam' | 'inverse_sqrt' | 'linear'"),
+    Case(["optim=adafactor"], MissingConfigException, "optim/adafactor", "Available options in 'optim'"),
+    Case(["+optim.optimizer=sgd"], E, "optim.optimizer", "known keys: schedule, lr_scale"),
+    # --- decode: beam search and length limits ---------------------------------------------------------
+    Case(["decode.beam=0"], E, "decode.beam=0", "must be positive"),
+    Case(["decode.beam=2.0"], E, "decode.beam=2.0", "expected int"),
+    Case(["decode.val_beam=0"], E, "decode.val_beam=0", "must be positive"),
+    Case(["decode.lenpen=-0.5"], E, "decode.lenpen=-0.5", ">= 0"),
+    Case(["decode.max_len_a=-1"], E, "decode.max_len_a", ">= 0"),
+    Case(["decode.max_len_b=-5"], E, "max_len_b", ">= 0"),  # one message for both: "max_len_a and max_len_b"
+    Case(["decode.max_tokens=0"], E, "decode.max_tokens=0", "must be positive"),
+    Case(["decode.batch_size=0"], E, "decode.batch_size=0", "must be positive"),
+    # --- data: batching, vocabulary, where the text is -------------------------------------------------
+    Case(["data.max_tokens=0"], E, "data.max_tokens=0", "must be positive"),
+    Case(["data.max_tokens=lots"], E, "data.max_tokens='lots'", "expected int | null"),
+    Case(["data.batch_size=0"], E, "data.batch_size=0", "must be positive"),
+    Case(["data=synthetic", "data.batch_size=0"], E, "data.batch_size=0", "must be positive"),
+    Case(["data.max_tokens=null", "data.batch_size=null"], E, "data.max_tokens=null", "set max_tokens"),
+    Case(["data.vocab_size=4"], E, "data.vocab_size=4", "must exceed the 4 special tokens"),
+    Case([f"data.root={MISSING}"], E, f"data.root={MISSING}", "or set data.root=null to download them"),
+    Case(["data=files", f"data.dir={MISSING}"], E, f"data.dir={MISSING}", "set data.dir to the directory"),
+    Case(["data=files"], E, "data.dir is required", "set data.dir=<value>"),
+    Case(["data=nope"], MissingConfigException, "data/nope", "Available options in 'data'"),
+    # --- trainer: epochs, accumulation, devices, presets -----------------------------------------------
+    Case(["trainer.accumulate_grad_batches=0"], E, "trainer.accumulate_grad_batches=0", "positive integer"),
+    Case(["trainer.accumulate_grad_batches=two"], E, "trainer.accumulate_grad_batches='two'", "positive"),
+    Case(["trainer.max_epochs=-5"], E, "trainer.max_epochs=-5", "-1 for no limit"),
+    Case(["trainer.max_epochs=0"], E, "trainer.max_epochs=0", "-1 for no limit"),
+    Case(["trainer.max_epochs=ten"], E, "trainer.max_epochs='ten'", "positive integer"),
+    Case(["trainer.check_val_every_n_epoch=0"], E, "trainer.check_val_every_n_epoch=0", "positive integer"),
+    Case(["trainer.num_nodes=0"], E, "trainer.num_nodes=0", "positive integer"),
+    Case(["trainer.devices=0"], E, "trainer.devices=0", "-1 (all) or 'auto'"),
+    Case(["trainer.precision=8"], E, "trainer.precision=8", "bf16-mixed"),
+    Case(["trainer.accelerator=tpuu"], E, "trainer.accelerator='tpuu'", "'cpu'"),
+    Case(["trainer.gradient_clip_val=-1"], E, "trainer.gradient_clip_val=-1", ">= 0 (or null)"),
+    Case(["trainer=nope"], MissingConfigException, "trainer/nope", "Available options in 'trainer'"),
+    # --- top level: unknown keys, seed, run control, monitor -------------------------------------------
+    Case(["foo=1"], ConfigCompositionException, "'foo'", "+foo=1"),
+    Case(["+foo=1"], E, "foo is not a key of the training config", "remove the +foo=... override"),
+    Case(["+sed=3"], E, "sed is not a key of the training config", "did you mean seed?"),
+    Case(["seed=abc"], E, "seed='abc'", "must be an integer"),
+    Case(["seed=1.5"], E, "seed=1.5", "must be an integer"),
+    Case(["average_last=-1"], E, "average_last=-1", "integer >= 0"),
+    Case(["test=no"], E, "test='no'", "true or false"),
+    Case(["resume=maybe"], E, "resume='maybe'", "use true, false or auto"),
+    Case([f"ckpt_path={MISSING}.ckpt"], E, f"ckpt_path={MISSING}.ckpt", "no such checkpoint file"),
+    Case(["monitor.mode=up"], E, "monitor.mode='up'", "min, max or auto"),
+    Case(
+        ["data=synthetic", "monitor.metric=val/bleu"], E, "monitor.metric=val/bleu", "monitor.metric=val/loss"
+    ),
+]
+
+
+@pytest.fixture(autouse=True)
+def _no_training(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Reaching the training loop means a wrong value got through: fail at once instead of training."""
+
+    def started(*args: object, **kwargs: object) -> None:
+        pytest.fail("a wrong config value reached training: validate() did not reject it", pytrace=False)
+
+    monkeypatch.setattr(attnlab.train, "_fit_and_evaluate", started)
+
+
+@pytest.mark.parametrize("case", CASES, ids=[" ".join(c.overrides) for c in CASES])
+def test_a_wrong_value_fails_before_training_naming_the_key_and_the_fix(case: Case, tmp_path: Path) -> None:
+    run_dir = tmp_path / "run"
+    with pytest.raises(case.error) as excinfo:
+        train(compose_train(case.overrides, run_dir))
+    message = str(excinfo.value)
+    assert type(excinfo.value) is case.error, f"{type(excinfo.value).__name__}: {message}"
+    assert case.key in message, f"the message does not name the key {case.key!r}: {message}"
+    assert case.fix in message, f"the message does not say the fix {case.fix!r}: {message}"
+    assert not run_dir.exists(), "the run directory was created: the error came after the run started"
+
+
+def test_the_table_covers_every_node_and_has_no_duplicates() -> None:
+    keys = [" ".join(c.overrides) for c in CASES]
+    assert len(keys) == len(set(keys)) and len(CASES) >= 30
+    nodes = {c.overrides[-1].lstrip("+").split(".")[0].split("=")[0] for c in CASES}
+    assert {"model", "optim", "decode", "data", "trainer", "seed", "monitor"} <= nodes
