@@ -1,8 +1,11 @@
 """`attnlab-translate`: translate text with a trained checkpoint, streaming.
 
 Reads one sentence per line from stdin (or `input=FILE`) and writes one translation per line to stdout
-(or `output=FILE`) in input order. Lines are read `chunk_lines` at a time, each chunk decoded in
-length-sorted batches, so memory stays bounded on inputs of any length. Log messages go to stderr.
+(or `output=FILE`) in input order: exactly one output line per input line, empty lines included. A line
+ends at "\n" only (a "\r" just before it is dropped; a UTF-8 byte-order mark opening a file is ignored).
+A source longer than a learned position table allows is cut to fit, with a warning. Lines are read
+`chunk_lines` at a time, each chunk decoded in length-sorted batches, so memory stays bounded on inputs
+of any length. Log messages go to stderr.
 
 Usage (key=value arguments, like the other attnlab commands):
     attnlab-translate ckpt_path=<file.ckpt | run dir> [input=-] [output=-] [average_last=0]
@@ -13,10 +16,11 @@ Example:
 
 from __future__ import annotations
 
+import codecs
 import contextlib
 import logging
 import sys
-from collections.abc import Sequence
+from collections.abc import Iterable, Iterator, Sequence
 from typing import IO, Any
 
 from omegaconf import OmegaConf
@@ -54,7 +58,29 @@ def parse_args(argv: Sequence[str]) -> dict[str, Any]:
     return OmegaConf.to_container(merged)
 
 
-def translate_stream(settings: dict[str, Any], source: IO[str], sink: IO[str]) -> int:
+def utf8_lines(stream: IO[bytes] | IO[str], name: str) -> Iterator[str]:
+    """The lines of a UTF-8 byte stream, split at "\n" only, as in attnlab's data files (`read_lines`): a
+    lone "\r" inside a line does not split it. A byte-order mark opening the stream is no text.
+
+    Raises:
+        ValueError: A line is not valid UTF-8; the message names the input, the line and the fix.
+    """
+    for number, raw in enumerate(stream, start=1):
+        if isinstance(raw, str):  # a text stream without a byte buffer: already decoded
+            yield raw
+            continue
+        if number == 1 and raw.startswith(codecs.BOM_UTF8):
+            raw = raw[len(codecs.BOM_UTF8) :]
+        try:
+            yield raw.decode("utf-8")
+        except UnicodeDecodeError as exc:
+            raise ValueError(
+                f"{name}, line {number}, byte {exc.start + 1}: not UTF-8 text ({exc.reason}); the lines "
+                "before it were translated. Convert the input to UTF-8 (e.g. iconv -f latin1 -t utf-8)"
+            ) from None
+
+
+def translate_stream(settings: dict[str, Any], source: Iterable[str], sink: IO[str]) -> int:
     """Translate every line of `source` into `sink` (flushed per chunk); returns the line count."""
     from attnlab.translate import Translator, decode_settings, resolve_checkpoints
 
@@ -91,9 +117,11 @@ def main(argv: Sequence[str] | None = None) -> None:
 
     try:
         with contextlib.ExitStack() as stack:
-            source, sink = sys.stdin, sys.stdout
-            if settings["input"] != "-":
-                source = stack.enter_context(open(settings["input"], encoding="utf-8"))
+            sink, name = sys.stdout, settings["input"]
+            if name == "-":
+                source = utf8_lines(getattr(sys.stdin, "buffer", sys.stdin), "standard input")
+            else:
+                source = utf8_lines(stack.enter_context(open(name, "rb")), str(name))
             if settings["output"] != "-":
                 sink = stack.enter_context(open(settings["output"], "w", encoding="utf-8"))
             translate_stream(settings, source, sink)

@@ -92,6 +92,12 @@ class SubwordTokenizer:
 
         Text that spells a special token ("<pad>", "<s>", "</s>") gets the unknown id, never pad, bos or
         eos. A literal "▁" (the Metaspace marker) in the text decodes as a space.
+
+        A character absent from the training text (after normalisation: NFC, so "ﬁ" is not "fi") has no
+        piece and is never dropped: BPE gives each such character the unknown id; unigram gives each run
+        of such characters within a word one unknown id. `decode` renders every unknown id as the text
+        "<unk>", so `decode(encode(x))` is `normalize(x)` with those characters (or runs) replaced by
+        "<unk>". Empty and whitespace-only text gives no ids.
         """
         return _no_specials(self.tokenizer.encode(normalize(text)).ids)
 
