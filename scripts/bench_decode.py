@@ -13,6 +13,10 @@ lengths. Reports (Markdown tables, all measured in this process):
   each batch size, cached and uncached, on the first `--sweep-sentences` sentences;
 - the whole test2016 set (1000 sentences) with beam 5 at batch 64, cached: wall time and BLEU.
 
+`--memory N [N ...]` (with `--ckpt`) instead runs `attnlab-translate` (greedy and beam 5, 256-line chunks)
+in a fresh process on inputs of N sentences (test2016 repeated) and reports each one's peak resident
+memory: flat in N when translation streams.
+
 `--marian` instead compares attnlab's decoders with Hugging Face MarianMT's `generate()` on the same
 weights (`attnlab.interop.marian.to_marian`, `[interop]` extra): greedy and beam 5 over the test2016
 sources at batch 64 and one sentence at a time (latency), length penalty 0, the same fixed length limit
@@ -104,8 +108,19 @@ def main() -> None:
     parser.add_argument(
         "--repeats", type=int, default=3, help="with --marian: interleaved runs; medians, ratio range"
     )
+    parser.add_argument(
+        "--memory", type=int, nargs="+", metavar="N",
+        help="instead: peak RSS of attnlab-translate streaming N sentences (test2016 repeated), per N",
+    )  # fmt: skip
+    parser.add_argument("--memory-child", nargs=2, metavar=("INPUT", "BEAM"), help=argparse.SUPPRESS)
     args = parser.parse_args()
     torch.set_num_threads(args.threads)
+    if args.memory_child:
+        translate_in_this_process(args)
+        return
+    if args.memory:
+        streaming_memory(args)
+        return
 
     translator = load(args)
     if args.marian:
@@ -147,6 +162,40 @@ def main() -> None:
     print(f"\ntest2016, 1000 sentences, beam 5, batch 64, cached: {seconds:.1f} s "
           f"({1000 / seconds:.1f} sentences/s), BLEU {bleu.score:.2f}, "
           f"lenpen {translator.decode.lenpen}")  # fmt: skip
+
+
+def translate_in_this_process(args: argparse.Namespace) -> None:
+    """(--memory child) Stream a file through attnlab-translate; print this process's peak RSS in MB."""
+    import resource
+
+    from attnlab.cli.translate import main as translate_main
+
+    source, beam = args.memory_child
+    translate_main([f"ckpt_path={args.ckpt}", f"input={source}", "output=/dev/null", f"decode.beam={beam}",
+                    "chunk_lines=256", "device=cpu"])  # fmt: skip
+    print(f"peak_rss_mb {resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024:.0f}")
+
+
+def streaming_memory(args: argparse.Namespace) -> None:
+    """Peak resident memory of `attnlab-translate` (a fresh process each) over inputs of N sentences."""
+    import subprocess
+    import sys
+    import tempfile
+
+    sources = (args.root / "test2016.de").read_text(encoding="utf-8").split("\n")[:1000]
+    print("| sentences | beam | seconds | peak RSS (MB) |\n|---|---|---|---|")
+    for n in args.memory:
+        for beam in (1, 5):
+            with tempfile.NamedTemporaryFile("w", suffix=".de", encoding="utf-8") as f:
+                f.write("\n".join(sources[i % len(sources)] for i in range(n)) + "\n")
+                f.flush()
+                started = time.perf_counter()
+                command = [sys.executable, __file__, "--root", str(args.root), "--ckpt", args.ckpt,
+                           "--threads", str(args.threads), "--memory-child", f.name, str(beam)]  # fmt: skip
+                done = subprocess.run(command, capture_output=True, text=True, check=True)
+                seconds = time.perf_counter() - started
+            peak = done.stdout.split("peak_rss_mb")[-1].strip()
+            print(f"| {n} | {beam} | {seconds:.1f} | {peak} |")
 
 
 LIMIT = 60  # output tokens, eos included, for both decoders

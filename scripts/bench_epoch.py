@@ -109,9 +109,9 @@ def main(argv: list[str] | None = None) -> None:
     theirs = DataLoader(examples, batch_size=sentences, shuffle=True, collate_fn=collate,
                         generator=torch.Generator().manual_seed(1))  # fmt: skip
 
-    sizes = (
-        dict(d_model=64, n_heads=4, d_ff=128, n_encoder_layers=1, n_decoder_layers=1) if args.quick else {}
-    )
+    small = dict(d_model=256, n_heads=4, d_ff=1024, n_encoder_layers=3, n_decoder_layers=3)  # model=small
+    tiny = dict(d_model=64, n_heads=4, d_ff=128, n_encoder_layers=1, n_decoder_layers=1)
+    sizes = tiny if args.quick else small
     config = TransformerConfig(**sizes).with_vocab(datamodule.src_vocab_size, datamodule.tgt_vocab_size)
     pipelines = {"attnlab": (Trainer(config, 0), endless(ours)), "hf": (Trainer(config, 0), endless(theirs))}
     for trainer, batches in pipelines.values():  # warm-up: one step each

@@ -67,6 +67,34 @@ def resume_path(cfg: DictConfig, output_dir: Path) -> str | None:
     )
 
 
+def check_checkpoint_fits(path: str | Path, model: Any) -> None:
+    """Refuse, before training, a checkpoint that cannot be loaded into this run's model.
+
+    Args:
+        path: The checkpoint to continue from.
+        model: This run's `TransformerConfig`, vocabulary sizes set.
+
+    Raises:
+        ConfigError: The file is damaged or not from attnlab-train (`read_checkpoint`'s message), or it
+            holds another architecture or vocabulary (each differing key named).
+    """
+    from attnlab.checkpoint import CheckpointError, read_checkpoint
+
+    try:
+        saved = read_checkpoint(path)["hyper_parameters"].get("model", {})
+    except CheckpointError as exc:
+        raise ConfigError(f"ckpt_path: {exc}") from None
+    ours = model.to_dict()
+    differences = [f"model.{key}: {saved.get(key)!r} there, {value!r} here" for key, value in ours.items()
+                   if key in saved and saved[key] != value]  # fmt: skip
+    if differences:
+        raise ConfigError(
+            f"ckpt_path={path} holds another model ({'; '.join(differences[:6])}): continue it with the "
+            "settings it was trained with (the vocabulary sizes come from the data and its tokenizer "
+            "settings), or drop ckpt_path to start from scratch"
+        )
+
+
 def check_same_experiment(saved: Path, resolved: dict[str, Any]) -> None:
     """The resumed run's config (resolved) against the run's `config.yaml`.
 

@@ -158,6 +158,10 @@ def _fit_and_evaluate(
         except ValueError as exc:
             raise ConfigError(f"model.{exc} (vocabulary sizes from the data's tokenizers)") from exc
     check_special_ids(model, datamodule)
+    if resume_from is not None:
+        from attnlab.resume import check_checkpoint_fits
+
+        check_checkpoint_fits(resume_from, model)
     if model.pe == "learned" and hasattr(datamodule, "limit_positions"):
         datamodule.limit_positions(model.max_positions)
     module = TranslationModule(model=model, optim=experiment.optim, decode=experiment.decode)

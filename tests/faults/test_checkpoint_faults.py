@@ -1,0 +1,110 @@
+"""Bad checkpoint files: damaged, foreign, hostile, from another model or without tokenizers. Each is
+refused with a message naming the file and the problem, and the file is left as it was."""
+
+from __future__ import annotations
+
+import pickle
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import pytest
+import torch
+
+from attnlab.checkpoint import BUNDLE_KEY, CheckpointError, average_state_dicts, read_checkpoint
+from attnlab.config import ConfigError
+from attnlab.train import train
+from attnlab.translate import Translator
+from helpers import compose_train
+
+RUN = ["data=synthetic", "model=tiny", "data.n_train=64", "data.n_val=16", "data.n_test=16",
+       "trainer.max_epochs=1", "logger=csv", "test=false", "trainer.enable_progress_bar=false"]  # fmt: skip
+
+
+@pytest.fixture(scope="module")
+def good(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """A real checkpoint of a tiny synthetic-data run."""
+    run_dir = tmp_path_factory.mktemp("good")
+    train(compose_train(RUN, run_dir))
+    return run_dir / "checkpoints" / "last.ckpt"
+
+
+class Hostile:
+    """Unpickling this would run code: weights_only loading must refuse it."""
+
+    def __reduce__(self) -> tuple[Callable[..., Any], tuple[str]]:
+        return (print, ("code from a checkpoint ran",))
+
+
+def write_damaged(kind: str, good: Path, path: Path) -> None:
+    data = good.read_bytes()
+    writers: dict[str, Callable[[], None]] = {
+        "empty": lambda: path.write_bytes(b""),
+        "truncated": lambda: path.write_bytes(data[: len(data) // 2]),
+        "random bytes": lambda: path.write_bytes(bytes(range(256)) * 64),
+        "text": lambda: path.write_text("this is not a checkpoint\n"),
+        "hostile pickle": lambda: path.write_bytes(pickle.dumps({"state_dict": Hostile()})),
+        "a list": lambda: torch.save([1, 2, 3], path),
+        "bare state dict": lambda: torch.save({"state_dict": {}}, path),
+        "other format": lambda: torch.save(
+            {**torch.load(good, weights_only=True), BUNDLE_KEY: {"format": 99}}, path
+        ),
+    }
+    writers[kind]()
+
+
+DAMAGED = [
+    ("empty", r"cannot read checkpoint .*bad\.ckpt: .*damaged .* use another checkpoint of the run"),
+    ("truncated", r"cannot read checkpoint .*bad\.ckpt: .*damaged"),
+    ("random bytes", r"cannot read checkpoint .*bad\.ckpt: .*not a PyTorch checkpoint"),
+    ("text", r"cannot read checkpoint .*bad\.ckpt"),
+    ("hostile pickle", r"cannot read checkpoint .*bad\.ckpt: UnpicklingError"),
+    ("a list", r"bad\.ckpt holds a list, not a Lightning checkpoint"),
+    ("bare state dict", r"bad\.ckpt lacks hyper_parameters, attnlab: it was not written by attnlab-train"),
+    ("other format", r"bad\.ckpt has attnlab checkpoint format 99; this version reads format 1"),
+]
+
+
+@pytest.mark.parametrize(("kind", "message"), DAMAGED, ids=[kind for kind, _ in DAMAGED])
+def test_a_bad_file_is_named_by_every_reader(
+    kind: str, message: str, good: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    path = tmp_path / "bad.ckpt"
+    write_damaged(kind, good, path)
+    before = path.read_bytes()
+    with pytest.raises(CheckpointError, match=message):
+        read_checkpoint(path)
+    with pytest.raises(CheckpointError, match=message):
+        Translator.from_checkpoints([path])
+    with pytest.raises(ConfigError, match="ckpt_path: .*" + message):  # continuing training from it
+        train(compose_train([*RUN, f"ckpt_path={path}"], tmp_path / "run"))
+    assert path.read_bytes() == before
+    assert "code from a checkpoint ran" not in capsys.readouterr().out
+
+
+@pytest.mark.parametrize(("override", "key"), [
+    ("model.d_model=64", r"model\.d_model: 32 there, 64 here"),
+    ("model.n_decoder_layers=3", r"model\.n_decoder_layers: 2 there, 3 here"),
+    ("data.n_symbols=20", r"model\.src_vocab_size: 20 there, 24 here"),
+])  # fmt: skip
+def test_a_checkpoint_of_another_model_is_refused_before_training(
+    override: str, key: str, good: Path, tmp_path: Path
+) -> None:
+    before = good.read_bytes()
+    with pytest.raises(ConfigError, match=rf"ckpt_path=.*last\.ckpt holds another model \(.*{key}"):
+        train(compose_train([*RUN, override, f"ckpt_path={good}"], tmp_path))
+    assert good.read_bytes() == before
+    assert not (tmp_path / "checkpoints").exists()  # nothing trained
+
+
+def test_a_checkpoint_without_tokenizers_cannot_translate(good: Path) -> None:
+    with pytest.raises(CheckpointError, match=r"last\.ckpt.*tokenizer"):
+        Translator.from_checkpoints([good])
+
+
+def test_checkpoints_of_two_models_are_not_averaged(good: Path, tmp_path: Path) -> None:
+    other_dir = tmp_path / "other"
+    train(compose_train([*RUN, "model.d_ff=48"], other_dir))
+    states = [read_checkpoint(p)["state_dict"] for p in (good, other_dir / "checkpoints" / "last.ckpt")]
+    with pytest.raises(CheckpointError, match=r"ffn\.w_1\.weight is \(48, 32\) in other but \(.*\) in good"):
+        average_state_dicts(states, ["good", "other"])
