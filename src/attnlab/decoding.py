@@ -246,13 +246,14 @@ def beam_search(
         history = torch.cat([history.index_select(0, flat), token], dim=1)  # (B'·K, T+1)
         if attn is not None:
             attn = torch.cat([attn.index_select(0, flat), step_attn.index_select(0, flat)], dim=1)
+        best_live = scores.max(dim=1).values.tolist()  # one host transfer for every sentence
         for i, b in enumerate(alive):
             if length >= limit_list[b]:  # force-finish the live beams, without eos
                 rows = torch.arange(i * k, (i + 1) * k, device=device)
                 finish(b, history[rows], scores[i], None if attn is None else attn[rows])
                 done[b] = True
             else:
-                done[b] = kept[b].is_done(float(scores[i].max()), limit_list[b])
+                done[b] = kept[b].is_done(best_live[i], limit_list[b])
         keep = [i for i, b in enumerate(alive) if not done[b]]
         if not keep:
             break
