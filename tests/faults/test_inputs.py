@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import io
 import logging
+import os
 import random
 import re
 import unicodedata
@@ -29,8 +30,9 @@ from attnlab.model.config import TransformerConfig
 from attnlab.model.transformer import Transformer
 from attnlab.translate import Translator
 
-# A generous deadline: each example takes milliseconds, but this machine may be shared.
-PROPERTY = settings(deadline=2000)
+# No deadline (each example takes milliseconds, but a shared machine stalls at times: timing is not what
+# these tests check); under CI the examples are derived from the test names, so every run tries the same.
+PROPERTY = settings(deadline=None, derandomize=bool(os.environ.get("CI")))
 
 # German/English words without "x" or "é", so those characters are unseen in training.
 VOCABULARY = (
