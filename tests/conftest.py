@@ -13,12 +13,12 @@ os.environ.setdefault("HYDRA_FULL_ERROR", "1")
 # Downloads and prepared corpora of the test session go to a fresh directory, never the user's cache.
 os.environ["ATTNLAB_CACHE_DIR"] = tempfile.mkdtemp(prefix="attnlab-test-cache-")
 
-# Property-based tests (hypothesis) try the same examples on every CI run: a red CI is then always
-# reproducible, never a newly drawn example in an unrelated change. Locally they draw fresh ones.
 from hypothesis import settings as _hypothesis_settings
 
 from helpers import require_shared_data
 
+# Property-based tests (hypothesis) try the same examples on every CI run: a red CI is then always
+# reproducible, never a newly drawn example in an unrelated change. Locally they draw fresh ones.
 _hypothesis_settings.register_profile("ci", derandomize=True, deadline=None)
 if os.environ.get("CI"):
     _hypothesis_settings.load_profile("ci")
