@@ -1,8 +1,9 @@
 """Turning a composed Hydra config into validated objects, before torch or lightning is imported.
 
 `validate(cfg)` checks the top-level keys, instantiates the torch-free nodes (`model`, `optim`, `data`,
-`decode`), checks the trainer's simple values, the data directories and the fit between data and model,
-and raises `ConfigError` naming the key and the fix.
+`decode`; their constructors check their own values, e.g. that a data directory exists), checks the
+trainer's simple values and the fit between data and model, and raises `ConfigError` naming the key and
+the fix.
 """
 
 from __future__ import annotations
@@ -25,23 +26,11 @@ from attnlab.model.config import TransformerConfig
 from attnlab.optim import OptimConfig
 
 RESERVED_KEYS = {"_target_", "_partial_", "_recursive_", "_convert_", "_args_"}
-# The keys of a composed `conf/train.yaml`: its own values and its (non-global) config groups.
-TOP_LEVEL_KEYS = {
-    "task_name", "seed", "compile", "resume", "ckpt_path", "test", "average_last", "monitor", "sweep",
-    "optimized_metric", "hydra",
-    "data", "model", "optim", "decode", "trainer", "logger", "callbacks", "paths",
-}  # fmt: skip
 # Trainer counts that must be positive integers (True: null is allowed too).
 POSITIVE_TRAINER_COUNTS = {
     "accumulate_grad_batches": False,
     "num_nodes": False,
     "check_val_every_n_epoch": True,
-}
-# Data directories that must exist when set, and what they must hold.
-DATA_DIRS = {
-    "root": "the gunzipped Multi30k files (train.de, val.de, test2016.de, ...), or set data.root=null to "
-    "download them",
-    "dir": "the <prefix>.<src_lang> and <prefix>.<tgt_lang> files (e.g. train.de, train.en, valid.de, ...)",
 }
 ACCELERATORS = {"auto", "cpu", "gpu", "cuda", "mps", "tpu"}
 PRECISIONS = {
@@ -149,10 +138,27 @@ def build_node(node: DictConfig, key: str) -> Any:
         raise ConfigError(f"{key}.{exc}") from exc
 
 
+def _added_keys(cfg: DictConfig) -> list[str]:
+    """Top-level keys that exist only because a `+key=value` override added them (no config file defines
+    them, so nothing reads them: a typo). Found from Hydra's task overrides; none without Hydra's node."""
+    if "hydra" in cfg:
+        hydra = cfg.hydra
+    else:
+        from hydra.core.hydra_config import HydraConfig
+
+        if not HydraConfig.initialized():
+            return []
+        hydra = HydraConfig.get()
+    groups = set(hydra.runtime.choices)
+    added = {o[1:].split("=", 1)[0] for o in hydra.overrides.task if o.startswith("+") and o[1:2] != "+"}
+    return sorted(k for k in added if k in cfg and k not in groups and not set(k) & set("./@"))
+
+
 def _check_top_level(cfg: DictConfig) -> None:
-    unknown = sorted(set(cfg) - TOP_LEVEL_KEYS)
+    unknown = _added_keys(cfg)
     if unknown:
-        key, known = unknown[0], sorted(TOP_LEVEL_KEYS - {"hydra"})
+        key = unknown[0]
+        known = sorted(set(cfg) - set(unknown) - {"hydra"})
         raise ConfigError(
             f"{key} is not a key of the training config (conf/train.yaml): {_did_you_mean(key, known)}"
             f"remove the +{key}=... override or fix its name; known keys: {', '.join(known)}"
@@ -199,16 +205,6 @@ def _check_trainer(trainer: DictConfig) -> None:
         raise ConfigError(f"trainer.devices={devices} must be a positive count, -1 (all) or 'auto'")
 
 
-def _check_data_dirs(data: Any) -> None:
-    for key, holding in DATA_DIRS.items():
-        value = getattr(data, key, None)
-        if value is not None and not Path(value).expanduser().is_dir():
-            raise ConfigError(
-                f"data.{key}={value} does not exist or is not a directory: set data.{key} to the directory "
-                f"holding {holding}"
-            )
-
-
 def _check_fit(model: TransformerConfig, data: Any) -> TransformerConfig:
     if model.tie == "all" and getattr(data, "joint_vocab", True) is False:
         raise ConfigError(
@@ -249,7 +245,6 @@ def validate(cfg: DictConfig) -> Experiment:
     data = build_node(cfg.data, "data")
     decode = build_node(cfg.decode, "decode")
     _check_trainer(cfg.trainer)
-    _check_data_dirs(data)
     return Experiment(model=_check_fit(model, data), optim=optim, data=data, decode=decode)
 
 
@@ -286,6 +281,6 @@ def resolve_monitor(cfg: DictConfig, experiment: Experiment) -> None:
     every = node.get("every_n_epochs", "auto")
     if every == "auto":
         every = experiment.decode.every_n_epochs if metric in SCORED_METRICS else 1
-    if not isinstance(every, int) or isinstance(every, bool) or every < 1:
+    if not _is_int(every) or every < 1:
         raise ConfigError(f"monitor.every_n_epochs={every!r} must be a positive integer or auto")
     node.metric, node.mode, node.every_n_epochs = metric, mode, every

@@ -49,7 +49,8 @@ class DecodeConfig:
             self.max_tokens is None or self.max_tokens > 0, f"max_tokens={self.max_tokens} must be positive"
         )
         require(self.lenpen >= 0, f"lenpen={self.lenpen} must be >= 0")
-        require(self.max_len_a >= 0 and self.max_len_b >= 0, "max_len_a and max_len_b must be >= 0")
+        require(self.max_len_a >= 0, f"max_len_a={self.max_len_a} must be >= 0 (output limit a·|S| + b)")
+        require(self.max_len_b >= 0, f"max_len_b={self.max_len_b} must be >= 0 (output limit a·|S| + b)")
         require(self.probe_sentences >= 0, f"probe_sentences={self.probe_sentences} must be >= 0")
         require(self.every_n_epochs >= 0, f"every_n_epochs={self.every_n_epochs} must be >= 0 (0: never)")
         require(

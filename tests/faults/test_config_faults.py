@@ -87,8 +87,8 @@ CASES = [
     Case(["decode.beam=2.0"], E, "decode.beam=2.0", "expected int"),
     Case(["decode.val_beam=0"], E, "decode.val_beam=0", "must be positive"),
     Case(["decode.lenpen=-0.5"], E, "decode.lenpen=-0.5", ">= 0"),
-    Case(["decode.max_len_a=-1"], E, "decode.max_len_a", ">= 0"),
-    Case(["decode.max_len_b=-5"], E, "max_len_b", ">= 0"),  # one message for both: "max_len_a and max_len_b"
+    Case(["decode.max_len_a=-1"], E, "decode.max_len_a=-1", "must be >= 0"),
+    Case(["decode.max_len_b=-5"], E, "decode.max_len_b=-5", "must be >= 0"),
     Case(["decode.max_tokens=0"], E, "decode.max_tokens=0", "must be positive"),
     Case(["decode.batch_size=0"], E, "decode.batch_size=0", "must be positive"),
     # --- data: batching, vocabulary, where the text is -------------------------------------------------
@@ -98,8 +98,8 @@ CASES = [
     Case(["data=synthetic", "data.batch_size=0"], E, "data.batch_size=0", "must be positive"),
     Case(["data.max_tokens=null", "data.batch_size=null"], E, "data.max_tokens=null", "set max_tokens"),
     Case(["data.vocab_size=4"], E, "data.vocab_size=4", "must exceed the 4 special tokens"),
-    Case([f"data.root={MISSING}"], E, f"data.root={MISSING}", "or set data.root=null to download them"),
-    Case(["data=files", f"data.dir={MISSING}"], E, f"data.dir={MISSING}", "set data.dir to the directory"),
+    Case([f"data.root={MISSING}"], E, f"data.root={MISSING}", "or set root=null to download them"),
+    Case(["data=files", f"data.dir={MISSING}"], E, f"data.dir={MISSING}", "set dir to the directory"),
     Case(["data=files"], E, "data.dir is required", "set data.dir=<value>"),
     Case(["data=nope"], MissingConfigException, "data/nope", "Available options in 'data'"),
     # --- trainer: epochs, accumulation, devices, presets -----------------------------------------------
@@ -146,7 +146,7 @@ def _no_training(monkeypatch: pytest.MonkeyPatch) -> None:
 def test_a_wrong_value_fails_before_training_naming_the_key_and_the_fix(case: Case, tmp_path: Path) -> None:
     run_dir = tmp_path / "run"
     with pytest.raises(case.error) as excinfo:
-        train(compose_train(case.overrides, run_dir))
+        train(compose_train(case.overrides, run_dir, hydra_node=True))  # as under the CLI: Hydra's node too
     message = str(excinfo.value)
     assert type(excinfo.value) is case.error, f"{type(excinfo.value).__name__}: {message}"
     assert case.key in message, f"the message does not name the key {case.key!r}: {message}"
@@ -159,3 +159,18 @@ def test_the_table_covers_every_node_and_has_no_duplicates() -> None:
     assert len(keys) == len(set(keys)) and len(CASES) >= 30
     nodes = {c.overrides[-1].lstrip("+").split(".")[0].split("=")[0] for c in CASES}
     assert {"model", "optim", "decode", "data", "trainer", "seed", "monitor"} <= nodes
+
+
+def test_a_top_level_key_a_config_file_defines_is_not_mistaken_for_a_typo(tmp_path: Path) -> None:
+    """`tags` added by `+tags=...` is a typo-class error; the same key set by an experiment file (no `+`
+    override: here the override is taken out of Hydra's record, as if a file had defined it) is not."""
+    from omegaconf import open_dict
+
+    from attnlab.config import validate
+
+    cfg = compose_train(["+tags=[ablation]"], tmp_path, hydra_node=True)
+    with pytest.raises(ConfigError, match="tags is not a key of the training config"):
+        validate(cfg)
+    with open_dict(cfg):
+        cfg.hydra.overrides.task = [o for o in cfg.hydra.overrides.task if not o.startswith("+tags")]
+    assert validate(cfg).model.d_model == 256

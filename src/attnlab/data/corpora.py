@@ -68,6 +68,13 @@ def _check_splits(splits: Sequence[str] | None, available: list[str]) -> list[st
     return list(splits)
 
 
+def _require_directory(name: str, value: str | None, holding: str) -> None:
+    """A directory setting, when set, must exist (relative paths: from the working directory)."""
+    if value is not None:
+        require(Path(value).expanduser().is_dir(), f"{name}={value} does not exist or is not a directory: "
+                f"set {name} to the directory holding {holding}")  # fmt: skip
+
+
 @dataclass(frozen=True)
 class CorpusData:
     """Preprocessing and batching settings shared by every real corpus.
@@ -187,6 +194,8 @@ class Multi30kData(CorpusData):
             value = getattr(self, name)
             require(value in MULTI30K_LANGS, f"{name}={value!r} is not a Multi30k language: use one of "
                     f"{', '.join(MULTI30K_LANGS)}")  # fmt: skip
+        _require_directory("root", self.root, "the gunzipped Multi30k files (train.de, val.de, test2016.de, "
+                           "...), or set root=null to download them")  # fmt: skip
 
     def files(self) -> dict[str, tuple[Path, Path]]:
         from attnlab.data.download import multi30k_paths
@@ -223,6 +232,8 @@ class FilesData(CorpusData):
 
     def __post_init__(self) -> None:
         super().__post_init__()
+        _require_directory("dir", self.dir, "the <prefix>.<src_lang> and <prefix>.<tgt_lang> files (e.g. "
+                           "train.de, train.en, valid.de, ...)")  # fmt: skip
         require(len(self.test) > 0, "test=[] needs at least one test prefix")
         names = [Path(p).name for p in self.test]
         require(len(set(names)) == len(names), f"test={list(self.test)} has two test sets with one name")
