@@ -130,12 +130,22 @@ class Translator:
         """Translations of `lines` in input order, read and decoded `chunk_lines` at a time.
 
         At most `chunk_lines` inputs and outputs are held at once, so a file of any length streams
-        through in bounded memory; each chunk is sorted by length for batching.
+        through in bounded memory; each chunk is sorted by length for batching. When reading `lines`
+        fails (e.g. a line that is not UTF-8), the lines read before it are translated first, then the
+        error is raised.
         """
         if chunk_lines < 1:
             raise ValueError(f"chunk_lines={chunk_lines} must be >= 1")
         iterator = (line.rstrip("\r\n") for line in lines)
-        while chunk := list(islice(iterator, chunk_lines)):
+        while True:
+            chunk: list[str] = []
+            try:
+                chunk.extend(islice(iterator, chunk_lines))
+            except Exception:
+                yield from self.translate(chunk)
+                raise
+            if not chunk:
+                return
             yield from self.translate(chunk)
 
 

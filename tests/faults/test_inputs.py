@@ -360,8 +360,9 @@ def test_attnlab_translate_names_the_line_that_is_not_utf8(
     source, target = tmp_path / "in.txt", tmp_path / "out.txt"
     source.write_bytes(b"ein Hund\nzwei Hunde\n" + b"drei Hunde und ein Stra\xdfe\nvier\n")
     with pytest.raises(SystemExit) as exited:
-        translate_main([f"ckpt_path={checkpoint['path']}", f"input={source}", f"output={target}",
-                        "chunk_lines=1", "device=cpu"])  # fmt: skip
+        translate_main(
+            [f"ckpt_path={checkpoint['path']}", f"input={source}", f"output={target}", "device=cpu"]
+        )  # fmt: skip: the default chunk holds the bad line and the ones before it
     message = str(exited.value)
     assert f"{source}, line 3, byte 24: not UTF-8 text (invalid continuation byte)" in message
     assert "Convert the input to UTF-8" in message
