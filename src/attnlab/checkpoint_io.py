@@ -59,12 +59,12 @@ class AtomicCheckpointIO(TorchCheckpointIO):
             if not isinstance(exc, OSError):
                 raise
             reason = exc.strerror or str(exc)
-            hint = "free disk space" if exc.errno in (errno.ENOSPC, errno.EDQUOT) else "make it writable"
+            hint = "Free disk space" if exc.errno in (errno.ENOSPC, errno.EDQUOT) else "Make it writable"
             kept = "the previous checkpoint there is unchanged" if path.exists() else "nothing was written"
             raise CheckpointWriteError(
                 exc.errno,
-                f"cannot write checkpoint {path}: {reason}; {kept}. {hint[0].upper()}{hint[1:]} (or run "
-                "in another directory: hydra.run.dir=...), then continue the run with resume=auto",
+                f"cannot write checkpoint {path}: {reason}; {kept}. {hint} (or run in another directory: "
+                "hydra.run.dir=...), then continue the run with resume=auto",
             ) from exc
         _fsync_directory(path.parent)
 

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import logging
+import math
 import time
 from typing import Any
 
@@ -127,10 +128,11 @@ class TranslationModule(L.LightningModule):
         loss_sum, nll_sum, n_tokens = self._loss(batch, self.optim_config.label_smoothing)
         n = n_tokens.clamp(min=1)
         loss, nll = loss_sum / n, nll_sum / n
-        local_tokens, finite = int(n_tokens), bool(torch.isfinite(loss_sum))  # host syncs, once per step
-        if not self._all_ranks(finite):
+        tokens_and_loss = torch.stack([n_tokens.to(loss_sum.dtype), loss_sum.detach()]).tolist()  # one sync
+        local_tokens, value = int(tokens_and_loss[0]), tokens_and_loss[1]
+        if not self._all_ranks(math.isfinite(value)):
             self._step_tokens = 0
-            return self._nonfinite(f"training loss is {loss_sum.detach().item()}", batch_idx)
+            return self._nonfinite(f"training loss is {value}", batch_idx)
         self._step_tokens = local_tokens * self.trainer.world_size
         self.log_dict(
             {"train/loss": loss, "train/nll": nll, "train/ppl": torch.exp(nll.detach())},

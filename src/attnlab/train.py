@@ -158,7 +158,7 @@ def _fit_and_evaluate(
         except ValueError as exc:
             raise ConfigError(f"model.{exc} (vocabulary sizes from the data's tokenizers)") from exc
     check_special_ids(model, datamodule)
-    if resume_from is not None:
+    if resume_from is not None and not continuing:  # the run's own last.ckpt: its config.yaml was compared
         from attnlab.resume import check_checkpoint_fits
 
         check_checkpoint_fits(resume_from, model)

@@ -142,12 +142,11 @@ class MultiHeadAttention(nn.Module):
             is_causal = False  # one new query may attend to everything cached before it
         if explicit:
             out, weights = scaled_dot_product_attention(q, k, v, mask, dropout)
+            weights = weights if need_weights else None
         else:
             out = F.scaled_dot_product_attention(
                 q, k, v, attn_mask=mask, dropout_p=dropout, is_causal=is_causal
             )
-            weights = None
-        if not need_weights:
             weights = None
         if beams > 1:  # back to one query per beam: (B·K, H, 1, Dh), weights (B·K, H, 1, S)
             out = out.transpose(1, 2).reshape(-1, self.n_heads, 1, self.d_head)
