@@ -2,7 +2,7 @@
 
 Usage:
     python scripts/bench_decode.py --root ../shared/data/multi30k [--ckpt RUN_DIR_OR_CKPT]
-        [--batch-sizes 1 16 64] [--sweep-sentences 200] [--threads 2] [--device cpu]
+        [--batch-sizes 1 16 64] [--sweep-sentences 200] [--threads 2] [--device cpu] [--marian] [--quick]
 
 Without `--ckpt` the model is a randomly initialised `model=small` with the Multi30k tokenizer (its
 outputs run to the length limit: a worst case); with a trained checkpoint the outputs have natural
@@ -102,6 +102,9 @@ def main() -> None:
     parser.add_argument("--device", default="cpu", help="cpu, cuda, or auto")
     parser.add_argument("--marian", action="store_true", help="compare with MarianMT generate() instead")
     parser.add_argument(
+        "--quick", action="store_true", help="a few sentences, 2 repeats: the harness only (CI)"
+    )
+    parser.add_argument(
         "--sentences", type=int, default=1000, help="with --marian: how many test2016 sentences"
     )
     parser.add_argument("--latency-sentences", type=int, default=50, help="with --marian: for batch 1")
@@ -122,23 +125,28 @@ def main() -> None:
         streaming_memory(args)
         return
 
+    if args.quick:  # every table of the chosen mode, on a few sentences
+        args.sentences, args.latency_sentences, args.repeats = 6, 2, 2
+        args.sweep_sentences, args.batch_sizes = 6, [1, 4]
     translator = load(args)
     if args.marian:
         compare_with_marian(translator, args)
         return
     model = translator.model.eval()
-    sources = (args.root / "test2016.de").read_text(encoding="utf-8").split("\n")[:1000]
-    references = (args.root / "test2016.en").read_text(encoding="utf-8").split("\n")[:1000]
+    n = 12 if args.quick else 1000
+    sources = (args.root / "test2016.de").read_text(encoding="utf-8").split("\n")[:n]
+    references = (args.root / "test2016.en").read_text(encoding="utf-8").split("\n")[:n]
     ids = [[*row, model.config.eos_id] for row in translator.src_tokenizer.encode_batch(sources)]
     name = f"checkpoint {args.ckpt}" if args.ckpt else "random model=small"
     n_params = sum(p.numel() for p in model.parameters())
     print(f"model: {name}, {n_params:,} parameters, {args.threads} threads, device {args.device}\n")
 
     src = pad(ids[:64], model.config.pad_id).to(next(model.parameters()).device)
+    steps = 5 if args.quick else 30
     step_loop(model, src, 5, True)  # warm-up
-    cached = min(step_loop(model, src, 30, True) for _ in range(3))
-    uncached = min(step_loop(model, src, 30, False) for _ in range(3))
-    print("| decoder steps (64 sentences, output length 30) | seconds | speed-up |")
+    cached = min(step_loop(model, src, steps, True) for _ in range(3))
+    uncached = min(step_loop(model, src, steps, False) for _ in range(3))
+    print(f"| decoder steps ({src.size(0)} sentences, output length {steps}) | seconds | speed-up |")
     print("|---|---|---|")
     print(f"| uncached | {uncached:.3f} | 1.00x |")
     print(f"| cached | {cached:.3f} | {uncached / cached:.2f}x |\n")
@@ -159,8 +167,8 @@ def main() -> None:
     seconds, outputs = decode_all(translator, ids, 5, 64, True)
     hypotheses = [translator.tgt_tokenizer.decode(o) for o in outputs]
     bleu = corpus_bleu(hypotheses, references)
-    print(f"\ntest2016, 1000 sentences, beam 5, batch 64, cached: {seconds:.1f} s "
-          f"({1000 / seconds:.1f} sentences/s), BLEU {bleu.score:.2f}, "
+    print(f"\ntest2016, {len(ids)} sentences, beam 5, batch 64, cached: {seconds:.1f} s "
+          f"({len(ids) / seconds:.1f} sentences/s), BLEU {bleu.score:.2f}, "
           f"lenpen {translator.decode.lenpen}")  # fmt: skip
 
 

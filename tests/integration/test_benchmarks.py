@@ -48,8 +48,7 @@ def test_bench_decode_compares_with_marian_generate(
     pytest.importorskip("transformers", reason="MarianMT needs the [interop] extra")
     import sys
 
-    argv = ["bench_decode.py", "--root", str(shared_data / "multi30k"), "--marian", "--sentences", "6",
-            "--latency-sentences", "2", "--repeats", "2"]  # fmt: skip
+    argv = ["bench_decode.py", "--root", str(shared_data / "multi30k"), "--marian", "--quick"]
     monkeypatch.setattr(sys, "argv", argv)
     load("bench_decode").main()
     out = capsys.readouterr().out
@@ -75,3 +74,17 @@ def test_bench_epoch_quick_compares_token_batches_with_padded_sentence_batches(
     assert ours[1].strip() == theirs[1].strip()  # the same number of batches per epoch
     assert float(ours[3].strip().rstrip("%")) < float(theirs[3].strip().rstrip("%"))  # less padding
     assert "attnlab / HF-style:" in out
+
+
+def test_bench_decode_quick_reports_cache_speed_up_and_every_setting(
+    shared_data: Path, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    import sys
+
+    monkeypatch.setattr(sys, "argv", ["bench_decode.py", "--root", str(shared_data / "multi30k"), "--quick"])
+    load("bench_decode").main()
+    out = capsys.readouterr().out
+    assert "| cached |" in out and "| uncached |" in out
+    rows = [line for line in out.splitlines() if line.startswith(("| greedy", "| beam"))]
+    assert len(rows) == 2 * 2 * 2  # greedy and beam 5, batch 1 and 4, cached and uncached
+    assert "test2016, 12 sentences, beam 5" in out and "BLEU" in out
