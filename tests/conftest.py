@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import os
 import tempfile
+from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -28,6 +29,18 @@ if os.environ.get("CI"):
 def shared_data() -> Path:
     """`../shared/data` beside the repository (skipped on a user's clone, required under CI=true)."""
     return require_shared_data()
+
+
+@pytest.fixture(scope="module")
+def one_torch_thread() -> Iterator[None]:
+    """One torch thread for a module of tiny models: the thread pool only adds synchronisation on a busy
+    2-core machine (up to 50x slower). Use with `pytestmark = pytest.mark.usefixtures("one_torch_thread")`."""
+    import torch
+
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(threads)
 
 
 @pytest.fixture(scope="session")

@@ -125,3 +125,14 @@ def serve_mirror(www: Path, gzipped: dict[str, bytes]) -> Iterator[Mirror]:
         server.shutdown()
         server.server_close()
         thread.join(5)
+
+
+def write_corpus(shared_data: Path, corpus: Path, splits: tuple[tuple[str, str, int], ...]) -> Path:
+    """A small parallel de/en corpus in the `data=files` layout from the first lines of Multi30k:
+    `splits` holds (file prefix, Multi30k split, lines): ("valid", "val", 20) -> `valid.de`, `valid.en`."""
+    corpus.mkdir(parents=True, exist_ok=True)
+    for split, source, lines in splits:
+        for lang in ("de", "en"):
+            text = (shared_data / "multi30k" / f"{source}.{lang}").read_text("utf-8").split("\n")[:lines]
+            (corpus / f"{split}.{lang}").write_text("\n".join(text) + "\n", "utf-8")
+    return corpus

@@ -5,12 +5,15 @@ Kept apart from `helpers` so that importing the helpers does not import lightnin
 
 from __future__ import annotations
 
+import dataclasses
 import os
 from pathlib import Path
 from typing import Any
 
 import lightning as L
 import torch
+
+from attnlab.data import SyntheticData
 
 
 class SignalAt(L.Callback):
@@ -128,3 +131,25 @@ class KillIfSeed(L.Callback):
         seed = os.environ.get("PROBE_KILL_SEED")
         if seed is not None and seed == os.environ.get("PL_GLOBAL_SEED") and trainer.global_step == self.step:
             os.kill(os.getpid(), signal.SIGKILL)
+
+
+class RecordBatches(L.Callback):
+    """Append each training batch's example indices to `<dirpath>/batches.jsonl`, one JSON line per
+    optimizer step: `{"epoch": current epoch, "step": global step before it, "index": [...]}`."""
+
+    def __init__(self, dirpath: str) -> None:
+        self.path = Path(dirpath) / "batches.jsonl"
+
+    def on_train_batch_start(
+        self, trainer: L.Trainer, pl_module: L.LightningModule, batch: Any, *args: Any
+    ) -> None:
+        import json
+
+        row = {"epoch": trainer.current_epoch, "step": trainer.global_step, "index": batch["index"].tolist()}
+        with open(self.path, "a") as f:
+            f.write(json.dumps(row) + "\n")
+
+
+@dataclasses.dataclass(frozen=True)
+class OwnSyntheticData(SyntheticData):
+    """A user's own data spec class (a subclass of one of attnlab's): not in the closed list."""

@@ -5,12 +5,20 @@ the model, optimiser and decoding settings as plain dicts (`hyper_parameters`) a
 with the tokenizers as JSON and the data settings, so a checkpoint alone is enough to translate and
 evaluate (`attnlab.translate.Translator.from_checkpoints`). Checkpoints are read with
 `torch.load(weights_only=True)`: loading one never runs code from the file.
+
+Nothing in a checkpoint chooses what code runs: `read_checkpoint`, the one reader every command uses,
+refuses a file holding pickled code or foreign globals, and one whose plain data names a class (a
+`_target_` or Lightning's `_instantiator`/`_class_path`) other than the data spec classes of
+`DATA_SPECS`. Objects are built from checkpoint content only by `data_spec` and `saved_settings`, each
+with a class looked up in a closed dictionary, never by importing a name found in the file.
 """
 
 from __future__ import annotations
 
 import dataclasses
+import pickle
 import re
+import zipfile
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
@@ -18,11 +26,24 @@ from typing import Any
 import torch
 from torch import Tensor
 
+from attnlab.config import ConfigError, build_from
+from attnlab.data import DATA_SPECS
+from attnlab.evaluation import DecodeConfig
+from attnlab.model.config import TransformerConfig
+from attnlab.optim import OptimConfig
+
 BUNDLE_KEY = "attnlab"
 BUNDLE_FORMAT = 1
 # What an exact resumption needs beyond Lightning's own entries (random-number generator states, counters).
 RESUME_KEY = "attnlab_resume"
 EPOCH_FILE = re.compile(r"^epoch(\d+)\.ckpt$")
+# `hyper_parameters` entry -> its class (the entries hold plain values only, no class name).
+SETTINGS: dict[str, type] = {"model": TransformerConfig, "optim": OptimConfig, "decode": DecodeConfig}
+# Keys by which Hydra (`instantiate`) or Lightning (`load_from_checkpoint`) would import what they name.
+CLASS_KEYS = ("_target_", "_instantiator", "_class_path")
+# What torch's weights-only unpickler says when a file holds code or objects of foreign classes.
+EXECUTABLE = re.compile(r"Unsupported global|unsupported GLOBAL|reduce for unrecognized function|"
+                        r"Can only create new object|Can only build")  # fmt: skip
 
 
 def rng_states() -> dict[str, Any]:
@@ -67,25 +88,22 @@ def bundle(datamodule: Any) -> dict[str, Any]:
     return {"format": BUNDLE_FORMAT, "data": data, **tokenizers}
 
 
-def read_checkpoint(path: str | Path) -> dict[str, Any]:
-    """Load a checkpoint written by `attnlab-train` onto the CPU, checking what evaluation needs.
+def read_checkpoint(path: str | Path, map_location: Any = "cpu") -> dict[str, Any]:
+    """Load a checkpoint written by `attnlab-train` (onto the CPU unless `map_location` says otherwise),
+    checking what evaluation needs and that nothing in it chooses what code runs.
 
     Raises:
-        CheckpointError: The file is missing, damaged, or lacks the model settings, weights or
-            tokenizers; the message names the file and what to use instead.
+        CheckpointError: The file is missing, damaged, lacks the model settings, weights or tokenizers,
+            holds executable objects, or names a class attnlab does not build; the message names the
+            file and what to use instead. A refused file is not loaded: nothing in it ran.
     """
     path = Path(path)
     if not path.is_file():
         raise CheckpointError(f"checkpoint not found: {path}")
     try:
-        checkpoint = torch.load(path, map_location="cpu", weights_only=True)
+        checkpoint = torch.load(path, map_location=map_location, weights_only=True)
     except Exception as exc:  # any failure to unpickle (the weights-only unpickler raises many kinds)
-        first_line = str(exc).splitlines()[0] if str(exc) else ""
-        raise CheckpointError(
-            f"cannot read checkpoint {path}: {type(exc).__name__}: {first_line}"
-            " — the file is damaged (an interrupted copy or save?) or not a PyTorch checkpoint; use another "
-            "checkpoint of the run (checkpoints/last.ckpt, checkpoints/epochs/)"
-        ) from None
+        raise _load_error(path, exc) from None
     if not isinstance(checkpoint, dict):
         raise CheckpointError(f"{path} holds a {type(checkpoint).__name__}, not a Lightning checkpoint")
     missing = [key for key in ("state_dict", "hyper_parameters", BUNDLE_KEY) if key not in checkpoint]
@@ -94,13 +112,148 @@ def read_checkpoint(path: str | Path) -> dict[str, Any]:
             f"{path} lacks {', '.join(missing)}: it was not written by attnlab-train (which stores the "
             "model settings and tokenizers in every checkpoint)"
         )
+    for key in ("hyper_parameters", BUNDLE_KEY):
+        if not isinstance(checkpoint[key], dict):
+            raise CheckpointError(
+                f"{path} has a {type(checkpoint[key]).__name__} as {key}, not the dict attnlab-train "
+                "writes: it was not written by attnlab-train"
+            )
     bundle = checkpoint[BUNDLE_KEY]
     if bundle.get("format") != BUNDLE_FORMAT:
         raise CheckpointError(
             f"{path} has attnlab checkpoint format {bundle.get('format')!r}; this version reads "
             f"format {BUNDLE_FORMAT}"
         )
+    _refuse_class_names(checkpoint, path)
     return checkpoint
+
+
+def _load_error(path: Path, exc: Exception) -> CheckpointError:
+    """The `CheckpointError` for a file `torch.load(weights_only=True)` failed on: refused for holding
+    executable objects, or damaged; never with torch's advice to load it with `weights_only=False`."""
+    text = str(exc)
+    executable = isinstance(exc, pickle.UnpicklingError) and EXECUTABLE.search(text) is not None
+    named = re.search(r"GLOBAL (\S+)", text) if executable else None
+    name = named.group(1) if named else None
+    if not executable and isinstance(exc, pickle.UnpicklingError) and not zipfile.is_zipfile(path):
+        name = _pickled_global(path)  # a plain pickle the unpickler stopped on before reaching its code
+        executable = name is not None
+    if executable:
+        return CheckpointError(
+            f"{path} refused: it contains executable objects{f' ({name})' if name else ''}, which no "
+            "checkpoint written by attnlab-train holds; it was not loaded and nothing in it ran. Use a "
+            "checkpoint written by attnlab-train, from a source you trust"
+        )
+    detail = re.search(r"WeightsUnpickler error:\s*(\S[^\n]*)", text)  # without torch's advice around it
+    first_line = detail.group(1) if detail else (text.splitlines()[0] if text else "")
+    return CheckpointError(
+        f"cannot read checkpoint {path}: {type(exc).__name__}: {first_line}"
+        " — the file is damaged (an interrupted copy or save?) or not a PyTorch checkpoint; use another "
+        "checkpoint of the run (checkpoints/last.ckpt, checkpoints/epochs/)"
+    )
+
+
+def _pickled_global(path: Path) -> str | None:
+    """The first global (a class or function) the pickles in a non-zip file name, found by reading
+    their opcodes only (`pickletools`: nothing is imported or run); None when there is none or the
+    file is no pickle."""
+    import pickletools
+
+    strings: list[str] = []
+    try:
+        with open(path, "rb") as file:
+            while file.peek(1):  # a legacy torch file holds several pickles in a row
+                for opcode, arg, _ in pickletools.genops(file):
+                    if opcode.name in ("GLOBAL", "INST"):
+                        return str(arg).replace(" ", ".")
+                    if opcode.name == "STACK_GLOBAL" and len(strings) >= 2:
+                        return ".".join(strings[-2:])
+                    if isinstance(arg, str):
+                        strings.append(arg)
+    except Exception:  # not (or no longer) a pickle: what was read named no global
+        return None
+    return None
+
+
+def _class_key(value: Any, where: str) -> tuple[str, Any] | None:
+    """The first `CLASS_KEYS` entry in the plain data `value` (nested dicts and lists included), as
+    (its location, what it names)."""
+    if isinstance(value, dict):
+        for key, item in value.items():
+            if key in CLASS_KEYS:
+                return f"{where}.{key}", item
+            found = _class_key(item, f"{where}.{key}")
+            if found:
+                return found
+    elif isinstance(value, (list, tuple)):
+        for i, item in enumerate(value):
+            found = _class_key(item, f"{where}[{i}]")
+            if found:
+                return found
+    return None
+
+
+def _refused_class(path: str | Path, where: str, name: Any) -> CheckpointError:
+    return CheckpointError(
+        f"{path} names a class attnlab does not build ({where}={name!r}) and was not loaded: from a "
+        "checkpoint attnlab builds only its data specs and model, optim and decode settings, by their "
+        "own names, never a class the file names. Use a checkpoint written by attnlab-train"
+    )
+
+
+def _refuse_class_names(checkpoint: dict[str, Any], path: str | Path) -> None:
+    """Refuse a checkpoint whose plain data names any class but a data spec of `DATA_SPECS` (as the
+    `_target_` of `attnlab.data`)."""
+    bundle = checkpoint[BUNDLE_KEY]
+    data = bundle.get("data")
+    if data is not None:
+        if not isinstance(data, dict):
+            raise CheckpointError(f"{path} has a {type(data).__name__} as attnlab.data, not the dict of "
+                                  "data settings attnlab-train writes")  # fmt: skip
+        target = data.get("_target_")
+        if not isinstance(target, str) or target not in DATA_SPECS:
+            raise _refused_class(path, f"{BUNDLE_KEY}.data._target_", target)
+    plain = {
+        "hyper_parameters": checkpoint["hyper_parameters"],
+        BUNDLE_KEY: {**bundle, "data": {k: v for k, v in (data or {}).items() if k != "_target_"}},
+    }
+    found = _class_key(plain, "")
+    if found:
+        raise _refused_class(path, found[0].lstrip("."), found[1])
+
+
+def data_spec(data: dict[str, Any], path: str | Path) -> Any:
+    """The data spec a checkpoint's `attnlab.data` entry describes, built by its class in `DATA_SPECS`.
+
+    Raises:
+        CheckpointError: The entry names another class (see `read_checkpoint`).
+        attnlab.config.ConfigError: A value the data spec refuses (naming `data.<key>`).
+    """
+    target = data.get("_target_")
+    if not isinstance(target, str) or target not in DATA_SPECS:
+        raise _refused_class(path, f"{BUNDLE_KEY}.data._target_", target)
+    return build_from(DATA_SPECS[target], {k: v for k, v in data.items() if k != "_target_"}, "data")
+
+
+def saved_settings(checkpoint: dict[str, Any], key: str, path: str | Path) -> Any:
+    """The `hyper_parameters[key]` (`model`, `optim` or `decode`) of a checkpoint, built by its class in
+    `SETTINGS` (decoding defaults when a checkpoint has none).
+
+    Raises:
+        CheckpointError: The entry is missing or holds values its class refuses.
+    """
+    values = checkpoint["hyper_parameters"].get(key)
+    if values is None and key == "decode":
+        values = {}
+    if not isinstance(values, dict) or not all(isinstance(k, str) for k in values):
+        raise CheckpointError(
+            f"{path} has no {key} settings (hyper_parameters.{key}) of attnlab-train: it was not written "
+            "by attnlab-train"
+        )
+    try:
+        return build_from(SETTINGS[key], values, key)
+    except ConfigError as exc:
+        raise CheckpointError(f"{path} holds {key} settings this version cannot use: {exc}") from None
 
 
 def epoch_checkpoints(directory: str | Path) -> list[Path]:
@@ -126,7 +279,7 @@ def last_epoch_checkpoints(directory: str | Path, n: int) -> list[Path]:
     if len(found) < n:
         raise CheckpointError(
             f"averaging the last {n} epoch checkpoints needs {n}, found {len(found)} under {directory} "
-            "(checkpoints/epochs/epochNNN.ckpt; train with average_last={n} to keep them, or lower it)"
+            f"(checkpoints/epochs/epochNNN.ckpt; train with average_last={n} to keep them, or lower it)"
         )
     return found[-n:]
 

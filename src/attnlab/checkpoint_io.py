@@ -37,6 +37,33 @@ def _fsync_directory(directory: Path) -> None:
         os.close(fd)
 
 
+# What torch's zip writer raises (a RuntimeError, not an OSError) when writing the file fails.
+_TORCH_WRITE_FAILED = ("PytorchStreamWriter failed", "unexpected pos", "file write failed")
+
+
+def _write_failure(exc: BaseException) -> OSError | None:
+    """The write error behind `exc`, or None when `exc` is not one (then it propagates unchanged).
+
+    An `OSError` (opening, flushing, fsync, rename) is one. `torch.save` reports a failed write of the
+    file object (a full disk: ENOSPC) as a RuntimeError ("PytorchStreamWriter failed writing file ...",
+    "unexpected pos ...") raised while handling the file's OSError, which is then its `__context__`;
+    without one, torch's own message stands in for the reason.
+    """
+    if isinstance(exc, OSError):
+        return exc
+    if not isinstance(exc, RuntimeError):
+        return None
+    cause = exc.__cause__ or exc.__context__
+    while cause is not None:
+        if isinstance(cause, OSError):
+            return cause
+        cause = cause.__cause__ or cause.__context__
+    message = str(exc)
+    if any(marker in message for marker in _TORCH_WRITE_FAILED):
+        return OSError(None, f"torch could not write the file ({message.strip().splitlines()[0]})")
+    return None
+
+
 class AtomicCheckpointIO(TorchCheckpointIO):
     """`TorchCheckpointIO` whose saves are atomic (temporary file, fsync, rename)."""
 
@@ -56,18 +83,27 @@ class AtomicCheckpointIO(TorchCheckpointIO):
             os.replace(partial, path)
         except BaseException as exc:
             partial.unlink(missing_ok=True)
-            if not isinstance(exc, OSError):
+            failure = _write_failure(exc)
+            if failure is None:
                 raise
-            reason = exc.strerror or str(exc)
-            hint = "Free disk space" if exc.errno in (errno.ENOSPC, errno.EDQUOT) else "Make it writable"
+            reason = failure.strerror or str(failure)
+            hint = "Free disk space" if failure.errno in (errno.ENOSPC, errno.EDQUOT) else "Make it writable"
             kept = "the previous checkpoint there is unchanged" if path.exists() else "nothing was written"
             raise CheckpointWriteError(
-                exc.errno,
+                failure.errno,
                 f"cannot write checkpoint {path}: {reason}; {kept}. {hint} (or run in another directory: "
                 "hydra.run.dir=...), then continue the run with resume=auto",
-            ) from exc
+            ) from failure
         _fsync_directory(path.parent)
 
     def write(self, checkpoint: dict[str, Any], file: IO[bytes]) -> None:
         """Serialize `checkpoint` into the open temporary file."""
         torch.save(checkpoint, file)
+
+    def load_checkpoint(self, path: Any, map_location: Any = None, weights_only: bool | None = None) -> dict:
+        """The checkpoint a run continues from (`trainer.fit(ckpt_path=...)`), read by attnlab's one safe
+        reader, `attnlab.checkpoint.read_checkpoint` (weights only, whatever `weights_only` says; a file
+        naming a class attnlab does not build is refused)."""
+        from attnlab.checkpoint import read_checkpoint
+
+        return read_checkpoint(path, map_location=map_location)

@@ -6,13 +6,16 @@ Run directories are the source of truth: each holds `config.yaml`, `manifest.jso
 the runs by those values, and `summarize` gives per group the seed count, mean ± std and a 95%
 Student-t interval over seeds of each metric, the difference of the means against a baseline group,
 and per seed the p-value of sacreBLEU's paired bootstrap test against the baseline run of that seed.
-Runs that failed or never finished are listed, not dropped.
+Runs that failed or never finished are listed, not dropped; so is a run whose `config.yaml`,
+`manifest.json` or `results.json` cannot be read (status `unreadable`, with the file and why), and the
+others are compared without it.
 """
 
 from __future__ import annotations
 
 import csv
 import json
+import logging
 import math
 import statistics
 from collections.abc import Sequence
@@ -21,7 +24,13 @@ from datetime import datetime
 from pathlib import Path
 from typing import Any
 
-from omegaconf import OmegaConf
+import yaml
+from omegaconf import DictConfig, OmegaConf
+from omegaconf.errors import OmegaConfBaseException
+
+log = logging.getLogger(__name__)
+
+UNREADABLE = "unreadable"  # the status of a run with a file that cannot be read
 
 # Config keys that never define a setting (bookkeeping, or values derived from the run directory).
 IGNORED_PREFIXES = ("paths.", "hydra.", "logger.", "callbacks.", "sweep.", "ckpt_path", "resume", "task_name")
@@ -67,24 +76,69 @@ def _seconds(manifest: dict[str, Any]) -> float | None:
     return (end - start).total_seconds()
 
 
+class UnreadableRunFile(ValueError):
+    """A run's `config.yaml`, `manifest.json` or `results.json` is unreadable or not what attnlab writes."""
+
+
+def _json_object(path: Path) -> dict[str, Any]:
+    try:
+        value = json.loads(path.read_text(encoding="utf-8"))
+    except (OSError, ValueError) as exc:  # unreadable, not UTF-8, not JSON
+        raise UnreadableRunFile(f"cannot read {path}: {exc}") from None
+    if not isinstance(value, dict):
+        raise UnreadableRunFile(f"cannot read {path}: it holds a JSON {type(value).__name__}, not an object")
+    return value
+
+
+def _config(path: Path) -> dict[str, Any]:
+    try:
+        config = OmegaConf.load(path)
+    except (OSError, ValueError, yaml.YAMLError, OmegaConfBaseException) as exc:
+        reason = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
+        raise UnreadableRunFile(f"cannot read {path}: {reason}") from None
+    if not isinstance(config, DictConfig):
+        raise UnreadableRunFile(f"cannot read {path}: it holds a YAML list, not a config")
+    return flatten(OmegaConf.to_container(config))
+
+
+def _result_metrics(path: Path) -> dict[str, float]:
+    results = _json_object(path)
+    numbers = results.get("metrics", {})
+    sets = results.get("sets", {})
+    if not isinstance(numbers, dict) or not isinstance(sets, dict):
+        raise UnreadableRunFile(f"cannot read {path}: its 'metrics' and 'sets' must be JSON objects")
+    metrics = {k: float(v) for k, v in numbers.items() if isinstance(v, (int, float))}
+    for name, entry in sets.items():
+        scores = [entry.get(m) for m in ("bleu", "chrf")] if isinstance(entry, dict) else [None]
+        if not all(isinstance(v, (int, float)) for v in scores):
+            raise UnreadableRunFile(f"cannot read {path}: test set {name!r} has no numeric 'bleu' and 'chrf'")
+        metrics[f"test/{name}/bleu"], metrics[f"test/{name}/chrf"] = map(float, scores)
+    return metrics
+
+
 def read_run(run_dir: Path) -> Run:
-    """The `Run` of a run directory (config from `config.yaml`, status from `manifest.json`)."""
+    """The `Run` of a run directory (config from `config.yaml`, status from `manifest.json`); a run with
+    one of those or `results.json` unreadable gets status `unreadable`, the file and why as its error."""
+    try:
+        return _read_run(run_dir)
+    except UnreadableRunFile as exc:
+        log.warning("run %s is left out of the comparison: %s", run_dir, exc)
+        return Run(run_dir, {}, UNREADABLE, error=str(exc))
+
+
+def _read_run(run_dir: Path) -> Run:
     config = {}  # a job that failed validation has a manifest but no config.yaml
     if (run_dir / "config.yaml").is_file():
-        config = flatten(OmegaConf.to_container(OmegaConf.load(run_dir / "config.yaml")))
+        config = _config(run_dir / "config.yaml")
     manifest: dict[str, Any] = {}
     if (run_dir / "manifest.json").is_file():
-        manifest = json.loads((run_dir / "manifest.json").read_text())
-    status = manifest.get("status", "unknown")
+        manifest = _json_object(run_dir / "manifest.json")
+    status = str(manifest.get("status", "unknown"))
     results_file = run_dir / "results.json"
     if status != "finished" or not results_file.is_file():
         status = status if status != "finished" else "unfinished"
         return Run(run_dir, config, status, error=manifest.get("error"))
-    results = json.loads(results_file.read_text())
-    metrics = {k: float(v) for k, v in results.get("metrics", {}).items() if isinstance(v, (int, float))}
-    for name, entry in results.get("sets", {}).items():
-        metrics[f"test/{name}/bleu"] = entry["bleu"]
-        metrics[f"test/{name}/chrf"] = entry["chrf"]
+    metrics = _result_metrics(results_file)
     params = _params(run_dir)
     if params is not None:
         metrics["params"] = params
@@ -329,9 +383,13 @@ def report(
     groups, others = summarize(runs, baseline)
     metric, columns = main_metric(groups)
     text = render(table_rows(groups, columns), fmt) if groups else "no finished runs\n"
+    unreadable = [r for r in others if r.status == UNREADABLE]
+    others = [r for r in others if r.status != UNREADABLE]
     if others and fmt == "md":
         text += "\nNot finished:\n" + "".join(f"- {r.path} ({r.status}{': ' + r.error if r.error else ''})\n"
                                               for r in others)  # fmt: skip
+    if unreadable and fmt == "md":  # other formats: the warnings of `read_run`
+        text += "\nUnreadable, not compared:\n" + "".join(f"- {r.path} ({r.error})\n" for r in unreadable)
     if plots is not None and groups and metric is not None:
         from attnlab.plots import plot_comparison
 

@@ -111,6 +111,48 @@ def _target_class(node: DictConfig, key: str) -> type:
         raise ConfigError(f"{key}._target_={target} cannot be imported: {exc}") from exc
 
 
+def _reject_unknown_keys(key: str, cls: type, given: Any, known: list[str]) -> None:
+    unknown = sorted(set(given) - set(known) - RESERVED_KEYS)
+    if unknown:
+        raise ConfigError(
+            f"{key}.{unknown[0]} is not a parameter of {cls.__module__}.{cls.__qualname__}; "
+            f"{_did_you_mean(unknown[0], known, f'{key}.')}known keys: {', '.join(known)}"
+        )
+
+
+def check_constructor_keys(cfg: DictConfig) -> None:
+    """The nodes that reach a constructor when training starts (`trainer`, every `callbacks.*` and
+    `logger.*`) hold only parameters of the class they name, and every such node names one.
+
+    Run after `validate`, before any data is prepared: it imports those classes (lightning among them)
+    to read their signatures, so a mistyped `+trainer.max_epoch=3` fails at once, with a did-you-mean,
+    rather than as a TypeError after data preparation. A class taking `**kwargs` accepts any key.
+
+    Raises:
+        ConfigError: naming the key, the class and the fix.
+    """
+    nodes = [("trainer", cfg.trainer)]
+    for group in ("callbacks", "logger"):
+        entries = cfg.get(group) or {}
+        named = [name for name, node in entries.items() if OmegaConf.is_dict(node) and "_target_" in node]
+        for name, node in entries.items():
+            if node is None:  # switched off (callbacks.<name>=null)
+                continue
+            if not OmegaConf.is_dict(node) or "_target_" not in node:
+                raise ConfigError(
+                    f"{group}.{name} names no class (_target_), so nothing would build it: "
+                    f"{_did_you_mean(name, named, f'{group}.')}remove the +{group}.{name}... override or "
+                    f"fix its name; the {group} are {', '.join(named) or 'none'}"
+                )
+            nodes.append((f"{group}.{name}", node))
+    for key, node in nodes:
+        cls = _target_class(node, key)
+        parameters = inspect.signature(cls).parameters
+        if any(p.kind is inspect.Parameter.VAR_KEYWORD for p in parameters.values()):
+            continue
+        _reject_unknown_keys(key, cls, node.keys(), list(parameters))
+
+
 def build_node(node: DictConfig, key: str) -> Any:
     """Instantiate a torch-free config node, turning any problem into a `ConfigError` naming `key`."""
     cls = _target_class(node, key)
@@ -120,18 +162,18 @@ def build_node(node: DictConfig, key: str) -> Any:
             f"{key}.{missing[0]} is required (??? in the config): set {key}.{missing[0]}=<value>"
         )
     values = OmegaConf.to_container(node, resolve=True)
-    kwargs = {k: v for k, v in values.items() if k not in RESERVED_KEYS}
+    return build_from(cls, {k: v for k, v in values.items() if k not in RESERVED_KEYS}, key)
+
+
+def build_from(cls: type, kwargs: dict[str, Any], key: str) -> Any:
+    """`cls(**kwargs)` for a class attnlab chose (never one named by the values), turning unknown keys and
+    bad values into a `ConfigError` naming `key`."""
     known = (
         [f.name for f in dataclasses.fields(cls)]
         if dataclasses.is_dataclass(cls)
         else list(inspect.signature(cls).parameters)
     )
-    unknown = sorted(set(kwargs) - set(known))
-    if unknown:
-        raise ConfigError(
-            f"{key}.{unknown[0]} is not a parameter of {cls.__module__}.{cls.__qualname__}; "
-            f"{_did_you_mean(unknown[0], known, f'{key}.')}known keys: {', '.join(known)}"
-        )
+    _reject_unknown_keys(key, cls, kwargs, known)
     try:
         return cls(**kwargs)
     except (ValueError, TypeError) as exc:
@@ -230,6 +272,21 @@ def _check_fit(model: TransformerConfig, data: Any) -> TransformerConfig:
     return model
 
 
+def _check_data_spec(data: Any) -> None:
+    """Every checkpoint holds its run's data settings, read back only for attnlab's own data specs
+    (`attnlab.data.DATA_SPECS`, a closed list: a checkpoint never chooses what code runs). A run with
+    another class would train for hours and then fail to read its own checkpoints: refuse it now."""
+    from attnlab.data import DATA_SPECS  # torch-free
+
+    if type(data) not in set(DATA_SPECS.values()):
+        known = sorted({f"attnlab.data.{cls.__qualname__}" for cls in DATA_SPECS.values()})
+        raise ConfigError(
+            f"data._target_={type(data).__module__}.{type(data).__qualname__} is not one of attnlab's data "
+            f"specs ({', '.join(known)}): checkpoints are read back only with those; for your own parallel "
+            "text use data=files (or data=hf)"
+        )
+
+
 def validate(cfg: DictConfig) -> Experiment:
     """Validate a composed training config without importing torch.
 
@@ -243,6 +300,7 @@ def validate(cfg: DictConfig) -> Experiment:
     model = build_node(cfg.model, "model")
     optim = build_node(cfg.optim, "optim")
     data = build_node(cfg.data, "data")
+    _check_data_spec(data)
     decode = build_node(cfg.decode, "decode")
     _check_trainer(cfg.trainer)
     return Experiment(model=_check_fit(model, data), optim=optim, data=data, decode=decode)

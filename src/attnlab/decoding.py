@@ -11,6 +11,7 @@ from dataclasses import dataclass
 import torch
 from torch import Tensor
 
+from attnlab.model.config import TransformerConfig
 from attnlab.model.transformer import Transformer
 
 
@@ -22,11 +23,30 @@ def max_output_lengths(src: Tensor, pad_id: int, a: float, b: int) -> Tensor:
     return (a * (src != pad_id).sum(dim=1) + b).long().clamp(min=1)
 
 
+def mask_ungenerable(scores: Tensor, config: TransformerConfig, length: int, min_len: int) -> Tensor:
+    """Set to -inf, in place, the scores (N, V) of ids no decoder may output at this step: pad, bos and
+    the decoder start id always, eos while an output of `length` tokens (this one included) would be
+    shorter than `min_len`. Greedy decoding and beam search both go through it, so beam 1 is greedy."""
+    scores[:, sorted({config.pad_id, config.bos_id, config.start_id})] = -math.inf
+    if length < min_len:
+        scores[:, config.eos_id] = -math.inf
+    return scores
+
+
 @torch.inference_mode()
 def greedy_decode(
-    model: Transformer, src: Tensor, *, max_len_a: float = 1.0, max_len_b: int = 10, use_cache: bool = True
+    model: Transformer,
+    src: Tensor,
+    *,
+    max_len_a: float = 1.0,
+    max_len_b: int = 10,
+    min_len: int = 1,
+    use_cache: bool = True,
 ) -> Tensor:
     """Pick the most probable token at each step until every sentence has produced eos.
+
+    Pad and the bos/start ids are never picked, eos not before `min_len` (`mask_ungenerable`, as in
+    beam search, so `beam_search(beam=1, alpha=0)` gives the same outputs).
 
     A sentence leaves the batch (and the cache) once it has produced eos or reached its length limit,
     so the remaining steps cost only the sentences still being decoded.
@@ -36,12 +56,15 @@ def greedy_decode(
         src: Source ids (B, S), padded with the model's pad id.
         max_len_a: Output length limit a in a · |S| + b (per sentence, eos included).
         max_len_b: Output length limit b.
+        min_len: Shortest output, eos included.
         use_cache: Feed one token per step over the K/V cache (the default); False re-runs the decoder
             over the whole prefix at every step (the same result, slower; for benchmarks and tests).
 
     Returns:
         Output ids (B, T) without the start token, eos included, padded with pad after eos.
     """
+    if min_len < 1:
+        raise ValueError(f"min_len={min_len} must be >= 1 (the length counts eos)")
     cfg = model.config
     memory, src_mask = model.encode(src)
     cache = model.new_cache() if use_cache else None
@@ -55,7 +78,8 @@ def greedy_decode(
     prefix = token
     for step in range(out.size(1)):
         logits = model.decode(token if use_cache else prefix, memory, src_mask, cache=cache)  # (B', 1|t, V)
-        token = logits[:, -1].argmax(dim=-1, keepdim=True)  # (B', 1)
+        scores = mask_ungenerable(logits[:, -1].float(), cfg, step + 1, min_len)  # (B', V)
+        token = scores.argmax(dim=-1, keepdim=True)  # (B', 1)
         out[alive, step] = token.squeeze(1)
         if not use_cache:
             prefix = torch.cat([prefix, token], dim=1)
@@ -201,7 +225,6 @@ def beam_search(
         attn = torch.empty(batch * k, 0, src.size(1), device=device, dtype=memory.dtype)
     scores = torch.zeros(batch, k, device=device)
     scores[:, 1:] = -math.inf  # step 0: one live beam per sentence
-    never = sorted({cfg.pad_id, cfg.bos_id, cfg.start_id})
     kept = [_Kept(k, alpha) for _ in range(batch)]
     done = [False] * batch
     alive = list(range(batch))  # the sentence of each group of K decoder rows; finished ones leave
@@ -220,9 +243,7 @@ def beam_search(
         out = model.decode(fed, memory, src_mask, cache=cache, need_weights=need_attention)
         logits, weights = out if need_attention else (out, None)
         lprobs = logits[:, -1].float().log_softmax(dim=-1)  # (B'·K, V)
-        lprobs[:, never] = -math.inf
-        if length < min_len:
-            lprobs[:, cfg.eos_id] = -math.inf
+        mask_ungenerable(lprobs, cfg, length, min_len)
         cand = scores[:, :, None] + lprobs.view(live, k, vocab)  # (B', K, V)
         top_scores, top_idx = cand.view(live, k * vocab).topk(2 * k, dim=1)  # (B', 2K)
         top_beam, top_token = top_idx // vocab, top_idx % vocab  # (B', 2K)
@@ -287,7 +308,8 @@ def translate_ids(
     """The best output ids of each sentence, eos and padding removed: greedy when `beam` is 1."""
     cfg = model.config
     if beam == 1:
-        out = greedy_decode(model, src, max_len_a=max_len_a, max_len_b=max_len_b, use_cache=use_cache)
+        out = greedy_decode(model, src, max_len_a=max_len_a, max_len_b=max_len_b, min_len=min_len,
+                            use_cache=use_cache)  # fmt: skip
         rows = out.tolist()
     else:
         best = beam_search(model, src, beam=beam, alpha=alpha, max_len_a=max_len_a, max_len_b=max_len_b,

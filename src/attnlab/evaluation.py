@@ -28,6 +28,11 @@ class DecodeConfig:
             inputs get fewer sentences per batch (null: no token budget, `batch_size` alone).
         probe_sentences: At each validation decode, the cross-attention (last decoder layer, averaged
             over heads) of the first n validation sentences goes to W&B as heatmap images (0: none).
+        max_source_tokens: Longest source (in subwords, eos included) decoded outside training; longer
+            ones are cut to it, keeping eos, and counted (`truncated_sources` in results.json, a warning),
+            so one huge input line cannot stall decoding. null: the training filter's limit, the
+            `data.max_source_tokens` saved in the checkpoint (its default, 256, for a checkpoint without
+            data settings). A learned position table cuts further, to the model's `max_positions`.
     """
 
     beam: int = 5
@@ -41,6 +46,7 @@ class DecodeConfig:
     batch_size: int = 64
     max_tokens: int | None = 4096
     probe_sentences: int = 2
+    max_source_tokens: int | None = None
 
     def __post_init__(self) -> None:
         check_fields(self)
@@ -51,6 +57,11 @@ class DecodeConfig:
         require(self.lenpen >= 0, f"lenpen={self.lenpen} must be >= 0")
         require(self.max_len_a >= 0, f"max_len_a={self.max_len_a} must be >= 0 (output limit a·|S| + b)")
         require(self.max_len_b >= 0, f"max_len_b={self.max_len_b} must be >= 0 (output limit a·|S| + b)")
+        require(
+            self.max_source_tokens is None or self.max_source_tokens >= 2,
+            f"max_source_tokens={self.max_source_tokens} must be >= 2 (a token and eos) or null (the "
+            "training filter's data.max_source_tokens)",
+        )
         require(self.probe_sentences >= 0, f"probe_sentences={self.probe_sentences} must be >= 0")
         require(self.every_n_epochs >= 0, f"every_n_epochs={self.every_n_epochs} must be >= 0 (0: never)")
         require(

@@ -9,6 +9,11 @@ the others. These launchers instead mark that job's manifest `failed` ("its proc
 finishing"), log it, and return no value for it, so the other jobs' results are collected, sweepers
 count it as a failed trial, and `sweep.skip_done=true` (with `resume=auto`, from its last checkpoint)
 runs it again.
+
+Every multirun, whichever launcher, ends with a one-line summary from `attnlab-train` (jobs finished,
+jobs failed and their manifest.json files) and a non-zero exit status when any job failed: each job's
+outcome is recorded with `record_job`, by the job itself under Hydra's basic launcher (which runs the
+jobs in this process) or by these launchers from the jobs' manifests.
 """
 
 from __future__ import annotations
@@ -24,6 +29,35 @@ from hydra.core.utils import JobReturn, JobStatus, filter_overrides
 from omegaconf import OmegaConf
 
 log = logging.getLogger(__name__)
+
+# How each job of this process's multirun ended: (status `finished` or `failed`, where to look: its
+# manifest.json, or the launcher's log of a job that died before writing one).
+JOBS: list[tuple[str, Path]] = []
+
+
+def record_job(status: str, where: Path) -> None:
+    """Record how a job of this process's multirun ended (`finished` or `failed`) and where to look."""
+    JOBS.append((status, Path(where)))
+
+
+def multirun_summary() -> tuple[str, bool] | None:
+    """The summary line of this process's multirun and whether any job failed; None when no job ran."""
+    if not JOBS:
+        return None
+    failed = [where for status, where in JOBS if status != "finished"]
+    line = f"{len(JOBS) - len(failed)} finished, {len(failed)} failed"
+    if failed:
+        line += f" (see {', '.join(map(str, failed))})"
+    return line, bool(failed)
+
+
+def _job_status(output_dir: Path) -> str:
+    """`finished` when the job's manifest says so, else `failed` (failed, interrupted, never finished)."""
+    try:
+        status = json.loads((output_dir / "manifest.json").read_text()).get("status")
+    except (OSError, ValueError, AttributeError):  # no manifest, not JSON, not an object
+        return "failed"
+    return "finished" if status == "finished" else "failed"
 
 
 class TolerantLaunch:
@@ -60,19 +94,27 @@ class TolerantLaunch:
                 (list(overrides), "hydra.sweep.dir", idx, f"job_id_for_{idx}", Singleton.get_state())
             )
         jobs = executor.map_array(self, *zip(*arguments, strict=True))
-        return [
-            _result(job, list(overrides), sweep_dir)
-            for job, overrides in zip(jobs, job_overrides, strict=True)
-        ]
+        results = []
+        for job, overrides in zip(jobs, job_overrides, strict=True):
+            result, run_dir = _result(job, list(overrides), sweep_dir)
+            if run_dir is None:  # died before writing its manifest
+                record_job("failed", Path(job.paths.folder))
+            else:
+                failed = result.status == JobStatus.FAILED
+                record_job("failed" if failed else _job_status(run_dir), run_dir / "manifest.json")
+            results.append(result)
+        return results
 
 
-def _result(job: Any, overrides: list[str], sweep_dir: Path) -> JobReturn:
+def _result(job: Any, overrides: list[str], sweep_dir: Path) -> tuple[JobReturn, Path | None]:
     """The job's own return, or, when its process died without one, a value-less return (after marking
-    its manifest failed)."""
+    its manifest failed); and the job's run directory (None when it is not known)."""
     from submitit.core.utils import FailedJobError, UncompletedJobError
 
     try:
-        return job.results()[0]
+        result = job.results()[0]
+        hydra_cfg = result.hydra_cfg
+        return result, None if hydra_cfg is None else Path(str(hydra_cfg.hydra.runtime.output_dir))
     except (FailedJobError, UncompletedJobError) as exc:
         reason = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
         error = (
@@ -81,11 +123,12 @@ def _result(job: Any, overrides: list[str], sweep_dir: Path) -> JobReturn:
         )
         marked = mark_failed(sweep_dir, overrides, error)
         log.error("job %s failed: %s%s", " ".join(overrides), error, "" if marked else " (no manifest found)")
-        return JobReturn(overrides=overrides, status=JobStatus.COMPLETED, _return_value=None)
+        return JobReturn(overrides=overrides, status=JobStatus.COMPLETED, _return_value=None), marked
 
 
-def mark_failed(sweep_dir: Path, overrides: list[str], error: str) -> bool:
-    """Mark `failed` the still-`running` manifest of the job with these overrides; False if none."""
+def mark_failed(sweep_dir: Path, overrides: list[str], error: str) -> Path | None:
+    """Mark `failed` the still-`running` manifest of the job with these overrides; returns the job's run
+    directory, None if there is no such manifest."""
     from attnlab.manifest import now, write_manifest
 
     for path in sorted(sweep_dir.glob("*/manifest.json")):
@@ -95,5 +138,5 @@ def mark_failed(sweep_dir: Path, overrides: list[str], error: str) -> bool:
             continue
         if manifest.get("status") == "running" and manifest.get("overrides") == overrides:
             write_manifest(path.parent, {**manifest, "status": "failed", "error": error, "end_time": now()})
-            return True
-    return False
+            return path.parent
+    return None

@@ -5,6 +5,7 @@ from __future__ import annotations
 import logging
 import math
 import time
+from pathlib import Path
 from typing import Any
 
 import lightning as L
@@ -302,6 +303,60 @@ class TranslationModule(L.LightningModule):
         and the count of target tokens seen."""
         checkpoint[BUNDLE_KEY] = bundle(getattr(self.trainer, "datamodule", None))
         checkpoint[RESUME_KEY] = {"rng": rng_states(), "tokens_seen": self._tokens_seen}
+
+    @classmethod
+    def load_from_checkpoint(  # type: ignore[override]
+        cls,
+        checkpoint_path: str | Path,
+        map_location: str | torch.device | None = None,
+        hparams_file: Any = None,
+        strict: bool | None = None,
+        weights_only: bool | None = None,
+        **settings: Any,
+    ) -> TranslationModule:
+        """The module of a checkpoint written by `attnlab-train`, read by `attnlab.checkpoint.read_checkpoint`
+        (weights only; its model, optim and decode settings built by their own classes, never by a class
+        the file names) instead of Lightning's generic loader.
+
+        Args:
+            checkpoint_path: The checkpoint file.
+            map_location: The device to put the module on (default: the CPU).
+            hparams_file: Not supported: the settings come from the checkpoint (replace them by `settings`).
+            strict: Whether the weights must match the module's parameters exactly (default: True).
+            weights_only: Only True (or None): attnlab checkpoints hold no code and are never read otherwise.
+            settings: `model`, `optim` or `decode` to use instead of the saved ones.
+
+        Raises:
+            attnlab.checkpoint.CheckpointError: The file is missing, damaged, not from attnlab-train or
+                refused (see `read_checkpoint`).
+        """
+        from attnlab.checkpoint import CheckpointError, read_checkpoint, saved_settings
+
+        if hparams_file is not None:
+            raise TypeError(
+                "TranslationModule.load_from_checkpoint takes no hparams_file: the settings come from the "
+                "checkpoint; pass model=..., optim=... or decode=... to replace them"
+            )
+        if weights_only is False:
+            raise CheckpointError(
+                f"{checkpoint_path}: attnlab checkpoints hold plain data and tensors only and are always "
+                "read with weights_only=True"
+            )
+        unknown = sorted(set(settings) - {"model", "optim", "decode"})
+        if unknown:
+            raise TypeError(
+                f"TranslationModule.load_from_checkpoint got unknown settings {unknown}: use model, optim "
+                "or decode"
+            )
+        checkpoint = read_checkpoint(checkpoint_path)
+        for key in ("model", "optim", "decode"):
+            if key not in settings:
+                settings[key] = saved_settings(checkpoint, key, checkpoint_path)
+        module = cls(**settings)
+        module.on_load_checkpoint(checkpoint)
+        strict = module.strict_loading if strict is None else strict
+        module.load_state_dict(checkpoint["state_dict"], strict=strict)
+        return module.to(map_location) if map_location is not None else module
 
     def on_load_checkpoint(self, checkpoint: dict[str, Any]) -> None:
         state = checkpoint.get(RESUME_KEY)

@@ -16,6 +16,7 @@ from collections.abc import Sequence
 from pathlib import Path
 
 from attnlab.compare import GroupSummary, Run
+from attnlab.data.cache import atomic_writer
 
 
 def validation_curve(run: Run, metric: str) -> dict[int, float]:
@@ -106,8 +107,15 @@ def _legend(ax: object) -> None:
 
 
 def _save(fig: object, path: Path) -> Path:
+    """Write `fig` as PNG to `path` atomically (a failed write leaves a file there before unchanged)."""
     import matplotlib.pyplot as plt
 
-    fig.savefig(path, dpi=100)  # type: ignore[attr-defined]
-    plt.close(fig)  # type: ignore[arg-type]
+    try:
+        with atomic_writer(path) as f:
+            fig.savefig(f, format="png", dpi=100)  # type: ignore[attr-defined]
+    except OSError as exc:
+        raise OSError(exc.errno, f"cannot write plot {path}: {exc.strerror or exc}; a file there before is "
+                      "unchanged. Free disk space or choose another --plots directory") from None  # fmt: skip
+    finally:
+        plt.close(fig)  # type: ignore[arg-type]
     return path

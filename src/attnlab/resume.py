@@ -119,10 +119,17 @@ def check_same_experiment(saved: Path, resolved: dict[str, Any]) -> None:
 
 
 def checkpoint_step(path: str) -> int:
-    """The global step a checkpoint was saved at."""
-    import torch
+    """The global step the checkpoint to continue from was saved at, read by `read_checkpoint`.
 
-    return int(torch.load(path, map_location="cpu", weights_only=True, mmap=True)["global_step"])
+    Raises:
+        ConfigError: The file is damaged, not from attnlab-train or refused (`read_checkpoint`'s message).
+    """
+    from attnlab.checkpoint import CheckpointError, read_checkpoint
+
+    try:
+        return int(read_checkpoint(path).get("global_step", 0))
+    except CheckpointError as exc:
+        raise ConfigError(f"resume: {exc}") from None
 
 
 def csv_history(output_dir: Path, before_step: int) -> list[dict[str, float]]:

@@ -8,12 +8,14 @@ from __future__ import annotations
 
 import json
 import logging
+from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from omegaconf import DictConfig, OmegaConf
 
-from attnlab.config import ConfigError, Experiment, resolve_monitor, validate
+from attnlab.config import ConfigError, Experiment, check_constructor_keys, resolve_monitor, validate
 
 if TYPE_CHECKING:
     from attnlab.data.datamodule import ParallelDataModule
@@ -66,45 +68,114 @@ def train(cfg: DictConfig) -> dict[str, float]:
     """
     experiment = validate(cfg)
     resolve_monitor(cfg, experiment)
+    check_constructor_keys(cfg)  # imports lightning: after the torch-free checks, before any data work
     output_dir = Path(cfg.paths.output_dir)
-    from attnlab.resume import LAST, check_same_experiment, resume_path
+    from attnlab.resume import LAST, check_same_experiment, checkpoint_step, resume_path
 
     resume_from = resume_path(cfg, output_dir)
     continuing = resume_from is not None and Path(resume_from) == output_dir / LAST
     if continuing:  # the same run goes on: the same experiment, in its own directory
         check_same_experiment(output_dir / "config.yaml", resolved_config(cfg))
+        checkpoint_step(str(resume_from))  # a damaged or refused last.ckpt: refused before the run changes
     _writable_run_directory(output_dir)
-    if (cfg.get("logger") or {}).get("wandb") is not None:
-        from attnlab.tracking import name_and_group
+    with _run_lock(output_dir):  # a second process in this run directory is refused here
+        if (cfg.get("logger") or {}).get("wandb") is not None:
+            from attnlab.tracking import name_and_group
 
-        name_and_group(cfg, resolved_config(cfg))
-    OmegaConf.save(OmegaConf.create(resolved_config(cfg)), output_dir / "config.yaml")
+            name_and_group(cfg, resolved_config(cfg))
+        OmegaConf.save(OmegaConf.create(resolved_config(cfg)), output_dir / "config.yaml")
 
-    import lightning as L
-    from lightning.pytorch.utilities import rank_zero_only
+        import lightning as L
+        from lightning.pytorch.utilities import rank_zero_only
 
-    from attnlab.callbacks import Preempted
-    from attnlab.manifest import now, start_manifest, write_manifest
+        from attnlab.callbacks import Preempted
+        from attnlab.data.cache import atomic_write_bytes
+        from attnlab.manifest import MANIFEST_FILE, now, start_manifest, write_manifest
 
-    is_zero = rank_zero_only.rank == 0  # under DDP every rank runs this; one writes the manifest
-    manifest = start_manifest(output_dir, resumed_from=resume_from if continuing else None) if is_zero else {}
-    try:
-        if cfg.get("seed") is not None:
-            L.seed_everything(cfg.seed, workers=True)
-        metrics = _fit_and_evaluate(
-            cfg, experiment, output_dir, manifest if is_zero else None, resume_from, continuing
-        )
-    except BaseException as exc:
+        is_zero = rank_zero_only.rank == 0  # under DDP every rank runs this; one writes the manifest
+        resumed_from = resume_from if continuing else None
+        previous = _manifest_bytes(output_dir) if continuing else None
+        manifest = start_manifest(output_dir, resumed_from=resumed_from) if is_zero else {}
+        try:
+            if cfg.get("seed") is not None:
+                L.seed_everything(cfg.seed, workers=True)
+            metrics = _fit_and_evaluate(
+                cfg, experiment, output_dir, manifest if is_zero else None, resume_from, continuing
+            )
+        except BaseException as exc:
+            if is_zero and previous is not None and isinstance(exc, ConfigError):
+                # A refused continuation (e.g. other training data) trained nothing: the run stays as it was.
+                atomic_write_bytes(output_dir / MANIFEST_FILE, previous)
+            elif is_zero:
+                status = "interrupted" if isinstance(exc, Preempted) else "failed"
+                error = f"{type(exc).__name__}: {exc}".splitlines()[0]
+                write_manifest(output_dir, {**manifest, "status": status, "error": error, "end_time": now()})
+            _finish_tracking(exit_code=1)
+            raise
         if is_zero:
-            status = "interrupted" if isinstance(exc, Preempted) else "failed"
-            error = f"{type(exc).__name__}: {exc}".splitlines()[0]
-            write_manifest(output_dir, {**manifest, "status": status, "error": error, "end_time": now()})
-        _finish_tracking(exit_code=1)
-        raise
-    if is_zero:
-        write_manifest(output_dir, {**manifest, "status": "finished", "end_time": now()})
-    _finish_tracking(exit_code=0)
-    return metrics
+            write_manifest(output_dir, {**manifest, "status": "finished", "end_time": now()})
+        _finish_tracking(exit_code=0)
+        return metrics
+
+
+def _manifest_bytes(output_dir: Path) -> bytes | None:
+    """The run's `manifest.json` as it is on disk (None without one)."""
+    from attnlab.manifest import MANIFEST_FILE
+
+    try:
+        return (output_dir / MANIFEST_FILE).read_bytes()
+    except OSError:
+        return None
+
+
+RUN_LOCK = ".lock"  # in the run directory: `<pid> <host>` of the process running there
+
+
+class RunDirectoryInUse(ConfigError):
+    """Another live process runs in this run directory (its lock file names it)."""
+
+
+def _launched_rank() -> int:
+    """This process's global rank as the launchers set it (Lightning's DDP launcher, torchrun, SLURM,
+    submitit; `attnlab.cli.train.submitit_ranks`): 0 unless a rank variable says otherwise. Read from
+    the environment, before lightning is imported."""
+    import os
+
+    names = ("RANK", "LOCAL_RANK", "NODE_RANK", "GROUP_RANK", "SLURM_PROCID")
+    return max((int(os.environ[k]) for k in names if os.environ.get(k, "").isdigit()), default=0)
+
+
+@contextmanager
+def _run_lock(output_dir: Path) -> Iterator[None]:
+    """Hold the run directory's lock for the whole run: a second process started in the same directory
+    (which would mix checkpoints, logs and manifest) is refused at once, naming the directory and the
+    process running there. The lock is `attnlab.data.cache.FileLock` (``flock``): released when the run
+    ends, however it ends — the kernel frees it when a killed process dies, so a dead run's stale lock
+    is taken over (`resume=true` continues it). Under DDP only the first process (rank 0) takes it; the
+    other ranks run in the same directory.
+
+    Raises:
+        RunDirectoryInUse: Another live process holds the lock.
+    """
+    if _launched_rank() != 0:
+        yield
+        return
+    from attnlab.data.cache import FileLock
+
+    lock = FileLock(output_dir / RUN_LOCK, timeout=0, record_holder=True)
+    try:
+        lock.acquire()
+    except TimeoutError:
+        raise RunDirectoryInUse(
+            f"the run directory {output_dir} is in use: {lock.holder()} is running there "
+            f"({output_dir / RUN_LOCK}). Two runs in one directory would mix their checkpoints and logs: "
+            "wait for it to end (or stop it; resume=true then continues it), or set hydra.run.dir to "
+            "another directory"
+        ) from None
+    try:
+        yield
+    finally:
+        lock.release()
 
 
 def _writable_run_directory(output_dir: Path) -> None:
@@ -181,6 +252,7 @@ def _fit_and_evaluate(
         default_root_dir=str(output_dir),
         plugins=[*cluster_plugins(), AtomicCheckpointIO()],
     )
+    datamodule.check_feeds(trainer.world_size, test=bool(cfg.get("test", True)))  # before any training
     log.info("run directory: %s", output_dir)
     if history:
         from attnlab.resume import restore_csv_history
@@ -308,7 +380,7 @@ def _final_evaluation(
 ) -> dict[str, float]:
     """Load the final weights (best checkpoint, or the average of the last `average_last` epochs),
     compute the test loss, and on rank 0 decode every test set with beam search into `results.json`."""
-    from attnlab.checkpoint import last_epoch_checkpoints, read_averaged
+    from attnlab.checkpoint import bundle, last_epoch_checkpoints, read_averaged
     from attnlab.translate import Translator, evaluate, write_results
 
     average_last = int(cfg.get("average_last") or 0)
@@ -330,7 +402,8 @@ def _final_evaluation(
         write_results(output_dir, {"checkpoints": checkpoints, "averaged": len(paths) > 1, **extra})
         return metrics
     module.to(trainer.strategy.root_device)  # decode on the training device, wherever testing left it
-    translator = Translator(module.model, datamodule.src_tokenizer, tokenizer, module.decode_config)
+    data = bundle(datamodule)["data"]  # the data settings, as a checkpoint holds them (max_source_tokens)
+    translator = Translator(module.model, datamodule.src_tokenizer, tokenizer, module.decode_config, data)
     sets = {name: datamodule.raw_text(name) for name in datamodule.test_sets}
     results = evaluate(translator, sets, output_dir, checkpoints=paths, extra=extra)
     for name, entry in results["sets"].items():

@@ -21,14 +21,14 @@ from typing import Any
 
 import torch
 
-from attnlab.checkpoint import BUNDLE_KEY, CheckpointError, model_weights, read_averaged
-from attnlab.data.batching import TokenBatchSampler, pad
+from attnlab.checkpoint import BUNDLE_KEY, CheckpointError, model_weights, read_averaged, saved_settings
+from attnlab.data.batching import TokenBatchSampler, cut_source, pad
 from attnlab.data.cache import atomic_write_bytes
+from attnlab.data.corpora import CorpusData
 from attnlab.data.tokenizer import SubwordTokenizer
 from attnlab.decoding import translate_ids
 from attnlab.evaluation import DecodeConfig
 from attnlab.metrics import score_all
-from attnlab.model.config import TransformerConfig
 from attnlab.model.transformer import Transformer
 
 log = logging.getLogger(__name__)
@@ -79,52 +79,71 @@ class Translator:
         `decode` defaults to the decoding settings saved in the checkpoint.
 
         Raises:
-            attnlab.checkpoint.CheckpointError: A checkpoint is missing, damaged or not from attnlab-train.
+            attnlab.checkpoint.CheckpointError: A checkpoint is missing, damaged, not from attnlab-train,
+                or refused (`attnlab.checkpoint.read_checkpoint`: nothing in a checkpoint runs).
         """
         checkpoint = read_averaged(paths)
-        hparams, bundle = checkpoint["hyper_parameters"], checkpoint[BUNDLE_KEY]
+        bundle = checkpoint[BUNDLE_KEY]
         if bundle.get("src_tokenizer") is None or bundle.get("tgt_tokenizer") is None:
             raise CheckpointError(
                 f"{paths[0]} holds no tokenizers: its model was trained on data without text "
                 "(data=synthetic), so it cannot translate text"
             )
-        config = TransformerConfig(**hparams["model"])
-        model = Transformer(config)
+        model = Transformer(saved_settings(checkpoint, "model", paths[0]))
         model.load_state_dict(model_weights(checkpoint["state_dict"]))
         model.to(pick_device(device))
         return cls(
             model,
             SubwordTokenizer.from_json(bundle["src_tokenizer"]),
             SubwordTokenizer.from_json(bundle["tgt_tokenizer"]),
-            decode or DecodeConfig(**hparams.get("decode", {})),
+            decode or saved_settings(checkpoint, "decode", paths[0]),
             data=bundle.get("data"),
         )
 
-    def _source_ids(self, lines: Sequence[str]) -> list[list[int]]:
+    def source_limit(self) -> tuple[int, str]:
+        """The longest source decoded (in ids, eos included) and what sets it, for messages: the
+        model's `max_positions` for a learned position table when that is smaller, else
+        `decode.max_source_tokens`, which defaults to the training filter's `data.max_source_tokens`
+        (256, `CorpusData`'s default, when the data settings are unknown)."""
+        limit, what = self.decode.max_source_tokens, "decode.max_source_tokens={}"
+        if limit is None:
+            limit = (self.data or {}).get("max_source_tokens")
+            what = "data.max_source_tokens={} (the training filter's limit; set decode.max_source_tokens)"
+        if limit is None:
+            limit = CorpusData.max_source_tokens
+            what = "the default decode.max_source_tokens={} (the data settings are unknown)"
         cfg = self.model.config
-        ids = [[*row, cfg.eos_id] for row in self.src_tokenizer.encode_batch(lines)]
-        if cfg.pe == "learned":  # the position table has max_positions rows: cut, keeping eos
-            limit = cfg.max_positions
-            self.truncated += sum(len(row) > limit for row in ids)
-            ids = [row if len(row) <= limit else [*row[: limit - 1], cfg.eos_id] for row in ids]
-        return ids
+        if cfg.pe == "learned" and cfg.max_positions < limit:
+            return cfg.max_positions, "the model's max_positions"
+        return int(limit), what.format(limit)
+
+    def _source_ids(self, lines: Sequence[str]) -> list[list[int]]:
+        """The source ids of `lines`, eos appended, each cut to `source_limit()` (keeping eos) and
+        counted in `self.truncated`."""
+        eos, (limit, _) = self.model.config.eos_id, self.source_limit()
+        ids = [[*row, eos] for row in self.src_tokenizer.encode_batch(lines)]
+        self.truncated += sum(len(row) > limit for row in ids)
+        return [cut_source(row, limit, eos) for row in ids]
 
     def translate(self, lines: Sequence[str]) -> list[str]:
-        """Detokenized translations of `lines`, in their order."""
-        if not lines:
-            return []
+        """Detokenized translations of `lines`, in their order. A line without source tokens (empty or
+        whitespace only) translates to an empty line, without decoding."""
         ids = self._source_ids(lines)
+        todo = [i for i, row in enumerate(ids) if len(row) > 1]  # more than eos
+        out = [""] * len(lines)
+        if not todo:
+            return out
         cfg, device = self.decode, next(self.model.parameters()).device
-        sampler = TokenBatchSampler([len(row) for row in ids], max_tokens=cfg.max_tokens,
+        sampler = TokenBatchSampler([len(ids[i]) for i in todo], max_tokens=cfg.max_tokens,
                                     batch_size=cfg.batch_size, shuffle=False)  # fmt: skip
-        out: list[str | None] = [None] * len(lines)
         for batch in sampler:
-            src = pad([ids[i] for i in batch], self.model.config.pad_id).to(device)
+            rows = [todo[j] for j in batch]
+            src = pad([ids[i] for i in rows], self.model.config.pad_id).to(device)
             outputs = translate_ids(self.model, src, beam=cfg.beam, alpha=cfg.lenpen, max_len_a=cfg.max_len_a,
                                     max_len_b=cfg.max_len_b, min_len=cfg.min_len)  # fmt: skip
-            for i, row in zip(batch, outputs, strict=True):
+            for i, row in zip(rows, outputs, strict=True):
                 out[i] = self.tgt_tokenizer.decode(row)
-        return out  # type: ignore[return-value]
+        return out
 
     def stream(self, lines: Iterable[str], chunk_lines: int = 2048) -> Iterator[str]:
         """Translations of `lines` in input order, read and decoded `chunk_lines` at a time.
@@ -158,7 +177,8 @@ def evaluate(
     extra: dict[str, Any] | None = None,
 ) -> dict[str, Any]:
     """Decode and score each named set, writing `hypotheses/<name>.txt`, the raw references as
-    `references/<name>.txt` (so runs can be compared by paired significance tests) and `results.json`.
+    `references/<name>.txt` (so runs can be compared by paired significance tests) and `results.json`,
+    each atomically (`atomic_write_bytes`: a failure leaves a file there before unchanged).
 
     Args:
         translator: The model to evaluate.
@@ -169,7 +189,9 @@ def evaluate(
 
     Returns:
         What was written to `results.json`: per set its BLEU and chrF with their sacreBLEU signatures,
-        sentence count, hypotheses file and decoding time, plus the decoding settings and checkpoints.
+        sentence count, hypotheses file and decoding time, plus the decoding settings and checkpoints,
+        and `truncated_sources` when sources were cut to `Translator.source_limit` (each set's count is
+        logged as a warning).
     """
     output_dir = Path(output_dir)
     (output_dir / HYPOTHESES_DIR).mkdir(parents=True, exist_ok=True)
@@ -180,14 +202,16 @@ def evaluate(
         "sets": {},
     }
     for name, (sources, references) in sets.items():
-        started = time.perf_counter()
+        started, truncated = time.perf_counter(), translator.truncated
         hypotheses = translator.translate(list(sources))
         seconds = time.perf_counter() - started
+        if translator.truncated > truncated:
+            log.warning("%s: %d sources were cut to %s", name, translator.truncated - truncated,
+                        translator.source_limit()[1])  # fmt: skip
         hyp_file = output_dir / HYPOTHESES_DIR / f"{name}.txt"
-        hyp_file.write_text("".join(f"{line}\n" for line in hypotheses), encoding="utf-8")
+        atomic_write_bytes(hyp_file, "".join(f"{line}\n" for line in hypotheses).encode("utf-8"))
         ref_file = output_dir / REFERENCES_DIR / f"{name}.txt"  # for paired significance tests later
-        ref_file.parent.mkdir(parents=True, exist_ok=True)
-        ref_file.write_text("".join(f"{line}\n" for line in references), encoding="utf-8")
+        atomic_write_bytes(ref_file, "".join(f"{line}\n" for line in references).encode("utf-8"))
         scores = score_all(hypotheses, list(references))
         results["sets"][name] = {
             "bleu": scores["bleu"].score,

@@ -58,7 +58,7 @@ DAMAGED = [
     ("truncated", r"cannot read checkpoint .*bad\.ckpt: .*damaged"),
     ("random bytes", r"cannot read checkpoint .*bad\.ckpt: .*not a PyTorch checkpoint"),
     ("text", r"cannot read checkpoint .*bad\.ckpt"),
-    ("hostile pickle", r"cannot read checkpoint .*bad\.ckpt: UnpicklingError"),
+    ("hostile pickle", r"bad\.ckpt refused: it contains executable objects \(builtins\.print\)"),
     ("a list", r"bad\.ckpt holds a list, not a Lightning checkpoint"),
     ("bare state dict", r"bad\.ckpt lacks hyper_parameters, attnlab: it was not written by attnlab-train"),
     ("other format", r"bad\.ckpt has attnlab checkpoint format 99; this version reads format 1"),

@@ -9,7 +9,6 @@ import logging
 import random
 import re
 import unicodedata
-from collections.abc import Iterator
 from pathlib import Path
 from types import SimpleNamespace
 from typing import Any
@@ -68,13 +67,7 @@ def model_of(tokenizer: SubwordTokenizer) -> str:
     return "unigram" if "Unigram" in type(tokenizer.tokenizer.model).__name__ else "bpe"
 
 
-@pytest.fixture(scope="module", autouse=True)
-def one_torch_thread() -> Iterator[None]:
-    """Tiny matrices: torch's thread pool only adds synchronisation (50x slower on a busy 2-core box)."""
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(threads)
+pytestmark = pytest.mark.usefixtures("one_torch_thread")
 
 
 # ---------------------------------------------------------------------------------------------------------
@@ -296,7 +289,11 @@ def checkpoint(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Any]:
 def test_the_echo_model_tells_lines_of_other_lengths_apart(checkpoint: dict[str, Any]) -> None:
     tokenizer, word, expected = checkpoint["tokenizer"], checkpoint["word"], checkpoint["expected"]
     sources = [min(len(tokenizer.encode(line)) + 1, MAX_POSITIONS) for line in EDGE_LINES.values()]
-    assert all(set(out.split(" ")) == {word} for out in expected), expected
+    blank = {"empty", "spaces", "tabs"}  # no source tokens: an empty translation, nothing decoded
+    assert all(
+        out == "" if name in blank else set(out.split(" ")) == {word}
+        for name, out in zip(EDGE_LINES, expected, strict=True)
+    ), expected
     words = [len(out.split(" ")) for out in expected]
     assert len(set(sources)) == 8  # all lines but the three blank ones differ in source length
     assert all(
@@ -355,7 +352,10 @@ def test_attnlab_translate_stdin_gives_one_line_per_input_line(
 
 
 def test_attnlab_translate_names_the_line_that_is_not_utf8(
-    checkpoint: dict[str, Any], tmp_path: Path
+    checkpoint: dict[str, Any],
+    tmp_path: Path,
+    monkeypatch: pytest.MonkeyPatch,
+    capsys: pytest.CaptureFixture[str],
 ) -> None:
     source, target = tmp_path / "in.txt", tmp_path / "out.txt"
     source.write_bytes(b"ein Hund\nzwei Hunde\n" + b"drei Hunde und ein Stra\xdfe\nvier\n")
@@ -366,4 +366,10 @@ def test_attnlab_translate_names_the_line_that_is_not_utf8(
     message = str(exited.value)
     assert f"{source}, line 3, byte 24: not UTF-8 text (invalid continuation byte)" in message
     assert "Convert the input to UTF-8" in message
-    assert len(target.read_text(encoding="utf-8").splitlines()) == 2  # the lines before it, translated
+    assert f"nothing was written to {target}" in message
+    assert sorted(tmp_path.iterdir()) == [source]  # an output file is written only when complete
+    # To standard output, which streams, the lines before it are translated.
+    monkeypatch.setattr("sys.stdin", io.TextIOWrapper(io.BytesIO(source.read_bytes()), newline="\n"))
+    with pytest.raises(SystemExit, match=r"line 3, byte 24.*the lines before it were translated"):
+        translate_main([f"ckpt_path={checkpoint['path']}", "device=cpu"])
+    assert len(capsys.readouterr().out.splitlines()) == 2

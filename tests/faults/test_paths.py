@@ -11,7 +11,7 @@ import pytest
 
 from attnlab.config import ConfigError, validate
 from attnlab.manifest import data_identity
-from helpers import compose_train
+from helpers import compose_train, write_corpus
 
 SPLITS = (("train", "train", 120), ("valid", "val", 10), ("test", "test2016", 10))
 
@@ -27,12 +27,7 @@ def identity(data_dir: str, out: Path) -> dict:
 def test_a_relative_data_dir_gives_the_same_data_from_any_working_directory(
     shared_data: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    corpus = tmp_path / "project" / "corpus"
-    corpus.mkdir(parents=True)
-    for split, source, lines in SPLITS:
-        for lang in ("de", "en"):
-            text = (shared_data / "multi30k" / f"{source}.{lang}").read_text().split("\n")[:lines]
-            (corpus / f"{split}.{lang}").write_text("\n".join(text) + "\n")
+    corpus = write_corpus(shared_data, tmp_path / "project" / "corpus", SPLITS)
     (tmp_path / "elsewhere" / "deeper").mkdir(parents=True)
     absolute = identity(str(corpus), tmp_path / "run0")
     monkeypatch.chdir(tmp_path / "project")

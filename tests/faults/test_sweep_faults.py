@@ -43,12 +43,15 @@ def test_a_killed_job_does_not_stop_the_others_is_reported_failed_and_rerun(tmp_
     pytest.importorskip("hydra_plugins.hydra_submitit_launcher", reason="needs the [sweep] extra")
     sweep_dir = tmp_path / "sweep"
     first = local_sweep(tmp_path, kill_seed=2)
-    assert first.returncode == 0, first.stderr[-3000:]
+    assert first.returncode == 1, first.stderr[-3000:]  # every job ran; one failed, so the sweep did
     jobs = manifests(sweep_dir)
     assert len(jobs) == 3
     status = {next(o for o in m["overrides"] if o.startswith("seed=")): m["status"] for m in jobs.values()}
     assert status == {"seed=1": "finished", "seed=2": "failed", "seed=3": "finished"}
     killed = next(m for m in jobs.values() if m["status"] == "failed")
+    killed_dir = next(n for n, m in jobs.items() if m["status"] == "failed")
+    summary = f"multirun: 2 finished, 1 failed (see {sweep_dir / killed_dir / 'manifest.json'})"
+    assert first.stderr.strip().splitlines()[-1] == f"attnlab-train: {summary}"
     assert "the job's process ended without finishing (killed by the out-of-memory killer" in killed["error"]
     assert all("submitit" in " ".join(m["command"]) for m in jobs.values())  # each run by submitit's worker
     assert all("hydra/launcher=local" not in m["overrides"] for m in jobs.values())  # Hydra's, not the job's

@@ -14,6 +14,7 @@ import torch
 
 from attnlab.metrics import corpus_bleu
 from attnlab.translate import Translator, decode_settings, evaluate, resolve_checkpoints
+from helpers import write_corpus
 
 SPLITS = (("train", "train", 300), ("valid", "val", 37), ("test", "test2016", 23))
 
@@ -22,12 +23,7 @@ SPLITS = (("train", "train", 300), ("valid", "val", 37), ("test", "test2016", 23
 def test_ddp_bleu_equals_a_single_process_evaluation_of_the_same_checkpoint(
     shared_data: Path, tmp_path: Path
 ) -> None:
-    corpus = tmp_path / "corpus"
-    corpus.mkdir()
-    for split, source, lines in SPLITS:  # odd sizes: the ranks get unequal shares of val and test
-        for lang in ("de", "en"):
-            text = (shared_data / "multi30k" / f"{source}.{lang}").read_text().split("\n")[:lines]
-            (corpus / f"{split}.{lang}").write_text("\n".join(text) + "\n")
+    corpus = write_corpus(shared_data, tmp_path / "corpus", SPLITS)  # odd sizes: unequal shares per rank
     env = {**os.environ, "ATTNLAB_LOG_DIR": str(tmp_path / "logs"), "OMP_NUM_THREADS": "1",
            "ATTNLAB_CACHE_DIR": str(tmp_path / "cache"), "WANDB_MODE": "offline",
            "PYTHONPATH": str(Path(__file__).resolve().parents[1])}  # fmt: skip

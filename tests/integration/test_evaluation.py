@@ -23,17 +23,9 @@ from attnlab.config import ConfigError, config_dir, register_resolvers
 from attnlab.metrics import corpus_bleu
 from attnlab.train import train
 from attnlab.translate import Translator, decode_settings, resolve_checkpoints
-from helpers import compose_train
+from helpers import compose_train, write_corpus
 
 SPLITS = (("train", "train", 400), ("valid", "val", 40), ("test", "test2016", 30), ("test2", "val", 20))
-
-
-def write_corpus(shared_data: Path, corpus: Path) -> None:
-    corpus.mkdir(parents=True)
-    for split, source, lines in SPLITS:
-        for lang in ("de", "en"):
-            text = (shared_data / "multi30k" / f"{source}.{lang}").read_text().split("\n")[:lines]
-            (corpus / f"{split}.{lang}").write_text("\n".join(text) + "\n")
 
 
 @pytest.fixture(scope="module")
@@ -41,7 +33,7 @@ def text_run(shared_data: Path, tmp_path_factory: pytest.TempPathFactory) -> dic
     """Three epochs on 400 Multi30k lines; validation decoded every 2nd epoch, monitored by val/bleu
     with early stopping; the last 2 epoch checkpoints averaged and beam-decoded on two test sets."""
     tmp = tmp_path_factory.mktemp("text_run")
-    write_corpus(shared_data, tmp / "corpus")
+    write_corpus(shared_data, tmp / "corpus", SPLITS)
     overrides = [
         "data=files", f"data.dir={tmp / 'corpus'}", "data.src_lang=de", "data.tgt_lang=en",
         "data.test=[test,test2]",

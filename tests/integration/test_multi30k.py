@@ -14,7 +14,7 @@ from attnlab.data.prepare import prepared_dir
 from attnlab.metrics import corpus_bleu
 from attnlab.module import TranslationModule
 from attnlab.train import train
-from helpers import compose_train, serve_mirror
+from helpers import compose_train, serve_mirror, write_corpus
 
 NAMES = [f"{split}.{lang}" for split in ("train", "val", "test2016") for lang in ("de", "en")]
 FAST = ["model=tiny", "debug=fast_dev_run", "data.vocab_size=2000"]
@@ -72,13 +72,8 @@ def test_offline_root_reuses_the_prepared_cache_without_network(
 def test_files_corpus_trains_with_several_test_sets_and_logs_validation_bleu(
     shared_data: Path, tmp_path: Path
 ) -> None:
-    corpus = tmp_path / "corpus"
-    corpus.mkdir()
-    for split, source, lines in (("train", "train", 400), ("valid", "val", 40), ("test", "test2016", 30),
-                                 ("test2", "val", 20)):  # fmt: skip
-        for lang in ("de", "en"):
-            text = (shared_data / "multi30k" / f"{source}.{lang}").read_text().split("\n")[:lines]
-            (corpus / f"{split}.{lang}").write_text("\n".join(text) + "\n")
+    splits = (("train", "train", 400), ("valid", "val", 40), ("test", "test2016", 30), ("test2", "val", 20))
+    corpus = write_corpus(shared_data, tmp_path / "corpus", splits)
     overrides = [
         "data=files", f"data.dir={corpus}", "data.src_lang=de", "data.tgt_lang=en", "data.test=[test,test2]",
         "data.vocab_size=300", f"data.cache_dir={tmp_path / 'cache'}", "model=tiny", "trainer.max_epochs=2",

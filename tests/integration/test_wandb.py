@@ -14,7 +14,7 @@ from omegaconf import OmegaConf
 from attnlab.tracking import config_group, run_name
 from attnlab.train import train
 from attnlab.wandb_records import WandbFileError, find_run_file, read_wandb_run
-from helpers import compose_train
+from helpers import compose_train, write_corpus
 
 SPLITS = (("train", "train", 200), ("valid", "val", 20), ("test", "test2016", 15))
 
@@ -24,11 +24,7 @@ def wandb_runs(shared_data: Path, tmp_path_factory: pytest.TempPathFactory) -> l
     """Two seeds of one setting, trained one after the other in this process with W&B offline."""
     tmp = tmp_path_factory.mktemp("wandb")
     corpus = tmp / "corpus"
-    corpus.mkdir()
-    for split, source, lines in SPLITS:
-        for lang in ("de", "en"):
-            text = (shared_data / "multi30k" / f"{source}.{lang}").read_text().split("\n")[:lines]
-            (corpus / f"{split}.{lang}").write_text("\n".join(text) + "\n")
+    write_corpus(shared_data, corpus, SPLITS)
     runs = []
     with pytest.MonkeyPatch.context() as patch:
         patch.setenv("WANDB_MODE", "offline")

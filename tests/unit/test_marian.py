@@ -80,8 +80,10 @@ def test_greedy_outputs_are_the_same(marian) -> None:
     src[4:, 6:] = PAD  # padded sentences too
     src[4:, 5] = EOS
     with torch.no_grad():
+        # attnlab never generates pad or its bos id (beam search and greedy alike): mask them in generate()
+        never = [[PAD], [ours.config.bos_id]]
         generated = marian.generate(input_ids=src, attention_mask=src != PAD, num_beams=1, do_sample=False,
-                                    max_new_tokens=12, min_new_tokens=0)  # fmt: skip
+                                    max_new_tokens=12, min_new_tokens=0, bad_words_ids=never)  # fmt: skip
         decoded = greedy_decode(ours, src, max_len_a=0.0, max_len_b=12)
     # generate() forces eos at its length limit (forced_eos_token_id): compare the steps before it
     for row, theirs in zip(decoded.tolist(), generated[:, 1:].tolist(), strict=True):  # no start token

@@ -10,6 +10,7 @@ from __future__ import annotations
 import argparse
 import sys
 from collections.abc import Sequence
+from pathlib import Path
 
 
 def main(argv: Sequence[str] | None = None) -> None:
@@ -28,11 +29,18 @@ def main(argv: Sequence[str] | None = None) -> None:
 
     try:
         text = report(args.paths, baseline=args.baseline, fmt=args.format, plots=args.plots)
-    except (FileNotFoundError, ValueError) as exc:
+    except (OSError, ValueError) as exc:  # no runs there, a bad --baseline, a plot that cannot be written
         raise SystemExit(f"attnlab-compare: {exc}") from None
     if args.out:
-        with open(args.out, "w", encoding="utf-8") as f:
-            f.write(text)
+        from attnlab.data.cache import atomic_write_bytes
+
+        try:  # a temporary file renamed over --out once complete: a failed write leaves the old file
+            atomic_write_bytes(Path(args.out), text.encode("utf-8"))
+        except OSError as exc:
+            raise SystemExit(
+                f"attnlab-compare: cannot write --out {args.out}: {exc.strerror or exc}; a file there before "
+                "is unchanged. Free disk space or choose another --out"
+            ) from None
     else:
         sys.stdout.write(text)
 

@@ -24,9 +24,12 @@ def evaluate_checkpoint(cfg: DictConfig) -> dict[str, Any]:
     """Evaluate `cfg.ckpt_path` as `conf/eval.yaml` describes; returns what `results.json` holds.
 
     Raises:
-        ConfigError: A bad value, or a checkpoint or data file that cannot be used (with the fix).
+        ConfigError: A bad value (`ckpt_path` missing), or a checkpoint or data file that cannot be
+            used (with the fix).
     """
-    from attnlab.checkpoint import CheckpointError
+    if OmegaConf.is_missing(cfg, "ckpt_path") or not cfg.get("ckpt_path"):
+        raise ConfigError("ckpt_path=<checkpoint file, list of files or run directory> is required")
+    from attnlab.checkpoint import CheckpointError, data_spec
     from attnlab.data.download import DataError
     from attnlab.translate import Translator, decode_settings, evaluate, resolve_checkpoints
 
@@ -40,7 +43,7 @@ def evaluate_checkpoint(cfg: DictConfig) -> dict[str, Any]:
         if cfg.get("data") is not None:
             spec = build_node(cfg.data, "data")
         elif translator.data is not None:
-            spec = build_node(OmegaConf.create(translator.data), "data")
+            spec = data_spec(translator.data, paths[0])  # its class by name, never by import
         else:
             raise ConfigError(f"{paths[0]} holds no data settings: select the data, e.g. data=multi30k")
         names = list(cfg.sets) if cfg.get("sets") is not None else spec.test_split_names()

@@ -1,7 +1,10 @@
 """`attnlab-train`: train and evaluate a Transformer from the Hydra config `conf/train.yaml`.
 
-A multirun (`-m`) runs every job even when some fail (a failed job's manifest.json says why); with
-`hydra.sweep.dir` fixed, `sweep.skip_done=true` skips the jobs that already finished.
+A multirun (`-m`) runs every job even when some fail (a failed job's manifest.json says why), then prints
+how many finished and failed, and exits non-zero when any failed; with `hydra.sweep.dir` fixed,
+`sweep.skip_done=true` skips the jobs that already finished. A config or data error (a missing or
+misaligned corpus file, invalid UTF-8, an empty corpus) ends a run with its message and no traceback
+(with one when HYDRA_FULL_ERROR=1).
 
 Examples:
     attnlab-train model=tiny trainer.max_epochs=3
@@ -14,6 +17,7 @@ from __future__ import annotations
 
 import json
 import logging
+import os
 from pathlib import Path
 from typing import Any
 
@@ -21,6 +25,7 @@ import hydra
 from omegaconf import DictConfig
 
 from attnlab.config import ConfigError, config_dir, register_resolvers
+from attnlab.launchers import multirun_summary, record_job
 
 log = logging.getLogger(__name__)
 register_resolvers()
@@ -41,23 +46,37 @@ def _main(cfg: DictConfig) -> float | None:
         done = finished_results(output_dir)
         if done is not None:
             print(f"attnlab-train: {output_dir} already finished (sweep.skip_done=true): skipped")
+            record_job("finished", output_dir / "manifest.json")
             return done.get("metrics", {}).get(metric) if metric else None
-    from attnlab.train import train  # heavy imports happen only after validation, inside train()
+    from attnlab.data.download import DataError
+    from attnlab.train import RunDirectoryInUse, train  # heavy imports happen inside train()
 
     try:
         metrics = train(cfg)
     except ConfigError as exc:
         if not multirun:
             raise SystemExit(f"attnlab-train: config error: {exc}") from None
-        record_failure(output_dir, f"ConfigError: {exc}")
+        if not isinstance(exc, RunDirectoryInUse):  # the manifest there is the other process's
+            record_failure(output_dir, f"ConfigError: {exc}")
+        record_job("failed", output_dir / "manifest.json")
         log.error("job %s failed: config error: %s", output_dir.name, exc)
+        return None
+    except DataError as exc:  # the run's manifest.json already says failed, with the error
+        if not multirun:
+            if os.environ.get("HYDRA_FULL_ERROR") == "1":
+                raise
+            raise SystemExit(f"attnlab-train: data error: {exc}") from None
+        record_job("failed", output_dir / "manifest.json")
+        log.error("job %s failed: data error: %s", output_dir.name, exc)
         return None
     except Exception:
         if not multirun:
             raise
         # The run's manifest.json already says failed, with the error; the other jobs go on.
+        record_job("failed", output_dir / "manifest.json")
         log.exception("job %s failed; the sweep goes on", output_dir.name)
         return None
+    record_job("finished", output_dir / "manifest.json")
     summary = ", ".join(f"{k}={v:.4g}" for k, v in sorted(metrics.items()) if k.startswith(("val/", "test/")))
     print(f"attnlab-train: {summary}")
     if metric and metric not in metrics:
@@ -167,6 +186,12 @@ def main() -> None:
         sys.stdout.write(help_text())
         return
     _main()
+    summary = multirun_summary()  # None unless this was a multirun
+    if summary is not None:
+        line, failed = summary
+        if failed:
+            raise SystemExit(f"attnlab-train: multirun: {line}")
+        print(f"attnlab-train: multirun: {line}")
 
 
 if __name__ == "__main__":

@@ -1,15 +1,23 @@
-"""`attnlab-translate`: translate text with a trained checkpoint, streaming.
+r"""`attnlab-translate`: translate text with a trained checkpoint, streaming.
 
 Reads one sentence per line from stdin (or `input=FILE`) and writes one translation per line to stdout
-(or `output=FILE`) in input order: exactly one output line per input line, empty lines included. A line
-ends at "\n" only (a "\r" just before it is dropped; a UTF-8 byte-order mark opening a file is ignored).
-A source longer than a learned position table allows is cut to fit, with a warning. Lines are read
+(or `output=FILE`) in input order: exactly one output line per input line. An empty or whitespace-only
+line (no source tokens) translates to an empty line. A line ends at "\n" only (a "\r" just before it is
+dropped; a UTF-8 byte-order mark opening a file is ignored). A source longer than
+`decode.max_source_tokens` (default: the training filter's `data.max_source_tokens`) or than a learned
+position table allows is cut to fit, keeping eos, with a warning counting them. Lines are read
 `chunk_lines` at a time, each chunk decoded in length-sorted batches, so memory stays bounded on inputs
 of any length. Log messages go to stderr.
+
+`output=FILE` is written only when everything has succeeded: the checkpoint, the decoding settings, the
+input and the output's directory are checked first (and an output that is the input file is refused),
+the translations go to a hidden temporary file beside FILE, renamed over it once complete. On any error
+FILE is left as it was and no temporary file remains. Standard output streams chunk by chunk instead.
 
 Usage (key=value arguments, like the other attnlab commands):
     attnlab-translate ckpt_path=<file.ckpt | run dir> [input=-] [output=-] [average_last=0]
                       [device=auto] [chunk_lines=2048] [decode.beam=5 decode.lenpen=0.6 ...]
+                      [decode.max_source_tokens=N]
 Example:
     echo "Ein Mann fährt Fahrrad." | attnlab-translate ckpt_path=logs/train/runs/<run>
 """
@@ -19,13 +27,20 @@ from __future__ import annotations
 import codecs
 import contextlib
 import logging
+import os
 import sys
 from collections.abc import Iterable, Iterator, Sequence
-from typing import IO, Any
+from pathlib import Path
+from typing import IO, TYPE_CHECKING, Any
 
 from omegaconf import OmegaConf
 from omegaconf.errors import OmegaConfBaseException
 
+if TYPE_CHECKING:
+    from attnlab.translate import Translator
+
+DECODE_KEYS = ("beam", "lenpen", "max_len_a", "max_len_b", "min_len", "batch_size", "max_tokens",
+               "max_source_tokens")  # fmt: skip
 DEFAULTS: dict[str, Any] = {
     "ckpt_path": None,
     "input": "-",
@@ -33,10 +48,7 @@ DEFAULTS: dict[str, Any] = {
     "average_last": 0,
     "device": "auto",
     "chunk_lines": 2048,
-    "decode": {
-        name: None
-        for name in ("beam", "lenpen", "max_len_a", "max_len_b", "min_len", "batch_size", "max_tokens")
-    },
+    "decode": dict.fromkeys(DECODE_KEYS),
 }
 
 
@@ -75,30 +87,72 @@ def utf8_lines(stream: IO[bytes] | IO[str], name: str) -> Iterator[str]:
             yield raw.decode("utf-8")
         except UnicodeDecodeError as exc:
             raise ValueError(
-                f"{name}, line {number}, byte {exc.start + 1}: not UTF-8 text ({exc.reason}); the lines "
-                "before it were translated. Convert the input to UTF-8 (e.g. iconv -f latin1 -t utf-8)"
+                f"{name}, line {number}, byte {exc.start + 1}: not UTF-8 text ({exc.reason}). Convert the "
+                "input to UTF-8 (e.g. iconv -f latin1 -t utf-8)"
             ) from None
 
 
-def translate_stream(settings: dict[str, Any], source: Iterable[str], sink: IO[str]) -> int:
-    """Translate every line of `source` into `sink` (flushed per chunk); returns the line count."""
+def load_translator(settings: dict[str, Any]) -> Translator:
+    """The translator of `settings["ckpt_path"]` with the `decode.*` overrides applied.
+
+    Raises:
+        attnlab.checkpoint.CheckpointError: No usable checkpoint there.
+        ValueError: A bad decoding setting.
+    """
     from attnlab.translate import Translator, decode_settings, resolve_checkpoints
 
     paths = resolve_checkpoints(settings["ckpt_path"], int(settings["average_last"] or 0))
     translator = Translator.from_checkpoints(paths, device=str(settings["device"]))
     translator.decode = decode_settings(translator.decode.to_dict(), settings["decode"])
+    return translator
+
+
+def translate_stream(translator: Translator, source: Iterable[str], sink: IO[str], chunk_lines: int) -> int:
+    """Translate every line of `source` into `sink` (flushed per chunk); returns the line count."""
     count = 0
-    chunk = int(settings["chunk_lines"])
-    for count, line in enumerate(translator.stream(source, chunk_lines=chunk), start=1):
+    for count, line in enumerate(translator.stream(source, chunk_lines=chunk_lines), start=1):
         sink.write(line + "\n")
-        if count % chunk == 0:
+        if count % chunk_lines == 0:
             sink.flush()
     sink.flush()
     if translator.truncated:
         logging.getLogger(__name__).warning(
-            "%d sources were cut to the model's max_positions", translator.truncated
+            "%d sources were cut to %s", translator.truncated, translator.source_limit()[1]
         )
     return count
+
+
+def output_file(output: str, source: IO[Any]) -> Path:
+    """The file `output=` names (a symbolic link: its target), checked before anything is written.
+
+    Raises:
+        ValueError: It is a directory or a read-only file, its directory is missing or not writable, or
+            it is the input (the same file as the `source` stream: same device and inode).
+    """
+    path = Path(os.path.realpath(output))
+    if path.is_dir():
+        raise ValueError(f"output={output} is a directory: name a file to write the translations to")
+    if not path.parent.is_dir():
+        raise ValueError(
+            f"output={output}: its directory {path.parent} does not exist or is not a directory; create it "
+            "or choose another output"
+        )
+    if not os.access(path.parent, os.W_OK | os.X_OK):
+        raise ValueError(
+            f"output={output}: the directory {path.parent} is not writable; choose another output"
+        )
+    if path.exists() and not os.access(path, os.W_OK):
+        raise ValueError(f"output={output} is a read-only file: make it writable or choose another output")
+    try:
+        read, existing = os.fstat(source.fileno()), os.stat(path)
+    except (OSError, ValueError, AttributeError):  # no output file yet, or an input without a file
+        return path
+    if (read.st_dev, read.st_ino) == (existing.st_dev, existing.st_ino):
+        raise ValueError(
+            f"output={output} is the input file: writing the translations there would replace the text "
+            "being translated; choose another output file"
+        )
+    return path
 
 
 def main(argv: Sequence[str] | None = None) -> None:
@@ -113,20 +167,37 @@ def main(argv: Sequence[str] | None = None) -> None:
     settings = parse_args(argv)
     if not settings["ckpt_path"]:
         raise SystemExit("attnlab-translate: ckpt_path=<checkpoint file or run directory> is required")
+    chunk_lines, output = int(settings["chunk_lines"]), str(settings["output"])
+    if chunk_lines < 1:
+        raise SystemExit(f"attnlab-translate: chunk_lines={chunk_lines} must be >= 1")
     from attnlab.checkpoint import CheckpointError
+    from attnlab.data.cache import atomic_writer
 
+    streaming = False
     try:
+        translator = load_translator(settings)  # the checkpoint first: nothing is opened before it
         with contextlib.ExitStack() as stack:
-            sink, name = sys.stdout, settings["input"]
+            name = str(settings["input"])
             if name == "-":
-                source = utf8_lines(getattr(sys.stdin, "buffer", sys.stdin), "standard input")
+                stream, name = getattr(sys.stdin, "buffer", sys.stdin), "standard input"
             else:
-                source = utf8_lines(stack.enter_context(open(name, "rb")), str(name))
-            if settings["output"] != "-":
-                sink = stack.enter_context(open(settings["output"], "w", encoding="utf-8"))
-            translate_stream(settings, source, sink)
+                stream = stack.enter_context(open(name, "rb"))
+            source = utf8_lines(stream, name)
+            if output == "-":
+                streaming = True
+                translate_stream(translator, source, sys.stdout, chunk_lines)
+            else:
+                path = output_file(output, stream)
+                with atomic_writer(path, encoding="utf-8") as sink:
+                    translate_stream(translator, source, sink, chunk_lines)
     except (CheckpointError, ValueError, OSError) as exc:
-        raise SystemExit(f"attnlab-translate: {exc}") from None
+        if output != "-":
+            after = f"; nothing was written to {output} (a file there before is unchanged)"
+        elif streaming and isinstance(exc, ValueError):
+            after = "; the lines before it were translated to standard output"
+        else:
+            after = ""
+        raise SystemExit(f"attnlab-translate: {exc}{after}") from None
 
 
 if __name__ == "__main__":

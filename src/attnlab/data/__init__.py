@@ -9,4 +9,14 @@ from __future__ import annotations
 from attnlab.data.corpora import CorpusData, FilesData, HFData, Multi30kData
 from attnlab.data.synthetic import SyntheticData
 
-__all__ = ["CorpusData", "FilesData", "HFData", "Multi30kData", "SyntheticData"]
+# The data spec classes attnlab builds, by the `_target_` names a config (`conf/data`) or a checkpoint
+# (`attnlab.checkpoint.bundle`: the defining module's path) gives them. A closed list: a checkpoint's
+# data settings are built only through it (`attnlab.checkpoint.data_spec`), never by importing a name
+# found in the file, so training configs are held to it too (`attnlab.config.validate`).
+DATA_SPECS: dict[str, type] = {
+    name: cls
+    for cls in (Multi30kData, FilesData, HFData, SyntheticData)
+    for name in (f"{cls.__module__}.{cls.__qualname__}", f"attnlab.data.{cls.__qualname__}")
+}
+
+__all__ = ["DATA_SPECS", "CorpusData", "FilesData", "HFData", "Multi30kData", "SyntheticData"]

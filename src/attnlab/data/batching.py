@@ -15,7 +15,7 @@ import hashlib
 import logging
 from collections import Counter
 from collections.abc import Iterator, Sequence
-from typing import TypeVar
+from typing import Any, TypeVar
 
 import torch
 from torch import Tensor
@@ -32,6 +32,16 @@ def pad(sequences: Sequence[Sequence[int]], pad_id: int) -> Tensor:
     for i, seq in enumerate(sequences):
         out[i, : len(seq)] = torch.as_tensor(seq, dtype=torch.long)
     return out
+
+
+def cut_source(source: Sequence[int], limit: int, eos_id: int) -> list[int]:
+    """`source` (ids ending in eos) cut to at most `limit` ids, keeping eos as the last one.
+
+    The one rule for sources that are too long where nothing may be dropped: validation and test sets
+    for a learned position table (`CorpusDataModule.limit_positions`) and inputs to translate
+    (`Translator`, `decode.max_source_tokens`).
+    """
+    return list(source) if len(source) <= limit else [*source[: limit - 1], eos_id]
 
 
 Pair = tuple[Sequence[int], Sequence[int]]
@@ -141,12 +151,19 @@ class TokenBatchSampler(Sampler[list[int]]):
     dropped or repeated: every example is seen exactly once across the ranks, which may differ by one
     batch (a collective op in a per-batch step would then hang: gather results at the epoch's end).
 
+    Epochs: `set_epoch(e)` selects epoch e's batches; call it before each training epoch
+    (`ParallelDataModule` has Lightning do it).
+
     Resumption: the sampler counts the batches it has yielded in the current epoch. `state_dict()`
     returns `{"epoch", "seed", "yielded"}`; after `load_state_dict` the next iteration that draws a
-    batch skips the first `yielded` batches of that epoch and yields the rest. A later iteration, or
-    `set_epoch` to another epoch, starts from the first batch again. With `num_workers > 0` a DataLoader
-    draws batches ahead of the training loop, so `yielded` may exceed the batches trained on; for exact
-    resumption there, store the trained batch count as `yielded` (`ParallelDataModule.state_dict` does).
+    batch skips the first `yielded` batches of that epoch and yields the rest. A state with every batch
+    of its epoch yielded (saved at an epoch's end) is the start of the next epoch: it loads as
+    `{"epoch": epoch + 1, "yielded": 0}`. A later iteration, or `set_epoch` to another epoch, starts
+    from the first batch again. A state given a `"batching": fingerprint()` entry is refused when that
+    differs from this sampler's (other examples or lengths, max_tokens, batch_size, bucket or
+    num_replicas give other batches). With `num_workers > 0` a DataLoader draws batches
+    ahead of the training loop, so `yielded` may exceed the batches trained on; for exact resumption
+    there, store the trained batch count as `yielded` (`ParallelDataModule.state_dict` does).
 
     Args:
         lengths: `lengths[i]` is the size of example i in tokens; pass max(source length, target
@@ -195,6 +212,7 @@ class TokenBatchSampler(Sampler[list[int]]):
         self._resume_pending = False
         self._starting_at: int | None = None  # an iterator was made and has drawn nothing yet
         self._cache: tuple[tuple[int, int], list[list[int]]] | None = None
+        self._fingerprint: dict[str, Any] | None = None
         oversize = [n for n in self.lengths if max_tokens is not None and n > max_tokens]
         if oversize:
             log.warning(
@@ -274,20 +292,47 @@ class TokenBatchSampler(Sampler[list[int]]):
         """Batches this rank yields in the current epoch (the whole epoch, a resumed part included)."""
         return len(self._rank_batches())
 
+    def fingerprint(self) -> dict[str, Any]:
+        """What fixes the batches besides seed and epoch: `{"examples", "lengths" (a hash), "max_tokens",
+        "batch_size", "bucket", "num_replicas"}`. Equal fingerprints give equal batches."""
+        if self._fingerprint is None:
+            digest = hashlib.blake2b(",".join(map(str, self.lengths)).encode(), digest_size=8).hexdigest()
+            self._fingerprint = {
+                "examples": len(self.lengths), "lengths": digest, "max_tokens": self.max_tokens,
+                "batch_size": self.batch_size, "bucket": self.bucket, "num_replicas": self.num_replicas,
+            }  # fmt: skip
+        return dict(self._fingerprint)
+
     def state_dict(self) -> dict[str, int]:
         """The position in the epoch: `{"epoch": e, "seed": s, "yielded": batches yielded so far}`."""
         yielded = self.yielded if self._starting_at is None else self._starting_at
         return {"epoch": self.epoch, "seed": self.seed, "yielded": yielded}
 
-    def load_state_dict(self, state: dict[str, int]) -> None:
-        """Restores a `state_dict()`; the next iteration resumes after its `yielded` batches.
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        """Restores a `state_dict()`; the next iteration resumes after its `yielded` batches (the next
+        epoch from its first batch when all of the epoch's were yielded). With a `batching` entry (a
+        `fingerprint()`), the state must come from a sampler making the same batches.
 
         Raises:
-            ValueError: A key is missing, or `yielded` is negative or more than the epoch's batches.
+            ValueError: A key is missing; `batching` differs from this sampler's (each difference
+                named); or `yielded` is negative or more than the epoch's batches.
         """
         missing = sorted({"epoch", "seed", "yielded"} - set(state))
         if missing:
             raise ValueError(f"TokenBatchSampler.load_state_dict: state lacks {missing}; pass a state_dict()")
+        saved, ours = state.get("batching"), self.fingerprint()
+        if saved is not None:
+            names = {"examples": "training examples", "lengths": "hash of the example lengths"}
+            differences = [
+                f"{names.get(key, key)}: {saved.get(key)!r} saved, {value!r} now"
+                for key, value in ours.items()
+                if saved.get(key) != value
+            ]
+            if differences:
+                raise ValueError(
+                    f"TokenBatchSampler.load_state_dict: the position was saved for other training "
+                    f"batches ({'; '.join(differences)})"
+                )
         self.epoch, self.seed = int(state["epoch"]), int(state["seed"])
         yielded = int(state["yielded"])
         if not 0 <= yielded <= len(self):
@@ -296,6 +341,8 @@ class TokenBatchSampler(Sampler[list[int]]):
                 f"{len(self)} batches on this rank; was the state saved with other lengths, max_tokens, "
                 "batch_size or num_replicas?"
             )
+        if yielded == len(self) and yielded > 0:  # saved at the epoch's end: the next epoch starts
+            self.epoch, yielded = self.epoch + 1, 0
         self.yielded, self._resume_pending, self._starting_at = yielded, True, None
 
     def padding_ratio(self) -> float:

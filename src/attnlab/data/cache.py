@@ -8,6 +8,7 @@ splits) is built once and reused. Three rules keep that safe when several proces
   gives a new entry rather than a stale hit.
 * Only one process builds an entry: builders hold a :class:`FileLock` (``fcntl.flock``, so the lock
   is released by the kernel when its holder dies, and a crashed builder never blocks the next one).
+  The same lock, recording its holder, keeps a second run out of a run directory (`attnlab.train`).
 * Nothing half-written is ever visible under an entry's final name: files are written with
   :func:`atomic_write_bytes`, directories with :func:`building`, both rename into place.
 
@@ -19,16 +20,21 @@ from __future__ import annotations
 import fcntl
 import hashlib
 import json
+import logging
 import os
 import re
 import shutil
+import socket
+import stat
 import tempfile
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager, suppress
 from pathlib import Path
 from types import TracebackType
-from typing import Any
+from typing import IO, Any
+
+log = logging.getLogger(__name__)
 
 _CHUNK = 1 << 20
 _POLL_S = 0.05
@@ -110,6 +116,11 @@ class FileLock:
     holder closes it or dies. Not reentrant: acquiring a held lock again from another ``FileLock``
     in the same process waits like any other process would.
 
+    With `record_holder`, the holder writes ``<pid> <host>`` into the file while it holds the lock (and
+    empties it on release), so a process that cannot take the lock can say who holds it (`holder()`).
+    A file left with the pid of a process that died is not held: the kernel freed its lock, and the
+    next process takes it over.
+
     Example::
 
         with FileLock(cache / ".lock", timeout=600):
@@ -117,12 +128,14 @@ class FileLock:
 
     Args:
         path: The lock file.
-        timeout: Seconds to wait for the lock; None waits forever.
+        timeout: Seconds to wait for the lock; None waits forever, 0 tries once.
+        record_holder: Write this process's pid and host into the lock file while holding it.
     """
 
-    def __init__(self, path: Path, *, timeout: float | None = None) -> None:
+    def __init__(self, path: Path, *, timeout: float | None = None, record_holder: bool = False) -> None:
         self.path = Path(path)
         self.timeout = timeout
+        self.record_holder = record_holder
         self._fd: int | None = None
 
     @property
@@ -150,6 +163,16 @@ class FileLock:
             os.close(fd)
             raise
         self._fd = fd
+        if self.record_holder:
+            os.ftruncate(fd, 0)
+            os.pwrite(fd, f"{os.getpid()} {socket.gethostname()}\n".encode(), 0)
+
+    def holder(self) -> str:
+        """Who holds the lock as its holder recorded it (`pid 12 on host x`), or `another process`."""
+        with suppress(OSError, ValueError):
+            pid, host = self.path.read_text().split()
+            return f"pid {int(pid)} on host {host}"
+        return "another process"
 
     def _wait(self, fd: int, deadline: float) -> None:
         while True:
@@ -160,7 +183,8 @@ class FileLock:
                 remaining = deadline - time.monotonic()
                 if remaining <= 0:
                     raise TimeoutError(
-                        f"could not lock {self.path} within {self.timeout} s: another process holds it. "
+                        f"could not lock {self.path} within {self.timeout} s: "
+                        f"{self.holder() if self.record_holder else 'another process'} holds it. "
                         "Wait for it to finish, or stop it if it is stuck (the lock is freed when it exits)."
                     ) from None
                 time.sleep(min(_POLL_S, remaining))
@@ -171,6 +195,8 @@ class FileLock:
             return
         fd, self._fd = self._fd, None
         try:
+            if self.record_holder:
+                os.ftruncate(fd, 0)
             fcntl.flock(fd, fcntl.LOCK_UN)
         finally:
             os.close(fd)
@@ -211,11 +237,15 @@ def _remove_stale_builds(target: Path) -> None:
 
 
 @contextmanager
-def building(target: Path, *, timeout: float | None = None) -> Iterator[Path | None]:
+def building(
+    target: Path, *, timeout: float | None = None, damaged: Callable[[Path], str | None] | None = None
+) -> Iterator[Path | None]:
     """Build the cache directory `target` once, atomically, whichever process gets there first.
 
     Holds the lock ``<target>.lock`` for the whole block. If `target` exists once the lock is held
-    (built earlier, or by another process while this one waited), yields None and touches nothing.
+    (built earlier, or by another process while this one waited), yields None and touches nothing —
+    unless `damaged(target)` gives a reason: then `target` is removed, with a warning naming it and
+    the reason, and built again.
     Otherwise yields a fresh, empty temporary directory beside `target` (same filesystem) for the
     caller to fill; on normal exit it is renamed to `target`, on an exception it is deleted and
     `target` stays absent. So a reader never sees a half-built `target`::
@@ -230,9 +260,10 @@ def building(target: Path, *, timeout: float | None = None) -> Iterator[Path | N
     Args:
         target: The directory to build.
         timeout: Seconds to wait for the lock; None waits forever.
+        damaged: Checks an existing `target` (under the lock): why it cannot be used, or None.
 
     Yields:
-        The temporary directory to fill, or None when `target` already exists.
+        The temporary directory to fill, or None when `target` already exists (and is not damaged).
 
     Raises:
         TimeoutError: The lock was not obtained within `timeout` seconds.
@@ -240,11 +271,16 @@ def building(target: Path, *, timeout: float | None = None) -> Iterator[Path | N
     target = Path(target)
     target.parent.mkdir(parents=True, exist_ok=True)
     with FileLock(target.with_name(target.name + ".lock"), timeout=timeout):
-        if target.exists():
+        reason = damaged(target) if damaged is not None and target.exists() else None
+        if target.exists() and reason is None:
             yield None
             return
         _remove_stale_builds(target)
         tmp = target.with_name(_building_name(target))
+        if reason is not None:
+            log.warning("%s; building it again", reason if str(target) in reason else f"{target}: {reason}")
+            os.rename(target, tmp)  # out of readers' way at once; deleted as a stale build if this fails
+            shutil.rmtree(tmp, ignore_errors=True)
         tmp.mkdir()
         try:
             yield tmp
@@ -255,25 +291,41 @@ def building(target: Path, *, timeout: float | None = None) -> Iterator[Path | N
         _fsync_dir(target.parent)
 
 
-def atomic_write_bytes(path: Path, data: bytes) -> None:
-    """Write `data` to `path` so that readers see either the old file or the whole new one.
+@contextmanager
+def atomic_writer(path: Path, *, encoding: str | None = None) -> Iterator[IO[Any]]:
+    """Stream a new file into place so that readers see either the old `path` or the whole new one.
 
-    Writes a temporary file in the same directory (created if needed), fsyncs it and renames it over
-    `path` with ``os.replace``. On any error the temporary file is removed and `path` is unchanged.
-    The new file gets mode 0o644.
+    Yields a file opened on a temporary file in the same directory (created if needed): binary, or
+    text in `encoding` when one is given. On normal exit it is flushed, fsynced and renamed over
+    `path` with ``os.replace``; on any error (or a KeyboardInterrupt) the temporary file is removed and
+    `path` is unchanged. The new file keeps the permission bits of the file it replaces (0o644 for a
+    new one); a symbolic link at `path` stays, its target is replaced. A process killed outright may
+    leave the hidden ``.<name>.*.tmp`` behind, never a half-written `path`.
     """
-    path = Path(path)
+    path = Path(os.path.realpath(path))
     path.parent.mkdir(parents=True, exist_ok=True)
+    try:
+        mode = stat.S_IMODE(os.stat(path).st_mode)
+    except OSError:
+        mode = 0o644
     fd, tmp_name = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
     try:
-        with os.fdopen(fd, "wb") as f:
-            f.write(data)
+        with os.fdopen(fd, "w" if encoding else "wb", encoding=encoding) as f:
+            yield f
             f.flush()
             os.fsync(f.fileno())
-            os.fchmod(f.fileno(), 0o644)
+            os.fchmod(f.fileno(), mode)
         os.replace(tmp_name, path)
     except BaseException:
         with suppress(FileNotFoundError):
             os.unlink(tmp_name)
         raise
     _fsync_dir(path.parent)
+
+
+def atomic_write_bytes(path: Path, data: bytes) -> None:
+    """Write `data` to `path` so that readers see either the old file or the whole new one
+    (`atomic_writer`: a temporary file in the same directory, renamed over `path`; on any error it is
+    removed and `path` is unchanged)."""
+    with atomic_writer(path) as f:
+        f.write(data)

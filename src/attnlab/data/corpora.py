@@ -88,7 +88,9 @@ class CorpusData:
         max_source_tokens: Training pairs with a longer source (in subwords, eos included) are dropped.
         max_target_tokens: Training pairs with a longer target (eos included) are dropped.
         max_length_ratio: Training pairs whose longer side exceeds this multiple of the shorter are
-            dropped (null: no ratio filter). Validation and test sets are never filtered.
+            dropped (null: no ratio filter). Validation and test sets are never filtered. A run whose
+            filters drop every training pair is refused before training, with the counts
+            (`ParallelDataModule.check_feeds`).
         max_tokens: Tokens per batch including padding (fairseq `--max-tokens`); null for sentence batches.
         batch_size: Sentences per batch (a cap when `max_tokens` is set too).
         num_workers: DataLoader worker processes.

@@ -15,7 +15,8 @@ from typing import TYPE_CHECKING, Any
 import lightning as L
 from torch.utils.data import DataLoader
 
-from attnlab.data.batching import Collator, TokenBatchSampler
+from attnlab.data.batching import Collator, TokenBatchSampler, cut_source
+from attnlab.data.download import DataError
 from attnlab.data.tokenizer import SPECIAL_IDS
 
 if TYPE_CHECKING:
@@ -95,7 +96,11 @@ class ParallelDataModule(L.LightningDataModule):
         )
 
     def train_dataloader(self) -> DataLoader:
-        self._train_sampler = self.sampler("train", shuffle=True)
+        # Overfitting (`trainer.overfit_batches`, debug=overfit) trains on the same first batches every
+        # epoch: unshuffled, as Lightning does with a shuffled sampler there.
+        fixed = self.trainer is not None and bool(self.trainer.overfit_batches)
+        self._train_sampler = self.sampler("train", shuffle=not fixed)
+        self._train_sampler.sampler = _TrainerEpoch(self, self._train_sampler)  # see _TrainerEpoch
         if self._sampler_state is not None:
             self._train_sampler.load_state_dict(self._sampler_state)
             self._sampler_state = None
@@ -108,23 +113,102 @@ class ParallelDataModule(L.LightningDataModule):
         """The first test set (`self.test_sets[0]`)."""
         return self._loader(self.test_sets[0], self.sampler(self.test_sets[0], shuffle=False))
 
+    def check_feeds(self, processes: int, *, test: bool = True) -> None:
+        """Refuse, before training starts, a run that its splits cannot feed.
+
+        Every split a DataLoader serves (`train`, `val`, and with `test` the first test set) must give
+        each of the run's `processes` (DDP ranks: devices x nodes) at least one batch: otherwise a run
+        trains nothing (the training batches are cut to a multiple of the ranks), or a rank without a
+        validation batch leaves the others waiting at the epoch's gather. With `test`, no test set may
+        be empty either. So an empty split, or one with fewer batches than ranks, is an error.
+
+        Raises:
+            DataError: naming the split, its sentence and batch counts, the processes and the fix.
+        """
+        self.setup()
+        names = ["train", "val", *(self.test_sets if test else [])]
+        for name in names:
+            examples = self.splits[name]
+            if not examples:
+                raise DataError(self._empty_split_message(name))
+            if name not in ("train", "val", self.test_sets[0]):
+                continue  # decoded by one process only (no DataLoader)
+            lengths = [max(len(src), len(tgt) + 1) for src, tgt, _ in examples]
+            batches = len(TokenBatchSampler(
+                lengths, max_tokens=self.max_tokens, batch_size=self.batch_size, shuffle=name == "train",
+                seed=self.seed, bucket=self.bucket,
+            ))  # fmt: skip
+            if batches < processes:
+                raise DataError(
+                    f"split {name!r} has {len(examples)} sentence pairs in {batches} batches, fewer than the "
+                    f"{processes} processes of this run (trainer.devices x trainer.num_nodes): every process "
+                    "needs at least one batch of each split. Use fewer trainer.devices, more data in that "
+                    "split, or smaller batches (data.max_tokens / data.batch_size)"
+                )
+
+    def _empty_split_message(self, name: str) -> str:
+        return f"split {name!r} is empty: it needs at least one sentence pair"
+
     def state_dict(self) -> dict[str, Any]:
         """The training sampler's position (saved in checkpoints for mid-epoch resumption).
 
         The position is the number of batches the training loop has finished in this epoch, not the
-        number the sampler has handed out: DataLoader workers fetch batches ahead of the loop.
+        number the sampler has handed out: DataLoader workers fetch batches ahead of the loop. Once the
+        epoch's last batch (`trainer.num_training_batches`, which `limit_train_batches` may cut) is
+        done, it is the start of the next epoch, where Lightning continues. It is saved with the
+        sampler's `fingerprint()` (`batching`), checked when it is loaded.
         """
         if self._train_sampler is None:
             return {}
         state = self._train_sampler.state_dict()
         trainer = self.trainer
         if trainer is not None and trainer.training:
-            progress = trainer.fit_loop.epoch_loop.batch_progress.current
-            state["yielded"] = min(int(progress.processed), len(self._train_sampler))
-        return {"train_sampler": state}
+            done = int(trainer.fit_loop.epoch_loop.batch_progress.current.processed)
+            state["yielded"] = min(done, len(self._train_sampler))
+            if done >= trainer.num_training_batches:
+                state["epoch"], state["yielded"] = state["epoch"] + 1, 0
+        return {"train_sampler": {**state, "batching": self._train_sampler.fingerprint()}}
 
     def load_state_dict(self, state_dict: dict[str, Any]) -> None:
-        self._sampler_state = state_dict.get("train_sampler")
+        """Takes up a `state_dict()` (when Lightning restores a checkpoint, before training starts).
+
+        Raises:
+            ConfigError: The saved position cannot be restored exactly: the training data or the
+                batching (max_tokens, batch_size, processes) differ from the checkpoint's (named).
+        """
+        state = state_dict.get("train_sampler")
+        if state is not None:
+            try:
+                self.sampler("train", shuffle=True).load_state_dict(state)
+            except ValueError as exc:
+                from attnlab.config import ConfigError
+
+                path = getattr(self.trainer, "ckpt_path", None) or "the checkpoint"
+                reason = str(exc).removeprefix("TokenBatchSampler.load_state_dict: ")
+                raise ConfigError(
+                    f"cannot continue from {path} exactly: {reason}. Continue it with the training data "
+                    "(the same files and preprocessing) and batching (data.max_tokens, data.batch_size, "
+                    "trainer.devices x trainer.num_nodes) it was saved with, or start a new run"
+                ) from None
+        self._sampler_state = state
+
+
+class _TrainerEpoch:
+    """Sets the training batch sampler's epoch to the trainer's `current_epoch` at each epoch's start.
+
+    Lightning calls `set_epoch(n)` on `loader.batch_sampler.sampler` (never on a batch sampler itself),
+    so the training `TokenBatchSampler` gets one of these as its `sampler`. Lightning's n counts the
+    epochs processed, which after a resumption with `trainer.max_steps` from a checkpoint saved at an
+    epoch's end runs one ahead of the epoch trained (Lightning replays that epoch's end): the epoch
+    given is the trainer's own.
+    """
+
+    def __init__(self, datamodule: ParallelDataModule, sampler: TokenBatchSampler) -> None:
+        self.datamodule, self.batch_sampler = datamodule, sampler
+
+    def set_epoch(self, epoch: int) -> None:
+        trainer = self.datamodule.trainer
+        self.batch_sampler.set_epoch(trainer.current_epoch if trainer is not None else epoch)
 
 
 def _indexed(pairs: list[tuple[list[int], list[int]]]) -> list[Example]:
@@ -205,6 +289,34 @@ class CorpusDataModule(ParallelDataModule):
         self.references = {name: split.raw_tgt for name, split in prepared.splits.items()}
         self.test_sets = [name for name in prepared.splits if name not in ("train", "val")]
 
+    def _empty_split_message(self, name: str) -> str:
+        if name == "train":
+            stats, spec = getattr(self, "stats", {}), self.spec
+            dropped = stats.get("dropped_filter") or {}
+            filters = (
+                ("source_too_long", f"sources longer than data.max_source_tokens={spec.max_source_tokens}"),
+                ("target_too_long", f"targets longer than data.max_target_tokens={spec.max_target_tokens}"),
+                ("length_ratio", f"pairs beyond data.max_length_ratio={spec.max_length_ratio}"),
+            )
+            counts = ", ".join(f"{dropped.get(key, 0)} {what}" for key, what in filters)
+            return (
+                f"no training pairs are left: of the {stats.get('train_lines', '?')} lines of the training "
+                f"split, {stats.get('dropped_empty', '?')} have an empty side and the length filters "
+                f"dropped the rest ({counts}; lengths in subword tokens, eos included). Raise "
+                "data.max_source_tokens, data.max_target_tokens or data.max_length_ratio (null: no ratio "
+                "filter)"
+            )
+        try:
+            where = " ({} and {})".format(*self.spec.files()[name])
+        except (NotImplementedError, KeyError, DataError):
+            where = ""
+        fix = "set test=false to skip the final evaluation, or " if name in self.test_sets else ""
+        return (
+            f"split {name!r} is empty{where}: it needs at least one sentence pair. Add lines to it, "
+            f"{fix}select another split (data=files: data.valid, data.test; data=hf: data.valid_split, "
+            "data.test_splits)"
+        )
+
     def raw_text(self, split: str) -> tuple[list[str], list[str]]:
         """The raw (untokenized) source and reference lines of `split`."""
         self.setup()
@@ -224,18 +336,21 @@ class CorpusDataModule(ParallelDataModule):
             if all(fits):
                 continue
             if name == "train":
+                if not any(fits):
+                    shortest = min(max(len(s), len(t) + 1) for s, t, _ in examples)
+                    raise DataError(
+                        f"no training pairs are left: all {len(examples)} are longer than the model's "
+                        f"model.max_positions={max_positions} (pe=learned drops training pairs that do not "
+                        f"fit; the shortest needs {shortest} positions). Set model.max_positions>={shortest} "
+                        "or model.pe=sinusoidal"
+                    )
                 self.splits[name] = [e for e, ok in zip(examples, fits, strict=True) if ok]
                 log.warning(
                     "dropped %d training pairs longer than max_positions=%d", fits.count(False), max_positions
                 )
                 continue
             self.splits[name] = [
-                (
-                    s if len(s) <= max_positions else [*s[: max_positions - 1], self.eos_id],
-                    t[: max_positions - 1],
-                    i,
-                )
-                for s, t, i in examples
+                (cut_source(s, max_positions, self.eos_id), t[: max_positions - 1], i) for s, t, i in examples
             ]
             self.truncated[name] = fits.count(False)
             log.warning(

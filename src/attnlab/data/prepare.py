@@ -4,10 +4,17 @@ The prepared data lives in `<cache>/prepared/<key>/`, where the key hashes the r
 every preprocessing setting: a changed file or setting builds anew, an unchanged one is loaded without
 rebuilding anything. The directory is built in a temporary place and renamed into position (nothing
 half-written is ever visible), under a lock, so concurrent DDP ranks or sweep jobs build it once.
+
+`checksums.json` records the size and SHA-256 of every other file of the directory when it is built;
+each load checks the bytes it reads against it (hashing what is read anyway: no second read). A
+directory with a file missing, cut short or changed, or without a readable `checksums.json` (one built
+before checksums were recorded included), is rebuilt, with a warning naming it.
 """
 
 from __future__ import annotations
 
+import hashlib
+import io
 import itertools
 import json
 import logging
@@ -19,7 +26,7 @@ from typing import Any
 import torch
 from torch import Tensor
 
-from attnlab.data.cache import building, fingerprint
+from attnlab.data.cache import building, file_sha256, fingerprint
 from attnlab.data.corpora import CorpusData, Text
 from attnlab.data.download import DataError
 from attnlab.data.text import normalize
@@ -28,6 +35,11 @@ from attnlab.data.tokenizer import EOS_ID, SubwordTokenizer
 log = logging.getLogger(__name__)
 
 PREPARE_VERSION = 1  # bump when the prepared format or the preprocessing changes
+CHECKSUMS = "checksums.json"  # size and SHA-256 of every other file of a prepared directory
+
+
+class DamagedPreparedData(DataError):
+    """A prepared directory's file is missing or differs from what `checksums.json` recorded."""
 
 
 @dataclass
@@ -134,19 +146,72 @@ def _build(spec: CorpusData, raw: dict[str, Text], out: Path) -> None:
     )  # fmt: skip
     stats["splits"] = list(raw)
     (out / "stats.json").write_text(json.dumps(stats, indent=2))
+    files = {p.name: {"size": p.stat().st_size, "sha256": file_sha256(p)} for p in sorted(out.iterdir())}
+    (out / CHECKSUMS).write_text(json.dumps({"files": files}, indent=2))
+
+
+class _Checked:
+    """Reads the files of a prepared directory, each checked against its `checksums.json`."""
+
+    def __init__(self, directory: Path) -> None:
+        self.directory = directory
+        try:
+            self.files = json.loads((directory / CHECKSUMS).read_text())["files"]
+            if not all(isinstance(v.get("size"), int) and isinstance(v.get("sha256"), str)
+                       for v in self.files.values()):  # fmt: skip
+                raise TypeError("an entry without size and sha256")
+        except FileNotFoundError:
+            raise self.damaged(f"it has no {CHECKSUMS} (built by an older attnlab, or damaged)") from None
+        except (OSError, ValueError, KeyError, TypeError, AttributeError) as exc:
+            raise self.damaged(f"its {CHECKSUMS} is unreadable ({type(exc).__name__}: {exc})") from None
+
+    def damaged(self, reason: str) -> DamagedPreparedData:
+        return DamagedPreparedData(f"the prepared data in {self.directory} is damaged: {reason}")
+
+    def has(self, name: str) -> bool:
+        return name in self.files
+
+    def read(self, name: str) -> bytes:
+        """The bytes of file `name`, as they were written."""
+        expected = self.files.get(name)
+        if expected is None:
+            raise self.damaged(f"{name} is not listed in its {CHECKSUMS}")
+        try:
+            data = (self.directory / name).read_bytes()
+        except OSError as exc:
+            raise self.damaged(f"{name} cannot be read ({exc.strerror or exc})") from None
+        if len(data) != expected["size"]:
+            raise self.damaged(f"{name} has {len(data)} bytes, {expected['size']} were written")
+        if hashlib.sha256(data).hexdigest() != expected["sha256"]:
+            raise self.damaged(f"{name} differs from what was written (its SHA-256)")
+        return data
+
+    def check_all(self) -> None:
+        for name in self.files:
+            self.read(name)
+
+
+def _damage(directory: Path) -> str | None:
+    """Why the prepared `directory` cannot be used as it is, or None when every file checks out."""
+    try:
+        _Checked(directory).check_all()
+    except DamagedPreparedData as exc:
+        return str(exc)
+    return None
 
 
 def _load(directory: Path) -> Prepared:
-    stats = json.loads((directory / "stats.json").read_text())
-    if (directory / "tokenizer.json").is_file():
-        src_tok = tgt_tok = SubwordTokenizer.load(directory / "tokenizer.json")
+    checked = _Checked(directory)
+    stats = json.loads(checked.read("stats.json"))
+    if checked.has("tokenizer.json"):
+        src_tok = tgt_tok = SubwordTokenizer.from_json(checked.read("tokenizer.json").decode("utf-8"))
     else:
-        src_tok = SubwordTokenizer.load(directory / "src.tokenizer.json")
-        tgt_tok = SubwordTokenizer.load(directory / "tgt.tokenizer.json")
+        src_tok = SubwordTokenizer.from_json(checked.read("src.tokenizer.json").decode("utf-8"))
+        tgt_tok = SubwordTokenizer.from_json(checked.read("tgt.tokenizer.json").decode("utf-8"))
     splits = {}
     for name in stats["splits"]:
-        tensors = torch.load(directory / f"{name}.pt", weights_only=True)
-        raw = json.loads((directory / f"{name}.raw.json").read_text())
+        tensors = torch.load(io.BytesIO(checked.read(f"{name}.pt")), weights_only=True)
+        raw = json.loads(checked.read(f"{name}.raw.json"))
         splits[name] = EncodedSplit(
             src=_unflat(tensors["src"], tensors["src_offsets"]),
             tgt=_unflat(tensors["tgt"], tensors["tgt_offsets"]),
@@ -162,15 +227,29 @@ def prepared_dir(spec: CorpusData) -> Path:
     return spec.cache_root() / "prepared" / key
 
 
-def prepare(spec: CorpusData) -> Prepared:
-    """Build (once, atomically, under a lock) or load the prepared corpus of `spec`."""
-    target = prepared_dir(spec)
-    if not target.is_dir():
-        with building(target) as tmp:
-            if tmp is not None:
-                log.info("preparing %s into %s", type(spec).__name__, target)
-                _build(spec, spec.load(), tmp)
+def _timed_load(target: Path) -> Prepared:
     started = time.perf_counter()
     prepared = _load(target)
     log.info("loaded prepared data from %s in %.2fs", target, time.perf_counter() - started)
     return prepared
+
+
+def prepare(spec: CorpusData) -> Prepared:
+    """Build (once, atomically, under a lock) or load the prepared corpus of `spec`; a damaged one (see
+    the module's docstring) is rebuilt, with a warning naming it.
+
+    Raises:
+        DataError: A corpus file is missing or unusable (from `spec.load`), or the directory is damaged
+            again right after being rebuilt (`DamagedPreparedData`: check the disk).
+    """
+    target = prepared_dir(spec)
+    if target.is_dir():
+        try:
+            return _timed_load(target)
+        except DamagedPreparedData as exc:  # rebuilt below, unless another process already did
+            log.debug("%s", exc)
+    with building(target, damaged=_damage) as tmp:
+        if tmp is not None:
+            log.info("preparing %s into %s", type(spec).__name__, target)
+            _build(spec, spec.load(), tmp)
+    return _timed_load(target)

@@ -1,0 +1,188 @@
+"""Decoding faults: one huge source line must not stall translation or evaluation (it is cut to
+`decode.max_source_tokens`, counted and reported), greedy decoding and beam search of size 1 generate
+the same ids on random models (neither emits pad or bos), and blank input lines translate to empty
+lines."""
+
+from __future__ import annotations
+
+import io
+import logging
+from pathlib import Path
+from typing import Any
+
+import pytest
+import torch
+
+from attnlab.cli.translate import main as translate_main
+from attnlab.decoding import beam_search, translate_ids
+from attnlab.model.transformer import Transformer
+from attnlab.train import train
+from attnlab.translate import Translator, evaluate
+from helpers import compose_train, random_source, require_shared_data, tiny_config, write_corpus
+
+LIMIT = 40  # data.max_source_tokens of the trained model: the training filter's limit
+SPLITS = (("train", "train", 300), ("valid", "val", 30), ("test", "test2016", 30))
+
+
+pytestmark = pytest.mark.usefixtures("one_torch_thread")
+
+
+@pytest.fixture(scope="module")
+def trained(shared_data: Path, tmp_path_factory: pytest.TempPathFactory) -> dict[str, Any]:
+    """One epoch of the tiny model on 300 Multi30k lines, with `data.max_source_tokens=LIMIT`, and the
+    test sentences whose source fits that limit."""
+    tmp = tmp_path_factory.mktemp("decoding_faults")
+    corpus = write_corpus(require_shared_data(shared_data), tmp / "corpus", SPLITS)
+    overrides = [
+        "data=files", f"data.dir={corpus}", "data.src_lang=de", "data.tgt_lang=en", "data.vocab_size=300",
+        f"data.max_source_tokens={LIMIT}", f"data.cache_dir={tmp / 'cache'}", "model=tiny",
+        "trainer.max_epochs=1", "logger=csv", "test=false", "decode.every_n_epochs=0",
+        "decode.beam=2", "decode.max_len_a=1.0", "decode.max_len_b=5",
+    ]  # fmt: skip
+    train(compose_train(overrides, tmp / "run"))
+    ckpt = tmp / "run" / "checkpoints" / "last.ckpt"
+    tokenizer = Translator.from_checkpoints([ckpt]).src_tokenizer
+    pairs = zip((corpus / "test.de").read_text("utf-8").splitlines(),
+                (corpus / "test.en").read_text("utf-8").splitlines(), strict=True)  # fmt: skip
+    fitting = [(s, t) for s, t in pairs if len(tokenizer.encode(s)) + 1 <= LIMIT]  # not cut
+    assert len(fitting) >= 10
+    return {"ckpt": ckpt, "sources": [s for s, _ in fitting], "references": [t for _, t in fitting]}
+
+
+def huge_line(sources: list[str]) -> str:
+    """A 1 MB line of German words (about 450,000 subwords with the trained tokenizer)."""
+    text = " ".join(sources)
+    return (text * (1_000_000 // len(text) + 1))[:1_000_000]
+
+
+# ---------------------------------------------------------------------------------------------------------
+# One very long source line
+
+
+def test_a_huge_line_is_cut_to_the_training_filter_limit_keeping_eos(trained: dict[str, Any]) -> None:
+    translator = Translator.from_checkpoints([trained["ckpt"]])
+    assert translator.source_limit()[0] == LIMIT  # decode.max_source_tokens=null: data.max_source_tokens
+    line = huge_line(trained["sources"])
+    full = translator.src_tokenizer.encode(line)
+    assert len(full) > 100_000
+    (cut,) = translator._source_ids([line])
+    assert cut == [*full[: LIMIT - 1], translator.model.config.eos_id]
+    assert translator.truncated == 1
+    translator.truncated = 0
+    short = trained["sources"][:3]
+    assert translator.translate([*short, line])[:3] == translator.translate(short)
+    assert translator.truncated == 1
+
+
+def test_a_huge_line_through_attnlab_translate_is_cut_and_counted(
+    trained: dict[str, Any], tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    source, target = tmp_path / "in.de", tmp_path / "out.en"
+    lines = [*trained["sources"][:3], huge_line(trained["sources"]), trained["sources"][3]]
+    source.write_text("".join(f"{line}\n" for line in lines), encoding="utf-8")
+    with caplog.at_level(logging.WARNING, logger="attnlab.cli.translate"):
+        translate_main([f"ckpt_path={trained['ckpt']}", f"input={source}", f"output={target}", "device=cpu"])
+    out = target.read_text(encoding="utf-8").splitlines()
+    assert len(out) == len(lines)
+    assert len(out[3].split()) <= LIMIT + 5  # its output limit a·|S| + b (a=1, b=5) of the cut source
+    messages = [r.getMessage() for r in caplog.records if r.name == "attnlab.cli.translate"]
+    assert messages == [
+        f"1 sources were cut to data.max_source_tokens={LIMIT} (the training filter's limit; set "
+        "decode.max_source_tokens)"
+    ]
+    caplog.clear()
+    with caplog.at_level(logging.WARNING, logger="attnlab.cli.translate"):
+        translate_main([f"ckpt_path={trained['ckpt']}", f"input={source}", f"output={target}", "device=cpu",
+                        "decode.max_source_tokens=8", "decode.beam=1"])  # fmt: skip
+    messages = [r.getMessage() for r in caplog.records if r.name == "attnlab.cli.translate"]
+    assert len(target.read_text(encoding="utf-8").splitlines()) == len(lines)
+    tokenizer = Translator.from_checkpoints([trained["ckpt"]]).src_tokenizer
+    longer = sum(len(ids) + 1 > 8 for ids in tokenizer.encode_batch(lines))  # eos included
+    assert messages == [f"{longer} sources were cut to decode.max_source_tokens=8"]
+
+
+def test_max_source_tokens_below_two_is_refused(trained: dict[str, Any]) -> None:
+    with pytest.raises(SystemExit, match=r"max_source_tokens=1 must be >= 2 \(a token and eos\)"):
+        translate_main([f"ckpt_path={trained['ckpt']}", "decode.max_source_tokens=1", "device=cpu"])
+
+
+def test_a_huge_line_in_a_test_set_is_cut_and_counted_in_results(
+    trained: dict[str, Any], tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    translator = Translator.from_checkpoints([trained["ckpt"]])
+    sources = [*trained["sources"][:5], huge_line(trained["sources"])]
+    references = [*trained["references"][:5], "A very long sentence."]
+    with caplog.at_level(logging.WARNING, logger="attnlab.translate"):
+        results = evaluate(translator, {"test": (sources, references)}, tmp_path)
+    assert results["truncated_sources"] == 1
+    assert results["sets"]["test"]["sentences"] == len(sources)
+    assert results["decode"]["max_source_tokens"] is None
+    assert [r.getMessage() for r in caplog.records if r.name == "attnlab.translate"] == [
+        f"test: 1 sources were cut to data.max_source_tokens={LIMIT} (the training filter's limit; set "
+        "decode.max_source_tokens)"
+    ]
+    hypotheses = (tmp_path / "hypotheses" / "test.txt").read_text(encoding="utf-8")
+    assert len(hypotheses.splitlines()) == len(sources)
+
+
+def test_without_data_settings_the_limit_is_the_training_filter_default(trained: dict[str, Any]) -> None:
+    translator = Translator.from_checkpoints([trained["ckpt"]])
+    translator.data = None  # e.g. a checkpoint converted from elsewhere
+    assert translator.source_limit() == (
+        256,
+        "the default decode.max_source_tokens=256 (the data settings are unknown)",
+    )
+    (cut,) = translator._source_ids([huge_line(trained["sources"])])
+    assert len(cut) == 256 and translator.truncated == 1
+
+
+# ---------------------------------------------------------------------------------------------------------
+# Greedy decoding and beam search generate the same ids
+
+
+def strip(tokens: list[int], eos: int) -> list[int]:
+    return tokens[: tokens.index(eos)] if eos in tokens else tokens
+
+
+@pytest.mark.parametrize("min_len", [1, 3])
+def test_beam_one_equals_greedy_on_random_models(min_len: int) -> None:
+    """Random, unsteered tiny models (no logit forced up or down; 4 seeds, vocabularies of 8 and 50) over
+    40 sentences each: greedy decoding (translate_ids with beam=1) never emits pad or bos, nor eos
+    before `min_len`, and equals beam search with one beam."""
+    differ, total = [], 0
+    for seed in range(4):
+        for vocab in (8, 50):
+            torch.manual_seed(seed)
+            model = Transformer(tiny_config(src_vocab_size=vocab, tgt_vocab_size=vocab)).eval()
+            cfg = model.config
+            src = random_source([1 + (7 * i + seed) % 12 for i in range(40)], vocab=vocab, seed=seed)
+            kw = {"alpha": 0.0, "max_len_a": 1.0, "max_len_b": 4, "min_len": min_len}
+            greedy = translate_ids(model, src, beam=1, **kw)
+            beams = [strip(hyps[0].tokens, cfg.eos_id) for hyps in beam_search(model, src, beam=1, **kw)]
+            differ += [(seed, vocab, i) for i, (g, b) in enumerate(zip(greedy, beams, strict=True)) if g != b]
+            total += len(greedy)
+            assert not {cfg.pad_id, cfg.bos_id, cfg.start_id} & {t for row in greedy for t in row}
+            assert all(len(row) >= min_len - 1 for row in greedy)  # eos is the min_len-th token or later
+    assert not differ, f"{len(differ)} of {total} sentences differ (seed, vocab, sentence): {differ}"
+
+
+# ---------------------------------------------------------------------------------------------------------
+# Blank lines
+
+
+BLANK = ["", " ", "\t \t", "\u3000\u2028", "\x0b\x0c"]
+
+
+def test_blank_lines_translate_to_empty_lines(
+    trained: dict[str, Any], monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    translator = Translator.from_checkpoints([trained["ckpt"]])
+    sentence = trained["sources"][0]
+    (alone,) = translator.translate([sentence])
+    assert alone != ""
+    assert translator.translate([*BLANK, sentence]) == [""] * len(BLANK) + [alone]
+    assert translator.translate(BLANK) == [""] * len(BLANK)
+    text = "".join(f"{line}\n" for line in [sentence, *BLANK, sentence])
+    monkeypatch.setattr("sys.stdin", io.TextIOWrapper(io.BytesIO(text.encode("utf-8")), newline="\n"))
+    translate_main([f"ckpt_path={trained['ckpt']}", "device=cpu"])
+    assert capsys.readouterr().out == "".join(f"{line}\n" for line in [alone, *[""] * len(BLANK), alone])

@@ -1,0 +1,260 @@
+"""Hostile checkpoints: nothing in a checkpoint chooses what code runs.
+
+Each hostile file is made from a real checkpoint of a tiny run on Multi30k text: a `_target_` naming a
+callable that would create a marker file (`logging.FileHandler(filename=...)` creates its file when
+built), placed in each plain-data entry a reader uses, or pickled code (a foreign global). Every reader
+(`read_checkpoint`, averaging, `Translator.from_checkpoints`, `attnlab-eval`, `attnlab-translate`,
+training from `ckpt_path=`, resuming, `TranslationModule.load_from_checkpoint`) refuses it with the same
+message; the marker is never created and the file is left byte for byte as it was. A damaged
+`last.ckpt` on `resume` is refused like any damaged checkpoint, before the run directory changes.
+"""
+
+from __future__ import annotations
+
+import copy
+import json
+import os
+import pickle
+import re
+import shutil
+import subprocess
+import sys
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import pytest
+import torch
+from hydra import compose, initialize_config_dir
+
+from attnlab.checkpoint import BUNDLE_KEY, CheckpointError, read_averaged, read_checkpoint
+from attnlab.cli.eval import evaluate_checkpoint
+from attnlab.cli.translate import main as translate_main
+from attnlab.config import ConfigError, config_dir, register_resolvers
+from attnlab.module import TranslationModule
+from attnlab.train import train
+from attnlab.translate import Translator, resolve_checkpoints
+from helpers import compose_train, write_corpus
+
+SPLITS = (("train", "train", 200), ("valid", "val", 16), ("test", "test2016", 16))
+HOSTILE_CLASS = "logging.FileHandler"  # builds a file handler: creates the file named `filename`
+
+
+@pytest.fixture(scope="module")
+def trained(shared_data: Path, tmp_path_factory: pytest.TempPathFactory) -> dict[str, Any]:
+    """One epoch of the tiny model on 200 Multi30k lines (files data: tokenizers and data settings in
+    the checkpoint); its overrides, run directory and checkpoint as plain data."""
+    tmp = tmp_path_factory.mktemp("hostile")
+    corpus = tmp / "corpus"
+    write_corpus(shared_data, corpus, SPLITS)
+    overrides = [
+        "data=files", f"data.dir={corpus}", "data.src_lang=de", "data.tgt_lang=en", "data.vocab_size=200",
+        f"data.cache_dir={tmp / 'cache'}", "model=tiny", "trainer.max_epochs=1", "logger=csv",
+        "test=false", "decode.every_n_epochs=0",
+    ]  # fmt: skip
+    run = tmp / "run"
+    train(compose_train(overrides, run))
+    last = run / "checkpoints" / "last.ckpt"
+    assert read_checkpoint(last)[BUNDLE_KEY]["data"]["_target_"] == "attnlab.data.corpora.FilesData"
+    return {"overrides": overrides, "run": run, "last": last, "plain": torch.load(last, weights_only=True)}
+
+
+class Touch:
+    """Pickles as a call of `os.mkdir(marker)`: unpickling it would create the marker."""
+
+    def __init__(self, marker: Path) -> None:
+        self.marker = marker
+
+    def __reduce__(self) -> tuple[Callable[..., Any], tuple[str]]:
+        return (os.mkdir, (str(self.marker),))
+
+
+def with_target(values: dict[str, Any], marker: Path) -> dict[str, Any]:
+    return {**values, "_target_": HOSTILE_CLASS, "filename": str(marker)}
+
+
+def hostile_data(c: dict[str, Any], m: Path) -> None:
+    c[BUNDLE_KEY]["data"] = {"_target_": HOSTILE_CLASS, "filename": str(m)}
+
+
+def hostile_nested_data(c: dict[str, Any], m: Path) -> None:
+    c[BUNDLE_KEY]["data"]["test"] = [{"_target_": HOSTILE_CLASS, "filename": str(m)}]
+
+
+def hostile_hparams(key: str) -> Callable[[dict[str, Any], Path], None]:
+    def edit(c: dict[str, Any], m: Path) -> None:
+        c["hyper_parameters"][key] = with_target(c["hyper_parameters"][key], m)
+
+    return edit
+
+
+def lightning_instantiator(c: dict[str, Any], m: Path) -> None:
+    c["hyper_parameters"]["_instantiator"] = HOSTILE_CLASS
+
+
+# kind -> (how the plain checkpoint is changed, where the class is named)
+CLASS_CASES: dict[str, tuple[Callable[[dict[str, Any], Path], None], str]] = {
+    "data entry": (hostile_data, "attnlab.data._target_"),
+    "nested in data": (hostile_nested_data, "attnlab.data.test[0]._target_"),
+    "hparams model": (hostile_hparams("model"), "hyper_parameters.model._target_"),
+    "hparams optim": (hostile_hparams("optim"), "hyper_parameters.optim._target_"),
+    "hparams decode": (hostile_hparams("decode"), "hyper_parameters.decode._target_"),
+    "lightning instantiator": (lightning_instantiator, "hyper_parameters._instantiator"),
+}
+EXECUTABLE = r"refused: it contains executable objects \({name}\).*it was not loaded and nothing in it ran"
+CODE_CASES = {
+    "foreign global": EXECUTABLE.format(name=r"posix\.mkdir"),  # torch.save: a zip checkpoint
+    "plain pickle": EXECUTABLE.format(name=r"posix\.mkdir"),  # pickle.dumps: not even a zip
+}
+CASES = [*CLASS_CASES, *CODE_CASES]
+
+
+def write_hostile(kind: str, plain: dict[str, Any], path: Path, marker: Path) -> str:
+    """Write the hostile checkpoint `kind` to `path`; returns the message every reader must give."""
+    if kind in CLASS_CASES:
+        edit, where = CLASS_CASES[kind]
+        checkpoint = copy.deepcopy(plain)
+        edit(checkpoint, marker)
+        torch.save(checkpoint, path)
+        return re.escape(
+            f"names a class attnlab does not build ({where}='{HOSTILE_CLASS}') and was not loaded"
+        )
+    if kind == "foreign global":
+        torch.save({**plain, "state_dict": {"weight": Touch(marker)}}, path)
+    else:
+        path.write_bytes(pickle.dumps({"epoch": 0, "state_dict": Touch(marker)}))
+    return CODE_CASES[kind]
+
+
+def compose_eval(overrides: list[str], output_dir: Path) -> Any:
+    register_resolvers()
+    with initialize_config_dir(version_base="1.3", config_dir=str(config_dir()), job_name="test"):
+        return compose("eval", overrides=[f"paths.output_dir={output_dir}", *overrides])
+
+
+def assert_refused(exc: BaseException, message: str, path: Path) -> None:
+    text = str(exc.code if isinstance(exc, SystemExit) else exc)
+    assert re.search(message, text), text
+    assert str(path) in text
+    assert "weights_only=False" not in text and "damaged" not in text
+
+
+@pytest.mark.parametrize("kind", CASES)
+def test_a_hostile_checkpoint_is_refused_by_every_reader(
+    kind: str, trained: dict[str, Any], tmp_path: Path
+) -> None:
+    marker = tmp_path / "marker"
+    path = tmp_path / "hostile.ckpt"
+    message = write_hostile(kind, trained["plain"], path, marker)
+    before = path.read_bytes()
+    readers: dict[str, Callable[[], Any]] = {
+        "attnlab-eval": lambda: evaluate_checkpoint(compose_eval([f"ckpt_path={path}"], tmp_path / "eval")),
+        "read_checkpoint": lambda: read_checkpoint(path),
+        "read_averaged": lambda: read_averaged([trained["last"], path]),
+        "Translator": lambda: Translator.from_checkpoints(resolve_checkpoints(str(path))),
+        "load_from_checkpoint": lambda: TranslationModule.load_from_checkpoint(path),
+        "train ckpt_path=": lambda: train(
+            compose_train([*trained["overrides"], f"ckpt_path={path}"], tmp_path / "new_run")
+        ),
+    }
+    for name, reader in readers.items():
+        try:
+            reader()
+        except Exception as exc:
+            refusal: Exception | None = exc
+        else:
+            refusal = None
+        assert not marker.exists(), f"{name} ran code named by the checkpoint"
+        assert isinstance(refusal, (CheckpointError, ConfigError)), f"{name}: {refusal!r}"
+        assert_refused(refusal, message, path)
+    source = tmp_path / "in.de"
+    source.write_text("Ein Mann fährt Fahrrad.\n")
+    with pytest.raises(SystemExit) as caught:
+        translate_main([f"ckpt_path={path}", f"input={source}", f"output={tmp_path / 'out.en'}"])
+    assert_refused(caught.value, message, path)
+    assert not marker.exists()
+    assert path.read_bytes() == before
+
+
+def copy_run(trained: dict[str, Any], tmp_path: Path) -> Path:
+    run = tmp_path / "run"
+    shutil.copytree(trained["run"], run)
+    return run
+
+
+@pytest.mark.parametrize("kind", ["data entry", "hparams model", "foreign global"])
+@pytest.mark.parametrize("resume", ["true", "auto"])
+def test_a_hostile_last_ckpt_is_refused_on_resume(
+    kind: str, resume: str, trained: dict[str, Any], tmp_path: Path
+) -> None:
+    run = copy_run(trained, tmp_path)
+    marker = tmp_path / "marker"
+    message = write_hostile(kind, trained["plain"], run / "checkpoints" / "last.ckpt", marker)
+    last = run / "checkpoints" / "last.ckpt"
+    kept = {p: p.read_bytes() for p in (run / "manifest.json", run / "config.yaml", last)}
+    with pytest.raises(ConfigError) as caught:
+        train(compose_train([*trained["overrides"], f"resume={resume}"], run))
+    assert_refused(caught.value, message, last)
+    assert not marker.exists()
+    assert {p: p.read_bytes() for p in kept} == kept
+
+
+@pytest.mark.parametrize("resume", ["true", "auto"])
+def test_a_damaged_last_ckpt_on_resume_is_refused_before_the_run_changes(
+    resume: str, trained: dict[str, Any], tmp_path: Path
+) -> None:
+    run = copy_run(trained, tmp_path)
+    last = run / "checkpoints" / "last.ckpt"
+    last.write_bytes(last.read_bytes()[: last.stat().st_size // 2])  # an interrupted copy
+    with pytest.raises(CheckpointError) as damaged:
+        read_checkpoint(last)
+    kept = {p: p.read_bytes() for p in (run / "manifest.json", run / "config.yaml", last)}
+    with pytest.raises(ConfigError) as caught:
+        train(compose_train([*trained["overrides"], f"resume={resume}"], run))
+    assert str(caught.value) == f"resume: {damaged.value}"  # the message of any damaged checkpoint
+    assert re.search(r"cannot read checkpoint .*last\.ckpt: .*damaged", str(caught.value))
+    assert {p: p.read_bytes() for p in kept} == kept
+    assert json.loads((run / "manifest.json").read_text())["status"] == "finished"
+
+
+def test_attnlab_eval_refuses_a_checkpoint_naming_a_class(trained: dict[str, Any], tmp_path: Path) -> None:
+    marker = tmp_path / "marker"
+    path = tmp_path / "hostile.ckpt"
+    message = write_hostile("data entry", trained["plain"], path, marker)
+    done = subprocess.run(
+        [sys.executable, "-m", "attnlab.cli.eval", f"ckpt_path={path}", f"hydra.run.dir={tmp_path / 'eval'}"],
+        capture_output=True, text=True, timeout=300,
+    )  # fmt: skip
+    assert not marker.exists()
+    assert done.returncode == 1, done.stderr
+    assert re.search("attnlab-eval: .*" + message, done.stderr), done.stderr
+    assert "Traceback" not in done.stderr
+
+
+def test_data_specs_are_built_by_their_name_only(trained: dict[str, Any], tmp_path: Path) -> None:
+    from omegaconf import OmegaConf
+
+    from attnlab.checkpoint import DATA_SPECS, data_spec
+
+    for config in sorted((config_dir() / "data").glob("*.yaml")):  # what the configs name is readable
+        assert OmegaConf.load(config)["_target_"] in DATA_SPECS, config.name
+    saved = trained["plain"][BUNDLE_KEY]["data"]
+    assert type(data_spec(saved, "last.ckpt")) is DATA_SPECS[saved["_target_"]]
+    marker = tmp_path / "marker"
+    refused = r"names a class attnlab does not build \(attnlab\.data\._target_='logging\.FileHandler'\)"
+    with pytest.raises(CheckpointError, match=refused):
+        data_spec({"_target_": HOSTILE_CLASS, "filename": str(marker)}, "last.ckpt")
+    assert not marker.exists()
+
+
+def test_a_training_config_with_another_data_class_is_refused_before_training(tmp_path: Path) -> None:
+    """Its checkpoints could not be read back (the closed list): refused at validation, not after
+    hours of training when the final evaluation reads the best checkpoint."""
+    from attnlab.config import validate
+
+    cfg = compose_train(["data=synthetic", "model=tiny", "data._target_=probes.OwnSyntheticData"], tmp_path)
+    with pytest.raises(ConfigError, match=r"data\._target_=probes\.OwnSyntheticData is not one of "
+                       r"attnlab's data specs .*use data=files"):  # fmt: skip
+        validate(cfg)
+    assert not (tmp_path / "config.yaml").exists()
+    validate(compose_train(["data=synthetic", "model=tiny"], tmp_path))  # attnlab's own: accepted

@@ -1,0 +1,236 @@
+"""Clear messages where there used to be a traceback (issue 14 §5): a full disk during a checkpoint save,
+a damaged prepared cache (rebuilt), data errors at the command line, unreadable run files in
+`attnlab-compare`, the `average_last` message, and a multirun whose jobs failed."""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+import subprocess
+import sys
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+import torch
+
+
+@pytest.fixture
+def small_disk(tmp_path: Path) -> Iterator[Path]:
+    """A 256 KiB tmpfs (skipped where mounting is not permitted, e.g. without root)."""
+    mount_point = tmp_path / "disk"
+    mount_point.mkdir()
+    mounted = subprocess.run(
+        ["mount", "-t", "tmpfs", "-o", "size=256k", "tmpfs", str(mount_point)], capture_output=True
+    )
+    if mounted.returncode != 0:
+        pytest.skip(f"cannot mount a tmpfs here: {mounted.stderr.decode(errors='replace').strip()}")
+    try:
+        yield mount_point
+    finally:
+        subprocess.run(["umount", str(mount_point)], check=True)
+
+
+def test_a_full_disk_during_a_checkpoint_save_names_the_file_and_keeps_the_previous_one(
+    small_disk: Path,
+) -> None:
+    """A real full disk: torch.save raises RuntimeError ("unexpected pos ..."), not the OSError."""
+    from attnlab.checkpoint_io import AtomicCheckpointIO, CheckpointWriteError
+
+    io, last = AtomicCheckpointIO(), small_disk / "checkpoints" / "last.ckpt"
+    io.save_checkpoint({"step": 1, "w": torch.arange(1000.0)}, last)
+    with pytest.raises(CheckpointWriteError) as raised:
+        io.save_checkpoint({"step": 2, "w": torch.zeros(200_000)}, last)  # 800 KB on a 256 KiB disk
+    message = str(raised.value)
+    assert f"cannot write checkpoint {last}: No space left on device; the previous checkpoint there is " \
+        "unchanged. Free disk space" in message and "resume=auto" in message  # fmt: skip
+    saved = torch.load(last, weights_only=True)
+    assert saved["step"] == 1 and torch.equal(saved["w"], torch.arange(1000.0))
+    assert [p.name for p in last.parent.iterdir()] == ["last.ckpt"]  # the partial file removed
+
+
+def write_run(directory: Path, seed: int, bleu: float) -> None:
+    """A finished run directory as attnlab writes it (config, manifest, results)."""
+    directory.mkdir(parents=True)
+    (directory / "config.yaml").write_text(f"seed: {seed}\nmodel:\n  pe: sinusoidal\n")
+    manifest = {"status": "finished", "start_time": "2026-01-01T00:00:00", "end_time": "2026-01-01T00:30:00"}
+    (directory / "manifest.json").write_text(json.dumps(manifest))
+    results = {"sets": {"test": {"bleu": bleu, "chrf": bleu + 20}}, "metrics": {"val/ppl": 5.0}}
+    (directory / "results.json").write_text(json.dumps(results))
+
+
+@pytest.mark.parametrize(
+    ("name", "content", "reason"),
+    [
+        ("results.json", b'{"sets": {"test": {"bleu": 3', "Expecting"),  # cut short
+        ("results.json", b'{"sets": {"test": 31.0}}', "test set 'test' has no numeric 'bleu'"),
+        ("manifest.json", b'["finished"]', "it holds a JSON list, not an object"),
+        ("manifest.json", b'{"status": "fini\xff"}', "invalid start byte"),  # not UTF-8
+        ("config.yaml", b"seed: [3\n", "while parsing a flow sequence"),  # not YAML
+    ],
+)
+def test_compare_lists_a_run_with_an_unreadable_file_and_compares_the_others(
+    name: str, content: bytes, reason: str, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    from attnlab.cli.compare import main as compare_main
+
+    for seed, bleu in ((1, 30.0), (2, 32.0), (3, 99.0)):
+        write_run(tmp_path / "sweep" / f"seed={seed}", seed, bleu)
+    broken = tmp_path / "sweep" / "seed=3" / name
+    broken.write_bytes(content)
+    compare_main([str(tmp_path / "sweep")])
+    out = capsys.readouterr().out
+    assert "| all | 2 | 31.00 ± 1.41" in out  # seeds 1 and 2; seed 3's 99.0 is not in it
+    unreadable = out.split("Unreadable, not compared:\n")[1]
+    assert unreadable.startswith(f"- {broken.parent} (cannot read {broken}: ") and reason in unreadable
+
+
+def test_average_last_with_too_few_epoch_checkpoints_names_the_setting(tmp_path: Path) -> None:
+    from attnlab.checkpoint import CheckpointError, last_epoch_checkpoints
+
+    epochs = tmp_path / "run" / "checkpoints" / "epochs"
+    epochs.mkdir(parents=True)
+    for epoch in (0, 1):
+        (epochs / f"epoch{epoch:03d}.ckpt").write_bytes(b"")
+    with pytest.raises(CheckpointError) as raised:
+        last_epoch_checkpoints(tmp_path / "run", 5)
+    message = str(raised.value)
+    assert "averaging the last 5 epoch checkpoints needs 5, found 2" in message
+    assert "train with average_last=5 to keep them, or lower it" in message and "{n}" not in message
+
+
+def attnlab_train(*args: str, cwd: Path, full_error: bool = False) -> subprocess.CompletedProcess[str]:
+    """`attnlab-train` as a user runs it: without the test session's HYDRA_FULL_ERROR=1 unless asked."""
+    env = {k: v for k, v in os.environ.items() if k != "HYDRA_FULL_ERROR"}
+    env["ATTNLAB_LOG_DIR"] = str(cwd / "logs")
+    if full_error:
+        env["HYDRA_FULL_ERROR"] = "1"
+    flags = [a for a in args if a.startswith("-")]  # Hydra's flags (-m) come before the overrides
+    overrides = [a for a in args if a not in flags]
+    command = [sys.executable, "-m", "attnlab.cli.train", *flags, "model=tiny", "trainer.max_epochs=1",
+               "logger=csv", "trainer.enable_progress_bar=false", *overrides]  # fmt: skip
+    return subprocess.run(command, capture_output=True, text=True, timeout=600, env=env, cwd=cwd)
+
+
+def write_corpus(directory: Path, src: dict[str, bytes], tgt: dict[str, bytes]) -> Path:
+    """A `data=files` corpus: <split>.src / <split>.tgt with the given bytes."""
+    directory.mkdir(parents=True)
+    for suffix, files in (("src", src), ("tgt", tgt)):
+        for split, data in files.items():
+            (directory / f"{split}.{suffix}").write_bytes(data)
+    return directory
+
+
+LINES = {split: b"ein haus\nzwei hunde\ndrei katzen\n" for split in ("train", "valid", "test")}
+
+
+def test_a_data_error_ends_the_run_with_its_message_and_a_traceback_only_with_hydra_full_error(
+    tmp_path: Path,
+) -> None:
+    corpus = write_corpus(tmp_path / "corpus", LINES, {**LINES, "train": b"a house\n"})  # 3 lines vs 1
+    run_dir = tmp_path / "run"
+    done = attnlab_train("data=files", f"data.dir={corpus}", f"hydra.run.dir={run_dir}", cwd=tmp_path)
+    assert done.returncode == 1
+    expected = (
+        f"attnlab-train: data error: {corpus / 'train.src'} has 3 lines but {corpus / 'train.tgt'} has 1: "
+        "parallel files must be aligned line by line"
+    )
+    assert done.stderr.strip().splitlines()[-1] == expected and "Traceback" not in done.stderr, done.stderr
+    manifest = json.loads((run_dir / "manifest.json").read_text())
+    assert manifest["status"] == "failed" and "DataError" in manifest["error"]
+
+    corpus = write_corpus(
+        tmp_path / "utf8", {**LINES, "valid": b"gut\n\xff\xfe\n"}, {**LINES, "valid": b"a\nb\n"}
+    )
+    done = attnlab_train(
+        "data=files",
+        f"data.dir={corpus}",
+        f"hydra.run.dir={tmp_path / 'run2'}",
+        cwd=tmp_path,
+        full_error=True,
+    )
+    assert done.returncode != 0 and "Traceback (most recent call last)" in done.stderr
+    assert f"DataError: {corpus / 'valid.src'}:2: invalid UTF-8" in done.stderr, done.stderr[-3000:]
+
+
+def test_a_multirun_with_a_failed_job_runs_every_job_then_exits_non_zero_with_a_summary(
+    tmp_path: Path,
+) -> None:
+    sweep_dir = tmp_path / "sweep"
+    done = attnlab_train(
+        "-m", "data=synthetic", "data.n_train=32", "data.n_val=8", "data.n_test=8", "data.batch_size=16",
+        "model.n_heads=4,3", "test=false", f"hydra.sweep.dir={sweep_dir}", cwd=tmp_path,
+    )  # fmt: skip
+    jobs = {p.name: json.loads((p / "manifest.json").read_text()) for p in sweep_dir.iterdir() if p.is_dir()}
+    failed = next(name for name, manifest in jobs.items() if manifest["status"] == "failed")
+    assert sorted(m["status"] for m in jobs.values()) == ["failed", "finished"] and "n_heads=3" in failed
+    assert done.returncode == 1, done.stderr[-3000:]
+    summary = f"attnlab-train: multirun: 1 finished, 1 failed (see {sweep_dir / failed / 'manifest.json'})"
+    assert done.stderr.strip().splitlines()[-1] == summary
+
+
+def small_corpus(root: Path) -> Path:
+    """train/valid/test files of 60/8/8 short German-English pairs."""
+    words_de = ["der", "hund", "die", "katze", "ein", "haus", "läuft"]
+    words_en = ["the", "dog", "a", "cat", "house", "runs", "fast"]
+    root.mkdir(parents=True)
+    for split, n in (("train", 60), ("valid", 8), ("test", 8)):
+        src = [" ".join(words_de[(i + k) % 7] for k in range(2 + i % 4)) for i in range(n)]
+        tgt = [" ".join(words_en[(i + k) % 7] for k in range(2 + i % 5)) for i in range(n)]
+        (root / f"{split}.de").write_text("".join(f"{line}\n" for line in src), encoding="utf-8")
+        (root / f"{split}.en").write_text("".join(f"{line}\n" for line in tgt), encoding="utf-8")
+    return root
+
+
+def damage(directory: Path, how: str) -> None:
+    if how == "truncated train.pt":
+        data = (directory / "train.pt").read_bytes()
+        (directory / "train.pt").write_bytes(data[: len(data) // 2])
+    elif how == "missing val.pt":
+        (directory / "val.pt").unlink()
+    elif how == "broken tokenizer.json":  # same size, other bytes
+        data = (directory / "tokenizer.json").read_bytes()
+        (directory / "tokenizer.json").write_bytes(b"#" * 16 + data[16:])
+    elif how == "broken stats.json":
+        (directory / "stats.json").write_text('{"splits": ["train", "val"')
+    elif how == "no checksums (an old directory)":
+        (directory / "checksums.json").unlink()
+
+
+@pytest.mark.parametrize(
+    ("how", "reason"),
+    [
+        ("truncated train.pt", "train.pt has "),
+        ("missing val.pt", "val.pt cannot be read (No such file or directory)"),
+        ("broken tokenizer.json", "tokenizer.json differs from what was written (its SHA-256)"),
+        ("broken stats.json", "stats.json has 26 bytes"),
+        ("no checksums (an old directory)", "it has no checksums.json"),
+    ],
+)
+def test_a_damaged_prepared_cache_is_detected_and_rebuilt_with_a_warning(
+    how: str, reason: str, tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    from attnlab.data.corpora import FilesData
+    from attnlab.data.prepare import prepare, prepared_dir
+
+    spec = FilesData(dir=str(small_corpus(tmp_path / "corpus")), src_lang="de", tgt_lang="en",
+                     vocab_size=120, cache_dir=str(tmp_path / "cache"))  # fmt: skip
+    first = prepare(spec)
+    directory = prepared_dir(spec)
+    written = {p.name: p.read_bytes() for p in directory.iterdir()}
+    damage(directory, how)
+    with caplog.at_level(logging.WARNING):
+        again = prepare(spec)
+    warnings = [r.getMessage() for r in caplog.records if r.levelno >= logging.WARNING]
+    assert len(warnings) == 1, warnings
+    assert warnings[0].startswith(f"the prepared data in {directory} is damaged: {reason}"), warnings
+    assert warnings[0].endswith("; building it again")
+    assert again.splits == first.splits and again.stats["splits"] == first.stats["splits"]
+    assert again.src_tokenizer.to_json() == first.src_tokenizer.to_json()
+    rebuilt = {p.name: p.read_bytes() for p in directory.iterdir()}
+    assert rebuilt.keys() == written.keys() | {"checksums.json"}  # whole again, checksums recorded
+    assert {n: d for n, d in rebuilt.items() if n.endswith((".pt", ".raw.json", "tokenizer.json"))} == {
+        n: d for n, d in written.items() if n.endswith((".pt", ".raw.json", "tokenizer.json"))
+    }
+    assert [p.name for p in directory.parent.iterdir() if p.name.startswith(".")] == []  # no leftovers

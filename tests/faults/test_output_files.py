@@ -1,0 +1,251 @@
+"""No command destroys a user's file: `attnlab-translate output=` is checked (checkpoint, input, output
+directory, output not the input) before anything is written and is replaced only by a complete file;
+`attnlab-compare --out` and `--plots` and attnlab-eval's hypotheses and references are written the same
+way, so a run that fails (here: a write that fails as on a full disk) leaves the file there before
+byte-identical, and no temporary file behind."""
+
+from __future__ import annotations
+
+import io
+import json
+import os
+import resource
+import signal
+import sys
+from collections.abc import Iterator
+from contextlib import contextmanager
+from pathlib import Path
+from typing import Any
+
+import pytest
+import yaml
+from hydra import compose, initialize_config_dir
+
+from attnlab.cli.compare import main as compare_main
+from attnlab.cli.eval import evaluate_checkpoint
+from attnlab.cli.translate import main as translate_main
+from attnlab.config import config_dir, register_resolvers
+from attnlab.train import train
+from helpers import compose_train, require_shared_data, write_corpus
+
+SPLITS = (("train", "train", 300), ("valid", "val", 30), ("test", "test2016", 20))
+OLD = b"an earlier translation\nthat must survive\n" * 40  # 1640 bytes
+
+
+pytestmark = pytest.mark.usefixtures("one_torch_thread")
+
+
+@pytest.fixture(scope="module")
+def trained(shared_data: Path, tmp_path_factory: pytest.TempPathFactory) -> dict[str, Any]:
+    """One epoch of the tiny model on 300 Multi30k lines (greedy decoding, short outputs)."""
+    tmp = tmp_path_factory.mktemp("output_files")
+    corpus = write_corpus(require_shared_data(shared_data), tmp / "corpus", SPLITS)
+    overrides = [
+        "data=files", f"data.dir={corpus}", "data.src_lang=de", "data.tgt_lang=en", "data.vocab_size=300",
+        f"data.cache_dir={tmp / 'cache'}", "model=tiny", "trainer.max_epochs=1", "logger=csv", "test=false",
+        "decode.every_n_epochs=0", "decode.beam=1", "decode.max_len_a=0.5", "decode.max_len_b=3",
+    ]  # fmt: skip
+    train(compose_train(overrides, tmp / "run"))
+    return {"ckpt": tmp / "run" / "checkpoints" / "last.ckpt", "corpus": corpus}
+
+
+def existing(path: Path, data: bytes = OLD) -> Path:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_bytes(data)
+    return path
+
+
+def names(directory: Path) -> list[str]:
+    """Every file under `directory` (relative paths): a leftover temporary file shows here."""
+    return sorted(str(p.relative_to(directory)) for p in directory.rglob("*") if p.is_file())
+
+
+def translate(trained: dict[str, Any], *args: str) -> str:
+    """Run attnlab-translate in-process; the message it exits with ("" when it succeeded)."""
+    try:
+        translate_main([f"ckpt_path={trained['ckpt']}", "device=cpu", *args])
+    except SystemExit as exc:
+        assert exc.code not in (None, 0)
+        return str(exc.code)
+    return ""
+
+
+@contextmanager
+def file_size_limit(nbytes: int) -> Iterator[None]:
+    """Writes that would grow any file of this process past `nbytes` fail with EFBIG ("File too large"),
+    as writes fail on a full disk (RLIMIT_FSIZE; SIGXFSZ ignored so that the write returns the error)."""
+    soft, hard = resource.getrlimit(resource.RLIMIT_FSIZE)
+    handler = signal.signal(signal.SIGXFSZ, signal.SIG_IGN)
+    resource.setrlimit(resource.RLIMIT_FSIZE, (nbytes, hard))
+    try:
+        yield
+    finally:
+        resource.setrlimit(resource.RLIMIT_FSIZE, (soft, hard))
+        signal.signal(signal.SIGXFSZ, handler)
+
+
+# ---------------------------------------------------------------------------------------------------------
+# attnlab-translate
+
+
+def source_file(trained: dict[str, Any], directory: Path, lines: int = 6) -> Path:
+    text = (trained["corpus"] / "test.de").read_text("utf-8").splitlines()[:lines]
+    return existing(directory / "in.de", "".join(f"{line}\n" for line in text).encode("utf-8"))
+
+
+@pytest.mark.parametrize("how", ["same path", "relative path", "symbolic link", "hard link", "stdin"])
+def test_output_that_is_the_input_is_refused_and_the_file_is_intact(
+    trained: dict[str, Any], tmp_path: Path, monkeypatch: pytest.MonkeyPatch, how: str
+) -> None:
+    source = source_file(trained, tmp_path)
+    before = source.read_bytes()
+    output, args = str(source), [f"input={source}"]
+    if how == "relative path":
+        (tmp_path / "sub").mkdir()
+        monkeypatch.chdir(tmp_path / "sub")
+        output = "../in.de"
+    elif how == "symbolic link":
+        (tmp_path / "link.de").symlink_to(source)
+        output = str(tmp_path / "link.de")
+    elif how == "hard link":
+        os.link(source, tmp_path / "same.de")
+        output = str(tmp_path / "same.de")
+    elif how == "stdin":  # attnlab-translate output=in.de < in.de
+        monkeypatch.setattr("sys.stdin", io.TextIOWrapper(io.FileIO(source), newline="\n"))
+        args = []
+    files = names(tmp_path)
+    message = translate(trained, *args, f"output={output}")
+    if how == "stdin":
+        sys.stdin.close()  # the file opened above (sys.stdin is restored after the test)
+    assert f"output={output} is the input file" in message
+    assert "choose another output file" in message
+    assert source.read_bytes() == before
+    assert names(tmp_path) == files
+
+
+@pytest.mark.parametrize("checkpoint", ["missing", "not a checkpoint"])
+def test_a_bad_checkpoint_leaves_an_existing_output_byte_identical(
+    trained: dict[str, Any], tmp_path: Path, checkpoint: str
+) -> None:
+    source, output = source_file(trained, tmp_path), existing(tmp_path / "out.en")
+    bad = tmp_path / "bad.ckpt"
+    if checkpoint == "not a checkpoint":
+        bad.write_text("this is not a checkpoint\n")
+    files = names(tmp_path)
+    message = translate(trained, f"ckpt_path={bad}", f"input={source}", f"output={output}")
+    assert str(bad) in message
+    assert f"nothing was written to {output} (a file there before is unchanged)" in message
+    assert output.read_bytes() == OLD
+    assert names(tmp_path) == files
+
+
+@pytest.mark.parametrize("where", ["missing directory", "under a file", "a directory"])
+def test_an_output_that_cannot_be_written_is_refused_before_translating(
+    trained: dict[str, Any], tmp_path: Path, where: str
+) -> None:
+    source = source_file(trained, tmp_path)
+    output = {
+        "missing directory": tmp_path / "no" / "such" / "out.en",
+        "under a file": source / "out.en",
+        "a directory": tmp_path,
+    }[where]
+    files = names(tmp_path)
+    message = translate(trained, f"input={source}", f"output={output}")
+    assert message.startswith(f"attnlab-translate: output={output}")
+    assert ("choose another output" in message) or ("name a file" in message)
+    assert names(tmp_path) == files
+    assert not (tmp_path / "no").exists()
+
+
+def test_an_error_mid_stream_leaves_the_old_output_and_no_temporary_file(
+    trained: dict[str, Any], tmp_path: Path
+) -> None:
+    """Three chunks of good lines are translated, then a line that is not UTF-8 stops the run; once the
+    input is fixed, the same command replaces the output."""
+    source, output = source_file(trained, tmp_path), existing(tmp_path / "out.en")
+    good = source.read_bytes()
+    source.write_bytes(good + b"ein Stra\xdfenfest\nnoch eine Zeile\n")
+    files = names(tmp_path)
+    message = translate(trained, f"input={source}", f"output={output}", "chunk_lines=2")
+    assert f"{source}, line 7, byte 9: not UTF-8 text" in message
+    assert f"nothing was written to {output}" in message
+    assert output.read_bytes() == OLD
+    assert names(tmp_path) == files
+    source.write_bytes(good)
+    assert translate(trained, f"input={source}", f"output={output}", "chunk_lines=2") == ""
+    assert len(output.read_text("utf-8").splitlines()) == 6
+    assert names(tmp_path) == files
+
+
+# ---------------------------------------------------------------------------------------------------------
+# attnlab-eval
+
+
+def test_a_failing_eval_leaves_earlier_hypotheses_references_and_results(
+    trained: dict[str, Any], tmp_path: Path
+) -> None:
+    out = tmp_path / "eval"
+    earlier = {
+        "hypotheses/test.txt": OLD,
+        "references/test.txt": OLD,
+        "results.json": json.dumps({"sets": {"test": {"bleu": 1.0}}}).encode(),
+    }
+    for name, data in earlier.items():
+        existing(out / name, data)
+    register_resolvers()
+    with initialize_config_dir(version_base="1.3", config_dir=str(config_dir()), job_name="test"):
+        cfg = compose("eval", overrides=[f"paths.output_dir={out}", f"ckpt_path={trained['ckpt']}"])
+    with file_size_limit(16), pytest.raises(OSError, match="File too large"):
+        evaluate_checkpoint(cfg)
+    assert {name: (out / name).read_bytes() for name in earlier} == earlier
+    assert names(out) == sorted(earlier)
+
+
+# ---------------------------------------------------------------------------------------------------------
+# attnlab-compare
+
+
+def write_run(directory: Path, pe: str, seed: int, bleu: float) -> None:
+    """A finished run directory as attnlab-compare reads it."""
+    directory.mkdir(parents=True)
+    config = {"seed": seed, "model": {"pe": pe}, "paths": {"output_dir": str(directory)}}
+    (directory / "config.yaml").write_text(yaml.safe_dump(config))
+    (directory / "manifest.json").write_text(json.dumps({"status": "finished"}))
+    (directory / "results.json").write_text(json.dumps({"sets": {"test2016": {"bleu": bleu, "chrf": 50.0}}}))
+    (directory / "csv").mkdir()
+    (directory / "csv" / "metrics.csv").write_text("step,epoch,val/loss\n10,0,4.0\n20,1,3.0\n")
+
+
+@pytest.fixture
+def sweep(tmp_path: Path) -> Path:
+    for pe in ("sinusoidal", "learned"):
+        for seed in (1, 2):
+            write_run(tmp_path / "sweep" / f"pe={pe},seed={seed}", pe, seed, 30.0 + seed + (pe == "learned"))
+    return tmp_path / "sweep"
+
+
+def test_a_failing_compare_out_leaves_the_earlier_table(sweep: Path, tmp_path: Path) -> None:
+    table = existing(tmp_path / "table.md")
+    with file_size_limit(64), pytest.raises(SystemExit) as exited:
+        compare_main([str(sweep), "--out", str(table)])
+    assert str(exited.value) == (
+        f"attnlab-compare: cannot write --out {table}: File too large; a file there before is unchanged. "
+        "Free disk space or choose another --out"
+    )
+    assert table.read_bytes() == OLD
+    assert names(tmp_path).count("table.md") == 1 and not any(".tmp" in n for n in names(tmp_path))
+    compare_main([str(sweep), "--out", str(table)])  # without the limit: the new table
+    assert table.read_text().startswith("| group")
+
+
+def test_failing_plots_leave_the_earlier_plots(sweep: Path, tmp_path: Path) -> None:
+    import matplotlib.pyplot  # noqa: F401  (its font cache is written before the limit)
+
+    plots = tmp_path / "plots"
+    earlier = ["test_test2016_bleu_by_group.png", "validation_curves.png", "test_test2016_bleu_vs_params.png"]
+    for name in earlier:
+        existing(plots / name)
+    with file_size_limit(64), pytest.raises(SystemExit, match=r"cannot write plot .*: File too large"):
+        compare_main([str(sweep), "--plots", str(plots)])
+    assert {name: (plots / name).read_bytes() for name in earlier} == dict.fromkeys(earlier, OLD)
+    assert names(plots) == sorted(earlier)

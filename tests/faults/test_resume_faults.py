@@ -1,0 +1,275 @@
+"""Resumption from every checkpoint is exact, the default end-of-epoch last.ckpt included: a run killed
+in its second epoch, one whose last.ckpt was written at the last step of an epoch, and a finished run
+given more epochs all end with the weights, bitwise, and the step history of an uninterrupted run (on
+the synthetic task and on token batches of a text corpus). A checkpoint whose position in the training
+data cannot be restored exactly (other data, other batch sizes) is refused before training, naming the
+difference.
+
+Synthetic runs are `runs.RUN` (2 epochs of 10 steps, dropout, a DataLoader worker), compared with the
+session's uninterrupted `resume_reference`; only the runs that are killed start a process.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+import shutil
+import signal
+from pathlib import Path
+
+import pytest
+import torch
+
+from attnlab.config import ConfigError
+from attnlab.data.batching import TokenBatchSampler
+from attnlab.train import train
+from helpers import compose_train, require_shared_data, write_corpus
+from runs import RUN, assert_same_training, attnlab_train, final, step_losses, weights
+
+DEFAULT = "callbacks.last_checkpoint.every_n_train_steps=null"  # last.ckpt at the end of each epoch
+IN_PROCESS = [o for o in RUN if not o.startswith("trainer.enable_progress_bar")]  # compose_train sets it
+
+
+def kill_at(step: int) -> list[str]:
+    return ["+callbacks.kill._target_=probes.SignalAt", f"+callbacks.kill.step={step}",
+            f"+callbacks.kill.signum={int(signal.SIGKILL)}"]  # fmt: skip
+
+
+def saved_step(run_dir: Path) -> int:
+    return torch.load(run_dir / "checkpoints" / "last.ckpt", weights_only=True)["global_step"]
+
+
+def status(run_dir: Path) -> str:
+    return json.loads((run_dir / "manifest.json").read_text())["status"]
+
+
+def record(run_dir: Path) -> list[str]:
+    return ["+callbacks.batches._target_=probes.RecordBatches", f"+callbacks.batches.dirpath={run_dir}"]
+
+
+def recorded_epochs(run_dir: Path) -> list[list[list[int]]]:
+    """The example indices of each trained batch (`probes.RecordBatches`), by epoch of 10 steps."""
+    rows = [json.loads(line) for line in (run_dir / "batches.jsonl").read_text().splitlines()]
+    batches = [row["index"] for row in sorted(rows, key=lambda row: row["step"])]
+    assert [row["step"] for row in rows] == list(range(len(rows)))  # every step once
+    return [batches[k : k + 10] for k in range(0, len(batches), 10)]
+
+
+def resume(run_dir: Path, *extra: str) -> None:
+    """Continue the run in `run_dir` in this process (`resume=true`), as `attnlab-train` would."""
+    train(compose_train([*IN_PROCESS, *final(run_dir), *record(run_dir), *extra, "resume=true"], run_dir))
+    assert status(run_dir) == "finished"
+
+
+def assert_second_epoch_in_its_own_order(run_dir: Path) -> None:
+    first, second = recorded_epochs(run_dir)
+    assert sorted(i for b in second for i in b) == sorted(i for b in first for i in b) == list(range(160))
+    assert second != first  # the epoch's own shuffle, not the first epoch's again
+
+
+# ---------------------------------------------------------------------------------------------------------
+# The sampler's saved position
+
+
+def test_a_position_at_the_end_of_an_epoch_loads_as_the_start_of_the_next() -> None:
+    lengths = [1 + i % 23 for i in range(300)]
+    sampler = TokenBatchSampler(lengths, max_tokens=64, seed=3)
+    sampler.set_epoch(4)
+    finished = list(sampler)
+    sampler.set_epoch(5)
+    expected = list(sampler)
+    assert expected != finished
+    resumed = TokenBatchSampler(lengths, max_tokens=64, seed=3)
+    resumed.load_state_dict({"epoch": 4, "seed": 3, "yielded": len(finished)})
+    assert resumed.state_dict() == {"epoch": 5, "seed": 3, "yielded": 0}
+    batches = iter(resumed)
+    first = next(batches)  # a DataLoader worker draws ahead, before the epoch's set_epoch
+    resumed.set_epoch(5)  # where Lightning continues after a checkpoint at epoch 4's end
+    assert [first, *batches] == expected
+
+
+@pytest.mark.parametrize(
+    ("change", "named"),
+    [
+        ({"lengths": [1 + i % 23 for i in range(299)]}, "training examples: 300 saved, 299 now"),
+        ({"lengths": [1 + i % 22 for i in range(300)]}, "hash of the example lengths"),
+        ({"max_tokens": 128}, "max_tokens: 64 saved, 128 now"),
+        ({"batch_size": 8}, "batch_size: None saved, 8 now"),
+        ({"num_replicas": 2}, "num_replicas: 1 saved, 2 now"),
+    ],
+)
+def test_a_position_saved_for_other_batches_is_refused(change: dict, named: str) -> None:
+    settings = {"lengths": [1 + i % 23 for i in range(300)], "max_tokens": 64, "seed": 3}
+    saved = TokenBatchSampler(**settings)
+    state = {**saved.state_dict(), "yielded": 2, "batching": saved.fingerprint()}
+    with pytest.raises(ValueError, match=re.escape(named)):
+        TokenBatchSampler(**{**settings, **change}).load_state_dict(state)
+    TokenBatchSampler(**settings).load_state_dict(state)  # the same batches: taken up
+
+
+# ---------------------------------------------------------------------------------------------------------
+# Synthetic task
+
+
+def test_killed_in_the_second_epoch_with_default_checkpoints_resumes_exactly(
+    resume_reference: Path, tmp_path: Path
+) -> None:
+    run_dir = tmp_path / "run"
+    killed = attnlab_train(run_dir, DEFAULT, *kill_at(14))
+    assert killed.returncode == -signal.SIGKILL
+    assert saved_step(run_dir) == 10  # the end of the first epoch
+    resume(run_dir, DEFAULT)
+    assert saved_step(run_dir) == 20  # the second epoch was trained, not skipped
+    assert_same_training(run_dir, resume_reference)
+
+
+def test_a_checkpoint_at_the_last_step_of_an_epoch_resumes_exactly(
+    resume_reference: Path, tmp_path: Path
+) -> None:
+    run_dir = tmp_path / "run"
+    every_5 = "callbacks.last_checkpoint.every_n_train_steps=5"  # steps 5 and 10 of the 10-step epoch
+    killed = attnlab_train(run_dir, every_5, *kill_at(13))
+    assert killed.returncode == -signal.SIGKILL
+    assert saved_step(run_dir) == 10  # written at the epoch's last step, before its validation
+    resume(run_dir, every_5)
+    assert saved_step(run_dir) == 20
+    assert_same_training(run_dir, resume_reference)
+
+
+@pytest.fixture(scope="module")
+def one_epoch(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """A finished 1-epoch `runs.RUN` run with the default checkpoints (do not change it: copy it)."""
+    run_dir = tmp_path_factory.mktemp("one_epoch") / "run"
+    overrides = [*IN_PROCESS, *final(run_dir), *record(run_dir), DEFAULT, "trainer.max_epochs=1"]
+    train(compose_train(overrides, run_dir))
+    assert saved_step(run_dir) == 10
+    return run_dir
+
+
+def test_a_finished_run_given_another_epoch_equals_a_longer_run(
+    one_epoch: Path, resume_reference: Path, tmp_path: Path
+) -> None:
+    run_dir = tmp_path / "run"
+    shutil.copytree(one_epoch, run_dir)
+    resume(run_dir, DEFAULT, "trainer.max_epochs=2")
+    assert saved_step(run_dir) == 20
+    assert_second_epoch_in_its_own_order(run_dir)
+    assert_same_training(run_dir, resume_reference)
+
+
+def test_a_finished_run_given_more_steps_trains_them_exactly(
+    one_epoch: Path, resume_reference: Path, tmp_path: Path
+) -> None:
+    run_dir = tmp_path / "run"
+    shutil.copytree(one_epoch, run_dir)
+    resume(run_dir, DEFAULT, "trainer.max_epochs=3", "+trainer.max_steps=20")
+    assert saved_step(run_dir) == 20
+    assert_second_epoch_in_its_own_order(run_dir)
+    ours, theirs = weights(run_dir), weights(resume_reference)
+    assert all(torch.equal(ours[k], theirs[k]) for k in theirs)
+    # the same losses in the same order; Lightning numbers the logged steps after a max_steps
+    # resumption from an epoch's end one higher (it replays that epoch's end)
+    assert list(step_losses(run_dir).values()) == list(step_losses(resume_reference).values())
+
+
+def test_an_epoch_cut_by_limit_train_batches_continues_with_the_next_epoch(tmp_path: Path) -> None:
+    """An epoch ends before the sampler's last batch: with a DataLoader worker, the batches drawn ahead
+    at the resumption must already be the next epoch's."""
+    limited = [*IN_PROCESS, DEFAULT, "+trainer.limit_train_batches=5"]
+    reference, run_dir = tmp_path / "reference", tmp_path / "run"
+    train(compose_train([*limited, *final(reference)], reference))
+    train(compose_train([*limited, *final(run_dir), "trainer.max_epochs=1"], run_dir))
+    assert saved_step(run_dir) == 5
+    train(compose_train([*limited, *final(run_dir), "resume=true"], run_dir))
+    assert saved_step(run_dir) == 10
+    assert_same_training(run_dir, reference)
+
+
+def test_continuing_with_another_batch_size_is_refused(one_epoch: Path, tmp_path: Path) -> None:
+    ckpt = one_epoch / "checkpoints" / "last.ckpt"
+    before = ckpt.read_bytes()
+    cfg = compose_train([*IN_PROCESS, "data.batch_size=8", f"ckpt_path={ckpt}"], tmp_path / "other")
+    with pytest.raises(ConfigError) as refused:
+        train(cfg)
+    message = str(refused.value)
+    assert f"cannot continue from {ckpt} exactly" in message
+    assert "batch_size: 16 saved, 8 now" in message
+    assert "data.batch_size" in message and "or start a new run" in message  # the fix
+    assert ckpt.read_bytes() == before
+    assert not (tmp_path / "other" / "checkpoints" / "last.ckpt").exists()  # nothing was trained
+
+
+# ---------------------------------------------------------------------------------------------------------
+# Token batches of a text corpus (a few hundred Multi30k lines)
+
+SPLITS = (("train", "train", 300), ("valid", "val", 30), ("test", "test2016", 30))
+
+
+def text_run(corpus: Path, cache: Path, run_dir: Path, *extra: str) -> list[str]:
+    return [
+        "data=files", f"data.dir={corpus}", "data.src_lang=de", "data.tgt_lang=en", "data.vocab_size=300",
+        f"data.cache_dir={cache}", "data.max_tokens=500", "data.batch_size=null", "data.num_workers=0",
+        "model=tiny", "model.dropout=0.1", "trainer.max_epochs=2", "logger=csv", "test=false",
+        "decode.every_n_epochs=0", "trainer.log_every_n_steps=1", "seed=7", *final(run_dir), *extra,
+    ]  # fmt: skip
+
+
+@pytest.fixture(scope="module")
+def text(shared_data: Path, tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
+    """The corpus, an uninterrupted 2-epoch run on it and a finished 1-epoch run (copy it to change it)."""
+    tmp = tmp_path_factory.mktemp("resume_text")
+    corpus, cache = tmp / "corpus", tmp / "cache"
+    write_corpus(require_shared_data(shared_data), corpus, SPLITS)
+    reference, short = tmp / "reference", tmp / "one_epoch"
+    train(compose_train(text_run(corpus, cache, reference), reference))
+    train(compose_train(text_run(corpus, cache, short, "trainer.max_epochs=1"), short))
+    return {"corpus": corpus, "cache": cache, "reference": reference, "one_epoch": short}
+
+
+def test_token_batches_a_finished_run_given_another_epoch_equals_a_longer_run(
+    text: dict[str, Path], tmp_path: Path
+) -> None:
+    steps = saved_step(text["one_epoch"])
+    assert steps > 1 and saved_step(text["reference"]) == 2 * steps
+    run_dir = tmp_path / "run"
+    shutil.copytree(text["one_epoch"], run_dir)
+    train(compose_train([*text_run(text["corpus"], text["cache"], run_dir), "resume=true"], run_dir))
+    assert saved_step(run_dir) == 2 * steps
+    assert_same_training(run_dir, text["reference"])
+
+
+def test_token_batches_continuing_with_another_max_tokens_is_refused(
+    text: dict[str, Path], tmp_path: Path
+) -> None:
+    ckpt = text["one_epoch"] / "checkpoints" / "last.ckpt"
+    run_dir = tmp_path / "other"
+    cfg = compose_train(
+        [*text_run(text["corpus"], text["cache"], run_dir, "data.max_tokens=800"), f"ckpt_path={ckpt}"],
+        run_dir,
+    )
+    with pytest.raises(ConfigError, match=r"max_tokens: 500 saved, 800 now"):
+        train(cfg)
+    assert not (run_dir / "checkpoints" / "last.ckpt").exists()
+
+
+def test_resuming_after_the_training_data_changed_is_refused(
+    text: dict[str, Path], shared_data: Path, tmp_path: Path
+) -> None:
+    corpus, run_dir = tmp_path / "corpus", tmp_path / "run"
+    write_corpus(require_shared_data(shared_data), corpus, SPLITS)
+    overrides = text_run(corpus, text["cache"], run_dir, "trainer.max_epochs=1")
+    train(compose_train(overrides, run_dir))
+    for lang in ("de", "en"):  # one training pair fewer; the config stays the same
+        path = corpus / f"train.{lang}"
+        path.write_text("".join(path.read_text("utf-8").splitlines(keepends=True)[:-1]), "utf-8")
+    ckpt, manifest = run_dir / "checkpoints" / "last.ckpt", run_dir / "manifest.json"
+    before, manifest_before = ckpt.read_bytes(), manifest.read_bytes()
+    with pytest.raises(ConfigError) as refused:
+        train(compose_train([*overrides, "trainer.max_epochs=2", "resume=true"], run_dir))
+    assert manifest.read_bytes() == manifest_before  # still `finished`: the refused resume trained nothing
+    message = str(refused.value)
+    counts = re.search(r"training examples: (\d+) saved, (\d+) now; hash of the example lengths", message)
+    assert counts is not None, message
+    assert int(counts[1]) == int(counts[2]) + 1
+    assert "the same files and preprocessing" in message
+    assert ckpt.read_bytes() == before  # the run's state is kept for a resume with the original data

@@ -1,0 +1,218 @@
+"""A run that would train nothing, or could not finish, says so before doing the work.
+
+Each test runs the real pipeline (`train(cfg)` in-process, or the CLI where its exit code and message are
+what is tested) on a tiny corpus written into `tmp_path`, and checks that the run is refused before
+training with a message naming the keys, their values and the counts, and that nothing claims success.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import random
+import socket
+import subprocess
+import sys
+from pathlib import Path
+from typing import Any, ClassVar
+
+import lightning as L
+import pytest
+
+from attnlab.config import ConfigError
+from attnlab.data.cache import FileLock
+from attnlab.data.download import DataError
+from attnlab.train import RUN_LOCK, train
+from helpers import compose_train
+from runs import RUN, attnlab_train
+
+WORDS = ["ein", "mann", "frau", "hund", "katze", "spielt", "läuft", "im", "park", "mit", "ball", "und"]
+
+
+def write_corpus(corpus: Path, sizes: dict[str, int], seed: int = 0) -> Path:
+    """`<corpus>/<split>.de|en` with `sizes[split]` lines of 3-8 words (an empty file for 0)."""
+    rng = random.Random(seed)
+    corpus.mkdir(parents=True, exist_ok=True)
+    for split, n in sizes.items():
+        lines = [" ".join(rng.choices(WORDS, k=rng.randint(3, 8))) for _ in range(n)]
+        for lang in ("de", "en"):
+            (corpus / f"{split}.{lang}").write_text("".join(f"{line}\n" for line in lines))
+    return corpus
+
+
+def corpus_run(tmp_path: Path, sizes: dict[str, int] | None = None) -> list[str]:
+    corpus = write_corpus(tmp_path / "corpus", sizes or {"train": 40, "valid": 4, "test": 4})
+    return [
+        "data=files", f"data.dir={corpus}", "data.src_lang=de", "data.tgt_lang=en", "data.vocab_size=60",
+        f"data.cache_dir={tmp_path / 'cache'}", "model=tiny", "trainer.max_epochs=1", "logger=csv",
+        "decode.beam=1",
+    ]  # fmt: skip
+
+
+def assert_refused_before_training(run_dir: Path) -> None:
+    """Nothing was trained or scored, and the run is not recorded as finished."""
+    assert not (run_dir / "checkpoints").exists()
+    assert not (run_dir / "results.json").exists()
+    manifest = json.loads((run_dir / "manifest.json").read_text())
+    assert manifest["status"] == "failed"
+
+
+def test_every_training_pair_filtered_out_is_an_error_naming_the_filters(tmp_path: Path) -> None:
+    overrides = [*corpus_run(tmp_path), "data.max_source_tokens=2", "data.max_length_ratio=1.5"]
+    with pytest.raises(DataError) as caught:
+        train(compose_train(overrides, tmp_path / "run"))
+    message = str(caught.value)
+    assert "no training pairs are left" in message and "of the 40 lines" in message
+    assert "40 sources longer than data.max_source_tokens=2" in message
+    assert "0 targets longer than data.max_target_tokens=256" in message
+    assert "pairs beyond data.max_length_ratio=1.5" in message
+    assert_refused_before_training(tmp_path / "run")
+
+
+def test_learned_positions_that_fit_no_training_pair_are_an_error(tmp_path: Path) -> None:
+    overrides = [*corpus_run(tmp_path), "model.pe=learned", "model.max_positions=3"]
+    with pytest.raises(
+        DataError, match=r"all 40 are longer than the model's model\.max_positions=3"
+    ) as caught:
+        train(compose_train(overrides, tmp_path / "run"))
+    assert "Set model.max_positions>=" in str(caught.value) and "model.pe=sinusoidal" in str(caught.value)
+    assert_refused_before_training(tmp_path / "run")
+
+
+@pytest.mark.parametrize("split", ["valid", "test"])
+def test_an_empty_validation_or_test_split_is_refused_before_training(split: str, tmp_path: Path) -> None:
+    sizes = {"train": 40, "valid": 4, "test": 4, split: 0}
+    with pytest.raises(DataError) as caught:
+        train(compose_train(corpus_run(tmp_path, sizes), tmp_path / "run"))
+    name = "val" if split == "valid" else "test"
+    assert f"split {name!r} is empty" in str(caught.value)
+    assert str(tmp_path / "corpus" / f"{split}.de") in str(caught.value)
+    assert_refused_before_training(tmp_path / "run")
+
+
+@pytest.mark.parametrize(("override", "message"), [
+    ("+trainer.max_epoch=3", "trainer.max_epoch is not a parameter of "
+     "lightning.pytorch.trainer.trainer.Trainer; did you mean trainer.max_epochs?"),
+    ("+callbacks.last_checkpoint.every_n_train_step=4", "callbacks.last_checkpoint.every_n_train_step is "
+     "not a parameter of lightning.pytorch.callbacks.model_checkpoint.ModelCheckpoint; did you mean "
+     "callbacks.last_checkpoint.every_n_train_steps?"),
+    ("+logger.csv.flush_logs_every=10", "logger.csv.flush_logs_every is not a parameter of "
+     "lightning.pytorch.loggers.csv_logs.CSVLogger; did you mean logger.csv.flush_logs_every_n_steps?"),
+    ("+callbacks.model_checkpont.monitor=val/loss", "callbacks.model_checkpont names no class (_target_), so "
+     "nothing would build it: did you mean callbacks.model_checkpoint?"),
+])  # fmt: skip
+def test_a_key_no_constructor_takes_is_rejected_before_data_preparation(
+    override: str, message: str, tmp_path: Path
+) -> None:
+    with pytest.raises(ConfigError) as caught:
+        train(compose_train([*corpus_run(tmp_path), override], tmp_path / "run"))
+    assert message in str(caught.value)
+    assert not (tmp_path / "cache").exists()  # no data was prepared
+    assert not (tmp_path / "run").exists()  # refused before the run started, like other config errors
+
+
+def cli(module: str, *args: str, cwd: Path) -> subprocess.CompletedProcess:
+    """`python -m <module> <args>` as a user runs it (without HYDRA_FULL_ERROR, which the tests set)."""
+    env = {k: v for k, v in os.environ.items() if k != "HYDRA_FULL_ERROR"}
+    env["ATTNLAB_LOG_DIR"] = str(cwd / "logs")
+    return subprocess.run([sys.executable, "-m", module, *args], capture_output=True, text=True, timeout=300,
+                          env=env, cwd=cwd)  # fmt: skip
+
+
+def test_a_run_directory_under_a_file_is_refused_naming_hydra_run_dir(tmp_path: Path) -> None:
+    blocker = tmp_path / "a_file"
+    blocker.write_text("not a directory\n")
+    done = cli("attnlab.cli.train", "data=synthetic", "model=tiny", f"hydra.run.dir={blocker / 'run'}",
+               cwd=tmp_path)  # fmt: skip
+    assert done.returncode == 1
+    assert "Traceback" not in done.stderr + done.stdout
+    assert f"cannot create the run directory {blocker / 'run'}" in done.stderr
+    assert "set hydra.run.dir" in done.stderr
+    assert blocker.read_text() == "not a directory\n"
+
+
+def test_attnlab_eval_without_ckpt_path_says_what_is_required(tmp_path: Path) -> None:
+    done = cli("attnlab.cli.eval", cwd=tmp_path)
+    assert done.returncode == 1
+    assert done.stderr.strip() == (
+        "attnlab-eval: ckpt_path=<checkpoint file, list of files or run directory> is required"
+    )
+
+
+SYNTHETIC = [*RUN, "data.num_workers=0", "data.n_train=48", "trainer.max_epochs=1",
+             "callbacks.last_checkpoint.every_n_train_steps=1"]  # fmt: skip
+# (runs.RUN, shortened: 3 optimizer steps, last.ckpt after each)
+
+
+class WhileRunning(L.Callback):
+    """At the start of fitting, records the run directory's lock file and, with `second`, runs a second
+    `attnlab-train` in the same run directory (`SYNTHETIC`), recording how it ended."""
+
+    seen: ClassVar[dict[str, Any]] = {}
+
+    def __init__(self, run_dir: str, second: bool = False) -> None:
+        self.run_dir, self.second = Path(run_dir), second
+
+    def on_fit_start(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
+        WhileRunning.seen["lock"] = (self.run_dir / RUN_LOCK).read_text()
+        if self.second:
+            second = [*SYNTHETIC, f"hydra.run.dir={self.run_dir}"]
+            WhileRunning.seen["second"] = cli("attnlab.cli.train", *second, cwd=self.run_dir.parent)
+
+
+def while_running(run_dir: Path, second: bool = False) -> list[str]:
+    WhileRunning.seen.clear()
+    return [f"+callbacks.probe._target_={__name__}.WhileRunning", f"+callbacks.probe.run_dir={run_dir}",
+            f"+callbacks.probe.second={second}"]  # fmt: skip
+
+
+def test_a_second_process_in_a_running_run_directory_is_refused(tmp_path: Path) -> None:
+    run_dir = tmp_path / "run"
+    train(compose_train([*SYNTHETIC, *while_running(run_dir, second=True)], run_dir))
+    me = f"{os.getpid()} {socket.gethostname()}"
+    assert WhileRunning.seen["lock"] == me + "\n"  # the first process holds the lock, named in it
+    second = WhileRunning.seen["second"]
+    assert second.returncode == 1 and "Traceback" not in second.stderr
+    assert f"the run directory {run_dir} is in use: pid {os.getpid()} on host {socket.gethostname()}" in (
+        second.stderr
+    )
+    assert "set hydra.run.dir to another directory" in second.stderr
+    manifest = json.loads((run_dir / "manifest.json").read_text())
+    assert manifest["status"] == "finished" and "error" not in manifest  # the first run's, untouched
+    assert (run_dir / RUN_LOCK).read_text() == ""  # released when the run ended
+    with FileLock(run_dir / RUN_LOCK, timeout=0):
+        pass
+
+
+def test_more_processes_than_validation_batches_is_refused_before_training(tmp_path: Path) -> None:
+    # Two DDP ranks and a 1-sentence validation set: one rank would have no validation batch. The
+    # refusal comes before `Trainer.fit` starts the second process, so this runs in-process.
+    run_dir = tmp_path / "run"
+    with pytest.raises(DataError) as caught:
+        train(compose_train([*SYNTHETIC, "data.n_val=1", "trainer=ddp_cpu"], run_dir))
+    assert "split 'val' has 1 sentence pairs in 1 batches, fewer than the 2 processes of this run" in str(
+        caught.value
+    )
+    assert "Use fewer trainer.devices" in str(caught.value)
+    assert_refused_before_training(run_dir)
+
+
+def test_a_failed_run_releases_its_run_directory(tmp_path: Path) -> None:
+    run_dir = tmp_path / "run"
+    with pytest.raises(DataError, match="split 'test' is empty"):
+        train(compose_train(corpus_run(tmp_path, {"train": 40, "valid": 4, "test": 0}), run_dir))
+    assert (run_dir / RUN_LOCK).read_text() == ""
+    train(compose_train([*SYNTHETIC, *while_running(run_dir)], run_dir))  # the next run takes it
+    assert WhileRunning.seen["lock"] == f"{os.getpid()} {socket.gethostname()}\n"
+
+
+def test_resuming_a_killed_run_takes_over_its_stale_lock(tmp_path: Path) -> None:
+    run_dir = tmp_path / "run"
+    killed = attnlab_train(run_dir, *SYNTHETIC[len(RUN):], "+callbacks.kill._target_=probes.SignalAt",
+                           "+callbacks.kill.step=2", "+callbacks.kill.signum=9")  # fmt: skip
+    assert killed.returncode == -9
+    pid, host = (run_dir / RUN_LOCK).read_text().split()  # left behind by the dead process
+    assert (int(pid), host) != (os.getpid(), socket.gethostname())
+    train(compose_train([*SYNTHETIC, "resume=true", *while_running(run_dir)], run_dir))
+    assert WhileRunning.seen["lock"] == f"{os.getpid()} {socket.gethostname()}\n"
+    assert json.loads((run_dir / "manifest.json").read_text())["status"] == "finished"
