@@ -64,9 +64,17 @@ def step_losses(run_dir: Path) -> dict[int, float]:
         }
 
 
+def logged_rows(run_dir: Path, metric: str) -> list[tuple[int, float]]:
+    """Every `(step, value)` row of `metric` in `csv/metrics.csv` (repeated rows kept), by step."""
+    with open(run_dir / "csv" / "metrics.csv", newline="") as f:
+        return sorted((int(r["step"]), float(r[metric])) for r in csv.DictReader(f) if r.get(metric))
+
+
 def assert_same_training(run_dir: Path, reference: Path) -> None:
     ours, theirs = weights(run_dir), weights(reference)
     assert ours.keys() == theirs.keys()
     different = [k for k in ours if not torch.equal(ours[k], theirs[k])]
     assert not different, f"weights differ from the uninterrupted run: {different[:5]}"
     assert step_losses(run_dir) == step_losses(reference)  # the history, before and after the resumption
+    for metric in ("val/loss", "params/total"):  # each validation and the parameter count, logged once
+        assert logged_rows(run_dir, metric) == logged_rows(reference, metric), metric

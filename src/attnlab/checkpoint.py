@@ -256,6 +256,67 @@ def saved_settings(checkpoint: dict[str, Any], key: str, path: str | Path) -> An
         raise CheckpointError(f"{path} holds {key} settings this version cannot use: {exc}") from None
 
 
+LAYER_KEY = re.compile(r"^(encoder|decoder)\.layers\.(\d+)\.")
+
+
+def check_weights_fit(
+    config: TransformerConfig,
+    state_dict: Any,
+    path: str | Path,
+    *,
+    prefix: str = "model.",
+    strict: bool = True,
+) -> None:
+    """Refuse, before any model is built, weights that do not fit the model settings `config`: a
+    checkpoint's settings could otherwise make building its model allocate any amount of memory (say
+    d_model=65536 and a vocabulary of a million), whatever its weights hold.
+
+    The layer counts are compared with the layers the weights hold first (a count alone could make even
+    a model without storage slow to build), then the model is built on the `meta` device (no memory)
+    and every parameter and buffer shape compared with the weights' (`state_dict` keys under `prefix`).
+    With `strict=False` missing and extra weights are allowed (as `load_state_dict(strict=False)` does);
+    layer counts and shapes must still match.
+
+    Raises:
+        CheckpointError: Naming the file and the first differing key.
+    """
+    from attnlab.model.transformer import Transformer
+
+    refused = f"{path}: its model settings do not fit its weights"
+    advice = ("; refused before the model was built — the file is damaged or not written by attnlab-train, "
+              "use another checkpoint")  # fmt: skip
+    if not isinstance(state_dict, dict) or not all(
+        isinstance(k, str) and isinstance(v, Tensor) for k, v in state_dict.items()
+    ):
+        raise CheckpointError(f"{path}: its state_dict is not a dict of named tensors{advice}")
+    weights = model_weights(state_dict, prefix)
+    for side in ("encoder", "decoder"):
+        wanted = getattr(config, f"n_{side}_layers")
+        held = {int(m.group(2)) for key in weights if (m := LAYER_KEY.match(key)) and m.group(1) == side}
+        if held != set(range(wanted)):
+            first = min(held ^ set(range(wanted)))
+            raise CheckpointError(
+                f"{refused} (first differing key: {prefix}{side}.layers.{first}.*): "
+                f"model.n_{side}_layers={wanted} but the weights hold {len(held)} {side} layers{advice}"
+            )
+    with torch.device("meta"):  # shapes only: nothing is allocated
+        expected = Transformer(config).state_dict()
+    for key, tensor in expected.items():
+        if key not in weights:
+            if strict:
+                raise CheckpointError(f"{refused} (first differing key: {prefix}{key}, missing){advice}")
+            continue
+        if tuple(weights[key].shape) != tuple(tensor.shape):
+            raise CheckpointError(
+                f"{refused} (first differing key: {prefix}{key}: the settings make it "
+                f"{tuple(tensor.shape)}, the weights {tuple(weights[key].shape)}; d_model={config.d_model}, "
+                f"vocabulary sizes {config.src_vocab_size}/{config.tgt_vocab_size}){advice}"
+            )
+    extra = [key for key in weights if key not in expected]
+    if strict and extra:
+        raise CheckpointError(f"{refused} (first differing key: {prefix}{extra[0]}, unexpected){advice}")
+
+
 def epoch_checkpoints(directory: str | Path) -> list[Path]:
     """The per-epoch checkpoints `epochNNN.ckpt` of a run, oldest first.
 

@@ -6,17 +6,23 @@ disk (`fsync`) and only then renames it over the destination (`os.replace`, atom
 systems): a reader sees the previous checkpoint or the new one, never a part of one. A failed write
 removes its temporary file and raises `CheckpointWriteError` naming the file and the fix; temporary
 files left by a killed process are removed by the next save to the same path.
+
+It also reads the checkpoint a run continues from, by attnlab's one safe reader, and lets only the
+callback states that may steer the run in (`trusted_callback_states`).
 """
 
 from __future__ import annotations
 
 import errno
+import logging
 import os
 from pathlib import Path
 from typing import IO, Any
 
 import torch
 from lightning.fabric.plugins.io.torch_io import TorchCheckpointIO
+
+log = logging.getLogger(__name__)
 
 
 class CheckpointWriteError(OSError):
@@ -64,8 +70,66 @@ def _write_failure(exc: BaseException) -> OSError | None:
     return None
 
 
+# The entries of Lightning's `ModelCheckpoint` state naming files: the final evaluation reads the best one,
+# and Lightning deletes the ones a new checkpoint replaces.
+CHECKPOINT_PATHS = ("best_model_path", "kth_best_model_path", "last_model_path")
+
+
+def _named_files(state: dict[str, Any]) -> list[Any]:
+    """The files a `ModelCheckpoint` state names (its path entries and the keys of `best_k_models`)."""
+    best_k = state.get("best_k_models")
+    return [state.get(key) for key in CHECKPOINT_PATHS] + list(best_k if isinstance(best_k, dict) else [])
+
+
+def trusted_callback_states(checkpoint: dict[str, Any], path: Path, own_run: bool) -> None:
+    """Keep (in place) only the callback states of `checkpoint` that may steer this run.
+
+    A checkpoint of another run (`ckpt_path=`, `own_run=False`) starts a new run: none of its callback
+    states is loaded, so its `ModelCheckpoint` state (best score, best and top-k files) cannot choose
+    which file the final evaluation scores or which file Lightning deletes, nor its `EarlyStopping`
+    state stop this run. The run's own `last.ckpt` keeps them, except a `ModelCheckpoint` state naming
+    a file outside the directory the checkpoint lies in (the run's `checkpoints/`; a run directory
+    moved since): that state is dropped, with a warning, and the callback starts afresh.
+    """
+    states = checkpoint.get("callbacks")
+    if not isinstance(states, dict) or not states:
+        return
+    if not own_run:
+        checkpoint["callbacks"] = {}
+        return
+    directory = path.parent.resolve()
+    for key, state in list(states.items()):
+        if not isinstance(state, dict) or "best_model_path" not in state:
+            continue  # not a ModelCheckpoint state
+        outside = [f for f in _named_files(state) if f != "" and f is not None and not _inside(f, directory)]
+        if outside:
+            log.warning(
+                "%s: the checkpoint callback state %s names %r, outside %s; it was not loaded (the "
+                "callback starts afresh: best checkpoint and scores from the epochs trained from here)",
+                path, key, outside[0], directory,
+            )  # fmt: skip
+            del states[key]
+
+
+def _inside(file: Any, directory: Path) -> bool:
+    """Whether `file` is a path in `directory` (or below it), symbolic links and `..` resolved."""
+    try:
+        return isinstance(file, str) and directory in Path(file).resolve().parents
+    except (OSError, ValueError):  # a name no file can have (a NUL byte, a link loop)
+        return False
+
+
 class AtomicCheckpointIO(TorchCheckpointIO):
-    """`TorchCheckpointIO` whose saves are atomic (temporary file, fsync, rename)."""
+    """`TorchCheckpointIO` whose saves are atomic (temporary file, fsync, rename).
+
+    Args:
+        own_run: Whether the checkpoint a run continues from is the run's own (`checkpoints/last.ckpt`):
+            only then do its callback states steer the run (see `trusted_callback_states`).
+    """
+
+    def __init__(self, own_run: bool = False) -> None:
+        super().__init__()
+        self.own_run = own_run
 
     def save_checkpoint(self, checkpoint: dict[str, Any], path: Any, storage_options: Any = None) -> None:
         if storage_options is not None:
@@ -103,7 +167,10 @@ class AtomicCheckpointIO(TorchCheckpointIO):
     def load_checkpoint(self, path: Any, map_location: Any = None, weights_only: bool | None = None) -> dict:
         """The checkpoint a run continues from (`trainer.fit(ckpt_path=...)`), read by attnlab's one safe
         reader, `attnlab.checkpoint.read_checkpoint` (weights only, whatever `weights_only` says; a file
-        naming a class attnlab does not build is refused)."""
+        naming a class attnlab does not build is refused), with only the callback states that may steer
+        this run (`trusted_callback_states`)."""
         from attnlab.checkpoint import read_checkpoint
 
-        return read_checkpoint(path, map_location=map_location)
+        checkpoint = read_checkpoint(path, map_location=map_location)
+        trusted_callback_states(checkpoint, Path(path), self.own_run)
+        return checkpoint

@@ -58,22 +58,45 @@ def flatten(tree: Any, prefix: str = "") -> dict[str, Any]:
 
 
 def _params(run_dir: Path) -> float | None:
+    """The run's parameter count (`params/total` in `csv/metrics.csv`), None when it was not logged.
+
+    Raises:
+        UnreadableRunFile: The file cannot be read, is not UTF-8 CSV, or its count is not a number.
+    """
     path = run_dir / "csv" / "metrics.csv"
     if not path.is_file():
         return None
-    with open(path, newline="") as f:
-        for row in csv.DictReader(f):
-            if row.get("params/total"):
-                return float(row["params/total"])
+    try:
+        with open(path, newline="", encoding="utf-8") as f:
+            for row in csv.DictReader(f):
+                if row.get("params/total"):
+                    return float(row["params/total"])
+    except (OSError, UnicodeDecodeError, csv.Error) as exc:
+        raise UnreadableRunFile(f"cannot read {path}: {exc}") from None
+    except ValueError:
+        raise UnreadableRunFile(
+            f"cannot read {path}: params/total={row['params/total']!r} is not a number"
+        ) from None
     return None
 
 
-def _seconds(manifest: dict[str, Any]) -> float | None:
+def _seconds(manifest: dict[str, Any], path: Path) -> float | None:
+    """Seconds from `start_time` to `end_time` of a manifest (None when one is missing or no ISO time).
+
+    Raises:
+        UnreadableRunFile: One of them has a timezone and the other not (they cannot be subtracted).
+    """
     try:
         start, end = (datetime.fromisoformat(manifest[k]) for k in ("start_time", "end_time"))
     except (KeyError, TypeError, ValueError):
         return None
-    return (end - start).total_seconds()
+    try:
+        return (end - start).total_seconds()
+    except TypeError:
+        raise UnreadableRunFile(
+            f"cannot read {path}: start_time {manifest['start_time']!r} and end_time "
+            f"{manifest['end_time']!r} cannot be compared (one has a timezone, the other not)"
+        ) from None
 
 
 class UnreadableRunFile(ValueError):
@@ -133,6 +156,12 @@ def _read_run(run_dir: Path) -> Run:
     manifest: dict[str, Any] = {}
     if (run_dir / "manifest.json").is_file():
         manifest = _json_object(run_dir / "manifest.json")
+    for key in ("status", "error"):
+        if manifest.get(key) is not None and not isinstance(manifest[key], str):
+            raise UnreadableRunFile(
+                f"cannot read {run_dir / 'manifest.json'}: its {key!r} is a JSON "
+                f"{type(manifest[key]).__name__} ({manifest[key]!r}), not text"
+            )
     status = str(manifest.get("status", "unknown"))
     results_file = run_dir / "results.json"
     if status != "finished" or not results_file.is_file():
@@ -142,7 +171,7 @@ def _read_run(run_dir: Path) -> Run:
     params = _params(run_dir)
     if params is not None:
         metrics["params"] = params
-    seconds = _seconds(manifest)
+    seconds = _seconds(manifest, run_dir / "manifest.json")
     if seconds is not None:
         metrics["train_minutes"] = seconds / 60
     return Run(run_dir, config, "finished", metrics)

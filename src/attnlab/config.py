@@ -126,7 +126,9 @@ def check_constructor_keys(cfg: DictConfig) -> None:
 
     Run after `validate`, before any data is prepared: it imports those classes (lightning among them)
     to read their signatures, so a mistyped `+trainer.max_epoch=3` fails at once, with a did-you-mean,
-    rather than as a TypeError after data preparation. A class taking `**kwargs` accepts any key.
+    rather than as a TypeError after data preparation. A class taking `**kwargs` accepts any key,
+    unless it names the keys it passes them on to (a classmethod `accepted_keys`, as
+    `attnlab.tracking.WandbLogger` does).
 
     Raises:
         ConfigError: naming the key, the class and the fix.
@@ -147,6 +149,10 @@ def check_constructor_keys(cfg: DictConfig) -> None:
             nodes.append((f"{group}.{name}", node))
     for key, node in nodes:
         cls = _target_class(node, key)
+        accepted = getattr(cls, "accepted_keys", None)  # a class passing **kwargs on names what it takes
+        if callable(accepted):
+            _reject_unknown_keys(key, cls, node.keys(), list(accepted()))
+            continue
         parameters = inspect.signature(cls).parameters
         if any(p.kind is inspect.Parameter.VAR_KEYWORD for p in parameters.values()):
             continue

@@ -330,7 +330,7 @@ class TranslationModule(L.LightningModule):
             attnlab.checkpoint.CheckpointError: The file is missing, damaged, not from attnlab-train or
                 refused (see `read_checkpoint`).
         """
-        from attnlab.checkpoint import CheckpointError, read_checkpoint, saved_settings
+        from attnlab.checkpoint import CheckpointError, check_weights_fit, read_checkpoint, saved_settings
 
         if hparams_file is not None:
             raise TypeError(
@@ -352,7 +352,11 @@ class TranslationModule(L.LightningModule):
         for key in ("model", "optim", "decode"):
             if key not in settings:
                 settings[key] = saved_settings(checkpoint, key, checkpoint_path)
-        module = cls(**settings)
+        model = settings["model"]
+        model = model if isinstance(model, TransformerConfig) else TransformerConfig(**model)
+        # Before anything is allocated: settings that do not fit the weights could ask for any amount.
+        check_weights_fit(model, checkpoint["state_dict"], checkpoint_path, strict=strict is not False)
+        module = cls(**{**settings, "model": model})
         module.on_load_checkpoint(checkpoint)
         strict = module.strict_loading if strict is None else strict
         module.load_state_dict(checkpoint["state_dict"], strict=strict)

@@ -10,13 +10,14 @@
 from __future__ import annotations
 
 import csv
+import io
 import math
 import statistics
 from collections.abc import Sequence
 from pathlib import Path
 
 from attnlab.compare import GroupSummary, Run
-from attnlab.data.cache import atomic_writer
+from attnlab.data.cache import atomic_write_files
 
 
 def validation_curve(run: Run, metric: str) -> dict[int, float]:
@@ -39,7 +40,8 @@ def _slug(metric: str) -> str:
 
 def plot_comparison(groups: Sequence[GroupSummary], metric: str, out_dir: str | Path) -> list[Path]:
     """Write the comparison plots of `groups` (from `attnlab.compare.summarize`) for `metric` into
-    `out_dir`; returns the files written."""
+    `out_dir` (all together once every plot is drawn: a failed write leaves every file there before
+    unchanged); returns the files written."""
     import matplotlib
 
     matplotlib.use("Agg")  # files only: no display needed
@@ -47,7 +49,7 @@ def plot_comparison(groups: Sequence[GroupSummary], metric: str, out_dir: str | 
 
     out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)
-    written = []
+    written: dict[Path, bytes] = {}
     names = [g.name for g in groups]
     width = max(6.0, 1.2 * len(groups))
 
@@ -63,7 +65,7 @@ def plot_comparison(groups: Sequence[GroupSummary], metric: str, out_dir: str | 
     ax.set_ylabel(metric)
     ax.set_title(f"{metric}: mean, 95% t-interval; dots: seeds", fontsize=10)
     fig.tight_layout()
-    written.append(_save(fig, out / f"{_slug(metric)}_by_group.png"))
+    written[out / f"{_slug(metric)}_by_group.png"] = _png(fig)
 
     bleu_logged = any(validation_curve(r, "val/bleu") for g in groups for r in g.runs)
     curve_metric = "val/bleu" if bleu_logged else "val/loss"
@@ -83,7 +85,7 @@ def plot_comparison(groups: Sequence[GroupSummary], metric: str, out_dir: str | 
     ax.set_title(f"{curve_metric} per epoch: mean over seeds, range shaded", fontsize=10)
     _legend(ax)
     fig.tight_layout()
-    written.append(_save(fig, out / "validation_curves.png"))
+    written[out / "validation_curves.png"] = _png(fig)
 
     fig, ax = plt.subplots(figsize=(7, 4.5))
     for i, g in enumerate(groups):
@@ -97,8 +99,14 @@ def plot_comparison(groups: Sequence[GroupSummary], metric: str, out_dir: str | 
     ax.set_title(f"{metric} vs parameter count", fontsize=10)
     _legend(ax)
     fig.tight_layout()
-    written.append(_save(fig, out / f"{_slug(metric)}_vs_params.png"))
-    return written
+    written[out / f"{_slug(metric)}_vs_params.png"] = _png(fig)
+    try:
+        atomic_write_files(written)
+    except OSError as exc:
+        raise OSError(exc.errno, f"cannot write plot {exc.filename or out}: {exc.strerror or exc}; the files "
+                      f"in {out} before are unchanged. Free disk space or choose another --plots directory"
+                      ) from None  # fmt: skip
+    return list(written)
 
 
 def _legend(ax: object) -> None:
@@ -106,16 +114,13 @@ def _legend(ax: object) -> None:
         ax.legend(fontsize=7)  # type: ignore[attr-defined]
 
 
-def _save(fig: object, path: Path) -> Path:
-    """Write `fig` as PNG to `path` atomically (a failed write leaves a file there before unchanged)."""
+def _png(fig: object) -> bytes:
+    """`fig` as PNG bytes (the figure is closed)."""
     import matplotlib.pyplot as plt
 
+    buffer = io.BytesIO()
     try:
-        with atomic_writer(path) as f:
-            fig.savefig(f, format="png", dpi=100)  # type: ignore[attr-defined]
-    except OSError as exc:
-        raise OSError(exc.errno, f"cannot write plot {path}: {exc.strerror or exc}; a file there before is "
-                      "unchanged. Free disk space or choose another --plots directory") from None  # fmt: skip
+        fig.savefig(buffer, format="png", dpi=100)  # type: ignore[attr-defined]
     finally:
         plt.close(fig)  # type: ignore[arg-type]
-    return path
+    return buffer.getvalue()

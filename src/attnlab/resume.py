@@ -10,9 +10,10 @@ A resumed run must be the same experiment: its config may differ from the saved 
 differences. The checkpoint carries everything the rest of the training depends on (weights, optimizer,
 LR schedule, step and epoch counters, the data sampler's position inside the epoch, the random-number
 generator states), so the resumed run reaches the same weights as one that was never interrupted.
-Its CSV history keeps the rows logged before the checkpoint's step; its W&B run is the same run (same
-id) continued. Epoch averages of the interrupted epoch's training metrics (`train/*_epoch`) cover only
-the steps after the resumption.
+Its CSV history keeps the rows logged before the checkpoint's step (the parameter counts, which every
+fit logs when it starts, are logged once again), so it holds the rows of an uninterrupted run; its W&B
+run is the same run (same id) continued. Epoch averages of the interrupted epoch's training metrics
+(`train/*_epoch`) cover only the steps after the resumption.
 """
 
 from __future__ import annotations
@@ -133,7 +134,10 @@ def checkpoint_step(path: str) -> int:
 
 
 def csv_history(output_dir: Path, before_step: int) -> list[dict[str, float]]:
-    """The rows of `csv/metrics.csv` logged before `before_step` (the resumed run logs the rest again)."""
+    """The rows of `csv/metrics.csv` logged before `before_step` (the resumed run logs the rest again),
+    but for the parameter counts (`params/*`), which every fit logs again when it starts: the resumed
+    run's file then holds each row of an uninterrupted run's once (the validations before the
+    checkpoint's step included)."""
     path = output_dir / "csv" / "metrics.csv"
     if not path.is_file():
         return []
@@ -141,6 +145,8 @@ def csv_history(output_dir: Path, before_step: int) -> list[dict[str, float]]:
     with open(path, newline="") as f:
         for row in csv.DictReader(f):
             values = {k: float(v) for k, v in row.items() if v not in ("", None)}
+            if any(key.startswith("params/") for key in values):
+                continue
             if values.get("step", 0) < before_step:
                 if "step" in values:
                     values["step"] = int(values["step"])

@@ -96,6 +96,21 @@ class WandbLogger(_LightningWandbLogger):
         super().__init__(name=name, save_dir=save_dir, project=project, entity=entity, group=group,
                          tags=list(tags), mode=mode, job_type=job_type, **kwargs)  # fmt: skip
 
+    @classmethod
+    def accepted_keys(cls) -> list[str]:
+        """The keys this logger takes: its own parameters and those of what its `**kwargs` reach,
+        Lightning's `WandbLogger` and `wandb.init` (imported here: only when a W&B logger is configured)."""
+        import inspect
+
+        import wandb
+
+        keys: list[str] = []
+        for function in (cls, _LightningWandbLogger, wandb.init):
+            for name, parameter in inspect.signature(function).parameters.items():
+                if parameter.kind is not inspect.Parameter.VAR_KEYWORD and name not in keys:
+                    keys.append(name)
+        return keys
+
 
 def task_overrides() -> list[str]:
     """The command-line overrides of the current Hydra job ([] outside a Hydra app)."""

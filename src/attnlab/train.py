@@ -83,18 +83,17 @@ def train(cfg: DictConfig) -> dict[str, float]:
             from attnlab.tracking import name_and_group
 
             name_and_group(cfg, resolved_config(cfg))
+        previous = _run_records(output_dir) if continuing else None  # before anything is rewritten
         OmegaConf.save(OmegaConf.create(resolved_config(cfg)), output_dir / "config.yaml")
 
         import lightning as L
         from lightning.pytorch.utilities import rank_zero_only
 
         from attnlab.callbacks import Preempted
-        from attnlab.data.cache import atomic_write_bytes
-        from attnlab.manifest import MANIFEST_FILE, now, start_manifest, write_manifest
+        from attnlab.manifest import now, start_manifest, write_manifest
 
         is_zero = rank_zero_only.rank == 0  # under DDP every rank runs this; one writes the manifest
         resumed_from = resume_from if continuing else None
-        previous = _manifest_bytes(output_dir) if continuing else None
         manifest = start_manifest(output_dir, resumed_from=resumed_from) if is_zero else {}
         try:
             if cfg.get("seed") is not None:
@@ -105,7 +104,7 @@ def train(cfg: DictConfig) -> dict[str, float]:
         except BaseException as exc:
             if is_zero and previous is not None and isinstance(exc, ConfigError):
                 # A refused continuation (e.g. other training data) trained nothing: the run stays as it was.
-                atomic_write_bytes(output_dir / MANIFEST_FILE, previous)
+                _restore_run_records(previous)
             elif is_zero:
                 status = "interrupted" if isinstance(exc, Preempted) else "failed"
                 error = f"{type(exc).__name__}: {exc}".splitlines()[0]
@@ -118,14 +117,30 @@ def train(cfg: DictConfig) -> dict[str, float]:
         return metrics
 
 
-def _manifest_bytes(output_dir: Path) -> bytes | None:
-    """The run's `manifest.json` as it is on disk (None without one)."""
+def _run_records(output_dir: Path) -> dict[Path, bytes | None]:
+    """The run's bookkeeping files that a run rewrites before training (manifest, `config.yaml`, the CSV
+    history) as they are on disk (None: absent), for `_restore_run_records` when a continuation is
+    refused after they were rewritten."""
     from attnlab.manifest import MANIFEST_FILE
 
-    try:
-        return (output_dir / MANIFEST_FILE).read_bytes()
-    except OSError:
-        return None
+    records: dict[Path, bytes | None] = {}
+    for name in (MANIFEST_FILE, "config.yaml", "csv/metrics.csv"):
+        try:
+            records[output_dir / name] = (output_dir / name).read_bytes()
+        except OSError:
+            records[output_dir / name] = None
+    return records
+
+
+def _restore_run_records(records: dict[Path, bytes | None]) -> None:
+    """Put each file of `_run_records` back as it was (removed when it did not exist)."""
+    from attnlab.data.cache import atomic_write_bytes
+
+    for path, data in records.items():
+        if data is not None:
+            atomic_write_bytes(path, data)
+        else:
+            path.unlink(missing_ok=True)
 
 
 RUN_LOCK = ".lock"  # in the run directory: `<pid> <host>` of the process running there
@@ -250,7 +265,7 @@ def _fit_and_evaluate(
         callbacks=_instantiate_all(cfg.get("callbacks")),
         logger=_instantiate_all(cfg.get("logger")) or False,
         default_root_dir=str(output_dir),
-        plugins=[*cluster_plugins(), AtomicCheckpointIO()],
+        plugins=[*cluster_plugins(), AtomicCheckpointIO(own_run=continuing)],
     )
     datamodule.check_feeds(trainer.world_size, test=bool(cfg.get("test", True)))  # before any training
     log.info("run directory: %s", output_dir)

@@ -21,9 +21,16 @@ from typing import Any
 
 import torch
 
-from attnlab.checkpoint import BUNDLE_KEY, CheckpointError, model_weights, read_averaged, saved_settings
+from attnlab.checkpoint import (
+    BUNDLE_KEY,
+    CheckpointError,
+    check_weights_fit,
+    model_weights,
+    read_averaged,
+    saved_settings,
+)
 from attnlab.data.batching import TokenBatchSampler, cut_source, pad
-from attnlab.data.cache import atomic_write_bytes
+from attnlab.data.cache import atomic_write_bytes, atomic_write_files
 from attnlab.data.corpora import CorpusData
 from attnlab.data.tokenizer import SubwordTokenizer
 from attnlab.decoding import translate_ids
@@ -89,13 +96,24 @@ class Translator:
                 f"{paths[0]} holds no tokenizers: its model was trained on data without text "
                 "(data=synthetic), so it cannot translate text"
             )
-        model = Transformer(saved_settings(checkpoint, "model", paths[0]))
-        model.load_state_dict(model_weights(checkpoint["state_dict"]))
+        config = saved_settings(checkpoint, "model", paths[0])
+        check_weights_fit(config, checkpoint["state_dict"], paths[0])  # before anything is allocated
+        model = Transformer(config)
+        try:
+            model.load_state_dict(model_weights(checkpoint["state_dict"]))
+        except Exception as exc:  # no dict, missing or extra weights, wrong shapes
+            what = "its state_dict does not hold the weights of its model settings"
+            raise _damaged(paths, what, exc) from None
+        tokenizers = []
+        for side in ("src_tokenizer", "tgt_tokenizer"):
+            try:
+                tokenizers.append(SubwordTokenizer.from_json(bundle[side]))
+            except Exception as exc:  # the tokenizers library raises a bare Exception on bad JSON
+                raise _damaged(paths, f"its {side} is not a valid tokenizer", exc) from None
         model.to(pick_device(device))
         return cls(
             model,
-            SubwordTokenizer.from_json(bundle["src_tokenizer"]),
-            SubwordTokenizer.from_json(bundle["tgt_tokenizer"]),
+            *tokenizers,
             decode or saved_settings(checkpoint, "decode", paths[0]),
             data=bundle.get("data"),
         )
@@ -168,6 +186,20 @@ class Translator:
             yield from self.translate(chunk)
 
 
+def _damaged(paths: Sequence[str | Path], what: str, exc: Exception) -> CheckpointError:
+    """The `CheckpointError` for checkpoint content that cannot be used: names the file(s), `what` is
+    wrong and the first line of the error."""
+    files = str(paths[0])
+    if len(paths) > 1:
+        files += f" (averaged with {', '.join(map(str, paths[1:]))})"
+    lines = [line.strip() for line in str(exc).strip().splitlines()] or [""]
+    detail = (lines[1] if lines[0].endswith(":") and len(lines) > 1 else lines[0])[:200]  # torch: a header
+    return CheckpointError(
+        f"{files}: {what} ({type(exc).__name__}: {detail}) — the file is damaged or not written by "
+        "attnlab-train; use another checkpoint"
+    )
+
+
 def evaluate(
     translator: Translator,
     sets: dict[str, tuple[Sequence[str], Sequence[str]]],
@@ -178,7 +210,8 @@ def evaluate(
 ) -> dict[str, Any]:
     """Decode and score each named set, writing `hypotheses/<name>.txt`, the raw references as
     `references/<name>.txt` (so runs can be compared by paired significance tests) and `results.json`,
-    each atomically (`atomic_write_bytes`: a failure leaves a file there before unchanged).
+    all together once every set is scored (`atomic_write_files`: a failed write leaves every file there
+    before unchanged, so hypotheses, references and results always belong to the same evaluation).
 
     Args:
         translator: The model to evaluate.
@@ -194,7 +227,7 @@ def evaluate(
         logged as a warning).
     """
     output_dir = Path(output_dir)
-    (output_dir / HYPOTHESES_DIR).mkdir(parents=True, exist_ok=True)
+    files: dict[Path, bytes] = {}
     results: dict[str, Any] = {
         "checkpoints": [str(Path(p).resolve()) for p in checkpoints],
         "averaged": len(checkpoints) > 1,
@@ -209,9 +242,9 @@ def evaluate(
             log.warning("%s: %d sources were cut to %s", name, translator.truncated - truncated,
                         translator.source_limit()[1])  # fmt: skip
         hyp_file = output_dir / HYPOTHESES_DIR / f"{name}.txt"
-        atomic_write_bytes(hyp_file, "".join(f"{line}\n" for line in hypotheses).encode("utf-8"))
+        files[hyp_file] = "".join(f"{line}\n" for line in hypotheses).encode("utf-8")
         ref_file = output_dir / REFERENCES_DIR / f"{name}.txt"  # for paired significance tests later
-        atomic_write_bytes(ref_file, "".join(f"{line}\n" for line in references).encode("utf-8"))
+        files[ref_file] = "".join(f"{line}\n" for line in references).encode("utf-8")
         scores = score_all(hypotheses, list(references))
         results["sets"][name] = {
             "bleu": scores["bleu"].score,
@@ -229,15 +262,21 @@ def evaluate(
     if translator.truncated:
         results["truncated_sources"] = translator.truncated
     results.update(extra or {})
-    write_results(output_dir, results)
+    files[output_dir / RESULTS_FILE] = results_bytes(results)
+    atomic_write_files(files)
     return results
 
 
 def write_results(output_dir: str | Path, results: dict[str, Any]) -> Path:
     """Write `results.json` atomically (a reader never sees half a file)."""
     path = Path(output_dir) / RESULTS_FILE
-    atomic_write_bytes(path, (json.dumps(results, indent=2, sort_keys=True) + "\n").encode("utf-8"))
+    atomic_write_bytes(path, results_bytes(results))
     return path
+
+
+def results_bytes(results: dict[str, Any]) -> bytes:
+    """The content of `results.json` for `results`."""
+    return (json.dumps(results, indent=2, sort_keys=True) + "\n").encode("utf-8")
 
 
 def results_table(results: dict[str, Any]) -> str:

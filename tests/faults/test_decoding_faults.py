@@ -6,7 +6,9 @@ lines."""
 from __future__ import annotations
 
 import io
+import json
 import logging
+import signal
 from pathlib import Path
 from typing import Any
 
@@ -186,3 +188,44 @@ def test_blank_lines_translate_to_empty_lines(
     monkeypatch.setattr("sys.stdin", io.TextIOWrapper(io.BytesIO(text.encode("utf-8")), newline="\n"))
     translate_main([f"ckpt_path={trained['ckpt']}", "device=cpu"])
     assert capsys.readouterr().out == "".join(f"{line}\n" for line in [alone, *[""] * len(BLANK), alone])
+
+
+# ---------------------------------------------------------------------------------------------------------
+# One very long line in a validation or test set, in attnlab-train itself
+
+
+def test_a_huge_line_in_the_validation_and_test_sets_is_cut_in_training(
+    shared_data: Path, tmp_path: Path, trained: dict[str, Any]
+) -> None:
+    """The loss and the greedy validation decodes of `attnlab-train` run on validation and test sources
+    cut to `data.max_source_tokens` (its default, 256, which only the 1 MB line exceeds; with sinusoidal
+    positions, where no position table limits them): the run finishes in seconds and reports one cut
+    sentence per set."""
+    corpus = write_corpus(require_shared_data(shared_data), tmp_path / "corpus", SPLITS)
+    huge = huge_line(trained["sources"])
+    for split in ("valid", "test"):
+        with open(corpus / f"{split}.de", "a", encoding="utf-8") as f:
+            f.write(huge + "\n")
+        with open(corpus / f"{split}.en", "a", encoding="utf-8") as f:
+            f.write("A very long sentence.\n")
+    overrides = [
+        "data=files", f"data.dir={corpus}", "data.src_lang=de", "data.tgt_lang=en", "data.vocab_size=300",
+        f"data.cache_dir={tmp_path / 'cache'}", "model=tiny", "model.pe=sinusoidal", "trainer.max_epochs=1",
+        "logger=csv", "test=true", "decode.every_n_epochs=1", "decode.beam=1", "decode.max_len_a=1.0",
+        "decode.max_len_b=5",
+    ]  # fmt: skip
+
+    def stalled(signum: int, frame: Any) -> None:
+        raise TimeoutError("attnlab-train stalled on the 1 MB line (not cut)")
+
+    previous = signal.signal(signal.SIGALRM, stalled)
+    signal.alarm(180)  # the run takes seconds; without the cut it stalls for many minutes
+    try:
+        metrics = train(compose_train(overrides, tmp_path / "run"))
+    finally:
+        signal.alarm(0)
+        signal.signal(signal.SIGALRM, previous)
+    assert metrics["data/truncated/val"] == 1.0 and metrics["data/truncated/test"] == 1.0
+    results = json.loads((tmp_path / "run" / "results.json").read_text())
+    assert results["metrics"]["data/truncated/val"] == 1.0
+    assert results["sets"]["test"]["sentences"] == SPLITS[2][2] + 1

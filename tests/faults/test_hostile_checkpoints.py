@@ -7,6 +7,10 @@ built), placed in each plain-data entry a reader uses, or pickled code (a foreig
 training from `ckpt_path=`, resuming, `TranslationModule.load_from_checkpoint`) refuses it with the same
 message; the marker is never created and the file is left byte for byte as it was. A damaged
 `last.ckpt` on `resume` is refused like any damaged checkpoint, before the run directory changes.
+
+Nor does checkpoint content steer a run: callback states claiming another file as the best checkpoint
+(from another run's checkpoint, or naming files outside the run), model settings that would allocate far
+more than the weights hold, and the FSDP strategy's own reader.
 """
 
 from __future__ import annotations
@@ -258,3 +262,151 @@ def test_a_training_config_with_another_data_class_is_refused_before_training(tm
         validate(cfg)
     assert not (tmp_path / "config.yaml").exists()
     validate(compose_train(["data=synthetic", "model=tiny"], tmp_path))  # attnlab's own: accepted
+
+
+# ---------------------------------------------------------------------------------------------------------
+# Checkpoint content that would steer a run: callback states, model settings, the FSDP strategy's reader
+
+STEERED = "val/loss"  # the monitor of `trained` (no validation decodes): lower is better
+
+
+def steering_callbacks(plain: dict[str, Any], checkpoints: Path, other: Path) -> dict[str, Any]:
+    """`plain` whose best-checkpoint state claims an unbeatable score for `other` (a real checkpoint
+    outside the run), with `dirpath` set to `checkpoints` so that Lightning loads the whole state."""
+    checkpoint = copy.deepcopy(plain)
+    states = [
+        s for s in checkpoint["callbacks"].values() if isinstance(s, dict) and s.get("monitor") == STEERED
+    ]
+    assert states, checkpoint["callbacks"].keys()  # the model_checkpoint callback's state
+    score = torch.tensor(-1e9)
+    for state in states:
+        state.update(
+            dirpath=os.path.realpath(checkpoints), best_model_score=score, best_model_path=str(other),
+            best_k_models={str(other): score}, kth_best_model_path=str(other), kth_value=score,
+        )  # fmt: skip
+    return checkpoint
+
+
+def two_epochs_tested(trained: dict[str, Any]) -> list[str]:
+    """`trained`'s overrides for one more epoch (the checkpoint ends the first) and the final evaluation."""
+    kept = [o for o in trained["overrides"] if not o.startswith(("test=", "trainer.max_epochs="))]
+    return [*kept, "test=true", "trainer.max_epochs=2"]
+
+
+def outside_files(*paths: Path) -> dict[Path, tuple[bytes, int]]:
+    return {p: (p.read_bytes(), p.stat().st_mtime_ns) for p in paths}
+
+
+def copy_elsewhere(trained: dict[str, Any], tmp_path: Path) -> Path:
+    """A real checkpoint outside the run directory (what a steered callback state points at)."""
+    other = tmp_path / "elsewhere" / "other.ckpt"
+    other.parent.mkdir()
+    shutil.copyfile(trained["last"], other)
+    return other
+
+
+def assert_own_best(metrics: dict[str, float], run: Path) -> None:
+    """The final evaluation scored this run's own best checkpoint, and the best score is this run's."""
+    results = json.loads((run / "results.json").read_text())
+    assert len(results["checkpoints"]) == 1, results["checkpoints"]
+    used = Path(results["checkpoints"][0])
+    assert used.parent == (run / "checkpoints").resolve() and used.name.startswith("best-"), used
+    assert used.is_file()
+    best = metrics[f"best/{STEERED}"]
+    assert best != -1e9 and best == pytest.approx(metrics[STEERED])  # one validation: the best is it
+
+
+def test_callback_states_of_another_runs_checkpoint_do_not_choose_the_evaluated_file(
+    trained: dict[str, Any], tmp_path: Path
+) -> None:
+    other = copy_elsewhere(trained, tmp_path)
+    run = tmp_path / "new_run"
+    evil = tmp_path / "evil.ckpt"
+    torch.save(steering_callbacks(trained["plain"], run / "checkpoints", other), evil)
+    kept = outside_files(other, evil, trained["last"])
+    metrics = train(compose_train([*two_epochs_tested(trained), f"ckpt_path={evil}"], run))
+    assert_own_best(metrics, run)
+    assert outside_files(*kept) == kept
+
+
+def test_paths_outside_the_run_in_its_own_last_ckpt_are_not_used(
+    trained: dict[str, Any], tmp_path: Path
+) -> None:
+    other = copy_elsewhere(trained, tmp_path)
+    run = copy_run(trained, tmp_path)
+    last = run / "checkpoints" / "last.ckpt"
+    torch.save(steering_callbacks(torch.load(last, weights_only=True), run / "checkpoints", other), last)
+    kept = outside_files(other)
+    metrics = train(compose_train([*two_epochs_tested(trained), "resume=true"], run))
+    assert_own_best(metrics, run)
+    assert outside_files(*kept) == kept
+
+
+def test_model_settings_that_do_not_fit_the_weights_are_refused_before_anything_is_built(
+    trained: dict[str, Any], tmp_path: Path
+) -> None:
+    """A model of d_model=65536 and a vocabulary of a million (262 GB of embeddings) is refused by its
+    weights' shapes at once, without allocating it."""
+    import resource
+    import time
+
+    checkpoint = copy.deepcopy(trained["plain"])
+    checkpoint["hyper_parameters"]["model"].update(d_model=65536, src_vocab_size=10**6, tgt_vocab_size=10**6)
+    path = tmp_path / "huge.ckpt"
+    torch.save(checkpoint, path)
+    before = path.read_bytes()
+    message = re.escape(
+        f"{path}: its model settings do not fit its weights (first differing key: model.encoder.embed.token."
+        "weight: the settings make it (1000000, 65536), the weights ("
+    )
+    readers: dict[str, Callable[[], Any]] = {
+        "Translator": lambda: Translator.from_checkpoints([path]),
+        "load_from_checkpoint": lambda: TranslationModule.load_from_checkpoint(path),
+        "attnlab-eval": lambda: evaluate_checkpoint(compose_eval([f"ckpt_path={path}"], tmp_path / "eval")),
+    }
+    for name, reader in readers.items():
+        peak, start = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss, time.monotonic()
+        with pytest.raises((CheckpointError, ConfigError)) as caught:
+            reader()
+        assert re.search(message, str(caught.value)), f"{name}: {caught.value}"
+        assert "refused before the model was built" in str(caught.value)
+        assert time.monotonic() - start < 30, name
+        assert resource.getrusage(resource.RUSAGE_SELF).ru_maxrss - peak < 500_000, name  # KiB: < 0.5 GB
+    assert path.read_bytes() == before
+
+
+@pytest.mark.parametrize("kind", ["foreign global", "hparams model"])
+def test_the_fsdp_strategy_reads_a_checkpoint_by_attnlabs_reader(
+    kind: str, trained: dict[str, Any], tmp_path: Path
+) -> None:
+    """`trainer=fsdp` with `ckpt_path=`: Lightning's FSDPStrategy would read the file with its own
+    unpickler. FSDP needs a process group on GPUs; the strategy's `load_checkpoint` is called here as
+    Lightning calls it, on one process without a process group (its broadcast is then the identity)."""
+    from attnlab.strategies import fsdp
+
+    marker = tmp_path / "marker"
+    path = tmp_path / "hostile.ckpt"
+    message = write_hostile(kind, trained["plain"], path, marker)
+    before = path.read_bytes()
+    strategy = fsdp(sharding_strategy="FULL_SHARD", state_dict_type="full")
+    module = TranslationModule.load_from_checkpoint(trained["last"])
+    strategy.connect(module)
+    try:
+        strategy.load_checkpoint(path)
+    except Exception as exc:
+        refusal: Exception | None = exc
+    else:
+        refusal = None
+    assert not marker.exists(), "the strategy ran code named by the checkpoint"
+    assert isinstance(refusal, CheckpointError), repr(refusal)
+    assert_refused(refusal, message, path)
+    assert path.read_bytes() == before
+    with pytest.raises(CheckpointError, match=r"is not a checkpoint file: .*full checkpoints only"):
+        strategy.load_checkpoint(tmp_path)  # a directory of shards: its metadata would be unpickled
+    weights = tmp_path / "weights.ckpt"  # a real checkpoint loads (without optimizer states: no trainer here)
+    torch.save({k: v for k, v in trained["plain"].items() if k != "optimizer_states"}, weights)
+    fresh = TranslationModule(**{k: trained["plain"]["hyper_parameters"][k] for k in ("model", "optim")})
+    strategy.connect(fresh)
+    loaded = strategy.load_checkpoint(weights)
+    assert all(torch.equal(v, trained["plain"]["state_dict"][k]) for k, v in fresh.state_dict().items())
+    assert loaded["callbacks"] == {}  # another run's callback states: not loaded

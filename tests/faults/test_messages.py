@@ -68,6 +68,15 @@ def write_run(directory: Path, seed: int, bleu: float) -> None:
         ("manifest.json", b'["finished"]', "it holds a JSON list, not an object"),
         ("manifest.json", b'{"status": "fini\xff"}', "invalid start byte"),  # not UTF-8
         ("config.yaml", b"seed: [3\n", "while parsing a flow sequence"),  # not YAML
+        ("manifest.json", b'{"status": "failed", "error": 5}', "its 'error' is a JSON int (5), not text"),
+        (
+            "manifest.json",
+            b'{"status": "finished", "start_time": "2026-01-01T00:00:00+00:00", '
+            b'"end_time": "2026-01-01T00:30:00"}',
+            "cannot be compared (one has a timezone, the other not)",
+        ),
+        ("csv/metrics.csv", b"step,params/total\n0,12\xff3\n", "invalid start byte"),  # not UTF-8
+        ("csv/metrics.csv", b"step,params/total\n0,abc\n", "params/total='abc' is not a number"),
     ],
 )
 def test_compare_lists_a_run_with_an_unreadable_file_and_compares_the_others(
@@ -77,13 +86,15 @@ def test_compare_lists_a_run_with_an_unreadable_file_and_compares_the_others(
 
     for seed, bleu in ((1, 30.0), (2, 32.0), (3, 99.0)):
         write_run(tmp_path / "sweep" / f"seed={seed}", seed, bleu)
-    broken = tmp_path / "sweep" / "seed=3" / name
+    run_dir = tmp_path / "sweep" / "seed=3"
+    broken = run_dir / name
+    broken.parent.mkdir(exist_ok=True)
     broken.write_bytes(content)
     compare_main([str(tmp_path / "sweep")])
     out = capsys.readouterr().out
     assert "| all | 2 | 31.00 ± 1.41" in out  # seeds 1 and 2; seed 3's 99.0 is not in it
     unreadable = out.split("Unreadable, not compared:\n")[1]
-    assert unreadable.startswith(f"- {broken.parent} (cannot read {broken}: ") and reason in unreadable
+    assert unreadable.startswith(f"- {run_dir} (cannot read {broken}: ") and reason in unreadable
 
 
 def test_average_last_with_too_few_epoch_checkpoints_names_the_setting(tmp_path: Path) -> None:

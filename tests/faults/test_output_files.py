@@ -11,20 +11,23 @@ import json
 import os
 import resource
 import signal
+import stat
 import sys
 from collections.abc import Iterator
-from contextlib import contextmanager
+from contextlib import contextmanager, suppress
 from pathlib import Path
 from typing import Any
 
 import pytest
+import torch
 import yaml
 from hydra import compose, initialize_config_dir
 
+from attnlab.checkpoint import BUNDLE_KEY
 from attnlab.cli.compare import main as compare_main
 from attnlab.cli.eval import evaluate_checkpoint
 from attnlab.cli.translate import main as translate_main
-from attnlab.config import config_dir, register_resolvers
+from attnlab.config import ConfigError, config_dir, register_resolvers
 from attnlab.train import train
 from helpers import compose_train, require_shared_data, write_corpus
 
@@ -177,28 +180,148 @@ def test_an_error_mid_stream_leaves_the_old_output_and_no_temporary_file(
     assert names(tmp_path) == files
 
 
+@contextmanager
+def not_a_regular_file(kind: str, directory: Path) -> Iterator[tuple[str, Path, Any]]:
+    """(the output name, the path whose kind must stay, a reader of what was written to it) for
+    `kind`: a FIFO, a character device (1, 3: a null device made in `directory`, never the real
+    /dev/null; skipped where it cannot be made or opened), or a pipe named as /dev/stdout names it
+    (/proc/self/fd/N, whose real path /proc/PID/fd/pipe:[N] names no file). The read ends are opened
+    first, non-blocking: the small outputs fit in the pipe's buffer, and a pipe that was never written
+    reads as empty instead of hanging."""
+    if kind == "character device":
+        device = directory / "null"
+        try:
+            os.mknod(device, 0o666 | stat.S_IFCHR, os.makedev(1, 3))
+            with open(device, "wb"):
+                pass
+        except OSError as exc:
+            pytest.skip(f"cannot make and open a character device here: {exc}")
+        yield str(device), device, lambda: b""
+        return
+    if kind == "fifo":
+        fifo = directory / "fifo"
+        os.mkfifo(fifo)
+        read_end = os.open(fifo, os.O_RDONLY | os.O_NONBLOCK)
+        name, kept = str(fifo), fifo
+    else:  # "pipe"
+        read_end, write_end = os.pipe()
+        os.set_blocking(read_end, False)
+        name = f"/proc/self/fd/{write_end}"
+        kept = Path(name)
+
+    def received() -> bytes:
+        if kind == "pipe":
+            os.close(write_end)  # our own write end: the reader sees the end once every writer closed
+        chunks = []
+        with suppress(BlockingIOError):
+            while chunk := os.read(read_end, 1 << 16):
+                chunks.append(chunk)
+        return b"".join(chunks)
+
+    try:
+        yield name, kept, received
+    finally:
+        os.close(read_end)
+        if kind == "pipe":
+            with suppress(OSError):
+                os.close(write_end)
+
+
+KINDS = {"fifo": stat.S_ISFIFO, "character device": stat.S_ISCHR, "pipe": stat.S_ISFIFO}
+
+
+@pytest.mark.parametrize("kind", list(KINDS))
+def test_an_output_that_is_a_device_or_a_pipe_is_written_to_never_replaced(
+    trained: dict[str, Any], tmp_path: Path, kind: str
+) -> None:
+    """`output=/dev/null` or `output=/dev/stdout` (on a pipe) writes there; the device or pipe stays what
+    it is (a rename would put a regular file in its place), and no temporary file is left."""
+    source = source_file(trained, tmp_path)
+    with not_a_regular_file(kind, tmp_path) as (output, kept, received):
+        before = sorted(os.listdir(tmp_path))
+        assert translate(trained, f"input={source}", f"output={output}") == ""
+        assert KINDS[kind](os.stat(kept).st_mode)
+        if kind != "character device":
+            assert len(received().decode("utf-8").splitlines()) == 6
+        assert sorted(os.listdir(tmp_path)) == before
+    message = translate(trained, f"input={source}", f"output={source}")  # the input is still refused
+    assert "is the input file" in message
+
+
+def test_compare_out_to_a_fifo_writes_the_table_into_it(sweep: Path, tmp_path: Path) -> None:
+    with not_a_regular_file("fifo", tmp_path) as (output, kept, received):
+        compare_main([str(sweep), "--out", output])
+        assert stat.S_ISFIFO(os.stat(kept).st_mode)
+        assert received().decode("utf-8").startswith("| group")
+
+
 # ---------------------------------------------------------------------------------------------------------
 # attnlab-eval
+
+
+def eval_config(trained: dict[str, Any], out: Path, *overrides: str) -> Any:
+    register_resolvers()
+    with initialize_config_dir(version_base="1.3", config_dir=str(config_dir()), job_name="test"):
+        overrides = (f"paths.output_dir={out}", f"ckpt_path={trained['ckpt']}", *overrides)
+        return compose("eval", overrides=list(overrides))
 
 
 def test_a_failing_eval_leaves_earlier_hypotheses_references_and_results(
     trained: dict[str, Any], tmp_path: Path
 ) -> None:
+    """The file-size limit lets eval's first file (the hypotheses, one token a line) through and fails a
+    later, larger one: hypotheses, references and results.json must still all be the earlier ones."""
+    short = ("decode.max_len_a=0", "decode.max_len_b=1")
+    evaluate_checkpoint(eval_config(trained, tmp_path / "sizes", *short))  # what it writes, without a limit
+    sizes = {name: (tmp_path / "sizes" / name).stat().st_size for name in names(tmp_path / "sizes")}
+    first = next(name for name in sizes if name.startswith("hypotheses/"))
+    assert max(sizes.values()) > sizes[first]  # a later file cannot be written under the limit
     out = tmp_path / "eval"
-    earlier = {
-        "hypotheses/test.txt": OLD,
-        "references/test.txt": OLD,
-        "results.json": json.dumps({"sets": {"test": {"bleu": 1.0}}}).encode(),
-    }
+    earlier = {name: OLD for name in sizes if name != "results.json"}
+    earlier["results.json"] = json.dumps({"sets": {"test": {"bleu": 1.0}}}).encode()
     for name, data in earlier.items():
         existing(out / name, data)
-    register_resolvers()
-    with initialize_config_dir(version_base="1.3", config_dir=str(config_dir()), job_name="test"):
-        cfg = compose("eval", overrides=[f"paths.output_dir={out}", f"ckpt_path={trained['ckpt']}"])
-    with file_size_limit(16), pytest.raises(OSError, match="File too large"):
-        evaluate_checkpoint(cfg)
+    with file_size_limit(sizes[first]), pytest.raises(OSError, match="File too large"):
+        evaluate_checkpoint(eval_config(trained, out, *short))
     assert {name: (out / name).read_bytes() for name in earlier} == earlier
     assert names(out) == sorted(earlier)
+
+
+DAMAGES = {
+    "empty state_dict": lambda ckpt: ckpt.update(state_dict={}),
+    "wrong state_dict": lambda ckpt: ckpt["state_dict"].update(
+        {key: value[:1] for key, value in ckpt["state_dict"].items() if value.dim() == 2}
+    ),
+    "src_tokenizer not JSON": lambda ckpt: ckpt[BUNDLE_KEY].update(src_tokenizer="not a tokenizer {"),
+    "tgt_tokenizer JSON of another thing": lambda ckpt: ckpt[BUNDLE_KEY].update(tgt_tokenizer='{"a": 5}'),
+}
+
+
+@pytest.mark.parametrize("damage", list(DAMAGES))
+def test_a_checkpoint_with_unusable_weights_or_tokenizers_is_refused_by_translate_and_eval(
+    trained: dict[str, Any], tmp_path: Path, damage: str
+) -> None:
+    """A checkpoint that loads but whose state_dict does not fit its model settings, or whose tokenizer
+    entry is not tokenizer JSON: a message naming the file and what to do, no traceback, and nothing
+    written (translate's output and eval's results stay byte-identical)."""
+    checkpoint = torch.load(trained["ckpt"], weights_only=True)
+    DAMAGES[damage](checkpoint)
+    bad = tmp_path / "bad.ckpt"
+    torch.save(checkpoint, bad)
+    expected = f"{bad}: its {'' if 'state_dict' in damage else damage.split()[0]}"
+    source, output = source_file(trained, tmp_path), existing(tmp_path / "out.en")
+    message = translate(trained, f"ckpt_path={bad}", f"input={source}", f"output={output}")
+    assert message.startswith(f"attnlab-translate: {expected}")
+    assert "the file is damaged or not written by attnlab-train" in message
+    assert "use another checkpoint" in message
+    assert output.read_bytes() == OLD
+    out = tmp_path / "eval"
+    results = existing(out / "results.json")
+    with pytest.raises(ConfigError) as raised:
+        evaluate_checkpoint(eval_config({"ckpt": bad}, out))
+    assert str(raised.value) == message.removeprefix("attnlab-translate: ").split("; nothing was written")[0]
+    assert results.read_bytes() == OLD
+    assert names(out) == ["results.json"]
 
 
 # ---------------------------------------------------------------------------------------------------------
@@ -239,13 +362,36 @@ def test_a_failing_compare_out_leaves_the_earlier_table(sweep: Path, tmp_path: P
 
 
 def test_failing_plots_leave_the_earlier_plots(sweep: Path, tmp_path: Path) -> None:
+    """The file-size limit lets the first plot through and fails a later, larger one: every plot must
+    still be the earlier one."""
     import matplotlib.pyplot  # noqa: F401  (its font cache is written before the limit)
 
+    compare_main([str(sweep), "--plots", str(tmp_path / "sizes")])  # the plots, without a limit
+    sizes = {name: (tmp_path / "sizes" / name).stat().st_size for name in names(tmp_path / "sizes")}
+    first = "test_test2016_bleu_by_group.png"  # drawn and written first
+    assert max(sizes.values()) > sizes[first]
     plots = tmp_path / "plots"
-    earlier = ["test_test2016_bleu_by_group.png", "validation_curves.png", "test_test2016_bleu_vs_params.png"]
-    for name in earlier:
+    for name in sizes:
         existing(plots / name)
-    with file_size_limit(64), pytest.raises(SystemExit, match=r"cannot write plot .*: File too large"):
+    with (
+        file_size_limit(sizes[first]),
+        pytest.raises(SystemExit, match=r"cannot write plot .*: File too large"),
+    ):
         compare_main([str(sweep), "--plots", str(plots)])
-    assert {name: (plots / name).read_bytes() for name in earlier} == dict.fromkeys(earlier, OLD)
-    assert names(plots) == sorted(earlier)
+    assert {name: (plots / name).read_bytes() for name in sizes} == dict.fromkeys(sizes, OLD)
+    assert names(plots) == sorted(sizes)
+
+
+def test_file_names_are_taken_as_typed(
+    trained: dict[str, Any], tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture
+) -> None:
+    """`output=-` is standard output (YAML would read `-` as a list and write a file named `[None]`), and
+    a number is a file name, not a file descriptor."""
+    source = source_file(trained, tmp_path)
+    monkeypatch.chdir(tmp_path)
+    assert translate(trained, f"input={source}", "output=-") == ""
+    printed = capsys.readouterr().out.splitlines()
+    assert len(printed) == 6 and any(printed)
+    assert translate(trained, f"input={source}", "output=2024") == ""
+    assert (tmp_path / "2024").read_text("utf-8").splitlines() == printed
+    assert names(tmp_path) == ["2024", "in.de"]

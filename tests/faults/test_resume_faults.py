@@ -136,6 +136,21 @@ def test_a_checkpoint_at_the_last_step_of_an_epoch_resumes_exactly(
     assert_same_training(run_dir, resume_reference)
 
 
+def test_a_checkpoint_saved_by_a_validation_inside_the_epoch_resumes_exactly(tmp_path: Path) -> None:
+    """last.ckpt written at the end of a validation inside the epoch (after its 9th of 10 steps, with a
+    DataLoader worker): the resumed epoch trains its 10th batch next, neither skipping nor repeating one
+    (the sampler's own count of the batches handed out is not the count trained)."""
+    validating = [DEFAULT, "+trainer.val_check_interval=9"]  # validation (and last.ckpt) at steps 9, 19
+    reference, run_dir = tmp_path / "reference", tmp_path / "run"
+    train(compose_train([*IN_PROCESS, *final(reference), *validating], reference))
+    killed = attnlab_train(run_dir, *validating, *kill_at(12))
+    assert killed.returncode == -signal.SIGKILL
+    assert saved_step(run_dir) == 9  # the checkpoint of the validation inside the first epoch
+    train(compose_train([*IN_PROCESS, *final(run_dir), *validating, "resume=true"], run_dir))
+    assert saved_step(run_dir) == 19
+    assert_same_training(run_dir, reference)
+
+
 @pytest.fixture(scope="module")
 def one_epoch(tmp_path_factory: pytest.TempPathFactory) -> Path:
     """A finished 1-epoch `runs.RUN` run with the default checkpoints (do not change it: copy it)."""
@@ -264,9 +279,12 @@ def test_resuming_after_the_training_data_changed_is_refused(
         path.write_text("".join(path.read_text("utf-8").splitlines(keepends=True)[:-1]), "utf-8")
     ckpt, manifest = run_dir / "checkpoints" / "last.ckpt", run_dir / "manifest.json"
     before, manifest_before = ckpt.read_bytes(), manifest.read_bytes()
+    records = {path: path.read_bytes() for path in (run_dir / "config.yaml", run_dir / "csv" / "metrics.csv")}
     with pytest.raises(ConfigError) as refused:
         train(compose_train([*overrides, "trainer.max_epochs=2", "resume=true"], run_dir))
     assert manifest.read_bytes() == manifest_before  # still `finished`: the refused resume trained nothing
+    for path, content in records.items():  # its config (max_epochs=1) and history, as they were
+        assert path.read_bytes() == content, f"{path} was rewritten by the refused resume"
     message = str(refused.value)
     counts = re.search(r"training examples: (\d+) saved, (\d+) now; hash of the example lengths", message)
     assert counts is not None, message

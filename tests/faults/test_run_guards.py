@@ -24,7 +24,7 @@ from attnlab.data.cache import FileLock
 from attnlab.data.download import DataError
 from attnlab.train import RUN_LOCK, train
 from helpers import compose_train
-from runs import RUN, attnlab_train
+from runs import RUN, TESTS
 
 WORDS = ["ein", "mann", "frau", "hund", "katze", "spielt", "läuft", "im", "park", "mit", "ball", "und"]
 
@@ -100,12 +100,17 @@ def test_an_empty_validation_or_test_split_is_refused_before_training(split: str
      "lightning.pytorch.loggers.csv_logs.CSVLogger; did you mean logger.csv.flush_logs_every_n_steps?"),
     ("+callbacks.model_checkpont.monitor=val/loss", "callbacks.model_checkpont names no class (_target_), so "
      "nothing would build it: did you mean callbacks.model_checkpoint?"),
+    # attnlab's WandbLogger takes **kwargs: checked against what they reach (Lightning's logger, wandb.init)
+    ("logger=wandb +logger.wandb.notez=x", "logger.wandb.notez is not a parameter of "
+     "attnlab.tracking.WandbLogger; did you mean logger.wandb.notes?"),
+    ("logger=wandb +logger.wandb.log_models=true", "logger.wandb.log_models is not a parameter of "
+     "attnlab.tracking.WandbLogger; did you mean logger.wandb.log_model?"),
 ])  # fmt: skip
 def test_a_key_no_constructor_takes_is_rejected_before_data_preparation(
     override: str, message: str, tmp_path: Path
 ) -> None:
     with pytest.raises(ConfigError) as caught:
-        train(compose_train([*corpus_run(tmp_path), override], tmp_path / "run"))
+        train(compose_train([*corpus_run(tmp_path), *override.split()], tmp_path / "run"))
     assert message in str(caught.value)
     assert not (tmp_path / "cache").exists()  # no data was prepared
     assert not (tmp_path / "run").exists()  # refused before the run started, like other config errors
@@ -207,12 +212,18 @@ def test_a_failed_run_releases_its_run_directory(tmp_path: Path) -> None:
 
 
 def test_resuming_a_killed_run_takes_over_its_stale_lock(tmp_path: Path) -> None:
+    """Killed with a DataLoader worker, which outlives it for a few seconds: the lock was the dead
+    process's alone, so resume=true right after the kill takes it over."""
     run_dir = tmp_path / "run"
-    killed = attnlab_train(run_dir, *SYNTHETIC[len(RUN):], "+callbacks.kill._target_=probes.SignalAt",
-                           "+callbacks.kill.step=2", "+callbacks.kill.signum=9")  # fmt: skip
-    assert killed.returncode == -9
+    worker = [*SYNTHETIC, "data.num_workers=1"]
+    kill = ["+callbacks.kill._target_=probes.SignalAt", "+callbacks.kill.step=2", "+callbacks.kill.signum=9"]
+    command = [sys.executable, "-m", "attnlab.cli.train", *worker, f"hydra.run.dir={run_dir}", *kill]
+    with open(tmp_path / "killed.log", "w") as log:  # not a pipe, which the worker would hold open
+        killed = subprocess.run(command, stdout=log, stderr=subprocess.STDOUT, timeout=300,
+                                env={**os.environ, "PYTHONPATH": str(TESTS)})  # fmt: skip
+    assert killed.returncode == -9  # returns as soon as the main process died
     pid, host = (run_dir / RUN_LOCK).read_text().split()  # left behind by the dead process
     assert (int(pid), host) != (os.getpid(), socket.gethostname())
-    train(compose_train([*SYNTHETIC, "resume=true", *while_running(run_dir)], run_dir))
+    train(compose_train([*worker, "resume=true", *while_running(run_dir)], run_dir))
     assert WhileRunning.seen["lock"] == f"{os.getpid()} {socket.gethostname()}\n"
     assert json.loads((run_dir / "manifest.json").read_text())["status"] == "finished"

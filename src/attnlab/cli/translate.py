@@ -52,6 +52,9 @@ DEFAULTS: dict[str, Any] = {
 }
 
 
+VERBATIM = ("input", "output")  # keys whose values are file names, never parsed
+
+
 def parse_args(argv: Sequence[str]) -> dict[str, Any]:
     """The settings of `key=value` arguments over `DEFAULTS`.
 
@@ -61,13 +64,17 @@ def parse_args(argv: Sequence[str]) -> dict[str, Any]:
     for arg in argv:
         if "=" not in arg:
             raise SystemExit(f"attnlab-translate: {arg!r} is not key=value (try --help)")
+    # File names are taken as typed: YAML would read `-` as a list and `2024` as a number.
+    paths = {key: value for key, _, value in (arg.partition("=") for arg in argv) if key in VERBATIM}
     base = OmegaConf.create(DEFAULTS)
     OmegaConf.set_struct(base, True)
     try:
-        merged = OmegaConf.merge(base, OmegaConf.from_dotlist(list(argv)))
+        merged = OmegaConf.merge(
+            base, OmegaConf.from_dotlist([a for a in argv if a.partition("=")[0] not in paths])
+        )
     except OmegaConfBaseException as exc:
         raise SystemExit(f"attnlab-translate: {str(exc).splitlines()[0]} (known keys: see --help)") from None
-    return OmegaConf.to_container(merged)
+    return {**OmegaConf.to_container(merged), **paths}
 
 
 def utf8_lines(stream: IO[bytes] | IO[str], name: str) -> Iterator[str]:
@@ -123,21 +130,26 @@ def translate_stream(translator: Translator, source: Iterable[str], sink: IO[str
 
 
 def output_file(output: str, source: IO[Any]) -> Path:
-    """The file `output=` names (a symbolic link: its target), checked before anything is written.
+    """The file `output=` names (a symbolic link: its target; a device or a pipe: as named, written in
+    place by `attnlab.data.cache.atomic_writer`), checked before anything is written.
 
     Raises:
         ValueError: It is a directory or a read-only file, its directory is missing or not writable, or
             it is the input (the same file as the `source` stream: same device and inode).
     """
+    from attnlab.data.cache import written_in_place
+
     path = Path(os.path.realpath(output))
-    if path.is_dir():
+    if written_in_place(output):  # a device or a pipe (/dev/null, /dev/stdout): written to, never replaced
+        path = Path(output)
+    elif path.is_dir():
         raise ValueError(f"output={output} is a directory: name a file to write the translations to")
-    if not path.parent.is_dir():
+    elif not path.parent.is_dir():
         raise ValueError(
             f"output={output}: its directory {path.parent} does not exist or is not a directory; create it "
             "or choose another output"
         )
-    if not os.access(path.parent, os.W_OK | os.X_OK):
+    elif not os.access(path.parent, os.W_OK | os.X_OK):
         raise ValueError(
             f"output={output}: the directory {path.parent} is not writable; choose another output"
         )

@@ -28,7 +28,8 @@ import socket
 import stat
 import tempfile
 import time
-from collections.abc import Callable, Iterator
+import weakref
+from collections.abc import Callable, Iterator, Mapping
 from contextlib import contextmanager, suppress
 from pathlib import Path
 from types import TracebackType
@@ -121,6 +122,10 @@ class FileLock:
     A file left with the pid of a process that died is not held: the kernel freed its lock, and the
     next process takes it over.
 
+    A forked child (a DataLoader worker) does not hold its parent's locks: an ``flock`` belongs to the
+    open file, which a fork shares, so the child closes its inherited descriptors at once
+    (`_close_locks_in_child`); a lock is freed when its holder dies, even while its workers still run.
+
     Example::
 
         with FileLock(cache / ".lock", timeout=600):
@@ -163,6 +168,7 @@ class FileLock:
             os.close(fd)
             raise
         self._fd = fd
+        _HELD.add(self)
         if self.record_holder:
             os.ftruncate(fd, 0)
             os.pwrite(fd, f"{os.getpid()} {socket.gethostname()}\n".encode(), 0)
@@ -194,6 +200,7 @@ class FileLock:
         if self._fd is None:
             return
         fd, self._fd = self._fd, None
+        _HELD.discard(self)
         try:
             if self.record_holder:
                 os.ftruncate(fd, 0)
@@ -212,6 +219,23 @@ class FileLock:
         tb: TracebackType | None,
     ) -> None:
         self.release()
+
+
+_HELD: weakref.WeakSet[FileLock] = weakref.WeakSet()  # the locks this process holds
+
+
+def _close_locks_in_child() -> None:
+    """In a child made by ``fork``: close the descriptors of the parent's locks (without unlocking,
+    which would free the parent's lock) and forget them, so the locks stay the parent's alone."""
+    for lock in list(_HELD):
+        fd, lock._fd = lock._fd, None
+        if fd is not None:
+            with suppress(OSError):
+                os.close(fd)
+    _HELD.clear()
+
+
+os.register_at_fork(after_in_child=_close_locks_in_child)
 
 
 def _fsync_dir(directory: Path) -> None:
@@ -291,6 +315,40 @@ def building(
         _fsync_dir(target.parent)
 
 
+def written_in_place(path: str | Path) -> bool:
+    """Whether `path` names something that is not a regular file (nor a directory): a character device
+    such as ``/dev/null``, a FIFO, ``/dev/stdout`` on a pipe. Such a target is written directly; renaming
+    a new regular file over it would replace the device or pipe itself."""
+    try:
+        mode = os.stat(path).st_mode  # follows symbolic links (and /dev/stdout's /proc link)
+    except (OSError, ValueError):
+        return False
+    return not (stat.S_ISREG(mode) or stat.S_ISDIR(mode))
+
+
+@contextmanager
+def _temporary_beside(path: Path, encoding: str | None) -> Iterator[tuple[IO[Any], str]]:
+    """A temporary file in `path`'s directory (created if needed), with the permission bits of the file
+    at `path` (0o644 for a new one): yields it and its name; flushed and fsynced on normal exit (it
+    stays, for the caller to rename), removed on any error."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    try:
+        mode = stat.S_IMODE(os.stat(path).st_mode)
+    except OSError:
+        mode = 0o644
+    fd, tmp_name = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
+    try:
+        with os.fdopen(fd, "w" if encoding else "wb", encoding=encoding) as f:
+            yield f, tmp_name
+            f.flush()
+            os.fsync(f.fileno())
+            os.fchmod(f.fileno(), mode)
+    except BaseException:
+        with suppress(FileNotFoundError):
+            os.unlink(tmp_name)
+        raise
+
+
 @contextmanager
 def atomic_writer(path: Path, *, encoding: str | None = None) -> Iterator[IO[Any]]:
     """Stream a new file into place so that readers see either the old `path` or the whole new one.
@@ -301,26 +359,63 @@ def atomic_writer(path: Path, *, encoding: str | None = None) -> Iterator[IO[Any
     `path` is unchanged. The new file keeps the permission bits of the file it replaces (0o644 for a
     new one); a symbolic link at `path` stays, its target is replaced. A process killed outright may
     leave the hidden ``.<name>.*.tmp`` behind, never a half-written `path`.
+
+    A `path` that exists and is not a regular file (a character device such as ``/dev/null``, a FIFO,
+    ``/dev/stdout`` on a pipe) is written directly, without a temporary file or a rename, so the device
+    or pipe stays what it is.
     """
+    if written_in_place(path):
+        with open(path, "w" if encoding else "wb", encoding=encoding) as direct:
+            yield direct
+        return
     path = Path(os.path.realpath(path))
-    path.parent.mkdir(parents=True, exist_ok=True)
+    with _temporary_beside(path, encoding) as (f, tmp_name):
+        yield f
     try:
-        mode = stat.S_IMODE(os.stat(path).st_mode)
-    except OSError:
-        mode = 0o644
-    fd, tmp_name = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
-    try:
-        with os.fdopen(fd, "w" if encoding else "wb", encoding=encoding) as f:
-            yield f
-            f.flush()
-            os.fsync(f.fileno())
-            os.fchmod(f.fileno(), mode)
         os.replace(tmp_name, path)
     except BaseException:
         with suppress(FileNotFoundError):
             os.unlink(tmp_name)
         raise
     _fsync_dir(path.parent)
+
+
+def atomic_write_files(files: Mapping[Path, bytes]) -> None:
+    """Write several files so that they change together: each is first written completely to a
+    temporary file beside it (`atomic_writer`'s rules), and only when every one is written are they all
+    renamed into place. A failed write (a full disk) removes the temporary files and leaves every file
+    as it was; the `OSError` names the file whose write failed (`filename`). Targets that are not
+    regular files (devices, FIFOs) are written directly, after all regular files are written.
+    """
+    staged: list[tuple[str | None, Path, bytes]] = []
+    try:
+        for target, data in files.items():
+            if written_in_place(target):
+                staged.append((None, Path(target), data))
+                continue
+            path = Path(os.path.realpath(target))
+            try:
+                with _temporary_beside(path, None) as (f, tmp_name):
+                    f.write(data)
+            except OSError as exc:
+                if exc.filename is None:
+                    exc.filename = str(target)
+                raise
+            staged.append((tmp_name, path, data))
+        for tmp_name, path, data in staged:
+            if tmp_name is None:
+                with open(path, "wb") as direct:
+                    direct.write(data)
+            else:
+                os.replace(tmp_name, path)
+    except BaseException:
+        for tmp_name, _, _ in staged:
+            if tmp_name is not None:
+                with suppress(FileNotFoundError):
+                    os.unlink(tmp_name)
+        raise
+    for directory in dict.fromkeys(path.parent for tmp_name, path, _ in staged if tmp_name is not None):
+        _fsync_dir(directory)
 
 
 def atomic_write_bytes(path: Path, data: bytes) -> None:

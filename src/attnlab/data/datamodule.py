@@ -153,16 +153,17 @@ class ParallelDataModule(L.LightningDataModule):
         """The training sampler's position (saved in checkpoints for mid-epoch resumption).
 
         The position is the number of batches the training loop has finished in this epoch, not the
-        number the sampler has handed out: DataLoader workers fetch batches ahead of the loop. Once the
-        epoch's last batch (`trainer.num_training_batches`, which `limit_train_batches` may cut) is
-        done, it is the start of the next epoch, where Lightning continues. It is saved with the
-        sampler's `fingerprint()` (`batching`), checked when it is loaded.
+        number the sampler has handed out: DataLoader workers fetch batches ahead of the loop. This holds
+        for every checkpoint saved while fitting, those saved during a validation inside the epoch
+        (`val_check_interval`) included. Once the epoch's last batch (`trainer.num_training_batches`,
+        which `limit_train_batches` may cut) is done, it is the start of the next epoch, where Lightning
+        continues. It is saved with the sampler's `fingerprint()` (`batching`), checked when it is loaded.
         """
         if self._train_sampler is None:
             return {}
         state = self._train_sampler.state_dict()
         trainer = self.trainer
-        if trainer is not None and trainer.training:
+        if trainer is not None and trainer.state.fn == "fit":  # training or validating inside fit
             done = int(trainer.fit_loop.epoch_loop.batch_progress.current.processed)
             state["yielded"] = min(done, len(self._train_sampler))
             if done >= trainer.num_training_batches:
@@ -253,6 +254,7 @@ class CorpusDataModule(ParallelDataModule):
         self.spec = spec
         self.prepared: Prepared | None = None
         self.truncated: dict[str, int] = {}
+        self._cut: dict[str, set[int]] = {}  # per split: the indices of the sentences cut (`_cut_sources`)
 
     def prepare_data(self) -> None:
         from attnlab.data.prepare import prepare
@@ -288,6 +290,32 @@ class CorpusDataModule(ParallelDataModule):
         }
         self.references = {name: split.raw_tgt for name, split in prepared.splits.items()}
         self.test_sets = [name for name in prepared.splits if name not in ("train", "val")]
+        self._cut_sources(
+            self.spec.max_source_tokens, "data.max_source_tokens={} (the training filter's limit)"
+        )
+
+    def _cut_sources(self, limit: int, why: str, target_limit: int | None = None) -> None:
+        """Cut the sources of every split but `train` (never filtered) to `limit` ids with `cut_source`
+        (keeping eos), and with `target_limit` their targets to that many ids, so one huge line cannot
+        stall validation or testing; each split's count of cut sentences (over all cuts) goes to
+        `self.truncated` and a warning naming `why` (formatted with `limit`)."""
+        for name, examples in self.splits.items():
+            if name == "train":
+                continue
+            cut = [
+                len(s) > limit or (target_limit is not None and len(t) > target_limit) for s, t, _ in examples
+            ]
+            if not any(cut):
+                continue
+            self.splits[name] = [
+                (cut_source(s, limit, self.eos_id), t if target_limit is None else t[:target_limit], i)
+                for s, t, i in examples
+            ]
+            self._cut.setdefault(name, set()).update(
+                i for (_, _, i), c in zip(examples, cut, strict=True) if c
+            )
+            self.truncated[name] = len(self._cut[name])
+            log.warning("%s: cut %d sentences to %s", name, cut.count(True), why.format(limit))
 
     def _empty_split_message(self, name: str) -> str:
         if name == "train":
@@ -327,33 +355,23 @@ class CorpusDataModule(ParallelDataModule):
         """Fit every split to a model with a learned position table of `max_positions`.
 
         Training pairs that do not fit are dropped; in validation and test sets (never filtered) longer
-        sources are truncated (keeping eos) and longer targets cut for the teacher-forced loss. Counts go
-        to `self.truncated` and a warning.
+        sources are truncated (keeping eos) and longer targets cut for the teacher-forced loss
+        (`_cut_sources`). Counts go to `self.truncated` and a warning.
         """
         self.setup()
-        for name, examples in self.splits.items():
-            fits = [len(s) <= max_positions and len(t) + 1 <= max_positions for s, t, _ in examples]
-            if all(fits):
-                continue
-            if name == "train":
-                if not any(fits):
-                    shortest = min(max(len(s), len(t) + 1) for s, t, _ in examples)
-                    raise DataError(
-                        f"no training pairs are left: all {len(examples)} are longer than the model's "
-                        f"model.max_positions={max_positions} (pe=learned drops training pairs that do not "
-                        f"fit; the shortest needs {shortest} positions). Set model.max_positions>={shortest} "
-                        "or model.pe=sinusoidal"
-                    )
-                self.splits[name] = [e for e, ok in zip(examples, fits, strict=True) if ok]
-                log.warning(
-                    "dropped %d training pairs longer than max_positions=%d", fits.count(False), max_positions
+        examples = self.splits["train"]
+        fits = [len(s) <= max_positions and len(t) + 1 <= max_positions for s, t, _ in examples]
+        if not all(fits):
+            if not any(fits):
+                shortest = min(max(len(s), len(t) + 1) for s, t, _ in examples)
+                raise DataError(
+                    f"no training pairs are left: all {len(examples)} are longer than the model's "
+                    f"model.max_positions={max_positions} (pe=learned drops training pairs that do not "
+                    f"fit; the shortest needs {shortest} positions). Set model.max_positions>={shortest} "
+                    "or model.pe=sinusoidal"
                 )
-                continue
-            self.splits[name] = [
-                (cut_source(s, max_positions, self.eos_id), t[: max_positions - 1], i) for s, t, i in examples
-            ]
-            self.truncated[name] = fits.count(False)
+            self.splits["train"] = [e for e, ok in zip(examples, fits, strict=True) if ok]
             log.warning(
-                "%s: truncated %d sentences to the model's max_positions=%d (pe=learned)",
-                name, self.truncated[name], max_positions,
-            )  # fmt: skip
+                "dropped %d training pairs longer than max_positions=%d", fits.count(False), max_positions
+            )
+        self._cut_sources(max_positions, "the model's max_positions={} (pe=learned)", max_positions - 1)
