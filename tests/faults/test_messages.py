@@ -245,3 +245,23 @@ def test_a_damaged_prepared_cache_is_detected_and_rebuilt_with_a_warning(
         n: d for n, d in written.items() if n.endswith((".pt", ".raw.json", "tokenizer.json"))
     }
     assert [p.name for p in directory.parent.iterdir() if p.name.startswith(".")] == []  # no leftovers
+
+
+def test_a_nonfinite_loss_ends_the_cli_run_with_its_message_and_no_traceback(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """`attnlab-train` prints a training error whose message is complete (here a NaN loss; a full disk's
+    `CheckpointWriteError` likewise) in one line, exit status 1, the manifest saying failed."""
+    tests = str(Path(__file__).resolve().parents[1])  # probes.NonFiniteAt poisons step 3's loss
+    monkeypatch.setenv("PYTHONPATH", os.pathsep.join(filter(None, [tests, os.environ.get("PYTHONPATH")])))
+    run_dir = tmp_path / "run"
+    done = attnlab_train(
+        "data=synthetic", "data.n_train=64", "data.batch_size=16", "test=false", f"hydra.run.dir={run_dir}",
+        "+callbacks.nan._target_=probes.NonFiniteAt", "+callbacks.nan.step=3", "+callbacks.nan.what=loss",
+        cwd=tmp_path,
+    )  # fmt: skip
+    assert done.returncode == 1, done.stderr[-2000:]
+    last = done.stderr.strip().splitlines()[-1]
+    assert last.startswith("attnlab-train: training loss is nan at optimizer step 3 (epoch 0, batch 2)"), last
+    assert "optim.on_nonfinite=skip" in last and "Traceback" not in done.stderr, done.stderr[-3000:]
+    assert json.loads((run_dir / "manifest.json").read_text())["status"] == "failed"

@@ -69,12 +69,19 @@ def _main(cfg: DictConfig) -> float | None:
         record_job("failed", output_dir / "manifest.json")
         log.error("job %s failed: data error: %s", output_dir.name, exc)
         return None
-    except Exception:
+    except Exception as exc:
+        # A told error's message says what happened, where and the fix: no traceback for it.
+        told = isinstance(exc, told_errors()) and os.environ.get("HYDRA_FULL_ERROR") != "1"
         if not multirun:
+            if told:
+                raise SystemExit(f"attnlab-train: {exc}") from None
             raise
         # The run's manifest.json already says failed, with the error; the other jobs go on.
         record_job("failed", output_dir / "manifest.json")
-        log.exception("job %s failed; the sweep goes on", output_dir.name)
+        if told:
+            log.error("job %s failed: %s", output_dir.name, exc)
+        else:
+            log.exception("job %s failed; the sweep goes on", output_dir.name)
         return None
     record_job("finished", output_dir / "manifest.json")
     summary = ", ".join(f"{k}={v:.4g}" for k, v in sorted(metrics.items()) if k.startswith(("val/", "test/")))
@@ -85,6 +92,16 @@ def _main(cfg: DictConfig) -> float | None:
                   "sweeper; set optimized_metric to one of them", metric, available)  # fmt: skip
         return None
     return metrics.get(metric) if metric else None
+
+
+def told_errors() -> tuple[type[BaseException], ...]:
+    """Training errors whose message is the whole story (what, where, the fix): a run that ends with one
+    prints it in one line, without a traceback (`HYDRA_FULL_ERROR=1` shows it). Imported when training
+    has run, so lightning is loaded already."""
+    from attnlab.checkpoint_io import CheckpointWriteError
+    from attnlab.module import NonFiniteError
+
+    return (CheckpointWriteError, NonFiniteError)
 
 
 def trainer_processes(cfg: DictConfig) -> int | None:
