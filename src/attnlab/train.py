@@ -181,16 +181,40 @@ def _run_lock(output_dir: Path) -> Iterator[None]:
     try:
         lock.acquire()
     except TimeoutError:
-        raise RunDirectoryInUse(
-            f"the run directory {output_dir} is in use: {lock.holder()} is running there "
-            f"({output_dir / RUN_LOCK}). Two runs in one directory would mix their checkpoints and logs: "
-            "wait for it to end (or stop it; resume=true then continues it), or set hydra.run.dir to "
-            "another directory"
-        ) from None
+        raise _in_use(output_dir, lock) from None
     try:
         yield
     finally:
         lock.release()
+
+
+def _in_use(output_dir: Path, lock: Any) -> RunDirectoryInUse:
+    return RunDirectoryInUse(
+        f"the run directory {output_dir} is in use: {lock.holder()} is running there "
+        f"({output_dir / RUN_LOCK}). Two runs in one directory would mix their checkpoints and logs: "
+        "wait for it to end (or stop it; resume=true then continues it), or set hydra.run.dir to "
+        "another directory"
+    )
+
+
+def check_run_directory_free(output_dir: Path) -> None:
+    """Refuse at once a run directory whose lock a live process holds (`_run_lock`), before anything
+    writes there: Hydra writes `.hydra/` and the job log into the run directory before the task starts
+    (`attnlab.cli.RunDirectoryCheck` calls this first). The lock itself is taken by `train`.
+
+    Raises:
+        RunDirectoryInUse: Another live process holds the lock.
+    """
+    from attnlab.data.cache import FileLock
+
+    if _launched_rank() != 0 or not (output_dir / RUN_LOCK).is_file():
+        return
+    lock = FileLock(output_dir / RUN_LOCK, timeout=0)
+    try:
+        lock.acquire()
+    except TimeoutError:
+        raise _in_use(output_dir, lock) from None
+    lock.release()
 
 
 def _writable_run_directory(output_dir: Path) -> None:

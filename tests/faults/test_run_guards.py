@@ -182,6 +182,7 @@ def test_a_second_process_in_a_running_run_directory_is_refused(tmp_path: Path) 
         second.stderr
     )
     assert "set hydra.run.dir to another directory" in second.stderr
+    assert not (run_dir / ".hydra").exists()  # refused before Hydra wrote its files into the first's run
     manifest = json.loads((run_dir / "manifest.json").read_text())
     assert manifest["status"] == "finished" and "error" not in manifest  # the first run's, untouched
     assert (run_dir / RUN_LOCK).read_text() == ""  # released when the run ended

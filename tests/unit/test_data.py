@@ -229,7 +229,7 @@ def test_train_loader_covers_every_example_once_per_epoch() -> None:
     expected = Counter(tuple(s) for s, _ in SyntheticData(n_train=100, n_val=20, n_test=20).examples("train"))
     loader = dm.train_dataloader()
     first = rows(loader)
-    loader.batch_sampler.set_epoch(1)  # what Lightning does at each epoch
+    loader.batch_sampler.sampler.set_epoch(1)  # what Lightning calls at each epoch's start
     second = rows(loader)
     assert Counter(first) == expected
     assert Counter(second) == expected
