@@ -101,6 +101,8 @@ class TranslationModule(L.LightningModule):
         self._step_tokens = 0
         self._step_started = 0.0
         self._rng_to_restore: dict[str, Any] | None = None
+        # The warm-up against the run's length (`OptimConfig.warmup_facts`), once the optimizer is built.
+        self.schedule_facts: dict[str, Any] | None = None
 
     def forward(self, src: Tensor, tgt_in: Tensor) -> Tensor:
         return self.model(src, tgt_in)
@@ -379,6 +381,12 @@ class TranslationModule(L.LightningModule):
             self.parameters(), lr=1.0, betas=cfg.betas, eps=cfg.eps, weight_decay=cfg.weight_decay
         )
         d_model = self.model_config.d_model
+        trainer = self._trainer  # None when optimizers are built outside a Trainer
+        steps = getattr(trainer, "estimated_stepping_batches", math.inf)  # inf: no max_epochs, max_steps
+        if math.isfinite(steps):  # a warm-up too long for the run is said at its start
+            self.schedule_facts = cfg.warmup_facts(cfg.total_steps or int(steps))
+            if self.schedule_facts["warning"] and getattr(trainer, "is_global_zero", True):
+                log.warning("%s", self.schedule_facts["warning"])
         total = None
         if cfg.schedule == "linear" and cfg.total_steps is None:
             total = int(self.trainer.estimated_stepping_batches)

@@ -80,6 +80,31 @@ class OptimConfig:
         decay = max(0.0, (total - step) / (total - self.warmup_steps))
         return self.peak_lr * min(step / self.warmup_steps, decay)
 
+    def warmup_facts(self, total_steps: int) -> dict[str, Any]:
+        """The warm-up against the run's length (`total_steps` optimizer steps): where the learning rate
+        peaks (step `warmup_steps` for every schedule), whether the run gets there, and `warning`, a
+        message naming the numbers and the fixes when the warm-up covers half the run or more (None
+        otherwise). A warm-up that long leaves little training at a useful learning rate: the paper's
+        4000 steps fit 100k-step runs, not a few epochs of a small corpus."""
+        total = max(int(total_steps), 1)
+        fraction = self.warmup_steps / total
+        reached = total >= self.warmup_steps
+        warning = None
+        if 2 * self.warmup_steps >= total:
+            run = f"this run's {total} optimizer steps"
+            covers = f"covers {fraction:.0%} of {run}" if reached else (
+                f"is longer than {run}, so the learning rate never reaches its peak"
+            )  # fmt: skip
+            warning = (
+                f"optim.warmup_steps={self.warmup_steps} {covers}: lower optim.warmup_steps (e.g. "
+                f"{max(1, total // 10)}), train longer (trainer.max_epochs or trainer.max_steps), or use "
+                "optim=linear (warm-up, then decay to 0 at the run's last step)"
+            )
+        return {
+            "schedule": self.schedule, "warmup_steps": self.warmup_steps, "optimizer_steps": total,
+            "warmup_fraction": round(fraction, 4), "peak_reached": reached, "warning": warning,
+        }  # fmt: skip
+
     def to_dict(self) -> dict[str, Any]:
         """Plain-Python form (for checkpoints and loggers)."""
         return {**dataclasses.asdict(self), "betas": list(self.betas)}

@@ -308,6 +308,8 @@ def _fit_and_evaluate(
     for run in runs:  # the whole resolved config and the manifest, beside Lightning's hyperparameters
         run.config.update({"run": resolved_config(cfg), "manifest": manifest or {}}, allow_val_change=True)
     trainer.fit(module, datamodule=datamodule, ckpt_path=resume_from)
+    if manifest is not None and module.schedule_facts is not None:
+        manifest["schedule"] = module.schedule_facts  # written with the run's final status
     metrics = {k: float(v) for k, v in trainer.callback_metrics.items()}
     best = _best_score(cfg, trainer)
     if best is not None:  # what sweepers optimize: the monitor's value at the selected checkpoint

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import csv
 import json
+import logging
 import math
 import os
 import subprocess
@@ -19,6 +20,7 @@ from omegaconf import OmegaConf
 from attnlab.config import ConfigError
 from attnlab.data import SyntheticData
 from attnlab.module import TranslationModule
+from attnlab.optim import OptimConfig
 from attnlab.train import train
 from helpers import compose_train
 
@@ -196,3 +198,32 @@ def test_an_unknown_compile_backend_is_named(tmp_path: Path) -> None:
                  "compile.backend=turbo"]  # fmt: skip
     with pytest.raises(ConfigError, match=r"compile.backend='turbo' is unknown to torch.compile: use one of"):
         train(compose_train(overrides, tmp_path))
+
+
+def test_a_warmup_too_long_for_the_run_is_said_at_its_start_and_kept_in_the_manifest(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    """The paper's 4000 warm-up steps in an 8-step run: a warning naming the numbers and the fixes, and
+    the facts in manifest.json; a warm-up that fits says nothing."""
+    base = ["data=synthetic", "model=tiny", "data.n_train=64", "data.batch_size=16", "trainer.max_epochs=2",
+            "logger=csv", "test=false", "decode.every_n_epochs=0"]  # fmt: skip  # 4 steps an epoch
+    with caplog.at_level(logging.WARNING, logger="attnlab.module"):
+        train(compose_train([*base, "optim=noam", "optim.warmup_steps=4000"], tmp_path / "long"))
+    warned = [r.getMessage() for r in caplog.records if "optim.warmup_steps" in r.getMessage()]
+    assert warned == [
+        "optim.warmup_steps=4000 is longer than this run's 8 optimizer steps, so the learning rate never "
+        "reaches its peak: lower optim.warmup_steps (e.g. 1), train longer (trainer.max_epochs or "
+        "trainer.max_steps), or use optim=linear (warm-up, then decay to 0 at the run's last step)"
+    ]
+    facts = json.loads((tmp_path / "long" / "manifest.json").read_text())["schedule"]
+    assert facts["optimizer_steps"] == 8 and facts["warmup_steps"] == 4000 and facts["peak_reached"] is False
+    caplog.clear()
+    with caplog.at_level(logging.WARNING, logger="attnlab.module"):
+        train(compose_train([*base, "optim=noam", "optim.warmup_steps=2"], tmp_path / "fits"))
+    assert not [r for r in caplog.records if "optim.warmup_steps" in r.getMessage()]
+    facts = json.loads((tmp_path / "fits" / "manifest.json").read_text())["schedule"]
+    assert facts["peak_reached"] is True and facts["warning"] is None and facts["warmup_fraction"] == 0.25
+    half = OptimConfig(warmup_steps=5).warmup_facts(8)  # peaks within the run, but after half of it
+    assert half["peak_reached"] is True and half["warning"].startswith(
+        "optim.warmup_steps=5 covers 62% of this run's 8 optimizer steps: lower optim.warmup_steps (e.g. 1)"
+    )
