@@ -23,13 +23,18 @@ def max_output_lengths(src: Tensor, pad_id: int, a: float, b: int) -> Tensor:
     return (a * (src != pad_id).sum(dim=1) + b).long().clamp(min=1)
 
 
-def mask_ungenerable(scores: Tensor, config: TransformerConfig, length: int, min_len: int) -> Tensor:
-    """Set to -inf, in place, the scores (N, V) of ids no decoder may output at this step: pad, bos and
-    the decoder start id always, eos while an output of `length` tokens (this one included) would be
+def ungenerable_ids(config: TransformerConfig, device: torch.device) -> Tensor:
+    """The ids no decoder ever outputs: pad, bos and the decoder start id (made once per decode call)."""
+    return torch.tensor(sorted({config.pad_id, config.bos_id, config.start_id}), device=device)
+
+
+def mask_ungenerable(scores: Tensor, never: Tensor, eos_id: int, length: int, min_len: int) -> Tensor:
+    """Set to -inf, in place, the scores (N, V) of ids no decoder may output at this step: `never`
+    (`ungenerable_ids`) always, eos while an output of `length` tokens (this one included) would be
     shorter than `min_len`. Greedy decoding and beam search both go through it, so beam 1 is greedy."""
-    scores[:, sorted({config.pad_id, config.bos_id, config.start_id})] = -math.inf
+    scores[:, never] = -math.inf
     if length < min_len:
-        scores[:, config.eos_id] = -math.inf
+        scores[:, eos_id] = -math.inf
     return scores
 
 
@@ -76,9 +81,10 @@ def greedy_decode(
     alive = torch.arange(batch, device=src.device)  # the sentence each decoder row belongs to
     token = torch.full((batch, 1), cfg.start_id, dtype=torch.long, device=src.device)
     prefix = token
+    never = ungenerable_ids(cfg, src.device)
     for step in range(out.size(1)):
         logits = model.decode(token if use_cache else prefix, memory, src_mask, cache=cache)  # (B', 1|t, V)
-        scores = mask_ungenerable(logits[:, -1].float(), cfg, step + 1, min_len)  # (B', V)
+        scores = mask_ungenerable(logits[:, -1].float(), never, cfg.eos_id, step + 1, min_len)  # (B', V)
         token = scores.argmax(dim=-1, keepdim=True)  # (B', 1)
         out[alive, step] = token.squeeze(1)
         if not use_cache:
@@ -228,6 +234,7 @@ def beam_search(
     kept = [_Kept(k, alpha) for _ in range(batch)]
     done = [False] * batch
     alive = list(range(batch))  # the sentence of each group of K decoder rows; finished ones leave
+    never = ungenerable_ids(cfg, device)
 
     def finish(b: int, tokens: Tensor, ends: Tensor, attn_rows: Tensor | None) -> None:
         """Hand sentence b's candidates `tokens` (n, T) with finite scores `ends` (n,) to its kept list."""
@@ -243,7 +250,7 @@ def beam_search(
         out = model.decode(fed, memory, src_mask, cache=cache, need_weights=need_attention)
         logits, weights = out if need_attention else (out, None)
         lprobs = logits[:, -1].float().log_softmax(dim=-1)  # (B'·K, V)
-        mask_ungenerable(lprobs, cfg, length, min_len)
+        mask_ungenerable(lprobs, never, cfg.eos_id, length, min_len)
         cand = scores[:, :, None] + lprobs.view(live, k, vocab)  # (B', K, V)
         top_scores, top_idx = cand.view(live, k * vocab).topk(2 * k, dim=1)  # (B', 2K)
         top_beam, top_token = top_idx // vocab, top_idx % vocab  # (B', 2K)
