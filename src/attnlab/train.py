@@ -74,9 +74,10 @@ def train(cfg: DictConfig) -> dict[str, float]:
 
     resume_from = resume_path(cfg, output_dir)
     continuing = resume_from is not None and Path(resume_from) == output_dir / LAST
+    resumed_step = None  # the step of the run's own last.ckpt, when the run goes on from it
     if continuing:  # the same run goes on: the same experiment, in its own directory
         check_same_experiment(output_dir / "config.yaml", resolved_config(cfg))
-        checkpoint_step(str(resume_from))  # a damaged or refused last.ckpt: refused before the run changes
+        resumed_step = checkpoint_step(str(resume_from))  # a damaged or refused last.ckpt: refused here
     _writable_run_directory(output_dir)
     with _run_lock(output_dir):  # a second process in this run directory is refused here
         if (cfg.get("logger") or {}).get("wandb") is not None:
@@ -99,7 +100,7 @@ def train(cfg: DictConfig) -> dict[str, float]:
             if cfg.get("seed") is not None:
                 L.seed_everything(cfg.seed, workers=True)
             metrics = _fit_and_evaluate(
-                cfg, experiment, output_dir, manifest if is_zero else None, resume_from, continuing
+                cfg, experiment, output_dir, manifest if is_zero else None, resume_from, resumed_step
             )
         except BaseException as exc:
             if is_zero and previous is not None and isinstance(exc, ConfigError):
@@ -247,7 +248,7 @@ def _fit_and_evaluate(
     output_dir: Path,
     manifest: dict[str, Any] | None,
     resume_from: str | None,
-    continuing: bool,
+    resumed_step: int | None,
 ) -> dict[str, float]:
     import lightning as L
     from hydra.utils import instantiate
@@ -255,6 +256,8 @@ def _fit_and_evaluate(
     from attnlab.checkpoint_io import AtomicCheckpointIO
     from attnlab.manifest import data_identity, write_manifest
     from attnlab.module import TranslationModule
+
+    continuing = resumed_step is not None  # the run goes on from its own last.ckpt
 
     datamodule = experiment.data.datamodule()
     datamodule.setup("fit")  # real corpora are prepared (or loaded from the cache) here
@@ -278,9 +281,9 @@ def _fit_and_evaluate(
     compile_model(module.model, cfg.get("compile"))
     history: list[dict[str, float]] = []
     if continuing:
-        from attnlab.resume import checkpoint_step, csv_history, previous_wandb_id
+        from attnlab.resume import csv_history, previous_wandb_id
 
-        history = csv_history(output_dir, checkpoint_step(str(resume_from)))
+        history = csv_history(output_dir, resumed_step)
         wandb_node = (cfg.get("logger") or {}).get("wandb")
         if wandb_node is not None and wandb_node.get("id") is None:
             wandb_node.id = previous_wandb_id(output_dir)  # the same W&B run, continued

@@ -132,6 +132,7 @@ def test_cli_fast_dev_run(tmp_path: Path) -> None:
     )  # fmt: skip
     assert out.returncode == 0, out.stderr[-3000:]
     assert "attnlab-train: test/exact_match=" in out.stdout
+    assert "multirun" not in out.stdout + out.stderr  # one run: no sweep summary
     (run_dir,) = (tmp_path / "train" / "runs").iterdir()
     assert (run_dir / "config.yaml").is_file() and (run_dir / ".hydra" / "overrides.yaml").is_file()
 

@@ -46,9 +46,9 @@ def _main(cfg: DictConfig) -> float | None:
         done = finished_results(output_dir)
         if done is not None:
             print(f"attnlab-train: {output_dir} already finished (sweep.skip_done=true): skipped")
-            record_job("finished", output_dir / "manifest.json")
+            if multirun:
+                record_job("finished", output_dir / "manifest.json")
             return done.get("metrics", {}).get(metric) if metric else None
-    from attnlab.data.download import DataError
     from attnlab.train import RunDirectoryInUse, train  # heavy imports happen inside train()
 
     try:
@@ -61,29 +61,22 @@ def _main(cfg: DictConfig) -> float | None:
         record_job("failed", output_dir / "manifest.json")
         log.error("job %s failed: config error: %s", output_dir.name, exc)
         return None
-    except DataError as exc:  # the run's manifest.json already says failed, with the error
-        if not multirun:
-            if os.environ.get("HYDRA_FULL_ERROR") == "1":
-                raise
-            raise SystemExit(f"attnlab-train: data error: {exc}") from None
-        record_job("failed", output_dir / "manifest.json")
-        log.error("job %s failed: data error: %s", output_dir.name, exc)
-        return None
     except Exception as exc:
         # A told error's message says what happened, where and the fix: no traceback for it.
-        told = isinstance(exc, told_errors()) and os.environ.get("HYDRA_FULL_ERROR") != "1"
+        told = told_message(exc) if os.environ.get("HYDRA_FULL_ERROR") != "1" else None
         if not multirun:
-            if told:
-                raise SystemExit(f"attnlab-train: {exc}") from None
+            if told is not None:
+                raise SystemExit(f"attnlab-train: {told}") from None
             raise
         # The run's manifest.json already says failed, with the error; the other jobs go on.
         record_job("failed", output_dir / "manifest.json")
-        if told:
-            log.error("job %s failed: %s", output_dir.name, exc)
+        if told is not None:
+            log.error("job %s failed: %s", output_dir.name, told)
         else:
             log.exception("job %s failed; the sweep goes on", output_dir.name)
         return None
-    record_job("finished", output_dir / "manifest.json")
+    if multirun:
+        record_job("finished", output_dir / "manifest.json")
     summary = ", ".join(f"{k}={v:.4g}" for k, v in sorted(metrics.items()) if k.startswith(("val/", "test/")))
     print(f"attnlab-train: {summary}")
     if metric and metric not in metrics:
@@ -94,14 +87,19 @@ def _main(cfg: DictConfig) -> float | None:
     return metrics.get(metric) if metric else None
 
 
-def told_errors() -> tuple[type[BaseException], ...]:
-    """Training errors whose message is the whole story (what, where, the fix): a run that ends with one
-    prints it in one line, without a traceback (`HYDRA_FULL_ERROR=1` shows it). Imported when training
-    has run, so lightning is loaded already."""
-    from attnlab.checkpoint_io import CheckpointWriteError
+def told_message(exc: BaseException) -> str | None:
+    """The one-line message of a training error whose message is the whole story (what, where, the fix),
+    printed without a traceback (`HYDRA_FULL_ERROR=1` shows it); None for any other error. Data errors
+    (missing or misaligned files, invalid UTF-8, an empty corpus), a full disk during a checkpoint save,
+    a NaN/inf loss or gradient."""
+    from attnlab.data.download import DataError
+
+    if isinstance(exc, DataError):
+        return f"data error: {exc}"
+    from attnlab.checkpoint_io import CheckpointWriteError  # lightning is loaded once training ran
     from attnlab.module import NonFiniteError
 
-    return (CheckpointWriteError, NonFiniteError)
+    return str(exc) if isinstance(exc, (CheckpointWriteError, NonFiniteError)) else None
 
 
 def trainer_processes(cfg: DictConfig) -> int | None:
