@@ -74,13 +74,19 @@ class CheckpointError(ValueError):
     """A checkpoint that cannot be used: missing, unreadable, not from attnlab, or not matching others."""
 
 
+def data_settings(datamodule: Any) -> dict[str, Any] | None:
+    """A data module's data settings as a checkpoint holds them (`_target_` and the spec's fields; None
+    for a data module without a spec)."""
+    spec = getattr(datamodule, "spec", None)
+    if not dataclasses.is_dataclass(spec):
+        return None
+    return {"_target_": f"{type(spec).__module__}.{type(spec).__qualname__}", **dataclasses.asdict(spec)}
+
+
 def bundle(datamodule: Any) -> dict[str, Any]:
     """The `attnlab` checkpoint entry for a data module: its tokenizers as JSON and its data settings
-    (None for data without tokenizers, e.g. `data=synthetic`)."""
-    spec = getattr(datamodule, "spec", None)
-    data = None
-    if dataclasses.is_dataclass(spec):
-        data = {"_target_": f"{type(spec).__module__}.{type(spec).__qualname__}", **dataclasses.asdict(spec)}
+    (`data_settings`)."""
+    data = data_settings(datamodule)
     tokenizers = {}
     for side in ("src_tokenizer", "tgt_tokenizer"):
         tokenizer = getattr(datamodule, side, None)
@@ -210,9 +216,7 @@ def _refuse_class_names(checkpoint: dict[str, Any], path: str | Path) -> None:
         if not isinstance(data, dict):
             raise CheckpointError(f"{path} has a {type(data).__name__} as attnlab.data, not the dict of "
                                   "data settings attnlab-train writes")  # fmt: skip
-        target = data.get("_target_")
-        if not isinstance(target, str) or target not in DATA_SPECS:
-            raise _refused_class(path, f"{BUNDLE_KEY}.data._target_", target)
+        _data_class(data, path)
     plain = {
         "hyper_parameters": checkpoint["hyper_parameters"],
         BUNDLE_KEY: {**bundle, "data": {k: v for k, v in (data or {}).items() if k != "_target_"}},
@@ -222,6 +226,14 @@ def _refuse_class_names(checkpoint: dict[str, Any], path: str | Path) -> None:
         raise _refused_class(path, found[0].lstrip("."), found[1])
 
 
+def _data_class(data: dict[str, Any], path: str | Path) -> type:
+    """The class in `DATA_SPECS` that a checkpoint's `attnlab.data._target_` names (refused otherwise)."""
+    target = data.get("_target_")
+    if not isinstance(target, str) or target not in DATA_SPECS:
+        raise _refused_class(path, f"{BUNDLE_KEY}.data._target_", target)
+    return DATA_SPECS[target]
+
+
 def data_spec(data: dict[str, Any], path: str | Path) -> Any:
     """The data spec a checkpoint's `attnlab.data` entry describes, built by its class in `DATA_SPECS`.
 
@@ -229,10 +241,7 @@ def data_spec(data: dict[str, Any], path: str | Path) -> Any:
         CheckpointError: The entry names another class (see `read_checkpoint`).
         attnlab.config.ConfigError: A value the data spec refuses (naming `data.<key>`).
     """
-    target = data.get("_target_")
-    if not isinstance(target, str) or target not in DATA_SPECS:
-        raise _refused_class(path, f"{BUNDLE_KEY}.data._target_", target)
-    return build_from(DATA_SPECS[target], {k: v for k, v in data.items() if k != "_target_"}, "data")
+    return build_from(_data_class(data, path), {k: v for k, v in data.items() if k != "_target_"}, "data")
 
 
 def saved_settings(checkpoint: dict[str, Any], key: str, path: str | Path) -> Any:
@@ -293,8 +302,12 @@ def check_weights_fit(
     for side in ("encoder", "decoder"):
         wanted = getattr(config, f"n_{side}_layers")
         held = {int(m.group(2)) for key in weights if (m := LAYER_KEY.match(key)) and m.group(1) == side}
-        if held != set(range(wanted)):
-            first = min(held ^ set(range(wanted)))
+        if len(held) != wanted or held != set(range(wanted)):  # the count first: never a set of `wanted`
+            first = (
+                min(set(range(len(held) + 1)) - held)
+                if len(held) < wanted
+                else min(i for i in held if i >= wanted)
+            )
             raise CheckpointError(
                 f"{refused} (first differing key: {prefix}{side}.layers.{first}.*): "
                 f"model.n_{side}_layers={wanted} but the weights hold {len(held)} {side} layers{advice}"

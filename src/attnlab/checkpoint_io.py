@@ -171,6 +171,7 @@ class AtomicCheckpointIO(TorchCheckpointIO):
         this run (`trusted_callback_states`)."""
         from attnlab.checkpoint import read_checkpoint
 
-        checkpoint = read_checkpoint(path, map_location=map_location)
+        # On the CPU unless asked (Lightning's own default): the strategy moves what it loads.
+        checkpoint = read_checkpoint(path, map_location="cpu" if map_location is None else map_location)
         trusted_callback_states(checkpoint, Path(path), self.own_run)
         return checkpoint

@@ -84,8 +84,12 @@ def train(cfg: DictConfig) -> dict[str, float]:
             from attnlab.tracking import name_and_group
 
             name_and_group(cfg, resolved_config(cfg))
+        from attnlab.data.cache import atomic_write_bytes
+        from attnlab.data.download import DataError
+
         previous = _run_records(output_dir) if continuing else None  # before anything is rewritten
-        OmegaConf.save(OmegaConf.create(resolved_config(cfg)), output_dir / "config.yaml")
+        config_yaml = OmegaConf.to_yaml(OmegaConf.create(resolved_config(cfg))).encode("utf-8")
+        atomic_write_bytes(output_dir / "config.yaml", config_yaml)  # a full disk leaves the old one
 
         import lightning as L
         from lightning.pytorch.utilities import rank_zero_only
@@ -103,8 +107,9 @@ def train(cfg: DictConfig) -> dict[str, float]:
                 cfg, experiment, output_dir, manifest if is_zero else None, resume_from, resumed_step
             )
         except BaseException as exc:
-            if is_zero and previous is not None and isinstance(exc, ConfigError):
-                # A refused continuation (e.g. other training data) trained nothing: the run stays as it was.
+            if is_zero and previous is not None and isinstance(exc, (ConfigError, DataError)):
+                # A refused continuation (other training data, a split too small) trained nothing: the run
+                # stays as it was.
                 _restore_run_records(previous)
             elif is_zero:
                 status = "interrupted" if isinstance(exc, Preempted) else "failed"
@@ -424,7 +429,7 @@ def _final_evaluation(
 ) -> dict[str, float]:
     """Load the final weights (best checkpoint, or the average of the last `average_last` epochs),
     compute the test loss, and on rank 0 decode every test set with beam search into `results.json`."""
-    from attnlab.checkpoint import bundle, last_epoch_checkpoints, read_averaged
+    from attnlab.checkpoint import data_settings, last_epoch_checkpoints, read_averaged
     from attnlab.translate import Translator, evaluate, write_results
 
     average_last = int(cfg.get("average_last") or 0)
@@ -446,7 +451,7 @@ def _final_evaluation(
         write_results(output_dir, {"checkpoints": checkpoints, "averaged": len(paths) > 1, **extra})
         return metrics
     module.to(trainer.strategy.root_device)  # decode on the training device, wherever testing left it
-    data = bundle(datamodule)["data"]  # the data settings, as a checkpoint holds them (max_source_tokens)
+    data = data_settings(datamodule)  # as a checkpoint holds them (the source limit: max_source_tokens)
     translator = Translator(module.model, datamodule.src_tokenizer, tokenizer, module.decode_config, data)
     sets = {name: datamodule.raw_text(name) for name in datamodule.test_sets}
     results = evaluate(translator, sets, output_dir, checkpoints=paths, extra=extra)

@@ -345,8 +345,8 @@ def test_paths_outside_the_run_in_its_own_last_ckpt_are_not_used(
 def test_model_settings_that_do_not_fit_the_weights_are_refused_before_anything_is_built(
     trained: dict[str, Any], tmp_path: Path
 ) -> None:
-    """A model of d_model=65536 and a vocabulary of a million (262 GB of embeddings) is refused by its
-    weights' shapes at once, without allocating it."""
+    """A model of d_model=65536 and a vocabulary of a million (hundreds of GB of embeddings), or with
+    10^12 layers, is refused by its weights' shapes at once, without allocating it."""
     import resource
     import time
 
@@ -373,6 +373,14 @@ def test_model_settings_that_do_not_fit_the_weights_are_refused_before_anything_
         assert time.monotonic() - start < 30, name
         assert resource.getrusage(resource.RUSAGE_SELF).ru_maxrss - peak < 500_000, name  # KiB: < 0.5 GB
     assert path.read_bytes() == before
+    layers = copy.deepcopy(trained["plain"])
+    layers["hyper_parameters"]["model"]["n_encoder_layers"] = 10**12
+    torch.save(layers, path)
+    peak, start = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss, time.monotonic()
+    with pytest.raises(CheckpointError, match=r"n_encoder_layers=1000000000000 but the weights hold 2 "):
+        Translator.from_checkpoints([path])
+    assert time.monotonic() - start < 30
+    assert resource.getrusage(resource.RUSAGE_SELF).ru_maxrss - peak < 500_000  # KiB: < 0.5 GB
 
 
 @pytest.mark.parametrize("kind", ["foreign global", "hparams model"])

@@ -291,3 +291,24 @@ def test_resuming_after_the_training_data_changed_is_refused(
     assert int(counts[1]) == int(counts[2]) + 1
     assert "the same files and preprocessing" in message
     assert ckpt.read_bytes() == before  # the run's state is kept for a resume with the original data
+
+
+def test_resuming_after_the_validation_set_was_emptied_is_refused_and_changes_nothing(
+    text: dict[str, Path], shared_data: Path, tmp_path: Path
+) -> None:
+    """A continuation refused by a data check (here an empty validation set, a DataError) trained
+    nothing: the run's manifest, config and history stay as they were."""
+    from attnlab.data.download import DataError
+
+    corpus, run_dir = tmp_path / "corpus", tmp_path / "run"
+    write_corpus(require_shared_data(shared_data), corpus, SPLITS)
+    overrides = text_run(corpus, text["cache"], run_dir, "trainer.max_epochs=1")
+    train(compose_train(overrides, run_dir))
+    for lang in ("de", "en"):
+        (corpus / f"valid.{lang}").write_text("", "utf-8")
+    files = [run_dir / "manifest.json", run_dir / "config.yaml", run_dir / "csv" / "metrics.csv"]
+    records = {path: path.read_bytes() for path in files}
+    with pytest.raises(DataError, match="valid"):
+        train(compose_train([*overrides, "trainer.max_epochs=2", "resume=true"], run_dir))
+    for path, content in records.items():
+        assert path.read_bytes() == content, f"{path} was rewritten by the refused resume"
