@@ -212,6 +212,27 @@ def test_a_failed_run_releases_its_run_directory(tmp_path: Path) -> None:
     assert WhileRunning.seen["lock"] == f"{os.getpid()} {socket.gethostname()}\n"
 
 
+def processes_of(run_dir: Path) -> list[int]:
+    """The live processes (not this one) whose command line names `run_dir`."""
+    found = []
+    for proc in Path("/proc").iterdir():
+        if proc.name.isdigit() and int(proc.name) != os.getpid():
+            try:
+                if str(run_dir) in (proc / "cmdline").read_bytes().decode(errors="replace"):
+                    found.append(int(proc.name))
+            except OSError:
+                continue
+    return found
+
+
+def open_files(pid: int) -> set[str]:
+    """The files process `pid` has open (empty once it is gone)."""
+    try:
+        return {os.readlink(fd) for fd in Path(f"/proc/{pid}/fd").iterdir()}
+    except OSError:
+        return set()
+
+
 def test_resuming_a_killed_run_takes_over_its_stale_lock(tmp_path: Path) -> None:
     """Killed with a DataLoader worker, which outlives it for a few seconds: the lock was the dead
     process's alone, so resume=true right after the kill takes it over."""
@@ -223,6 +244,12 @@ def test_resuming_a_killed_run_takes_over_its_stale_lock(tmp_path: Path) -> None
         killed = subprocess.run(command, stdout=log, stderr=subprocess.STDOUT, timeout=300,
                                 env={**os.environ, "PYTHONPATH": str(TESTS)})  # fmt: skip
     assert killed.returncode == -9  # returns as soon as the main process died
+    # Its DataLoader worker is still alive (the case this test is about), and holds no descriptor of the
+    # lock file: a flock is held as long as any process has its descriptor.
+    workers = processes_of(run_dir)
+    assert workers, "no DataLoader worker of the killed run is alive any more: nothing is tested"
+    lock = str((run_dir / RUN_LOCK).resolve())
+    assert not [pid for pid in workers if lock in open_files(pid)], "a worker holds the run lock"
     pid, host = (run_dir / RUN_LOCK).read_text().split()  # left behind by the dead process
     assert (int(pid), host) != (os.getpid(), socket.gethostname())
     train(compose_train([*worker, "resume=true", *while_running(run_dir)], run_dir))
