@@ -181,26 +181,32 @@ def _run_lock(output_dir: Path) -> Iterator[None]:
     if _launched_rank() != 0:
         yield
         return
-    from attnlab.data.cache import FileLock
-
-    lock = FileLock(output_dir / RUN_LOCK, timeout=0, record_holder=True)
-    try:
-        lock.acquire()
-    except TimeoutError:
-        raise _in_use(output_dir, lock) from None
+    lock = _take_run_lock(output_dir, record_holder=True)
     try:
         yield
     finally:
         lock.release()
 
 
-def _in_use(output_dir: Path, lock: Any) -> RunDirectoryInUse:
-    return RunDirectoryInUse(
-        f"the run directory {output_dir} is in use: {lock.holder()} is running there "
-        f"({output_dir / RUN_LOCK}). Two runs in one directory would mix their checkpoints and logs: "
-        "wait for it to end (or stop it; resume=true then continues it), or set hydra.run.dir to "
-        "another directory"
-    )
+def _take_run_lock(output_dir: Path, *, record_holder: bool) -> Any:
+    """The run directory's lock (`attnlab.data.cache.FileLock`), taken without waiting.
+
+    Raises:
+        RunDirectoryInUse: Another live process holds it (named, when it recorded itself).
+    """
+    from attnlab.data.cache import FileLock
+
+    lock = FileLock(output_dir / RUN_LOCK, timeout=0, record_holder=record_holder)
+    try:
+        lock.acquire()
+    except TimeoutError:
+        raise RunDirectoryInUse(
+            f"the run directory {output_dir} is in use: {lock.holder()} is running there "
+            f"({output_dir / RUN_LOCK}). Two runs in one directory would mix their checkpoints and logs: "
+            "wait for it to end (or stop it; resume=true then continues it), or set hydra.run.dir to "
+            "another directory"
+        ) from None
+    return lock
 
 
 def check_run_directory_free(output_dir: Path) -> None:
@@ -211,16 +217,9 @@ def check_run_directory_free(output_dir: Path) -> None:
     Raises:
         RunDirectoryInUse: Another live process holds the lock.
     """
-    from attnlab.data.cache import FileLock
-
     if _launched_rank() != 0 or not (output_dir / RUN_LOCK).is_file():
         return
-    lock = FileLock(output_dir / RUN_LOCK, timeout=0)
-    try:
-        lock.acquire()
-    except TimeoutError:
-        raise _in_use(output_dir, lock) from None
-    lock.release()
+    _take_run_lock(output_dir, record_holder=False).release()
 
 
 def _writable_run_directory(output_dir: Path) -> None:
