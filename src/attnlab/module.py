@@ -389,7 +389,7 @@ class TranslationModule(L.LightningModule):
                 log.warning("%s", self.schedule_facts["warning"])
         total = None
         if cfg.schedule == "linear" and cfg.total_steps is None:
-            total = int(self.trainer.estimated_stepping_batches)
+            total = int(steps) if math.isfinite(steps) else None
             cfg.lr_at(1, d_model, total)  # fails now, naming the fix, when the run is too short
         # LambdaLR multiplies the base lr (1.0) by lr_at(step); it counts optimizer steps from 0.
         scheduler = torch.optim.lr_scheduler.LambdaLR(

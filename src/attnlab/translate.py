@@ -99,11 +99,12 @@ class Translator:
         config = saved_settings(checkpoint, "model", paths[0])
         check_weights_fit(config, checkpoint["state_dict"], paths[0])  # before anything is allocated
         model = Transformer(config)
-        try:
-            model.load_state_dict(model_weights(checkpoint["state_dict"]))
-        except Exception as exc:  # no dict, missing or extra weights, wrong shapes
-            what = "its state_dict does not hold the weights of its model settings"
-            raise _damaged(paths, what, exc) from None
+        model.load_state_dict(model_weights(checkpoint["state_dict"]))  # keys and shapes checked above
+        data = bundle.get("data")
+        limit = (data or {}).get("max_source_tokens")  # the default source limit (`source_limit`)
+        if limit is not None and (not isinstance(limit, int) or isinstance(limit, bool) or limit < 2):
+            error = ValueError("a source length limit is a whole number of at least 2 (a token and eos)")
+            raise _damaged(paths, f"its data.max_source_tokens={limit!r}", error)
         tokenizers = []
         for side in ("src_tokenizer", "tgt_tokenizer"):
             try:
@@ -115,7 +116,7 @@ class Translator:
             model,
             *tokenizers,
             decode or saved_settings(checkpoint, "decode", paths[0]),
-            data=bundle.get("data"),
+            data=data,
         )
 
     def source_limit(self) -> tuple[int, str]:

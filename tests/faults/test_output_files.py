@@ -294,6 +294,9 @@ DAMAGES = {
     ),
     "src_tokenizer not JSON": lambda ckpt: ckpt[BUNDLE_KEY].update(src_tokenizer="not a tokenizer {"),
     "tgt_tokenizer JSON of another thing": lambda ckpt: ckpt[BUNDLE_KEY].update(tgt_tokenizer='{"a": 5}'),
+    "data.max_source_tokens=0 (every source cut to nothing)": lambda ckpt: ckpt[BUNDLE_KEY]["data"].update(
+        max_source_tokens=0
+    ),
 }
 
 
