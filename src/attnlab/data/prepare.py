@@ -243,12 +243,14 @@ def prepare(spec: CorpusData) -> Prepared:
             again right after being rebuilt (`DamagedPreparedData`: check the disk).
     """
     target = prepared_dir(spec)
+    recheck = None  # a directory another process builds while this one waits is new: not checked twice
     if target.is_dir():
         try:
             return _timed_load(target)
         except DamagedPreparedData as exc:  # rebuilt below, unless another process already did
             log.debug("%s", exc)
-    with building(target, damaged=_damage) as tmp:
+            recheck = _damage
+    with building(target, damaged=recheck) as tmp:
         if tmp is not None:
             log.info("preparing %s into %s", type(spec).__name__, target)
             _build(spec, spec.load(), tmp)
