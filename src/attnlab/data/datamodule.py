@@ -64,7 +64,8 @@ class ParallelDataModule(L.LightningDataModule):
         self.src_vocab_size = self.tgt_vocab_size = 0
         self.splits: dict[str, list[Example]] = {}
         self.test_sets: list[str] = ["test"]
-        self._sampler_state: dict[str, int] | None = None
+        # The training sampler positioned by a loaded checkpoint (`load_state_dict`), for `train_dataloader`.
+        self._restored: TokenBatchSampler | None = None
         self._train_sampler: TokenBatchSampler | None = None
 
     def _replicas(self) -> tuple[int, int]:
@@ -99,11 +100,14 @@ class ParallelDataModule(L.LightningDataModule):
         # Overfitting (`trainer.overfit_batches`, debug=overfit) trains on the same first batches every
         # epoch: unshuffled, as Lightning does with a shuffled sampler there.
         fixed = self.trainer is not None and bool(self.trainer.overfit_batches)
-        self._train_sampler = self.sampler("train", shuffle=not fixed)
+        restored, self._restored = self._restored, None
+        if restored is not None and not fixed:  # built and positioned when the checkpoint was loaded
+            self._train_sampler = restored
+        else:
+            self._train_sampler = self.sampler("train", shuffle=not fixed)
+            if restored is not None:
+                self._train_sampler.load_state_dict(restored.state_dict())
         self._train_sampler.sampler = _TrainerEpoch(self, self._train_sampler)  # see _TrainerEpoch
-        if self._sampler_state is not None:
-            self._train_sampler.load_state_dict(self._sampler_state)
-            self._sampler_state = None
         return self._loader("train", self._train_sampler)
 
     def val_dataloader(self) -> DataLoader:
@@ -133,11 +137,9 @@ class ParallelDataModule(L.LightningDataModule):
                 raise DataError(self._empty_split_message(name))
             if name not in ("train", "val", self.test_sets[0]):
                 continue  # decoded by one process only (no DataLoader)
-            lengths = [max(len(src), len(tgt) + 1) for src, tgt, _ in examples]
-            batches = len(TokenBatchSampler(
-                lengths, max_tokens=self.max_tokens, batch_size=self.batch_size, shuffle=name == "train",
-                seed=self.seed, bucket=self.bucket,
-            ))  # fmt: skip
+            if processes == 1:
+                continue  # a split that is not empty gives its one process a batch
+            batches = len(self.sampler(name, shuffle=name == "train"))  # all ranks' (no trainer yet)
             if batches < processes:
                 raise DataError(
                     f"split {name!r} has {len(examples)} sentence pairs in {batches} batches, fewer than the "
@@ -180,8 +182,10 @@ class ParallelDataModule(L.LightningDataModule):
         state = state_dict.get("train_sampler")
         if state is not None:
             try:
-                self.sampler("train", shuffle=True).load_state_dict(state)
+                self._restored = self.sampler("train", shuffle=True)
+                self._restored.load_state_dict(state)
             except ValueError as exc:
+                self._restored = None
                 from attnlab.config import ConfigError
 
                 path = getattr(self.trainer, "ckpt_path", None) or "the checkpoint"
@@ -191,7 +195,6 @@ class ParallelDataModule(L.LightningDataModule):
                     "(the same files and preprocessing) and batching (data.max_tokens, data.batch_size, "
                     "trainer.devices x trainer.num_nodes) it was saved with, or start a new run"
                 ) from None
-        self._sampler_state = state
 
 
 class _TrainerEpoch:
