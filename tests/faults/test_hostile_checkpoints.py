@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import copy
 import json
+import logging
 import os
 import pickle
 import re
@@ -212,12 +213,12 @@ def test_a_damaged_last_ckpt_on_resume_is_refused_before_the_run_changes(
     last.write_bytes(last.read_bytes()[: last.stat().st_size // 2])  # an interrupted copy
     with pytest.raises(CheckpointError) as damaged:
         read_checkpoint(last)
-    kept = {p: p.read_bytes() for p in (run / "manifest.json", run / "config.yaml", last)}
+    kept = {p: p.read_bytes() for p in run.rglob("*") if p.is_file()}  # every checkpoint, manifest, config
     with pytest.raises(ConfigError) as caught:
         train(compose_train([*trained["overrides"], f"resume={resume}"], run))
     assert str(caught.value) == f"resume: {damaged.value}"  # the message of any damaged checkpoint
     assert re.search(r"cannot read checkpoint .*last\.ckpt: .*damaged", str(caught.value))
-    assert {p: p.read_bytes() for p in kept} == kept
+    assert {p: p.read_bytes() for p in run.rglob("*") if p.is_file()} == kept
     assert json.loads((run / "manifest.json").read_text())["status"] == "finished"
 
 
@@ -330,16 +331,19 @@ def test_callback_states_of_another_runs_checkpoint_do_not_choose_the_evaluated_
 
 
 def test_paths_outside_the_run_in_its_own_last_ckpt_are_not_used(
-    trained: dict[str, Any], tmp_path: Path
+    trained: dict[str, Any], tmp_path: Path, caplog: pytest.LogCaptureFixture
 ) -> None:
     other = copy_elsewhere(trained, tmp_path)
     run = copy_run(trained, tmp_path)
     last = run / "checkpoints" / "last.ckpt"
     torch.save(steering_callbacks(torch.load(last, weights_only=True), run / "checkpoints", other), last)
     kept = outside_files(other)
-    metrics = train(compose_train([*two_epochs_tested(trained), "resume=true"], run))
+    with caplog.at_level(logging.WARNING, logger="attnlab.checkpoint_io"):
+        metrics = train(compose_train([*two_epochs_tested(trained), "resume=true"], run))
     assert_own_best(metrics, run)
     assert outside_files(*kept) == kept
+    warned = [r.getMessage() for r in caplog.records if "(the callback starts afresh" in r.getMessage()]
+    assert any(str(other) in message for message in warned), "no warning named the dropped state"
 
 
 def test_model_settings_that_do_not_fit_the_weights_are_refused_before_anything_is_built(
