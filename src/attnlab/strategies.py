@@ -60,7 +60,9 @@ class AttnlabFSDPStrategy(FSDPStrategy):
         return checkpoint
 
     def _load_optimizer_states(self, optimizer_states: list[dict[str, Any]]) -> None:
-        """Lightning's `FSDPStrategy.load_checkpoint` for the optimizer states of a full checkpoint."""
+        """The optimizer-state part of Lightning's `FSDPStrategy.load_checkpoint` for a full checkpoint,
+        as in Lightning 2.6.6 (compare with Lightning's when upgrading it). Never run here: FSDP needs
+        GPUs (`scripts/gpu_check.sh`)."""
         from lightning.fabric.strategies.fsdp import _get_full_state_dict_context
         from torch.distributed.fsdp import FullyShardedDataParallel as FSDP
         from torch.distributed.fsdp import OptimStateKeyType
