@@ -15,6 +15,7 @@
 # 3. with more than one GPU: a 1-GPU run and a DDP run over all GPUs with matching accumulation, whose
 #    training losses must agree;
 # 4. beam and greedy decoding speed (scripts/bench_decode.py).
+# Not covered: trainer=fsdp and float16 mixed precision (16-mixed, the gradient scaler's path).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 DATA=../shared/data/multi30k

@@ -6,6 +6,7 @@ import os
 import tempfile
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -52,6 +53,38 @@ def resume_reference(tmp_path_factory: pytest.TempPathFactory) -> Path:
     done = attnlab_train(run_dir)
     assert done.returncode == 0, done.stderr[-3000:]
     return run_dir
+
+
+@pytest.fixture(scope="session")
+def translating_run(shared_data: Path, tmp_path_factory: pytest.TempPathFactory) -> dict[str, Any]:
+    """A model that really translates: trained until it reproduces the 240 Multi30k pairs it saw
+    (`helpers.TEXT_SPLITS`: validation and test sets are lines of its training set), asserted here by
+    sacreBLEU >= 60 on its validation and both test sets. 30 epochs (about half a minute), validation
+    decoded every 10th epoch and monitored by val/bleu with early stopping; the last 2 epoch
+    checkpoints averaged and beam-decoded (beam 3) on `test` and `test2` into `results.json`.
+
+    Returns `cfg`, `metrics` (of `train`), `dir` (the run), `corpus`, `tmp` and `data` (the overrides
+    that build the same data and model: with `helpers.init_from` a run starts from these weights).
+    """
+    import json
+
+    from attnlab.train import train
+    from helpers import TEXT_SPLITS, compose_train, text_data, write_corpus
+
+    tmp = tmp_path_factory.mktemp("translating")
+    corpus = write_corpus(shared_data, tmp / "corpus", TEXT_SPLITS)
+    data = text_data(corpus, tmp / "cache")
+    overrides = [
+        *data, "optim=inverse_sqrt", "optim.peak_lr=2e-3", "optim.warmup_steps=40", "optim.label_smoothing=0",
+        "trainer.max_epochs=30", "decode.every_n_epochs=10", "callbacks=early_stopping", "average_last=2",
+        "decode.beam=3", "logger=csv",
+    ]  # fmt: skip
+    cfg = compose_train(overrides, tmp / "run")
+    metrics = train(cfg)
+    results = json.loads((tmp / "run" / "results.json").read_text())
+    scores = {"val": metrics["val/bleu"], **{name: s["bleu"] for name, s in results["sets"].items()}}
+    assert min(scores.values()) >= 60, f"the test model does not reproduce its training pairs: BLEU {scores}"
+    return {"cfg": cfg, "metrics": metrics, "dir": tmp / "run", "corpus": corpus, "tmp": tmp, "data": data}
 
 
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:

@@ -127,12 +127,45 @@ def serve_mirror(www: Path, gzipped: dict[str, bytes]) -> Iterator[Mirror]:
         thread.join(5)
 
 
-def write_corpus(shared_data: Path, corpus: Path, splits: tuple[tuple[str, str, int], ...]) -> Path:
-    """A small parallel de/en corpus in the `data=files` layout from the first lines of Multi30k:
-    `splits` holds (file prefix, Multi30k split, lines): ("valid", "val", 20) -> `valid.de`, `valid.en`."""
+def write_corpus(shared_data: Path, corpus: Path, splits: tuple[tuple[str, str, int | slice], ...]) -> Path:
+    """A small parallel de/en corpus in the `data=files` layout from lines of Multi30k: `splits` holds
+    (file prefix, Multi30k split, lines): ("valid", "val", 20) -> the first 20 lines as `valid.de`,
+    `valid.en`; ("test", "train", slice(40, 70)) -> lines 40..69 of the training set as `test.*`."""
     corpus.mkdir(parents=True, exist_ok=True)
     for split, source, lines in splits:
+        chosen = lines if isinstance(lines, slice) else slice(lines)
         for lang in ("de", "en"):
-            text = (shared_data / "multi30k" / f"{source}.{lang}").read_text("utf-8").split("\n")[:lines]
+            text = (shared_data / "multi30k" / f"{source}.{lang}").read_text("utf-8").split("\n")[chosen]
             (corpus / f"{split}.{lang}").write_text("\n".join(text) + "\n", "utf-8")
     return corpus
+
+
+# The translating model of the test session (the `translating_run` fixture): every split holds lines of
+# the Multi30k training set that the model was trained on until it reproduces them, so its outputs are
+# sentence-specific text that tests can score exactly.
+TEXT_SPLITS = (
+    ("train", "train", 240),
+    ("valid", "train", 40),
+    ("test", "train", slice(40, 70)),
+    ("test2", "train", slice(100, 120)),
+)
+
+
+def text_data(corpus: Path, cache: Path) -> list[str]:
+    """The data and model overrides of the translating run: a run with these (and the same corpus) builds
+    the same vocabularies and model, so it can start from that run's weights (`probes.InitWeights`)."""
+    return [
+        "data=files", f"data.dir={corpus}", "data.src_lang=de", "data.tgt_lang=en", "data.test=[test,test2]",
+        "data.vocab_size=1000", "data.max_tokens=800", f"data.cache_dir={cache}",
+        "model=tiny", "model.d_model=128", "model.d_ff=256", "model.dropout=0.0",
+    ]  # fmt: skip
+
+
+def init_from(checkpoint: Path) -> list[str]:
+    """Overrides that start a run from the weights of `checkpoint` (`probes.InitWeights`)."""
+    return ["+callbacks.init._target_=probes.InitWeights", f"+callbacks.init.path={checkpoint}"]
+
+
+def lines(path: Path) -> list[str]:
+    """The lines of a text file (UTF-8, without their newlines)."""
+    return path.read_text("utf-8").splitlines()

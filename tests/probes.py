@@ -153,3 +153,95 @@ class RecordBatches(L.Callback):
 @dataclasses.dataclass(frozen=True)
 class OwnSyntheticData(SyntheticData):
     """A user's own data spec class (a subclass of one of attnlab's): not in the closed list."""
+
+
+class RecordPid(L.Callback):
+    """Write this process's id to `<dirpath>/pid_rank<r>` when fitting is set up (each DDP rank its own)."""
+
+    def __init__(self, dirpath: str) -> None:
+        self.dirpath = dirpath
+
+    def setup(self, trainer: L.Trainer, pl_module: L.LightningModule, stage: str) -> None:
+        Path(self.dirpath).mkdir(parents=True, exist_ok=True)
+        (Path(self.dirpath) / f"pid_rank{trainer.global_rank}").write_text(str(os.getpid()))
+
+
+class RecordAutocast(L.Callback):
+    """Record, for every training forward pass of the model, whether autocast was on for the training
+    device, its dtype and the dtype of the model's output: `RecordAutocast.last.seen`, one
+    `(enabled, autocast dtype, output dtype)` per pass."""
+
+    last: RecordAutocast | None = None
+
+    def __init__(self) -> None:
+        self.seen: list[tuple[bool, torch.dtype, torch.dtype]] = []
+        self.hook: Any = None
+        RecordAutocast.last = self
+
+    def on_fit_start(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
+        device = trainer.strategy.root_device.type
+
+        def record(module: torch.nn.Module, args: Any, output: torch.Tensor) -> None:
+            if module.training:
+                autocast = (torch.is_autocast_enabled(device), torch.get_autocast_dtype(device))
+                self.seen.append((*autocast, output.dtype))
+
+        self.hook = pl_module.model.register_forward_hook(record)
+
+    def teardown(self, trainer: L.Trainer, pl_module: L.LightningModule, stage: str) -> None:
+        if self.hook is not None:
+            self.hook.remove()
+            self.hook = None
+
+
+class LearningRateFrom(L.Callback):
+    """From epoch `epoch` (counted from 0) on, every optimizer step uses learning rate `lr` instead of the
+    schedule's (set before each step; the schedule sets its own again after it): with a large `lr`,
+    training diverges from a known epoch on."""
+
+    def __init__(self, epoch: int, lr: float) -> None:
+        self.epoch, self.lr = epoch, lr
+
+    def on_train_batch_start(self, trainer: L.Trainer, *args: Any) -> None:
+        if trainer.current_epoch >= self.epoch:
+            for optimizer in trainer.optimizers:
+                for group in optimizer.param_groups:
+                    group["lr"] = self.lr
+
+
+class InitWeights(L.Callback):
+    """Start training from the weights of checkpoint `path` (read by attnlab's own reader) instead of a
+    random initialisation. Loaded in `setup`, before Lightning restores a resumed run's checkpoint, so a
+    resumption still continues from its own `last.ckpt`. The run must build the same model and
+    vocabularies (same model settings, same training text and tokenizer settings)."""
+
+    def __init__(self, path: str) -> None:
+        self.path = path
+
+    def setup(self, trainer: L.Trainer, pl_module: L.LightningModule, stage: str) -> None:
+        from attnlab.checkpoint import read_checkpoint
+
+        if stage == "fit":  # not before the final test, which evaluates the trained weights
+            pl_module.load_state_dict(read_checkpoint(Path(self.path))["state_dict"])
+
+
+class RecordRankBatches(L.Callback):
+    """Save the weights training starts from (`<dirpath>/initial_weights.pt`, rank 0) and, per rank, the
+    example indices of each training batch (`<dirpath>/batches_rank<r>.jsonl`, one JSON list a line)."""
+
+    def __init__(self, dirpath: str) -> None:
+        self.dirpath = Path(dirpath)
+
+    def on_fit_start(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
+        self.dirpath.mkdir(parents=True, exist_ok=True)
+        if trainer.global_rank == 0:
+            state = {k: v.detach().cpu().clone() for k, v in pl_module.state_dict().items()}
+            torch.save(state, self.dirpath / "initial_weights.pt")
+
+    def on_train_batch_start(
+        self, trainer: L.Trainer, pl_module: L.LightningModule, batch: Any, *args: Any
+    ) -> None:
+        import json
+
+        with open(self.dirpath / f"batches_rank{trainer.global_rank}.jsonl", "a") as f:
+            f.write(json.dumps(batch["index"].tolist()) + "\n")

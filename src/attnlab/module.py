@@ -99,6 +99,7 @@ class TranslationModule(L.LightningModule):
         self._tokens_seen = 0
         self._skipped = 0  # batches skipped for a non-finite loss or gradient (optim.on_nonfinite=skip)
         self._step_tokens = 0
+        self._window_tokens = 0  # this optimizer step's target tokens on this rank, over its micro-batches
         self._step_started = 0.0
         self._rng_to_restore: dict[str, Any] | None = None
         # The warm-up against the run's length (`OptimConfig.warmup_facts`), once the optimizer is built.
@@ -137,21 +138,79 @@ class TranslationModule(L.LightningModule):
             self._step_tokens = 0
             return self._nonfinite(f"training loss is {value}", batch_idx)
         self._step_tokens = local_tokens * self.trainer.world_size
+        self._window_tokens += local_tokens
         self.log_dict(
             {"train/loss": loss, "train/nll": nll, "train/ppl": torch.exp(nll.detach())},
             on_step=True, on_epoch=True, prog_bar=True, batch_size=local_tokens,
         )  # fmt: skip
-        return loss
+        # The sum, not the mean: the gradient is divided by the optimizer step's tokens over every rank
+        # and micro-batch in `on_before_optimizer_step` (token-level normalisation, as fairseq does).
+        return loss_sum
 
     def on_before_optimizer_step(self, optimizer: Any) -> None:
+        """Normalise the gradient by the step's target tokens, then check it is finite and log its norm.
+
+        Each micro-batch's backward pass adds the gradient of its summed loss; DDP averages over ranks
+        and Lightning divides by `accumulate_grad_batches`. Multiplying by ranks x accumulation / tokens
+        gives the gradient of the loss summed over every target token of the optimizer step divided by
+        their number: two ranks or two accumulated micro-batches take the step one process would take on
+        one batch holding them all, whatever each one's share of tokens.
+        """
         grads = [p.grad for p in self.parameters() if p.grad is not None]
-        if not grads or str(self.trainer.precision).startswith("16"):
-            return  # float16's gradient scaler skips overflowing steps itself
-        norm = torch.linalg.vector_norm(torch.stack(torch._foreach_norm(grads)))
-        if self._all_ranks(bool(torch.isfinite(norm))):  # gradients are all-reduced: ranks agree
+        local_tokens, self._window_tokens = self._window_tokens, 0
+        if not grads:
             return
-        self._nonfinite(f"gradient norm is {float(norm)}", None)
-        optimizer.zero_grad(set_to_none=True)  # skip: parameters without gradients are not updated
+        sharded = self._sharded()
+        norm = self._local_norm(grads)
+        # One all-reduce: the step's tokens, the ranks with a non-finite gradient and (sharded) the norm².
+        stats = torch.stack([
+            torch.tensor(float(local_tokens), device=norm.device),
+            (~torch.isfinite(norm)).float(),
+            norm.square() if sharded else torch.zeros((), device=norm.device),
+        ])  # fmt: skip
+        if self.trainer.world_size > 1:
+            stats = self.trainer.strategy.reduce(stats, reduce_op="sum")
+        tokens, nonfinite, norm_sq = stats.tolist()
+        factor = self.trainer.world_size * self.trainer.accumulate_grad_batches / max(tokens, 1.0)
+        torch._foreach_mul_(grads, factor)
+        norm_value = (math.sqrt(norm_sq) if sharded else float(norm)) * factor
+        if nonfinite and self.trainer.precision != "16-mixed":
+            # (float16's gradient scaler skips overflowing steps itself)
+            self._nonfinite(f"gradient norm is {norm_value}", None)
+            optimizer.zero_grad(set_to_none=True)  # skip: parameters without gradients are not updated
+            return
+        if math.isfinite(norm_value):
+            self.log("train/grad_norm", norm_value, on_step=True, on_epoch=True)
+
+    def configure_gradient_clipping(
+        self,
+        optimizer: Any,
+        gradient_clip_val: float | None = None,
+        gradient_clip_algorithm: str | None = None,
+    ) -> None:
+        """Lightning's clipping (`trainer.gradient_clip_val`, by norm unless
+        `trainer.gradient_clip_algorithm=value`), then `train/grad_norm_clipped`: the norm of the
+        gradient the optimizer uses, measured after clipping (`train/grad_norm` is the norm before)."""
+        self.clip_gradients(optimizer, gradient_clip_val, gradient_clip_algorithm)
+        grads = [p.grad for p in self.parameters() if p.grad is not None]
+        if not gradient_clip_val or not grads:
+            return
+        norm = self._local_norm(grads)
+        if self._sharded():
+            norm = self.trainer.strategy.reduce(norm.square(), reduce_op="sum").sqrt()
+        if bool(torch.isfinite(norm)):
+            self.log("train/grad_norm_clipped", float(norm), on_step=True, on_epoch=True)
+
+    @staticmethod
+    def _local_norm(grads: list[Tensor]) -> Tensor:
+        """The 2-norm of this process's gradients (its shards only, under a sharded strategy)."""
+        return torch.linalg.vector_norm(torch.stack(torch._foreach_norm(grads)).float())
+
+    def _sharded(self) -> bool:
+        """Whether each rank holds only a shard of the gradients (FSDP): norms are then summed over ranks."""
+        from lightning.pytorch.strategies import FSDPStrategy
+
+        return self.trainer.world_size > 1 and isinstance(self.trainer.strategy, FSDPStrategy)
 
     def _all_ranks(self, finite: bool) -> bool:
         """True when the value is finite on every rank (under DDP one rank's NaN must stop them all)."""
@@ -301,10 +360,16 @@ class TranslationModule(L.LightningModule):
 
     def on_save_checkpoint(self, checkpoint: dict[str, Any]) -> None:
         """Store what inference needs besides the weights (tokenizers as JSON, data settings), and what
-        an exact resumption needs besides Lightning's state: this rank's random-number generator states
+        an exact resumption needs besides Lightning's state: every rank's random-number generator states
         and the count of target tokens seen."""
         checkpoint[BUNDLE_KEY] = bundle(getattr(self.trainer, "datamodule", None))
-        checkpoint[RESUME_KEY] = {"rng": rng_states(), "tokens_seen": self._tokens_seen}
+        states = rng_states()
+        resume: dict[str, Any] = {"rng": states, "tokens_seen": self._tokens_seen}
+        if self.trainer.world_size > 1:  # rank 0 writes the file: it keeps every rank's own streams
+            ranks: list[Any] = [None] * self.trainer.world_size
+            torch.distributed.all_gather_object(ranks, states)  # (this hook runs on every rank)
+            resume["rng_ranks"] = ranks
+        checkpoint[RESUME_KEY] = resume
 
     @classmethod
     def load_from_checkpoint(  # type: ignore[override]
@@ -369,8 +434,11 @@ class TranslationModule(L.LightningModule):
         if state is None:  # a checkpoint from before exact resumption: weights and optimizer only
             return
         self._tokens_seen = int(state["tokens_seen"])
-        # Applied at the first training step, after everything that runs between loading and training.
-        self._rng_to_restore = state["rng"]
+        # Applied at the first training step, after everything that runs between loading and training;
+        # under DDP each rank continues its own streams (dropout masks differ across ranks).
+        ranks = state.get("rng_ranks")
+        rank = self._trainer.global_rank if self._trainer is not None else 0
+        self._rng_to_restore = ranks[rank] if ranks and rank < len(ranks) else state["rng"]
 
     # -- optimisation ---------------------------------------------------------------------------------
 

@@ -8,30 +8,49 @@ import os
 import subprocess
 import sys
 from pathlib import Path
+from typing import Any
 
 import pytest
 import torch
 
 from attnlab.metrics import corpus_bleu
 from attnlab.translate import Translator, decode_settings, evaluate, resolve_checkpoints
-from helpers import write_corpus
+from helpers import init_from, lines
 
-SPLITS = (("train", "train", 300), ("valid", "val", 37), ("test", "test2016", 23))
+
+def mixed_corpus(corpus: Path, multi30k: Path, out: Path) -> Path:
+    """The translating run's training split (hence its vocabularies) with a validation set of 30 of its
+    sentences and 7 unseen ones, and a test set of 16 of its sentences and 7 unseen ones."""
+    out.mkdir()
+    for lang in ("de", "en"):
+        train = lines(corpus / f"train.{lang}")
+        splits = {"train": train, "valid": train[:30] + lines(multi30k / f"val.{lang}")[:7],
+                  "test": train[40:56] + lines(multi30k / f"test2016.{lang}")[:7]}  # fmt: skip
+        for name, text in splits.items():
+            (out / f"{name}.{lang}").write_text("\n".join(text) + "\n", "utf-8")
+    return out
 
 
 @pytest.mark.ddp
 def test_ddp_bleu_equals_a_single_process_evaluation_of_the_same_checkpoint(
-    shared_data: Path, tmp_path: Path
+    translating_run: dict[str, Any], shared_data: Path, tmp_path: Path
 ) -> None:
-    corpus = write_corpus(shared_data, tmp_path / "corpus", SPLITS)  # odd sizes: unequal shares per rank
+    """Two epochs at a low learning rate from the session's translating model: the BLEU logged and
+    written by two ranks, each decoding its own share, is that of one process decoding everything.
+    Validation and test sets mix sentences the model reproduces with unseen ones (odd sizes, unequal
+    shares per rank), so a score over part of a set, or over misplaced hypotheses, differs."""
+    corpus = mixed_corpus(translating_run["corpus"], shared_data / "multi30k", tmp_path / "corpus")
+    data = [f"data.dir={corpus}" if o.startswith("data.dir=") else o for o in translating_run["data"]]
+    data = [o for o in data if not o.startswith(("data.max_tokens=", "data.test="))]
+    start = translating_run["dir"] / "checkpoints" / "last.ckpt"
     env = {**os.environ, "ATTNLAB_LOG_DIR": str(tmp_path / "logs"), "OMP_NUM_THREADS": "1",
            "ATTNLAB_CACHE_DIR": str(tmp_path / "cache"), "WANDB_MODE": "offline",
            "PYTHONPATH": str(Path(__file__).resolve().parents[1])}  # fmt: skip
     command = [
-        sys.executable, "-m", "attnlab.cli.train", "trainer=ddp_cpu", "data=files", f"data.dir={corpus}",
-        "data.src_lang=de", "data.tgt_lang=en",
-        "data.vocab_size=300", "data.max_tokens=300", "model=tiny", "trainer.max_epochs=2",
-        "optim=linear", "optim.warmup_steps=5", "decode.beam=2", "trainer.log_every_n_steps=1",
+        sys.executable, "-m", "attnlab.cli.train", "trainer=ddp_cpu", *data, *init_from(start),
+        "data.max_tokens=300", "trainer.max_epochs=2",
+        "optim=linear", "optim.peak_lr=2e-4", "optim.warmup_steps=5", "decode.beam=2",
+        "trainer.log_every_n_steps=1",
         "trainer.enable_progress_bar=false", "logger=wandb",
         "+callbacks.final._target_=probes.SaveFinalWeights", f"+callbacks.final.dirpath={tmp_path / 'final'}",
     ]  # fmt: skip
@@ -53,9 +72,10 @@ def test_ddp_bleu_equals_a_single_process_evaluation_of_the_same_checkpoint(
     with open(run / "csv" / "metrics.csv") as f:
         lrs = {int(r["step"]): float(r["train/lr_step"]) for r in csv.DictReader(f) if r["train/lr_step"]}
     steps = len(lrs)
-    linear = OptimConfig(schedule="linear", peak_lr=1e-3, warmup_steps=5)
+    linear = OptimConfig(schedule="linear", peak_lr=2e-4, warmup_steps=5)
     # (logged after the step: the rate the next optimizer step uses)
-    assert lrs == pytest.approx({s: linear.lr_at(s + 2, 32, steps) for s in range(steps)}, rel=1e-5, abs=1e-9)
+    expected = {s: linear.lr_at(s + 2, 128, steps) for s in range(steps)}
+    assert lrs == pytest.approx(expected, rel=1e-5, abs=1e-9)
 
     # Validation BLEU of the last epoch: sacreBLEU of all 37 sentences, as one process decodes them.
     with open(run / "csv" / "metrics.csv") as f:
@@ -63,17 +83,24 @@ def test_ddp_bleu_equals_a_single_process_evaluation_of_the_same_checkpoint(
     assert len(logged) == 2
     translator = Translator.from_checkpoints([run / "checkpoints" / "last.ckpt"])
     translator.decode = decode_settings(translator.decode.to_dict(), {"beam": 1})
-    sources = (corpus / "valid.de").read_text().split("\n")[:37]
-    references = (corpus / "valid.en").read_text().split("\n")[:37]
-    assert logged[-1] == pytest.approx(corpus_bleu(translator.translate(sources), references).score, abs=1e-6)
+    hypotheses, references = translator.translate(lines(corpus / "valid.de")), lines(corpus / "valid.en")
+    assert all(hypotheses) and len(set(hypotheses)) == len(hypotheses) == 37  # sentence-specific output
+    assert sum(h == r for h, r in zip(hypotheses[:30], references, strict=False)) >= 20  # reproduced
+    assert logged[-1] == pytest.approx(corpus_bleu(hypotheses, references).score, abs=1e-6)
+    parts = (hypotheses[:20], references[:20]), (hypotheses[20:], references[20:])
+    assert all(corpus_bleu(*part).score != pytest.approx(logged[-1], abs=0.01) for part in parts)
 
-    # Test BLEU: results.json written once, equal to a single-process evaluation of the same weights.
+    # Test BLEU: results.json written once, equal to a single-process evaluation of the same weights,
+    # with the hypotheses of every sentence in their input order.
     results = json.loads((run / "results.json").read_text())
-    assert results["sets"]["test"]["sentences"] == 23
     paths = resolve_checkpoints(run)
     assert results["checkpoints"] == [str(p.resolve()) for p in paths]
-    single = evaluate(Translator.from_checkpoints(paths), {"test": (
-        (corpus / "test.de").read_text().split("\n")[:23], (corpus / "test.en").read_text().split("\n")[:23]
-    )}, tmp_path / "single")  # fmt: skip
-    assert single["sets"]["test"]["bleu"] == results["sets"]["test"]["bleu"]
+    sets = {"test": (lines(corpus / "test.de"), lines(corpus / "test.en"))}
+    single = evaluate(Translator.from_checkpoints(paths), sets, tmp_path / "single")
     assert single["decode"]["beam"] == 2
+    assert results["sets"].keys() == {"test"} and results["sets"]["test"]["sentences"] == 23
+    written = lines(run / results["sets"]["test"]["hypotheses"])
+    assert written == lines(tmp_path / "single" / single["sets"]["test"]["hypotheses"])
+    assert all(written) and len(set(written)) == 23
+    assert sum(h == r for h, r in zip(written[:16], sets["test"][1], strict=False)) >= 10  # reproduced
+    assert results["sets"]["test"]["bleu"] == single["sets"]["test"]["bleu"]

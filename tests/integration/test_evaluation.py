@@ -19,31 +19,30 @@ from omegaconf import OmegaConf
 from attnlab.checkpoint import CheckpointError, epoch_checkpoints, read_checkpoint
 from attnlab.cli.eval import evaluate_checkpoint
 from attnlab.cli.translate import main as translate_main
-from attnlab.config import ConfigError, config_dir, register_resolvers
+from attnlab.config import ConfigError, config_dir, register_resolvers, validate
 from attnlab.metrics import corpus_bleu
-from attnlab.train import train
+from attnlab.module import TranslationModule
 from attnlab.translate import Translator, decode_settings, resolve_checkpoints
-from helpers import compose_train, write_corpus
-
-SPLITS = (("train", "train", 400), ("valid", "val", 40), ("test", "test2016", 30), ("test2", "val", 20))
+from helpers import lines
 
 
 @pytest.fixture(scope="module")
-def text_run(shared_data: Path, tmp_path_factory: pytest.TempPathFactory) -> dict[str, Any]:
-    """Three epochs on 400 Multi30k lines; validation decoded every 2nd epoch, monitored by val/bleu
-    with early stopping; the last 2 epoch checkpoints averaged and beam-decoded on two test sets."""
-    tmp = tmp_path_factory.mktemp("text_run")
-    write_corpus(shared_data, tmp / "corpus", SPLITS)
-    overrides = [
-        "data=files", f"data.dir={tmp / 'corpus'}", "data.src_lang=de", "data.tgt_lang=en",
-        "data.test=[test,test2]",
-        "data.vocab_size=300",
-        f"data.cache_dir={tmp / 'cache'}", "model=tiny", "trainer.max_epochs=3", "decode.every_n_epochs=2",
-        "optim.warmup_steps=10", "callbacks=early_stopping", "average_last=2", "decode.beam=3",
-        "decode.max_len_a=0.5", "decode.max_len_b=4",
-    ]  # fmt: skip
-    cfg = compose_train(overrides, tmp / "run")
-    return {"cfg": cfg, "metrics": train(cfg), "dir": tmp / "run", "corpus": tmp / "corpus", "tmp": tmp}
+def text_run(translating_run: dict[str, Any]) -> dict[str, Any]:
+    """The session's translating model (`translating_run`): 30 epochs, validation decoded every 10th
+    epoch and monitored by val/bleu with early stopping; the last 2 epoch checkpoints averaged and
+    beam-decoded (beam 3) on the test sets `test` and `test2`."""
+    return translating_run
+
+
+def references(text_run: dict[str, Any], name: str) -> list[str]:
+    return lines(text_run["corpus"] / f"{name}.en")
+
+
+def assert_translates(hypotheses: list[str], refs: list[str]) -> None:
+    """Sentence-specific output: non-empty, all different, and most of it the reference itself."""
+    assert len(hypotheses) == len(refs) and all(hypotheses)
+    assert len(set(hypotheses)) == len(hypotheses)
+    assert sum(h == r for h, r in zip(hypotheses, refs, strict=True)) >= len(refs) // 2
 
 
 def compose_eval(overrides: list[str], output_dir: Path) -> Any:
@@ -54,27 +53,54 @@ def compose_eval(overrides: list[str], output_dir: Path) -> Any:
 
 def test_monitor_resolves_to_val_bleu_checked_on_decoding_epochs(text_run: dict[str, Any]) -> None:
     saved = OmegaConf.load(text_run["dir"] / "config.yaml")
-    assert dict(saved.monitor) == {"metric": "val/bleu", "mode": "max", "every_n_epochs": 2}
+    assert dict(saved.monitor) == {"metric": "val/bleu", "mode": "max", "every_n_epochs": 10}
     with open(text_run["dir"] / "csv" / "metrics.csv") as f:
         rows = [r for r in csv.DictReader(f) if r["val/loss"]]
-    assert [bool(r["val/bleu"]) for r in rows] == [False, True, False]  # 3 epochs ran, the 2nd decoded
+    assert [i for i, r in enumerate(rows) if r["val/bleu"]] == [9, 19, 29]  # 30 epochs, every 10th decoded
+    scores = {i: float(r["val/bleu"]) for i, r in enumerate(rows) if r["val/bleu"]}
+    first_best = min(i for i, score in scores.items() if score == max(scores.values()))
     best = sorted((text_run["dir"] / "checkpoints").glob("best-*.ckpt"))
-    assert [p.name.split("-step")[0] for p in best] == ["best-epoch001"]  # the only epoch with a BLEU
+    assert [p.name.split("-step")[0] for p in best] == [f"best-epoch{first_best:03d}"]
+
+
+def test_logged_validation_bleu_is_sacrebleu_of_greedy_decodes_of_the_weights(
+    text_run: dict[str, Any],
+) -> None:
+    """The last val/bleu is sacreBLEU of the final weights' greedy decodes against the raw references
+    (last.ckpt is saved after that validation), with every metric of a text run logged."""
+    metrics = text_run["metrics"]
+    assert {"val/loss", "val/bleu", "val/chrf", "test/loss", "test/exact_match"} <= set(metrics)
+    module = TranslationModule.load_from_checkpoint(text_run["dir"] / "checkpoints" / "last.ckpt").eval()
+    datamodule = validate(text_run["cfg"]).data.datamodule()
+    datamodule.setup()
+    outputs = {}
+    for batch in datamodule.val_dataloader():
+        outputs.update(zip(batch["index"].tolist(), module.translate(batch["src"], beam=1), strict=True))
+    hypotheses = [datamodule.tgt_tokenizer.decode(outputs[i]) for i in range(len(outputs))]
+    refs = references(text_run, "valid")
+    assert datamodule.references["val"] == refs
+    assert_translates(hypotheses, refs)
+    with open(text_run["dir"] / "csv" / "metrics.csv") as f:
+        logged = [float(r["val/bleu"]) for r in csv.DictReader(f) if r["val/bleu"]]
+    assert logged[-1] == pytest.approx(corpus_bleu(hypotheses, refs).score, abs=1e-4)
+    assert logged[-1] >= 60
 
 
 def test_results_json_scores_every_test_set_from_the_averaged_checkpoints(text_run: dict[str, Any]) -> None:
     run = text_run["dir"]
     results = json.loads((run / "results.json").read_text())
     assert results["averaged"] is True
-    assert [Path(p).name for p in results["checkpoints"]] == ["epoch001.ckpt", "epoch002.ckpt"]
+    assert [Path(p).name for p in results["checkpoints"]] == ["epoch028.ckpt", "epoch029.ckpt"]
     assert results["decode"]["beam"] == 3
     assert set(results["sets"]) == {"test", "test2"}
     for name, size in (("test", 30), ("test2", 20)):
         entry = results["sets"][name]
-        hypotheses = (run / entry["hypotheses"]).read_text(encoding="utf-8").split("\n")[:-1]
-        references = (text_run["corpus"] / f"{name}.en").read_text().split("\n")[:size]
-        assert entry["sentences"] == len(hypotheses) == size
-        assert entry["bleu"] == pytest.approx(corpus_bleu(hypotheses, references).score, abs=1e-9)
+        hypotheses = lines(run / entry["hypotheses"])
+        refs = references(text_run, name)
+        assert entry["sentences"] == len(hypotheses) == len(refs) == size
+        assert_translates(hypotheses, refs)
+        assert entry["bleu"] == corpus_bleu(hypotheses, refs).score >= 60
+        assert lines(run / entry["references"]) == refs
         assert entry["bleu_signature"].startswith("nrefs:1|case:mixed|eff:no|tok:13a|smooth:exp")
         assert 0.0 <= entry["chrf"] <= 100.0 and entry["chrf_signature"].startswith("nrefs:1|")
     assert text_run["metrics"]["test/test/bleu"] == results["sets"]["test"]["bleu"]
@@ -95,6 +121,21 @@ def test_attnlab_eval_reproduces_the_training_run_scores(text_run: dict[str, Any
     assert json.loads((tmp_path / "results.json").read_text())["sets"].keys() == {"test", "test2"}
 
 
+def test_the_score_pairs_each_hypothesis_with_its_own_reference(text_run: dict[str, Any]) -> None:
+    """The exact scores asserted above can only fail on a pairing bug if pairing matters: hypotheses
+    moved against their references (one place, or shuffled) score far lower."""
+    import random
+
+    results = json.loads((text_run["dir"] / "results.json").read_text())
+    hypotheses = lines(text_run["dir"] / results["sets"]["test"]["hypotheses"])
+    refs = references(text_run, "test")
+    shuffled = hypotheses[:]
+    random.Random(0).shuffle(shuffled)
+    paired = corpus_bleu(hypotheses, refs).score
+    for moved in (hypotheses[1:] + hypotheses[:1], shuffled):
+        assert corpus_bleu(moved, refs).score < paired / 3
+
+
 def test_attnlab_eval_scores_chosen_sets_with_other_decoding_settings(
     text_run: dict[str, Any], tmp_path: Path
 ) -> None:
@@ -102,37 +143,41 @@ def test_attnlab_eval_scores_chosen_sets_with_other_decoding_settings(
     cfg = compose_eval([f"ckpt_path={best}", "sets=[val]", "decode.beam=1", "decode.lenpen=1.5"], tmp_path)
     results = evaluate_checkpoint(cfg)
     assert list(results["sets"]) == ["val"] and results["sets"]["val"]["sentences"] == 40
+    hypotheses, refs = lines(tmp_path / "hypotheses" / "val.txt"), references(text_run, "valid")
+    assert_translates(hypotheses, refs)
+    assert results["sets"]["val"]["bleu"] == corpus_bleu(hypotheses, refs).score >= 60
     assert results["decode"]["beam"] == 1 and results["decode"]["lenpen"] == 1.5
     assert results["averaged"] is False and results["checkpoints"] == [str(best.resolve())]
 
 
 def test_checkpoints_carry_model_settings_and_tokenizers(text_run: dict[str, Any]) -> None:
-    checkpoint = read_checkpoint(text_run["dir"] / "checkpoints" / "epochs" / "epoch002.ckpt")
+    checkpoint = read_checkpoint(text_run["dir"] / "checkpoints" / "epochs" / "epoch029.ckpt")
     bundle = checkpoint["attnlab"]
     assert bundle["data"]["_target_"] == "attnlab.data.corpora.FilesData"
     assert list(bundle["data"]["test"]) == ["test", "test2"]
     translator = Translator.from_checkpoints([text_run["dir"] / "checkpoints" / "last.ckpt"])
     assert translator.src_tokenizer.vocab_size == checkpoint["hyper_parameters"]["model"]["src_vocab_size"]
     assert translator.translate([]) == []
-    one = translator.translate(["Ein Mann fährt Fahrrad."])
-    assert len(one) == 1 and isinstance(one[0], str)
+    (source,), (reference,) = lines(text_run["corpus"] / "test.de")[:1], references(text_run, "test")[:1]
+    assert translator.translate([source]) == [reference]  # the tokenizers and weights of the run
 
 
 def test_translation_in_a_batch_equals_translation_alone(text_run: dict[str, Any]) -> None:
     translator = Translator.from_checkpoints([text_run["dir"] / "checkpoints" / "last.ckpt"])
-    lines = (text_run["corpus"] / "test.de").read_text().split("\n")[:12]
-    batched = translator.translate(lines)
-    assert batched == [translator.translate([line])[0] for line in lines]
+    sources = lines(text_run["corpus"] / "test.de")[:12]
+    batched = translator.translate(sources)
+    assert_translates(batched, references(text_run, "test")[:12])
+    assert batched == [translator.translate([line])[0] for line in sources]
 
 
 def test_stream_holds_at_most_one_chunk(text_run: dict[str, Any]) -> None:
     translator = Translator.from_checkpoints([text_run["dir"] / "checkpoints" / "last.ckpt"])
-    lines = (text_run["corpus"] / "test.de").read_text().split("\n")[:25]
+    sources = lines(text_run["corpus"] / "test.de")[:25]
     read = 0
 
     def source() -> Any:
         nonlocal read
-        for line in lines:
+        for line in sources:
             read += 1
             yield line + "\n"
 
@@ -145,17 +190,19 @@ def test_stream_holds_at_most_one_chunk(text_run: dict[str, Any]) -> None:
 def test_attnlab_translate_reads_a_file_and_writes_in_input_order(
     text_run: dict[str, Any], tmp_path: Path
 ) -> None:
-    lines = (text_run["corpus"] / "test.de").read_text().split("\n")[:30]
-    (tmp_path / "in.de").write_text("\n".join(lines) + "\n", encoding="utf-8")
+    sources = lines(text_run["corpus"] / "test.de")
+    (tmp_path / "in.de").write_text("\n".join(sources) + "\n", encoding="utf-8")
     translate_main([f"ckpt_path={text_run['dir']}", "average_last=2", "decode.beam=3", "chunk_lines=7",
                     f"input={tmp_path / 'in.de'}", f"output={tmp_path / 'out.en'}"])  # fmt: skip
     expected = (text_run["dir"] / "hypotheses" / "test.txt").read_text(encoding="utf-8")
     assert (tmp_path / "out.en").read_text(encoding="utf-8") == expected
+    assert_translates(lines(tmp_path / "out.en"), references(text_run, "test"))  # in input order
 
 
 def test_attnlab_translate_command_streams_stdin_to_stdout(text_run: dict[str, Any]) -> None:
     best = next((text_run["dir"] / "checkpoints").glob("best-*.ckpt"))
-    text = "Ein Hund läuft.\nZwei Männer spielen Fußball.\n"
+    sources = lines(text_run["corpus"] / "test2.de")
+    text = "\n".join(sources) + "\n"
     env = {**os.environ, "OMP_NUM_THREADS": "1"}
     command = [sys.executable, "-m", "attnlab.cli.translate", f"ckpt_path={best}", "decode.beam=2"]
     done = subprocess.run(
@@ -164,8 +211,8 @@ def test_attnlab_translate_command_streams_stdin_to_stdout(text_run: dict[str, A
     assert done.returncode == 0, done.stderr
     translator = Translator.from_checkpoints([best])
     translator.decode = decode_settings(translator.decode.to_dict(), {"beam": 2})  # the saved beam is 3
-    assert done.stdout.splitlines() == translator.translate(text.splitlines())
-    assert len(done.stdout.splitlines()) == 2
+    assert done.stdout.splitlines() == translator.translate(sources)
+    assert_translates(done.stdout.splitlines(), references(text_run, "test2"))
 
 
 def test_bad_checkpoints_get_clear_errors(text_run: dict[str, Any], tmp_path: Path) -> None:
@@ -191,7 +238,7 @@ def test_bad_checkpoints_get_clear_errors(text_run: dict[str, Any], tmp_path: Pa
         translate_main(["ckpt_path", "x"])
     with pytest.raises(SystemExit, match="beam_size"):
         translate_main([f"ckpt_path={text_run['dir']}", "decode.beam_size=3"])
-    assert [p.name for p in epoch_checkpoints(text_run["dir"])] == ["epoch001.ckpt", "epoch002.ckpt"]
+    assert [p.name for p in epoch_checkpoints(text_run["dir"])] == ["epoch028.ckpt", "epoch029.ckpt"]
 
 
 def test_translate_reports_a_missing_input_file(text_run: dict[str, Any], tmp_path: Path) -> None:

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import csv
 import gzip
 from pathlib import Path
 from typing import Any
@@ -11,10 +10,8 @@ import pytest
 
 from attnlab.config import validate
 from attnlab.data.prepare import prepared_dir
-from attnlab.metrics import corpus_bleu
-from attnlab.module import TranslationModule
 from attnlab.train import train
-from helpers import compose_train, serve_mirror, write_corpus
+from helpers import compose_train, serve_mirror
 
 NAMES = [f"{split}.{lang}" for split in ("train", "val", "test2016") for lang in ("de", "en")]
 FAST = ["model=tiny", "debug=fast_dev_run", "data.vocab_size=2000"]
@@ -67,33 +64,3 @@ def test_offline_root_reuses_the_prepared_cache_without_network(
     assert len(datamodule.references["test2016"]) == 1000
     assert datamodule.references["val"][0] == (shared_data / "multi30k" / "val.en").read_text().split("\n")[0]
     assert len(datamodule.splits["train"]) == 29000
-
-
-def test_files_corpus_trains_with_several_test_sets_and_logs_validation_bleu(
-    shared_data: Path, tmp_path: Path
-) -> None:
-    splits = (("train", "train", 400), ("valid", "val", 40), ("test", "test2016", 30), ("test2", "val", 20))
-    corpus = write_corpus(shared_data, tmp_path / "corpus", splits)
-    overrides = [
-        "data=files", f"data.dir={corpus}", "data.src_lang=de", "data.tgt_lang=en", "data.test=[test,test2]",
-        "data.vocab_size=300", f"data.cache_dir={tmp_path / 'cache'}", "model=tiny", "trainer.max_epochs=2",
-        "decode.every_n_epochs=2", "optim.warmup_steps=10",
-    ]  # fmt: skip
-    cfg = compose_train(overrides, tmp_path / "run")
-    metrics = train(cfg)
-    assert {"val/loss", "val/bleu", "val/chrf", "test/loss", "test/exact_match"} <= set(metrics)
-    with open(tmp_path / "run" / "csv" / "metrics.csv") as f:
-        rows = [r for r in csv.DictReader(f) if r["val/loss"]]
-    assert [bool(r["val/bleu"]) for r in rows] == [False, True]  # decoded on the 2nd epoch only
-
-    # The logged score is sacreBLEU of the greedy decodes of the final weights against the raw references.
-    module = TranslationModule.load_from_checkpoint(tmp_path / "run" / "checkpoints" / "last.ckpt").eval()
-    datamodule = validate(cfg).data.datamodule()
-    datamodule.setup()
-    outputs = {}
-    for batch in datamodule.val_dataloader():
-        outputs.update(zip(batch["index"].tolist(), module.translate(batch["src"], beam=1), strict=True))
-    hypotheses = [datamodule.tgt_tokenizer.decode(outputs[i]) for i in range(len(outputs))]
-    references = (corpus / "valid.en").read_text().split("\n")[:40]
-    assert datamodule.references["val"] == references
-    assert float(rows[1]["val/bleu"]) == pytest.approx(corpus_bleu(hypotheses, references).score, abs=1e-4)

@@ -11,12 +11,15 @@ from __future__ import annotations
 import json
 import os
 import signal
+import subprocess
+import sys
 from pathlib import Path
+from typing import Any
 
 import pytest
 import torch
 
-from runs import RUN, assert_same_training, attnlab_train, final
+from runs import RUN, assert_same_training, attnlab_train, final, logged_rows
 
 
 def test_a_run_killed_with_sigkill_resumes_to_the_same_weights(
@@ -106,3 +109,126 @@ def test_resume_errors_name_the_fix(tmp_path: Path, resume_reference: Path) -> N
     with pytest.raises(ConfigError, match=r"different experiment \(model.d_model: 32 -> 64"):
         train(compose_train([*RUN, "resume=true", "model.d_model=64"], resume_reference))
     assert (resume_reference / "config.yaml").read_bytes() == before  # nothing of the run was touched
+
+
+def _running(pid: int) -> bool:
+    """Whether process `pid` exists and is not a zombie (dead, waiting to be reaped)."""
+    try:
+        status = Path(f"/proc/{pid}/status").read_text()
+    except OSError:
+        return False
+    return "\nState:\tZ" not in status
+
+
+@pytest.fixture(scope="module")
+def ddp_resumption(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Any]:
+    """Two-process runs (`trainer=ddp_cpu`, gloo) of `runs.RUN`: an uninterrupted one, and one whose ranks
+    are both SIGKILLed at step 6 (each recording its process id), then continued with `resume=auto`."""
+    ddp, env = ("trainer=ddp_cpu", "data.n_val=32"), {"OMP_NUM_THREADS": "1"}  # a validation batch per rank
+    reference = tmp_path_factory.mktemp("ddp_reference") / "run"
+    done = attnlab_train(reference, *ddp, env=env)
+    assert done.returncode == 0, done.stderr[-3000:]
+    assert "GLOBAL_RANK: 1, MEMBER: 2/2" in done.stderr + done.stdout  # two processes really ran
+    run_dir = tmp_path_factory.mktemp("ddp_killed") / "run"
+    kill = ["+callbacks.kill._target_=probes.SignalAt", "+callbacks.kill.step=6",
+            f"+callbacks.kill.signum={int(signal.SIGKILL)}", "+callbacks.pid._target_=probes.RecordPid",
+            f"+callbacks.pid.dirpath={run_dir}"]  # fmt: skip
+    killed = attnlab_train(run_dir, *ddp, *kill, env=env)
+    pids = [int((run_dir / f"pid_rank{rank}").read_text()) for rank in (0, 1)]
+    running = [pid for pid in pids if _running(pid)]
+    manifest = json.loads((run_dir / "manifest.json").read_text())
+    saved = torch.load(run_dir / "checkpoints" / "last.ckpt", weights_only=True)["global_step"]
+    resumed = attnlab_train(run_dir, *ddp, "resume=auto", env=env)
+    return {"reference": reference, "run": run_dir, "killed": killed, "pids": pids, "running": running,
+            "killed_manifest": manifest, "saved_step": saved, "resumed": resumed}  # fmt: skip
+
+
+@pytest.mark.ddp
+def test_a_ddp_run_killed_with_sigkill_leaves_no_rank_running_and_resumes(
+    ddp_resumption: dict[str, Any],
+) -> None:
+    killed, run_dir = ddp_resumption["killed"], ddp_resumption["run"]
+    assert killed.returncode == -signal.SIGKILL, killed.stderr[-3000:]
+    assert len(set(ddp_resumption["pids"])) == 2  # rank 1 ran in a process of its own (rank 0's child)
+    assert ddp_resumption["running"] == []  # and did not outlive rank 0
+    assert ddp_resumption["killed_manifest"]["status"] == "running"  # it never knew
+    assert ddp_resumption["saved_step"] == 4  # resumed from the middle of the first epoch (5 steps)
+    resumed = ddp_resumption["resumed"]
+    assert resumed.returncode == 0, resumed.stderr[-3000:]
+    assert "GLOBAL_RANK: 1, MEMBER: 2/2" in resumed.stderr + resumed.stdout
+    manifest = json.loads((run_dir / "manifest.json").read_text())
+    assert manifest["status"] == "finished" and len(manifest.get("resumed", [])) == 1
+    assert manifest["resumed"][0]["checkpoint"] == str(run_dir / "checkpoints" / "last.ckpt")
+
+
+@pytest.mark.ddp
+def test_a_ddp_run_resumed_after_sigkill_ends_with_the_weights_of_an_uninterrupted_run(
+    ddp_resumption: dict[str, Any],
+) -> None:
+    run_dir, reference = ddp_resumption["run"], ddp_resumption["reference"]
+    assert ddp_resumption["resumed"].returncode == 0
+    assert len(json.loads((run_dir / "manifest.json").read_text()).get("resumed", [])) == 1  # it continued
+    assert_same_training(run_dir, reference)  # rank 0's weights, the logged losses and validations
+    ours, theirs = (torch.load(d / "final_weights_rank1.pt", weights_only=True) for d in (run_dir, reference))
+    assert [k for k in ours if not torch.equal(ours[k], theirs[k])] == []  # and rank 1's weights
+
+
+def callback_states(checkpoint: Path) -> dict[str, Any]:
+    """The callbacks' saved states in `checkpoint`, with the run's own directory written as `<run>`.
+    Lightning's ModelCheckpoint does not restore its `current_score` (the score of the last save, which
+    it only reads while saving), so that is left out."""
+    run = str(checkpoint.parents[1])
+    text = json.dumps(torch.load(checkpoint, weights_only=True)["callbacks"], default=float, sort_keys=True)
+    states = json.loads(text.replace(run, "<run>"))
+    for state in states.values():
+        state.pop("current_score", None)
+    return states
+
+
+def test_a_text_run_monitored_by_bleu_keeps_its_best_checkpoint_and_early_stopping_count_across_a_kill(
+    translating_run: dict[str, Any], tmp_path: Path
+) -> None:
+    """Three epochs from the session's translating model at a tiny learning rate (val/bleu decoded every
+    epoch, monitored with early stopping), killed in the second epoch, between two decoding epochs, and
+    resumed: the best-checkpoint tracker and the early-stopping count go on as in an uninterrupted run."""
+    from attnlab.metrics import corpus_bleu
+    from attnlab.train import train
+    from helpers import compose_train, init_from, lines
+
+    overrides = [
+        *translating_run["data"], *init_from(translating_run["dir"] / "checkpoints" / "last.ckpt"),
+        "optim=inverse_sqrt", "optim.peak_lr=1e-5", "optim.warmup_steps=2", "trainer.max_epochs=3",
+        "decode.every_n_epochs=1", "callbacks=early_stopping", "callbacks.early_stopping.patience=5",
+        "decode.beam=2", "logger=csv", "trainer.log_every_n_steps=1",
+    ]  # fmt: skip
+    reference = tmp_path / "reference"
+    train(compose_train([*overrides, *final(reference)], reference))
+    run_dir = tmp_path / "run"
+    kill = ["+callbacks.kill._target_=probes.SignalAt", "+callbacks.kill.step=12",
+            f"+callbacks.kill.signum={int(signal.SIGKILL)}", "trainer.enable_progress_bar=false"]  # fmt: skip
+    command = [sys.executable, "-m", "attnlab.cli.train", *overrides, *final(run_dir), *kill,
+               f"hydra.run.dir={run_dir}"]  # fmt: skip
+    threads = str(torch.get_num_threads())  # this process's: float sums are split by thread count
+    env = {**os.environ, "OMP_NUM_THREADS": threads, "PYTHONPATH": str(Path(__file__).resolve().parents[1])}
+    killed = subprocess.run(command, capture_output=True, text=True, timeout=600, env=env)
+    assert killed.returncode == -signal.SIGKILL, killed.stderr[-3000:]
+    last = run_dir / "checkpoints" / "last.ckpt"
+    assert torch.load(last, weights_only=True)["global_step"] == 8  # the end of the first epoch (8 steps)
+    at_kill = callback_states(last)
+    early = next(v for k, v in at_kill.items() if k.startswith("EarlyStopping"))
+    assert early["best_score"] >= 60  # the first decoding epoch's BLEU, kept
+
+    train(compose_train([*overrides, *final(run_dir), "resume=auto"], run_dir))
+    assert_same_training(run_dir, reference)  # weights, losses and validations (val/bleu below)
+    assert logged_rows(run_dir, "val/bleu") == logged_rows(reference, "val/bleu")
+    ours, theirs = callback_states(last), callback_states(reference / "checkpoints" / "last.ckpt")
+    assert ours == theirs  # the best checkpoint (path and score) and early stopping's count and best
+    early = next(v for k, v in theirs.items() if k.startswith("EarlyStopping"))
+    assert early["wait_count"] >= 1  # epochs without improvement were counted across the kill
+    results = json.loads((run_dir / "results.json").read_text())
+    for name in ("test", "test2"):
+        hypotheses = lines(run_dir / results["sets"][name]["hypotheses"])
+        assert all(hypotheses) and len(set(hypotheses)) == len(hypotheses)
+        score = corpus_bleu(hypotheses, lines(translating_run["corpus"] / f"{name}.en")).score
+        assert results["sets"][name]["bleu"] == score >= 60
+        assert lines(reference / results["sets"][name]["hypotheses"]) == hypotheses

@@ -11,20 +11,22 @@ from typing import Any
 import pytest
 from omegaconf import OmegaConf
 
+from attnlab.metrics import corpus_bleu
 from attnlab.tracking import config_group, run_name
 from attnlab.train import train
 from attnlab.wandb_records import WandbFileError, find_run_file, read_wandb_run
-from helpers import compose_train, write_corpus
-
-SPLITS = (("train", "train", 200), ("valid", "val", 20), ("test", "test2016", 15))
+from helpers import compose_train, init_from, lines
 
 
 @pytest.fixture(scope="module")
-def wandb_runs(shared_data: Path, tmp_path_factory: pytest.TempPathFactory) -> list[dict[str, Any]]:
-    """Two seeds of one setting, trained one after the other in this process with W&B offline."""
+def wandb_runs(
+    translating_run: dict[str, Any], tmp_path_factory: pytest.TempPathFactory
+) -> list[dict[str, Any]]:
+    """Two seeds of one setting, trained one after the other in this process with W&B offline: two
+    epochs at a low learning rate from the session's translating model (`translating_run`), so the
+    hypotheses they log are real translations."""
     tmp = tmp_path_factory.mktemp("wandb")
-    corpus = tmp / "corpus"
-    write_corpus(shared_data, corpus, SPLITS)
+    start = translating_run["dir"] / "checkpoints" / "last.ckpt"
     runs = []
     with pytest.MonkeyPatch.context() as patch:
         patch.setenv("WANDB_MODE", "offline")
@@ -32,25 +34,23 @@ def wandb_runs(shared_data: Path, tmp_path_factory: pytest.TempPathFactory) -> l
             patch.delenv(variable, raising=False)
         for seed in (1, 2):
             overrides = [
-                "data=files", f"data.dir={corpus}", "data.src_lang=de", "data.tgt_lang=en",
-                "data.vocab_size=300", f"data.cache_dir={tmp / 'cache'}", "model=tiny",
-                "trainer.max_epochs=2", "optim.warmup_steps=5",
-                "decode.beam=2", "logger=wandb", "logger.wandb.tags=[ablation,tiny]", f"seed={seed}",
-                "trainer.log_every_n_steps=2",
+                *translating_run["data"], *init_from(start), "optim=inverse_sqrt", "optim.peak_lr=1e-4",
+                "optim.warmup_steps=5", "trainer.max_epochs=2", "decode.beam=2", "logger=wandb",
+                "logger.wandb.tags=[ablation,tiny]", f"seed={seed}", "trainer.log_every_n_steps=2",
             ]  # fmt: skip
             run_dir = tmp / f"run{seed}"
             metrics = train(compose_train(overrides, run_dir))
             env = {v: os.environ.get(v) for v in ("WANDB_DIR", "WANDB_DATA_DIR", "WANDB_CACHE_DIR")}
             runs.append({"dir": run_dir, "metrics": metrics, "record": read_wandb_run(find_run_file(run_dir)),
-                         "env": env})  # fmt: skip
+                         "env": env, "corpus": translating_run["corpus"]})  # fmt: skip
     return runs
 
 
 def test_offline_run_holds_config_history_and_summary(wandb_runs: list[dict[str, Any]]) -> None:
     run = wandb_runs[0]
     record, run_dir = run["record"], run["dir"]
-    assert record.config["model"]["d_model"] == 32  # the module's hyperparameters
-    assert record.config["run"]["seed"] == 1 and record.config["run"]["data"]["vocab_size"] == 300
+    assert record.config["model"]["d_model"] == 128  # the module's hyperparameters
+    assert record.config["run"]["seed"] == 1 and record.config["run"]["data"]["vocab_size"] == 1000
     assert record.config["manifest"]["status"] == "running"  # the manifest as the run started
     with open(run_dir / "csv" / "metrics.csv") as f:
         csv_val = [float(r["val/loss"]) for r in csv.DictReader(f) if r["val/loss"]]
@@ -58,19 +58,36 @@ def test_offline_run_holds_config_history_and_summary(wandb_runs: list[dict[str,
     assert wandb_val == pytest.approx(csv_val, rel=1e-6)
     assert any("train/loss_step" in row for row in record.history)
     results = json.loads((run_dir / "results.json").read_text())
-    assert record.summary["results/test/bleu"] == pytest.approx(results["sets"]["test"]["bleu"])
+    for name in ("test", "test2"):
+        hypotheses = lines(run_dir / results["sets"][name]["hypotheses"])
+        refs = lines(run["corpus"] / f"{name}.en")
+        assert all(hypotheses) and len(set(hypotheses)) == len(hypotheses) == len(refs)
+        score = corpus_bleu(hypotheses, refs).score
+        assert record.summary[f"results/{name}/bleu"] == pytest.approx(score, abs=1e-9) and score >= 60
     assert record.summary["results/test/bleu_signature"] == results["sets"]["test"]["bleu_signature"]
-    assert record.summary["val/bleu"] == pytest.approx(run["metrics"]["val/bleu"])
+    assert (
+        record.summary["val/bleu"] == pytest.approx(run["metrics"]["val/bleu"])
+        and run["metrics"]["val/bleu"] >= 60
+    )
 
 
 def test_hypotheses_go_to_a_table_and_an_artifact(wandb_runs: list[dict[str, Any]]) -> None:
-    record = wandb_runs[0]["record"]
-    (table,) = [row["test/test/hypotheses"] for row in record.history if "test/test/hypotheses" in row]
-    assert table["_type"] == "table-file" and table["nrows"] == 15
-    assert table["path"] in record.files
+    run = wandb_runs[0]
+    record = run["record"]
+    for name, size in (("test", 30), ("test2", 20)):
+        key = f"test/{name}/hypotheses"
+        (table,) = [row[key] for row in record.history if key in row]
+        assert table["_type"] == "table-file" and table["nrows"] == size
+        assert table["path"] in record.files
+        (path,) = run["dir"].rglob(f"files/{table['path']}")
+        logged = json.loads(path.read_text(encoding="utf-8"))
+        assert logged["columns"] == ["line", "hypothesis"]
+        hypotheses = lines(run["dir"] / "hypotheses" / f"{name}.txt")
+        assert logged["data"] == [[i + 1, h] for i, h in enumerate(hypotheses)]  # every line, in order
+        assert corpus_bleu([h for _, h in logged["data"]], lines(run["corpus"] / f"{name}.en")).score >= 60
     (artifact,) = [a for a in record.artifacts if a["type"] == "hypotheses"]
     assert artifact["type"] == "hypotheses" and artifact["name"] == f"hypotheses-{record.run['id']}"
-    assert artifact["files"] == ["test.txt"]
+    assert sorted(artifact["files"]) == ["test.txt", "test2.txt"]
 
 
 def test_seeds_of_one_setting_share_a_group_and_get_their_own_runs(wandb_runs: list[dict[str, Any]]) -> None:

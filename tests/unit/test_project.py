@@ -26,6 +26,8 @@ def test_ci_runs_exactly_the_readme_test_command() -> None:
     ci_lines = [line.strip() for line in (ROOT / ".ci" / "run").read_text().splitlines()]
     assert test_command in ci_lines
     assert "python -m pip install --quiet torch==2.13.0" in ci_lines  # the CPU wheel before the project
+    # CI sets CI=true itself (whatever its caller set), so tests that read ../shared/data fail without it
+    assert "export CI=true" in ci_lines and ci_lines.index("export CI=true") < ci_lines.index(test_command)
 
 
 def test_missing_shared_data_skips_on_a_users_clone(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:

@@ -1,0 +1,143 @@
+"""What one optimizer step is: the loss normalised by the step's target tokens over every rank and
+micro-batch (two DDP ranks = two accumulated micro-batches = one batch holding both), and gradient
+clipping applied to the gradient the optimizer uses."""
+
+from __future__ import annotations
+
+import csv
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import lightning as L
+import pytest
+import torch
+from torch.utils.data import DataLoader
+
+from attnlab.checkpoint import read_checkpoint
+from attnlab.config import validate
+from attnlab.data.batching import Collator
+from attnlab.module import TranslationModule
+from attnlab.optim import OptimConfig
+from attnlab.train import train
+from helpers import TEXT_SPLITS, compose_train, lines, tiny_config, write_corpus
+
+TESTS = Path(__file__).resolve().parents[1]
+
+
+def micro_batches(seed: int = 0) -> list[list[tuple[list[int], list[int]]]]:
+    """Six micro-batches of (source, target) id pairs with very different token counts: 2 to 8
+    sentences of 3 to 24 tokens, so a mean per micro-batch weights their tokens unequally."""
+    gen = torch.Generator().manual_seed(seed)
+    batches = []
+    for sentences, length in ((2, 24), (8, 3), (3, 18), (6, 5), (4, 12), (7, 4)):
+        batches.append([
+            ([*torch.randint(4, 50, (length,), generator=gen).tolist(), 2],
+             torch.randint(4, 50, (length + int(i % 3),), generator=gen).tolist())
+            for i in range(sentences)
+        ])  # fmt: skip
+    return batches
+
+
+def assert_same_weights(ours: dict[str, torch.Tensor], theirs: dict[str, torch.Tensor]) -> None:
+    """Equal to float tolerance. Key projection biases are left out: they get no gradient in exact
+    arithmetic (a bias added to every key shifts all of a query's scores equally, which the softmax
+    ignores), so theirs is rounding noise, which Adam scales up to the learning rate."""
+    assert ours.keys() == theirs.keys()
+    for name, value in theirs.items():
+        if not name.endswith("w_k.bias"):
+            torch.testing.assert_close(ours[name], value, rtol=1e-5, atol=1e-6, msg=name)
+
+
+def seeded_module() -> TranslationModule:
+    """The tiny model (no dropout) with the same initial weights each time."""
+    torch.manual_seed(0)
+    optim = OptimConfig(schedule="inverse_sqrt", peak_lr=3e-3, warmup_steps=2, label_smoothing=0.1)
+    return TranslationModule(model=tiny_config(dropout=0.0), optim=optim)
+
+
+def fit(
+    module: TranslationModule, batches: list[dict[str, torch.Tensor]], accumulate: int
+) -> dict[str, torch.Tensor]:
+    """The weights of `module` after fitting it on `batches`, in order."""
+    trainer = L.Trainer(
+        accelerator="cpu", max_epochs=1, accumulate_grad_batches=accumulate, logger=False,
+        enable_checkpointing=False, enable_progress_bar=False, enable_model_summary=False,
+        limit_val_batches=0,
+    )  # fmt: skip
+    trainer.fit(module, train_dataloaders=DataLoader(batches, batch_size=None))
+    assert trainer.global_step == len(batches) // accumulate
+    return {k: v.detach().clone() for k, v in module.state_dict().items()}
+
+
+def test_two_accumulated_micro_batches_take_the_step_of_one_batch_holding_both() -> None:
+    collate = Collator(pad_id=0, bos_id=1, eos_id=2)
+    pairs = micro_batches()
+    accumulated = fit(seeded_module(), [collate(b) for b in pairs], accumulate=2)
+    joined = [collate(pairs[i] + pairs[i + 1]) for i in range(0, len(pairs), 2)]
+    joined = fit(seeded_module(), joined, accumulate=1)
+    start = seeded_module().state_dict()
+    assert any(not torch.equal(start[k], v) for k, v in joined.items())  # three steps were taken
+    assert_same_weights(accumulated, joined)
+
+
+@pytest.mark.ddp
+def test_two_ddp_ranks_take_the_step_of_one_process_whose_batch_holds_both_ranks_batches(
+    shared_data: Path, tmp_path: Path
+) -> None:
+    """Two ranks with `data.max_tokens=300` each (batches of different token counts) end with the weights
+    one process reaches on batches that each join the two ranks' batches of that step, from the same
+    initial weights: what token-level normalisation promises and a mean per rank would break."""
+    corpus = write_corpus(shared_data, tmp_path / "corpus", TEXT_SPLITS)
+    run = tmp_path / "ddp"
+    overrides = [
+        "data=files", f"data.dir={corpus}", "data.src_lang=de", "data.tgt_lang=en", "data.vocab_size=1000",
+        f"data.cache_dir={tmp_path / 'cache'}", "data.max_tokens=300", "model=tiny", "model.dropout=0.0",
+        "optim=inverse_sqrt", "optim.peak_lr=3e-3", "optim.warmup_steps=2", "+trainer.max_steps=4",
+        "test=false", "decode.every_n_epochs=0", "logger=csv", "seed=3", "trainer=ddp_cpu",
+        "+callbacks.final._target_=probes.SaveFinalWeights", f"+callbacks.final.dirpath={run}",
+        "+callbacks.batches._target_=probes.RecordRankBatches", f"+callbacks.batches.dirpath={run}",
+    ]  # fmt: skip
+    env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONPATH": str(TESTS)}
+    command = [sys.executable, "-m", "attnlab.cli.train", *overrides, f"hydra.run.dir={run}",
+               "trainer.enable_progress_bar=false"]  # fmt: skip
+    done = subprocess.run(command, capture_output=True, text=True, timeout=600, env=env, cwd=tmp_path)
+    assert done.returncode == 0, done.stderr[-4000:]
+
+    # The same steps in one process: each batch joins what the two ranks trained on in that step.
+    ranks = [[json.loads(row) for row in lines(run / f"batches_rank{r}.jsonl")] for r in (0, 1)]
+    seen = [{i for batch in rank for i in batch} for rank in ranks]
+    assert len(ranks[0]) == len(ranks[1]) == 4 and not seen[0] & seen[1]  # 4 steps, disjoint shares
+    datamodule = validate(compose_train(overrides, tmp_path / "unused")).data.datamodule()
+    datamodule.setup()
+    examples = datamodule.splits["train"]
+    collate = Collator(pad_id=0, bos_id=1, eos_id=2)
+    joined = [collate([examples[i] for i in first + second]) for first, second in zip(*ranks, strict=True)]
+    tokens = [[int((collate([examples[i] for i in b])["tgt_out"] != 0).sum()) for b in r] for r in ranks]
+    assert tokens[0] != tokens[1]  # the ranks' shares of each step differ: normalisation matters
+    hparams = read_checkpoint(run / "checkpoints" / "last.ckpt")["hyper_parameters"]
+    module = TranslationModule(model=hparams["model"], optim=hparams["optim"])
+    module.load_state_dict(torch.load(run / "initial_weights.pt", weights_only=True))
+    one = fit(module, joined, accumulate=1)
+    assert_same_weights(torch.load(run / "final_weights_rank0.pt", weights_only=True), one)
+
+
+def test_gradient_clipping_is_applied_and_logged(tmp_path: Path) -> None:
+    """With a huge learning rate the gradient norm exceeds `trainer.gradient_clip_val`; the gradient the
+    optimizer uses has been clipped to it (`train/grad_norm_clipped`, measured after clipping)."""
+    overrides = [
+        "data=synthetic", "model=tiny", "data.n_train=64", "data.n_val=8", "data.n_test=8",
+        "data.batch_size=16",
+        "optim=inverse_sqrt", "optim.peak_lr=1.0", "optim.warmup_steps=1", "optim.on_nonfinite=skip",
+        "trainer.max_epochs=2", "trainer.gradient_clip_val=0.25", "trainer.log_every_n_steps=1",
+        "logger=csv", "test=false",
+    ]  # fmt: skip
+    train(compose_train(overrides, tmp_path / "run"))
+    with open(tmp_path / "run" / "csv" / "metrics.csv") as f:
+        rows = [r for r in csv.DictReader(f) if r.get("train/grad_norm_step")]
+    before = [float(r["train/grad_norm_step"]) for r in rows]
+    after = [float(r["train/grad_norm_clipped_step"]) for r in rows]
+    assert len(rows) == 8 and min(before) > 0.25  # every step's gradient was larger than the limit
+    assert after == pytest.approx([0.25] * len(rows), rel=1e-4)
