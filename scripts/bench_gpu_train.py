@@ -68,7 +68,7 @@ def measure(
                 self.flops += training_flops(model, b, s, batch["tgt_in"].shape[1])
 
         def on_train_batch_end(self, trainer: Any, pl_module: Any, outputs: Any, batch: Any, i: int) -> None:
-            self.losses.append(float(outputs["loss"]))
+            self.losses.append(float(trainer.callback_metrics["train/loss_step"]))  # mean per token
 
         def on_train_end(self, trainer: Any, pl_module: Any) -> None:
             if device.startswith("cuda"):

@@ -26,6 +26,7 @@ def test_bench_gpu_train_quick_reports_throughput_and_mfu(capsys: pytest.Capture
     cells = [c.strip() for c in table[-1].strip("|").split("|")]
     assert cells[0] == "off" and float(cells[1].replace(",", "")) > 0 and cells[3].endswith("%")
     assert 0 < float(cells[3][:-1]) < 100  # a utilisation, measured against the same device's matmul rate
+    assert 0 < float(cells[4]) < 10  # the label-smoothed loss per target token (ln 50 = 3.9 at the start)
 
 
 def test_bench_train_quick_compares_three_models_doing_the_same_arithmetic(

@@ -10,6 +10,7 @@ import os
 import subprocess
 import sys
 from pathlib import Path
+from typing import Any
 
 import lightning as L
 import pytest
@@ -28,11 +29,11 @@ TESTS = Path(__file__).resolve().parents[1]
 
 
 def micro_batches(seed: int = 0) -> list[list[tuple[list[int], list[int]]]]:
-    """Six micro-batches of (source, target) id pairs with very different token counts: 2 to 8
+    """Seven micro-batches of (source, target) id pairs with very different token counts: 2 to 8
     sentences of 3 to 24 tokens, so a mean per micro-batch weights their tokens unequally."""
     gen = torch.Generator().manual_seed(seed)
     batches = []
-    for sentences, length in ((2, 24), (8, 3), (3, 18), (6, 5), (4, 12), (7, 4)):
+    for sentences, length in ((2, 24), (8, 3), (3, 18), (6, 5), (4, 12), (7, 4), (5, 9)):
         batches.append([
             ([*torch.randint(4, 50, (length,), generator=gen).tolist(), 2],
              torch.randint(4, 50, (length + int(i % 3),), generator=gen).tolist())
@@ -58,29 +59,47 @@ def seeded_module() -> TranslationModule:
     return TranslationModule(model=tiny_config(dropout=0.0), optim=optim)
 
 
+class GradNorms(L.Callback):
+    """The logged `train/grad_norm` of each optimizer step (the normalised gradient's norm)."""
+
+    def __init__(self) -> None:
+        self.norms: list[float] = []
+        self.step = 0
+
+    def on_train_batch_end(self, trainer: L.Trainer, *args: Any) -> None:
+        if trainer.global_step != self.step:  # this micro-batch ended an optimizer step
+            self.step = trainer.global_step
+            self.norms.append(float(trainer.callback_metrics["train/grad_norm_step"]))
+
+
 def fit(
     module: TranslationModule, batches: list[dict[str, torch.Tensor]], accumulate: int
-) -> dict[str, torch.Tensor]:
-    """The weights of `module` after fitting it on `batches`, in order."""
+) -> tuple[dict[str, torch.Tensor], list[float]]:
+    """The weights of `module` after fitting it on `batches`, in order, and each step's gradient norm."""
+    norms = GradNorms()
     trainer = L.Trainer(
         accelerator="cpu", max_epochs=1, accumulate_grad_batches=accumulate, logger=False,
         enable_checkpointing=False, enable_progress_bar=False, enable_model_summary=False,
-        limit_val_batches=0,
+        limit_val_batches=0, callbacks=[norms],
     )  # fmt: skip
     trainer.fit(module, train_dataloaders=DataLoader(batches, batch_size=None))
-    assert trainer.global_step == len(batches) // accumulate
-    return {k: v.detach().clone() for k, v in module.state_dict().items()}
+    assert trainer.global_step == len(norms.norms) == -(-len(batches) // accumulate)
+    return {k: v.detach().clone() for k, v in module.state_dict().items()}, norms.norms
 
 
 def test_two_accumulated_micro_batches_take_the_step_of_one_batch_holding_both() -> None:
+    """Seven micro-batches, two per step: three full steps and a last one of a single micro-batch
+    (an epoch's end). Weights and gradient norms equal those of one batch per step holding them."""
     collate = Collator(pad_id=0, bos_id=1, eos_id=2)
     pairs = micro_batches()
-    accumulated = fit(seeded_module(), [collate(b) for b in pairs], accumulate=2)
-    joined = [collate(pairs[i] + pairs[i + 1]) for i in range(0, len(pairs), 2)]
-    joined = fit(seeded_module(), joined, accumulate=1)
+    accumulated, accumulated_norms = fit(seeded_module(), [collate(b) for b in pairs], accumulate=2)
+    joined = [collate([p for b in pairs[i : i + 2] for p in b]) for i in range(0, len(pairs), 2)]
+    joined, joined_norms = fit(seeded_module(), joined, accumulate=1)
     start = seeded_module().state_dict()
-    assert any(not torch.equal(start[k], v) for k, v in joined.items())  # three steps were taken
+    assert any(not torch.equal(start[k], v) for k, v in joined.items())  # four steps were taken
     assert_same_weights(accumulated, joined)
+    # Adam ignores a constant factor on the gradient; its norm (what clipping sees) does not
+    assert accumulated_norms == pytest.approx(joined_norms, rel=1e-5) and len(joined_norms) == 4
 
 
 @pytest.mark.ddp
@@ -97,6 +116,7 @@ def test_two_ddp_ranks_take_the_step_of_one_process_whose_batch_holds_both_ranks
         f"data.cache_dir={tmp_path / 'cache'}", "data.max_tokens=300", "model=tiny", "model.dropout=0.0",
         "optim=inverse_sqrt", "optim.peak_lr=3e-3", "optim.warmup_steps=2", "+trainer.max_steps=4",
         "test=false", "decode.every_n_epochs=0", "logger=csv", "seed=3", "trainer=ddp_cpu",
+        "trainer.log_every_n_steps=1",
         "+callbacks.final._target_=probes.SaveFinalWeights", f"+callbacks.final.dirpath={run}",
         "+callbacks.batches._target_=probes.RecordRankBatches", f"+callbacks.batches.dirpath={run}",
     ]  # fmt: skip
@@ -120,8 +140,13 @@ def test_two_ddp_ranks_take_the_step_of_one_process_whose_batch_holds_both_ranks
     hparams = read_checkpoint(run / "checkpoints" / "last.ckpt")["hyper_parameters"]
     module = TranslationModule(model=hparams["model"], optim=hparams["optim"])
     module.load_state_dict(torch.load(run / "initial_weights.pt", weights_only=True))
-    one = fit(module, joined, accumulate=1)
+    one, norms = fit(module, joined, accumulate=1)
     assert_same_weights(torch.load(run / "final_weights_rank0.pt", weights_only=True), one)
+    with open(run / "csv" / "metrics.csv") as f:
+        logged = [
+            float(r["train/grad_norm_step"]) for r in csv.DictReader(f) if r.get("train/grad_norm_step")
+        ]
+    assert logged == pytest.approx(norms, rel=1e-4)  # the gradient clipping would see
 
 
 def test_gradient_clipping_is_applied_and_logged(tmp_path: Path) -> None:
