@@ -17,13 +17,14 @@ from attnlab.data import SyntheticData
 
 
 class SignalAt(L.Callback):
-    """Send `signum` to this process at the end of training step `step` (global step, counted from 1)."""
+    """Send `signum` to this process at the end of training step `step` (global step, counted from 1),
+    on every rank, or only on rank `rank` when given."""
 
-    def __init__(self, step: int, signum: int) -> None:
-        self.step, self.signum = step, signum
+    def __init__(self, step: int, signum: int, rank: int | None = None) -> None:
+        self.step, self.signum, self.rank = step, signum, rank
 
     def on_train_batch_end(self, trainer: L.Trainer, *args: Any) -> None:
-        if trainer.global_step == self.step:
+        if trainer.global_step == self.step and self.rank in (None, trainer.global_rank):
             os.kill(os.getpid(), self.signum)
 
 

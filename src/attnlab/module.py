@@ -192,8 +192,10 @@ class TranslationModule(L.LightningModule):
         `trainer.gradient_clip_algorithm=value`), then `train/grad_norm_clipped`: the norm of the
         gradient the optimizer uses, measured after clipping (`train/grad_norm` is the norm before)."""
         self.clip_gradients(optimizer, gradient_clip_val, gradient_clip_algorithm)
+        if not gradient_clip_val:
+            return
         grads = [p.grad for p in self.parameters() if p.grad is not None]
-        if not gradient_clip_val or not grads:
+        if not grads:
             return
         norm = self._local_norm(grads)
         if self._sharded():
@@ -452,7 +454,7 @@ class TranslationModule(L.LightningModule):
         trainer = self._trainer  # None when optimizers are built outside a Trainer
         steps = getattr(trainer, "estimated_stepping_batches", math.inf)  # inf: no max_epochs, max_steps
         if math.isfinite(steps):  # a warm-up too long for the run is said at its start
-            self.schedule_facts = cfg.warmup_facts(cfg.total_steps or int(steps))
+            self.schedule_facts = cfg.warmup_facts(int(steps))  # the run's optimizer steps
             if self.schedule_facts["warning"] and getattr(trainer, "is_global_zero", True):
                 log.warning("%s", self.schedule_facts["warning"])
         total = None

@@ -398,3 +398,6 @@ def test_file_names_are_taken_as_typed(
     assert translate(trained, f"input={source}", "output=2024") == ""
     assert (tmp_path / "2024").read_text("utf-8").splitlines() == printed
     assert names(tmp_path) == ["2024", "in.de"]
+    (tmp_path / "7").write_bytes(Path(trained["ckpt"]).read_bytes())  # a checkpoint named by a number
+    translate_main(["ckpt_path=7", "device=cpu", f"input={source}", "output=-"])
+    assert capsys.readouterr().out.splitlines() == printed

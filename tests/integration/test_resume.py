@@ -13,6 +13,7 @@ import os
 import signal
 import subprocess
 import sys
+import time
 from pathlib import Path
 from typing import Any
 
@@ -122,20 +123,23 @@ def _running(pid: int) -> bool:
 
 @pytest.fixture(scope="module")
 def ddp_resumption(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Any]:
-    """Two-process runs (`trainer=ddp_cpu`, gloo) of `runs.RUN`: an uninterrupted one, and one whose ranks
-    are both SIGKILLed at step 6 (each recording its process id), then continued with `resume=auto`."""
+    """Two-process runs (`trainer=ddp_cpu`, gloo) of `runs.RUN`: an uninterrupted one, and one whose rank 0
+    is SIGKILLed at step 6 (each rank recording its process id; rank 1 must then end by itself), then
+    continued with `resume=auto`."""
     ddp, env = ("trainer=ddp_cpu", "data.n_val=32"), {"OMP_NUM_THREADS": "1"}  # a validation batch per rank
     reference = tmp_path_factory.mktemp("ddp_reference") / "run"
     done = attnlab_train(reference, *ddp, env=env)
     assert done.returncode == 0, done.stderr[-3000:]
     assert "GLOBAL_RANK: 1, MEMBER: 2/2" in done.stderr + done.stdout  # two processes really ran
     run_dir = tmp_path_factory.mktemp("ddp_killed") / "run"
-    kill = ["+callbacks.kill._target_=probes.SignalAt", "+callbacks.kill.step=6",
+    kill = ["+callbacks.kill._target_=probes.SignalAt", "+callbacks.kill.step=6", "+callbacks.kill.rank=0",
             f"+callbacks.kill.signum={int(signal.SIGKILL)}", "+callbacks.pid._target_=probes.RecordPid",
             f"+callbacks.pid.dirpath={run_dir}"]  # fmt: skip
     killed = attnlab_train(run_dir, *ddp, *kill, env=env)
     pids = [int((run_dir / f"pid_rank{rank}").read_text()) for rank in (0, 1)]
-    running = [pid for pid in pids if _running(pid)]
+    deadline = time.monotonic() + 60
+    while (running := [pid for pid in pids if _running(pid)]) and time.monotonic() < deadline:
+        time.sleep(0.2)
     manifest = json.loads((run_dir / "manifest.json").read_text())
     saved = torch.load(run_dir / "checkpoints" / "last.ckpt", weights_only=True)["global_step"]
     resumed = attnlab_train(run_dir, *ddp, "resume=auto", env=env)

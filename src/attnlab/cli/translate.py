@@ -52,7 +52,7 @@ DEFAULTS: dict[str, Any] = {
 }
 
 
-VERBATIM = ("input", "output")  # keys whose values are file names, never parsed
+VERBATIM = ("ckpt_path", "input", "output")  # keys whose values are file names, never parsed
 
 
 def parse_args(argv: Sequence[str]) -> dict[str, Any]:
