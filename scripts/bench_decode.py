@@ -40,12 +40,12 @@ import torch
 
 from attnlab.data import Multi30kData
 from attnlab.data.batching import TokenBatchSampler, pad
-from attnlab.decoding import translate_ids
-from attnlab.evaluation import DecodeConfig
+from attnlab.decoding import DecodeConfig
+from attnlab.decoding.search import translate_ids
+from attnlab.inference.translator import Translator, pick_device, resolve_checkpoints
 from attnlab.metrics import corpus_bleu
 from attnlab.model.config import TransformerConfig
 from attnlab.model.transformer import Transformer
-from attnlab.translate import Translator, pick_device, resolve_checkpoints
 
 
 def load(args: argparse.Namespace) -> Translator:

@@ -8,7 +8,7 @@ Usage:
 Trains `model=<model>` on Multi30k batches for a fixed number of optimizer steps with Lightning (the same
 TranslationModule and data module as attnlab-train), times the steps after `--warmup` (compilation
 happens there), and reports non-padding target tokens per second and MFU: the model's matrix-multiply
-FLOPs (`attnlab.flops.training_flops` of each padded batch) per second over the peak matmul rate of the
+FLOPs (`attnlab.model.flops.training_flops` of each padded batch) per second over the peak matmul rate of the
 same device and precision, measured here with one large matmul. Prints one Markdown table.
 """
 
@@ -23,7 +23,7 @@ def compose(overrides: list[str]) -> Any:
     from hydra import compose as hydra_compose
     from hydra import initialize_config_dir
 
-    from attnlab.config import config_dir, register_resolvers
+    from attnlab.cli.app import config_dir, register_resolvers
 
     register_resolvers()
     with initialize_config_dir(version_base="1.3", config_dir=str(config_dir()), job_name="bench"):
@@ -37,10 +37,10 @@ def measure(
     import lightning as L
     import torch
 
-    from attnlab.config import validate
-    from attnlab.flops import training_flops
-    from attnlab.module import TranslationModule
-    from attnlab.train import compile_model
+    from attnlab.model.flops import training_flops
+    from attnlab.training.experiment import validate
+    from attnlab.training.module import TranslationModule
+    from attnlab.training.pipeline import compile_model
 
     cfg = compose(overrides)
     experiment = validate(cfg)
@@ -102,7 +102,7 @@ def main(argv: list[str] | None = None) -> None:
     args = parser.parse_args(argv)
     import torch
 
-    from attnlab.flops import matmul_rate
+    from attnlab.model.flops import matmul_rate
 
     if args.quick:
         overrides = ["data=synthetic", "model=tiny", "data.n_train=256", "data.batch_size=32", "seed=1"]

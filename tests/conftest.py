@@ -68,7 +68,7 @@ def translating_run(shared_data: Path, tmp_path_factory: pytest.TempPathFactory)
     """
     import json
 
-    from attnlab.train import train
+    from attnlab.training.pipeline import train
     from helpers import TEXT_SPLITS, compose_train, text_data, write_corpus
 
     tmp = tmp_path_factory.mktemp("translating")

@@ -19,7 +19,7 @@ from hydra import compose, initialize_config_dir
 from omegaconf import DictConfig
 from torch import Tensor
 
-from attnlab.config import config_dir, register_resolvers
+from attnlab.cli.app import config_dir, register_resolvers
 from attnlab.data.download import MULTI30K_COMMIT
 from attnlab.model.config import TransformerConfig
 

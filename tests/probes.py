@@ -220,7 +220,7 @@ class InitWeights(L.Callback):
         self.path = path
 
     def setup(self, trainer: L.Trainer, pl_module: L.LightningModule, stage: str) -> None:
-        from attnlab.checkpoint import read_checkpoint
+        from attnlab.runs.checkpoint import read_checkpoint
 
         if stage == "fit":  # not before the final test, which evaluates the trained weights
             pl_module.load_state_dict(read_checkpoint(Path(self.path))["state_dict"])

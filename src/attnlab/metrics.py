@@ -5,14 +5,11 @@ untouched references (Post, 2018). `check_detokenized` refuses subword pieces (a
 subword-nmt `@@`) so a forgotten `SubwordTokenizer.decode` fails loudly instead of scoring low. BLEU is
 13a-tokenized and cased with exponential smoothing; chrF is sacreBLEU's default chrF2.
 
-`BleuStats` keeps BLEU's sufficient statistics (hypothesis and reference lengths, per-order n-gram
-matches and totals). They add across batches or DDP ranks, and their score equals `corpus_bleu` on the
-concatenated corpus; the average of per-batch BLEU scores does not.
+Under DDP each rank's validation hypotheses are gathered and scored as one corpus, and the test sets are
+decoded whole by one process: a corpus score is never an average of per-shard scores.
 
-sacreBLEU 2.6 API relied on: public `BLEU`, `CHRF`, `Metric.corpus_score`, `Metric.get_signature`,
-`BLEU.compute_bleu` (a static method); private `BLEU._extract_corpus_statistics` (per-segment statistics
-`[sys_len, ref_len, correct_1..N, total_1..N]`) and the attribute `num_refs` that sacreBLEU sets while
-caching references and reads to build the signature.
+sacreBLEU 2.6 API relied on: public `BLEU`, `CHRF`, `Metric.corpus_score`, `Metric.get_signature` and
+`sacrebleu.significance.PairedTest`.
 """
 
 from __future__ import annotations
@@ -200,86 +197,3 @@ def paired_bootstrap(
     return PairedResult(p_value=float(other.p_value), baseline=base.score, system=other.score,
                         baseline_ci=base.ci, system_ci=other.ci, n_samples=n_samples,
                         seed=os.environ.get("SACREBLEU_SEED", "12345"))  # fmt: skip
-
-
-@dataclass(frozen=True)
-class BleuStats:
-    """Sufficient statistics of corpus BLEU that sum across batches or ranks into exactly the corpus score.
-
-    Attributes:
-        sys_len: Hypothesis length in 13a tokens.
-        ref_len: Reference length in 13a tokens.
-        correct: Clipped n-gram matches for n = 1..4.
-        total: Hypothesis n-grams for n = 1..4.
-    """
-
-    sys_len: int
-    ref_len: int
-    correct: tuple[int, ...]
-    total: tuple[int, ...]
-
-    @classmethod
-    def of(cls, hypotheses: Sequence[str], references: Sequence[str]) -> BleuStats:
-        """Statistics of one batch (after `check_detokenized`).
-
-        Uses sacreBLEU's private `BLEU._extract_corpus_statistics`, which returns one
-        `[sys_len, ref_len, correct_1..4, total_1..4]` list per segment; this sums them.
-
-        Args:
-            hypotheses: Detokenized hypotheses, one per line.
-            references: One untouched reference per hypothesis.
-
-        Returns:
-            The summed statistics.
-
-        Raises:
-            ScoringError: See `check_detokenized`.
-        """
-        check_detokenized(hypotheses, references)
-        segments = _bleu()._extract_corpus_statistics(list(hypotheses), [list(references)])
-        summed = [sum(int(segment[i]) for segment in segments) for i in range(2 + 2 * MAX_NGRAM_ORDER)]
-        return cls.from_list(summed)
-
-    def __add__(self, other: BleuStats) -> BleuStats:
-        """Element-wise sum: the statistics of the two corpora concatenated."""
-        if not isinstance(other, BleuStats):
-            return NotImplemented
-        return BleuStats.from_list([a + b for a, b in zip(self.as_list(), other.as_list(), strict=True)])
-
-    def score(self) -> Score:
-        """The corpus BLEU of these statistics; equals `corpus_bleu` on the concatenated inputs."""
-        bleu = _bleu()
-        bleu.num_refs = 1  # set by sacreBLEU while caching references; the signature reads it
-        result = BLEU.compute_bleu(
-            correct=list(self.correct),
-            total=list(self.total),
-            sys_len=self.sys_len,
-            ref_len=self.ref_len,
-            smooth_method=bleu.smooth_method,
-            smooth_value=bleu.smooth_value,
-            effective_order=bleu.effective_order,
-            max_ngram_order=MAX_NGRAM_ORDER,
-        )
-        return _bleu_score(bleu, result)
-
-    def as_list(self) -> list[float]:
-        """`[sys_len, ref_len, correct_1..4, total_1..4]` as floats, e.g. for a tensor all-reduce."""
-        return [float(v) for v in (self.sys_len, self.ref_len, *self.correct, *self.total)]
-
-    @classmethod
-    def from_list(cls, values: Sequence[float]) -> BleuStats:
-        """Inverse of `as_list` (accepts ints or integral floats, e.g. from a gathered tensor).
-
-        Raises:
-            ScoringError: When `values` has the wrong length or a non-integral or negative entry.
-        """
-        expected = 2 + 2 * MAX_NGRAM_ORDER
-        if len(values) != expected:
-            raise ScoringError(f"BleuStats needs {expected} values, got {len(values)}: {list(values)}")
-        ints = [int(v) for v in values]
-        if any(i != v or i < 0 for i, v in zip(ints, values, strict=True)):
-            raise ScoringError(f"BleuStats values must be non-negative integers, got {list(values)}")
-        n = MAX_NGRAM_ORDER
-        return cls(
-            sys_len=ints[0], ref_len=ints[1], correct=tuple(ints[2 : 2 + n]), total=tuple(ints[2 + n :])
-        )

@@ -9,6 +9,8 @@ field, the value and the accepted values otherwise.
 from __future__ import annotations
 
 import dataclasses
+import difflib
+import inspect
 import types
 import typing
 from typing import Any, Literal, Union, get_args, get_origin
@@ -102,3 +104,44 @@ def require_probability(obj: Any, *names: str) -> None:
     for name in names:
         value = getattr(obj, name)
         require(0.0 <= value < 1.0, f"{name}={value!r} must be in [0, 1)")
+
+
+RESERVED_KEYS = {"_target_", "_partial_", "_recursive_", "_convert_", "_args_"}
+
+
+class ConfigError(ValueError):
+    """A configuration value is wrong; the message names the key and what to do."""
+
+
+def is_int(value: Any) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool)
+
+
+def did_you_mean(name: str, known: list[str], prefix: str = "") -> str:
+    """`did you mean <prefix><closest known name>? ` for a mistyped key, or "" when none is close."""
+    close = difflib.get_close_matches(name, known, n=1)
+    return f"did you mean {prefix}{close[0]}? " if close else ""
+
+
+def reject_unknown_keys(key: str, cls: type, given: Any, known: list[str]) -> None:
+    unknown = sorted(set(given) - set(known) - RESERVED_KEYS)
+    if unknown:
+        raise ConfigError(
+            f"{key}.{unknown[0]} is not a parameter of {cls.__module__}.{cls.__qualname__}; "
+            f"{did_you_mean(unknown[0], known, f'{key}.')}known keys: {', '.join(known)}"
+        )
+
+
+def build_from(cls: type, kwargs: dict[str, Any], key: str) -> Any:
+    """`cls(**kwargs)` for a class attnlab chose (never one named by the values), turning unknown keys and
+    bad values into a `ConfigError` naming `key`."""
+    known = (
+        [f.name for f in dataclasses.fields(cls)]
+        if dataclasses.is_dataclass(cls)
+        else list(inspect.signature(cls).parameters)
+    )
+    reject_unknown_keys(key, cls, kwargs, known)
+    try:
+        return cls(**kwargs)
+    except (ValueError, TypeError) as exc:
+        raise ConfigError(f"{key}.{exc}") from exc

@@ -11,10 +11,10 @@ from typing import Any
 import pytest
 import torch
 
-from attnlab.checkpoint import BUNDLE_KEY, CheckpointError, average_state_dicts, read_checkpoint
-from attnlab.config import ConfigError
-from attnlab.train import train
-from attnlab.translate import Translator
+from attnlab.inference.translator import Translator
+from attnlab.runs.checkpoint import BUNDLE_KEY, CheckpointError, average_state_dicts, read_checkpoint
+from attnlab.training.pipeline import train
+from attnlab.typed import ConfigError
 from helpers import compose_train
 
 RUN = ["data=synthetic", "model=tiny", "data.n_train=64", "data.n_val=16", "data.n_test=16",

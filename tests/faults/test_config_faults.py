@@ -3,7 +3,7 @@ message naming the offending key and the fix.
 
 Each row of `CASES` is one mistake a user can type on the command line, run in-process the way
 `attnlab-train <overrides>` runs it: the Hydra overrides are composed onto `conf/train.yaml` (the
-defaults: `data=multi30k`, `model=small`, `optim=noam`, ...) and the config goes to `attnlab.train.train`,
+defaults: `data=multi30k`, `model=small`, `optim=noam`, ...) and the config goes to `attnlab.training.pipeline.train`,
 whose first steps are the torch-free checks (`validate`, `resolve_monitor`, `resume_path`). A row is
 `Case(overrides, error, key, fix)`:
 
@@ -27,9 +27,9 @@ from typing import NamedTuple
 import pytest
 from hydra.errors import ConfigCompositionException, MissingConfigException
 
-import attnlab.train
-from attnlab.config import ConfigError
-from attnlab.train import train
+import attnlab.training.pipeline
+from attnlab.training.pipeline import train
+from attnlab.typed import ConfigError
 from helpers import compose_train
 
 MISSING = "/nonexistent/attnlab-faults"  # a path that exists nowhere
@@ -139,7 +139,7 @@ def _no_training(monkeypatch: pytest.MonkeyPatch) -> None:
     def started(*args: object, **kwargs: object) -> None:
         pytest.fail("a wrong config value reached training: validate() did not reject it", pytrace=False)
 
-    monkeypatch.setattr(attnlab.train, "_fit_and_evaluate", started)
+    monkeypatch.setattr(attnlab.training.pipeline, "_fit_and_evaluate", started)
 
 
 @pytest.mark.parametrize("case", CASES, ids=[" ".join(c.overrides) for c in CASES])
@@ -166,7 +166,7 @@ def test_a_top_level_key_a_config_file_defines_is_not_mistaken_for_a_typo(tmp_pa
     override: here the override is taken out of Hydra's record, as if a file had defined it) is not."""
     from omegaconf import open_dict
 
-    from attnlab.config import validate
+    from attnlab.training.experiment import validate
 
     cfg = compose_train(["+tags=[ablation]"], tmp_path, hydra_node=True)
     with pytest.raises(ConfigError, match="tags is not a key of the training config"):

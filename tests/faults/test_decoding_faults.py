@@ -16,10 +16,10 @@ import pytest
 import torch
 
 from attnlab.cli.translate import main as translate_main
-from attnlab.decoding import beam_search, translate_ids
+from attnlab.decoding.search import beam_search, translate_ids
+from attnlab.inference.translator import Translator, evaluate
 from attnlab.model.transformer import Transformer
-from attnlab.train import train
-from attnlab.translate import Translator, evaluate
+from attnlab.training.pipeline import train
 from helpers import compose_train, random_source, require_shared_data, tiny_config, write_corpus
 
 LIMIT = 40  # data.max_source_tokens of the trained model: the training filter's limit
@@ -114,12 +114,12 @@ def test_a_huge_line_in_a_test_set_is_cut_and_counted_in_results(
     translator = Translator.from_checkpoints([trained["ckpt"]])
     sources = [*trained["sources"][:5], huge_line(trained["sources"])]
     references = [*trained["references"][:5], "A very long sentence."]
-    with caplog.at_level(logging.WARNING, logger="attnlab.translate"):
+    with caplog.at_level(logging.WARNING, logger="attnlab.inference.translator"):
         results = evaluate(translator, {"test": (sources, references)}, tmp_path)
     assert results["truncated_sources"] == 1
     assert results["sets"]["test"]["sentences"] == len(sources)
     assert results["decode"]["max_source_tokens"] is None
-    assert [r.getMessage() for r in caplog.records if r.name == "attnlab.translate"] == [
+    assert [r.getMessage() for r in caplog.records if r.name == "attnlab.inference.translator"] == [
         f"test: 1 sources were cut to data.max_source_tokens={LIMIT} (the training filter's limit; set "
         "decode.max_source_tokens)"
     ]

@@ -32,13 +32,14 @@ import pytest
 import torch
 from hydra import compose, initialize_config_dir
 
-from attnlab.checkpoint import BUNDLE_KEY, CheckpointError, read_averaged, read_checkpoint
+from attnlab.cli.app import config_dir, register_resolvers
 from attnlab.cli.eval import evaluate_checkpoint
 from attnlab.cli.translate import main as translate_main
-from attnlab.config import ConfigError, config_dir, register_resolvers
-from attnlab.module import TranslationModule
-from attnlab.train import train
-from attnlab.translate import Translator, resolve_checkpoints
+from attnlab.inference.translator import Translator, resolve_checkpoints
+from attnlab.runs.checkpoint import BUNDLE_KEY, CheckpointError, read_averaged, read_checkpoint
+from attnlab.training.module import TranslationModule
+from attnlab.training.pipeline import train
+from attnlab.typed import ConfigError
 from helpers import compose_train, write_corpus
 
 SPLITS = (("train", "train", 200), ("valid", "val", 16), ("test", "test2016", 16))
@@ -239,7 +240,7 @@ def test_attnlab_eval_refuses_a_checkpoint_naming_a_class(trained: dict[str, Any
 def test_data_specs_are_built_by_their_name_only(trained: dict[str, Any], tmp_path: Path) -> None:
     from omegaconf import OmegaConf
 
-    from attnlab.checkpoint import DATA_SPECS, data_spec
+    from attnlab.runs.checkpoint import DATA_SPECS, data_spec
 
     for config in sorted((config_dir() / "data").glob("*.yaml")):  # what the configs name is readable
         assert OmegaConf.load(config)["_target_"] in DATA_SPECS, config.name
@@ -255,7 +256,7 @@ def test_data_specs_are_built_by_their_name_only(trained: dict[str, Any], tmp_pa
 def test_a_training_config_with_another_data_class_is_refused_before_training(tmp_path: Path) -> None:
     """Its checkpoints could not be read back (the closed list): refused at validation, not after
     hours of training when the final evaluation reads the best checkpoint."""
-    from attnlab.config import validate
+    from attnlab.training.experiment import validate
 
     cfg = compose_train(["data=synthetic", "model=tiny", "data._target_=probes.OwnSyntheticData"], tmp_path)
     with pytest.raises(ConfigError, match=r"data\._target_=probes\.OwnSyntheticData is not one of "
@@ -338,7 +339,7 @@ def test_paths_outside_the_run_in_its_own_last_ckpt_are_not_used(
     last = run / "checkpoints" / "last.ckpt"
     torch.save(steering_callbacks(torch.load(last, weights_only=True), run / "checkpoints", other), last)
     kept = outside_files(other)
-    with caplog.at_level(logging.WARNING, logger="attnlab.checkpoint_io"):
+    with caplog.at_level(logging.WARNING, logger="attnlab.training.checkpoint_io"):
         metrics = train(compose_train([*two_epochs_tested(trained), "resume=true"], run))
     assert_own_best(metrics, run)
     assert outside_files(*kept) == kept
@@ -394,7 +395,7 @@ def test_the_fsdp_strategy_reads_a_checkpoint_by_attnlabs_reader(
     """`trainer=fsdp` with `ckpt_path=`: Lightning's FSDPStrategy would read the file with its own
     unpickler. FSDP needs a process group on GPUs; the strategy's `load_checkpoint` is called here as
     Lightning calls it, on one process without a process group (its broadcast is then the identity)."""
-    from attnlab.strategies import fsdp
+    from attnlab.training.strategies import fsdp
 
     marker = tmp_path / "marker"
     path = tmp_path / "hostile.ckpt"

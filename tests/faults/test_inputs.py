@@ -18,15 +18,15 @@ import torch
 from hypothesis import assume, given, settings
 from hypothesis import strategies as st
 
-from attnlab.checkpoint import BUNDLE_KEY, bundle
 from attnlab.cli.translate import main as translate_main
 from attnlab.data.batching import TokenBatchSampler
 from attnlab.data.text import normalize
 from attnlab.data.tokenizer import SPECIAL_TOKENS, UNK_ID, SubwordTokenizer
-from attnlab.evaluation import DecodeConfig
+from attnlab.decoding import DecodeConfig
+from attnlab.inference.translator import Translator
 from attnlab.model.config import TransformerConfig
 from attnlab.model.transformer import Transformer
-from attnlab.translate import Translator
+from attnlab.runs.checkpoint import BUNDLE_KEY, bundle
 
 # No deadline: each example takes milliseconds, but a shared machine stalls at times, and timing is not
 # what these tests check.

@@ -36,7 +36,7 @@ def test_a_full_disk_during_a_checkpoint_save_names_the_file_and_keeps_the_previ
     small_disk: Path,
 ) -> None:
     """A real full disk: torch.save raises RuntimeError ("unexpected pos ..."), not the OSError."""
-    from attnlab.checkpoint_io import AtomicCheckpointIO, CheckpointWriteError
+    from attnlab.training.checkpoint_io import AtomicCheckpointIO, CheckpointWriteError
 
     io, last = AtomicCheckpointIO(), small_disk / "checkpoints" / "last.ckpt"
     io.save_checkpoint({"step": 1, "w": torch.arange(1000.0)}, last)
@@ -98,7 +98,7 @@ def test_compare_lists_a_run_with_an_unreadable_file_and_compares_the_others(
 
 
 def test_average_last_with_too_few_epoch_checkpoints_names_the_setting(tmp_path: Path) -> None:
-    from attnlab.checkpoint import CheckpointError, last_epoch_checkpoints
+    from attnlab.runs.checkpoint import CheckpointError, last_epoch_checkpoints
 
     epochs = tmp_path / "run" / "checkpoints" / "epochs"
     epochs.mkdir(parents=True)

@@ -23,12 +23,13 @@ import torch
 import yaml
 from hydra import compose, initialize_config_dir
 
-from attnlab.checkpoint import BUNDLE_KEY
+from attnlab.cli.app import config_dir, register_resolvers
 from attnlab.cli.compare import main as compare_main
 from attnlab.cli.eval import evaluate_checkpoint
 from attnlab.cli.translate import main as translate_main
-from attnlab.config import ConfigError, config_dir, register_resolvers
-from attnlab.train import train
+from attnlab.runs.checkpoint import BUNDLE_KEY
+from attnlab.training.pipeline import train
+from attnlab.typed import ConfigError
 from helpers import compose_train, require_shared_data, write_corpus
 
 SPLITS = (("train", "train", 300), ("valid", "val", 30), ("test", "test2016", 20))

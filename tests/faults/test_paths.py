@@ -9,8 +9,9 @@ from pathlib import Path
 
 import pytest
 
-from attnlab.config import ConfigError, validate
-from attnlab.manifest import data_identity
+from attnlab.runs.manifest import data_identity
+from attnlab.training.experiment import validate
+from attnlab.typed import ConfigError
 from helpers import compose_train, write_corpus
 
 SPLITS = (("train", "train", 120), ("valid", "val", 10), ("test", "test2016", 10))

@@ -20,9 +20,9 @@ from pathlib import Path
 import pytest
 import torch
 
-from attnlab.config import ConfigError
 from attnlab.data.batching import TokenBatchSampler
-from attnlab.train import train
+from attnlab.training.pipeline import train
+from attnlab.typed import ConfigError
 from helpers import compose_train, require_shared_data, write_corpus
 from runs import RUN, assert_same_training, attnlab_train, final, step_losses, weights
 

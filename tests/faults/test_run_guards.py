@@ -19,10 +19,10 @@ from typing import Any, ClassVar
 import lightning as L
 import pytest
 
-from attnlab.config import ConfigError
-from attnlab.data.cache import FileLock
 from attnlab.data.download import DataError
-from attnlab.train import RUN_LOCK, train
+from attnlab.io import FileLock
+from attnlab.training.pipeline import RUN_LOCK, train
+from attnlab.typed import ConfigError
 from helpers import compose_train
 from runs import RUN, TESTS
 
@@ -102,9 +102,9 @@ def test_an_empty_validation_or_test_split_is_refused_before_training(split: str
      "nothing would build it: did you mean callbacks.model_checkpoint?"),
     # attnlab's WandbLogger takes **kwargs: checked against what they reach (Lightning's logger, wandb.init)
     ("logger=wandb +logger.wandb.notez=x", "logger.wandb.notez is not a parameter of "
-     "attnlab.tracking.WandbLogger; did you mean logger.wandb.notes?"),
+     "attnlab.runs.wandb.WandbLogger; did you mean logger.wandb.notes?"),
     ("logger=wandb +logger.wandb.log_models=true", "logger.wandb.log_models is not a parameter of "
-     "attnlab.tracking.WandbLogger; did you mean logger.wandb.log_model?"),
+     "attnlab.runs.wandb.WandbLogger; did you mean logger.wandb.log_model?"),
 ])  # fmt: skip
 def test_a_key_no_constructor_takes_is_rejected_before_data_preparation(
     override: str, message: str, tmp_path: Path

@@ -12,7 +12,7 @@ from pathlib import Path
 
 import pytest
 
-from attnlab.compare import report
+from attnlab.reports.compare import report
 
 TESTS = Path(__file__).resolve().parents[1]
 

@@ -13,9 +13,9 @@ from pathlib import Path
 import pytest
 import torch
 
-from attnlab.checkpoint import read_checkpoint
-from attnlab.config import ConfigError
-from attnlab.train import train
+from attnlab.runs.checkpoint import read_checkpoint
+from attnlab.training.pipeline import train
+from attnlab.typed import ConfigError
 from helpers import compose_train
 from runs import assert_same_training, attnlab_train
 
@@ -56,7 +56,7 @@ def finite_weights(checkpoint: Path) -> bool:
 def test_a_nonfinite_step_stops_the_run_and_keeps_the_saved_checkpoints(
     what: str, message: str, tmp_path: Path
 ) -> None:
-    from attnlab.module import NonFiniteError
+    from attnlab.training.module import NonFiniteError
     from probes import NonFiniteAt
 
     with pytest.raises(NonFiniteError, match=message + r".*optim\.on_nonfinite=skip"):
@@ -106,7 +106,7 @@ def test_a_kill_in_the_middle_of_a_checkpoint_save_keeps_the_previous_one(
 def test_a_full_disk_during_a_save_names_the_file_and_keeps_the_previous_checkpoint(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    from attnlab.checkpoint_io import AtomicCheckpointIO, CheckpointWriteError
+    from attnlab.training.checkpoint_io import AtomicCheckpointIO, CheckpointWriteError
 
     write, calls = AtomicCheckpointIO.write, []
 

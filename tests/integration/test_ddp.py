@@ -13,8 +13,8 @@ from typing import Any
 import pytest
 import torch
 
+from attnlab.inference.translator import Translator, decode_settings, evaluate, resolve_checkpoints
 from attnlab.metrics import corpus_bleu
-from attnlab.translate import Translator, decode_settings, evaluate, resolve_checkpoints
 from helpers import init_from, lines
 
 

@@ -11,9 +11,9 @@ import lightning as L
 import pytest
 import torch
 
-from attnlab.config import validate
-from attnlab.module import TranslationModule
-from attnlab.train import train
+from attnlab.training.experiment import validate
+from attnlab.training.module import TranslationModule
+from attnlab.training.pipeline import train
 from helpers import compose_train
 
 pytestmark = pytest.mark.usefixtures("one_torch_thread")

@@ -16,13 +16,15 @@ import torch
 from hydra import compose, initialize_config_dir
 from omegaconf import OmegaConf
 
-from attnlab.checkpoint import CheckpointError, epoch_checkpoints, read_checkpoint
+from attnlab.cli.app import config_dir, register_resolvers
 from attnlab.cli.eval import evaluate_checkpoint
 from attnlab.cli.translate import main as translate_main
-from attnlab.config import ConfigError, config_dir, register_resolvers, validate
+from attnlab.inference.translator import Translator, decode_settings, resolve_checkpoints
 from attnlab.metrics import corpus_bleu
-from attnlab.module import TranslationModule
-from attnlab.translate import Translator, decode_settings, resolve_checkpoints
+from attnlab.runs.checkpoint import CheckpointError, epoch_checkpoints, read_checkpoint
+from attnlab.training.experiment import validate
+from attnlab.training.module import TranslationModule
+from attnlab.typed import ConfigError
 from helpers import lines
 
 

@@ -14,7 +14,7 @@ from typing import Any
 import pytest
 import yaml
 
-from attnlab.wandb_records import find_run_file, read_wandb_run
+from wandb_records import find_run_file, read_wandb_run
 
 optuna = pytest.importorskip("optuna", reason='needs the [sweep] extra: pip install -e ".[sweep]"')
 PARAMS = ("optim.peak_lr", "optim.warmup_steps", "model.dropout", "optim.label_smoothing")

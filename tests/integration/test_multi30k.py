@@ -8,9 +8,9 @@ from typing import Any
 
 import pytest
 
-from attnlab.config import validate
 from attnlab.data.prepare import prepared_dir
-from attnlab.train import train
+from attnlab.training.experiment import validate
+from attnlab.training.pipeline import train
 from helpers import compose_train, serve_mirror
 
 NAMES = [f"{split}.{lang}" for split in ("train", "val", "test2016") for lang in ("de", "en")]

@@ -17,12 +17,12 @@ import pytest
 import torch
 from torch.utils.data import DataLoader
 
-from attnlab.checkpoint import read_checkpoint
-from attnlab.config import validate
 from attnlab.data.batching import Collator
-from attnlab.module import TranslationModule
 from attnlab.optim import OptimConfig
-from attnlab.train import train
+from attnlab.runs.checkpoint import read_checkpoint
+from attnlab.training.experiment import validate
+from attnlab.training.module import TranslationModule
+from attnlab.training.pipeline import train
 from helpers import TEXT_SPLITS, compose_train, lines, tiny_config, write_corpus
 
 TESTS = Path(__file__).resolve().parents[1]

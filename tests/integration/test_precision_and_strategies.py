@@ -15,10 +15,10 @@ import pytest
 import torch
 from hydra.utils import instantiate
 
-from attnlab.checkpoint import read_checkpoint
-from attnlab.module import NonFiniteError, TranslationModule
-from attnlab.train import train
-from attnlab.translate import Translator, evaluate, resolve_checkpoints
+from attnlab.inference.translator import Translator, evaluate, resolve_checkpoints
+from attnlab.runs.checkpoint import read_checkpoint
+from attnlab.training.module import NonFiniteError, TranslationModule
+from attnlab.training.pipeline import train
 from helpers import compose_train, write_corpus
 
 pytestmark = pytest.mark.usefixtures("one_torch_thread")
@@ -133,11 +133,11 @@ def test_the_fsdp_preset_builds_one_unit_per_layer_with_full_checkpoints(tmp_pat
     from lightning.pytorch.plugins.precision import FSDPPrecision
     from torch.distributed.fsdp import MixedPrecision, ShardingStrategy
 
-    from attnlab.checkpoint_io import AtomicCheckpointIO
-    from attnlab.config import validate
     from attnlab.model.layers import DecoderLayer, EncoderLayer
     from attnlab.model.transformer import Transformer
-    from attnlab.strategies import AttnlabFSDPStrategy
+    from attnlab.training.checkpoint_io import AtomicCheckpointIO
+    from attnlab.training.experiment import validate
+    from attnlab.training.strategies import AttnlabFSDPStrategy
 
     preset = compose_train(["trainer=fsdp", "data=synthetic", "model=tiny"], tmp_path)
     experiment = validate(preset)

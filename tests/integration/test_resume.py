@@ -55,7 +55,7 @@ def test_a_run_stopped_by_sigterm_saves_and_resumes_to_the_same_weights(
     resumed = attnlab_train(run_dir, "ckpt_path=last", "logger=wandb", env=wandb)
     assert resumed.returncode == 0, resumed.stderr[-3000:]
     assert_same_training(run_dir, resume_reference)
-    from attnlab.wandb_records import read_wandb_run
+    from wandb_records import read_wandb_run
 
     records = [read_wandb_run(p) for p in sorted(run_dir.rglob("run-*.wandb"))]
     assert len(records) == 2 and records[0].run["id"] == records[1].run["id"] == manifest["wandb_run_id"]
@@ -86,7 +86,7 @@ def test_sigusr1_under_slurm_saves_requeues_and_resumes(resume_reference: Path, 
 
 
 def test_two_runs_with_one_seed_have_identical_histories(resume_reference: Path, tmp_path: Path) -> None:
-    from attnlab.train import train
+    from attnlab.training.pipeline import train
     from helpers import compose_train
 
     run_dir = tmp_path / "again"
@@ -96,8 +96,8 @@ def test_two_runs_with_one_seed_have_identical_histories(resume_reference: Path,
 
 
 def test_resume_errors_name_the_fix(tmp_path: Path, resume_reference: Path) -> None:
-    from attnlab.config import ConfigError
-    from attnlab.train import train
+    from attnlab.training.pipeline import train
+    from attnlab.typed import ConfigError
     from helpers import compose_train
 
     with pytest.raises(
@@ -196,7 +196,7 @@ def test_a_text_run_monitored_by_bleu_keeps_its_best_checkpoint_and_early_stoppi
     epoch, monitored with early stopping), killed in the second epoch, between two decoding epochs, and
     resumed: the best-checkpoint tracker and the early-stopping count go on as in an uninterrupted run."""
     from attnlab.metrics import corpus_bleu
-    from attnlab.train import train
+    from attnlab.training.pipeline import train
     from helpers import compose_train, init_from, lines
 
     overrides = [

@@ -8,8 +8,8 @@ import subprocess
 import sys
 from pathlib import Path
 
-from attnlab.compare import report
-from attnlab.config import job_dirname
+from attnlab.cli.app import job_dirname
+from attnlab.reports.compare import report
 
 
 def sweep(tmp_path: Path, *extra: str) -> subprocess.CompletedProcess[str]:
@@ -65,7 +65,7 @@ def test_the_wandb_sweep_file_passes_valid_overrides(tmp_path: Path) -> None:
 
     import yaml
 
-    from attnlab.config import validate
+    from attnlab.training.experiment import validate
     from helpers import compose_train
 
     spec = yaml.safe_load((Path(__file__).resolve().parents[2] / "scripts" / "wandb_sweep.yaml").read_text())

@@ -17,11 +17,11 @@ import pytest
 import torch
 from omegaconf import OmegaConf
 
-from attnlab.config import ConfigError
 from attnlab.data import SyntheticData
-from attnlab.module import TranslationModule
 from attnlab.optim import OptimConfig
-from attnlab.train import train
+from attnlab.training.module import TranslationModule
+from attnlab.training.pipeline import train
+from attnlab.typed import ConfigError
 from helpers import compose_train
 
 TINY_RUN = [
@@ -176,9 +176,9 @@ def test_a_compiled_run_checkpoint_loads_into_an_uncompiled_model(backend: str, 
     aot_eager needs no C compiler; inductor generates and compiles C++ (slow marker)."""
     import torch._dynamo
 
-    from attnlab.checkpoint import model_weights, read_checkpoint
     from attnlab.model.config import TransformerConfig
     from attnlab.model.transformer import Transformer
+    from attnlab.runs.checkpoint import model_weights, read_checkpoint
 
     torch._dynamo.reset()
     torch._dynamo.utils.counters.clear()
@@ -208,7 +208,7 @@ def test_a_warmup_too_long_for_the_run_is_said_at_its_start_and_kept_in_the_mani
     the facts in manifest.json; a warm-up that fits says nothing."""
     base = ["data=synthetic", "model=tiny", "data.n_train=64", "data.batch_size=16", "trainer.max_epochs=2",
             "logger=csv", "test=false", "decode.every_n_epochs=0"]  # fmt: skip  # 4 steps an epoch
-    with caplog.at_level(logging.WARNING, logger="attnlab.module"):
+    with caplog.at_level(logging.WARNING, logger="attnlab.training.module"):
         train(compose_train([*base, "optim=noam", "optim.warmup_steps=4000"], tmp_path / "long"))
     warned = [r.getMessage() for r in caplog.records if "optim.warmup_steps" in r.getMessage()]
     assert warned == [
@@ -219,7 +219,7 @@ def test_a_warmup_too_long_for_the_run_is_said_at_its_start_and_kept_in_the_mani
     facts = json.loads((tmp_path / "long" / "manifest.json").read_text())["schedule"]
     assert facts["optimizer_steps"] == 8 and facts["warmup_steps"] == 4000 and facts["peak_reached"] is False
     caplog.clear()
-    with caplog.at_level(logging.WARNING, logger="attnlab.module"):
+    with caplog.at_level(logging.WARNING, logger="attnlab.training.module"):
         train(compose_train([*base, "optim=noam", "optim.warmup_steps=2"], tmp_path / "fits"))
     assert not [r for r in caplog.records if "optim.warmup_steps" in r.getMessage()]
     facts = json.loads((tmp_path / "fits" / "manifest.json").read_text())["schedule"]

@@ -12,10 +12,10 @@ import pytest
 from omegaconf import OmegaConf
 
 from attnlab.metrics import corpus_bleu
-from attnlab.tracking import config_group, run_name
-from attnlab.train import train
-from attnlab.wandb_records import WandbFileError, find_run_file, read_wandb_run
+from attnlab.runs.wandb import config_group, run_name
+from attnlab.training.pipeline import train
 from helpers import compose_train, init_from, lines
+from wandb_records import WandbFileError, find_run_file, read_wandb_run
 
 
 @pytest.fixture(scope="module")

@@ -10,7 +10,7 @@ import pytest
 import torch
 from torch import Tensor
 
-from attnlab.decoding import Hypothesis, beam_search, greedy_decode, length_penalty
+from attnlab.decoding.search import Hypothesis, beam_search, greedy_decode, length_penalty
 from attnlab.model.cache import KVCache
 from attnlab.model.transformer import Transformer
 from helpers import random_source, tiny_config

@@ -7,15 +7,15 @@ from pathlib import Path
 import pytest
 import torch
 
-from attnlab.checkpoint import (
+from attnlab.decoding import DecodeConfig
+from attnlab.inference.translator import decode_settings, resolve_checkpoints
+from attnlab.runs.checkpoint import (
     CheckpointError,
     average_state_dicts,
     epoch_checkpoints,
     last_epoch_checkpoints,
     model_weights,
 )
-from attnlab.evaluation import DecodeConfig
-from attnlab.translate import decode_settings, resolve_checkpoints
 
 
 def test_average_is_the_elementwise_mean_in_the_original_dtype() -> None:

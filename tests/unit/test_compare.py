@@ -11,7 +11,8 @@ import pytest
 import yaml
 
 from attnlab.cli.compare import main as compare_main
-from attnlab.compare import load_runs, render, report, summarize, t_quantile, varying_keys
+from attnlab.reports.compare import load_runs, render, report, summarize, varying_keys
+from attnlab.reports.stats import t_quantile
 
 BLEU = {("sinusoidal", 1): 30.0, ("sinusoidal", 2): 32.0, ("sinusoidal", 3): 34.0,
         ("none", 1): 20.0, ("none", 2): 21.0, ("none", 3): 25.0}  # fmt: skip
@@ -122,7 +123,7 @@ def test_each_seed_is_tested_against_the_same_seed_baseline_run(sweep: Path) -> 
 def test_plots_show_groups_with_intervals_curves_and_parameters(sweep: Path, tmp_path: Path) -> None:
     from PIL import Image
 
-    from attnlab.plots import validation_curve
+    from attnlab.reports.plots import validation_curve
 
     runs = load_runs([sweep])
     none = next(r for r in runs if r.path.name == "pe=none,seed=1")

@@ -14,8 +14,10 @@ import pytest
 from hydra.utils import get_class, instantiate
 from omegaconf import DictConfig, OmegaConf
 
-from attnlab.config import ConfigError, config_dir, resolve_monitor, validate
+from attnlab.cli.app import config_dir
 from attnlab.model.config import TransformerConfig
+from attnlab.training.experiment import resolve_monitor, validate
+from attnlab.typed import ConfigError
 from helpers import compose_train
 
 CONF = config_dir()
@@ -379,7 +381,7 @@ def test_multi_gpu_presets(tmp_path: Path) -> None:
 def test_under_submitit_on_slurm_lightning_does_not_requeue(monkeypatch: pytest.MonkeyPatch) -> None:
     from lightning.pytorch.plugins.environments import SLURMEnvironment
 
-    from attnlab.train import cluster_plugins
+    from attnlab.training.pipeline import cluster_plugins
 
     monkeypatch.delenv("SUBMITIT_EXECUTOR", raising=False)
     assert cluster_plugins() == []  # Lightning picks its environment itself (auto-requeue on SLURM)

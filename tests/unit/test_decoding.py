@@ -8,7 +8,7 @@ import pytest
 import torch
 from torch import Tensor
 
-from attnlab.decoding import greedy_decode
+from attnlab.decoding.search import greedy_decode
 from attnlab.model.cache import KVCache
 from attnlab.model.transformer import Transformer
 from helpers import random_source, tiny_config

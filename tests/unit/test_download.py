@@ -15,7 +15,7 @@ from typing import Any
 
 import pytest
 
-from attnlab.data.cache import FileLock, atomic_write_bytes, building, fingerprint
+from attnlab.data.cache import building, fingerprint
 from attnlab.data.download import (
     MULTI30K_COMMIT,
     MULTI30K_SHA256,
@@ -23,6 +23,7 @@ from attnlab.data.download import (
     fetch_gzipped,
     multi30k_paths,
 )
+from attnlab.io import FileLock, atomic_write_bytes
 from helpers import Mirror, serve_mirror, upstream_path
 
 LANGS = ("de", "en")

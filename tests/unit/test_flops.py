@@ -7,7 +7,7 @@ import torch
 from torch.nn.attention import SDPBackend, sdpa_kernel
 from torch.utils.flop_counter import FlopCounterMode
 
-from attnlab.flops import forward_flops, training_flops
+from attnlab.model.flops import forward_flops, training_flops
 from attnlab.model.transformer import Transformer
 from helpers import tiny_config
 

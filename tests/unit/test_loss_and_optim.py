@@ -13,8 +13,8 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor
 
-from attnlab.module import TranslationModule, exact_matches, label_smoothed_nll_loss
 from attnlab.optim import OptimConfig
+from attnlab.training.module import TranslationModule, exact_matches, label_smoothed_nll_loss
 from helpers import tiny_config
 
 V, PAD = 50, 0

@@ -12,7 +12,7 @@ transformers = pytest.importorskip(
     "transformers", reason='needs the [interop] extra: pip install -e ".[interop]"'
 )
 
-from attnlab.decoding import greedy_decode  # noqa: E402
+from attnlab.decoding.search import greedy_decode  # noqa: E402
 from attnlab.interop.marian import config_from_marian, from_marian, to_marian  # noqa: E402
 
 PAD, EOS = 59, 0

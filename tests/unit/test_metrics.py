@@ -1,9 +1,8 @@
-"""Corpus BLEU / chrF through sacreBLEU, the detokenization guard, and summable BLEU statistics."""
+"""Corpus BLEU / chrF through sacreBLEU, the detokenization guard, and the paired bootstrap test."""
 
 from __future__ import annotations
 
 import os
-import random
 from pathlib import Path
 
 import pytest
@@ -11,7 +10,6 @@ import sacrebleu
 
 from attnlab.metrics import (
     SUBWORD_MARKERS,
-    BleuStats,
     ScoringError,
     check_detokenized,
     corpus_bleu,
@@ -100,7 +98,6 @@ def test_references_are_scored_untouched() -> None:
 def test_empty_hypothesis_line_is_allowed() -> None:
     hyps = [*HYPS[:-1], ""]
     assert corpus_bleu(hyps, REFS).score == pytest.approx(reference_bleu(hyps, REFS).score, abs=1e-9)
-    assert BleuStats.of(hyps, REFS).score() == corpus_bleu(hyps, REFS)
 
 
 # ---------------------------------------------------------------------------------------------------------
@@ -133,11 +130,11 @@ def test_rejects_count_mismatch_naming_both_counts() -> None:
     with pytest.raises(ScoringError, match=r"6 hypotheses but 5 references"):
         score_all(HYPS, REFS[:5])
     with pytest.raises(ScoringError, match=r"5 hypotheses but 6 references"):
-        BleuStats.of(HYPS[:5], REFS)
+        corpus_chrf(HYPS[:5], REFS)
 
 
 def test_rejects_empty_corpus() -> None:
-    for fn in (corpus_bleu, corpus_chrf, score_all, BleuStats.of):
+    for fn in (corpus_bleu, corpus_chrf, score_all):
         with pytest.raises(ScoringError, match="empty corpus"):
             fn([], [])
 
@@ -145,60 +142,6 @@ def test_rejects_empty_corpus() -> None:
 def test_rejects_a_single_string() -> None:
     with pytest.raises(ScoringError, match="not a single string"):
         check_detokenized("a b c", "a b c")
-
-
-# ---------------------------------------------------------------------------------------------------------
-# BleuStats
-
-
-def test_stats_of_whole_corpus_give_corpus_bleu() -> None:
-    assert BleuStats.of(HYPS, REFS).score() == corpus_bleu(HYPS, REFS)
-
-
-def test_summed_halves_give_corpus_score_not_average() -> None:
-    # One long near-perfect pair and one short poor pair: per-half BLEU averages differently from the
-    # corpus, and the short half alone has a brevity penalty that the corpus does not.
-    hyps = [REFS[3], "Men photograph."]
-    refs = [REFS[3], "A man in light colored clothing photographs a group of men."]
-    whole = corpus_bleu(hyps, refs)
-    first, second = BleuStats.of(hyps[:1], refs[:1]), BleuStats.of(hyps[1:], refs[1:])
-    summed = (first + second).score()
-    assert summed == whole
-    assert summed.details["bp"] == pytest.approx(reference_bleu(hyps, refs).bp)
-    average = (first.score().score + second.score().score) / 2
-    assert abs(average - whole.score) > 1.0
-
-
-def test_as_list_round_trip() -> None:
-    stats = BleuStats.of(HYPS, REFS)
-    values = stats.as_list()
-    assert len(values) == 10 and all(isinstance(v, float) for v in values)
-    assert BleuStats.from_list(values) == stats
-    assert BleuStats.from_list([int(v) for v in values]) == stats
-
-
-def test_from_list_rejects_bad_values() -> None:
-    with pytest.raises(ScoringError, match="10 values, got 3"):
-        BleuStats.from_list([1.0, 2.0, 3.0])
-    with pytest.raises(ScoringError, match="non-negative integers"):
-        BleuStats.from_list([1.5] + [0.0] * 9)
-
-
-def test_shard_order_does_not_matter() -> None:
-    shards = [BleuStats.of(HYPS[i : i + 2], REFS[i : i + 2]) for i in range(0, len(HYPS), 2)]
-    expected = corpus_bleu(HYPS, REFS)
-    rng = random.Random(0)
-    for _ in range(5):
-        rng.shuffle(shards)
-        total = shards[0]
-        for shard in shards[1:]:
-            total = total + shard
-        assert total.score() == expected
-
-
-def test_add_rejects_other_types() -> None:
-    with pytest.raises(TypeError):
-        BleuStats.of(HYPS, REFS) + [0.0] * 10  # type: ignore[operator]
 
 
 def test_paired_bootstrap_equals_the_sacrebleu_command(shared_data: Path, tmp_path: Path) -> None:

@@ -52,8 +52,8 @@ def test_shared_multi30k_matches_its_checksums(shared_data: Path) -> None:
 def test_train_help_lists_every_config_group_without_composing(capsys: pytest.CaptureFixture[str]) -> None:
     import sys
 
+    from attnlab.cli.app import config_dir
     from attnlab.cli.train import main
-    from attnlab.config import config_dir
 
     argv = sys.argv
     sys.argv = ["attnlab-train", "--help"]

@@ -8,7 +8,8 @@ from pathlib import Path
 
 import pytest
 
-from attnlab.config import config_dir, validate
+from attnlab.cli.app import config_dir
+from attnlab.training.experiment import validate
 from helpers import compose_train
 
 VARIANTS = sorted(p.stem for p in (config_dir() / "experiment" / "table3").glob("*.yaml"))

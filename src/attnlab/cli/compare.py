@@ -1,4 +1,4 @@
-"""`attnlab-compare`: compare runs across seeds (see `attnlab.compare`).
+"""`attnlab-compare`: compare runs across seeds (see `attnlab.reports.compare`).
 
 Usage:
     attnlab-compare logs/sweeps/pe [more run or sweep directories] [--baseline 'model.pe=sinusoidal']
@@ -25,14 +25,14 @@ def main(argv: Sequence[str] | None = None) -> None:
     parser.add_argument("--plots", help="also save PNG plots (BLEU per group, validation curves, BLEU vs "
                         "parameters) into this directory")  # fmt: skip
     args = parser.parse_args(argv)
-    from attnlab.compare import report
+    from attnlab.reports.compare import report
 
     try:
         text = report(args.paths, baseline=args.baseline, fmt=args.format, plots=args.plots)
     except (OSError, ValueError) as exc:  # no runs there, a bad --baseline, a plot that cannot be written
         raise SystemExit(f"attnlab-compare: {exc}") from None
     if args.out:
-        from attnlab.data.cache import atomic_write_bytes
+        from attnlab.io import atomic_write_bytes
 
         try:  # a temporary file renamed over --out once complete: a failed write leaves the old file
             atomic_write_bytes(Path(args.out), text.encode("utf-8"))

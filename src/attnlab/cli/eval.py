@@ -14,7 +14,9 @@ from typing import Any
 import hydra
 from omegaconf import DictConfig, OmegaConf
 
-from attnlab.config import ConfigError, build_node, config_dir, register_resolvers
+from attnlab.cli.app import config_dir, register_resolvers
+from attnlab.training.experiment import build_node
+from attnlab.typed import ConfigError
 
 log = logging.getLogger(__name__)
 register_resolvers()
@@ -29,9 +31,9 @@ def evaluate_checkpoint(cfg: DictConfig) -> dict[str, Any]:
     """
     if OmegaConf.is_missing(cfg, "ckpt_path") or not cfg.get("ckpt_path"):
         raise ConfigError("ckpt_path=<checkpoint file, list of files or run directory> is required")
-    from attnlab.checkpoint import CheckpointError, data_spec
     from attnlab.data.download import DataError
-    from attnlab.translate import Translator, decode_settings, evaluate, resolve_checkpoints
+    from attnlab.inference.translator import Translator, decode_settings, evaluate, resolve_checkpoints
+    from attnlab.runs.checkpoint import CheckpointError, data_spec
 
     try:
         ckpt_path = cfg.ckpt_path
@@ -56,7 +58,7 @@ def evaluate_checkpoint(cfg: DictConfig) -> dict[str, Any]:
 
 @hydra.main(version_base="1.3", config_path=str(config_dir()), config_name="eval")
 def _main(cfg: DictConfig) -> float | None:
-    from attnlab.translate import RESULTS_FILE, results_table
+    from attnlab.runs.results import RESULTS_FILE, results_table
 
     try:
         results = evaluate_checkpoint(cfg)

@@ -24,8 +24,9 @@ from typing import Any
 import hydra
 from omegaconf import DictConfig
 
-from attnlab.config import ConfigError, config_dir, register_resolvers
-from attnlab.launchers import multirun_summary, record_job
+from attnlab.cli.app import config_dir, register_resolvers
+from attnlab.training.launchers import multirun_summary, record_job
+from attnlab.typed import ConfigError
 
 log = logging.getLogger(__name__)
 register_resolvers()
@@ -49,7 +50,7 @@ def _main(cfg: DictConfig) -> float | None:
             if multirun:
                 record_job("finished", output_dir / "manifest.json")
             return done.get("metrics", {}).get(metric) if metric else None
-    from attnlab.train import RunDirectoryInUse, train  # heavy imports happen inside train()
+    from attnlab.training.pipeline import RunDirectoryInUse, train  # heavy imports happen inside train()
 
     try:
         metrics = train(cfg)
@@ -96,8 +97,8 @@ def told_message(exc: BaseException) -> str | None:
 
     if isinstance(exc, DataError):
         return f"data error: {exc}"
-    from attnlab.checkpoint_io import CheckpointWriteError  # lightning is loaded once training ran
-    from attnlab.module import NonFiniteError
+    from attnlab.training.checkpoint_io import CheckpointWriteError  # lightning is loaded once training ran
+    from attnlab.training.module import NonFiniteError
 
     return str(exc) if isinstance(exc, (CheckpointWriteError, NonFiniteError)) else None
 
@@ -162,7 +163,7 @@ def finished_results(output_dir: Path) -> dict[str, Any] | None:
 
 def record_failure(output_dir: Path, error: str) -> None:
     """A manifest saying the job failed, for failures before its run started (config errors)."""
-    from attnlab.manifest import now, write_manifest
+    from attnlab.runs.manifest import now, write_manifest
 
     output_dir.mkdir(parents=True, exist_ok=True)
     write_manifest(output_dir, {"status": "failed", "error": error.splitlines()[0], "end_time": now()})

@@ -37,7 +37,7 @@ from omegaconf import OmegaConf
 from omegaconf.errors import OmegaConfBaseException
 
 if TYPE_CHECKING:
-    from attnlab.translate import Translator
+    from attnlab.inference.translator import Translator
 
 DECODE_KEYS = ("beam", "lenpen", "max_len_a", "max_len_b", "min_len", "batch_size", "max_tokens",
                "max_source_tokens")  # fmt: skip
@@ -103,10 +103,10 @@ def load_translator(settings: dict[str, Any]) -> Translator:
     """The translator of `settings["ckpt_path"]` with the `decode.*` overrides applied.
 
     Raises:
-        attnlab.checkpoint.CheckpointError: No usable checkpoint there.
+        attnlab.runs.checkpoint.CheckpointError: No usable checkpoint there.
         ValueError: A bad decoding setting.
     """
-    from attnlab.translate import Translator, decode_settings, resolve_checkpoints
+    from attnlab.inference.translator import Translator, decode_settings, resolve_checkpoints
 
     paths = resolve_checkpoints(settings["ckpt_path"], int(settings["average_last"] or 0))
     translator = Translator.from_checkpoints(paths, device=str(settings["device"]))
@@ -131,13 +131,13 @@ def translate_stream(translator: Translator, source: Iterable[str], sink: IO[str
 
 def output_file(output: str, source: IO[Any]) -> Path:
     """The file `output=` names (a symbolic link: its target; a device or a pipe: as named, written in
-    place by `attnlab.data.cache.atomic_writer`), checked before anything is written.
+    place by `attnlab.io.atomic_writer`), checked before anything is written.
 
     Raises:
         ValueError: It is a directory or a read-only file, its directory is missing or not writable, or
             it is the input (the same file as the `source` stream: same device and inode).
     """
-    from attnlab.data.cache import written_in_place
+    from attnlab.io import written_in_place
 
     path = Path(os.path.realpath(output))
     if written_in_place(output):  # a device or a pipe (/dev/null, /dev/stdout): written to, never replaced
@@ -182,8 +182,8 @@ def main(argv: Sequence[str] | None = None) -> None:
     chunk_lines, output = int(settings["chunk_lines"]), str(settings["output"])
     if chunk_lines < 1:
         raise SystemExit(f"attnlab-translate: chunk_lines={chunk_lines} must be >= 1")
-    from attnlab.checkpoint import CheckpointError
-    from attnlab.data.cache import atomic_writer
+    from attnlab.io import atomic_writer
+    from attnlab.runs.checkpoint import CheckpointError
 
     streaming = False
     try:

@@ -10,9 +10,9 @@ from attnlab.data.corpora import CorpusData, FilesData, HFData, Multi30kData
 from attnlab.data.synthetic import SyntheticData
 
 # The data spec classes attnlab builds, by the `_target_` names a config (`conf/data`) or a checkpoint
-# (`attnlab.checkpoint.bundle`: the defining module's path) gives them. A closed list: a checkpoint's
-# data settings are built only through it (`attnlab.checkpoint.data_spec`), never by importing a name
-# found in the file, so training configs are held to it too (`attnlab.config.validate`).
+# (`attnlab.runs.checkpoint.bundle`: the defining module's path) gives them. A closed list: a checkpoint's
+# data settings are built only through it (`attnlab.runs.checkpoint.data_spec`), never by importing a name
+# found in the file, so training configs are held to it too (`attnlab.training.experiment.validate`).
 DATA_SPECS: dict[str, type] = {
     name: cls
     for cls in (Multi30kData, FilesData, HFData, SyntheticData)

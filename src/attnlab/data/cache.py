@@ -8,7 +8,7 @@ splits) is built once and reused. Three rules keep that safe when several proces
   gives a new entry rather than a stale hit.
 * Only one process builds an entry: builders hold a :class:`FileLock` (``fcntl.flock``, so the lock
   is released by the kernel when its holder dies, and a crashed builder never blocks the next one).
-  The same lock, recording its holder, keeps a second run out of a run directory (`attnlab.train`).
+  The same lock, recording its holder, keeps a second run out of a run directory (`attnlab.training.pipeline`).
 * Nothing half-written is ever visible under an entry's final name: files are written with
   :func:`atomic_write_bytes`, directories with :func:`building`, both rename into place.
 
@@ -17,28 +17,22 @@ POSIX only (``fcntl``).
 
 from __future__ import annotations
 
-import fcntl
 import hashlib
 import json
 import logging
 import os
 import re
 import shutil
-import socket
-import stat
-import tempfile
-import time
-import weakref
-from collections.abc import Callable, Iterator, Mapping
-from contextlib import contextmanager, suppress
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from pathlib import Path
-from types import TracebackType
-from typing import IO, Any
+from typing import Any
+
+from attnlab.io import FileLock, fsync_directory
 
 log = logging.getLogger(__name__)
 
 _CHUNK = 1 << 20
-_POLL_S = 0.05
 
 
 def default_cache_dir() -> Path:
@@ -109,145 +103,6 @@ def fingerprint(*parts: object) -> str:
     return digest.hexdigest()[:16]
 
 
-class FileLock:
-    """An exclusive inter-process lock held on `path` with ``fcntl.flock``.
-
-    The lock file is created (with its parent directories) and never deleted: deleting it would let
-    two processes lock two different files of the same name. The kernel drops the lock when the
-    holder closes it or dies. Not reentrant: acquiring a held lock again from another ``FileLock``
-    in the same process waits like any other process would.
-
-    With `record_holder`, the holder writes ``<pid> <host>`` into the file while it holds the lock (and
-    empties it on release), so a process that cannot take the lock can say who holds it (`holder()`).
-    A file left with the pid of a process that died is not held: the kernel freed its lock, and the
-    next process takes it over.
-
-    A forked child (a DataLoader worker) does not hold its parent's locks: an ``flock`` belongs to the
-    open file, which a fork shares, so the child closes its inherited descriptors at once
-    (`_close_locks_in_child`); a lock is freed when its holder dies, even while its workers still run.
-
-    Example::
-
-        with FileLock(cache / ".lock", timeout=600):
-            ...  # only one process at a time runs this
-
-    Args:
-        path: The lock file.
-        timeout: Seconds to wait for the lock; None waits forever, 0 tries once.
-        record_holder: Write this process's pid and host into the lock file while holding it.
-    """
-
-    def __init__(self, path: Path, *, timeout: float | None = None, record_holder: bool = False) -> None:
-        self.path = Path(path)
-        self.timeout = timeout
-        self.record_holder = record_holder
-        self._fd: int | None = None
-
-    @property
-    def locked(self) -> bool:
-        """Whether this object holds the lock."""
-        return self._fd is not None
-
-    def acquire(self) -> None:
-        """Take the lock, waiting at most `timeout` seconds.
-
-        Raises:
-            RuntimeError: This object already holds the lock.
-            TimeoutError: The lock stayed taken for `timeout` seconds; the message names the lock file.
-        """
-        if self._fd is not None:
-            raise RuntimeError(f"FileLock({self.path}) is already held by this object")
-        self.path.parent.mkdir(parents=True, exist_ok=True)
-        fd = os.open(self.path, os.O_RDWR | os.O_CREAT, 0o644)
-        try:
-            if self.timeout is None:
-                fcntl.flock(fd, fcntl.LOCK_EX)
-            else:
-                self._wait(fd, time.monotonic() + self.timeout)
-        except BaseException:
-            os.close(fd)
-            raise
-        self._fd = fd
-        _HELD.add(self)
-        if self.record_holder:
-            os.ftruncate(fd, 0)
-            os.pwrite(fd, f"{os.getpid()} {socket.gethostname()}\n".encode(), 0)
-
-    def holder(self) -> str:
-        """Who holds the lock as its holder recorded it (`pid 12 on host x`), or `another process`."""
-        with suppress(OSError, ValueError):
-            pid, host = self.path.read_text().split()
-            return f"pid {int(pid)} on host {host}"
-        return "another process"
-
-    def _wait(self, fd: int, deadline: float) -> None:
-        while True:
-            try:
-                fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-                return
-            except BlockingIOError:
-                remaining = deadline - time.monotonic()
-                if remaining <= 0:
-                    raise TimeoutError(
-                        f"could not lock {self.path} within {self.timeout} s: "
-                        f"{self.holder() if self.record_holder else 'another process'} holds it. "
-                        "Wait for it to finish, or stop it if it is stuck (the lock is freed when it exits)."
-                    ) from None
-                time.sleep(min(_POLL_S, remaining))
-
-    def release(self) -> None:
-        """Drop the lock (a no-op when not held)."""
-        if self._fd is None:
-            return
-        fd, self._fd = self._fd, None
-        _HELD.discard(self)
-        try:
-            if self.record_holder:
-                os.ftruncate(fd, 0)
-            fcntl.flock(fd, fcntl.LOCK_UN)
-        finally:
-            os.close(fd)
-
-    def __enter__(self) -> FileLock:
-        self.acquire()
-        return self
-
-    def __exit__(
-        self,
-        exc_type: type[BaseException] | None,
-        exc: BaseException | None,
-        tb: TracebackType | None,
-    ) -> None:
-        self.release()
-
-
-_HELD: weakref.WeakSet[FileLock] = weakref.WeakSet()  # the locks this process holds
-
-
-def _close_locks_in_child() -> None:
-    """In a child made by ``fork``: close the descriptors of the parent's locks (without unlocking,
-    which would free the parent's lock) and forget them, so the locks stay the parent's alone."""
-    for lock in list(_HELD):
-        fd, lock._fd = lock._fd, None
-        if fd is not None:
-            with suppress(OSError):
-                os.close(fd)
-    _HELD.clear()
-
-
-os.register_at_fork(after_in_child=_close_locks_in_child)
-
-
-def _fsync_dir(directory: Path) -> None:
-    """Make a rename in `directory` durable (best effort: not every filesystem allows it)."""
-    with suppress(OSError):
-        fd = os.open(directory, os.O_RDONLY)
-        try:
-            os.fsync(fd)
-        finally:
-            os.close(fd)
-
-
 def _building_name(target: Path) -> str:
     return f".{target.name}.building-{os.getpid()}"
 
@@ -312,115 +167,4 @@ def building(
         except BaseException:
             shutil.rmtree(tmp, ignore_errors=True)
             raise
-        _fsync_dir(target.parent)
-
-
-def written_in_place(path: str | Path) -> bool:
-    """Whether `path` names something that is not a regular file (nor a directory): a character device
-    such as ``/dev/null``, a FIFO, ``/dev/stdout`` on a pipe. Such a target is written directly; renaming
-    a new regular file over it would replace the device or pipe itself."""
-    try:
-        mode = os.stat(path).st_mode  # follows symbolic links (and /dev/stdout's /proc link)
-    except (OSError, ValueError):
-        return False
-    return not (stat.S_ISREG(mode) or stat.S_ISDIR(mode))
-
-
-@contextmanager
-def _temporary_beside(path: Path, encoding: str | None) -> Iterator[tuple[IO[Any], str]]:
-    """A temporary file in `path`'s directory (created if needed), with the permission bits of the file
-    at `path` (0o644 for a new one): yields it and its name; flushed and fsynced on normal exit (it
-    stays, for the caller to rename), removed on any error."""
-    path.parent.mkdir(parents=True, exist_ok=True)
-    try:
-        mode = stat.S_IMODE(os.stat(path).st_mode)
-    except OSError:
-        mode = 0o644
-    fd, tmp_name = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
-    try:
-        with os.fdopen(fd, "w" if encoding else "wb", encoding=encoding) as f:
-            yield f, tmp_name
-            f.flush()
-            os.fsync(f.fileno())
-            os.fchmod(f.fileno(), mode)
-    except BaseException:
-        with suppress(FileNotFoundError):
-            os.unlink(tmp_name)
-        raise
-
-
-@contextmanager
-def atomic_writer(path: Path, *, encoding: str | None = None) -> Iterator[IO[Any]]:
-    """Stream a new file into place so that readers see either the old `path` or the whole new one.
-
-    Yields a file opened on a temporary file in the same directory (created if needed): binary, or
-    text in `encoding` when one is given. On normal exit it is flushed, fsynced and renamed over
-    `path` with ``os.replace``; on any error (or a KeyboardInterrupt) the temporary file is removed and
-    `path` is unchanged. The new file keeps the permission bits of the file it replaces (0o644 for a
-    new one); a symbolic link at `path` stays, its target is replaced. A process killed outright may
-    leave the hidden ``.<name>.*.tmp`` behind, never a half-written `path`.
-
-    A `path` that exists and is not a regular file (a character device such as ``/dev/null``, a FIFO,
-    ``/dev/stdout`` on a pipe) is written directly, without a temporary file or a rename, so the device
-    or pipe stays what it is.
-    """
-    if written_in_place(path):
-        with open(path, "w" if encoding else "wb", encoding=encoding) as direct:
-            yield direct
-        return
-    path = Path(os.path.realpath(path))
-    with _temporary_beside(path, encoding) as (f, tmp_name):
-        yield f
-    try:
-        os.replace(tmp_name, path)
-    except BaseException:
-        with suppress(FileNotFoundError):
-            os.unlink(tmp_name)
-        raise
-    _fsync_dir(path.parent)
-
-
-def atomic_write_files(files: Mapping[Path, bytes]) -> None:
-    """Write several files so that they change together: each is first written completely to a
-    temporary file beside it (`atomic_writer`'s rules), and only when every one is written are they all
-    renamed into place. A failed write (a full disk) removes the temporary files and leaves every file
-    as it was; the `OSError` names the file whose write failed (`filename`). Targets that are not
-    regular files (devices, FIFOs) are written directly, after all regular files are written.
-    """
-    staged: list[tuple[str | None, Path, bytes]] = []
-    try:
-        for target, data in files.items():
-            if written_in_place(target):
-                staged.append((None, Path(target), data))
-                continue
-            path = Path(os.path.realpath(target))
-            try:
-                with _temporary_beside(path, None) as (f, tmp_name):
-                    f.write(data)
-            except OSError as exc:
-                if exc.filename is None:
-                    exc.filename = str(target)
-                raise
-            staged.append((tmp_name, path, data))
-        for tmp_name, path, data in staged:
-            if tmp_name is None:
-                with open(path, "wb") as direct:
-                    direct.write(data)
-            else:
-                os.replace(tmp_name, path)
-    except BaseException:
-        for tmp_name, _, _ in staged:
-            if tmp_name is not None:
-                with suppress(FileNotFoundError):
-                    os.unlink(tmp_name)
-        raise
-    for directory in dict.fromkeys(path.parent for tmp_name, path, _ in staged if tmp_name is not None):
-        _fsync_dir(directory)
-
-
-def atomic_write_bytes(path: Path, data: bytes) -> None:
-    """Write `data` to `path` so that readers see either the old file or the whole new one
-    (`atomic_writer`: a temporary file in the same directory, renamed over `path`; on any error it is
-    removed and `path` is unchanged)."""
-    with atomic_writer(path) as f:
-        f.write(data)
+        fsync_directory(target.parent)

@@ -186,7 +186,7 @@ class ParallelDataModule(L.LightningDataModule):
                 self._restored.load_state_dict(state)
             except ValueError as exc:
                 self._restored = None
-                from attnlab.config import ConfigError
+                from attnlab.typed import ConfigError
 
                 path = getattr(self.trainer, "ckpt_path", None) or "the checkpoint"
                 reason = str(exc).removeprefix("TokenBatchSampler.load_state_dict: ")

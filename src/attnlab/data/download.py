@@ -31,7 +31,8 @@ from collections.abc import Sequence
 from pathlib import Path
 
 from attnlab import __version__
-from attnlab.data.cache import FileLock, atomic_write_bytes, file_sha256
+from attnlab.data.cache import file_sha256
+from attnlab.io import FileLock, atomic_write_bytes
 
 logger = logging.getLogger(__name__)
 

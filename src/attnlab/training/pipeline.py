@@ -15,7 +15,8 @@ from typing import TYPE_CHECKING, Any
 
 from omegaconf import DictConfig, OmegaConf
 
-from attnlab.config import ConfigError, Experiment, check_constructor_keys, resolve_monitor, validate
+from attnlab.training.experiment import Experiment, check_constructor_keys, resolve_monitor, validate
+from attnlab.typed import ConfigError
 
 if TYPE_CHECKING:
     from attnlab.data.datamodule import ParallelDataModule
@@ -70,7 +71,7 @@ def train(cfg: DictConfig) -> dict[str, float]:
     resolve_monitor(cfg, experiment)
     check_constructor_keys(cfg)  # imports lightning: after the torch-free checks, before any data work
     output_dir = Path(cfg.paths.output_dir)
-    from attnlab.resume import LAST, check_same_experiment, checkpoint_step, resume_path
+    from attnlab.training.resume import LAST, check_same_experiment, checkpoint_step, resume_path
 
     resume_from = resume_path(cfg, output_dir)
     continuing = resume_from is not None and Path(resume_from) == output_dir / LAST
@@ -81,11 +82,11 @@ def train(cfg: DictConfig) -> dict[str, float]:
     _writable_run_directory(output_dir)
     with _run_lock(output_dir):  # a second process in this run directory is refused here
         if (cfg.get("logger") or {}).get("wandb") is not None:
-            from attnlab.tracking import name_and_group
+            from attnlab.runs.wandb import name_and_group
 
             name_and_group(cfg, resolved_config(cfg))
-        from attnlab.data.cache import atomic_write_bytes
         from attnlab.data.download import DataError
+        from attnlab.io import atomic_write_bytes
 
         previous = _run_records(output_dir) if continuing else None  # before anything is rewritten
         config_yaml = OmegaConf.to_yaml(OmegaConf.create(resolved_config(cfg))).encode("utf-8")
@@ -94,8 +95,8 @@ def train(cfg: DictConfig) -> dict[str, float]:
         import lightning as L
         from lightning.pytorch.utilities import rank_zero_only
 
-        from attnlab.callbacks import Preempted
-        from attnlab.manifest import now, start_manifest, write_manifest
+        from attnlab.runs.manifest import now, start_manifest, write_manifest
+        from attnlab.training.callbacks import Preempted
 
         is_zero = rank_zero_only.rank == 0  # under DDP every rank runs this; one writes the manifest
         resumed_from = resume_from if continuing else None
@@ -127,7 +128,7 @@ def _run_records(output_dir: Path) -> dict[Path, bytes | None]:
     """The run's bookkeeping files that a run rewrites before training (manifest, `config.yaml`, the CSV
     history) as they are on disk (None: absent), for `_restore_run_records` when a continuation is
     refused after they were rewritten."""
-    from attnlab.manifest import MANIFEST_FILE
+    from attnlab.runs.manifest import MANIFEST_FILE
 
     records: dict[Path, bytes | None] = {}
     for name in (MANIFEST_FILE, "config.yaml", "csv/metrics.csv"):
@@ -140,7 +141,7 @@ def _run_records(output_dir: Path) -> dict[Path, bytes | None]:
 
 def _restore_run_records(records: dict[Path, bytes | None]) -> None:
     """Put each file of `_run_records` back as it was (removed when it did not exist)."""
-    from attnlab.data.cache import atomic_write_bytes
+    from attnlab.io import atomic_write_bytes
 
     for path, data in records.items():
         if data is not None:
@@ -170,7 +171,7 @@ def _launched_rank() -> int:
 def _run_lock(output_dir: Path) -> Iterator[None]:
     """Hold the run directory's lock for the whole run: a second process started in the same directory
     (which would mix checkpoints, logs and manifest) is refused at once, naming the directory and the
-    process running there. The lock is `attnlab.data.cache.FileLock` (``flock``): released when the run
+    process running there. The lock is `attnlab.io.FileLock` (``flock``): released when the run
     ends, however it ends — the kernel frees it when a killed process dies, so a dead run's stale lock
     is taken over (`resume=true` continues it). Under DDP only the first process (rank 0) takes it; the
     other ranks run in the same directory.
@@ -189,12 +190,12 @@ def _run_lock(output_dir: Path) -> Iterator[None]:
 
 
 def _take_run_lock(output_dir: Path, *, record_holder: bool) -> Any:
-    """The run directory's lock (`attnlab.data.cache.FileLock`), taken without waiting.
+    """The run directory's lock (`attnlab.io.FileLock`), taken without waiting.
 
     Raises:
         RunDirectoryInUse: Another live process holds it (named, when it recorded itself).
     """
-    from attnlab.data.cache import FileLock
+    from attnlab.io import FileLock
 
     lock = FileLock(output_dir / RUN_LOCK, timeout=0, record_holder=record_holder)
     try:
@@ -212,7 +213,7 @@ def _take_run_lock(output_dir: Path, *, record_holder: bool) -> Any:
 def check_run_directory_free(output_dir: Path) -> None:
     """Refuse at once a run directory whose lock a live process holds (`_run_lock`), before anything
     writes there: Hydra writes `.hydra/` and the job log into the run directory before the task starts
-    (`attnlab.cli.RunDirectoryCheck` calls this first). The lock itself is taken by `train`.
+    (`attnlab.cli.app.RunDirectoryCheck` calls this first). The lock itself is taken by `train`.
 
     Raises:
         RunDirectoryInUse: Another live process holds the lock.
@@ -241,7 +242,7 @@ def _finish_tracking(exit_code: int) -> None:
     import sys
 
     if "wandb" in sys.modules:  # imported only when a W&B logger was configured
-        from attnlab.tracking import finish_wandb
+        from attnlab.runs.wandb import finish_wandb
 
         finish_wandb(exit_code)
 
@@ -257,9 +258,9 @@ def _fit_and_evaluate(
     import lightning as L
     from hydra.utils import instantiate
 
-    from attnlab.checkpoint_io import AtomicCheckpointIO
-    from attnlab.manifest import data_identity, write_manifest
-    from attnlab.module import TranslationModule
+    from attnlab.runs.manifest import data_identity, write_manifest
+    from attnlab.training.checkpoint_io import AtomicCheckpointIO
+    from attnlab.training.module import TranslationModule
 
     continuing = resumed_step is not None  # the run goes on from its own last.ckpt
 
@@ -276,7 +277,7 @@ def _fit_and_evaluate(
             raise ConfigError(f"model.{exc} (vocabulary sizes from the data's tokenizers)") from exc
     check_special_ids(model, datamodule)
     if resume_from is not None and not continuing:  # the run's own last.ckpt: its config.yaml was compared
-        from attnlab.resume import check_checkpoint_fits
+        from attnlab.training.resume import check_checkpoint_fits
 
         check_checkpoint_fits(resume_from, model)
     if model.pe == "learned" and hasattr(datamodule, "limit_positions"):
@@ -285,7 +286,7 @@ def _fit_and_evaluate(
     compile_model(module.model, cfg.get("compile"))
     history: list[dict[str, float]] = []
     if continuing:
-        from attnlab.resume import csv_history, previous_wandb_id
+        from attnlab.training.resume import csv_history, previous_wandb_id
 
         history = csv_history(output_dir, resumed_step)
         wandb_node = (cfg.get("logger") or {}).get("wandb")
@@ -301,7 +302,7 @@ def _fit_and_evaluate(
     datamodule.check_feeds(trainer.world_size, test=bool(cfg.get("test", True)))  # before any training
     log.info("run directory: %s", output_dir)
     if history:
-        from attnlab.resume import restore_csv_history
+        from attnlab.training.resume import restore_csv_history
 
         restore_csv_history(trainer, history)
     effective = effective_batch(cfg, trainer)
@@ -324,14 +325,14 @@ def _fit_and_evaluate(
     if cfg.get("test", True):
         metrics.update(_final_evaluation(cfg, trainer, module, datamodule, output_dir))
         if runs and (output_dir / "results.json").is_file():
-            from attnlab.tracking import log_results
+            from attnlab.runs.wandb import log_results
 
             log_results(runs, json.loads((output_dir / "results.json").read_text()), output_dir)
     for split, count in getattr(datamodule, "truncated", {}).items():
         metrics[f"data/truncated/{split}"] = float(count)
     results_file = output_dir / "results.json"
     if trainer.is_global_zero and results_file.is_file():  # every final metric, for sweeps and reports
-        from attnlab.translate import write_results
+        from attnlab.runs.results import write_results
 
         write_results(output_dir, {**json.loads(results_file.read_text()), "metrics": metrics})
     return metrics
@@ -379,7 +380,7 @@ def compile_model(model: Any, options: DictConfig | None) -> None:
 
 def cluster_plugins() -> list[Any]:
     """Under submitit on SLURM, Lightning's SLURM environment without its auto-requeue: submitit
-    requeues the job itself (its SIGUSR1 handler runs after `attnlab.callbacks.Preemption` saved)."""
+    requeues the job itself (its SIGUSR1 handler runs after `attnlab.training.callbacks.Preemption` saved)."""
     import os
 
     if os.environ.get("SUBMITIT_EXECUTOR") != "slurm":
@@ -394,7 +395,7 @@ def _tracked_runs(trainer: Any) -> list[Any]:
 
     if not any(isinstance(lg, WandbLogger) for lg in trainer.loggers):
         return []
-    from attnlab.tracking import wandb_runs
+    from attnlab.runs.wandb import wandb_runs
 
     return wandb_runs(trainer)
 
@@ -428,8 +429,9 @@ def _final_evaluation(
 ) -> dict[str, float]:
     """Load the final weights (best checkpoint, or the average of the last `average_last` epochs),
     compute the test loss, and on rank 0 decode every test set with beam search into `results.json`."""
-    from attnlab.checkpoint import data_settings, last_epoch_checkpoints, read_averaged
-    from attnlab.translate import Translator, evaluate, write_results
+    from attnlab.inference.translator import Translator, evaluate
+    from attnlab.runs.checkpoint import data_settings, last_epoch_checkpoints, read_averaged
+    from attnlab.runs.results import write_results
 
     average_last = int(cfg.get("average_last") or 0)
     if average_last > 0:

@@ -129,7 +129,7 @@ def _result(job: Any, overrides: list[str], sweep_dir: Path) -> tuple[JobReturn,
 def mark_failed(sweep_dir: Path, overrides: list[str], error: str) -> Path | None:
     """Mark `failed` the still-`running` manifest of the job with these overrides; returns the job's run
     directory, None if there is no such manifest."""
-    from attnlab.manifest import now, write_manifest
+    from attnlab.runs.manifest import now, write_manifest
 
     for path in sorted(sweep_dir.glob("*/manifest.json")):
         try:

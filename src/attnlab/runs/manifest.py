@@ -19,7 +19,7 @@ from importlib import metadata
 from pathlib import Path
 from typing import Any
 
-from attnlab.data.cache import atomic_write_bytes
+from attnlab.io import atomic_write_bytes
 
 MANIFEST_FILE = "manifest.json"
 PACKAGES = ("attnlab", "torch", "lightning", "hydra-core", "omegaconf", "sacrebleu", "tokenizers", "wandb")

@@ -8,7 +8,7 @@ from typing import Any
 from lightning.pytorch.strategies import FSDPStrategy
 from lightning.pytorch.trainer.states import TrainerFn
 
-from attnlab.checkpoint import CheckpointError
+from attnlab.runs.checkpoint import CheckpointError
 
 
 def fsdp(**kwargs: Any) -> Any:
@@ -25,7 +25,7 @@ def fsdp(**kwargs: Any) -> Any:
 
 class AttnlabFSDPStrategy(FSDPStrategy):
     """`FSDPStrategy` whose `load_checkpoint` (`trainer.fit(ckpt_path=...)`) reads the file through the
-    run's checkpoint IO, `attnlab.checkpoint_io.AtomicCheckpointIO` (weights only, nothing in the file
+    run's checkpoint IO, `attnlab.training.checkpoint_io.AtomicCheckpointIO` (weights only, nothing in the file
     chooses what code runs, only trusted callback states), instead of Lightning's own unpickler, which
     would run code a file holds. Only full checkpoints (one file, `state_dict_type: full`, as the fsdp
     preset writes) are read; a directory of shards is refused (torch reads its metadata with the general
@@ -34,7 +34,7 @@ class AttnlabFSDPStrategy(FSDPStrategy):
     def load_checkpoint(self, checkpoint_path: Any, weights_only: bool | None = None) -> dict[str, Any]:
         from lightning.fabric.strategies.model_parallel import _load_raw_module_state
 
-        from attnlab.checkpoint_io import AtomicCheckpointIO
+        from attnlab.training.checkpoint_io import AtomicCheckpointIO
 
         path = Path(self.broadcast(checkpoint_path))  # every rank loads rank 0's file
         if not path.is_file():

@@ -16,8 +16,8 @@ import statistics
 from collections.abc import Sequence
 from pathlib import Path
 
-from attnlab.compare import GroupSummary, Run
-from attnlab.data.cache import atomic_write_files
+from attnlab.io import atomic_write_files
+from attnlab.reports.compare import GroupSummary, Run
 
 
 def validation_curve(run: Run, metric: str) -> dict[int, float]:
@@ -39,7 +39,7 @@ def _slug(metric: str) -> str:
 
 
 def plot_comparison(groups: Sequence[GroupSummary], metric: str, out_dir: str | Path) -> list[Path]:
-    """Write the comparison plots of `groups` (from `attnlab.compare.summarize`) for `metric` into
+    """Write the comparison plots of `groups` (from `attnlab.reports.compare.summarize`) for `metric` into
     `out_dir` (all together once every plot is drawn: a failed write leaves every file there before
     unchanged); returns the files written."""
     import matplotlib

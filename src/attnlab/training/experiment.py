@@ -8,24 +8,17 @@ the fix.
 
 from __future__ import annotations
 
-import dataclasses
-import difflib
-import hashlib
 import inspect
-import os
-import re
-import secrets
 from dataclasses import dataclass
-from pathlib import Path
 from typing import Any
 
 from omegaconf import DictConfig, OmegaConf
 
-from attnlab.evaluation import DecodeConfig
+from attnlab.decoding import DecodeConfig
 from attnlab.model.config import TransformerConfig
 from attnlab.optim import OptimConfig
+from attnlab.typed import RESERVED_KEYS, ConfigError, build_from, did_you_mean, is_int, reject_unknown_keys
 
-RESERVED_KEYS = {"_target_", "_partial_", "_recursive_", "_convert_", "_args_"}
 # Trainer counts that must be positive integers (True: null is allowed too).
 POSITIVE_TRAINER_COUNTS = {
     "accumulate_grad_batches": False,
@@ -44,49 +37,6 @@ PRECISIONS = {
     "64-true",
     "transformer-engine",
 }
-
-
-class ConfigError(ValueError):
-    """A configuration value is wrong; the message names the key and what to do."""
-
-
-def _is_int(value: Any) -> bool:
-    return isinstance(value, int) and not isinstance(value, bool)
-
-
-def _did_you_mean(name: str, known: list[str], prefix: str = "") -> str:
-    """`did you mean <prefix><closest known name>? ` for a mistyped key, or "" when none is close."""
-    close = difflib.get_close_matches(name, known, n=1)
-    return f"did you mean {prefix}{close[0]}? " if close else ""
-
-
-def config_dir() -> Path:
-    """The packaged configs (a wheel install) or the repository's `conf/` (an editable install)."""
-    packaged = Path(__file__).resolve().parent / "conf"
-    return packaged if packaged.is_dir() else Path(__file__).resolve().parents[2] / "conf"
-
-
-def job_dirname(overrides: str) -> str:
-    """A multirun job's directory name from its overrides (Hydra's `override_dirname`): readable (keys
-    shortened to their last part), filesystem-safe, and ending in a hash of the exact overrides, so two
-    jobs never share a directory and the same job of a re-run sweep finds its directory again:
-    `model.pe=learned,seed=2` -> `pe=learned,seed=2-1b2c3d4e`."""
-    digest = hashlib.sha256(overrides.encode("utf-8")).hexdigest()[:8]
-    short = [f"{key.rsplit('.', 1)[-1]}={value}" for key, _, value in (item.partition("=") for item in
-             overrides.split(",") if "=" in item)]  # fmt: skip
-    readable = re.sub(r"[^A-Za-z0-9=,._+-]", "_", ",".join(short))[:160]
-    return f"{readable}-{digest}" if readable else digest
-
-
-def register_resolvers() -> None:
-    """`${attnlab.run_id:}`: a fresh id per composed config (pid + random), so run dirs never collide;
-    `${attnlab.job_dir:<overrides>}`: `job_dirname`."""
-    if not OmegaConf.has_resolver("attnlab.run_id"):
-        OmegaConf.register_new_resolver(
-            "attnlab.run_id", lambda: f"{os.getpid():x}-{secrets.token_hex(3)}", use_cache=True
-        )
-    if not OmegaConf.has_resolver("attnlab.job_dir"):
-        OmegaConf.register_new_resolver("attnlab.job_dir", lambda overrides="": job_dirname(str(overrides)))
 
 
 @dataclass(frozen=True)
@@ -111,15 +61,6 @@ def _target_class(node: DictConfig, key: str) -> type:
         raise ConfigError(f"{key}._target_={target} cannot be imported: {exc}") from exc
 
 
-def _reject_unknown_keys(key: str, cls: type, given: Any, known: list[str]) -> None:
-    unknown = sorted(set(given) - set(known) - RESERVED_KEYS)
-    if unknown:
-        raise ConfigError(
-            f"{key}.{unknown[0]} is not a parameter of {cls.__module__}.{cls.__qualname__}; "
-            f"{_did_you_mean(unknown[0], known, f'{key}.')}known keys: {', '.join(known)}"
-        )
-
-
 def check_constructor_keys(cfg: DictConfig) -> None:
     """The nodes that reach a constructor when training starts (`trainer`, every `callbacks.*` and
     `logger.*`) hold only parameters of the class they name, and every such node names one.
@@ -128,7 +69,7 @@ def check_constructor_keys(cfg: DictConfig) -> None:
     to read their signatures, so a mistyped `+trainer.max_epoch=3` fails at once, with a did-you-mean,
     rather than as a TypeError after data preparation. A class taking `**kwargs` accepts any key,
     unless it names the keys it passes them on to (a classmethod `accepted_keys`, as
-    `attnlab.tracking.WandbLogger` does).
+    `attnlab.runs.wandb.WandbLogger` does).
 
     Raises:
         ConfigError: naming the key, the class and the fix.
@@ -143,7 +84,7 @@ def check_constructor_keys(cfg: DictConfig) -> None:
             if not OmegaConf.is_dict(node) or "_target_" not in node:
                 raise ConfigError(
                     f"{group}.{name} names no class (_target_), so nothing would build it: "
-                    f"{_did_you_mean(name, named, f'{group}.')}remove the +{group}.{name}... override or "
+                    f"{did_you_mean(name, named, f'{group}.')}remove the +{group}.{name}... override or "
                     f"fix its name; the {group} are {', '.join(named) or 'none'}"
                 )
             nodes.append((f"{group}.{name}", node))
@@ -151,12 +92,12 @@ def check_constructor_keys(cfg: DictConfig) -> None:
         cls = _target_class(node, key)
         accepted = getattr(cls, "accepted_keys", None)  # a class passing **kwargs on names what it takes
         if callable(accepted):
-            _reject_unknown_keys(key, cls, node.keys(), list(accepted()))
+            reject_unknown_keys(key, cls, node.keys(), list(accepted()))
             continue
         parameters = inspect.signature(cls).parameters
         if any(p.kind is inspect.Parameter.VAR_KEYWORD for p in parameters.values()):
             continue
-        _reject_unknown_keys(key, cls, node.keys(), list(parameters))
+        reject_unknown_keys(key, cls, node.keys(), list(parameters))
 
 
 def build_node(node: DictConfig, key: str) -> Any:
@@ -169,21 +110,6 @@ def build_node(node: DictConfig, key: str) -> Any:
         )
     values = OmegaConf.to_container(node, resolve=True)
     return build_from(cls, {k: v for k, v in values.items() if k not in RESERVED_KEYS}, key)
-
-
-def build_from(cls: type, kwargs: dict[str, Any], key: str) -> Any:
-    """`cls(**kwargs)` for a class attnlab chose (never one named by the values), turning unknown keys and
-    bad values into a `ConfigError` naming `key`."""
-    known = (
-        [f.name for f in dataclasses.fields(cls)]
-        if dataclasses.is_dataclass(cls)
-        else list(inspect.signature(cls).parameters)
-    )
-    _reject_unknown_keys(key, cls, kwargs, known)
-    try:
-        return cls(**kwargs)
-    except (ValueError, TypeError) as exc:
-        raise ConfigError(f"{key}.{exc}") from exc
 
 
 def _added_keys(cfg: DictConfig) -> list[str]:
@@ -208,14 +134,14 @@ def _check_top_level(cfg: DictConfig) -> None:
         key = unknown[0]
         known = sorted(set(cfg) - set(unknown) - {"hydra"})
         raise ConfigError(
-            f"{key} is not a key of the training config (conf/train.yaml): {_did_you_mean(key, known)}"
+            f"{key} is not a key of the training config (conf/train.yaml): {did_you_mean(key, known)}"
             f"remove the +{key}=... override or fix its name; known keys: {', '.join(known)}"
         )
     seed = cfg.get("seed")
-    if seed is not None and not _is_int(seed):
+    if seed is not None and not is_int(seed):
         raise ConfigError(f"seed={seed!r} must be an integer (or null)")
     average_last = cfg.get("average_last", 0)
-    if not _is_int(average_last) or average_last < 0:
+    if not is_int(average_last) or average_last < 0:
         raise ConfigError(
             f"average_last={average_last!r} must be an integer >= 0 (the last N epochs to average; 0: the "
             "best checkpoint)"
@@ -227,13 +153,13 @@ def _check_top_level(cfg: DictConfig) -> None:
 
 def _check_trainer(trainer: DictConfig) -> None:
     max_epochs = trainer.get("max_epochs")
-    if max_epochs is not None and (not _is_int(max_epochs) or max_epochs < -1 or max_epochs == 0):
+    if max_epochs is not None and (not is_int(max_epochs) or max_epochs < -1 or max_epochs == 0):
         raise ConfigError(
             f"trainer.max_epochs={max_epochs!r} must be a positive integer (or -1 for no limit)"
         )
     for key, nullable in POSITIVE_TRAINER_COUNTS.items():
         value = trainer.get(key, 1)
-        if not (value is None and nullable) and (not _is_int(value) or value < 1):
+        if not (value is None and nullable) and (not is_int(value) or value < 1):
             raise ConfigError(
                 f"trainer.{key}={value!r} must be a positive integer{' (or null)' if nullable else ''}"
             )
@@ -345,6 +271,6 @@ def resolve_monitor(cfg: DictConfig, experiment: Experiment) -> None:
     every = node.get("every_n_epochs", "auto")
     if every == "auto":
         every = experiment.decode.every_n_epochs if metric in SCORED_METRICS else 1
-    if not _is_int(every) or every < 1:
+    if not is_int(every) or every < 1:
         raise ConfigError(f"monitor.every_n_epochs={every!r} must be a positive integer or auto")
     node.metric, node.mode, node.every_n_epochs = metric, mode, every

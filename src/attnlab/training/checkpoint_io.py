@@ -166,10 +166,10 @@ class AtomicCheckpointIO(TorchCheckpointIO):
 
     def load_checkpoint(self, path: Any, map_location: Any = None, weights_only: bool | None = None) -> dict:
         """The checkpoint a run continues from (`trainer.fit(ckpt_path=...)`), read by attnlab's one safe
-        reader, `attnlab.checkpoint.read_checkpoint` (weights only, whatever `weights_only` says; a file
+        reader, `attnlab.runs.checkpoint.read_checkpoint` (weights only, whatever `weights_only` says; a file
         naming a class attnlab does not build is refused), with only the callback states that may steer
         this run (`trusted_callback_states`)."""
-        from attnlab.checkpoint import read_checkpoint
+        from attnlab.runs.checkpoint import read_checkpoint
 
         # On the CPU unless asked (Lightning's own default): the strategy moves what it loads.
         checkpoint = read_checkpoint(path, map_location="cpu" if map_location is None else map_location)

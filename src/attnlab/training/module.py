@@ -14,13 +14,13 @@ import torch.nn.functional as F
 from torch import Tensor
 from torchmetrics import SumMetric
 
-from attnlab.checkpoint import BUNDLE_KEY, RESUME_KEY, bundle, rng_states, set_rng_states
-from attnlab.decoding import beam_search, greedy_decode, translate_ids
-from attnlab.evaluation import DecodeConfig
+from attnlab.decoding import DecodeConfig
+from attnlab.decoding.search import beam_search, greedy_decode, translate_ids
 from attnlab.metrics import score_all
 from attnlab.model.config import TransformerConfig
 from attnlab.model.transformer import Transformer
 from attnlab.optim import OptimConfig
+from attnlab.runs.checkpoint import BUNDLE_KEY, RESUME_KEY, bundle, rng_states, set_rng_states
 
 log = logging.getLogger(__name__)
 
@@ -383,7 +383,7 @@ class TranslationModule(L.LightningModule):
         weights_only: bool | None = None,
         **settings: Any,
     ) -> TranslationModule:
-        """The module of a checkpoint written by `attnlab-train`, read by `attnlab.checkpoint.read_checkpoint`
+        """The module of a checkpoint written by `attnlab-train`, read by `attnlab.runs.checkpoint.read_checkpoint`
         (weights only; its model, optim and decode settings built by their own classes, never by a class
         the file names) instead of Lightning's generic loader.
 
@@ -396,10 +396,15 @@ class TranslationModule(L.LightningModule):
             settings: `model`, `optim` or `decode` to use instead of the saved ones.
 
         Raises:
-            attnlab.checkpoint.CheckpointError: The file is missing, damaged, not from attnlab-train or
+            attnlab.runs.checkpoint.CheckpointError: The file is missing, damaged, not from attnlab-train or
                 refused (see `read_checkpoint`).
         """
-        from attnlab.checkpoint import CheckpointError, check_weights_fit, read_checkpoint, saved_settings
+        from attnlab.runs.checkpoint import (
+            CheckpointError,
+            check_weights_fit,
+            read_checkpoint,
+            saved_settings,
+        )
 
         if hparams_file is not None:
             raise TypeError(

@@ -3,7 +3,7 @@
 Every checkpoint `attnlab-train` writes (best, last, per epoch) holds, besides Lightning's own entries,
 the model, optimiser and decoding settings as plain dicts (`hyper_parameters`) and an `attnlab` entry
 with the tokenizers as JSON and the data settings, so a checkpoint alone is enough to translate and
-evaluate (`attnlab.translate.Translator.from_checkpoints`). Checkpoints are read with
+evaluate (`attnlab.inference.translator.Translator.from_checkpoints`). Checkpoints are read with
 `torch.load(weights_only=True)`: loading one never runs code from the file.
 
 Nothing in a checkpoint chooses what code runs: `read_checkpoint`, the one reader every command uses,
@@ -26,11 +26,11 @@ from typing import Any
 import torch
 from torch import Tensor
 
-from attnlab.config import ConfigError, build_from
 from attnlab.data import DATA_SPECS
-from attnlab.evaluation import DecodeConfig
+from attnlab.decoding import DecodeConfig
 from attnlab.model.config import TransformerConfig
 from attnlab.optim import OptimConfig
+from attnlab.typed import ConfigError, build_from
 
 BUNDLE_KEY = "attnlab"
 BUNDLE_FORMAT = 1
@@ -239,7 +239,7 @@ def data_spec(data: dict[str, Any], path: str | Path) -> Any:
 
     Raises:
         CheckpointError: The entry names another class (see `read_checkpoint`).
-        attnlab.config.ConfigError: A value the data spec refuses (naming `data.<key>`).
+        attnlab.typed.ConfigError: A value the data spec refuses (naming `data.<key>`).
     """
     return build_from(_data_class(data, path), {k: v for k, v in data.items() if k != "_target_"}, "data")
 

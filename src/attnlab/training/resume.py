@@ -25,8 +25,8 @@ from typing import Any
 
 from omegaconf import DictConfig, OmegaConf
 
-from attnlab.compare import flatten
-from attnlab.config import ConfigError
+from attnlab.runs.layout import flatten
+from attnlab.typed import ConfigError
 
 RESUMABLE_CHANGES = (
     "resume", "ckpt_path", "paths.", "hydra.", "logger.", "sweep.", "decode.", "test", "average_last",
@@ -79,7 +79,7 @@ def check_checkpoint_fits(path: str | Path, model: Any) -> None:
         ConfigError: The file is damaged or not from attnlab-train (`read_checkpoint`'s message), or it
             holds another architecture or vocabulary (each differing key named).
     """
-    from attnlab.checkpoint import CheckpointError, read_checkpoint
+    from attnlab.runs.checkpoint import CheckpointError, read_checkpoint
 
     try:
         saved = read_checkpoint(path)["hyper_parameters"].get("model", {})
@@ -125,7 +125,7 @@ def checkpoint_step(path: str) -> int:
     Raises:
         ConfigError: The file is damaged, not from attnlab-train or refused (`read_checkpoint`'s message).
     """
-    from attnlab.checkpoint import CheckpointError, read_checkpoint
+    from attnlab.runs.checkpoint import CheckpointError, read_checkpoint
 
     try:
         return int(read_checkpoint(path).get("global_step", 0))

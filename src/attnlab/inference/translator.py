@@ -11,7 +11,6 @@ references and writes hypotheses and `results.json`; `attnlab-train` (at the end
 from __future__ import annotations
 
 import dataclasses
-import json
 import logging
 import time
 from collections.abc import Iterable, Iterator, Sequence
@@ -21,7 +20,15 @@ from typing import Any
 
 import torch
 
-from attnlab.checkpoint import (
+from attnlab.data.batching import TokenBatchSampler, cut_source, pad
+from attnlab.data.corpora import CorpusData
+from attnlab.data.tokenizer import SubwordTokenizer
+from attnlab.decoding import DecodeConfig
+from attnlab.decoding.search import translate_ids
+from attnlab.io import atomic_write_files
+from attnlab.metrics import score_all
+from attnlab.model.transformer import Transformer
+from attnlab.runs.checkpoint import (
     BUNDLE_KEY,
     CheckpointError,
     check_weights_fit,
@@ -29,20 +36,9 @@ from attnlab.checkpoint import (
     read_averaged,
     saved_settings,
 )
-from attnlab.data.batching import TokenBatchSampler, cut_source, pad
-from attnlab.data.cache import atomic_write_bytes, atomic_write_files
-from attnlab.data.corpora import CorpusData
-from attnlab.data.tokenizer import SubwordTokenizer
-from attnlab.decoding import translate_ids
-from attnlab.evaluation import DecodeConfig
-from attnlab.metrics import score_all
-from attnlab.model.transformer import Transformer
+from attnlab.runs.results import HYPOTHESES_DIR, REFERENCES_DIR, RESULTS_FILE, results_bytes
 
 log = logging.getLogger(__name__)
-
-RESULTS_FILE = "results.json"
-HYPOTHESES_DIR = "hypotheses"
-REFERENCES_DIR = "references"
 
 
 def pick_device(device: str) -> torch.device:
@@ -86,8 +82,8 @@ class Translator:
         `decode` defaults to the decoding settings saved in the checkpoint.
 
         Raises:
-            attnlab.checkpoint.CheckpointError: A checkpoint is missing, damaged, not from attnlab-train,
-                or refused (`attnlab.checkpoint.read_checkpoint`: nothing in a checkpoint runs).
+            attnlab.runs.checkpoint.CheckpointError: A checkpoint is missing, damaged, not from attnlab-train,
+                or refused (`attnlab.runs.checkpoint.read_checkpoint`: nothing in a checkpoint runs).
         """
         checkpoint = read_averaged(paths)
         bundle = checkpoint[BUNDLE_KEY]
@@ -268,30 +264,6 @@ def evaluate(
     return results
 
 
-def write_results(output_dir: str | Path, results: dict[str, Any]) -> Path:
-    """Write `results.json` atomically (a reader never sees half a file)."""
-    path = Path(output_dir) / RESULTS_FILE
-    atomic_write_bytes(path, results_bytes(results))
-    return path
-
-
-def results_bytes(results: dict[str, Any]) -> bytes:
-    """The content of `results.json` for `results`."""
-    return (json.dumps(results, indent=2, sort_keys=True) + "\n").encode("utf-8")
-
-
-def results_table(results: dict[str, Any]) -> str:
-    """The scores of `results.json` as a text table (one row per set)."""
-    rows = [("set", "sentences", "BLEU", "chrF", "signature")]
-    for name, entry in results["sets"].items():
-        rows.append((name, str(entry["sentences"]), f"{entry['bleu']:.2f}", f"{entry['chrf']:.2f}",
-                     entry["bleu_signature"]))  # fmt: skip
-    widths = [max(len(row[i]) for row in rows) for i in range(len(rows[0]))]
-    return "\n".join(
-        "  ".join(cell.ljust(w) for cell, w in zip(row, widths, strict=True)).rstrip() for row in rows
-    )
-
-
 def resolve_checkpoints(ckpt_path: str | Path | Sequence[str | Path], average_last: int = 0) -> list[Path]:
     """The checkpoint file(s) a `ckpt_path` (and `average_last`) of the CLIs stands for.
 
@@ -303,7 +275,7 @@ def resolve_checkpoints(ckpt_path: str | Path | Sequence[str | Path], average_la
     Raises:
         CheckpointError: Nothing usable at `ckpt_path`; the message says what was looked for.
     """
-    from attnlab.checkpoint import last_epoch_checkpoints
+    from attnlab.runs.checkpoint import last_epoch_checkpoints
 
     if average_last < 0:
         raise CheckpointError(f"average_last={average_last} must be >= 0")

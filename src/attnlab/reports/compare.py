@@ -16,8 +16,6 @@ from __future__ import annotations
 import csv
 import json
 import logging
-import math
-import statistics
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from datetime import datetime
@@ -27,6 +25,9 @@ from typing import Any
 import yaml
 from omegaconf import DictConfig, OmegaConf
 from omegaconf.errors import OmegaConfBaseException
+
+from attnlab.reports.stats import Stat, stat
+from attnlab.runs.layout import flatten
 
 log = logging.getLogger(__name__)
 
@@ -45,16 +46,6 @@ class Run:
     status: str
     metrics: dict[str, float] = field(default_factory=dict)
     error: str | None = None
-
-
-def flatten(tree: Any, prefix: str = "") -> dict[str, Any]:
-    """`{"a": {"b": 1}}` -> `{"a.b": 1}` (lists kept as values)."""
-    if not isinstance(tree, dict):
-        return {prefix[:-1]: tree}
-    out: dict[str, Any] = {}
-    for key, value in tree.items():
-        out.update(flatten(value, f"{prefix}{key}."))
-    return out
 
 
 def _params(run_dir: Path) -> float | None:
@@ -206,66 +197,6 @@ def group_name(run: Run, keys: Sequence[str]) -> str:
     return ",".join(f"{k}={run.config.get(k)}" for k in keys) or "all"
 
 
-def t_quantile(p: float, df: int) -> float:
-    """The p-quantile of Student's t with `df` degrees of freedom (bisection on its CDF)."""
-    if df < 1:
-        raise ValueError(f"df={df} must be >= 1")
-
-    def cdf(t: float) -> float:
-        x = df / (df + t * t)
-        tail = 0.5 * _incomplete_beta(df / 2, 0.5, x)
-        return 1 - tail if t > 0 else tail
-
-    low, high = -1e3, 1e3
-    for _ in range(200):
-        mid = (low + high) / 2
-        low, high = (mid, high) if cdf(mid) < p else (low, mid)
-    return (low + high) / 2
-
-
-def _incomplete_beta(a: float, b: float, x: float) -> float:
-    """Regularized incomplete beta I_x(a, b) by its continued fraction (Lentz's method)."""
-    if x <= 0 or x >= 1:
-        return 0.0 if x <= 0 else 1.0
-    if x > (a + 1) / (a + b + 2):
-        return 1 - _incomplete_beta(b, a, 1 - x)
-    log_front = math.lgamma(a + b) - math.lgamma(a) - math.lgamma(b) + a * math.log(x) + b * math.log(1 - x)
-    tiny = 1e-300
-    c, d = 1.0, 1 - (a + b) * x / (a + 1)
-    d = 1 / (d if abs(d) > tiny else tiny)
-    f = d
-    for m in range(1, 300):
-        for numerator in (m * (b - m) * x / ((a + 2 * m - 1) * (a + 2 * m)),
-                          -(a + m) * (a + b + m) * x / ((a + 2 * m) * (a + 2 * m + 1))):  # fmt: skip
-            d = 1 + numerator * d
-            d = 1 / (d if abs(d) > tiny else tiny)
-            c = 1 + numerator / c
-            c = c if abs(c) > tiny else tiny
-            f *= c * d
-        if abs(c * d - 1) < 1e-15:
-            break
-    return math.exp(log_front) * f / a
-
-
-@dataclass
-class Stat:
-    """Mean, standard deviation and 95% t-interval half-width over seeds (None with one seed)."""
-
-    n: int
-    mean: float
-    std: float | None
-    half_width: float | None
-
-
-def stat(values: Sequence[float]) -> Stat:
-    n = len(values)
-    mean = statistics.fmean(values)
-    if n < 2:
-        return Stat(n, mean, None, None)
-    std = statistics.stdev(values)
-    return Stat(n, mean, std, t_quantile(0.975, n - 1) * std / math.sqrt(n))
-
-
 @dataclass
 class GroupSummary:
     """One group of runs (a setting) over its seeds."""
@@ -403,7 +334,7 @@ def report(
     paths: Sequence[str | Path], baseline: str | None = None, fmt: str = "md", plots: str | Path | None = None
 ) -> str:
     """The comparison table of the runs under `paths`, then the runs that did not finish; with `plots`,
-    the plots of `attnlab.plots.plot_comparison` are written into that directory."""
+    the plots of `attnlab.reports.plots.plot_comparison` are written into that directory."""
     runs = load_runs(paths)
     if not runs:
         raise FileNotFoundError(
@@ -420,7 +351,7 @@ def report(
     if unreadable and fmt == "md":  # other formats: the warnings of `read_run`
         text += "\nUnreadable, not compared:\n" + "".join(f"- {r.path} ({r.error})\n" for r in unreadable)
     if plots is not None and groups and metric is not None:
-        from attnlab.plots import plot_comparison
+        from attnlab.reports.plots import plot_comparison
 
         files = plot_comparison(groups, metric, plots)
         if fmt == "md":

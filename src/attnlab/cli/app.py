@@ -1,0 +1,76 @@
+"""The Hydra application shared by the commands: where the configs live, the resolvers they use, and the
+callback that checks run directories before Hydra writes into them."""
+
+from __future__ import annotations
+
+import hashlib
+import os
+import re
+import secrets
+from pathlib import Path
+from typing import Any
+
+from hydra.experimental.callback import Callback
+from omegaconf import DictConfig, OmegaConf
+
+
+def config_dir() -> Path:
+    """The packaged configs (a wheel install) or the repository's `conf/` (an editable install)."""
+    package = Path(__file__).resolve().parents[1]  # src/attnlab, or site-packages/attnlab
+    packaged = package / "conf"
+    return packaged if packaged.is_dir() else package.parents[1] / "conf"
+
+
+def job_dirname(overrides: str) -> str:
+    """A multirun job's directory name from its overrides (Hydra's `override_dirname`): readable (keys
+    shortened to their last part), filesystem-safe, and ending in a hash of the exact overrides, so two
+    jobs never share a directory and the same job of a re-run sweep finds its directory again:
+    `model.pe=learned,seed=2` -> `pe=learned,seed=2-1b2c3d4e`."""
+    digest = hashlib.sha256(overrides.encode("utf-8")).hexdigest()[:8]
+    short = [f"{key.rsplit('.', 1)[-1]}={value}" for key, _, value in (item.partition("=") for item in
+             overrides.split(",") if "=" in item)]  # fmt: skip
+    readable = re.sub(r"[^A-Za-z0-9=,._+-]", "_", ",".join(short))[:160]
+    return f"{readable}-{digest}" if readable else digest
+
+
+def register_resolvers() -> None:
+    """`${attnlab.run_id:}`: a fresh id per composed config (pid + random), so run dirs never collide;
+    `${attnlab.job_dir:<overrides>}`: `job_dirname`."""
+    if not OmegaConf.has_resolver("attnlab.run_id"):
+        OmegaConf.register_new_resolver(
+            "attnlab.run_id", lambda: f"{os.getpid():x}-{secrets.token_hex(3)}", use_cache=True
+        )
+    if not OmegaConf.has_resolver("attnlab.job_dir"):
+        OmegaConf.register_new_resolver("attnlab.job_dir", lambda overrides="": job_dirname(str(overrides)))
+
+
+class RunDirectoryCheck(Callback):
+    """Refuses a run (`hydra.run.dir`) or sweep (`hydra.sweep.dir`) directory that cannot be created or
+    written, before Hydra creates it (`conf/hydra/default.yaml` registers this callback): the command
+    exits with one line naming the key and the fix instead of Hydra's traceback. A training run
+    directory in which another live process runs is refused here too, before Hydra writes `.hydra/`
+    into it."""
+
+    def on_run_start(self, config: DictConfig, **kwargs: Any) -> None:
+        self._check(config, Path(config.hydra.run.dir))
+        if config.get("task_name") == "train":  # a live run there: refused before Hydra writes into it
+            from attnlab.training.pipeline import check_run_directory_free
+            from attnlab.typed import ConfigError
+
+            try:
+                check_run_directory_free(Path(config.hydra.run.dir))
+            except ConfigError as exc:
+                raise SystemExit(f"attnlab-train: config error: {exc}") from None
+
+    def on_multirun_start(self, config: DictConfig, **kwargs: Any) -> None:
+        self._check(config, Path(config.hydra.sweep.dir))
+
+    @staticmethod
+    def _check(config: DictConfig, directory: Path) -> None:
+        from attnlab.training.pipeline import _writable_run_directory
+        from attnlab.typed import ConfigError
+
+        try:
+            _writable_run_directory(directory)
+        except ConfigError as exc:
+            raise SystemExit(f"attnlab-{config.get('task_name', 'train')}: config error: {exc}") from None

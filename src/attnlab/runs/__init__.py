@@ -1,0 +1,1 @@
+"""Run directories: their layout, checkpoints, manifest, results and W&B records."""
