@@ -41,7 +41,7 @@ import torch
 from attnlab.data import Multi30kData
 from attnlab.data.batching import TokenBatchSampler, pad
 from attnlab.decoding import DecodeConfig
-from attnlab.decoding.search import translate_ids
+from attnlab.decoding.search import translate
 from attnlab.inference.translator import Translator, pick_device, resolve_checkpoints
 from attnlab.metrics import corpus_bleu
 from attnlab.model.config import TransformerConfig
@@ -89,8 +89,7 @@ def decode_all(translator: Translator, ids: list[list[int]], beam: int, batch_si
     started = time.perf_counter()
     for batch in sampler:
         src = pad([ids[i] for i in batch], model.config.pad_id).to(device)
-        rows = translate_ids(model, src, beam=beam, alpha=cfg.lenpen, max_len_a=cfg.max_len_a,
-                             max_len_b=cfg.max_len_b, min_len=cfg.min_len, use_cache=use_cache)  # fmt: skip
+        rows = translate(model, src, cfg, beam, use_cache=use_cache)
         for i, row in zip(batch, rows, strict=True):
             outputs[i] = row
     return time.perf_counter() - started, outputs
@@ -234,10 +233,11 @@ def attnlab_decode(model: Transformer, ids: list[list[int]], beam: int, batch_si
     """(seconds, output ids) of attnlab with the same settings as `marian_decode`."""
     sampler = TokenBatchSampler([len(r) for r in ids], batch_size=batch_size, shuffle=False)
     outputs: list[list[int]] = [[] for _ in ids]
+    settings = DecodeConfig(beam=beam, lenpen=0.0, max_len_a=0.0, max_len_b=LIMIT, min_len=1)
     started = time.perf_counter()
     for batch in sampler:
         src = pad([ids[i] for i in batch], model.config.pad_id)
-        rows = translate_ids(model, src, beam=beam, alpha=0.0, max_len_a=0.0, max_len_b=LIMIT, min_len=1)
+        rows = translate(model, src, settings)
         for i, row in zip(batch, rows, strict=True):
             outputs[i] = row
     return time.perf_counter() - started, outputs

@@ -14,9 +14,9 @@ around `torch.nn.Transformer` (its final stack LayerNorms removed, as post-norm 
 Timing: after warm-up steps, `--repeats` rounds each time one step of every model, in an order rotated per
 round; per model the median step time. Ratios (attnlab's tokens/s over the other's) come with a 95%
 bootstrap interval over the rounds (pairs from the same round). Model FLOPs utilisation = the step's
-matrix-multiply FLOPs (`attnlab.model.flops.training_flops`: encoder weights × source tokens, decoder and output
-weights × target tokens, plus attention, ×3 for forward and backward) per second over the float32 matmul
-rate measured in this process (a 2048² matmul, timed after every round; the median). Peak memory: each
+matrix-multiply FLOPs (`attnlab.model.flops.training_flops`: encoder weights × source tokens, decoder and
+output weights × target tokens, plus attention, ×3 for forward and backward) per second over the float32
+matmul rate measured in this process (a 2048² matmul, timed after every round; the median). Peak memory: each
 model's maximum resident set size over 3 steps in a fresh process (`--memory-of`).
 """
 

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import fcntl
 import os
+import re
 import socket
 import stat
 import tempfile
@@ -172,17 +173,41 @@ def written_in_place(path: str | Path) -> bool:
     return not (stat.S_ISREG(mode) or stat.S_ISDIR(mode))
 
 
+def temporary_name(target: Path, tag: str) -> Path:
+    """The hidden temporary `.<name>.<tag>-<pid>` beside `target` in which this process builds it."""
+    return target.with_name(f".{target.name}.{tag}-{os.getpid()}")
+
+
+def left_temporaries(target: Path, tag: str) -> list[Path]:
+    """Every `temporary_name(target, tag)` of any process beside `target`: those a process killed while it
+    wrote `target` left (and this process's own, if any)."""
+    pattern = re.compile(rf"\.{re.escape(target.name)}\.{re.escape(tag)}-\d+")
+    try:
+        return [entry for entry in target.parent.iterdir() if pattern.fullmatch(entry.name)]
+    except FileNotFoundError:
+        return []
+
+
 @contextmanager
-def _temporary_beside(path: Path, encoding: str | None) -> Iterator[tuple[IO[Any], str]]:
+def _temporary_beside(
+    path: Path, encoding: str | None, tag: str | None = None
+) -> Iterator[tuple[IO[Any], str]]:
     """A temporary file in `path`'s directory (created if needed), with the permission bits of the file
     at `path` (0o644 for a new one): yields it and its name; flushed and fsynced on normal exit (it
-    stays, for the caller to rename), removed on any error."""
+    stays, for the caller to rename), removed on any error. Named `.<name>.*.tmp`, unique; with `tag`,
+    `temporary_name(path, tag)`, once those that other processes left are removed."""
     path.parent.mkdir(parents=True, exist_ok=True)
     try:
         mode = stat.S_IMODE(os.stat(path).st_mode)
     except OSError:
         mode = 0o644
-    fd, tmp_name = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
+    if tag is None:
+        fd, tmp_name = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
+    else:
+        for stale in left_temporaries(path, tag):
+            stale.unlink(missing_ok=True)
+        tmp_name = str(temporary_name(path, tag))
+        fd = os.open(tmp_name, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
     try:
         with os.fdopen(fd, "w" if encoding else "wb", encoding=encoding) as f:
             yield f, tmp_name
@@ -196,7 +221,7 @@ def _temporary_beside(path: Path, encoding: str | None) -> Iterator[tuple[IO[Any
 
 
 @contextmanager
-def atomic_writer(path: Path, *, encoding: str | None = None) -> Iterator[IO[Any]]:
+def atomic_writer(path: Path, *, encoding: str | None = None, tag: str | None = None) -> Iterator[IO[Any]]:
     """Stream a new file into place so that readers see either the old `path` or the whole new one.
 
     Yields a file opened on a temporary file in the same directory (created if needed): binary, or
@@ -205,6 +230,9 @@ def atomic_writer(path: Path, *, encoding: str | None = None) -> Iterator[IO[Any
     `path` is unchanged. The new file keeps the permission bits of the file it replaces (0o644 for a
     new one); a symbolic link at `path` stays, its target is replaced. A process killed outright may
     leave the hidden ``.<name>.*.tmp`` behind, never a half-written `path`.
+
+    With `tag` (for a file only one process writes at a time, such as a checkpoint), the temporary file
+    is ``.<name>.<tag>-<pid>`` (`temporary_name`), and those left by killed processes are removed first.
 
     A `path` that exists and is not a regular file (a character device such as ``/dev/null``, a FIFO,
     ``/dev/stdout`` on a pipe) is written directly, without a temporary file or a rename, so the device
@@ -215,7 +243,7 @@ def atomic_writer(path: Path, *, encoding: str | None = None) -> Iterator[IO[Any
             yield direct
         return
     path = Path(os.path.realpath(path))
-    with _temporary_beside(path, encoding) as (f, tmp_name):
+    with _temporary_beside(path, encoding, tag) as (f, tmp_name):
         yield f
     try:
         os.replace(tmp_name, path)

@@ -14,6 +14,7 @@ sacreBLEU 2.6 API relied on: public `BLEU`, `CHRF`, `Metric.corpus_score`, `Metr
 
 from __future__ import annotations
 
+import os
 from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -183,8 +184,6 @@ def paired_bootstrap(
     Raises:
         ScoringError: See `check_detokenized` (for either system).
     """
-    import os
-
     from sacrebleu.significance import PairedTest
 
     check_detokenized(baseline, references)

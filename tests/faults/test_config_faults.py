@@ -3,9 +3,9 @@ message naming the offending key and the fix.
 
 Each row of `CASES` is one mistake a user can type on the command line, run in-process the way
 `attnlab-train <overrides>` runs it: the Hydra overrides are composed onto `conf/train.yaml` (the
-defaults: `data=multi30k`, `model=small`, `optim=noam`, ...) and the config goes to `attnlab.training.pipeline.train`,
-whose first steps are the torch-free checks (`validate`, `resolve_monitor`, `resume_path`). A row is
-`Case(overrides, error, key, fix)`:
+defaults: `data=multi30k`, `model=small`, `optim=noam`, ...) and the config goes to
+`attnlab.training.pipeline.train`, whose first steps are the torch-free checks (`validate`, `resolve_monitor`,
+`resume_path`). A row is `Case(overrides, error, key, fix)`:
 
     overrides  the Hydra overrides, exactly as typed after `attnlab-train`
     error      the exception: `ConfigError` from our checks, or Hydra's own exception for mistakes
@@ -139,7 +139,7 @@ def _no_training(monkeypatch: pytest.MonkeyPatch) -> None:
     def started(*args: object, **kwargs: object) -> None:
         pytest.fail("a wrong config value reached training: validate() did not reject it", pytrace=False)
 
-    monkeypatch.setattr(attnlab.training.pipeline, "_fit_and_evaluate", started)
+    monkeypatch.setattr(attnlab.training.pipeline, "build_data", started)
 
 
 @pytest.mark.parametrize("case", CASES, ids=[" ".join(c.overrides) for c in CASES])

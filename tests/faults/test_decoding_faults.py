@@ -16,7 +16,8 @@ import pytest
 import torch
 
 from attnlab.cli.translate import main as translate_main
-from attnlab.decoding.search import beam_search, translate_ids
+from attnlab.decoding import DecodeConfig
+from attnlab.decoding.search import beam_search, translate
 from attnlab.inference.translator import Translator, evaluate
 from attnlab.model.transformer import Transformer
 from attnlab.training.pipeline import train
@@ -149,7 +150,7 @@ def strip(tokens: list[int], eos: int) -> list[int]:
 @pytest.mark.parametrize("min_len", [1, 3])
 def test_beam_one_equals_greedy_on_random_models(min_len: int) -> None:
     """Random, unsteered tiny models (no logit forced up or down; 4 seeds, vocabularies of 8 and 50) over
-    40 sentences each: greedy decoding (translate_ids with beam=1) never emits pad or bos, nor eos
+    40 sentences each: greedy decoding (`translate` with beam 1) never emits pad or bos, nor eos
     before `min_len`, and equals beam search with one beam."""
     differ, total = [], 0
     for seed in range(4):
@@ -158,8 +159,8 @@ def test_beam_one_equals_greedy_on_random_models(min_len: int) -> None:
             model = Transformer(tiny_config(src_vocab_size=vocab, tgt_vocab_size=vocab)).eval()
             cfg = model.config
             src = random_source([1 + (7 * i + seed) % 12 for i in range(40)], vocab=vocab, seed=seed)
-            kw = {"alpha": 0.0, "max_len_a": 1.0, "max_len_b": 4, "min_len": min_len}
-            greedy = translate_ids(model, src, beam=1, **kw)
+            kw = {"lenpen": 0.0, "max_len_a": 1.0, "max_len_b": 4, "min_len": min_len}
+            greedy = translate(model, src, DecodeConfig(beam=1, **kw))
             beams = [strip(hyps[0].tokens, cfg.eos_id) for hyps in beam_search(model, src, beam=1, **kw)]
             differ += [(seed, vocab, i) for i, (g, b) in enumerate(zip(greedy, beams, strict=True)) if g != b]
             total += len(greedy)

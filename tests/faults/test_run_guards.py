@@ -21,7 +21,8 @@ import pytest
 
 from attnlab.data.download import DataError
 from attnlab.io import FileLock
-from attnlab.training.pipeline import RUN_LOCK, train
+from attnlab.runs.layout import RUN_LOCK
+from attnlab.training.pipeline import train
 from attnlab.typed import ConfigError
 from helpers import compose_train
 from runs import RUN, TESTS

@@ -12,7 +12,7 @@ from pathlib import Path
 
 import pytest
 
-from attnlab.reports.compare import report
+from attnlab.cli.compare import report
 
 TESTS = Path(__file__).resolve().parents[1]
 

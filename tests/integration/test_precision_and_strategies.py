@@ -128,8 +128,9 @@ FSDP_CPU = ["trainer=fsdp", "trainer.accelerator=cpu", "trainer.devices=2", "tra
 
 
 def test_the_fsdp_preset_builds_one_unit_per_layer_with_full_checkpoints(tmp_path: Path) -> None:
-    """The fsdp preset as training builds it (`train._fit_and_evaluate`): validated, the Trainer with
-    attnlab's strategy and checkpoint IO, sharding, state-dict type, mixed precision and wrapping units."""
+    """The fsdp preset as training builds it (`attnlab.training.pipeline.build_trainer`): validated, the
+    Trainer with attnlab's strategy and checkpoint IO, sharding, state-dict type, mixed precision and
+    wrapping units."""
     from lightning.pytorch.plugins.precision import FSDPPrecision
     from torch.distributed.fsdp import MixedPrecision, ShardingStrategy
 

@@ -9,7 +9,7 @@ import sys
 from pathlib import Path
 
 from attnlab.cli.app import job_dirname
-from attnlab.reports.compare import report
+from attnlab.cli.compare import report
 
 
 def sweep(tmp_path: Path, *extra: str) -> subprocess.CompletedProcess[str]:

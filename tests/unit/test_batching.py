@@ -301,6 +301,18 @@ def test_restore_order_names_bad_indices(indices: list[int], named: str) -> None
         restore_order(indices, ["a", "b", "c"])
 
 
+def test_restore_order_of_part_of_a_set_sorts_by_index_and_refuses_repeats() -> None:
+    """`complete=False` (a limited validation pass): any distinct non-negative indices, sorted."""
+    assert restore_order([7, 0, 3], ["h", "a", "d"], complete=False) == ["a", "d", "h"]
+    assert restore_order([], [], complete=False) == []
+    with pytest.raises(ValueError, match=re.escape("duplicate indices 3 (expected distinct non-negative")):
+        restore_order([3, 0, 3], ["d", "a", "d"], complete=False)
+    with pytest.raises(ValueError, match=re.escape("out-of-range indices -1")):
+        restore_order([0, -1], ["a", "b"], complete=False)
+    with pytest.raises(ValueError, match=re.escape("missing indices 1, 2")):
+        restore_order([7, 0, 3], ["h", "a", "d"])
+
+
 # ---------------------------------------------------------------------------------------------------------
 # DataLoader
 

@@ -11,7 +11,8 @@ import pytest
 import yaml
 
 from attnlab.cli.compare import main as compare_main
-from attnlab.reports.compare import load_runs, render, report, summarize, varying_keys
+from attnlab.cli.compare import report
+from attnlab.reports.compare import load_runs, render, summarize, varying_keys
 from attnlab.reports.stats import t_quantile
 
 BLEU = {("sinusoidal", 1): 30.0, ("sinusoidal", 2): 32.0, ("sinusoidal", 3): 34.0,

@@ -114,7 +114,7 @@ def test_every_cpu_node_instantiates(group: str, name: str, tmp_path: Path) -> N
     offline = [] if group == "experiment" else ["data=synthetic"]  # experiments choose their own data
     cfg = compose_train([*offline, *option(group, name, tmp_path)], tmp_path)
     experiment = validate(cfg)
-    resolve_monitor(cfg, experiment)
+    cfg = resolve_monitor(cfg, experiment)
     if group == "model":
         model = Transformer(experiment.model)
         assert model.config.d_model == cfg.model.d_model
@@ -145,12 +145,35 @@ def test_monitor_auto_resolves_from_the_data_and_decoding(
     overrides: list[str], expected: tuple[str, str, int], tmp_path: Path
 ) -> None:
     cfg = compose_train(overrides, tmp_path)
-    resolve_monitor(cfg, validate(cfg))
+    cfg = resolve_monitor(cfg, validate(cfg))
     assert (cfg.monitor.metric, cfg.monitor.mode, cfg.monitor.every_n_epochs) == expected
     assert (cfg.callbacks.model_checkpoint.monitor, cfg.callbacks.model_checkpoint.every_n_epochs) == (
         expected[0],
         expected[2],
     )
+
+
+@pytest.mark.parametrize("overrides", [[], ["data=synthetic"]], ids=["text", "synthetic"])
+def test_planning_a_run_leaves_the_callers_config_as_it_was_and_freezes_its_own(
+    overrides: list[str], tmp_path: Path
+) -> None:
+    """`plan_run` resolves the monitor into a new config and makes it read-only: no stage after
+    validation changes the config, and the caller's config is untouched."""
+    from omegaconf.errors import ReadonlyConfigError
+
+    from attnlab.training.pipeline import plan_run
+
+    cfg = compose_train(overrides, tmp_path)
+    before = OmegaConf.to_yaml(cfg)
+    plan = plan_run(cfg)
+    assert OmegaConf.to_yaml(cfg) == before
+    assert not OmegaConf.is_readonly(cfg)
+    with pytest.raises(ReadonlyConfigError):
+        plan.cfg.trainer.max_epochs = 7
+    expected = "val/loss" if overrides else "val/bleu"
+    assert plan.cfg.monitor.metric == plan.resolved["monitor"]["metric"] == expected
+    assert plan.cfg.callbacks.model_checkpoint.monitor == expected
+    assert not tmp_path.joinpath("config.yaml").exists()  # planning writes nothing
 
 
 @pytest.mark.parametrize(

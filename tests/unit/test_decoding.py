@@ -1,4 +1,4 @@
-"""Greedy decoding over the K/V cache against an uncached reference loop."""
+"""Greedy decoding over the K/V cache against an uncached reference loop; `translate`'s shortest output."""
 
 from __future__ import annotations
 
@@ -8,7 +8,8 @@ import pytest
 import torch
 from torch import Tensor
 
-from attnlab.decoding.search import greedy_decode
+from attnlab.decoding import DecodeConfig
+from attnlab.decoding.search import greedy_decode, translate
 from attnlab.model.cache import KVCache
 from attnlab.model.transformer import Transformer
 from helpers import random_source, tiny_config
@@ -39,6 +40,15 @@ class EosAtSourceLength(Transformer):
         stop = src_mask.sum(1, keepdim=True) - 1  # (B, 1)
         at_stop = positions[None, :] == stop if self.push > 0 else torch.ones_like(tgt, dtype=torch.bool)
         logits[..., EOS] += self.push * at_stop
+        return logits
+
+
+class StopsAtOnce(Transformer):
+    """A real Transformer whose eos logit is pushed up at every position: it would stop at once."""
+
+    def decode(self, *args: Any, **kw: Any):
+        logits = super().decode(*args, **kw).clone()  # (B, T, V)
+        logits[..., EOS] += 1e4
         return logits
 
 
@@ -181,3 +191,16 @@ def test_a_cap_below_one_still_produces_one_token() -> None:
     out = greedy_decode(build(), source([3, 2]), max_len_a=0.0, max_len_b=0)
     assert out.shape == (2, 1)
     assert out.dtype == torch.long
+
+
+@pytest.mark.parametrize("beam", [1, 3])
+@pytest.mark.parametrize("min_len", [1, 2, 5])
+def test_translate_honours_min_len_with_every_beam(beam: int, min_len: int) -> None:
+    """A model that would stop at once produces eos exactly as its `min_len`-th token, greedy or not."""
+    model = build(StopsAtOnce)
+    src = source([4, 2, 6])
+    outputs = translate(model, src, DecodeConfig(beam=beam, min_len=min_len))
+    assert [len(row) for row in outputs] == [min_len - 1] * 3  # eos (removed) is the min_len-th token
+    assert not {PAD, BOS, EOS} & {t for row in outputs for t in row}
+    out = greedy_decode(model, src, min_len=min_len)
+    assert out.shape == (3, min_len) and (out[:, -1] == EOS).all()

@@ -176,3 +176,12 @@ def test_config_import_and_construction_do_not_import_torch(module: str) -> None
     )
     result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60)
     assert result.returncode == 0, result.stderr
+
+
+def test_position_limit_is_the_learned_table_only() -> None:
+    learned = tiny(pe="learned", max_positions=8)
+    assert learned.position_limit == 8
+    assert [learned.length_limit(n) for n in (5, 8, 20)] == [5, 8, 8]
+    for pe in ("sinusoidal", "none"):
+        unbounded = tiny(pe=pe, max_positions=8)
+        assert unbounded.position_limit is None and unbounded.length_limit(20) == 20

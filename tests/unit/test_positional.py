@@ -8,6 +8,8 @@ import pytest
 import torch
 from torch import Tensor
 
+from attnlab.decoding import DecodeConfig
+from attnlab.decoding.search import translate
 from attnlab.model.positional import (
     LearnedPositionalEncoding,
     SinusoidalPositionalEncoding,
@@ -172,3 +174,14 @@ def test_model_embedding_adds_the_configured_table(layout: str) -> None:
     embed = model.encoder.embed
     expected = embed.token(tokens) * math.sqrt(D) + closed_form(6, D, layout).float()
     torch.testing.assert_close(embed(tokens), expected)
+
+
+@pytest.mark.parametrize("beam", [1, 3])
+def test_decoding_a_learned_model_stops_at_its_position_limit(beam: int) -> None:
+    """Outputs allowed 1.0 · 6 + 100 tokens, eos forbidden before 50: cut at max_positions=8 (one
+    decoder input position per output token), where the position table would otherwise raise."""
+    torch.manual_seed(0)
+    model = Transformer(tiny_config(pe="learned", max_positions=8)).eval()
+    src = torch.cat([ids(2, 5), torch.full((2, 1), 2)], dim=1)  # 5 ids + eos
+    settings = DecodeConfig(beam=beam, max_len_a=1.0, max_len_b=100, min_len=50)
+    assert [len(row) for row in translate(model, src, settings)] == [8, 8]

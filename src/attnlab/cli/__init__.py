@@ -1,9 +1,2 @@
-"""Command-line entry points (thin `@hydra.main` wrappers), and the Hydra callback they share."""
-
-from __future__ import annotations
-
-from pathlib import Path
-from typing import Any
-
-from hydra.experimental.callback import Callback
-from omegaconf import DictConfig
+"""Command-line entry points: thin `@hydra.main` wrappers (`train`, `eval`, `translate`, `compare`) and the
+Hydra application they share (`app`: where the configs live, resolvers, the run-directory check)."""

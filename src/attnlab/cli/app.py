@@ -13,6 +13,9 @@ from typing import Any
 from hydra.experimental.callback import Callback
 from omegaconf import DictConfig, OmegaConf
 
+from attnlab.runs.layout import RunDir
+from attnlab.typed import ConfigError
+
 
 def config_dir() -> Path:
     """The packaged configs (a wheel install) or the repository's `conf/` (an editable install)."""
@@ -54,11 +57,8 @@ class RunDirectoryCheck(Callback):
     def on_run_start(self, config: DictConfig, **kwargs: Any) -> None:
         self._check(config, Path(config.hydra.run.dir))
         if config.get("task_name") == "train":  # a live run there: refused before Hydra writes into it
-            from attnlab.training.pipeline import check_run_directory_free
-            from attnlab.typed import ConfigError
-
             try:
-                check_run_directory_free(Path(config.hydra.run.dir))
+                RunDir(Path(config.hydra.run.dir)).check_free()
             except ConfigError as exc:
                 raise SystemExit(f"attnlab-train: config error: {exc}") from None
 
@@ -67,10 +67,7 @@ class RunDirectoryCheck(Callback):
 
     @staticmethod
     def _check(config: DictConfig, directory: Path) -> None:
-        from attnlab.training.pipeline import _writable_run_directory
-        from attnlab.typed import ConfigError
-
         try:
-            _writable_run_directory(directory)
+            RunDir(directory).check_writable()
         except ConfigError as exc:
             raise SystemExit(f"attnlab-{config.get('task_name', 'train')}: config error: {exc}") from None

@@ -1,4 +1,5 @@
-"""`attnlab-compare`: compare runs across seeds (see `attnlab.reports.compare`).
+"""`attnlab-compare`: compare runs across seeds (`report`; the API: `attnlab.reports.compare`, the plots:
+`attnlab.reports.plots`).
 
 Usage:
     attnlab-compare logs/sweeps/pe [more run or sweep directories] [--baseline 'model.pe=sinusoidal']
@@ -11,6 +12,38 @@ import argparse
 import sys
 from collections.abc import Sequence
 from pathlib import Path
+
+from attnlab.io import atomic_write_bytes
+from attnlab.reports.compare import UNREADABLE, load_runs, main_metric, render, summarize, table_rows
+from attnlab.reports.plots import plot_comparison
+from attnlab.runs.layout import CONFIG_FILE, MANIFEST_FILE
+
+
+def report(
+    paths: Sequence[str | Path], baseline: str | None = None, fmt: str = "md", plots: str | Path | None = None
+) -> str:
+    """The comparison table of the runs under `paths`, then the runs that did not finish; with `plots`,
+    the plots of `attnlab.reports.plots.plot_comparison` are written into that directory."""
+    runs = load_runs(paths)
+    if not runs:
+        raise FileNotFoundError(
+            f"no run directories ({CONFIG_FILE}, {MANIFEST_FILE}) under {', '.join(map(str, paths))}"
+        )
+    groups, others = summarize(runs, baseline)
+    metric, columns = main_metric(groups)
+    text = render(table_rows(groups, columns), fmt) if groups else "no finished runs\n"
+    unreadable = [r for r in others if r.status == UNREADABLE]
+    others = [r for r in others if r.status != UNREADABLE]
+    if others and fmt == "md":
+        text += "\nNot finished:\n" + "".join(f"- {r.path} ({r.status}{': ' + r.error if r.error else ''})\n"
+                                              for r in others)  # fmt: skip
+    if unreadable and fmt == "md":  # other formats: the warnings of `read_run`
+        text += "\nUnreadable, not compared:\n" + "".join(f"- {r.path} ({r.error})\n" for r in unreadable)
+    if plots is not None and groups and metric is not None:
+        files = plot_comparison(groups, metric, plots)
+        if fmt == "md":
+            text += "\nPlots:\n" + "".join(f"- {f}\n" for f in files)
+    return text
 
 
 def main(argv: Sequence[str] | None = None) -> None:
@@ -25,15 +58,11 @@ def main(argv: Sequence[str] | None = None) -> None:
     parser.add_argument("--plots", help="also save PNG plots (BLEU per group, validation curves, BLEU vs "
                         "parameters) into this directory")  # fmt: skip
     args = parser.parse_args(argv)
-    from attnlab.reports.compare import report
-
     try:
         text = report(args.paths, baseline=args.baseline, fmt=args.format, plots=args.plots)
     except (OSError, ValueError) as exc:  # no runs there, a bad --baseline, a plot that cannot be written
         raise SystemExit(f"attnlab-compare: {exc}") from None
     if args.out:
-        from attnlab.io import atomic_write_bytes
-
         try:  # a temporary file renamed over --out once complete: a failed write leaves the old file
             atomic_write_bytes(Path(args.out), text.encode("utf-8"))
         except OSError as exc:

@@ -15,6 +15,8 @@ import hydra
 from omegaconf import DictConfig, OmegaConf
 
 from attnlab.cli.app import config_dir, register_resolvers
+from attnlab.runs.layout import RunDir
+from attnlab.runs.results import results_table
 from attnlab.training.experiment import build_node
 from attnlab.typed import ConfigError
 
@@ -58,14 +60,12 @@ def evaluate_checkpoint(cfg: DictConfig) -> dict[str, Any]:
 
 @hydra.main(version_base="1.3", config_path=str(config_dir()), config_name="eval")
 def _main(cfg: DictConfig) -> float | None:
-    from attnlab.runs.results import RESULTS_FILE, results_table
-
     try:
         results = evaluate_checkpoint(cfg)
     except ConfigError as exc:
         raise SystemExit(f"attnlab-eval: {exc}") from None
     print(results_table(results))
-    print(f"attnlab-eval: wrote {Path(cfg.paths.output_dir) / RESULTS_FILE}")
+    print(f"attnlab-eval: wrote {RunDir(Path(cfg.paths.output_dir)).results_file}")
     first = next(iter(results["sets"].values()), None)
     return first["bleu"] if first else None
 

@@ -15,9 +15,10 @@ Examples:
 
 from __future__ import annotations
 
-import json
 import logging
 import os
+import sys
+import zlib
 from pathlib import Path
 from typing import Any
 
@@ -25,6 +26,8 @@ import hydra
 from omegaconf import DictConfig
 
 from attnlab.cli.app import config_dir, register_resolvers
+from attnlab.runs.layout import MANIFEST_FILE, RESULTS_FILE, RunDir, RunDirectoryInUse, UnreadableRunFile
+from attnlab.runs.manifest import Manifest
 from attnlab.training.launchers import multirun_summary, record_job
 from attnlab.typed import ConfigError
 
@@ -41,16 +44,16 @@ def _main(cfg: DictConfig) -> float | None:
     if multirun:
         check_launcher(cfg, HydraConfig.get().launcher.get("_target_", ""))
     submitit_ranks()
-    output_dir = Path(cfg.paths.output_dir)
+    run = RunDir(Path(cfg.paths.output_dir))
     metric = cfg.get("optimized_metric")
     if (cfg.get("sweep") or {}).get("skip_done"):
-        done = finished_results(output_dir)
+        done = finished_results(run)
         if done is not None:
-            print(f"attnlab-train: {output_dir} already finished (sweep.skip_done=true): skipped")
+            print(f"attnlab-train: {run.path} already finished (sweep.skip_done=true): skipped")
             if multirun:
-                record_job("finished", output_dir / "manifest.json")
+                record_job("finished", run.manifest_file)
             return done.get("metrics", {}).get(metric) if metric else None
-    from attnlab.training.pipeline import RunDirectoryInUse, train  # heavy imports happen inside train()
+    from attnlab.training.pipeline import train  # imports lightning
 
     try:
         metrics = train(cfg)
@@ -58,9 +61,9 @@ def _main(cfg: DictConfig) -> float | None:
         if not multirun:
             raise SystemExit(f"attnlab-train: config error: {exc}") from None
         if not isinstance(exc, RunDirectoryInUse):  # the manifest there is the other process's
-            record_failure(output_dir, f"ConfigError: {exc}")
-        record_job("failed", output_dir / "manifest.json")
-        log.error("job %s failed: config error: %s", output_dir.name, exc)
+            Manifest.failed(run, f"ConfigError: {exc}")
+        record_job("failed", run.manifest_file)
+        log.error("job %s failed: config error: %s", run.path.name, exc)
         return None
     except Exception as exc:
         # A told error's message says what happened, where and the fix: no traceback for it.
@@ -70,14 +73,14 @@ def _main(cfg: DictConfig) -> float | None:
                 raise SystemExit(f"attnlab-train: {told}") from None
             raise
         # The run's manifest.json already says failed, with the error; the other jobs go on.
-        record_job("failed", output_dir / "manifest.json")
+        record_job("failed", run.manifest_file)
         if told is not None:
-            log.error("job %s failed: %s", output_dir.name, told)
+            log.error("job %s failed: %s", run.path.name, told)
         else:
-            log.exception("job %s failed; the sweep goes on", output_dir.name)
+            log.exception("job %s failed; the sweep goes on", run.path.name)
         return None
     if multirun:
-        record_job("finished", output_dir / "manifest.json")
+        record_job("finished", run.manifest_file)
     summary = ", ".join(f"{k}={v:.4g}" for k, v in sorted(metrics.items()) if k.startswith(("val/", "test/")))
     print(f"attnlab-train: {summary}")
     if metric and metric not in metrics:
@@ -132,8 +135,6 @@ def submitit_ranks() -> None:
     multi-process trainer), tell Lightning each task's rank through the environment variables it reads
     (`LOCAL_RANK`, `NODE_RANK`, `WORLD_SIZE`, `MASTER_ADDR`, `MASTER_PORT`), so the tasks become the DDP
     ranks instead of each starting its own. On SLURM, Lightning reads SLURM's variables itself."""
-    import os
-
     if os.environ.get("SUBMITIT_EXECUTOR") != "local" or "LOCAL_RANK" in os.environ:
         return
     import submitit
@@ -141,8 +142,6 @@ def submitit_ranks() -> None:
     env = submitit.JobEnvironment()
     if env.num_tasks <= 1:
         return
-    import zlib
-
     port = 20000 + zlib.crc32(str(env.job_id).encode()) % 20000  # the same in every task of the job
     os.environ.update(
         MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port), WORLD_SIZE=str(env.num_tasks),
@@ -150,23 +149,14 @@ def submitit_ranks() -> None:
     )  # fmt: skip
 
 
-def finished_results(output_dir: Path) -> dict[str, Any] | None:
+def finished_results(run: RunDir) -> dict[str, Any] | None:
     """The `results.json` of a run that finished (manifest status `finished`), else None."""
-    results, manifest = output_dir / "results.json", output_dir / "manifest.json"
     try:
-        if json.loads(manifest.read_text()).get("status") != "finished":
+        if run.read_json(MANIFEST_FILE).get("status") != "finished":
             return None
-        return json.loads(results.read_text())
-    except (OSError, ValueError):
+        return run.read_json(RESULTS_FILE)
+    except UnreadableRunFile:
         return None
-
-
-def record_failure(output_dir: Path, error: str) -> None:
-    """A manifest saying the job failed, for failures before its run started (config errors)."""
-    from attnlab.runs.manifest import now, write_manifest
-
-    output_dir.mkdir(parents=True, exist_ok=True)
-    write_manifest(output_dir, {"status": "failed", "error": error.splitlines()[0], "end_time": now()})
 
 
 def help_text(conf: Path | None = None) -> str:
@@ -196,8 +186,6 @@ def help_text(conf: Path | None = None) -> str:
 
 def main() -> None:
     """Console-script entry point."""
-    import sys
-
     if any(arg in ("--help", "-h") for arg in sys.argv[1:]):
         sys.stdout.write(help_text())
         return

@@ -36,6 +36,8 @@ from typing import IO, TYPE_CHECKING, Any
 from omegaconf import OmegaConf
 from omegaconf.errors import OmegaConfBaseException
 
+from attnlab.io import atomic_writer, written_in_place
+
 if TYPE_CHECKING:
     from attnlab.inference.translator import Translator
 
@@ -137,8 +139,6 @@ def output_file(output: str, source: IO[Any]) -> Path:
         ValueError: It is a directory or a read-only file, its directory is missing or not writable, or
             it is the input (the same file as the `source` stream: same device and inode).
     """
-    from attnlab.io import written_in_place
-
     path = Path(os.path.realpath(output))
     if written_in_place(output):  # a device or a pipe (/dev/null, /dev/stdout): written to, never replaced
         path = Path(output)
@@ -182,7 +182,6 @@ def main(argv: Sequence[str] | None = None) -> None:
     chunk_lines, output = int(settings["chunk_lines"]), str(settings["output"])
     if chunk_lines < 1:
         raise SystemExit(f"attnlab-translate: chunk_lines={chunk_lines} must be >= 1")
-    from attnlab.io import atomic_writer
     from attnlab.runs.checkpoint import CheckpointError
 
     streaming = False

@@ -80,19 +80,22 @@ def _listed(values: Sequence[int], limit: int = 10) -> str:
     return shown + (f", ... ({len(values)} in all)" if len(values) > limit else "")
 
 
-def restore_order(indices: Sequence[int], items: Sequence[T]) -> list[T]:
+def restore_order(indices: Sequence[int], items: Sequence[T], *, complete: bool = True) -> list[T]:
     """Puts per-example outputs back into dataset order.
 
     Args:
         indices: The example index of each item, e.g. the concatenated `batch["index"].tolist()` of an
-            evaluation pass; must be a permutation of `0 .. len(items) - 1`.
+            evaluation pass; each of `0 .. len(items) - 1` once, or with `complete=False` any distinct
+            non-negative indices (a pass over part of the set: `limit_val_batches`, a subset).
         items: The per-example outputs, in the order the batches produced them.
+        complete: Whether every example of the set must be there.
 
     Returns:
-        `out` with `out[indices[k]] = items[k]`.
+        The items sorted by their index (with `complete`: `out[indices[k]] = items[k]`).
 
     Raises:
-        ValueError: Lengths differ, or an index is duplicated, missing or out of range (named).
+        ValueError: Lengths differ, or an index is duplicated, missing (with `complete`) or out of range
+            (named).
     """
     if len(indices) != len(items):
         raise ValueError(f"restore_order: {len(indices)} indices for {len(items)} items; give one per item")
@@ -100,22 +103,21 @@ def restore_order(indices: Sequence[int], items: Sequence[T]) -> list[T]:
     positions = [int(i) for i in indices]
     counts = Counter(positions)
     duplicates = sorted(i for i, count in counts.items() if count > 1)
-    outside = sorted(i for i in counts if not 0 <= i < n)
-    missing = sorted(set(range(n)) - counts.keys())
+    outside = sorted(i for i in counts if not (0 <= i < n if complete else i >= 0))
+    missing = sorted(set(range(n)) - counts.keys()) if complete else []
     if duplicates or outside or missing:
         problems = [
             f"{name} indices {_listed(values)}"
             for name, values in (("duplicate", duplicates), ("out-of-range", outside), ("missing", missing))
             if values
         ]
+        expected = f"each of 0..{n - 1} exactly once" if complete else "distinct non-negative indices"
         raise ValueError(
-            f"restore_order: {'; '.join(problems)} (expected each of 0..{n - 1} exactly once: did an "
-            "evaluation sampler drop or repeat examples?)"
+            f"restore_order: {'; '.join(problems)} (expected {expected}: did an evaluation sampler drop or "
+            "repeat examples?)"
         )
-    out: list[T] = list(items)
-    for position, item in zip(positions, items, strict=True):
-        out[position] = item
-    return out
+    order = sorted(range(n), key=positions.__getitem__)
+    return [items[k] for k in order]
 
 
 def _positive(name: str, value: int | None) -> None:

@@ -8,9 +8,12 @@ splits) is built once and reused. Three rules keep that safe when several proces
   gives a new entry rather than a stale hit.
 * Only one process builds an entry: builders hold a :class:`FileLock` (``fcntl.flock``, so the lock
   is released by the kernel when its holder dies, and a crashed builder never blocks the next one).
-  The same lock, recording its holder, keeps a second run out of a run directory (`attnlab.training.pipeline`).
+  The same lock, recording its holder, keeps a second run out of a run directory (its `.lock`,
+  `attnlab.runs.layout.RUN_LOCK`).
 * Nothing half-written is ever visible under an entry's final name: files are written with
-  :func:`atomic_write_bytes`, directories with :func:`building`, both rename into place.
+  :func:`atomic_write_bytes`, directories with :func:`building`, both rename into place. A builder's
+  temporary directory is ``.<name>.building-<pid>`` beside the entry (`attnlab.io.temporary_name`);
+  those of builders that died are removed by the next builder.
 
 POSIX only (``fcntl``).
 """
@@ -21,18 +24,18 @@ import hashlib
 import json
 import logging
 import os
-import re
 import shutil
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
-from attnlab.io import FileLock, fsync_directory
+from attnlab.io import FileLock, fsync_directory, left_temporaries, temporary_name
 
 log = logging.getLogger(__name__)
 
 _CHUNK = 1 << 20
+BUILDING = "building"  # the tag of a cache directory's temporary: `.<name>.building-<pid>`
 
 
 def default_cache_dir() -> Path:
@@ -103,15 +106,10 @@ def fingerprint(*parts: object) -> str:
     return digest.hexdigest()[:16]
 
 
-def _building_name(target: Path) -> str:
-    return f".{target.name}.building-{os.getpid()}"
-
-
 def _remove_stale_builds(target: Path) -> None:
     """Delete temporary directories left beside `target` by builders that died (call under the lock)."""
-    pattern = re.compile(rf"\.{re.escape(target.name)}\.building-\d+")
-    for entry in target.parent.iterdir():
-        if pattern.fullmatch(entry.name) and entry.is_dir() and not entry.is_symlink():
+    for entry in left_temporaries(target, BUILDING):
+        if entry.is_dir() and not entry.is_symlink():
             shutil.rmtree(entry, ignore_errors=True)
 
 
@@ -155,7 +153,7 @@ def building(
             yield None
             return
         _remove_stale_builds(target)
-        tmp = target.with_name(_building_name(target))
+        tmp = temporary_name(target, BUILDING)
         if reason is not None:
             log.warning("%s; building it again", reason if str(target) in reason else f"{target}: {reason}")
             os.rename(target, tmp)  # out of readers' way at once; deleted as a stale build if this fails

@@ -18,6 +18,7 @@ from torch.utils.data import DataLoader
 from attnlab.data.batching import Collator, TokenBatchSampler, cut_source
 from attnlab.data.download import DataError
 from attnlab.data.tokenizer import SPECIAL_IDS
+from attnlab.typed import ConfigError
 
 if TYPE_CHECKING:
     from attnlab.data.corpora import CorpusData
@@ -186,7 +187,6 @@ class ParallelDataModule(L.LightningDataModule):
                 self._restored.load_state_dict(state)
             except ValueError as exc:
                 self._restored = None
-                from attnlab.typed import ConfigError
 
                 path = getattr(self.trainer, "ckpt_path", None) or "the checkpoint"
                 reason = str(exc).removeprefix("TokenBatchSampler.load_state_dict: ")

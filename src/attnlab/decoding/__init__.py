@@ -1,4 +1,5 @@
-"""Decoding: greedy and beam search (`search`, torch) and their settings (`DecodeConfig`, torch-free).
+"""Decoding: greedy and beam search and `translate` (`search`, torch) and their settings
+(`DecodeConfig`, torch-free).
 
 `DecodeConfig` is importable without torch (config validation runs before heavy imports); the search
 functions are loaded on first access.
@@ -14,7 +15,7 @@ from attnlab.decoding.settings import DecodeConfig
 _SEARCH = (
     "greedy_decode",
     "beam_search",
-    "translate_ids",
+    "translate",
     "length_penalty",
     "max_output_lengths",
     "Hypothesis",

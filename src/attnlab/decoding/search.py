@@ -1,4 +1,5 @@
-"""Autoregressive decoding over the incremental K/V cache: greedy and beam search.
+"""Autoregressive decoding over the incremental K/V cache: greedy and beam search, and `translate`, the
+one entry point that decodes with a `DecodeConfig` (training's validation decodes and `Translator` use it).
 
 Notation: `B` batch, `K` beam size, `S` source length, `T` output length, `V` vocabulary size.
 """
@@ -11,16 +12,19 @@ from dataclasses import dataclass
 import torch
 from torch import Tensor
 
+from attnlab.decoding.settings import DecodeConfig
 from attnlab.model.config import TransformerConfig
 from attnlab.model.transformer import Transformer
 
 
-def max_output_lengths(src: Tensor, pad_id: int, a: float, b: int) -> Tensor:
-    """Longest output allowed for each sentence (B,): a · |S| + b, |S| its non-pad source length.
+def max_output_lengths(src: Tensor, pad_id: int, a: float, b: int, limit: int | None = None) -> Tensor:
+    """Longest output allowed for each sentence (B,): a · |S| + b, |S| its non-pad source length, and
+    at most `limit` (a model's `TransformerConfig.position_limit`: each decoder input needs a position).
 
     Per sentence, so that a sentence decodes the same alone as inside a padded batch.
     """
-    return (a * (src != pad_id).sum(dim=1) + b).long().clamp(min=1)
+    lengths = (a * (src != pad_id).sum(dim=1) + b).long()
+    return lengths.clamp(min=1) if limit is None else lengths.clamp(min=1, max=limit)
 
 
 def ungenerable_ids(config: TransformerConfig, device: torch.device) -> Tensor:
@@ -51,7 +55,7 @@ def greedy_decode(
     """Pick the most probable token at each step until every sentence has produced eos.
 
     Pad and the bos/start ids are never picked, eos not before `min_len` (`mask_ungenerable`, as in
-    beam search, so `beam_search(beam=1, alpha=0)` gives the same outputs).
+    beam search, so `beam_search(beam=1, lenpen=0)` gives the same outputs).
 
     A sentence leaves the batch (and the cache) once it has produced eos or reached its length limit,
     so the remaining steps cost only the sentences still being decoded.
@@ -74,9 +78,7 @@ def greedy_decode(
     memory, src_mask = model.encode(src)
     cache = model.new_cache() if use_cache else None
     batch = src.size(0)
-    limits = max_output_lengths(src, cfg.pad_id, max_len_a, max_len_b)  # (B,)
-    if cfg.pe == "learned":
-        limits = limits.clamp(max=cfg.max_positions)  # decoder inputs need a position each
+    limits = max_output_lengths(src, cfg.pad_id, max_len_a, max_len_b, cfg.position_limit)  # (B,)
     out = torch.full((batch, int(limits.max())), cfg.pad_id, dtype=torch.long, device=src.device)
     alive = torch.arange(batch, device=src.device)  # the sentence each decoder row belongs to
     token = torch.full((batch, 1), cfg.start_id, dtype=torch.long, device=src.device)
@@ -110,7 +112,7 @@ class Hypothesis:
     Attributes:
         tokens: Output ids, eos included if produced, no start token.
         score: Sum of the tokens' log-probabilities (natural log).
-        normalized: `score / length_penalty(len(tokens), alpha)`, the key hypotheses are ranked by.
+        normalized: `score / length_penalty(len(tokens), lenpen)`, the key hypotheses are ranked by.
         attention: (len(tokens), S_real) last-decoder-layer cross-attention averaged over heads, over the
             sentence's non-pad source positions; only when `need_attention` was asked for.
     """
@@ -121,20 +123,20 @@ class Hypothesis:
     attention: Tensor | None = None
 
 
-def length_penalty(length: int, alpha: float) -> float:
-    """GNMT length penalty lp(Y) = ((5 + |Y|) / 6) ** alpha (Wu et al. 2016, eq. 14); alpha = 0 gives 1."""
-    return ((5 + length) / 6) ** alpha
+def length_penalty(length: int, lenpen: float) -> float:
+    """GNMT length penalty lp(Y) = ((5 + |Y|) / 6)^α with α = `lenpen` (Wu et al. 2016, eq. 14); 0 gives 1."""
+    return ((5 + length) / 6) ** lenpen
 
 
 class _Kept:
     """The best `beam` finished hypotheses of one sentence, best first (ties keep the earlier one)."""
 
-    def __init__(self, beam: int, alpha: float) -> None:
-        self.beam, self.alpha = beam, alpha
+    def __init__(self, beam: int, lenpen: float) -> None:
+        self.beam, self.lenpen = beam, lenpen
         self.hyps: list[Hypothesis] = []
 
     def add(self, tokens: list[int], score: float, attention: Tensor | None) -> None:
-        normalized = score / length_penalty(len(tokens), self.alpha)
+        normalized = score / length_penalty(len(tokens), self.lenpen)
         self.hyps.append(Hypothesis(tokens, score, normalized, attention))
         self.hyps.sort(key=lambda h: -h.normalized)  # stable
         del self.hyps[self.beam :]
@@ -142,26 +144,26 @@ class _Kept:
     def is_done(self, best_live: float, max_len: int) -> bool:
         """No live beam can beat the worst kept hypothesis any more.
 
-        Log-probs are <= 0, so a live score only decreases; with alpha > 0 the best normalized score
+        Log-probs are <= 0, so a live score only decreases; with lenpen > 0 the best normalized score
         it could still reach is at most best_live / lp(max_len) (fairseq / Hugging Face's check).
         """
         if len(self.hyps) < self.beam:
             return False
         worst = self.hyps[-1].normalized
-        if self.alpha == 0:
+        if self.lenpen == 0:
             return best_live < worst
-        return best_live / length_penalty(max_len, self.alpha) <= worst
+        return best_live / length_penalty(max_len, self.lenpen) <= worst
 
 
-def _check_beam_args(beam: int, alpha: float, min_len: int, n_best: int) -> None:
+def _check_beam_args(beam: int, lenpen: float, min_len: int, n_best: int) -> None:
     if beam < 1:
         raise ValueError(f"beam={beam} must be >= 1")
     if not 1 <= n_best <= beam:
         raise ValueError(f"n_best={n_best} must be between 1 and beam={beam}: raise beam or lower n_best")
     if min_len < 1:
         raise ValueError(f"min_len={min_len} must be >= 1 (the length counts eos)")
-    if not alpha >= 0:
-        raise ValueError(f"alpha={alpha} must be >= 0 (0 turns length normalisation off)")
+    if not lenpen >= 0:
+        raise ValueError(f"lenpen={lenpen} must be >= 0 (0 turns length normalisation off)")
 
 
 @torch.inference_mode()
@@ -170,7 +172,7 @@ def beam_search(
     src: Tensor,
     *,
     beam: int = 5,
-    alpha: float = 0.6,
+    lenpen: float = 0.6,
     max_len_a: float = 1.2,
     max_len_b: int = 10,
     min_len: int = 1,
@@ -188,15 +190,19 @@ def beam_search(
     the K·V candidates per sentence; an eos candidate ranked in the top K becomes a finished hypothesis
     (its length counts the eos), the best K other candidates are the next beams. Pad and the start/bos
     ids are never generated, eos not before `min_len`. A sentence stops at its length limit a·|S| + b
-    (`max_output_lengths`; at most `max_positions` with learned positions), where its live beams are
+    (`max_output_lengths`; at most the model's `position_limit`), where its live beams are
     finished without eos, or earlier once it holds K finished hypotheses that no live beam can beat
     (`_Kept.is_done`).
+
+    Long because it reads top-down as one loop: encode, then per step score, select, finish, reorder the
+    cache and drop done sentences; split into functions, the tensors of one step would travel as a dozen
+    arguments.
 
     Args:
         model: The Transformer (its mode is left unchanged; call `.eval()` first for inference).
         src: Source ids (B, S), padded with the model's pad id; moved to the model's device.
         beam: Beam size K.
-        alpha: GNMT length-penalty exponent (0: rank by raw log-probability).
+        lenpen: GNMT length-penalty exponent α in ((5 + |Y|) / 6)^α (0: rank by raw log-probability).
         max_len_a: Output length limit a in a · |S| + b (per sentence, eos included).
         max_len_b: Output length limit b.
         min_len: Shortest output allowed, eos included.
@@ -208,7 +214,7 @@ def beam_search(
     Returns:
         Per sentence, its `n_best` best hypotheses sorted by normalized score, best first.
     """
-    _check_beam_args(beam, alpha, min_len, n_best)
+    _check_beam_args(beam, lenpen, min_len, n_best)
     cfg = model.config
     device = next(model.parameters()).device
     src = src.to(device)
@@ -218,9 +224,7 @@ def beam_search(
     if not use_cache:  # the uncached decoder takes the memory once per beam
         expand = torch.arange(batch, device=device).repeat_interleave(k)  # (B·K,)
         memory, src_mask = memory.index_select(0, expand), src_mask.index_select(0, expand)  # (B·K, S, ...)
-    limits = max_output_lengths(src, cfg.pad_id, max_len_a, max_len_b)  # (B,)
-    if cfg.pe == "learned":
-        limits = limits.clamp(max=cfg.max_positions)  # decoder inputs need a position each
+    limits = max_output_lengths(src, cfg.pad_id, max_len_a, max_len_b, cfg.position_limit)  # (B,)
     limit_list = limits.tolist()
     cache = model.new_cache(beams=k) if use_cache else None
     token = torch.full((batch * k, 1), cfg.start_id, dtype=torch.long, device=device)
@@ -231,7 +235,7 @@ def beam_search(
         attn = torch.empty(batch * k, 0, src.size(1), device=device, dtype=memory.dtype)
     scores = torch.zeros(batch, k, device=device)
     scores[:, 1:] = -math.inf  # step 0: one live beam per sentence
-    kept = [_Kept(k, alpha) for _ in range(batch)]
+    kept = [_Kept(k, lenpen) for _ in range(batch)]
     done = [False] * batch
     alive = list(range(batch))  # the sentence of each group of K decoder rows; finished ones leave
     never = ungenerable_ids(cfg, device)
@@ -301,26 +305,31 @@ def beam_search(
     return [sentence.hyps[:n_best] for sentence in kept]
 
 
-def translate_ids(
+def translate(
     model: Transformer,
     src: Tensor,
+    config: DecodeConfig,
+    beam: int | None = None,
     *,
-    beam: int,
-    alpha: float,
-    max_len_a: float,
-    max_len_b: int,
-    min_len: int = 1,
     use_cache: bool = True,
 ) -> list[list[int]]:
-    """The best output ids of each sentence, eos and padding removed: greedy when `beam` is 1."""
-    cfg = model.config
+    """The best output ids of each sentence under the decoding settings `config`, eos and padding
+    removed: `greedy_decode` when the beam is 1, else `beam_search` with `config.lenpen`; both honour
+    `config.min_len`, `config.max_len_a` and `config.max_len_b`.
+
+    Args:
+        model: The Transformer (call `.eval()` first).
+        src: Source ids (B, S), padded with the model's pad id.
+        config: Decoding settings.
+        beam: Beam size; `config.beam` when omitted (validation decodes pass `config.val_beam`).
+        use_cache: Decode over the K/V cache (see `greedy_decode`).
+    """
+    cfg, beam = model.config, config.beam if beam is None else beam
+    limits = {"max_len_a": config.max_len_a, "max_len_b": config.max_len_b, "min_len": config.min_len}
     if beam == 1:
-        out = greedy_decode(model, src, max_len_a=max_len_a, max_len_b=max_len_b, min_len=min_len,
-                            use_cache=use_cache)  # fmt: skip
-        rows = out.tolist()
+        rows = greedy_decode(model, src, **limits, use_cache=use_cache).tolist()
     else:
-        best = beam_search(model, src, beam=beam, alpha=alpha, max_len_a=max_len_a, max_len_b=max_len_b,
-                           min_len=min_len, use_cache=use_cache)  # fmt: skip
+        best = beam_search(model, src, beam=beam, lenpen=config.lenpen, **limits, use_cache=use_cache)
         rows = [hyps[0].tokens for hyps in best]
     return [row[: row.index(cfg.eos_id)] if cfg.eos_id in row else [t for t in row if t != cfg.pad_id]
             for row in rows]  # fmt: skip

@@ -3,9 +3,10 @@
 `Translator` wraps a `Transformer` with its source and target tokenizers and a `DecodeConfig`: lines in,
 detokenized lines out, decoded in token-limited batches of similar source length (sorted, then put back
 in input order). `Translator.stream` reads an iterable of any length in chunks, so memory stays bounded
-whatever the input size. `evaluate` decodes named test sets, scores them with sacreBLEU against the raw
-references and writes hypotheses and `results.json`; `attnlab-train` (at the end of training),
-`attnlab-eval` and `attnlab-translate` all go through it.
+whatever the input size. `score_sets` decodes named test sets and scores them with sacreBLEU against the
+raw references into an `Evaluation` (a value), which `Evaluation.write` puts into a run directory
+(`results.json`, hypotheses, references, together); `evaluate` does both. `attnlab-train` (at the end of
+training) and `attnlab-eval` go through them.
 """
 
 from __future__ import annotations
@@ -14,6 +15,7 @@ import dataclasses
 import logging
 import time
 from collections.abc import Iterable, Iterator, Sequence
+from dataclasses import dataclass
 from itertools import islice
 from pathlib import Path
 from typing import Any
@@ -24,8 +26,7 @@ from attnlab.data.batching import TokenBatchSampler, cut_source, pad
 from attnlab.data.corpora import CorpusData
 from attnlab.data.tokenizer import SubwordTokenizer
 from attnlab.decoding import DecodeConfig
-from attnlab.decoding.search import translate_ids
-from attnlab.io import atomic_write_files
+from attnlab.decoding.search import translate
 from attnlab.metrics import score_all
 from attnlab.model.transformer import Transformer
 from attnlab.runs.checkpoint import (
@@ -36,7 +37,8 @@ from attnlab.runs.checkpoint import (
     read_averaged,
     saved_settings,
 )
-from attnlab.runs.results import HYPOTHESES_DIR, REFERENCES_DIR, RESULTS_FILE, results_bytes
+from attnlab.runs.layout import CHECKPOINTS_DIR, HYPOTHESES_DIR, REFERENCES_DIR, RESULTS_FILE, RunDir
+from attnlab.runs.results import results_bytes
 
 log = logging.getLogger(__name__)
 
@@ -117,8 +119,8 @@ class Translator:
 
     def source_limit(self) -> tuple[int, str]:
         """The longest source decoded (in ids, eos included) and what sets it, for messages: the
-        model's `max_positions` for a learned position table when that is smaller, else
-        `decode.max_source_tokens`, which defaults to the training filter's `data.max_source_tokens`
+        model's `max_positions` when a learned position table is smaller (`TransformerConfig.length_limit`),
+        else `decode.max_source_tokens`, which defaults to the training filter's `data.max_source_tokens`
         (256, `CorpusData`'s default, when the data settings are unknown)."""
         limit, what = self.decode.max_source_tokens, "decode.max_source_tokens={}"
         if limit is None:
@@ -127,10 +129,8 @@ class Translator:
         if limit is None:
             limit = CorpusData.max_source_tokens
             what = "the default decode.max_source_tokens={} (the data settings are unknown)"
-        cfg = self.model.config
-        if cfg.pe == "learned" and cfg.max_positions < limit:
-            return cfg.max_positions, "the model's max_positions"
-        return int(limit), what.format(limit)
+        fitted = self.model.config.length_limit(int(limit))
+        return (fitted, "the model's max_positions") if fitted < limit else (int(limit), what.format(limit))
 
     def _source_ids(self, lines: Sequence[str]) -> list[list[int]]:
         """The source ids of `lines`, eos appended, each cut to `source_limit()` (keeping eos) and
@@ -154,9 +154,7 @@ class Translator:
         for batch in sampler:
             rows = [todo[j] for j in batch]
             src = pad([ids[i] for i in rows], self.model.config.pad_id).to(device)
-            outputs = translate_ids(self.model, src, beam=cfg.beam, alpha=cfg.lenpen, max_len_a=cfg.max_len_a,
-                                    max_len_b=cfg.max_len_b, min_len=cfg.min_len)  # fmt: skip
-            for i, row in zip(rows, outputs, strict=True):
+            for i, row in zip(rows, translate(self.model, src, cfg), strict=True):
                 out[i] = self.tgt_tokenizer.decode(row)
         return out
 
@@ -197,34 +195,57 @@ def _damaged(paths: Sequence[str | Path], what: str, exc: Exception) -> Checkpoi
     )
 
 
-def evaluate(
+@dataclass(frozen=True)
+class Evaluation:
+    """What an evaluation produced, before anything is written: the content of `results.json`, and per
+    test set its hypotheses and references (lines).
+
+    `write` puts them into a run directory together (`results.json`, `hypotheses/<set>.txt`,
+    `references/<set>.txt`): a failed write leaves every file there before unchanged, so hypotheses,
+    references and results always belong to the same evaluation.
+    """
+
+    results: dict[str, Any]
+    hypotheses: dict[str, list[str]] = dataclasses.field(default_factory=dict)
+    references: dict[str, list[str]] = dataclasses.field(default_factory=dict)
+
+    def with_results(self, **entries: Any) -> Evaluation:
+        """A copy with `entries` added to the results (e.g. `metrics=...`)."""
+        return dataclasses.replace(self, results={**self.results, **entries})
+
+    def write(self, run: RunDir | str | Path) -> None:
+        """Write every file of the evaluation into the run directory at once (`RunDir.write_files`)."""
+        files: dict[str, bytes] = {}
+        for directory, sets in ((HYPOTHESES_DIR, self.hypotheses), (REFERENCES_DIR, self.references)):
+            for name, lines in sets.items():
+                files[f"{directory}/{name}.txt"] = "".join(f"{line}\n" for line in lines).encode("utf-8")
+        files[RESULTS_FILE] = results_bytes(self.results)
+        (run if isinstance(run, RunDir) else RunDir(Path(run))).write_files(files)
+
+
+def score_sets(
     translator: Translator,
     sets: dict[str, tuple[Sequence[str], Sequence[str]]],
-    output_dir: str | Path,
     *,
     checkpoints: Sequence[str | Path] = (),
     extra: dict[str, Any] | None = None,
-) -> dict[str, Any]:
-    """Decode and score each named set, writing `hypotheses/<name>.txt`, the raw references as
-    `references/<name>.txt` (so runs can be compared by paired significance tests) and `results.json`,
-    all together once every set is scored (`atomic_write_files`: a failed write leaves every file there
-    before unchanged, so hypotheses, references and results always belong to the same evaluation).
+) -> Evaluation:
+    """Decode and score each named set (nothing is written: see `Evaluation.write`, or `evaluate`).
 
     Args:
         translator: The model to evaluate.
         sets: Set name -> (raw source lines, raw reference lines).
-        output_dir: Where `results.json` and `hypotheses/` go.
         checkpoints: The checkpoint file(s) the weights came from (several: averaged).
-        extra: More top-level entries for `results.json` (e.g. test loss).
+        extra: More top-level entries for the results (e.g. test loss).
 
     Returns:
-        What was written to `results.json`: per set its BLEU and chrF with their sacreBLEU signatures,
-        sentence count, hypotheses file and decoding time, plus the decoding settings and checkpoints,
-        and `truncated_sources` when sources were cut to `Translator.source_limit` (each set's count is
-        logged as a warning).
+        The `Evaluation`; its results hold per set the BLEU and chrF with their sacreBLEU signatures,
+        sentence count, hypotheses and references files (relative to the run directory) and decoding
+        time, plus the decoding settings and checkpoints, and `truncated_sources` when sources were cut
+        to `Translator.source_limit` (each set's count is logged as a warning).
     """
-    output_dir = Path(output_dir)
-    files: dict[Path, bytes] = {}
+    hypotheses_of: dict[str, list[str]] = {}
+    references_of: dict[str, list[str]] = {}
     results: dict[str, Any] = {
         "checkpoints": [str(Path(p).resolve()) for p in checkpoints],
         "averaged": len(checkpoints) > 1,
@@ -238,10 +259,7 @@ def evaluate(
         if translator.truncated > truncated:
             log.warning("%s: %d sources were cut to %s", name, translator.truncated - truncated,
                         translator.source_limit()[1])  # fmt: skip
-        hyp_file = output_dir / HYPOTHESES_DIR / f"{name}.txt"
-        files[hyp_file] = "".join(f"{line}\n" for line in hypotheses).encode("utf-8")
-        ref_file = output_dir / REFERENCES_DIR / f"{name}.txt"  # for paired significance tests later
-        files[ref_file] = "".join(f"{line}\n" for line in references).encode("utf-8")
+        hypotheses_of[name], references_of[name] = hypotheses, list(references)
         scores = score_all(hypotheses, list(references))
         results["sets"][name] = {
             "bleu": scores["bleu"].score,
@@ -250,8 +268,8 @@ def evaluate(
             "chrf_signature": scores["chrf"].signature,
             "bleu_details": scores["bleu"].details,
             "sentences": len(hypotheses),
-            "hypotheses": str(hyp_file.relative_to(output_dir)),
-            "references": str(ref_file.relative_to(output_dir)),
+            "hypotheses": f"{HYPOTHESES_DIR}/{name}.txt",
+            "references": f"{REFERENCES_DIR}/{name}.txt",  # for paired significance tests later
             "decode_seconds": round(seconds, 3),
         }
         log.info("%s: BLEU %.2f chrF %.2f (%d sentences, %.1f s; %s)", name, scores["bleu"].score,
@@ -259,9 +277,21 @@ def evaluate(
     if translator.truncated:
         results["truncated_sources"] = translator.truncated
     results.update(extra or {})
-    files[output_dir / RESULTS_FILE] = results_bytes(results)
-    atomic_write_files(files)
-    return results
+    return Evaluation(results, hypotheses_of, references_of)
+
+
+def evaluate(
+    translator: Translator,
+    sets: dict[str, tuple[Sequence[str], Sequence[str]]],
+    output_dir: str | Path,
+    *,
+    checkpoints: Sequence[str | Path] = (),
+    extra: dict[str, Any] | None = None,
+) -> dict[str, Any]:
+    """`score_sets`, written into `output_dir` (`Evaluation.write`); returns what `results.json` holds."""
+    evaluation = score_sets(translator, sets, checkpoints=checkpoints, extra=extra)
+    evaluation.write(output_dir)
+    return evaluation.results
 
 
 def resolve_checkpoints(ckpt_path: str | Path | Sequence[str | Path], average_last: int = 0) -> list[Path]:
@@ -293,7 +323,7 @@ def resolve_checkpoints(ckpt_path: str | Path | Sequence[str | Path], average_la
         return last_epoch_checkpoints(path.parent if path.is_file() else path, average_last)
     if path.is_file():
         return [path]
-    for directory in (path / "checkpoints", path):
+    for directory in (path / CHECKPOINTS_DIR, path):
         best = sorted(directory.glob("best-*.ckpt"))
         if best:
             return [best[-1]]

@@ -17,8 +17,9 @@ Using a public opus-mt checkpoint (downloaded where a network is available):
     model = from_marian(hf)                      # an attnlab Transformer, eval mode
     tok = MarianTokenizer.from_pretrained("Helsinki-NLP/opus-mt-de-en")
     src = tok(["Ein Mann fährt Fahrrad."], return_tensors="pt").input_ids
-    from attnlab.decoding.search import translate_ids
-    ids = translate_ids(model, src, beam=5, alpha=0.0, max_len_a=1.2, max_len_b=10)
+    from attnlab.decoding import DecodeConfig
+    from attnlab.decoding.search import translate
+    ids = translate(model, src, DecodeConfig(beam=5, lenpen=0.0, max_len_a=1.2, max_len_b=10))
     print(tok.batch_decode(ids, skip_special_tokens=True))
 
 Fine-tuning it with attnlab's trainer needs its SentencePiece vocabulary in the data pipeline, which

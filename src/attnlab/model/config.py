@@ -42,7 +42,8 @@ class TransformerConfig:
         pe: Positional encoding: `sinusoidal` (§3.5), `learned`, or `none` (ablation).
         pe_layout: Sinusoid layout: `interleaved` (even dims sin, odd cos; the paper) or `split`
             (first half sin, second half cos; MarianMT).
-        max_positions: Size of the learned position table (ignored by sinusoidal and none).
+        max_positions: Size of the learned position table (ignored by sinusoidal and none; see
+            `position_limit`).
         scale_embeddings: Multiply embeddings by sqrt(d_model) (§3.4).
         norm_first: Pre-norm (LayerNorm inside the residual branch, final LayerNorm on each stack)
             instead of the paper's post-norm.
@@ -128,6 +129,18 @@ class TransformerConfig:
     def start_id(self) -> int:
         """Token fed to the decoder at step 0."""
         return self.bos_id if self.decoder_start_id is None else self.decoder_start_id
+
+    @property
+    def position_limit(self) -> int | None:
+        """The longest sequence the model can encode, a source or a decoder input (an output of that
+        many tokens, eos included, has one position per input): `max_positions` for a learned position
+        table, `None` (unbounded) for sinusoidal positions or none."""
+        return self.max_positions if self.pe == "learned" else None
+
+    def length_limit(self, requested: int) -> int:
+        """`requested`, a length limit, lowered to `position_limit` when that is smaller."""
+        limit = self.position_limit
+        return requested if limit is None else min(requested, limit)
 
     def with_vocab(self, src_vocab_size: int, tgt_vocab_size: int) -> TransformerConfig:
         """A copy with the vocabulary sizes the data provides (validated again)."""

@@ -17,6 +17,7 @@ dropout, the loss) is not counted; neither is padding removed: the count is for 
 
 from __future__ import annotations
 
+import time
 from typing import Any
 
 from attnlab.model.config import TransformerConfig
@@ -50,8 +51,6 @@ def training_flops(config: TransformerConfig, batch: int, src_len: int, tgt_len:
 def matmul_rate(device: str = "cpu", dtype: Any = None, size: int = 2048, repeats: int = 10) -> float:
     """Measured FLOP/s of a (size × size) @ (size × size) matmul on `device` in `dtype` (default float32):
     the denominator of model FLOPs utilisation."""
-    import time
-
     import torch
 
     a = torch.randn(size, size, device=device, dtype=dtype or torch.float32)

@@ -1,20 +1,21 @@
-"""Comparing runs across seeds: `attnlab-compare` and its API.
+"""Comparing runs across seeds: the API of `attnlab-compare` (`attnlab.cli.compare.report`).
 
-Run directories are the source of truth: each holds `config.yaml`, `manifest.json`, `results.json` and
-`csv/metrics.csv`. `load_runs` finds them (a run directory, a sweep directory, or any directory above),
-`varying_keys` finds the config values that differ between runs (the seed aside), `group_runs` groups
-the runs by those values, and `summarize` gives per group the seed count, mean ± std and a 95%
-Student-t interval over seeds of each metric, the difference of the means against a baseline group,
-and per seed the p-value of sacreBLEU's paired bootstrap test against the baseline run of that seed.
+Run directories are the source of truth (`attnlab.runs.layout.RunDir`): each holds `config.yaml`,
+`manifest.json`, `results.json` and `csv/metrics.csv`. `load_runs` finds them (a run directory, a sweep
+directory, or any directory above), `varying_keys` finds the config values that differ between runs
+(the seed and the bookkeeping keys aside: the setting W&B groups by too), and `summarize` groups the runs
+by those values and gives per group the seed count, mean ± std and a 95% Student-t interval over seeds of
+each metric (`attnlab.reports.stats`), the difference of the means against a baseline group, and per
+seed the p-value of sacreBLEU's paired bootstrap test against the baseline run of that seed.
 Runs that failed or never finished are listed, not dropped; so is a run whose `config.yaml`,
-`manifest.json` or `results.json` cannot be read (status `unreadable`, with the file and why), and the
-others are compared without it.
+`manifest.json`, `results.json` or `csv/metrics.csv` cannot be read (status `unreadable`, with the file
+and why), and the others are compared without it.
 """
 
 from __future__ import annotations
 
 import csv
-import json
+import io
 import logging
 from collections.abc import Sequence
 from dataclasses import dataclass, field
@@ -22,19 +23,19 @@ from datetime import datetime
 from pathlib import Path
 from typing import Any
 
-import yaml
-from omegaconf import DictConfig, OmegaConf
-from omegaconf.errors import OmegaConfBaseException
-
 from attnlab.reports.stats import Stat, stat
-from attnlab.runs.layout import flatten
+from attnlab.runs.layout import (
+    CONFIG_FILE,
+    MANIFEST_FILE,
+    RESULTS_FILE,
+    RunDir,
+    UnreadableRunFile,
+    setting,
+)
 
 log = logging.getLogger(__name__)
 
 UNREADABLE = "unreadable"  # the status of a run with a file that cannot be read
-
-# Config keys that never define a setting (bookkeeping, or values derived from the run directory).
-IGNORED_PREFIXES = ("paths.", "hydra.", "logger.", "callbacks.", "sweep.", "ckpt_path", "resume", "task_name")
 
 
 @dataclass
@@ -47,28 +48,19 @@ class Run:
     metrics: dict[str, float] = field(default_factory=dict)
     error: str | None = None
 
+    @property
+    def files(self) -> RunDir:
+        """The run directory's files."""
+        return RunDir(self.path)
 
-def _params(run_dir: Path) -> float | None:
+
+def _params(run: RunDir) -> float | None:
     """The run's parameter count (`params/total` in `csv/metrics.csv`), None when it was not logged.
 
     Raises:
-        UnreadableRunFile: The file cannot be read, is not UTF-8 CSV, or its count is not a number.
+        UnreadableRunFile: The file cannot be read, is not UTF-8 CSV, or holds a cell that is not a number.
     """
-    path = run_dir / "csv" / "metrics.csv"
-    if not path.is_file():
-        return None
-    try:
-        with open(path, newline="", encoding="utf-8") as f:
-            for row in csv.DictReader(f):
-                if row.get("params/total"):
-                    return float(row["params/total"])
-    except (OSError, UnicodeDecodeError, csv.Error) as exc:
-        raise UnreadableRunFile(f"cannot read {path}: {exc}") from None
-    except ValueError:
-        raise UnreadableRunFile(
-            f"cannot read {path}: params/total={row['params/total']!r} is not a number"
-        ) from None
-    return None
+    return next((row["params/total"] for row in run.metrics_rows() if "params/total" in row), None)
 
 
 def _seconds(manifest: dict[str, Any], path: Path) -> float | None:
@@ -90,33 +82,8 @@ def _seconds(manifest: dict[str, Any], path: Path) -> float | None:
         ) from None
 
 
-class UnreadableRunFile(ValueError):
-    """A run's `config.yaml`, `manifest.json` or `results.json` is unreadable or not what attnlab writes."""
-
-
-def _json_object(path: Path) -> dict[str, Any]:
-    try:
-        value = json.loads(path.read_text(encoding="utf-8"))
-    except (OSError, ValueError) as exc:  # unreadable, not UTF-8, not JSON
-        raise UnreadableRunFile(f"cannot read {path}: {exc}") from None
-    if not isinstance(value, dict):
-        raise UnreadableRunFile(f"cannot read {path}: it holds a JSON {type(value).__name__}, not an object")
-    return value
-
-
-def _config(path: Path) -> dict[str, Any]:
-    try:
-        config = OmegaConf.load(path)
-    except (OSError, ValueError, yaml.YAMLError, OmegaConfBaseException) as exc:
-        reason = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
-        raise UnreadableRunFile(f"cannot read {path}: {reason}") from None
-    if not isinstance(config, DictConfig):
-        raise UnreadableRunFile(f"cannot read {path}: it holds a YAML list, not a config")
-    return flatten(OmegaConf.to_container(config))
-
-
-def _result_metrics(path: Path) -> dict[str, float]:
-    results = _json_object(path)
+def _result_metrics(run: RunDir) -> dict[str, float]:
+    path, results = run.results_file, run.read_json(RESULTS_FILE)
     numbers = results.get("metrics", {})
     sets = results.get("sets", {})
     if not isinstance(numbers, dict) or not isinstance(sets, dict):
@@ -141,28 +108,28 @@ def read_run(run_dir: Path) -> Run:
 
 
 def _read_run(run_dir: Path) -> Run:
+    run = RunDir(run_dir)
     config = {}  # a job that failed validation has a manifest but no config.yaml
-    if (run_dir / "config.yaml").is_file():
-        config = _config(run_dir / "config.yaml")
+    if run.config_file.is_file():
+        config = run.read_config()
     manifest: dict[str, Any] = {}
-    if (run_dir / "manifest.json").is_file():
-        manifest = _json_object(run_dir / "manifest.json")
+    if run.manifest_file.is_file():
+        manifest = run.read_json(MANIFEST_FILE)
     for key in ("status", "error"):
         if manifest.get(key) is not None and not isinstance(manifest[key], str):
             raise UnreadableRunFile(
-                f"cannot read {run_dir / 'manifest.json'}: its {key!r} is a JSON "
+                f"cannot read {run.manifest_file}: its {key!r} is a JSON "
                 f"{type(manifest[key]).__name__} ({manifest[key]!r}), not text"
             )
     status = str(manifest.get("status", "unknown"))
-    results_file = run_dir / "results.json"
-    if status != "finished" or not results_file.is_file():
+    if status != "finished" or not run.results_file.is_file():
         status = status if status != "finished" else "unfinished"
         return Run(run_dir, config, status, error=manifest.get("error"))
-    metrics = _result_metrics(results_file)
-    params = _params(run_dir)
+    metrics = _result_metrics(run)
+    params = _params(run)
     if params is not None:
         metrics["params"] = params
-    seconds = _seconds(manifest, run_dir / "manifest.json")
+    seconds = _seconds(manifest, run.manifest_file)
     if seconds is not None:
         metrics["train_minutes"] = seconds / 60
     return Run(run_dir, config, "finished", metrics)
@@ -174,22 +141,18 @@ def load_runs(paths: Sequence[str | Path]) -> list[Run]:
     for path in map(Path, paths):
         if not path.exists():
             raise FileNotFoundError(f"no such run or sweep directory: {path}")
-        for name in ("config.yaml", "manifest.json"):
+        for name in (CONFIG_FILE, MANIFEST_FILE):
             found.update(p.parent for p in path.rglob(name) if ".hydra" not in p.parts)
     return [read_run(p) for p in sorted(found)]
 
 
 def varying_keys(runs: Sequence[Run], seed_key: str = "seed") -> list[str]:
-    """Config keys whose values differ between runs (the seed and bookkeeping keys excluded)."""
-    keys = sorted({k for run in runs for k in run.config})
-    out = []
-    for key in keys:
-        if key == seed_key or key.startswith(IGNORED_PREFIXES):
-            continue
-        values = {json.dumps(run.config.get(key), sort_keys=True) for run in runs}
-        if len(values) > 1:
-            out.append(key)
-    return out
+    """Config keys whose values differ between runs: those of their settings (`attnlab.runs.layout.setting`,
+    which W&B groups by too: the seed and the bookkeeping keys left out, values derived from the run
+    directory counting as the same)."""
+    settings = [setting(run.config, seed_key) for run in runs]
+    keys = sorted({key for values in settings for key in values})
+    return [key for key in keys if len({values.get(key, "null") for values in settings}) > 1]
 
 
 def group_name(run: Run, keys: Sequence[str]) -> str:
@@ -252,14 +215,14 @@ def paired_tests(baseline: Sequence[Run], runs: Sequence[Run], n_samples: int = 
         base = by_seed.get(run.config.get("seed"))
         if base is None:
             continue
-        for hyp_file in sorted((run.path / "hypotheses").glob("*.txt")):
-            name = hyp_file.stem
-            refs = _lines(run.path / "references" / f"{name}.txt")
-            base_hyps = _lines(base.path / "hypotheses" / f"{name}.txt")
-            if refs is None or base_hyps is None or refs != _lines(base.path / "references" / f"{name}.txt"):
+        for hyp_file in sorted(run.files.hypotheses_dir.glob("*.txt")):
+            name = hyp_file.name
+            refs = _lines(run.files.references_dir / name)
+            base_hyps = _lines(base.files.hypotheses_dir / name)
+            if refs is None or base_hyps is None or refs != _lines(base.files.references_dir / name):
                 continue  # not the same test sentences: no paired test
             result = paired_bootstrap(base_hyps, _lines(hyp_file), refs, n_samples=n_samples)
-            out.setdefault(name, []).append((run.config.get("seed"), result.p_value))
+            out.setdefault(hyp_file.stem, []).append((run.config.get("seed"), result.p_value))
     return out
 
 
@@ -292,8 +255,6 @@ def table_rows(groups: Sequence[GroupSummary], metrics: Sequence[str]) -> list[l
 def render(rows: list[list[str]], fmt: str = "md") -> str:
     """The rows as a Markdown table (`md`), CSV (`csv`) or LaTeX tabular (`latex`)."""
     if fmt == "csv":
-        import io
-
         buffer = io.StringIO()
         csv.writer(buffer).writerows(rows)
         return buffer.getvalue()
@@ -328,32 +289,3 @@ def main_metric(groups: Sequence[GroupSummary]) -> tuple[str | None, list[str]]:
     validation = [m for m in ("val/bleu", "val/loss") if any(m in g.stats for g in groups)]
     main = (bleu or scored or validation or [None])[0]
     return main, columns
-
-
-def report(
-    paths: Sequence[str | Path], baseline: str | None = None, fmt: str = "md", plots: str | Path | None = None
-) -> str:
-    """The comparison table of the runs under `paths`, then the runs that did not finish; with `plots`,
-    the plots of `attnlab.reports.plots.plot_comparison` are written into that directory."""
-    runs = load_runs(paths)
-    if not runs:
-        raise FileNotFoundError(
-            f"no run directories (config.yaml, manifest.json) under {', '.join(map(str, paths))}"
-        )
-    groups, others = summarize(runs, baseline)
-    metric, columns = main_metric(groups)
-    text = render(table_rows(groups, columns), fmt) if groups else "no finished runs\n"
-    unreadable = [r for r in others if r.status == UNREADABLE]
-    others = [r for r in others if r.status != UNREADABLE]
-    if others and fmt == "md":
-        text += "\nNot finished:\n" + "".join(f"- {r.path} ({r.status}{': ' + r.error if r.error else ''})\n"
-                                              for r in others)  # fmt: skip
-    if unreadable and fmt == "md":  # other formats: the warnings of `read_run`
-        text += "\nUnreadable, not compared:\n" + "".join(f"- {r.path} ({r.error})\n" for r in unreadable)
-    if plots is not None and groups and metric is not None:
-        from attnlab.reports.plots import plot_comparison
-
-        files = plot_comparison(groups, metric, plots)
-        if fmt == "md":
-            text += "\nPlots:\n" + "".join(f"- {f}\n" for f in files)
-    return text

@@ -9,7 +9,6 @@
 
 from __future__ import annotations
 
-import csv
 import io
 import math
 import statistics
@@ -21,17 +20,14 @@ from attnlab.reports.compare import GroupSummary, Run
 
 
 def validation_curve(run: Run, metric: str) -> dict[int, float]:
-    """`{epoch: value}` of `metric` from the run's `csv/metrics.csv` (empty when it was not logged)."""
-    path = run.path / "csv" / "metrics.csv"
-    if not path.is_file():
-        return {}
-    curve: dict[int, float] = {}
-    with open(path, newline="") as f:
-        for row in csv.DictReader(f):
-            value, epoch = row.get(metric), row.get("epoch")
-            if value and epoch:
-                curve[int(float(epoch))] = float(value)
-    return curve
+    """`{epoch: value}` of `metric` from the run's `csv/metrics.csv` (empty when it was not logged).
+
+    Raises:
+        attnlab.runs.layout.UnreadableRunFile: The file cannot be read or holds a cell that is no number.
+    """
+    return {
+        int(row["epoch"]): row[metric] for row in run.files.metrics_rows() if metric in row and "epoch" in row
+    }
 
 
 def _slug(metric: str) -> str:
@@ -45,15 +41,27 @@ def plot_comparison(groups: Sequence[GroupSummary], metric: str, out_dir: str | 
     import matplotlib
 
     matplotlib.use("Agg")  # files only: no display needed
-    import matplotlib.pyplot as plt
-
     out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)
-    written: dict[Path, bytes] = {}
-    names = [g.name for g in groups]
-    width = max(6.0, 1.2 * len(groups))
+    written = {
+        out / f"{_slug(metric)}_by_group.png": _png(_by_group(groups, metric)),
+        out / "validation_curves.png": _png(_validation_curves(groups)),
+        out / f"{_slug(metric)}_vs_params.png": _png(_vs_params(groups, metric)),
+    }
+    try:
+        atomic_write_files(written)
+    except OSError as exc:
+        raise OSError(exc.errno, f"cannot write plot {exc.filename or out}: {exc.strerror or exc}; the files "
+                      f"in {out} before are unchanged. Free disk space or choose another --plots directory"
+                      ) from None  # fmt: skip
+    return list(written)
 
-    fig, ax = plt.subplots(figsize=(width, 4.5))
+
+def _by_group(groups: Sequence[GroupSummary], metric: str) -> object:
+    """Each group's mean of `metric` with its 95% t-interval, and the seeds' values as dots."""
+    import matplotlib.pyplot as plt
+
+    fig, ax = plt.subplots(figsize=(max(6.0, 1.2 * len(groups)), 4.5))
     for i, g in enumerate(groups):
         s = g.stats.get(metric)
         if s is None:
@@ -61,11 +69,16 @@ def plot_comparison(groups: Sequence[GroupSummary], metric: str, out_dir: str | 
         ax.errorbar([i], [s.mean], yerr=[[s.half_width or 0.0]], fmt="o", capsize=6, color="C0")
         seeds = [r.metrics[metric] for r in g.runs if metric in r.metrics]
         ax.scatter([i + 0.12] * len(seeds), seeds, s=12, color="C1", zorder=3)
-    ax.set_xticks(range(len(names)), names, rotation=20, ha="right", fontsize=8)
+    ax.set_xticks(range(len(groups)), [g.name for g in groups], rotation=20, ha="right", fontsize=8)
     ax.set_ylabel(metric)
     ax.set_title(f"{metric}: mean, 95% t-interval; dots: seeds", fontsize=10)
     fig.tight_layout()
-    written[out / f"{_slug(metric)}_by_group.png"] = _png(fig)
+    return fig
+
+
+def _validation_curves(groups: Sequence[GroupSummary]) -> object:
+    """Per group, the mean over seeds of `val/bleu` (else `val/loss`) per epoch, the range shaded."""
+    import matplotlib.pyplot as plt
 
     bleu_logged = any(validation_curve(r, "val/bleu") for g in groups for r in g.runs)
     curve_metric = "val/bleu" if bleu_logged else "val/loss"
@@ -85,7 +98,12 @@ def plot_comparison(groups: Sequence[GroupSummary], metric: str, out_dir: str | 
     ax.set_title(f"{curve_metric} per epoch: mean over seeds, range shaded", fontsize=10)
     _legend(ax)
     fig.tight_layout()
-    written[out / "validation_curves.png"] = _png(fig)
+    return fig
+
+
+def _vs_params(groups: Sequence[GroupSummary], metric: str) -> object:
+    """`metric` against the parameter count, one point (with its 95% t-interval) per group."""
+    import matplotlib.pyplot as plt
 
     fig, ax = plt.subplots(figsize=(7, 4.5))
     for i, g in enumerate(groups):
@@ -99,14 +117,7 @@ def plot_comparison(groups: Sequence[GroupSummary], metric: str, out_dir: str | 
     ax.set_title(f"{metric} vs parameter count", fontsize=10)
     _legend(ax)
     fig.tight_layout()
-    written[out / f"{_slug(metric)}_vs_params.png"] = _png(fig)
-    try:
-        atomic_write_files(written)
-    except OSError as exc:
-        raise OSError(exc.errno, f"cannot write plot {exc.filename or out}: {exc.strerror or exc}; the files "
-                      f"in {out} before are unchanged. Free disk space or choose another --plots directory"
-                      ) from None  # fmt: skip
-    return list(written)
+    return fig
 
 
 def _legend(ax: object) -> None:

@@ -17,6 +17,8 @@ from __future__ import annotations
 
 import dataclasses
 import pickle
+import pickletools
+import random
 import re
 import zipfile
 from collections.abc import Sequence
@@ -30,6 +32,7 @@ from attnlab.data import DATA_SPECS
 from attnlab.decoding import DecodeConfig
 from attnlab.model.config import TransformerConfig
 from attnlab.optim import OptimConfig
+from attnlab.runs.layout import CHECKPOINTS_DIR
 from attnlab.typed import ConfigError, build_from
 
 BUNDLE_KEY = "attnlab"
@@ -50,8 +53,6 @@ def rng_states() -> dict[str, Any]:
     """This process's random-number generator states (torch CPU, every CUDA device, Python's `random`),
     in types `torch.load(weights_only=True)` reads back. NumPy's global generator is not used by
     attnlab and not saved."""
-    import random
-
     version, state, gauss = random.getstate()
     states: dict[str, Any] = {"torch": torch.get_rng_state(), "python": [version, list(state), gauss]}
     if torch.cuda.is_available() and torch.cuda.is_initialized():
@@ -61,8 +62,6 @@ def rng_states() -> dict[str, Any]:
 
 def set_rng_states(states: dict[str, Any]) -> None:
     """Restore what `rng_states` saved."""
-    import random
-
     torch.set_rng_state(states["torch"])
     version, state, gauss = states["python"]
     random.setstate((version, tuple(state), gauss))
@@ -163,8 +162,6 @@ def _pickled_global(path: Path) -> str | None:
     """The first global (a class or function) the pickles in a non-zip file name, found by reading
     their opcodes only (`pickletools`: nothing is imported or run); None when there is none or the
     file is no pickle."""
-    import pickletools
-
     strings: list[str] = []
     try:
         with open(path, "rb") as file:
@@ -336,7 +333,7 @@ def epoch_checkpoints(directory: str | Path) -> list[Path]:
     `directory` is a run directory, its `checkpoints/` or its `checkpoints/epochs/`.
     """
     directory = Path(directory)
-    for candidate in (directory / "checkpoints" / "epochs", directory / "epochs", directory):
+    for candidate in (directory / CHECKPOINTS_DIR / "epochs", directory / "epochs", directory):
         found = [p for p in candidate.glob("epoch*.ckpt") if EPOCH_FILE.match(p.name)]
         if found:
             return sorted(found, key=lambda p: int(EPOCH_FILE.match(p.name).group(1)))

@@ -1,8 +1,66 @@
-"""The layout of a run directory: the name of every file a run writes, and the readers of them."""
+"""The layout of a run directory: the name of every file a run writes, the readers and writers of them
+(`RunDir`), and which config keys define a run's setting (`BOOKKEEPING`, `setting`).
+
+A run directory holds::
+
+    config.yaml          the resolved config (CONFIG_FILE)
+    manifest.json        what produced the run and how it ended (MANIFEST_FILE, `attnlab.runs.manifest`)
+    results.json         the final scores and metrics (RESULTS_FILE, `attnlab.runs.results`)
+    hypotheses/<set>.txt the translations of each test set (HYPOTHESES_DIR)
+    references/<set>.txt their references, for paired tests later (REFERENCES_DIR)
+    csv/metrics.csv      the metrics Lightning's CSV logger wrote (METRICS_CSV)
+    checkpoints/         the checkpoints (CHECKPOINTS_DIR); `last.ckpt` the latest state (LAST_CHECKPOINT)
+    .lock                the lock of the process running there (RUN_LOCK)
+"""
 
 from __future__ import annotations
 
+import csv
+import json
+import os
+import tempfile
+from collections.abc import Iterator, Mapping, Sequence
+from contextlib import contextmanager
+from dataclasses import dataclass
+from pathlib import Path
 from typing import Any
+
+import yaml
+from omegaconf import DictConfig, OmegaConf
+from omegaconf.errors import OmegaConfBaseException
+
+from attnlab.io import FileLock, atomic_write_bytes, atomic_write_files
+from attnlab.runs.results import results_bytes
+from attnlab.typed import ConfigError
+
+CONFIG_FILE = "config.yaml"
+MANIFEST_FILE = "manifest.json"
+RESULTS_FILE = "results.json"
+HYPOTHESES_DIR = "hypotheses"
+REFERENCES_DIR = "references"
+METRICS_CSV = "csv/metrics.csv"
+CHECKPOINTS_DIR = "checkpoints"
+LAST_CHECKPOINT = f"{CHECKPOINTS_DIR}/last.ckpt"
+RUN_LOCK = ".lock"  # `<pid> <host>` of the process running in the run directory
+
+# The config keys that never define a run's setting: where the run writes (`paths.`, `hydra.`, the
+# `callbacks.`, which hold run-directory paths such as the checkpoint directory, and with them their
+# other settings), how it is tracked and named (`logger.`, `task_name`), how it is started or continued
+# (`ckpt_path`, `resume`, `sweep.`) and what a sweeper reads from it (`optimized_metric`). An entry
+# ending in `.` names a config group (every key below it, and its choice); any other one a key (and every
+# key it starts). The seed is no bookkeeping: the runs of one setting differ in it, and W&B groups and
+# `attnlab-compare` group over it. W&B groups (`attnlab.runs.wandb.config_group`) and run names
+# (`run_name`), `attnlab.reports.compare.varying_keys` and the changes a resumed run may make
+# (`attnlab.training.resume.RESUMABLE_CHANGES`) all leave these keys out.
+BOOKKEEPING = (
+    "paths.", "hydra.", "logger.", "callbacks.", "sweep.",
+    "ckpt_path", "resume", "task_name", "optimized_metric",
+)  # fmt: skip
+
+
+class UnreadableRunFile(ValueError):
+    """A file of a run directory (`config.yaml`, `manifest.json`, `results.json`, `csv/metrics.csv`) cannot
+    be read or is not what attnlab writes; the message names the file and why."""
 
 
 def flatten(tree: Any, prefix: str = "") -> dict[str, Any]:
@@ -13,3 +71,271 @@ def flatten(tree: Any, prefix: str = "") -> dict[str, Any]:
     for key, value in tree.items():
         out.update(flatten(value, f"{prefix}{key}."))
     return out
+
+
+def key_in(key: str, entries: Sequence[str]) -> bool:
+    """Whether the dotted config key `key` (`paths.output_dir`, or a group choice such as `logger`) is one
+    of `entries` or below one (`BOOKKEEPING`'s convention: `paths.` names a group, `resume` a key)."""
+    return f"{key}.".startswith(tuple(entries))
+
+
+def is_bookkeeping(key: str) -> bool:
+    """Whether the dotted config key `key` never defines a run's setting (`BOOKKEEPING`)."""
+    return key_in(key, BOOKKEEPING)
+
+
+def setting(config: Mapping[str, Any], seed_key: str = "seed") -> dict[str, str]:
+    """What defines a run's setting: every dotted key of `config` (nested or flattened) but the seed and
+    the `BOOKKEEPING` keys, with its value as JSON text in which the run's own directories
+    (`paths.output_dir`, `paths.log_dir`) read `<output_dir>` and `<log_dir>`, so that values derived from
+    them (a checkpoint directory) are the same in every run. Two runs of one setting and different seeds
+    give the same dict."""
+    flat = flatten(dict(config))
+    own = [(flat.get(f"paths.{name}"), f"<{name}>") for name in ("output_dir", "log_dir")]
+    replacements = [(json.dumps(path)[1:-1], mark) for path, mark in own if isinstance(path, str) and path]
+    out: dict[str, str] = {}
+    for key, value in flat.items():
+        if key == seed_key or is_bookkeeping(key):
+            continue
+        text = json.dumps(value, sort_keys=True, default=str)
+        for path, mark in replacements:
+            text = text.replace(path, mark)
+        out[key] = text
+    return out
+
+
+def read_json_object(path: Path) -> dict[str, Any]:
+    """The JSON object in the file at `path`.
+
+    Raises:
+        UnreadableRunFile: The file is missing or unreadable, not UTF-8, not JSON, or not an object.
+    """
+    try:
+        value = json.loads(Path(path).read_text(encoding="utf-8"))
+    except (OSError, ValueError) as exc:  # unreadable, not UTF-8, not JSON
+        raise UnreadableRunFile(f"cannot read {path}: {exc}") from None
+    if not isinstance(value, dict):
+        raise UnreadableRunFile(f"cannot read {path}: it holds a JSON {type(value).__name__}, not an object")
+    return value
+
+
+def read_config_file(path: Path) -> dict[str, Any]:
+    """The config in the YAML file at `path` (a run's `config.yaml`), flattened (`flatten`).
+
+    Raises:
+        UnreadableRunFile: The file is missing or unreadable, not YAML, or holds no mapping.
+    """
+    try:
+        config = OmegaConf.load(path)
+    except (OSError, ValueError, yaml.YAMLError, OmegaConfBaseException) as exc:
+        reason = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
+        raise UnreadableRunFile(f"cannot read {path}: {reason}") from None
+    if not isinstance(config, DictConfig):
+        raise UnreadableRunFile(f"cannot read {path}: it holds a YAML list, not a config")
+    return flatten(OmegaConf.to_container(config))
+
+
+def read_metrics_csv(path: Path) -> list[dict[str, float]]:
+    """The rows of a metrics CSV file (Lightning's `CSVLogger`: a run's `csv/metrics.csv`), in order, each
+    as `{column: value}` of its non-empty cells; [] when there is no such file.
+
+    Raises:
+        UnreadableRunFile: The file cannot be read, is not UTF-8 CSV, or holds a cell that is not a number.
+    """
+    path = Path(path)
+    if not path.is_file():
+        return []
+    rows: list[dict[str, float]] = []
+    try:
+        with open(path, newline="", encoding="utf-8") as f:
+            reader = csv.DictReader(f)
+            for row in reader:
+                values: dict[str, float] = {}
+                for key, cell in row.items():
+                    if key is None:  # the cells beyond the header's columns
+                        raise UnreadableRunFile(
+                            f"cannot read {path}: line {reader.line_num} has more cells than its header"
+                        )
+                    if cell in ("", None):
+                        continue
+                    try:
+                        values[key] = float(cell)
+                    except ValueError:
+                        raise UnreadableRunFile(
+                            f"cannot read {path}: line {reader.line_num}: {key}={cell!r} is not a number"
+                        ) from None
+                rows.append(values)
+    except (OSError, UnicodeDecodeError, csv.Error) as exc:
+        raise UnreadableRunFile(f"cannot read {path}: {exc}") from None
+    return rows
+
+
+class RunDirectoryInUse(ConfigError):
+    """Another live process runs in this run directory (its lock file names it)."""
+
+
+def launched_rank() -> int:
+    """This process's global rank as the launchers set it (Lightning's DDP launcher, torchrun, SLURM,
+    submitit; `attnlab.cli.train.submitit_ranks`): 0 unless a rank variable says otherwise. Read from
+    the environment, before lightning is imported."""
+    names = ("RANK", "LOCAL_RANK", "NODE_RANK", "GROUP_RANK", "SLURM_PROCID")
+    return max((int(os.environ[k]) for k in names if os.environ.get(k, "").isdigit()), default=0)
+
+
+@dataclass(frozen=True)
+class RunDir:
+    """A run directory: where each of its files is, and their one reader and writer.
+
+    Readers raise `UnreadableRunFile` naming the file and why; writers are atomic (`attnlab.io`): a reader
+    sees the old file or the whole new one, and a failed write leaves the old one.
+    """
+
+    path: Path
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "path", Path(self.path))
+
+    @property
+    def config_file(self) -> Path:
+        """`config.yaml`: the resolved config."""
+        return self.path / CONFIG_FILE
+
+    @property
+    def manifest_file(self) -> Path:
+        """`manifest.json` (`attnlab.runs.manifest.Manifest`)."""
+        return self.path / MANIFEST_FILE
+
+    @property
+    def results_file(self) -> Path:
+        """`results.json`: the final scores and metrics."""
+        return self.path / RESULTS_FILE
+
+    @property
+    def hypotheses_dir(self) -> Path:
+        """`hypotheses/`: `<set>.txt`, the translations of each test set."""
+        return self.path / HYPOTHESES_DIR
+
+    @property
+    def references_dir(self) -> Path:
+        """`references/`: `<set>.txt`, the references of each test set."""
+        return self.path / REFERENCES_DIR
+
+    @property
+    def metrics_csv(self) -> Path:
+        """`csv/metrics.csv`: what Lightning's CSV logger wrote."""
+        return self.path / METRICS_CSV
+
+    @property
+    def checkpoints_dir(self) -> Path:
+        """`checkpoints/`."""
+        return self.path / CHECKPOINTS_DIR
+
+    @property
+    def last_checkpoint(self) -> Path:
+        """`checkpoints/last.ckpt`: the latest state, which `resume=true` continues from."""
+        return self.path / LAST_CHECKPOINT
+
+    @property
+    def run_lock(self) -> Path:
+        """`.lock`: held by the process running in the directory."""
+        return self.path / RUN_LOCK
+
+    def read_json(self, name: str) -> dict[str, Any]:
+        """The JSON object in the file `name` (`MANIFEST_FILE`, `RESULTS_FILE`) of the run directory.
+
+        Raises:
+            UnreadableRunFile: The file is missing or unreadable, not UTF-8, not JSON, or not an object.
+        """
+        return read_json_object(self.path / name)
+
+    def read_config(self) -> dict[str, Any]:
+        """The run's `config.yaml`, flattened (`flatten`).
+
+        Raises:
+            UnreadableRunFile: It is missing or unreadable, not YAML, or holds no mapping.
+        """
+        return read_config_file(self.config_file)
+
+    def metrics_rows(self) -> list[dict[str, float]]:
+        """The rows of the run's `csv/metrics.csv` (`read_metrics_csv`; [] without one)."""
+        return read_metrics_csv(self.metrics_csv)
+
+    def write_config(self, resolved: dict[str, Any]) -> None:
+        """Write `config.yaml`: the resolved config (plain values) as YAML."""
+        atomic_write_bytes(self.config_file, OmegaConf.to_yaml(OmegaConf.create(resolved)).encode("utf-8"))
+
+    def write_results(self, results: dict[str, Any]) -> None:
+        """Write `results.json` (`attnlab.runs.results.results_bytes`)."""
+        atomic_write_bytes(self.results_file, results_bytes(results))
+
+    def write_files(self, files: Mapping[Path | str, bytes]) -> None:
+        """Write files of the run directory (names relative to it) so that they change together
+        (`attnlab.io.atomic_write_files`: a failed write leaves every one as it was)."""
+        atomic_write_files({self.path / name: data for name, data in files.items()})
+
+    def check_writable(self) -> None:
+        """Create the run directory and check that files can be written there, before anything is run.
+
+        Raises:
+            ConfigError: It cannot be created or written, naming it and the fix.
+        """
+        try:
+            self.path.mkdir(parents=True, exist_ok=True)
+            with tempfile.TemporaryFile(dir=self.path):
+                pass
+        except OSError as exc:
+            raise ConfigError(
+                f"cannot create the run directory {self.path} or write in it: {exc.strerror or exc} — set "
+                "hydra.run.dir (hydra.sweep.dir for -m) to a writable directory, or fix its permissions"
+            ) from None
+
+    @contextmanager
+    def lock(self) -> Iterator[None]:
+        """Hold the run directory's lock for the whole run: a second process started in the same directory
+        (which would mix checkpoints, logs and manifest) is refused at once, naming the directory and the
+        process running there. The lock is `attnlab.io.FileLock` (``flock``): released when the run ends,
+        however it ends — the kernel frees it when a killed process dies, so a dead run's stale lock is
+        taken over (`resume=true` continues it). Under DDP only the first process (rank 0) takes it; the
+        other ranks run in the same directory.
+
+        Raises:
+            RunDirectoryInUse: Another live process holds the lock.
+        """
+        if launched_rank() != 0:
+            yield
+            return
+        lock = self._take_lock(record_holder=True)
+        try:
+            yield
+        finally:
+            lock.release()
+
+    def check_free(self) -> None:
+        """Refuse at once a run directory whose lock a live process holds (`lock`), before anything writes
+        there: Hydra writes `.hydra/` and the job log into the run directory before the task starts
+        (`attnlab.cli.app.RunDirectoryCheck` calls this first). The lock itself is taken by `train`.
+
+        Raises:
+            RunDirectoryInUse: Another live process holds the lock.
+        """
+        if launched_rank() != 0 or not self.run_lock.is_file():
+            return
+        self._take_lock(record_holder=False).release()
+
+    def _take_lock(self, *, record_holder: bool) -> FileLock:
+        """The run directory's lock, taken without waiting.
+
+        Raises:
+            RunDirectoryInUse: Another live process holds it (named, when it recorded itself).
+        """
+        lock = FileLock(self.run_lock, timeout=0, record_holder=record_holder)
+        try:
+            lock.acquire()
+        except TimeoutError:
+            raise RunDirectoryInUse(
+                f"the run directory {self.path} is in use: {lock.holder()} is running there "
+                f"({self.run_lock}). Two runs in one directory would mix their checkpoints and logs: wait "
+                "for it to end (or stop it; resume=true then continues it), or set hydra.run.dir to "
+                "another directory"
+            ) from None
+        return lock

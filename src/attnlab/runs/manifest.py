@@ -1,13 +1,16 @@
-"""The run manifest (`manifest.json` in every run directory): what produced the run, and how it ended.
+"""The run manifest (`manifest.json` in every run directory, `Manifest`): what produced the run, and how
+it ended.
 
 It records the code (git commit and dirty flag of the checkout attnlab runs from, when it is one), the
 package versions, the hardware, the command line, the data and tokenizer hashes, the start and end
-times and the final status (`running`, `finished` or `failed` with the error). It is written when the
-run starts and rewritten when it ends, so an interrupted run is recognisable by `status: running`.
+times and the final status (`running`, then `finished`, `interrupted` or `failed` with the error). It is
+written when the run starts, rewritten with each fact the run adds and when it ends, so a killed run is
+recognisable by `status: running`.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import hashlib
 import json
 import os
@@ -19,9 +22,8 @@ from importlib import metadata
 from pathlib import Path
 from typing import Any
 
-from attnlab.io import atomic_write_bytes
+from attnlab.runs.layout import MANIFEST_FILE, RunDir, UnreadableRunFile
 
-MANIFEST_FILE = "manifest.json"
 PACKAGES = ("attnlab", "torch", "lightning", "hydra-core", "omegaconf", "sacrebleu", "tokenizers", "wandb")
 
 
@@ -76,50 +78,99 @@ def text_sha256(text: str) -> str:
     return hashlib.sha256(text.encode("utf-8")).hexdigest()
 
 
-def write_manifest(output_dir: str | Path, manifest: dict[str, Any]) -> Path:
-    """Write `manifest.json` atomically (a reader never sees half a file)."""
-    path = Path(output_dir) / MANIFEST_FILE
-    atomic_write_bytes(
-        path, (json.dumps(manifest, indent=2, sort_keys=True, default=str) + "\n").encode("utf-8")
-    )
-    return path
+class Manifest:
+    """The manifest of one run directory, kept as one object: every change is written at once (atomically:
+    a reader never sees half a file), so a run killed at any point leaves a manifest saying how far it got.
 
-
-def start_manifest(output_dir: str | Path, resumed_from: str | None = None) -> dict[str, Any]:
-    """The manifest of a run starting now (written to `output_dir`); add to it and `write_manifest`.
-
-    With `resumed_from` (the run continues from that checkpoint), the first start time, the W&B run id
-    and the earlier resumptions are kept from the run's manifest, and this resumption is added to
-    `resumed` (time, checkpoint, command).
+    `Manifest.start` begins a run's manifest, `update` adds facts as the run goes, `finish` records how it
+    ended; `Manifest.failed` records a job that failed before its run started, `Manifest.read` an existing
+    manifest (to mark it, e.g. a job whose process died).
     """
-    manifest: dict[str, Any] = {
-        "status": "running",
-        "start_time": now(),
-        "end_time": None,
-        "command": [sys.executable, *sys.argv],
-        # This job's own overrides (under a multirun or a launcher, `command` is the sweep's or the
-        # launcher's): `attnlab-train <overrides>` re-runs the job alone.
-        "overrides": _job_overrides(),
-        "cwd": os.getcwd(),
-        "git": git_state(),
-        "packages": package_versions(),
-        "hardware": hardware(),
-    }
-    if resumed_from is not None:
-        try:
-            before = json.loads((Path(output_dir) / "manifest.json").read_text())
-        except (OSError, ValueError):
-            before = {}
-        for key in ("start_time", "wandb_run_id"):
-            if before.get(key):
-                manifest[key] = before[key]
-        entry = {"time": now(), "checkpoint": str(resumed_from), "command": manifest["command"]}
-        manifest["resumed"] = [*before.get("resumed", []), entry]
-    write_manifest(output_dir, manifest)
-    return manifest
+
+    def __init__(self, run: RunDir, fields: dict[str, Any]) -> None:
+        self.run = run
+        self._fields = dict(fields)
+
+    @classmethod
+    def start(cls, run: RunDir, resumed_from: str | None = None) -> Manifest:
+        """The manifest of a run starting now, written to `run`.
+
+        With `resumed_from` (the run continues from that checkpoint), the first start time, the W&B run
+        id and the earlier resumptions are kept from the run's manifest (read here, once; a missing or
+        unreadable one keeps nothing), and this resumption is added to `resumed` (time, checkpoint,
+        command).
+        """
+        fields: dict[str, Any] = {
+            "status": "running",
+            "start_time": now(),
+            "end_time": None,
+            "command": [sys.executable, *sys.argv],
+            # This job's own overrides (under a multirun or a launcher, `command` is the sweep's or the
+            # launcher's): `attnlab-train <overrides>` re-runs the job alone.
+            "overrides": task_overrides(),
+            "cwd": os.getcwd(),
+            "git": git_state(),
+            "packages": package_versions(),
+            "hardware": hardware(),
+        }
+        if resumed_from is not None:
+            try:
+                before = run.read_json(MANIFEST_FILE)
+            except UnreadableRunFile:
+                before = {}
+            for key in ("start_time", "wandb_run_id"):
+                if before.get(key):
+                    fields[key] = before[key]
+            earlier = before.get("resumed")
+            entry = {"time": now(), "checkpoint": str(resumed_from), "command": fields["command"]}
+            fields["resumed"] = [*(earlier if isinstance(earlier, list) else []), entry]
+        manifest = cls(run, fields)
+        manifest._write()
+        return manifest
+
+    @classmethod
+    def read(cls, run: RunDir) -> Manifest:
+        """The manifest `run` holds.
+
+        Raises:
+            UnreadableRunFile: There is none, or it cannot be read or is not a JSON object.
+        """
+        return cls(run, run.read_json(MANIFEST_FILE))
+
+    @classmethod
+    def failed(cls, run: RunDir, error: str) -> None:
+        """Write a manifest saying the job failed with `error` (its first line), for a failure before its
+        run started (a config error): there is no other manifest to keep."""
+        cls(run, {"status": "failed", "error": error.splitlines()[0], "end_time": now()})._write()
+
+    @property
+    def fields(self) -> dict[str, Any]:
+        """What the manifest holds (a copy)."""
+        return dict(self._fields)
+
+    def get(self, key: str, default: Any = None) -> Any:
+        """The manifest's `key` (`default` when it has none)."""
+        return self._fields.get(key, default)
+
+    def update(self, **fields: Any) -> None:
+        """Set `fields` and write the manifest."""
+        self._fields.update(fields)
+        self._write()
+
+    def finish(self, status: str, error: str | None = None) -> None:
+        """Record how the run ended (`finished`, `failed`, `interrupted`; with the error) and when."""
+        ending: dict[str, Any] = {"status": status, "end_time": now()}
+        if error is not None:
+            ending["error"] = error
+        self.update(**ending)
+
+    def _write(self) -> None:
+        text = json.dumps(self._fields, indent=2, sort_keys=True, default=str) + "\n"
+        self.run.write_files({MANIFEST_FILE: text.encode("utf-8")})
 
 
-def _job_overrides() -> list[str]:
+def task_overrides() -> list[str]:
+    """The command-line overrides of the current Hydra job ([] outside a Hydra app)."""
     from hydra.core.hydra_config import HydraConfig
 
     return list(HydraConfig.get().overrides.task) if HydraConfig.initialized() else []
@@ -128,8 +179,6 @@ def _job_overrides() -> list[str]:
 def data_identity(datamodule: Any) -> dict[str, Any]:
     """What identifies a run's data: the spec's class and settings, the prepared-data cache key (a hash
     of the raw files and the preprocessing) and the SHA-256 of each tokenizer's JSON."""
-    import dataclasses
-
     spec = getattr(datamodule, "spec", None)
     identity: dict[str, Any] = {"spec": type(spec).__name__ if spec is not None else None}
     if dataclasses.is_dataclass(spec):

@@ -1,27 +1,9 @@
-"""`results.json` and the files an evaluation writes beside it."""
+"""The content of `results.json` (`attnlab.runs.layout.RunDir.write_results` writes it) and its table."""
 
 from __future__ import annotations
 
 import json
-from pathlib import Path
 from typing import Any
-
-from attnlab.io import atomic_write_bytes
-
-RESULTS_FILE = "results.json"
-
-
-HYPOTHESES_DIR = "hypotheses"
-
-
-REFERENCES_DIR = "references"
-
-
-def write_results(output_dir: str | Path, results: dict[str, Any]) -> Path:
-    """Write `results.json` atomically (a reader never sees half a file)."""
-    path = Path(output_dir) / RESULTS_FILE
-    atomic_write_bytes(path, results_bytes(results))
-    return path
 
 
 def results_bytes(results: dict[str, Any]) -> bytes:

@@ -1,8 +1,12 @@
 """W&B tracking: the logger, run grouping and naming, and what goes to W&B besides metrics.
 
-- `config_group(cfg)`: a hash of the resolved config without the seed and the paths, so the seeds of
-  one setting share a W&B group (and `attnlab-compare` can group runs the same way).
-- `run_name(overrides)`: the run's name from its command-line overrides (`pe=learned,n_heads=4,seed=2`).
+- `config_group(cfg)`: a hash of the run's setting (`attnlab.runs.layout.setting`: the resolved config
+  without the seed and the `BOOKKEEPING` keys), so the seeds of one setting share a W&B group;
+  `attnlab-compare` groups runs by the same setting (`attnlab.reports.compare.varying_keys`).
+- `run_name(overrides)`: the run's name from its command-line overrides (`pe=learned,n_heads=4,seed=2`),
+  bookkeeping overrides left out.
+- `wandb_names(node, resolved, overrides)`: those two for a W&B logger config whose `group` or `name` is
+  null.
 - `WandbLogger`: Lightning's `WandbLogger` that keeps W&B's directories inside the run directory
   (`WANDB_DIR`, `WANDB_DATA_DIR`, `WANDB_CACHE_DIR`, `WANDB_CONFIG_DIR`, unless the user set them),
   offline unless asked otherwise.
@@ -11,16 +15,21 @@
 from __future__ import annotations
 
 import hashlib
+import inspect
 import json
 import os
-from collections.abc import Sequence
+import sys
+from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
 from lightning.pytorch.loggers import WandbLogger as _LightningWandbLogger
 
-# Keys that do not change what a run computes: left out of the group hash.
-UNGROUPED = ("seed", "paths", "hydra", "logger", "ckpt_path", "resume", "task_name", "optimized_metric")
+from attnlab.runs.layout import RunDir, is_bookkeeping, setting
+
+__all__ = ["WandbLogger", "config_group", "finish_wandb", "log_results", "run_name",
+           "wandb_names", "wandb_runs"]  # fmt: skip
+
 _SET_BY_US: dict[str, str] = {}  # W&B directory variables this process set (for the next run of a multirun)
 WANDB_DIRS = {
     "WANDB_DIR": "",
@@ -31,30 +40,41 @@ WANDB_DIRS = {
 
 
 def config_group(config: dict[str, Any]) -> str:
-    """A 10-hex-digit hash of a resolved config without its seed, paths, loggers and run bookkeeping
-    (values derived from the run directory, like checkpoint paths, count as the same)."""
-    kept = {k: v for k, v in config.items() if k not in UNGROUPED}
-    text = json.dumps(kept, sort_keys=True, default=str)
-    paths = config.get("paths") or {}
-    for key in ("output_dir", "log_dir"):  # e.g. checkpoint directories inside the run directory
-        if isinstance(paths.get(key), str) and paths[key]:
-            text = text.replace(json.dumps(paths[key])[1:-1], f"<{key}>")
+    """A 10-hex-digit hash of a resolved config's setting (`attnlab.runs.layout.setting`): without its
+    seed and bookkeeping keys (paths, Hydra, loggers, callbacks, sweep and resume settings), and with
+    values derived from the run directory, like checkpoint paths, counting as the same."""
+    text = json.dumps(setting(config), sort_keys=True)
     return hashlib.sha256(text.encode("utf-8")).hexdigest()[:10]
 
 
 def run_name(overrides: Sequence[str]) -> str | None:
     """`a.b.pe=learned model.n_heads=4 seed=2` -> `pe=learned,n_heads=4,seed=2` (None without overrides).
 
-    Overrides of paths, Hydra and loggers are left out; a config group choice keeps its name
-    (`model=small`).
+    Overrides of bookkeeping keys (`attnlab.runs.layout.BOOKKEEPING`: paths, Hydra, loggers, callbacks,
+    ...) are left out; a config group choice keeps its name (`model=small`).
     """
     parts = []
     for override in overrides:
         key, sep, value = override.lstrip("+~").partition("=")
-        if not sep or key.split(".")[0] in ("paths", "hydra", "logger", "resume", "ckpt_path"):
+        if not sep or is_bookkeeping(key):
             continue
         parts.append(f"{key.split('.')[-1]}={value}")
     return ",".join(parts) or None
+
+
+def wandb_names(
+    node: Mapping[str, Any], resolved: dict[str, Any], overrides: Sequence[str]
+) -> dict[str, str]:
+    """The values for the null `group` and `name` of the W&B logger config `node`: `config_group` of the
+    resolved config and `run_name` of the job's overrides (a name only when there are overrides).
+    Nothing is changed; the caller fills them in."""
+    names: dict[str, str] = {}
+    if node.get("group") is None:
+        names["group"] = config_group(resolved)
+    name = run_name(overrides) if node.get("name") is None else None
+    if name is not None:
+        names["name"] = name
+    return names
 
 
 class WandbLogger(_LightningWandbLogger):
@@ -100,8 +120,6 @@ class WandbLogger(_LightningWandbLogger):
     def accepted_keys(cls) -> list[str]:
         """The keys this logger takes: its own parameters and those of what its `**kwargs` reach,
         Lightning's `WandbLogger` and `wandb.init` (imported here: only when a W&B logger is configured)."""
-        import inspect
-
         import wandb
 
         keys: list[str] = []
@@ -110,24 +128,6 @@ class WandbLogger(_LightningWandbLogger):
                 if parameter.kind is not inspect.Parameter.VAR_KEYWORD and name not in keys:
                     keys.append(name)
         return keys
-
-
-def task_overrides() -> list[str]:
-    """The command-line overrides of the current Hydra job ([] outside a Hydra app)."""
-    from hydra.core.hydra_config import HydraConfig
-
-    return list(HydraConfig.get().overrides.task) if HydraConfig.initialized() else []
-
-
-def name_and_group(cfg: Any, resolved: dict[str, Any]) -> None:
-    """Fill a null `logger.wandb.group` / `name` (in place) with `config_group` / `run_name`."""
-    node = (cfg.get("logger") or {}).get("wandb")
-    if node is None:
-        return
-    if node.get("group") is None:
-        node.group = config_group(resolved)
-    if node.get("name") is None:
-        node.name = run_name(task_overrides())
 
 
 def wandb_runs(trainer: Any) -> list[Any]:
@@ -144,6 +144,7 @@ def log_results(runs: list[Any], results: dict[str, Any], output_dir: Path) -> N
 
     if not runs:
         return
+    run_dir = RunDir(output_dir)
     summary: dict[str, Any] = {}
     for name, entry in results.get("sets", {}).items():
         for key in ("bleu", "chrf", "bleu_signature", "chrf_signature", "sentences"):
@@ -154,13 +155,13 @@ def log_results(runs: list[Any], results: dict[str, Any], output_dir: Path) -> N
         run.summary.update(summary)
         tables = {}
         for name, entry in results.get("sets", {}).items():
-            lines = (output_dir / entry["hypotheses"]).read_text(encoding="utf-8").split("\n")[:-1]
+            lines = (run_dir.path / entry["hypotheses"]).read_text(encoding="utf-8").split("\n")[:-1]
             rows = [[i + 1, line] for i, line in enumerate(lines)]
             tables[f"test/{name}/hypotheses"] = wandb.Table(columns=["line", "hypothesis"], data=rows)
         if tables:
             run.log(tables)
             artifact = wandb.Artifact(f"hypotheses-{run.id}", type="hypotheses")
-            artifact.add_dir(str(output_dir / "hypotheses"))
+            artifact.add_dir(str(run_dir.hypotheses_dir))
             run.log_artifact(artifact)
 
 
@@ -171,8 +172,6 @@ def finish_wandb(exit_code: int) -> None:
     until the run's files are completely written (`finish` alone may return before the offline run file
     is flushed), and lets the next job's W&B directories (`WANDB_DIR`, ...) take effect, which a running
     W&B session ignores."""
-    import sys
-
     wandb = sys.modules.get("wandb")
     if wandb is not None and getattr(wandb, "run", None) is not None:
         wandb.finish(exit_code=exit_code)

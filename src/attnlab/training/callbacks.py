@@ -9,6 +9,8 @@ again and count it as an epoch without improvement. Checkpointing avoids the sam
 
 from __future__ import annotations
 
+import signal
+import threading
 from typing import Any
 
 import lightning as L
@@ -50,8 +52,6 @@ class Preempted(SystemExit):
     """
 
     def __init__(self, signum: int, step: int, path: str) -> None:
-        import signal
-
         super().__init__(128 + signum)
         self.signum, self.step, self.path = signum, step, path
         self.message = (
@@ -94,9 +94,6 @@ class Preemption(L.Callback):
         self._received = signum
 
     def on_train_start(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
-        import signal
-        import threading
-
         if threading.current_thread() is not threading.main_thread():
             return  # signals reach only the main thread
         for signum in (signal.SIGTERM, signal.SIGUSR1):
@@ -104,8 +101,6 @@ class Preemption(L.Callback):
             signal.signal(signum, self._on_signal)
 
     def _restore(self) -> None:
-        import signal
-
         for signum, handler in self._previous.items():
             signal.signal(signum, handler if handler is not None else signal.SIG_DFL)
         self._previous = {}
@@ -113,8 +108,6 @@ class Preemption(L.Callback):
     def on_train_batch_end(
         self, trainer: L.Trainer, pl_module: L.LightningModule, outputs: Any, batch: Any, batch_idx: int
     ) -> None:
-        import signal
-
         local = self._received
         if not trainer.strategy.reduce_boolean_decision(local is not None, all=False):
             return

@@ -1,11 +1,12 @@
 """Writing checkpoints so that a crash, a kill or a full disk during a save never costs a saved one.
 
 `AtomicCheckpointIO` (Lightning's checkpoint-IO plugin for every run of `attnlab-train`) writes each
-checkpoint to a hidden temporary file beside its destination (`.<name>.partial-<pid>`), flushes it to
-disk (`fsync`) and only then renames it over the destination (`os.replace`, atomic on POSIX file
-systems): a reader sees the previous checkpoint or the new one, never a part of one. A failed write
-removes its temporary file and raises `CheckpointWriteError` naming the file and the fix; temporary
-files left by a killed process are removed by the next save to the same path.
+checkpoint with `attnlab.io.atomic_writer`: to a hidden temporary file beside its destination
+(`.<name>.partial-<pid>`), flushed to disk (`fsync`) and only then renamed over the destination
+(`os.replace`, atomic on POSIX file systems): a reader sees the previous checkpoint or the new one,
+never a part of one. A failed write removes its temporary file and raises `CheckpointWriteError` naming
+the file and the fix; temporary files left by a killed process are removed by the next save to the same
+path.
 
 It also reads the checkpoint a run continues from, by attnlab's one safe reader, and lets only the
 callback states that may steer the run in (`trusted_callback_states`).
@@ -15,32 +16,19 @@ from __future__ import annotations
 
 import errno
 import logging
-import os
 from pathlib import Path
 from typing import IO, Any
 
 import torch
 from lightning.fabric.plugins.io.torch_io import TorchCheckpointIO
 
+from attnlab.io import atomic_writer
+
 log = logging.getLogger(__name__)
 
 
 class CheckpointWriteError(OSError):
     """A checkpoint could not be written; what was saved before is unchanged."""
-
-
-def _fsync_directory(directory: Path) -> None:
-    """Make a rename in `directory` durable (no-op where directories cannot be opened, e.g. Windows)."""
-    try:
-        fd = os.open(directory, os.O_RDONLY)
-    except OSError:
-        return
-    try:
-        os.fsync(fd)
-    except OSError:
-        pass
-    finally:
-        os.close(fd)
 
 
 # What torch's zip writer raises (a RuntimeError, not an OSError) when writing the file fails.
@@ -135,18 +123,10 @@ class AtomicCheckpointIO(TorchCheckpointIO):
         if storage_options is not None:
             raise TypeError(f"{type(self).__name__} takes no storage_options, got {storage_options!r}")
         path = Path(path)
-        partial = path.with_name(f".{path.name}.partial-{os.getpid()}")
         try:
-            path.parent.mkdir(parents=True, exist_ok=True)
-            for stale in path.parent.glob(f".{path.name}.partial-*"):  # left by a killed process
-                stale.unlink(missing_ok=True)
-            with open(partial, "wb") as file:
+            with atomic_writer(path, tag="partial") as file:  # `.<name>.partial-<pid>`, stale ones removed
                 self.write(checkpoint, file)
-                file.flush()
-                os.fsync(file.fileno())
-            os.replace(partial, path)
         except BaseException as exc:
-            partial.unlink(missing_ok=True)
             failure = _write_failure(exc)
             if failure is None:
                 raise
@@ -158,7 +138,6 @@ class AtomicCheckpointIO(TorchCheckpointIO):
                 f"cannot write checkpoint {path}: {reason}; {kept}. {hint} (or run in another directory: "
                 "hydra.run.dir=...), then continue the run with resume=auto",
             ) from failure
-        _fsync_directory(path.parent)
 
     def write(self, checkpoint: dict[str, Any], file: IO[bytes]) -> None:
         """Serialize `checkpoint` into the open temporary file."""

@@ -196,7 +196,7 @@ def _check_fit(model: TransformerConfig, data: Any) -> TransformerConfig:
         except ValueError as exc:
             raise ConfigError(f"model.{exc} (vocabulary from data: {vocab})") from exc
     needed = getattr(data, "max_positions_needed", None)
-    if model.pe == "learned" and needed is not None and needed > model.max_positions:
+    if needed is not None and model.length_limit(needed) < needed:
         raise ConfigError(
             f"model.max_positions={model.max_positions} is smaller than the {needed} positions the data "
             f"needs with pe=learned: set model.max_positions>={needed} or use model.pe=sinusoidal"
@@ -241,15 +241,17 @@ def validate(cfg: DictConfig) -> Experiment:
 SCORED_METRICS = ("val/bleu", "val/chrf")
 
 
-def resolve_monitor(cfg: DictConfig, experiment: Experiment) -> None:
-    """Fill in the `auto` values of `cfg.monitor` (in place; see `conf/train.yaml`).
+def resolve_monitor(cfg: DictConfig, experiment: Experiment) -> DictConfig:
+    """`cfg` with the `auto` values of `cfg.monitor` filled in (see `conf/train.yaml`): a new config, so
+    that the interpolations reading them (`${monitor.metric}` in the checkpoint callback) see the values;
+    `cfg` itself is not changed.
 
     Raises:
         ConfigError: A BLEU/chrF monitor without validation decodes, or an unknown mode.
     """
     node = cfg.get("monitor")
     if node is None:
-        return
+        return cfg
     from attnlab.data.corpora import CorpusData  # torch-free, like everything validate() builds
 
     has_text = isinstance(experiment.data, CorpusData)
@@ -273,4 +275,4 @@ def resolve_monitor(cfg: DictConfig, experiment: Experiment) -> None:
         every = experiment.decode.every_n_epochs if metric in SCORED_METRICS else 1
     if not is_int(every) or every < 1:
         raise ConfigError(f"monitor.every_n_epochs={every!r} must be a positive integer or auto")
-    node.metric, node.mode, node.every_n_epochs = metric, mode, every
+    return OmegaConf.merge(cfg, {"monitor": {"metric": metric, "mode": mode, "every_n_epochs": every}})

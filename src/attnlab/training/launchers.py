@@ -18,7 +18,6 @@ jobs in this process) or by these launchers from the jobs' manifests.
 
 from __future__ import annotations
 
-import json
 import logging
 from collections.abc import Sequence
 from pathlib import Path
@@ -27,6 +26,9 @@ from typing import Any
 from hydra.core.singleton import Singleton
 from hydra.core.utils import JobReturn, JobStatus, filter_overrides
 from omegaconf import OmegaConf
+
+from attnlab.runs.layout import MANIFEST_FILE, RunDir, UnreadableRunFile
+from attnlab.runs.manifest import Manifest
 
 log = logging.getLogger(__name__)
 
@@ -51,11 +53,11 @@ def multirun_summary() -> tuple[str, bool] | None:
     return line, bool(failed)
 
 
-def _job_status(output_dir: Path) -> str:
+def _job_status(run: RunDir) -> str:
     """`finished` when the job's manifest says so, else `failed` (failed, interrupted, never finished)."""
     try:
-        status = json.loads((output_dir / "manifest.json").read_text()).get("status")
-    except (OSError, ValueError, AttributeError):  # no manifest, not JSON, not an object
+        status = Manifest.read(run).get("status")
+    except UnreadableRunFile:  # no manifest, not JSON, not an object
         return "failed"
     return "finished" if status == "finished" else "failed"
 
@@ -100,8 +102,9 @@ class TolerantLaunch:
             if run_dir is None:  # died before writing its manifest
                 record_job("failed", Path(job.paths.folder))
             else:
+                run = RunDir(run_dir)
                 failed = result.status == JobStatus.FAILED
-                record_job("failed" if failed else _job_status(run_dir), run_dir / "manifest.json")
+                record_job("failed" if failed else _job_status(run), run.manifest_file)
             results.append(result)
         return results
 
@@ -129,14 +132,12 @@ def _result(job: Any, overrides: list[str], sweep_dir: Path) -> tuple[JobReturn,
 def mark_failed(sweep_dir: Path, overrides: list[str], error: str) -> Path | None:
     """Mark `failed` the still-`running` manifest of the job with these overrides; returns the job's run
     directory, None if there is no such manifest."""
-    from attnlab.runs.manifest import now, write_manifest
-
-    for path in sorted(sweep_dir.glob("*/manifest.json")):
+    for path in sorted(sweep_dir.glob(f"*/{MANIFEST_FILE}")):
         try:
-            manifest = json.loads(path.read_text())
-        except (OSError, ValueError):
+            manifest = Manifest.read(RunDir(path.parent))
+        except UnreadableRunFile:
             continue
         if manifest.get("status") == "running" and manifest.get("overrides") == overrides:
-            write_manifest(path.parent, {**manifest, "status": "failed", "error": error, "end_time": now()})
+            manifest.finish("failed", error=error)
             return path.parent
     return None

@@ -14,8 +14,9 @@ import torch.nn.functional as F
 from torch import Tensor
 from torchmetrics import SumMetric
 
+from attnlab.data.batching import restore_order
 from attnlab.decoding import DecodeConfig
-from attnlab.decoding.search import beam_search, greedy_decode, translate_ids
+from attnlab.decoding.search import beam_search, greedy_decode, translate
 from attnlab.metrics import score_all
 from attnlab.model.config import TransformerConfig
 from attnlab.model.transformer import Transformer
@@ -275,11 +276,10 @@ class TranslationModule(L.LightningModule):
             and getattr(datamodule, "tgt_tokenizer", None) is not None
         )
 
-    def translate(self, src: Tensor, beam: int) -> list[list[int]]:
-        """Output ids (eos and padding removed) for source ids (B, S)."""
-        cfg = self.decode_config
-        return translate_ids(self.model, src, beam=beam, alpha=cfg.lenpen, max_len_a=cfg.max_len_a,
-                             max_len_b=cfg.max_len_b, min_len=cfg.min_len)  # fmt: skip
+    def translate(self, src: Tensor, beam: int | None = None) -> list[list[int]]:
+        """Output ids (eos and padding removed) for source ids (B, S), decoded with `decode` (its `beam`
+        unless `beam` is given; `attnlab.decoding.search.translate`)."""
+        return translate(self.model, src, self.decode_config, beam)
 
     def on_validation_epoch_start(self) -> None:
         self._val_hypotheses = [] if self._decodes_this_epoch() else None
@@ -306,14 +306,11 @@ class TranslationModule(L.LightningModule):
             torch.distributed.all_gather_object(gathered, pairs)
             pairs = [pair for shard in gathered for pair in shard]
         # Original order; a limited validation (fast_dev_run, limit_val_batches) scores what it decoded.
-        pairs = sorted(pairs)
         indices = [i for i, _ in pairs]
-        if len(set(indices)) != len(indices):
-            raise RuntimeError(
-                "validation decoding saw a sentence twice: the evaluation sampler repeated examples"
-            )
+        outputs = restore_order(indices, [ids for _, ids in pairs], complete=False)
+        indices.sort()
         datamodule = self.trainer.datamodule
-        hypotheses = [datamodule.tgt_tokenizer.decode(ids) for _, ids in pairs]
+        hypotheses = [datamodule.tgt_tokenizer.decode(ids) for ids in outputs]
         references = [datamodule.references["val"][i] for i in indices]
         scores = score_all(hypotheses, references)
         log.info("val BLEU %.2f (%s)", scores["bleu"].score, scores["bleu"].signature)
@@ -339,8 +336,9 @@ class TranslationModule(L.LightningModule):
         images, captions = [], []
         for src_ids, _, _ in datamodule.splits["val"][:count]:
             src = torch.tensor([src_ids], device=self.device)
-            (hyp,) = beam_search(self.model, src, beam=1, max_len_a=self.decode_config.max_len_a,
-                                 max_len_b=self.decode_config.max_len_b, need_attention=True)[0]  # fmt: skip
+            cfg = self.decode_config
+            (hyp,) = beam_search(self.model, src, beam=1, max_len_a=cfg.max_len_a, max_len_b=cfg.max_len_b,
+                                 min_len=cfg.min_len, need_attention=True)[0]  # fmt: skip
             weights = hyp.attention.float().clamp(0, 1).cpu()  # (T, S)
             pixels = (weights * 255).round().to(torch.uint8).repeat_interleave(8, 0).repeat_interleave(8, 1)
             images.append(pixels.numpy())
@@ -383,9 +381,9 @@ class TranslationModule(L.LightningModule):
         weights_only: bool | None = None,
         **settings: Any,
     ) -> TranslationModule:
-        """The module of a checkpoint written by `attnlab-train`, read by `attnlab.runs.checkpoint.read_checkpoint`
-        (weights only; its model, optim and decode settings built by their own classes, never by a class
-        the file names) instead of Lightning's generic loader.
+        """The module of a checkpoint written by `attnlab-train`, read by
+        `attnlab.runs.checkpoint.read_checkpoint` (weights only; its model, optim and decode settings built
+        by their own classes, never by a class the file names) instead of Lightning's generic loader.
 
         Args:
             checkpoint_path: The checkpoint file.

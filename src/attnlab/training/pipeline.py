@@ -1,26 +1,54 @@
-"""`train(cfg)`: the training pipeline as a plain function returning its metrics.
+"""`train(cfg)`: the training pipeline, one stage after the other.
 
-Validation happens first and imports neither torch nor lightning, so a bad config fails in about a
-second; the heavy imports happen inside `train` once the config is known to be good.
+    plan_run           validate the config (torch-free: a wrong value fails in about a second) and resolve
+                       it into a `RunPlan` (monitor, W&B names, the checkpoint a resumed run goes on from);
+                       the config is read-only from here on
+    (run lock)         take the run directory: a second process there is refused
+    build_data         set the data module up (corpora prepared or read from the cache) and complete the
+                       model config with the vocabulary sizes
+    build_module       the LightningModule (compiled when `compile.enabled`)
+    build_trainer      the Lightning trainer with callbacks, loggers and checkpoint IO
+    fit                train (from the run's last checkpoint when it continues)
+    final_evaluation   test the final weights (best checkpoint or average) and, on rank 0, decode and score
+                       every test set: the results, as a value
+    write              `results.json` (with every final metric), hypotheses and references written once,
+                       together; the W&B summary; the manifest's final status
+
+The manifest (`attnlab.runs.manifest.Manifest`) records each stage's facts as the run goes, so a killed
+run's manifest says how far it got. torch and lightning are imported inside the stages that need them,
+so that `plan_run` rejects a bad config before they load.
 """
 
 from __future__ import annotations
 
-import json
+import copy
 import logging
-from collections.abc import Iterator
-from contextlib import contextmanager
+import os
+import sys
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from omegaconf import DictConfig, OmegaConf
 
+from attnlab.io import atomic_write_bytes
+from attnlab.runs.layout import RunDir
+from attnlab.runs.manifest import Manifest, data_identity, task_overrides
 from attnlab.training.experiment import Experiment, check_constructor_keys, resolve_monitor, validate
+from attnlab.training.resume import (
+    check_checkpoint_fits,
+    check_same_experiment,
+    checkpoint_step,
+    csv_history,
+    restore_csv_history,
+    resume_path,
+)
 from attnlab.typed import ConfigError
 
 if TYPE_CHECKING:
     from attnlab.data.datamodule import ParallelDataModule
     from attnlab.model.config import TransformerConfig
+    from attnlab.training.module import TranslationModule
 
 log = logging.getLogger(__name__)
 
@@ -29,6 +57,232 @@ def resolved_config(cfg: DictConfig) -> dict[str, Any]:
     """The config as plain containers with every interpolation resolved (Hydra's own node left out)."""
     return {k: OmegaConf.to_container(v, resolve=True) if OmegaConf.is_config(v) else v
             for k, v in cfg.items() if k != "hydra"}  # fmt: skip
+
+
+@dataclass(frozen=True)
+class RunPlan:
+    """What `plan_run` made of a composed config; every later stage reads only this.
+
+    Attributes:
+        cfg: The composed config with the `auto` monitor values filled in, read-only.
+        experiment: Its validated, torch-free parts (model, optim, data, decode settings).
+        resolved: `cfg` as plain values (for `config.yaml` and W&B), the W&B names filled in.
+        run: The run directory.
+        resume_from: The checkpoint training starts from (None: from scratch).
+        resumed_step: The step of the run's own `last.ckpt` when the run continues from it, else None.
+        wandb: Values for the W&B logger's null `group` and `name` (none without a W&B logger).
+    """
+
+    cfg: DictConfig
+    experiment: Experiment
+    resolved: dict[str, Any]
+    run: RunDir
+    resume_from: str | None = None
+    resumed_step: int | None = None
+    wandb: dict[str, Any] = field(default_factory=dict)
+
+    @property
+    def continuing(self) -> bool:
+        """Whether the run goes on from its own `last.ckpt` (the same run, resumed)."""
+        return self.resumed_step is not None
+
+
+def plan_run(cfg: DictConfig) -> RunPlan:
+    """Validate a composed training config and resolve what the run will do; nothing is written.
+
+    Raises:
+        ConfigError: For a wrong config value, a resumption that is not the same experiment or has no
+            checkpoint, or a damaged `last.ckpt`; before torch is imported when the value alone is wrong.
+    """
+    experiment = validate(cfg)
+    resolved_cfg = resolve_monitor(cfg, experiment)
+    cfg = resolved_cfg if resolved_cfg is not cfg else copy.deepcopy(cfg)  # the caller's stays writable
+    check_constructor_keys(cfg)  # imports lightning: after the torch-free checks, before any data work
+    OmegaConf.set_readonly(cfg, True)
+
+    run = RunDir(Path(cfg.paths.output_dir))
+    resolved = resolved_config(cfg)
+    resume_from = resume_path(cfg, run.path)
+    resumed_step = None
+    if resume_from is not None and Path(resume_from) == run.last_checkpoint:  # the same run goes on
+        check_same_experiment(run.config_file, resolved)
+        resumed_step = checkpoint_step(str(resume_from))  # a damaged or refused last.ckpt: refused here
+    wandb: dict[str, Any] = {}
+    node = (resolved.get("logger") or {}).get("wandb")
+    if node is not None:
+        from attnlab.runs.wandb import wandb_names  # imports lightning
+
+        wandb = wandb_names(node, resolved, task_overrides())
+        node.update(wandb)
+    return RunPlan(cfg, experiment, resolved, run, resume_from, resumed_step, wandb)
+
+
+def train(cfg: DictConfig) -> dict[str, float]:
+    """Train and validate the configured model, then evaluate it on the test split.
+
+    Args:
+        cfg: A composed `train.yaml` config (from the CLI or `hydra.compose`); `paths.output_dir`
+            is the run directory. It is not changed.
+
+    Returns:
+        The final metrics (`train/*`, `val/*`, `test/*`) as floats.
+
+    Raises:
+        ConfigError: before any heavy import, for a wrong config value.
+    """
+    plan = plan_run(cfg)
+    plan.run.check_writable()
+    with plan.run.lock():  # a second process in this run directory is refused here
+        return _run(plan)
+
+
+def _run(plan: RunPlan) -> dict[str, float]:
+    """The stages of `train` after the run directory is taken, with the manifest's status kept."""
+    from lightning.pytorch.utilities import rank_zero_only
+
+    from attnlab.data.download import DataError
+    from attnlab.training.callbacks import Preempted
+
+    run, is_zero = plan.run, rank_zero_only.rank == 0  # under DDP every rank runs this; rank 0 writes
+    previous = _run_records(run) if plan.continuing else None  # before anything is rewritten
+    run.write_config(plan.resolved)  # a full disk leaves the old one
+    resumed_from = plan.resume_from if plan.continuing else None
+    manifest = Manifest.start(run, resumed_from=resumed_from) if is_zero else None
+    try:
+        metrics = _train_and_evaluate(plan, manifest)
+    except BaseException as exc:
+        if manifest is not None and previous is not None and isinstance(exc, (ConfigError, DataError)):
+            # A refused continuation (other training data, a split too small) trained nothing: the run
+            # stays as it was.
+            _restore_run_records(previous)
+        elif manifest is not None:
+            status = "interrupted" if isinstance(exc, Preempted) else "failed"
+            manifest.finish(status, error=f"{type(exc).__name__}: {exc}".splitlines()[0])
+        _finish_tracking(exit_code=1)
+        raise
+    if manifest is not None:
+        manifest.finish("finished")
+    _finish_tracking(exit_code=0)
+    return metrics
+
+
+def _train_and_evaluate(plan: RunPlan, manifest: Manifest | None) -> dict[str, float]:
+    """build_data -> build_module -> build_trainer -> fit -> final_evaluation -> write."""
+    import lightning as L
+
+    if plan.cfg.get("seed") is not None:
+        L.seed_everything(plan.cfg.seed, workers=True)
+    datamodule, model = build_data(plan)
+    _record(manifest, data=data_identity(datamodule))
+    module = build_module(plan, model)
+    wandb_id = manifest.get("wandb_run_id") if manifest is not None and plan.continuing else None
+    trainer = build_trainer(plan, datamodule, wandb_id=wandb_id)
+    runs = _tracked_runs(trainer)
+    effective = effective_batch(plan.cfg, trainer)
+    log.info("effective batch: %s", effective["formula"])
+    _record(manifest, effective_batch=effective, **({"wandb_run_id": runs[0].id} if runs else {}))
+    for tracked in runs:  # the whole resolved config and the manifest, beside Lightning's hyperparameters
+        manifest_fields = manifest.fields if manifest is not None else {}
+        tracked.config.update({"run": plan.resolved, "manifest": manifest_fields}, allow_val_change=True)
+    fit(plan, trainer, module, datamodule)
+    if module.schedule_facts is not None:
+        _record(manifest, schedule=module.schedule_facts)
+    metrics = {k: float(v) for k, v in trainer.callback_metrics.items()}
+    best = _best_score(plan.cfg, trainer)
+    if best is not None:  # what sweepers optimize: the monitor's value at the selected checkpoint
+        metrics[f"best/{plan.cfg.monitor.metric}"] = best
+    evaluation = None
+    if plan.cfg.get("test", True):
+        test_metrics, evaluation = final_evaluation(plan, trainer, module, datamodule)
+        metrics.update(test_metrics)
+    for split, count in getattr(datamodule, "truncated", {}).items():
+        metrics[f"data/truncated/{split}"] = float(count)
+    if evaluation is not None and trainer.is_global_zero:  # every final metric, for sweeps and reports
+        write_results(plan.run, evaluation, metrics, runs)
+    return metrics
+
+
+def _record(manifest: Manifest | None, **fields: Any) -> None:
+    """Add `fields` to the manifest (rank 0 holds it; the other ranks record nothing)."""
+    if manifest is not None:
+        manifest.update(**fields)
+
+
+def build_data(plan: RunPlan) -> tuple[ParallelDataModule, TransformerConfig]:
+    """The data module, set up for training (real corpora prepared or read from the cache), and the model
+    config completed with the data's vocabulary sizes and checked against its special ids (and against
+    the checkpoint training starts from, when it is another run's)."""
+    datamodule = plan.experiment.data.datamodule()
+    datamodule.setup("fit")
+    model = plan.experiment.model
+    if model.src_vocab_size is None:
+        try:
+            model = model.with_vocab(datamodule.src_vocab_size, datamodule.tgt_vocab_size)
+        except ValueError as exc:
+            raise ConfigError(f"model.{exc} (vocabulary sizes from the data's tokenizers)") from exc
+    check_special_ids(model, datamodule)
+    if plan.resume_from is not None and not plan.continuing:  # the run's own: its config.yaml was compared
+        check_checkpoint_fits(plan.resume_from, model)
+    if model.position_limit is not None and hasattr(datamodule, "limit_positions"):
+        datamodule.limit_positions(model.position_limit)
+    return datamodule, model
+
+
+def build_module(plan: RunPlan, model: TransformerConfig) -> TranslationModule:
+    """The LightningModule of the model, optimiser and decoding settings (compiled when asked)."""
+    from attnlab.training.module import TranslationModule
+
+    experiment = plan.experiment
+    module = TranslationModule(model=model, optim=experiment.optim, decode=experiment.decode)
+    compile_model(module.model, plan.cfg.get("compile"))
+    return module
+
+
+def build_trainer(plan: RunPlan, datamodule: ParallelDataModule, wandb_id: str | None = None) -> Any:
+    """The Lightning trainer of `cfg.trainer` with the configured callbacks and loggers (the W&B logger's
+    null group, name and, for a continued run, id filled in), attnlab's atomic checkpoint IO and, on a
+    cluster, its environment plugin. The data is checked to feed every rank first, and a continued run's
+    CSV history is put back."""
+    from hydra.utils import instantiate
+
+    from attnlab.training.checkpoint_io import AtomicCheckpointIO
+
+    cfg = plan.cfg
+    wandb = dict(plan.wandb)
+    wandb_node = (cfg.get("logger") or {}).get("wandb")
+    if wandb_id is not None and wandb_node is not None and wandb_node.get("id") is None:
+        wandb["id"] = wandb_id  # the same W&B run, continued
+    history: list[dict[str, float]] = []
+    if plan.continuing:
+        history = csv_history(plan.run.path, plan.resumed_step)
+    trainer = instantiate(
+        cfg.trainer,
+        callbacks=_instantiate_all(cfg.get("callbacks")),
+        logger=_instantiate_all(cfg.get("logger"), {"wandb": wandb}) or False,
+        default_root_dir=str(plan.run.path),
+        plugins=[*cluster_plugins(), AtomicCheckpointIO(own_run=plan.continuing)],
+    )
+    datamodule.check_feeds(trainer.world_size, test=bool(cfg.get("test", True)))  # before any training
+    log.info("run directory: %s", plan.run.path)
+    if history:
+        restore_csv_history(trainer, history)
+    return trainer
+
+
+def fit(plan: RunPlan, trainer: Any, module: TranslationModule, datamodule: ParallelDataModule) -> None:
+    """Train (continuing from `plan.resume_from` when set)."""
+    trainer.fit(module, datamodule=datamodule, ckpt_path=plan.resume_from)
+
+
+def _instantiate_all(group: DictConfig | None, kwargs: dict[str, dict[str, Any]] | None = None) -> list[Any]:
+    """Every node of a config group that names a class, built (`kwargs[name]`: values for node `name`)."""
+    from hydra.utils import instantiate
+
+    if not group:
+        return []
+    kwargs = kwargs or {}
+    return [instantiate(node, **kwargs.get(name, {})) for name, node in group.items()
+            if node is not None and "_target_" in node]  # fmt: skip
 
 
 def check_special_ids(model: TransformerConfig, datamodule: ParallelDataModule) -> None:
@@ -46,103 +300,21 @@ def check_special_ids(model: TransformerConfig, datamodule: ParallelDataModule) 
         )
 
 
-def _instantiate_all(group: DictConfig | None) -> list[Any]:
-    from hydra.utils import instantiate
-
-    if not group:
-        return []
-    return [instantiate(node) for node in group.values() if node is not None and "_target_" in node]
-
-
-def train(cfg: DictConfig) -> dict[str, float]:
-    """Train and validate the configured model, then evaluate it on the test split.
-
-    Args:
-        cfg: A composed `train.yaml` config (from the CLI or `hydra.compose`); `paths.output_dir`
-            is the run directory.
-
-    Returns:
-        The final metrics (`train/*`, `val/*`, `test/*`) as floats.
-
-    Raises:
-        ConfigError: before any heavy import, for a wrong config value.
-    """
-    experiment = validate(cfg)
-    resolve_monitor(cfg, experiment)
-    check_constructor_keys(cfg)  # imports lightning: after the torch-free checks, before any data work
-    output_dir = Path(cfg.paths.output_dir)
-    from attnlab.training.resume import LAST, check_same_experiment, checkpoint_step, resume_path
-
-    resume_from = resume_path(cfg, output_dir)
-    continuing = resume_from is not None and Path(resume_from) == output_dir / LAST
-    resumed_step = None  # the step of the run's own last.ckpt, when the run goes on from it
-    if continuing:  # the same run goes on: the same experiment, in its own directory
-        check_same_experiment(output_dir / "config.yaml", resolved_config(cfg))
-        resumed_step = checkpoint_step(str(resume_from))  # a damaged or refused last.ckpt: refused here
-    _writable_run_directory(output_dir)
-    with _run_lock(output_dir):  # a second process in this run directory is refused here
-        if (cfg.get("logger") or {}).get("wandb") is not None:
-            from attnlab.runs.wandb import name_and_group
-
-            name_and_group(cfg, resolved_config(cfg))
-        from attnlab.data.download import DataError
-        from attnlab.io import atomic_write_bytes
-
-        previous = _run_records(output_dir) if continuing else None  # before anything is rewritten
-        config_yaml = OmegaConf.to_yaml(OmegaConf.create(resolved_config(cfg))).encode("utf-8")
-        atomic_write_bytes(output_dir / "config.yaml", config_yaml)  # a full disk leaves the old one
-
-        import lightning as L
-        from lightning.pytorch.utilities import rank_zero_only
-
-        from attnlab.runs.manifest import now, start_manifest, write_manifest
-        from attnlab.training.callbacks import Preempted
-
-        is_zero = rank_zero_only.rank == 0  # under DDP every rank runs this; one writes the manifest
-        resumed_from = resume_from if continuing else None
-        manifest = start_manifest(output_dir, resumed_from=resumed_from) if is_zero else {}
-        try:
-            if cfg.get("seed") is not None:
-                L.seed_everything(cfg.seed, workers=True)
-            metrics = _fit_and_evaluate(
-                cfg, experiment, output_dir, manifest if is_zero else None, resume_from, resumed_step
-            )
-        except BaseException as exc:
-            if is_zero and previous is not None and isinstance(exc, (ConfigError, DataError)):
-                # A refused continuation (other training data, a split too small) trained nothing: the run
-                # stays as it was.
-                _restore_run_records(previous)
-            elif is_zero:
-                status = "interrupted" if isinstance(exc, Preempted) else "failed"
-                error = f"{type(exc).__name__}: {exc}".splitlines()[0]
-                write_manifest(output_dir, {**manifest, "status": status, "error": error, "end_time": now()})
-            _finish_tracking(exit_code=1)
-            raise
-        if is_zero:
-            write_manifest(output_dir, {**manifest, "status": "finished", "end_time": now()})
-        _finish_tracking(exit_code=0)
-        return metrics
-
-
-def _run_records(output_dir: Path) -> dict[Path, bytes | None]:
+def _run_records(run: RunDir) -> dict[Path, bytes | None]:
     """The run's bookkeeping files that a run rewrites before training (manifest, `config.yaml`, the CSV
     history) as they are on disk (None: absent), for `_restore_run_records` when a continuation is
     refused after they were rewritten."""
-    from attnlab.runs.manifest import MANIFEST_FILE
-
     records: dict[Path, bytes | None] = {}
-    for name in (MANIFEST_FILE, "config.yaml", "csv/metrics.csv"):
+    for path in (run.manifest_file, run.config_file, run.metrics_csv):
         try:
-            records[output_dir / name] = (output_dir / name).read_bytes()
+            records[path] = path.read_bytes()
         except OSError:
-            records[output_dir / name] = None
+            records[path] = None
     return records
 
 
 def _restore_run_records(records: dict[Path, bytes | None]) -> None:
     """Put each file of `_run_records` back as it was (removed when it did not exist)."""
-    from attnlab.io import atomic_write_bytes
-
     for path, data in records.items():
         if data is not None:
             atomic_write_bytes(path, data)
@@ -150,192 +322,11 @@ def _restore_run_records(records: dict[Path, bytes | None]) -> None:
             path.unlink(missing_ok=True)
 
 
-RUN_LOCK = ".lock"  # in the run directory: `<pid> <host>` of the process running there
-
-
-class RunDirectoryInUse(ConfigError):
-    """Another live process runs in this run directory (its lock file names it)."""
-
-
-def _launched_rank() -> int:
-    """This process's global rank as the launchers set it (Lightning's DDP launcher, torchrun, SLURM,
-    submitit; `attnlab.cli.train.submitit_ranks`): 0 unless a rank variable says otherwise. Read from
-    the environment, before lightning is imported."""
-    import os
-
-    names = ("RANK", "LOCAL_RANK", "NODE_RANK", "GROUP_RANK", "SLURM_PROCID")
-    return max((int(os.environ[k]) for k in names if os.environ.get(k, "").isdigit()), default=0)
-
-
-@contextmanager
-def _run_lock(output_dir: Path) -> Iterator[None]:
-    """Hold the run directory's lock for the whole run: a second process started in the same directory
-    (which would mix checkpoints, logs and manifest) is refused at once, naming the directory and the
-    process running there. The lock is `attnlab.io.FileLock` (``flock``): released when the run
-    ends, however it ends — the kernel frees it when a killed process dies, so a dead run's stale lock
-    is taken over (`resume=true` continues it). Under DDP only the first process (rank 0) takes it; the
-    other ranks run in the same directory.
-
-    Raises:
-        RunDirectoryInUse: Another live process holds the lock.
-    """
-    if _launched_rank() != 0:
-        yield
-        return
-    lock = _take_run_lock(output_dir, record_holder=True)
-    try:
-        yield
-    finally:
-        lock.release()
-
-
-def _take_run_lock(output_dir: Path, *, record_holder: bool) -> Any:
-    """The run directory's lock (`attnlab.io.FileLock`), taken without waiting.
-
-    Raises:
-        RunDirectoryInUse: Another live process holds it (named, when it recorded itself).
-    """
-    from attnlab.io import FileLock
-
-    lock = FileLock(output_dir / RUN_LOCK, timeout=0, record_holder=record_holder)
-    try:
-        lock.acquire()
-    except TimeoutError:
-        raise RunDirectoryInUse(
-            f"the run directory {output_dir} is in use: {lock.holder()} is running there "
-            f"({output_dir / RUN_LOCK}). Two runs in one directory would mix their checkpoints and logs: "
-            "wait for it to end (or stop it; resume=true then continues it), or set hydra.run.dir to "
-            "another directory"
-        ) from None
-    return lock
-
-
-def check_run_directory_free(output_dir: Path) -> None:
-    """Refuse at once a run directory whose lock a live process holds (`_run_lock`), before anything
-    writes there: Hydra writes `.hydra/` and the job log into the run directory before the task starts
-    (`attnlab.cli.app.RunDirectoryCheck` calls this first). The lock itself is taken by `train`.
-
-    Raises:
-        RunDirectoryInUse: Another live process holds the lock.
-    """
-    if _launched_rank() != 0 or not (output_dir / RUN_LOCK).is_file():
-        return
-    _take_run_lock(output_dir, record_holder=False).release()
-
-
-def _writable_run_directory(output_dir: Path) -> None:
-    """Create the run directory and check that files can be written there, before anything is run."""
-    import tempfile
-
-    try:
-        output_dir.mkdir(parents=True, exist_ok=True)
-        with tempfile.TemporaryFile(dir=output_dir):
-            pass
-    except OSError as exc:
-        raise ConfigError(
-            f"cannot create the run directory {output_dir} or write in it: {exc.strerror or exc} — set "
-            "hydra.run.dir (hydra.sweep.dir for -m) to a writable directory, or fix its permissions"
-        ) from None
-
-
 def _finish_tracking(exit_code: int) -> None:
-    import sys
-
     if "wandb" in sys.modules:  # imported only when a W&B logger was configured
         from attnlab.runs.wandb import finish_wandb
 
         finish_wandb(exit_code)
-
-
-def _fit_and_evaluate(
-    cfg: DictConfig,
-    experiment: Experiment,
-    output_dir: Path,
-    manifest: dict[str, Any] | None,
-    resume_from: str | None,
-    resumed_step: int | None,
-) -> dict[str, float]:
-    import lightning as L
-    from hydra.utils import instantiate
-
-    from attnlab.runs.manifest import data_identity, write_manifest
-    from attnlab.training.checkpoint_io import AtomicCheckpointIO
-    from attnlab.training.module import TranslationModule
-
-    continuing = resumed_step is not None  # the run goes on from its own last.ckpt
-
-    datamodule = experiment.data.datamodule()
-    datamodule.setup("fit")  # real corpora are prepared (or loaded from the cache) here
-    if manifest is not None:
-        manifest["data"] = data_identity(datamodule)
-        write_manifest(output_dir, manifest)
-    model = experiment.model
-    if model.src_vocab_size is None:
-        try:
-            model = model.with_vocab(datamodule.src_vocab_size, datamodule.tgt_vocab_size)
-        except ValueError as exc:
-            raise ConfigError(f"model.{exc} (vocabulary sizes from the data's tokenizers)") from exc
-    check_special_ids(model, datamodule)
-    if resume_from is not None and not continuing:  # the run's own last.ckpt: its config.yaml was compared
-        from attnlab.training.resume import check_checkpoint_fits
-
-        check_checkpoint_fits(resume_from, model)
-    if model.pe == "learned" and hasattr(datamodule, "limit_positions"):
-        datamodule.limit_positions(model.max_positions)
-    module = TranslationModule(model=model, optim=experiment.optim, decode=experiment.decode)
-    compile_model(module.model, cfg.get("compile"))
-    history: list[dict[str, float]] = []
-    if continuing:
-        from attnlab.training.resume import csv_history, previous_wandb_id
-
-        history = csv_history(output_dir, resumed_step)
-        wandb_node = (cfg.get("logger") or {}).get("wandb")
-        if wandb_node is not None and wandb_node.get("id") is None:
-            wandb_node.id = previous_wandb_id(output_dir)  # the same W&B run, continued
-    trainer: L.Trainer = instantiate(
-        cfg.trainer,
-        callbacks=_instantiate_all(cfg.get("callbacks")),
-        logger=_instantiate_all(cfg.get("logger")) or False,
-        default_root_dir=str(output_dir),
-        plugins=[*cluster_plugins(), AtomicCheckpointIO(own_run=continuing)],
-    )
-    datamodule.check_feeds(trainer.world_size, test=bool(cfg.get("test", True)))  # before any training
-    log.info("run directory: %s", output_dir)
-    if history:
-        from attnlab.training.resume import restore_csv_history
-
-        restore_csv_history(trainer, history)
-    effective = effective_batch(cfg, trainer)
-    log.info("effective batch: %s", effective["formula"])
-    runs = _tracked_runs(trainer)
-    if manifest is not None:
-        manifest["effective_batch"] = effective
-        if runs:
-            manifest["wandb_run_id"] = runs[0].id
-        write_manifest(output_dir, manifest)
-    for run in runs:  # the whole resolved config and the manifest, beside Lightning's hyperparameters
-        run.config.update({"run": resolved_config(cfg), "manifest": manifest or {}}, allow_val_change=True)
-    trainer.fit(module, datamodule=datamodule, ckpt_path=resume_from)
-    if manifest is not None and module.schedule_facts is not None:
-        manifest["schedule"] = module.schedule_facts  # written with the run's final status
-    metrics = {k: float(v) for k, v in trainer.callback_metrics.items()}
-    best = _best_score(cfg, trainer)
-    if best is not None:  # what sweepers optimize: the monitor's value at the selected checkpoint
-        metrics[f"best/{cfg.monitor.metric}"] = best
-    if cfg.get("test", True):
-        metrics.update(_final_evaluation(cfg, trainer, module, datamodule, output_dir))
-        if runs and (output_dir / "results.json").is_file():
-            from attnlab.runs.wandb import log_results
-
-            log_results(runs, json.loads((output_dir / "results.json").read_text()), output_dir)
-    for split, count in getattr(datamodule, "truncated", {}).items():
-        metrics[f"data/truncated/{split}"] = float(count)
-    results_file = output_dir / "results.json"
-    if trainer.is_global_zero and results_file.is_file():  # every final metric, for sweeps and reports
-        from attnlab.runs.results import write_results
-
-        write_results(output_dir, {**json.loads(results_file.read_text()), "metrics": metrics})
-    return metrics
 
 
 def effective_batch(cfg: DictConfig, trainer: Any) -> dict[str, Any]:
@@ -381,8 +372,6 @@ def compile_model(model: Any, options: DictConfig | None) -> None:
 def cluster_plugins() -> list[Any]:
     """Under submitit on SLURM, Lightning's SLURM environment without its auto-requeue: submitit
     requeues the job itself (its SIGUSR1 handler runs after `attnlab.training.callbacks.Preemption` saved)."""
-    import os
-
     if os.environ.get("SUBMITIT_EXECUTOR") != "slurm":
         return []
     from lightning.pytorch.plugins.environments import SLURMEnvironment
@@ -391,6 +380,7 @@ def cluster_plugins() -> list[Any]:
 
 
 def _tracked_runs(trainer: Any) -> list[Any]:
+    """The W&B runs of the trainer's loggers (rank 0; none without a W&B logger)."""
     from lightning.pytorch.loggers import WandbLogger
 
     if not any(isinstance(lg, WandbLogger) for lg in trainer.loggers):
@@ -424,39 +414,53 @@ def _best_score(cfg: DictConfig, trainer: Any) -> float | None:
     return float(callback.best_model_score)
 
 
-def _final_evaluation(
-    cfg: DictConfig, trainer: Any, module: Any, datamodule: ParallelDataModule, output_dir: Path
-) -> dict[str, float]:
-    """Load the final weights (best checkpoint, or the average of the last `average_last` epochs),
-    compute the test loss, and on rank 0 decode every test set with beam search into `results.json`."""
-    from attnlab.inference.translator import Translator, evaluate
-    from attnlab.runs.checkpoint import data_settings, last_epoch_checkpoints, read_averaged
-    from attnlab.runs.results import write_results
+def final_evaluation(
+    plan: RunPlan, trainer: Any, module: TranslationModule, datamodule: ParallelDataModule
+) -> tuple[dict[str, float], Any]:
+    """Load the final weights (best checkpoint, or the average of the last `average_last` epochs) and
+    compute the test loss; on rank 0 also decode every test set with beam search and score it.
 
-    average_last = int(cfg.get("average_last") or 0)
+    Returns:
+        The test metrics, and on rank 0 the `attnlab.inference.translator.Evaluation` (None on the other
+        ranks): for data without text, the checkpoints and test loss alone.
+    """
+    from attnlab.inference.translator import Evaluation, Translator, score_sets
+    from attnlab.runs.checkpoint import data_settings, last_epoch_checkpoints, read_averaged
+
+    average_last = int(plan.cfg.get("average_last") or 0)
     if average_last > 0:
-        paths = [str(p) for p in last_epoch_checkpoints(output_dir, average_last)]
+        paths = [str(p) for p in last_epoch_checkpoints(plan.run.path, average_last)]
     else:
-        best = _best_checkpoint(cfg, trainer)
+        best = _best_checkpoint(plan.cfg, trainer)
         paths = [best] if best else []
     if paths:
         module.load_state_dict(read_averaged(paths)["state_dict"])
     tested = trainer.test(module, datamodule=datamodule, verbose=False)
     metrics = {k: float(v) for k, v in tested[0].items()}
     if not trainer.is_global_zero:  # one process decodes and scores the complete test sets
-        return metrics
+        return metrics, None
     tokenizer = getattr(datamodule, "tgt_tokenizer", None)
     extra = {"test_metrics": metrics}
     if tokenizer is None:  # no text to translate (synthetic data)
         checkpoints = [str(Path(p).resolve()) for p in paths]
-        write_results(output_dir, {"checkpoints": checkpoints, "averaged": len(paths) > 1, **extra})
-        return metrics
+        return metrics, Evaluation({"checkpoints": checkpoints, "averaged": len(paths) > 1, **extra})
     module.to(trainer.strategy.root_device)  # decode on the training device, wherever testing left it
     data = data_settings(datamodule)  # as a checkpoint holds them (the source limit: max_source_tokens)
     translator = Translator(module.model, datamodule.src_tokenizer, tokenizer, module.decode_config, data)
     sets = {name: datamodule.raw_text(name) for name in datamodule.test_sets}
-    results = evaluate(translator, sets, output_dir, checkpoints=paths, extra=extra)
-    for name, entry in results["sets"].items():
+    evaluation = score_sets(translator, sets, checkpoints=paths, extra=extra)
+    for name, entry in evaluation.results["sets"].items():
         metrics[f"test/{name}/bleu"] = entry["bleu"]
         metrics[f"test/{name}/chrf"] = entry["chrf"]
-    return metrics
+    return metrics, evaluation
+
+
+def write_results(run: RunDir, evaluation: Any, metrics: dict[str, float], tracked: list[Any]) -> None:
+    """Write the evaluation with every final metric (`results.json`, hypotheses, references: once,
+    together) and put it into the W&B runs' summaries."""
+    evaluation = evaluation.with_results(metrics=metrics)
+    evaluation.write(run)
+    if tracked:
+        from attnlab.runs.wandb import log_results
+
+        log_results(tracked, evaluation.results, run.path)

@@ -18,22 +18,30 @@ run is the same run (same id) continued. Epoch averages of the interrupted epoch
 
 from __future__ import annotations
 
-import csv
-import json
 from pathlib import Path
 from typing import Any
 
-from omegaconf import DictConfig, OmegaConf
+from omegaconf import DictConfig
 
-from attnlab.runs.layout import flatten
+from attnlab.runs.layout import (
+    BOOKKEEPING,
+    LAST_CHECKPOINT,
+    RunDir,
+    UnreadableRunFile,
+    flatten,
+    key_in,
+    read_config_file,
+)
 from attnlab.typed import ConfigError
 
+# What a resumed run may change: the bookkeeping keys (`attnlab.runs.layout.BOOKKEEPING`: paths, logging,
+# callbacks, ...), and what does not change the training so far: decoding, the final evaluation, more
+# epochs or steps, progress and logging intervals.
 RESUMABLE_CHANGES = (
-    "resume", "ckpt_path", "paths.", "hydra.", "logger.", "sweep.", "decode.", "test", "average_last",
-    "trainer.max_epochs", "trainer.max_steps", "trainer.enable_progress_bar", "trainer.log_every_n_steps",
-    "callbacks.", "optimized_metric",
+    *BOOKKEEPING, "decode.", "test", "average_last", "trainer.max_epochs", "trainer.max_steps",
+    "trainer.enable_progress_bar", "trainer.log_every_n_steps",
 )  # fmt: skip
-LAST = Path("checkpoints") / "last.ckpt"
+LAST = LAST_CHECKPOINT  # the name `attnlab.training.pipeline` imports
 
 
 def resume_path(cfg: DictConfig, output_dir: Path) -> str | None:
@@ -56,7 +64,7 @@ def resume_path(cfg: DictConfig, output_dir: Path) -> str | None:
         return str(ckpt_path)
     if not mode:
         return None
-    last = output_dir / LAST
+    last = RunDir(output_dir).last_checkpoint
     if last.is_file():
         return str(last)
     if mode == "auto":
@@ -97,19 +105,23 @@ def check_checkpoint_fits(path: str | Path, model: Any) -> None:
 
 
 def check_same_experiment(saved: Path, resolved: dict[str, Any]) -> None:
-    """The resumed run's config (resolved) against the run's `config.yaml`.
+    """The resumed run's config (resolved) against the run's `config.yaml` (`saved`).
 
     Raises:
-        ConfigError: Listing each key whose value differs outside `RESUMABLE_CHANGES`.
+        ConfigError: Listing each key whose value differs outside `RESUMABLE_CHANGES`, or naming the
+            `config.yaml` that cannot be read.
     """
     if not saved.is_file():
         return
-    before = flatten(OmegaConf.to_container(OmegaConf.load(saved)))
+    try:
+        before = read_config_file(saved)
+    except UnreadableRunFile as exc:
+        raise ConfigError(f"resuming {saved.parent}: {exc}; start a new run") from None
     now = flatten(resolved)
     changed = sorted(
         key
         for key in set(before) | set(now)
-        if before.get(key) != now.get(key) and not key.startswith(RESUMABLE_CHANGES)
+        if before.get(key) != now.get(key) and not key_in(key, RESUMABLE_CHANGES)
     )
     if changed:
         listed = ", ".join(f"{k}: {before.get(k)!r} -> {now.get(k)!r}" for k in changed[:8])
@@ -134,25 +146,23 @@ def checkpoint_step(path: str) -> int:
 
 
 def csv_history(output_dir: Path, before_step: int) -> list[dict[str, float]]:
-    """The rows of `csv/metrics.csv` logged before `before_step` (the resumed run logs the rest again),
-    but for the parameter counts (`params/*`), which every fit logs again when it starts: the resumed
-    run's file then holds each row of an uninterrupted run's once (the validations before the
-    checkpoint's step included)."""
-    path = output_dir / "csv" / "metrics.csv"
-    if not path.is_file():
-        return []
+    """The rows of the run's `csv/metrics.csv` logged before `before_step` (the resumed run logs the rest
+    again), but for the parameter counts (`params/*`), which every fit logs again when it starts: the
+    resumed run's file then holds each row of an uninterrupted run's once (the validations before the
+    checkpoint's step included).
+
+    Raises:
+        attnlab.runs.layout.UnreadableRunFile: The file cannot be read or holds a cell that is no number.
+    """
     rows = []
-    with open(path, newline="") as f:
-        for row in csv.DictReader(f):
-            values = {k: float(v) for k, v in row.items() if v not in ("", None)}
-            if any(key.startswith("params/") for key in values):
-                continue
-            if values.get("step", 0) < before_step:
-                if "step" in values:
-                    values["step"] = int(values["step"])
-                if "epoch" in values:
-                    values["epoch"] = int(values["epoch"])
-                rows.append(values)
+    for values in RunDir(output_dir).metrics_rows():
+        if any(key.startswith("params/") for key in values):
+            continue
+        if values.get("step", 0) < before_step:
+            for key in ("step", "epoch"):
+                if key in values:
+                    values[key] = int(values[key])
+            rows.append(values)
     return rows
 
 
@@ -166,11 +176,3 @@ def restore_csv_history(trainer: Any, rows: list[dict[str, float]]) -> None:
             writer.metrics = [dict(r) for r in rows]
             writer.metrics_keys = sorted({k for r in rows for k in r})
             writer.save()
-
-
-def previous_wandb_id(output_dir: Path) -> str | None:
-    """The W&B run id the run's manifest recorded (None without one)."""
-    try:
-        return json.loads((output_dir / "manifest.json").read_text()).get("wandb_run_id")
-    except (OSError, ValueError):
-        return None

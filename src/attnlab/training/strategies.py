@@ -25,8 +25,8 @@ def fsdp(**kwargs: Any) -> Any:
 
 class AttnlabFSDPStrategy(FSDPStrategy):
     """`FSDPStrategy` whose `load_checkpoint` (`trainer.fit(ckpt_path=...)`) reads the file through the
-    run's checkpoint IO, `attnlab.training.checkpoint_io.AtomicCheckpointIO` (weights only, nothing in the file
-    chooses what code runs, only trusted callback states), instead of Lightning's own unpickler, which
+    run's checkpoint IO, `attnlab.training.checkpoint_io.AtomicCheckpointIO` (weights only, nothing in the
+    file chooses what code runs, only trusted callback states), instead of Lightning's own unpickler, which
     would run code a file holds. Only full checkpoints (one file, `state_dict_type: full`, as the fsdp
     preset writes) are read; a directory of shards is refused (torch reads its metadata with the general
     unpickler)."""

@@ -1,0 +1,191 @@
+"""The run-directory layer: one list of bookkeeping keys for W&B groups and names, attnlab-compare and
+resumption; the one metrics-CSV reader; the manifest as one object; atomic checkpoint writes."""
+
+from __future__ import annotations
+
+import json
+import os
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from attnlab.io import atomic_writer
+from attnlab.reports.compare import load_runs, varying_keys
+from attnlab.runs.layout import BOOKKEEPING, MANIFEST_FILE, RunDir, UnreadableRunFile, read_metrics_csv
+from attnlab.runs.manifest import Manifest
+from attnlab.runs.wandb import config_group, run_name, wandb_names
+from attnlab.training.resume import check_same_experiment, csv_history
+from attnlab.typed import ConfigError
+
+
+def resolved(out: Path, **changes: Any) -> dict[str, Any]:
+    """A resolved training config of a run in `out`, with top-level `changes`."""
+    config = {
+        "task_name": "train",
+        "seed": 1,
+        "model": {"pe": "sinusoidal", "d_model": 32},
+        "data": {"cache": f"{out}/cache"},  # derived from the run directory, outside the bookkeeping keys
+        "paths": {"output_dir": str(out), "log_dir": str(out.parent)},
+        "logger": {"wandb": {"group": None, "name": None}},
+        "callbacks": {"last": {"dirpath": f"{out}/checkpoints", "every_n_train_steps": None}},
+        "sweep": {"skip_done": False},
+        "ckpt_path": None,
+        "resume": False,
+        "optimized_metric": "val/loss",
+    }
+    return {**config, **changes}
+
+
+def finished_run(out: Path, config: dict[str, Any]) -> None:
+    run = RunDir(out)
+    run.write_config(config)
+    run.write_results({"sets": {"test": {"bleu": 30.0, "chrf": 50.0}}})
+    run.write_files({MANIFEST_FILE: json.dumps({"status": "finished"}).encode()})
+
+
+def compared_keys(tmp_path: Path, first: dict[str, Any], second: dict[str, Any]) -> list[str]:
+    finished_run(tmp_path / "a", first)
+    finished_run(tmp_path / "b", second)
+    return varying_keys(load_runs([tmp_path]))
+
+
+def changed(config: dict[str, Any], entry: str) -> dict[str, Any]:
+    """`config` with the `BOOKKEEPING` entry `entry` changed (a key added below a group)."""
+    key = entry.rstrip(".")
+    value = {**(config.get(key) or {}), "changed": 1} if entry.endswith(".") else "changed"
+    return {**config, key: value}
+
+
+@pytest.mark.parametrize("entry", BOOKKEEPING)
+def test_a_bookkeeping_key_changes_no_group_no_compared_key_no_name_and_may_change_on_resume(
+    entry: str, tmp_path: Path
+) -> None:
+    first, second = resolved(tmp_path / "a"), changed(resolved(tmp_path / "b"), entry)
+    assert config_group(first) == config_group(second)
+    assert compared_keys(tmp_path, first, second) == []
+    assert run_name([f"{entry}x=1" if entry.endswith(".") else f"{entry}=1", "model.pe=none"]) == "pe=none"
+    check_same_experiment(RunDir(tmp_path / "a").config_file, changed(first, entry))
+
+
+def test_a_setting_changes_the_group_the_compared_keys_and_the_name_and_is_no_resumption(
+    tmp_path: Path,
+) -> None:
+    first = resolved(tmp_path / "a")
+    second = resolved(tmp_path / "b", model={"pe": "learned", "d_model": 32})
+    assert config_group(first) != config_group(second)
+    assert compared_keys(tmp_path, first, second) == ["model.pe"]
+    assert run_name(["model.pe=learned", "paths.log_dir=/x"]) == "pe=learned"
+    with pytest.raises(ConfigError, match=r"model\.pe: 'sinusoidal' -> 'learned'"):
+        check_same_experiment(RunDir(tmp_path / "a").config_file, {**first, "model": second["model"]})
+
+
+def test_the_seed_groups_runs_but_is_no_resumption(tmp_path: Path) -> None:
+    first, second = resolved(tmp_path / "a"), resolved(tmp_path / "b", seed=2)
+    assert config_group(first) == config_group(second)
+    assert compared_keys(tmp_path, first, second) == []
+    with pytest.raises(ConfigError, match="seed: 1 -> 2"):
+        check_same_experiment(RunDir(tmp_path / "a").config_file, {**first, "seed": 2})
+
+
+def test_wandb_names_fill_only_the_null_values_and_change_nothing(tmp_path: Path) -> None:
+    config = resolved(tmp_path)
+    node = config["logger"]["wandb"]
+    names = wandb_names(node, config, ["model.pe=none", "seed=2"])
+    assert names == {"group": config_group(config), "name": "pe=none,seed=2"}
+    assert node == {"group": None, "name": None}
+    assert wandb_names({"group": "mine", "name": None}, config, []) == {}
+
+
+def test_the_metrics_csv_reader(tmp_path: Path) -> None:
+    path = tmp_path / "metrics.csv"
+    assert read_metrics_csv(path) == []
+    path.write_text("params/total,step,epoch,val/loss\n1234,0,,\n,10,0,4.5\n")
+    assert read_metrics_csv(path) == [
+        {"params/total": 1234.0, "step": 0.0},
+        {"step": 10.0, "epoch": 0.0, "val/loss": 4.5},
+    ]
+    for content, reason in (
+        (b"step,val/loss\n10,4.5\n20,x\n", "line 3: val/loss='x' is not a number"),
+        (b"step,val/loss\n10,4\xff5\n", "invalid start byte"),
+        (b"step\n10,4.5\n", "line 2 has more cells than its header"),
+    ):
+        path.write_bytes(content)
+        with pytest.raises(UnreadableRunFile, match=f"cannot read {path}: .*{reason}"):
+            read_metrics_csv(path)
+
+
+def test_the_resumed_csv_history_keeps_the_rows_before_the_step_without_parameter_counts(
+    tmp_path: Path,
+) -> None:
+    run = RunDir(tmp_path)
+    run.metrics_csv.parent.mkdir()
+    run.metrics_csv.write_text("params/total,step,epoch,val/loss\n1234,0,,\n,9,0,4.5\n,19,1,4.0\n,29,2,3.0\n")
+    history = csv_history(tmp_path, before_step=20)
+    assert history == [{"step": 9, "epoch": 0, "val/loss": 4.5}, {"step": 19, "epoch": 1, "val/loss": 4.0}]
+    assert all(isinstance(row["step"], int) and isinstance(row["epoch"], int) for row in history)
+
+
+def test_the_manifest_is_one_object_written_on_every_change(tmp_path: Path) -> None:
+    run = RunDir(tmp_path / "run")
+    manifest = Manifest.start(run)
+    on_disk = json.loads(run.manifest_file.read_text())
+    assert on_disk["status"] == "running" and on_disk == manifest.fields
+    manifest.update(wandb_run_id="abc", data={"spec": "Synthetic"})
+    assert json.loads(run.manifest_file.read_text())["wandb_run_id"] == "abc" == manifest.get("wandb_run_id")
+    manifest.fields["status"] = "changed"  # a copy
+    manifest.finish("interrupted", error="Preempted: SIGTERM")
+    first = json.loads(run.manifest_file.read_text())
+    assert first["status"] == "interrupted" and first["error"] == "Preempted: SIGTERM" and first["end_time"]
+
+    resumed = Manifest.start(run, resumed_from=str(run.last_checkpoint))
+    again = json.loads(run.manifest_file.read_text())
+    assert again["status"] == "running" and "error" not in again and again["end_time"] is None
+    assert again["start_time"] == first["start_time"] and again["wandb_run_id"] == "abc"
+    assert [entry["checkpoint"] for entry in again["resumed"]] == [str(run.last_checkpoint)]
+    resumed.finish("finished")
+    assert Manifest.read(run).get("status") == "finished" and "error" not in Manifest.read(run).fields
+
+    Manifest.failed(RunDir(tmp_path / "new"), "ConfigError: model.pe='x'\nmore")
+    failed = json.loads((tmp_path / "new" / MANIFEST_FILE).read_text())
+    assert failed["status"] == "failed" and failed["error"] == "ConfigError: model.pe='x'"
+    run.manifest_file.write_text("[1]")
+    with pytest.raises(UnreadableRunFile, match="it holds a JSON list, not an object"):
+        Manifest.read(run)
+
+
+def test_a_tagged_atomic_write_uses_one_temporary_per_process_and_removes_those_left(tmp_path: Path) -> None:
+    target = tmp_path / "checkpoints" / "last.ckpt"
+    target.parent.mkdir()
+    target.write_bytes(b"old")
+    left = target.with_name(".last.ckpt.partial-999999")
+    left.write_bytes(b"half")
+    with atomic_writer(target, tag="partial") as f:
+        f.write(b"new")
+        assert sorted(p.name for p in target.parent.iterdir()) == [
+            f".last.ckpt.partial-{os.getpid()}",
+            "last.ckpt",
+        ]
+    assert target.read_bytes() == b"new"
+    with pytest.raises(RuntimeError), atomic_writer(target, tag="partial") as f:
+        f.write(b"cut")
+        raise RuntimeError("killed")
+    assert target.read_bytes() == b"new" and [p.name for p in target.parent.iterdir()] == ["last.ckpt"]
+
+
+def test_a_checkpoint_save_goes_through_the_tagged_atomic_writer(tmp_path: Path) -> None:
+    from attnlab.training.checkpoint_io import AtomicCheckpointIO
+
+    seen: list[list[str]] = []
+
+    class Watched(AtomicCheckpointIO):
+        def write(self, checkpoint: dict, file: Any) -> None:
+            seen.append(sorted(p.name for p in target.parent.iterdir()))
+            super().write(checkpoint, file)
+
+    target = tmp_path / "checkpoints" / "last.ckpt"
+    target.parent.mkdir()
+    target.with_name(".last.ckpt.partial-999999").write_bytes(b"half")
+    Watched().save_checkpoint({"global_step": 3}, target)
+    assert seen == [[f".last.ckpt.partial-{os.getpid()}"]]  # the left one removed first
+    assert [p.name for p in target.parent.iterdir()] == ["last.ckpt"]
