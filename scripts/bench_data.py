@@ -86,7 +86,7 @@ def main(argv: list[str] | None = None) -> None:
         per_sec = len(loader_sizes) / (time.perf_counter() - started)
 
         examples = fresh.splits["train"]
-        lengths = [max(len(s), len(t) + 1) for s, t, _ in examples]
+        lengths = examples.lengths().tolist()  # max(source, target + 1) per example
         token_batches = list(fresh.sampler("train", shuffle=True))
         mean_sentences = round(len(examples) / len(token_batches))
         order = list(range(len(examples)))

@@ -9,9 +9,9 @@ from __future__ import annotations
 import fcntl
 import os
 import re
+import secrets
 import socket
 import stat
-import tempfile
 import time
 import weakref
 from collections.abc import Iterator, Mapping
@@ -193,27 +193,30 @@ def _temporary_beside(
     path: Path, encoding: str | None, tag: str | None = None
 ) -> Iterator[tuple[IO[Any], str]]:
     """A temporary file in `path`'s directory (created if needed), with the permission bits of the file
-    at `path` (0o644 for a new one): yields it and its name; flushed and fsynced on normal exit (it
-    stays, for the caller to rename), removed on any error. Named `.<name>.*.tmp`, unique; with `tag`,
-    `temporary_name(path, tag)`, once those that other processes left are removed."""
+    at `path` (0o666 less the umask for a new one, as `open` gives): yields it and its name; flushed and
+    fsynced on normal exit (it stays, for the caller to rename), removed on any error. Named
+    `.<name>.<random>.tmp`, unique; with `tag`, `temporary_name(path, tag)`, once those that other
+    processes left are removed."""
     path.parent.mkdir(parents=True, exist_ok=True)
     try:
-        mode = stat.S_IMODE(os.stat(path).st_mode)
+        mode: int | None = stat.S_IMODE(os.stat(path).st_mode)
     except OSError:
-        mode = 0o644
+        mode = None  # a new file: 0o666 less the umask, as `open` gives
     if tag is None:
-        fd, tmp_name = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
+        tmp_name = str(path.with_name(f".{path.name}.{secrets.token_hex(6)}.tmp"))
     else:
         for stale in left_temporaries(path, tag):
             stale.unlink(missing_ok=True)
         tmp_name = str(temporary_name(path, tag))
-        fd = os.open(tmp_name, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+    flags = os.O_WRONLY | os.O_CREAT | (os.O_EXCL if tag is None else os.O_TRUNC)
+    fd = os.open(tmp_name, flags, 0o666 if mode is None else 0o600)
     try:
         with os.fdopen(fd, "w" if encoding else "wb", encoding=encoding) as f:
             yield f, tmp_name
             f.flush()
             os.fsync(f.fileno())
-            os.fchmod(f.fileno(), mode)
+            if mode is not None:
+                os.fchmod(f.fileno(), mode)
     except BaseException:
         with suppress(FileNotFoundError):
             os.unlink(tmp_name)
@@ -227,9 +230,9 @@ def atomic_writer(path: Path, *, encoding: str | None = None, tag: str | None = 
     Yields a file opened on a temporary file in the same directory (created if needed): binary, or
     text in `encoding` when one is given. On normal exit it is flushed, fsynced and renamed over
     `path` with ``os.replace``; on any error (or a KeyboardInterrupt) the temporary file is removed and
-    `path` is unchanged. The new file keeps the permission bits of the file it replaces (0o644 for a
-    new one); a symbolic link at `path` stays, its target is replaced. A process killed outright may
-    leave the hidden ``.<name>.*.tmp`` behind, never a half-written `path`.
+    `path` is unchanged. The new file keeps the permission bits of the file it replaces (0o666 less the
+    umask for a new one, as `open` gives); a symbolic link at `path` stays, its target is replaced. A
+    process killed outright may leave the hidden ``.<name>.*.tmp`` behind, never a half-written `path`.
 
     With `tag` (for a file only one process writes at a time, such as a checkpoint), the temporary file
     is ``.<name>.<tag>-<pid>`` (`temporary_name`), and those left by killed processes are removed first.

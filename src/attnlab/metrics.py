@@ -5,6 +5,10 @@ untouched references (Post, 2018). `check_detokenized` refuses subword pieces (a
 subword-nmt `@@`) so a forgotten `SubwordTokenizer.decode` fails loudly instead of scoring low. BLEU is
 13a-tokenized and cased with exponential smoothing; chrF is sacreBLEU's default chrF2.
 
+`bleu_tok_compound` is the paper's procedure (tensor2tensor's `get_ende_bleu.sh`, behind the 27.3 on
+WMT14 en-de): Moses-tokenized, compound-split BLEU. It is reported beside sacreBLEU to compare with the
+paper's table and is not comparable to sacreBLEU scores (nor to other papers' tokenized BLEU).
+
 Under DDP each rank's validation hypotheses are gathered and scored as one corpus, and the test sets are
 decoded whole by one process: a corpus score is never an average of per-shard scores.
 
@@ -15,8 +19,10 @@ sacreBLEU 2.6 API relied on: public `BLEU`, `CHRF`, `Metric.corpus_score`, `Metr
 from __future__ import annotations
 
 import os
+import re
 from collections.abc import Sequence
 from dataclasses import dataclass
+from importlib.metadata import version
 from typing import Any
 
 from sacrebleu.metrics import BLEU, CHRF
@@ -34,11 +40,13 @@ class Score:
     """One corpus-level score with the sacreBLEU signature that makes it reproducible.
 
     Attributes:
-        name: "bleu" or "chrf".
+        name: "bleu", "chrf" or "bleu_tok_compound".
         score: The score in [0, 100].
         signature: The full sacreBLEU signature, e.g.
-            "nrefs:1|case:mixed|eff:no|tok:13a|smooth:exp|version:2.6.0".
-        details: bleu: precisions, bp, sys_len, ref_len; chrf: char_order, word_order, beta.
+            "nrefs:1|case:mixed|eff:no|tok:13a|smooth:exp|version:2.6.0" (bleu_tok_compound: the procedure
+            first, see `bleu_tok_compound`).
+        details: bleu, bleu_tok_compound: precisions, bp, sys_len, ref_len; chrf: char_order, word_order,
+            beta.
     """
 
     name: str
@@ -82,14 +90,15 @@ def _bleu(references: Sequence[str] | None = None) -> BLEU:
                 references=refs)  # fmt: skip
 
 
-def _bleu_score(bleu: BLEU, result: Any) -> Score:
+def _bleu_score(bleu: BLEU, result: Any, name: str = "bleu", procedure: str = "") -> Score:
     details = {
         "precisions": list(result.precisions),
         "bp": result.bp,
         "sys_len": result.sys_len,
         "ref_len": result.ref_len,
     }
-    return Score(name="bleu", score=result.score, signature=str(bleu.get_signature()), details=details)
+    signature = procedure + str(bleu.get_signature())
+    return Score(name=name, score=result.score, signature=signature, details=details)
 
 
 def _corpus_bleu(hypotheses: Sequence[str], references: Sequence[str]) -> Score:
@@ -153,6 +162,67 @@ def score_all(hypotheses: Sequence[str], references: Sequence[str]) -> dict[str,
     """
     check_detokenized(hypotheses, references)
     return {"bleu": _corpus_bleu(hypotheses, references), "chrf": _corpus_chrf(hypotheses, references)}
+
+
+# tensor2tensor's compound split, `perl -ple 's{(\S)-(\S)}{$1 ##AT##-##AT## $2}g'`: the same leftmost,
+# non-overlapping matches as perl's /g, and perl's byte-string \S (anything but ASCII whitespace).
+_COMPOUND_HYPHEN = re.compile(r"(\S)-(\S)", re.ASCII)
+COMPOUND_HYPHEN = " ##AT##-##AT## "
+
+
+def split_compounds(line: str) -> str:
+    """A tokenized line with every hyphen between two non-space characters written ` ##AT##-##AT## `,
+    exactly as tensor2tensor's perl one-liner does.
+
+    Consecutive compounds split whole ("Mercedes-Benz-Chef" -> "Mercedes ##AT##-##AT## Benz ##AT##-##AT##
+    Chef"), except that, as in perl, a one-character part between two hyphens is consumed by the first
+    match and its second hyphen stays ("3-D-Brille" -> "3 ##AT##-##AT## D-Brille").
+    """
+    return _COMPOUND_HYPHEN.sub(lambda m: f"{m[1]}{COMPOUND_HYPHEN}{m[2]}", line)
+
+
+def tokenize_compound_split(lines: Sequence[str], lang: str) -> list[str]:
+    """`lines` Moses-tokenized for `lang` (sacremoses, no escaping), then `split_compounds`.
+
+    `tokenizer.perl` escapes `&`, quotes, brackets and pipes by default; each escape replaces a token
+    by another without touching spaces or hyphens, so BLEU is the same with or without it.
+    """
+    from sacremoses import MosesTokenizer
+
+    tokenizer = MosesTokenizer(lang=lang)
+    return [split_compounds(tokenizer.tokenize(line, escape=False, return_str=True)) for line in lines]
+
+
+def bleu_tok_compound(hypotheses: Sequence[str], references: Sequence[str], lang: str) -> Score:
+    """The paper's procedure, not comparable to sacreBLEU: tokenized, compound-split BLEU.
+
+    tensor2tensor's `get_ende_bleu.sh`, which gave the paper's 27.3 on WMT14 en-de: hypotheses and
+    references are Moses-tokenized for the target language (`tokenizer.perl -l de`), compounds are
+    split (`split_compounds`), and `multi-bleu.perl` scores the result: corpus BLEU on whitespace tokens,
+    4-grams, cased, no smoothing (an n-gram order without a match gives 0), the usual brevity penalty.
+    sacreBLEU with `tokenize="none"` and `smooth_method="none"` computes the same on the prepared text.
+
+    Args:
+        hypotheses: Detokenized hypotheses, one per line.
+        references: One raw reference per hypothesis.
+        lang: Target language whose Moses rules tokenize both sides ("de", "en", ...).
+
+    Returns:
+        The "bleu_tok_compound" `Score`; its signature names the procedure and language, then the
+        sacreBLEU signature of the scoring step, e.g.
+        "t2t-get_ende_bleu|moses:de|atat:yes|sacremoses:0.2.0|nrefs:1|case:mixed|eff:no|tok:none|...".
+
+    Raises:
+        ScoringError: See `check_detokenized`.
+    """
+    check_detokenized(hypotheses, references)
+    # force=True: sacreBLEU's warning about tokenized input does not apply, the text is tokenized on purpose
+    bleu = BLEU(tokenize="none", lowercase=False, smooth_method="none", max_ngram_order=MAX_NGRAM_ORDER,
+                force=True)  # fmt: skip
+    result = bleu.corpus_score(tokenize_compound_split(hypotheses, lang),
+                               [tokenize_compound_split(references, lang)])  # fmt: skip
+    procedure = f"t2t-get_ende_bleu|moses:{lang}|atat:yes|sacremoses:{version('sacremoses')}|"
+    return _bleu_score(bleu, result, name="bleu_tok_compound", procedure=procedure)
 
 
 @dataclass(frozen=True)

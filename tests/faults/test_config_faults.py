@@ -122,6 +122,7 @@ CASES = [
     Case(["seed=abc"], E, "seed='abc'", "must be an integer"),
     Case(["seed=1.5"], E, "seed=1.5", "must be an integer"),
     Case(["average_last=-1"], E, "average_last=-1", "integer >= 0"),
+    Case(["average_every_n_steps=0"], E, "average_every_n_steps=0", "positive integer"),
     Case(["test=no"], E, "test='no'", "true or false"),
     Case(["resume=maybe"], E, "resume='maybe'", "use true, false or auto"),
     Case([f"ckpt_path={MISSING}.ckpt"], E, f"ckpt_path={MISSING}.ckpt", "no such checkpoint file"),

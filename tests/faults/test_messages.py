@@ -97,17 +97,34 @@ def test_compare_lists_a_run_with_an_unreadable_file_and_compares_the_others(
     assert unreadable.startswith(f"- {run_dir} (cannot read {broken}: ") and reason in unreadable
 
 
+def test_compare_reads_a_run_whose_metrics_csv_is_damaged_outside_the_parameter_count(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """Only the parameter count is read from `csv/metrics.csv`: a damaged cell elsewhere (a cut number,
+    a row with an extra cell) leaves the run in the comparison."""
+    from attnlab.cli.compare import main as compare_main
+
+    for seed, bleu in ((1, 30.0), (2, 32.0)):
+        write_run(tmp_path / "sweep" / f"seed={seed}", seed, bleu)
+    csv_file = tmp_path / "sweep" / "seed=2" / "csv" / "metrics.csv"
+    csv_file.parent.mkdir(exist_ok=True)
+    csv_file.write_text("step,params/total,val/loss\n0,1234,\n1,,1.2e\n2,,3.0,7\n")
+    compare_main([str(tmp_path / "sweep")])
+    out = capsys.readouterr().out
+    assert "| all | 2 | 31.00 ± 1.41" in out and "Unreadable" not in out
+
+
 def test_average_last_with_too_few_epoch_checkpoints_names_the_setting(tmp_path: Path) -> None:
-    from attnlab.runs.checkpoint import CheckpointError, last_epoch_checkpoints
+    from attnlab.runs.checkpoint import CheckpointError, last_kept_checkpoints
 
     epochs = tmp_path / "run" / "checkpoints" / "epochs"
     epochs.mkdir(parents=True)
     for epoch in (0, 1):
         (epochs / f"epoch{epoch:03d}.ckpt").write_bytes(b"")
     with pytest.raises(CheckpointError) as raised:
-        last_epoch_checkpoints(tmp_path / "run", 5)
+        last_kept_checkpoints(tmp_path / "run", 5)
     message = str(raised.value)
-    assert "averaging the last 5 epoch checkpoints needs 5, found 2" in message
+    assert "averaging the last 5 checkpoints needs 5, found 2" in message
     assert "train with average_last=5 to keep them, or lower it" in message and "{n}" not in message
 
 
@@ -195,11 +212,13 @@ def small_corpus(root: Path) -> Path:
 
 
 def damage(directory: Path, how: str) -> None:
-    if how == "truncated train.pt":
-        data = (directory / "train.pt").read_bytes()
-        (directory / "train.pt").write_bytes(data[: len(data) // 2])
-    elif how == "missing val.pt":
-        (directory / "val.pt").unlink()
+    if how.startswith("truncated "):
+        path = directory / how.removeprefix("truncated ")
+        data = path.read_bytes()
+        path.unlink()  # a new, shorter file: the memory maps of the first load stay readable
+        path.write_bytes(data[: len(data) // 2])
+    elif how == "missing val.src.ids.npy":
+        (directory / "val.src.ids.npy").unlink()
     elif how == "broken tokenizer.json":  # same size, other bytes
         data = (directory / "tokenizer.json").read_bytes()
         (directory / "tokenizer.json").write_bytes(b"#" * 16 + data[16:])
@@ -212,8 +231,9 @@ def damage(directory: Path, how: str) -> None:
 @pytest.mark.parametrize(
     ("how", "reason"),
     [
-        ("truncated train.pt", "train.pt has "),
-        ("missing val.pt", "val.pt cannot be read (No such file or directory)"),
+        ("truncated train.tgt.ids.npy", "train.tgt.ids.npy has "),
+        ("truncated val.src.offsets.npy", "val.src.offsets.npy has "),
+        ("missing val.src.ids.npy", "val.src.ids.npy cannot be read (No such file or directory)"),
         ("broken tokenizer.json", "tokenizer.json differs from what was written (its SHA-256)"),
         ("broken stats.json", "stats.json has 26 bytes"),
         ("no checksums (an old directory)", "it has no checksums.json"),
@@ -241,8 +261,8 @@ def test_a_damaged_prepared_cache_is_detected_and_rebuilt_with_a_warning(
     assert again.src_tokenizer.to_json() == first.src_tokenizer.to_json()
     rebuilt = {p.name: p.read_bytes() for p in directory.iterdir()}
     assert rebuilt.keys() == written.keys() | {"checksums.json"}  # whole again, checksums recorded
-    assert {n: d for n, d in rebuilt.items() if n.endswith((".pt", ".raw.json", "tokenizer.json"))} == {
-        n: d for n, d in written.items() if n.endswith((".pt", ".raw.json", "tokenizer.json"))
+    assert {n: d for n, d in rebuilt.items() if n.endswith((".npy", ".raw.json", "tokenizer.json"))} == {
+        n: d for n, d in written.items() if n.endswith((".npy", ".raw.json", "tokenizer.json"))
     }
     assert [p.name for p in directory.parent.iterdir() if p.name.startswith(".")] == []  # no leftovers
 

@@ -402,3 +402,31 @@ def test_file_names_are_taken_as_typed(
     (tmp_path / "7").write_bytes(Path(trained["ckpt"]).read_bytes())  # a checkpoint named by a number
     translate_main(["ckpt_path=7", "device=cpu", f"input={source}", "output=-"])
     assert capsys.readouterr().out.splitlines() == printed
+
+
+@pytest.mark.parametrize("umask", [0o077, 0o022, 0o002])
+def test_new_files_get_the_permissions_open_would_give_and_replaced_files_keep_theirs(
+    umask: int, tmp_path: Path
+) -> None:
+    """Atomic writes (run records, results, checkpoints) create a new file as `open` would (0o666 less the
+    umask) and keep the permission bits of a file they replace."""
+    from attnlab.io import atomic_write_bytes
+    from attnlab.training.checkpoint_io import AtomicCheckpointIO
+
+    previous = os.umask(umask)
+    try:
+        atomic_write_bytes(tmp_path / "results.json", b"{}\n")
+        AtomicCheckpointIO().save_checkpoint({"step": 1}, tmp_path / "last.ckpt")
+        with open(tmp_path / "plain", "wb"):
+            pass
+    finally:
+        os.umask(previous)
+    expected = stat.S_IMODE(os.stat(tmp_path / "plain").st_mode)
+    assert expected == 0o666 & ~umask
+    for name in ("results.json", "last.ckpt"):
+        assert stat.S_IMODE(os.stat(tmp_path / name).st_mode) == expected, name
+        os.chmod(tmp_path / name, 0o640)
+    atomic_write_bytes(tmp_path / "results.json", b"[]\n")
+    AtomicCheckpointIO().save_checkpoint({"step": 2}, tmp_path / "last.ckpt")
+    for name in ("results.json", "last.ckpt"):
+        assert stat.S_IMODE(os.stat(tmp_path / name).st_mode) == 0o640, name

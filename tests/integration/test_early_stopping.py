@@ -10,6 +10,7 @@ from pathlib import Path
 import lightning as L
 import pytest
 import torch
+from omegaconf import OmegaConf
 
 from attnlab.training.experiment import validate
 from attnlab.training.module import TranslationModule
@@ -41,7 +42,9 @@ def _test_metrics(checkpoint: Path, cfg: object) -> dict[str, float]:
 def test_early_stopping_stops_at_patience_and_tests_the_best_checkpoint(tmp_path: Path) -> None:
     cfg = compose_train(DIVERGING, tmp_path)
     metrics = train(cfg)
-    assert cfg.callbacks.early_stopping.monitor == cfg.monitor.metric == "val/loss"  # synthetic: no decodes
+    saved = OmegaConf.load(tmp_path / "config.yaml")  # the run's resolved config (the caller's is unchanged)
+    assert saved.callbacks.early_stopping.monitor == saved.monitor.metric == "val/loss"  # no decodes
+    assert cfg.monitor.metric == "auto"
 
     with open(tmp_path / "csv" / "metrics.csv", newline="") as f:
         val = {int(r["epoch"]): float(r["val/loss"]) for r in csv.DictReader(f) if r.get("val/loss")}

@@ -21,7 +21,7 @@ from attnlab.cli.eval import evaluate_checkpoint
 from attnlab.cli.translate import main as translate_main
 from attnlab.inference.translator import Translator, decode_settings, resolve_checkpoints
 from attnlab.metrics import corpus_bleu
-from attnlab.runs.checkpoint import CheckpointError, epoch_checkpoints, read_checkpoint
+from attnlab.runs.checkpoint import CheckpointError, kept_checkpoints, read_checkpoint
 from attnlab.training.experiment import validate
 from attnlab.training.module import TranslationModule
 from attnlab.typed import ConfigError
@@ -107,6 +107,7 @@ def test_results_json_scores_every_test_set_from_the_averaged_checkpoints(text_r
         assert 0.0 <= entry["chrf"] <= 100.0 and entry["chrf_signature"].startswith("nrefs:1|")
     assert text_run["metrics"]["test/test/bleu"] == results["sets"]["test"]["bleu"]
     assert "test/loss" in results["test_metrics"]
+    assert not any(key.endswith(("/bleu", "/chrf")) for key in results["test_metrics"])  # the test loss only
 
 
 def test_attnlab_eval_reproduces_the_training_run_scores(text_run: dict[str, Any], tmp_path: Path) -> None:
@@ -240,7 +241,7 @@ def test_bad_checkpoints_get_clear_errors(text_run: dict[str, Any], tmp_path: Pa
         translate_main(["ckpt_path", "x"])
     with pytest.raises(SystemExit, match="beam_size"):
         translate_main([f"ckpt_path={text_run['dir']}", "decode.beam_size=3"])
-    assert [p.name for p in epoch_checkpoints(text_run["dir"])] == ["epoch028.ckpt", "epoch029.ckpt"]
+    assert [p.name for p in kept_checkpoints(text_run["dir"])] == ["epoch028.ckpt", "epoch029.ckpt"]
 
 
 def test_translate_reports_a_missing_input_file(text_run: dict[str, Any], tmp_path: Path) -> None:

@@ -12,8 +12,8 @@ from attnlab.inference.translator import decode_settings, resolve_checkpoints
 from attnlab.runs.checkpoint import (
     CheckpointError,
     average_state_dicts,
-    epoch_checkpoints,
-    last_epoch_checkpoints,
+    kept_checkpoints,
+    last_kept_checkpoints,
     model_weights,
 )
 
@@ -68,10 +68,20 @@ def test_epoch_checkpoints_are_found_in_epoch_order_from_any_level_of_a_run(tmp_
     touch(epochs, "epoch009.ckpt", "epoch010.ckpt", "epoch002.ckpt", "notes.txt", "epoch1.tmp")
     expected = [epochs / n for n in ("epoch002.ckpt", "epoch009.ckpt", "epoch010.ckpt")]
     for level in (tmp_path / "run", tmp_path / "run" / "checkpoints", epochs):
-        assert epoch_checkpoints(level) == expected
-    assert last_epoch_checkpoints(tmp_path / "run", 2) == expected[1:]
+        assert kept_checkpoints(level) == expected
+    assert last_kept_checkpoints(tmp_path / "run", 2) == expected[1:]
     with pytest.raises(CheckpointError, match="needs 4, found 3"):
-        last_epoch_checkpoints(tmp_path / "run", 4)
+        last_kept_checkpoints(tmp_path / "run", 4)
+
+
+def test_step_checkpoints_are_found_in_step_order_and_before_epoch_ones(tmp_path: Path) -> None:
+    steps = tmp_path / "run" / "checkpoints" / "steps"
+    touch(steps, "step00012000.ckpt", "step00002000.ckpt", "step00100000.ckpt", "epoch001.ckpt")
+    touch(tmp_path / "run" / "checkpoints" / "epochs", "epoch000.ckpt")
+    expected = [steps / n for n in ("step00002000.ckpt", "step00012000.ckpt", "step00100000.ckpt")]
+    for level in (tmp_path / "run", tmp_path / "run" / "checkpoints", steps):
+        assert kept_checkpoints(level) == expected
+    assert last_kept_checkpoints(tmp_path / "run", 2) == expected[1:]
 
 
 def test_resolve_checkpoints(tmp_path: Path) -> None:

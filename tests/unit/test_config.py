@@ -411,3 +411,50 @@ def test_under_submitit_on_slurm_lightning_does_not_requeue(monkeypatch: pytest.
     monkeypatch.setenv("SUBMITIT_EXECUTOR", "slurm")
     (plugin,) = cluster_plugins()
     assert isinstance(plugin, SLURMEnvironment) and plugin.auto_requeue is False
+
+
+WMT14 = {  # experiment: (model d_model, steps, average_last, average_every_n_steps, dropout, tgt_lang, vocab)
+    "wmt14_base": (512, 100_000, 5, 1500, 0.1, "de", 37000),
+    "wmt14_big": (1024, 300_000, 20, 600, 0.3, "de", 37000),
+    "wmt14_enfr_base": (512, 100_000, 5, 1500, 0.1, "fr", 32000),
+}
+
+
+@pytest.mark.parametrize("name", sorted(WMT14))
+def test_the_paper_recipes_compose_validate_and_hold_the_papers_settings(name: str, tmp_path: Path) -> None:
+    """The WMT14 recipes cannot run here; their settings are the paper's (§5, §6.1), from the hub and
+    from local files."""
+    from attnlab.data import FilesData, HFData
+    from attnlab.training.pipeline import plan_run
+
+    d_model, steps, average, every, dropout, tgt, vocab = WMT14[name]
+    cfg = compose_train([f"experiment={name}"], tmp_path)
+    experiment = validate(cfg)
+    assert isinstance(experiment.data, HFData) and experiment.data.name == "wmt14"
+    data = experiment.data
+    assert (data.src_lang, data.tgt_lang, data.vocab_size) == ("en", tgt, vocab)
+    model, optim, decode = experiment.model, experiment.optim, experiment.decode
+    assert (model.d_model, model.n_encoder_layers, model.dropout, model.tie) == (d_model, 6, dropout, "all")
+    assert (optim.schedule, optim.warmup_steps, optim.betas, optim.eps, optim.label_smoothing) == (
+        "noam", 4000, (0.9, 0.98), 1e-9, 0.1)  # fmt: skip
+    assert (decode.beam, decode.lenpen, decode.max_len_a, decode.max_len_b) == (4, 0.6, 1.0, 50)
+    trainer = cfg.trainer
+    tokens = cfg.data.max_tokens * trainer.devices * trainer.num_nodes * trainer.accumulate_grad_batches
+    assert 25_000 <= tokens <= 26_000  # ~25,000 source and target tokens per optimizer step (§5.1)
+    assert (trainer.max_steps, cfg.average_last, cfg.average_every_n_steps) == (steps, average, every)
+    assert trainer.check_val_every_n_epoch is None and trainer.val_check_interval > 0
+    one_gpu = compose_train([f"experiment={name}", "trainer.devices=1"], tmp_path)
+    assert one_gpu.data.max_tokens * 8 == tokens
+    local = tmp_path / "wmt14"
+    local.mkdir()
+    files = compose_train([f"experiment={name}", "data=files", f"data.dir={local}", "data.src_lang=en",
+                           f"data.tgt_lang={tgt}", "data.valid=newstest2013", "data.test=[newstest2014]"],
+                          tmp_path)  # fmt: skip
+    spec = validate(files).data
+    assert isinstance(spec, FilesData) and (spec.vocab_size, spec.max_tokens) == (vocab, 3200)
+    if name == "wmt14_big":
+        from attnlab.model import Transformer
+
+        params = sum(p.numel() for p in Transformer(model.with_vocab(vocab, vocab)).parameters())
+        assert 200e6 < params < 230e6  # Table 3: 213M
+    plan_run(cfg)  # the trainer, callbacks and loggers take every key given

@@ -2,8 +2,10 @@
 
 from __future__ import annotations
 
+import itertools
 import json
 import os
+import pickle
 import random
 import re
 import shutil
@@ -11,13 +13,15 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
+import numpy as np
 import pytest
 import torch
 
+from attnlab.data import prepare as prepare_module
 from attnlab.data.corpora import FilesData, HFData, read_lines
 from attnlab.data.datamodule import CorpusDataModule
 from attnlab.data.download import DataError
-from attnlab.data.prepare import Prepared, prepare, prepared_dir
+from attnlab.data.prepare import EncodedSplit, Prepared, id_dtype, prepare, prepared_dir
 from attnlab.data.tokenizer import SPECIAL_TOKENS, SubwordTokenizer
 
 PAD, BOS, EOS, UNK = 0, 1, 2, 3
@@ -74,6 +78,17 @@ def setup_datamodule(spec: FilesData | HFData) -> CorpusDataModule:
     dm = spec.datamodule()
     dm.setup()
     return dm
+
+
+def pairs(split: EncodedSplit) -> list[tuple[list[int], list[int]]]:
+    """Every example of `split` as (source ids, target ids)."""
+    return [split.pair(i) for i in range(len(split))]
+
+
+def encoded(prepared: Prepared, src: list[str], tgt: list[str]) -> list[tuple[list[int], list[int]]]:
+    """`src` and `tgt` lines encoded one by one with the prepared tokenizers: sources end in eos."""
+    sources = [[*prepared.src_tokenizer.encode(line), EOS] for line in src]
+    return list(zip(sources, [prepared.tgt_tokenizer.encode(line) for line in tgt], strict=True))
 
 
 def leftovers(directory: Path) -> list[str]:
@@ -154,8 +169,8 @@ def test_empty_training_pairs_are_dropped_and_counted(corpus: Path, tmp_path: Pa
     assert prepared.stats["dropped_empty"] == 4
     train = prepared.splits["train"]
     assert len(train) == prepared.stats["train_examples"] == 196
-    assert train.raw_src == src[4:] and train.raw_tgt == tgt[4:]
-    assert all(len(s) > 1 and s[-1] == EOS for s in train.src) and all(train.tgt)
+    assert pairs(train) == encoded(prepared, src[4:], tgt[4:])
+    assert all(len(s) > 1 and s[-1] == EOS and t for s, t in pairs(train))
 
 
 def test_validation_and_test_sets_keep_every_line(corpus: Path, tmp_path: Path) -> None:
@@ -168,9 +183,10 @@ def test_validation_and_test_sets_keep_every_line(corpus: Path, tmp_path: Path) 
     prepared = prepare(files_spec(corpus, tmp_path))
     test, val = prepared.splits["test"], prepared.splits["val"]
     assert len(test) == SIZES["test"] and len(val) == SIZES["valid"]
-    assert test.src[2] == [EOS] and test.tgt[4] == [] and val.src[0] == [EOS]
+    assert test.pair(2)[0] == [EOS] and test.pair(4)[1] == [] and val.pair(0)[0] == [EOS]
     assert test.raw_src == src and test.raw_tgt == tgt and val.raw_src == val_src
-    assert all(s[-1] == EOS and EOS not in s[:-1] for s in test.src)
+    assert pairs(test) == encoded(prepared, src, tgt)
+    assert all(s[-1] == EOS and EOS not in s[:-1] for s, _ in pairs(test))
 
 
 def test_an_all_empty_training_corpus_is_an_error(corpus: Path, tmp_path: Path) -> None:
@@ -182,19 +198,15 @@ def test_an_all_empty_training_corpus_is_an_error(corpus: Path, tmp_path: Path) 
 
 
 def lengths(prepared: Prepared, split: str, side: str) -> list[int]:
-    """Ids per example as the filters count them: the raw line's subwords plus eos."""
-    split_data = prepared.splits[split]
-    tokenizer, lines = (
-        (prepared.src_tokenizer, split_data.raw_src)
-        if side == "src"
-        else (prepared.tgt_tokenizer, split_data.raw_tgt)
-    )
-    return [len(ids) + 1 for ids in tokenizer.encode_batch(lines)]
+    """Ids per example as the filters count them: the line's subwords plus eos."""
+    examples = pairs(prepared.splits[split])
+    return [len(s) if side == "src" else len(t) + 1 for s, t in examples]
 
 
-def train_raw(prepared: Prepared) -> tuple[list[str], list[str]]:
-    """The raw training pairs that survived preparation, as (sources, targets)."""
-    return prepared.splits["train"].raw_src, prepared.splits["train"].raw_tgt
+def same_tokenizers(one: Prepared, other: Prepared) -> bool:
+    """Whether both were encoded alike (the filters do not change the tokenizers' training text)."""
+    sides = ((one.src_tokenizer, other.src_tokenizer), (one.tgt_tokenizer, other.tgt_tokenizer))
+    return all(a.to_json() == b.to_json() for a, b in sides)
 
 
 @pytest.mark.parametrize(
@@ -202,8 +214,9 @@ def train_raw(prepared: Prepared) -> tuple[list[str], list[str]]:
     [("max_source_tokens", "src", "source_too_long"), ("max_target_tokens", "tgt", "target_too_long")],
 )
 def test_length_filter_drops_long_training_pairs_only(
-    corpus: Path, tmp_path: Path, field: str, side: str, reason: str
+    corpus: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch, field: str, side: str, reason: str
 ) -> None:
+    monkeypatch.setattr(prepare_module, "ENCODE_LINES", 16)  # filtered and counted chunk by chunk
     limit = 8
     unfiltered = prepare(files_spec(corpus, tmp_path))
     before = lengths(unfiltered, "train", side)
@@ -214,8 +227,9 @@ def test_length_filter_drops_long_training_pairs_only(
     assert prepared.stats["dropped_filter"] == {reason: expected}
     assert prepared.stats["train_examples"] == len(before) - expected
     assert max(lengths(prepared, "train", side)) <= limit
-    kept = [(s, t) for s, t, n in zip(*train_raw(unfiltered), before, strict=True) if n <= limit]
-    assert list(zip(*train_raw(prepared), strict=True)) == kept
+    assert same_tokenizers(prepared, unfiltered)
+    kept = [p for p, n in zip(pairs(unfiltered.splits["train"]), before, strict=True) if n <= limit]
+    assert pairs(prepared.splits["train"]) == kept
     for split in ("val", "test", "test2"):
         assert len(prepared.splits[split]) == len(unfiltered.splits[split])
     assert max(lengths(prepared, "val", side)) > limit  # long validation pairs were kept
@@ -224,14 +238,15 @@ def test_length_filter_drops_long_training_pairs_only(
 def test_length_ratio_filter_drops_unbalanced_training_pairs(corpus: Path, tmp_path: Path) -> None:
     ratio = 1.5
     unfiltered = prepare(files_spec(corpus, tmp_path))
-    pairs = list(zip(lengths(unfiltered, "train", "src"), lengths(unfiltered, "train", "tgt"), strict=True))
-    keep = [max(s, t) <= ratio * min(s, t) for s, t in pairs]
+    sizes = zip(lengths(unfiltered, "train", "src"), lengths(unfiltered, "train", "tgt"), strict=True)
+    keep = [max(s, t) <= ratio * min(s, t) for s, t in sizes]
     assert 0 < keep.count(False) < len(keep)
 
     prepared = prepare(files_spec(corpus, tmp_path, max_length_ratio=ratio))
     assert prepared.stats["dropped_filter"] == {"length_ratio": keep.count(False)}
-    kept = [p for p, ok in zip(zip(*train_raw(unfiltered), strict=True), keep, strict=True) if ok]
-    assert list(zip(*train_raw(prepared), strict=True)) == kept
+    assert same_tokenizers(prepared, unfiltered)
+    kept = [p for p, ok in zip(pairs(unfiltered.splits["train"]), keep, strict=True) if ok]
+    assert pairs(prepared.splits["train"]) == kept
     val = zip(lengths(prepared, "val", "src"), lengths(prepared, "val", "tgt"), strict=True)
     assert len(prepared.splits["val"]) == SIZES["valid"]
     assert any(max(s, t) > ratio * min(s, t) for s, t in val)  # unbalanced validation pairs were kept
@@ -377,8 +392,7 @@ def test_joint_vocab_writes_one_tokenizer_separate_vocabs_two(corpus: Path, tmp_
     tgt_vocab = separate.tgt_tokenizer.tokenizer.get_vocab()
     assert src_vocab != tgt_vocab
     assert any("ß" in piece for piece in src_vocab) and not any("ß" in piece for piece in tgt_vocab)
-    assert UNK not in {i for ids in separate.splits["train"].src for i in ids}
-    assert UNK not in {i for ids in separate.splits["train"].tgt for i in ids}
+    assert UNK not in separate.splits["train"].src_ids and UNK not in separate.splits["train"].tgt_ids
 
 
 def test_building_leaves_no_temporary_directories(corpus: Path, tmp_path: Path) -> None:
@@ -398,6 +412,124 @@ def test_a_failed_build_leaves_no_prepared_directory(corpus: Path, tmp_path: Pat
     assert leftovers(target.parent) == []
     write_lines(corpus / "test2.en", [*read_lines(corpus / "test2.en"), "the cat"])
     assert len(prepare(files_spec(corpus, tmp_path)).splits["test2"]) == SIZES["test2"]
+
+
+# ---------------------------------------------------------------------------------------------------------
+# The prepared format: flat, memory-mapped token arrays
+
+
+@pytest.mark.parametrize("lines_per_chunk", [prepare_module.ENCODE_LINES, 7])
+def test_every_split_is_stored_as_flat_arrays_of_its_encoding(
+    corpus: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch, lines_per_chunk: int
+) -> None:
+    monkeypatch.setattr(prepare_module, "ENCODE_LINES", lines_per_chunk)  # 7: many chunks a split
+    spec = files_spec(corpus, tmp_path)
+    prepared = prepare(spec)
+    files = set(os.listdir(prepared_dir(spec)))
+    for name, prefix in (("train", "train"), ("val", "valid"), ("test", "test"), ("test2", "test2")):
+        src, tgt = read_lines(corpus / f"{prefix}.de"), read_lines(corpus / f"{prefix}.en")
+        split = prepared.splits[name]
+        assert pairs(split) == encoded(prepared, src, tgt)  # what the per-line encoding gives
+        for side in ("src", "tgt"):
+            ids = np.load(prepared_dir(spec) / f"{name}.{side}.ids.npy")
+            offsets = np.load(prepared_dir(spec) / f"{name}.{side}.offsets.npy")
+            assert ids.dtype == np.uint16 and offsets.dtype == np.int64 and len(offsets) == len(src) + 1
+            rows = [ids[a:b].tolist() for a, b in itertools.pairwise(offsets)]
+            assert rows == [p[side == "tgt"] for p in pairs(split)]
+        assert split.src_lengths.tolist() == [len(s) for s, _ in pairs(split)]
+        assert split.tgt_lengths.tolist() == [len(t) for _, t in pairs(split)]
+        if name == "train":  # training never reads raw text: none kept
+            assert "train.raw.json" not in files and split.raw_src is None and split.raw_tgt is None
+        else:
+            assert f"{name}.raw.json" in files and (split.raw_src, split.raw_tgt) == (src, tgt)
+    with pytest.raises(ValueError, match="raw text of split 'train' is not kept"):
+        setup_datamodule(spec).raw_text("train")
+
+
+def test_loaded_arrays_are_read_only_memory_maps_pickled_by_file_name(corpus: Path, tmp_path: Path) -> None:
+    spec = files_spec(corpus, tmp_path)
+    prepare(spec)  # built; the next one loads
+    split = prepare(spec).splits["train"]
+    arrays = (split.src_ids, split.src_offsets, split.tgt_ids, split.tgt_offsets)
+    assert all(isinstance(a, np.memmap) and not a.flags.writeable for a in arrays)
+    assert {Path(a.filename) for a in arrays} == {
+        prepared_dir(spec) / f"train.{side}.{kind}.npy"
+        for side in ("src", "tgt")
+        for kind in ("ids", "offsets")
+    }
+    data = pickle.dumps(split)
+    assert len(data) < 1000  # the file names, not the ids
+    again = pickle.loads(data)
+    assert all(
+        isinstance(getattr(again, a), np.memmap) for a in ("src_ids", "src_offsets", "tgt_ids", "tgt_offsets")
+    )
+    assert again == split and pairs(again) == pairs(split)
+
+
+def test_ids_take_the_narrowest_dtype_their_vocabulary_allows(
+    corpus: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    assert [id_dtype(n) for n in (5, 65536, 65537, 10**6)] == [np.uint16, np.uint16, np.uint32, np.uint32]
+    small = prepare(files_spec(corpus, tmp_path))
+    assert {split.src_ids.dtype for split in small.splits.values()} == {np.dtype(np.uint16)}
+    monkeypatch.setattr(SubwordTokenizer, "vocab_size", property(lambda self: 70_000))  # as if that large
+    large = prepare(files_spec(corpus, tmp_path / "large"))
+    for name, split in large.splits.items():
+        assert split.src_ids.dtype == split.tgt_ids.dtype == np.uint32
+        assert pairs(split) == pairs(small.splits[name])
+
+
+@pytest.mark.parametrize("dtype", [np.uint16, np.uint32, np.int64])
+@pytest.mark.parametrize("chunks", [[], [0], [3, 0, 5], [70_000]])
+def test_arrays_written_chunk_by_chunk_are_what_np_save_writes(
+    tmp_path: Path, dtype: type, chunks: list[int]
+) -> None:
+    rng = np.random.default_rng(0)
+    parts = [rng.integers(0, 60_000, n).astype(dtype) for n in chunks]
+    writer = prepare_module._ArrayWriter(tmp_path / "chunked.npy", np.dtype(dtype))
+    for part in parts:
+        writer.append(part)
+    writer.close()
+    np.save(tmp_path / "whole.npy", np.concatenate([np.zeros(0, dtype), *parts]))
+    assert (tmp_path / "chunked.npy").read_bytes() == (tmp_path / "whole.npy").read_bytes()
+
+
+def test_a_large_array_is_checked_by_size_header_and_both_ends_and_rebuilt(
+    corpus: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
+) -> None:
+    monkeypatch.setattr(prepare_module, "FULL_HASH_BYTES", 1000)  # arrays over 1000 bytes count as large
+    monkeypatch.setattr(prepare_module, "EDGE_BYTES", 64)
+    spec = files_spec(corpus, tmp_path)
+    first = pairs(prepare(spec).splits["train"])
+    directory = prepared_dir(spec)
+    recorded = json.loads((directory / "checksums.json").read_text())["files"]
+    name = "train.src.ids.npy"
+    path = directory / name
+    size = path.stat().st_size
+    assert size > 1000 + 2 * 64 and set(recorded[name]) == {"size", "head_sha256", "tail_sha256"}
+    for other, entry in recorded.items():  # small arrays and all other files (read whole): hashed whole
+        if not other.endswith(".npy") or entry["size"] <= 1000:
+            assert set(entry) == {"size", "sha256"}, other
+    assert recorded["tokenizer.json"]["size"] > 1000
+
+    def flip(where: int) -> None:
+        data = bytearray(path.read_bytes())
+        data[where] ^= 0xFF
+        path.unlink()  # a new file: the maps of earlier loads stay valid
+        path.write_bytes(data)
+
+    flip(size // 2)  # inside a large array: not seen (the price of a cheap check)
+    assert pairs(prepare(spec).splits["train"]) != first
+    for where in (size - 3, 20):  # in its last bytes; in its .npy header
+        flip(where)
+        caplog.clear()
+        with caplog.at_level("WARNING"):
+            again = prepare(spec)
+        reason = f"{name} differs from what was written (the SHA-256 of its first or last MiB)"
+        assert [r.getMessage() for r in caplog.records if r.levelname == "WARNING"] == [
+            f"the prepared data in {directory} is damaged: {reason}; building it again"
+        ]
+        assert pairs(again.splits["train"]) == first
 
 
 # ---------------------------------------------------------------------------------------------------------
@@ -487,7 +619,7 @@ def test_limit_positions_drops_long_training_pairs_and_truncates_evaluation_sets
 
     fits = [e for e in before["train"] if len(e[0]) <= n and len(e[1]) + 1 <= n]
     assert 0 < len(fits) < len(before["train"])
-    assert dm.splits["train"] == fits
+    assert list(dm.splits["train"]) == fits
     assert "train" not in dm.truncated
     for name in ("val", "test", "test2"):
         long = [len(s) > n or len(t) + 1 > n for s, t, _ in before[name]]

@@ -1,7 +1,10 @@
-"""Corpus BLEU / chrF through sacreBLEU, the detokenization guard, and the paired bootstrap test."""
+"""Corpus BLEU / chrF through sacreBLEU, the detokenization guard, the paper's tokenized compound-split
+BLEU, and the paired bootstrap test."""
 
 from __future__ import annotations
 
+import logging
+import math
 import os
 from pathlib import Path
 
@@ -11,10 +14,13 @@ import sacrebleu
 from attnlab.metrics import (
     SUBWORD_MARKERS,
     ScoringError,
+    bleu_tok_compound,
     check_detokenized,
     corpus_bleu,
     corpus_chrf,
     score_all,
+    split_compounds,
+    tokenize_compound_split,
 )
 
 REFS = [
@@ -142,6 +148,118 @@ def test_rejects_empty_corpus() -> None:
 def test_rejects_a_single_string() -> None:
     with pytest.raises(ScoringError, match="not a single string"):
         check_detokenized("a b c", "a b c")
+
+
+# ---------------------------------------------------------------------------------------------------------
+# bleu_tok_compound: the paper's procedure (tensor2tensor's get_ende_bleu.sh)
+
+DE_REFS = ["Der Mercedes-Benz-Chef lacht.", "Sie kauft eine 3-D-Brille, oder?"]
+DE_HYPS = ["Der Mercedes-Chef lacht.", "Sie kauft die 3-D-Brille, oder?"]
+
+
+def test_bleu_tok_compound_by_hand() -> None:
+    """Moses tokenization splits off the punctuation, every hyphen between two non-space characters is
+    split (but, as in perl, not the second one after the one-character "D"), then plain corpus BLEU."""
+    assert tokenize_compound_split(DE_REFS, "de") == [
+        "Der Mercedes ##AT##-##AT## Benz ##AT##-##AT## Chef lacht .",  # 8 tokens
+        "Sie kauft eine 3 ##AT##-##AT## D-Brille , oder ?",  # 9 tokens
+    ]
+    assert tokenize_compound_split(DE_HYPS, "de") == [
+        "Der Mercedes ##AT##-##AT## Chef lacht .",  # 6 tokens
+        "Sie kauft die 3 ##AT##-##AT## D-Brille , oder ?",  # 9 tokens
+    ]
+    # Matches (clipped) / hypothesis n-grams, sentence 1 + sentence 2 (A = ##AT##-##AT##):
+    # 1-grams: 6/6 + 8/9 ("die" unmatched)
+    # 2-grams: 5/5 ("A Chef" is in "Benz A Chef") + 6/8 ("kauft die", "die 3")
+    # 3-grams: 3/4 ("Mercedes A Chef") + 4/7 (the 3 with "die")
+    # 4-grams: 1/3 ("A Chef lacht .") + 3/6 (the 3 with "die")
+    # hypothesis 15 tokens, reference 17: BP = exp(1 - 17/15)
+    expected = 100 * math.exp(1 - 17 / 15) * ((14 / 15) * (11 / 13) * (7 / 11) * (4 / 9)) ** 0.25
+    score = bleu_tok_compound(DE_HYPS, DE_REFS, "de")
+    assert score.name == "bleu_tok_compound"
+    assert score.score == pytest.approx(expected, abs=1e-9)
+    assert score.score == pytest.approx(60.165330351, abs=1e-6)
+    assert score.details["precisions"] == pytest.approx([1400 / 15, 1100 / 13, 700 / 11, 400 / 9])
+    assert (score.details["sys_len"], score.details["ref_len"]) == (15, 17)
+    assert score.details["bp"] == pytest.approx(math.exp(1 - 17 / 15))
+
+
+def test_bleu_tok_compound_has_no_smoothing() -> None:
+    """multi-bleu.perl: a corpus without a matching 4-gram scores 0."""
+    assert bleu_tok_compound(["Der Hund lacht."], ["Der Hund bellt."], "de").score == 0.0
+    assert corpus_bleu(["Der Hund lacht."], ["Der Hund bellt."]).score > 0.0  # sacreBLEU smooths
+
+
+def test_compound_split_of_consecutive_hyphens() -> None:
+    assert split_compounds("Mercedes-Benz-Chef") == "Mercedes ##AT##-##AT## Benz ##AT##-##AT## Chef"
+    assert split_compounds("Ende-zu-Ende-Verschlüsselung ist Baden-Württembergs Ziel") == (
+        "Ende ##AT##-##AT## zu ##AT##-##AT## Ende ##AT##-##AT## Verschlüsselung ist "
+        "Baden ##AT##-##AT## Württembergs Ziel"
+    )
+    # perl's s{(\S)-(\S)}{...}g: a one-character part between two hyphens is used by the first match
+    assert (
+        split_compounds("a-b-c-d 3-D-Brille")
+        == "a ##AT##-##AT## b-c ##AT##-##AT## d 3 ##AT##-##AT## D-Brille"
+    )
+    # a hyphen beside a space (or line end) is not inside a compound
+    assert split_compounds("Vor- und Nachteile - gut -") == "Vor- und Nachteile - gut -"
+
+
+def test_bleu_tok_compound_is_not_sacrebleu() -> None:
+    paper = bleu_tok_compound(DE_HYPS, DE_REFS, "de")
+    sacre = corpus_bleu(DE_HYPS, DE_REFS)
+    assert abs(paper.score - sacre.score) > 1.0
+    parts = paper.signature.split("|")
+    assert parts[:3] == ["t2t-get_ende_bleu", "moses:de", "atat:yes"]
+    for part in ("tok:none", "smooth:none", "case:mixed", f"version:{sacrebleu.__version__}"):
+        assert part in parts
+
+
+def test_bleu_tok_compound_tokenizes_with_the_target_languages_rules() -> None:
+    assert tokenize_compound_split(["It isn't cheap."], "en") == ["It isn 't cheap ."]
+    assert tokenize_compound_split(["It isn't cheap."], "de") == ["It isn ' t cheap ."]
+    assert bleu_tok_compound(["Das ist es."], ["Das ist es."], "en").signature.startswith(
+        "t2t-get_ende_bleu|moses:en|"
+    )
+
+
+def test_bleu_tok_compound_checks_detokenized_inputs() -> None:
+    with pytest.raises(ScoringError, match=r"line 2 .*subword marker"):
+        bleu_tok_compound(["Der Hund.", "Die ▁Katze."], DE_REFS, "de")
+    with pytest.raises(ScoringError, match="1 hypotheses but 2 references"):
+        bleu_tok_compound(DE_HYPS[:1], DE_REFS, "de")
+
+
+def test_score_sets_records_the_tokenized_bleu_in_the_target_language(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    """`score_sets` puts `bleu_tok_compound` beside sacreBLEU, with the target language of the model's
+    data settings; without it, English rules, and `target_lang` null."""
+    from attnlab.decoding import DecodeConfig
+    from attnlab.inference.translator import Translator, score_sets
+
+    outputs = dict(zip(["src 1", "src 2"], DE_HYPS, strict=True))
+
+    class FixedTranslator(Translator):
+        def __init__(self, data: dict | None) -> None:  # no model: `translate` looks the output up
+            self.data, self.decode, self.truncated = data, DecodeConfig(), 0
+
+        def translate(self, lines: list[str]) -> list[str]:
+            return [outputs[line] for line in lines]
+
+    sets = {"test": (["src 1", "src 2"], DE_REFS)}
+    results = score_sets(FixedTranslator({"tgt_lang": "de", "max_source_tokens": 256}), sets).results
+    entry = results["sets"]["test"]
+    assert results["target_lang"] == "de"
+    assert entry["bleu_tok_compound"] == pytest.approx(60.165330351, abs=1e-6)
+    assert entry["bleu_tok_compound_signature"] == bleu_tok_compound(DE_HYPS, DE_REFS, "de").signature
+    assert entry["bleu"] == corpus_bleu(DE_HYPS, DE_REFS).score != entry["bleu_tok_compound"]
+
+    with caplog.at_level(logging.WARNING, logger="attnlab.inference.translator"):
+        results = score_sets(FixedTranslator(None), sets).results
+    assert results["target_lang"] is None
+    assert results["sets"]["test"]["bleu_tok_compound_signature"].startswith("t2t-get_ende_bleu|moses:en|")
+    assert "target language is unknown" in caplog.text
 
 
 def test_paired_bootstrap_equals_the_sacrebleu_command(shared_data: Path, tmp_path: Path) -> None:

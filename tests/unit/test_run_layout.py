@@ -65,7 +65,11 @@ def test_a_bookkeeping_key_changes_no_group_no_compared_key_no_name_and_may_chan
     assert config_group(first) == config_group(second)
     assert compared_keys(tmp_path, first, second) == []
     assert run_name([f"{entry}x=1" if entry.endswith(".") else f"{entry}=1", "model.pe=none"]) == "pe=none"
-    check_same_experiment(RunDir(tmp_path / "a").config_file, changed(first, entry))
+    if entry == "task_name":  # it names where the run directories live: a resumed run keeps it
+        with pytest.raises(ConfigError, match="task_name: 'train' -> 'changed'"):
+            check_same_experiment(RunDir(tmp_path / "a").config_file, changed(first, entry))
+    else:
+        check_same_experiment(RunDir(tmp_path / "a").config_file, changed(first, entry))
 
 
 def test_a_setting_changes_the_group_the_compared_keys_and_the_name_and_is_no_resumption(
@@ -189,3 +193,13 @@ def test_a_checkpoint_save_goes_through_the_tagged_atomic_writer(tmp_path: Path)
     Watched().save_checkpoint({"global_step": 3}, target)
     assert seen == [[f".last.ckpt.partial-{os.getpid()}"]]  # the left one removed first
     assert [p.name for p in target.parent.iterdir()] == ["last.ckpt"]
+
+
+def test_the_results_table_shows_the_papers_bleu_beside_sacrebleu_when_there_is_one() -> None:
+    from attnlab.runs.results import results_table
+
+    entry = {"sentences": 2, "bleu": 31.234, "chrf": 55.0, "bleu_signature": "nrefs:1|tok:13a"}
+    table = results_table({"sets": {"test": {**entry, "bleu_tok_compound": 33.456}, "val": entry}})
+    header, test, val = table.splitlines()
+    assert "BLEU tok+compound (paper)" in header
+    assert test.split()[:5] == ["test", "2", "31.23", "55.00", "33.46"] and val.split()[4] == "-"

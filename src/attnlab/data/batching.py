@@ -6,7 +6,9 @@ from it by the model (True = real token). Items given as (src, tgt, index) tripl
 example indices, so that `restore_order` can put per-example outputs back into dataset order.
 
 `TokenBatchSampler` forms fairseq `--max-tokens`-style batches: examples of similar length go together,
-and each batch holds at most `max_tokens` tokens counting padding.
+and each batch holds at most `max_tokens` tokens counting padding. It works on a numpy array of lengths
+(sorting, shuffling and packing vectorised; one Python step per batch, none per example) and keeps an
+epoch's batches as views into one index array, so millions of examples cost megabytes, not Python lists.
 """
 
 from __future__ import annotations
@@ -17,6 +19,7 @@ from collections import Counter
 from collections.abc import Iterator, Sequence
 from typing import Any, TypeVar
 
+import numpy as np
 import torch
 from torch import Tensor
 from torch.utils.data import Sampler
@@ -168,8 +171,8 @@ class TokenBatchSampler(Sampler[list[int]]):
     there, store the trained batch count as `yielded` (`ParallelDataModule.state_dict` does).
 
     Args:
-        lengths: `lengths[i]` is the size of example i in tokens; pass max(source length, target
-            length + 1), the longer of its `src` and `tgt_in` rows.
+        lengths: `lengths[i]` is the size of example i in tokens (a list or a 1-D numpy array); pass
+            max(source length, target length + 1), the longer of its `src` and `tgt_in` rows.
         max_tokens: Most tokens in a padded batch, or None for no token budget.
         batch_size: Most sentences in a batch, or None for no cap. At least one of the two is needed.
         shuffle: Training order (bucketed and shuffled) if True, evaluation order (sorted) if False.
@@ -182,7 +185,7 @@ class TokenBatchSampler(Sampler[list[int]]):
 
     def __init__(
         self,
-        lengths: Sequence[int],
+        lengths: Sequence[int] | np.ndarray,
         *,
         max_tokens: int | None = None,
         batch_size: int | None = None,
@@ -201,9 +204,9 @@ class TokenBatchSampler(Sampler[list[int]]):
             raise ValueError(
                 f"TokenBatchSampler: rank={rank!r}; give 0 <= rank < num_replicas={num_replicas}"
             )
-        self.lengths = [int(n) for n in lengths]
-        short = [i for i, n in enumerate(self.lengths) if n < 1]
-        if short:
+        self.lengths = np.array(lengths, dtype=np.int64).reshape(-1)  # (N,), a copy the caller cannot change
+        short = np.flatnonzero(self.lengths < 1)
+        if len(short):
             raise ValueError(
                 f"TokenBatchSampler: lengths[{short[0]}]={self.lengths[short[0]]}; every example has at "
                 "least one token (pass max(source length, target length + 1))"
@@ -213,17 +216,17 @@ class TokenBatchSampler(Sampler[list[int]]):
         self.epoch, self.yielded = 0, 0
         self._resume_pending = False
         self._starting_at: int | None = None  # an iterator was made and has drawn nothing yet
-        self._cache: tuple[tuple[int, int], list[list[int]]] | None = None
+        self._cache: tuple[tuple[int, int], list[np.ndarray]] | None = None
         self._fingerprint: dict[str, Any] | None = None
-        oversize = [n for n in self.lengths if max_tokens is not None and n > max_tokens]
-        if oversize:
+        oversize = self.lengths[self.lengths > max_tokens] if max_tokens is not None else self.lengths[:0]
+        if len(oversize):
             log.warning(
                 "%d of %d examples are longer than max_tokens=%d (longest: %d tokens); each gets a batch of "
                 "its own. Raise max_tokens or filter long examples to stay within the budget.",
                 len(oversize),
                 len(self.lengths),
                 max_tokens,
-                max(oversize),
+                oversize.max(),
             )
 
     def set_epoch(self, epoch: int) -> None:
@@ -235,43 +238,46 @@ class TokenBatchSampler(Sampler[list[int]]):
             self.yielded, self._resume_pending, self._starting_at = 0, False, None
         self.epoch = epoch
 
-    def _pack(self, order: list[int]) -> list[list[int]]:
-        """Greedily cuts indices (sorted by length) into batches within the token and sentence caps."""
-        batches: list[list[int]] = []
-        batch: list[int] = []
-        longest = 0
-        for i in order:
-            n = self.lengths[i]
-            full = self.batch_size is not None and len(batch) >= self.batch_size
-            over = self.max_tokens is not None and (len(batch) + 1) * max(longest, n) > self.max_tokens
-            if batch and (full or over):
-                batches.append(batch)
-                batch, longest = [], 0
-            batch.append(i)
-            longest = max(longest, n)
-        if batch:
-            batches.append(batch)
+    def _pack(self, order: np.ndarray) -> list[np.ndarray]:
+        """Greedily cuts `order` (example indices, (N,)) into batches of consecutive entries, as views.
+
+        A batch takes the next index while its count stays within `batch_size` and count x longest
+        length within `max_tokens`; its first index always goes in (alone when over the budget). That
+        cost never falls as a batch grows, so each batch's size is one search over a window of at
+        most `max_tokens // (its first length)` entries (no batch can hold more).
+        """
+        count = len(order)
+        cap = self.batch_size if self.batch_size is not None else max(count, 1)
+        if self.max_tokens is None:
+            return [order[start : start + cap] for start in range(0, count, cap)]
+        lengths = self.lengths[order]  # (N,)
+        batches, start = [], 0
+        while start < count:
+            window = lengths[start : start + min(cap, max(1, self.max_tokens // int(lengths[start])))]
+            cost = np.maximum.accumulate(window) * np.arange(1, len(window) + 1)  # padded size per count
+            take = max(1, int(np.searchsorted(cost, self.max_tokens, side="right")))
+            batches.append(order[start : start + take])
+            start += take
         return batches
 
-    def _global_batches(self) -> list[list[int]]:
+    def _global_batches(self) -> list[np.ndarray]:
         """This epoch's batches over all ranks (in training, cut to a multiple of `num_replicas`)."""
         if self._cache is not None and self._cache[0] == (self.seed, self.epoch):
             return self._cache[1]
-        lengths = torch.tensor(self.lengths, dtype=torch.long)
         if self.shuffle:
             generator = _generator(self.seed, self.epoch)
-            order = torch.randperm(len(lengths), generator=generator)  # (N,)
+            order = torch.randperm(len(self.lengths), generator=generator).numpy()  # (N,)
             if self.bucket:
-                order = order[torch.argsort(lengths[order], stable=True)]  # by length, random ties
-            batches = self._pack(order.tolist())
+                order = order[np.argsort(self.lengths[order], kind="stable")]  # by length, random ties
+            batches = self._pack(order)
             batches = [batches[j] for j in torch.randperm(len(batches), generator=generator).tolist()]
             batches = batches[: len(batches) - len(batches) % self.num_replicas]
         else:
-            batches = self._pack(torch.argsort(lengths, stable=True).tolist())
+            batches = self._pack(np.argsort(self.lengths, kind="stable"))
         self._cache = ((self.seed, self.epoch), batches)
         return batches
 
-    def _rank_batches(self) -> list[list[int]]:
+    def _rank_batches(self) -> list[np.ndarray]:
         return self._global_batches()[self.rank :: self.num_replicas]
 
     def __iter__(self) -> Iterator[list[int]]:
@@ -288,7 +294,7 @@ class TokenBatchSampler(Sampler[list[int]]):
         self.yielded = skip
         for batch in self._rank_batches()[skip:]:
             self.yielded += 1
-            yield list(batch)
+            yield batch.tolist()
 
     def __len__(self) -> int:
         """Batches this rank yields in the current epoch (the whole epoch, a resumed part included)."""
@@ -298,7 +304,8 @@ class TokenBatchSampler(Sampler[list[int]]):
         """What fixes the batches besides seed and epoch: `{"examples", "lengths" (a hash), "max_tokens",
         "batch_size", "bucket", "num_replicas"}`. Equal fingerprints give equal batches."""
         if self._fingerprint is None:
-            digest = hashlib.blake2b(",".join(map(str, self.lengths)).encode(), digest_size=8).hexdigest()
+            text = ",".join(map(str, self.lengths.tolist()))
+            digest = hashlib.blake2b(text.encode(), digest_size=8).hexdigest()
             self._fingerprint = {
                 "examples": len(self.lengths), "lengths": digest, "max_tokens": self.max_tokens,
                 "batch_size": self.batch_size, "bucket": self.bucket, "num_replicas": self.num_replicas,
@@ -349,9 +356,11 @@ class TokenBatchSampler(Sampler[list[int]]):
 
     def padding_ratio(self) -> float:
         """Padding tokens / tokens of the padded batches, summed over this epoch's batches of all ranks."""
-        total = padded = 0
-        for batch in self._global_batches():
-            sizes = [self.lengths[i] for i in batch]
-            padded += len(batch) * max(sizes)
-            total += sum(sizes)
-        return (padded - total) / padded if padded else 0.0
+        batches = self._global_batches()
+        if not batches:
+            return 0.0
+        counts = np.array([len(batch) for batch in batches])
+        lengths = self.lengths[np.concatenate(batches)]
+        longest = np.maximum.reduceat(lengths, np.cumsum(counts) - counts)  # (batches,)
+        padded, total = int((counts * longest).sum()), int(lengths.sum())
+        return (padded - total) / padded

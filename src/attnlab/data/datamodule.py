@@ -4,30 +4,112 @@ Batches come from `TokenBatchSampler`: length-bucketed token batches (or sentenc
 epoch with a seed, sharded across DDP ranks by the sampler itself (the trainer presets set
 `use_distributed_sampler: false`), and evaluation sets seen exactly once across ranks. Each example
 carries its index, so outputs can be put back into the original order (`batching.restore_order`).
+
+A split is served by `Examples`, which reads each example from its `EncodedSplit` (memory-mapped flat
+arrays for a real corpus) only when a batch asks for it: nothing is copied per example, and cutting or
+dropping examples records limits and kept indices rather than new lists.
 """
 
 from __future__ import annotations
 
-import gc
 import logging
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, overload
 
 import lightning as L
-from torch.utils.data import DataLoader
+import numpy as np
+from torch.utils.data import DataLoader, Dataset
 
 from attnlab.data.batching import Collator, TokenBatchSampler, cut_source
 from attnlab.data.download import DataError
+from attnlab.data.prepare import EncodedSplit, Prepared, prepare
 from attnlab.data.tokenizer import SPECIAL_IDS
 from attnlab.typed import ConfigError
 
 if TYPE_CHECKING:
+    from collections.abc import Iterator
+
     from attnlab.data.corpora import CorpusData
-    from attnlab.data.prepare import Prepared
     from attnlab.data.synthetic import SyntheticData
 
 log = logging.getLogger(__name__)
 
 Example = tuple[list[int], list[int], int]  # (source ids ending in eos, bare target ids, example index)
+
+
+class Examples(Dataset):
+    """The examples of an `EncodedSplit` as (source ids, target ids, example index) triples for the
+    `Collator`, each read from the split when asked for.
+
+    `keep` drops examples (the rest keep their example indices) and `cut` shortens them, both
+    without copying the split: kept indices and limits are recorded and applied in `__getitem__`.
+    Integer indices and slices work as on a list (a slice gives a list of triples).
+
+    Args:
+        split: The encoded examples.
+        eos_id: The id kept at the end of a cut source (`cut_source`).
+    """
+
+    def __init__(self, split: EncodedSplit, eos_id: int) -> None:
+        self.split, self.eos_id = split, eos_id
+        self.rows: np.ndarray | None = None  # the example indices served (None: all of them)
+        self.source_limit: int | None = None  # sources cut to this many ids, keeping eos
+        self.target_limit: int | None = None  # targets cut to this many ids
+
+    def __len__(self) -> int:
+        return len(self.split) if self.rows is None else len(self.rows)
+
+    @overload
+    def __getitem__(self, k: int) -> Example: ...
+    @overload
+    def __getitem__(self, k: slice) -> list[Example]: ...
+    def __getitem__(self, k: int | slice) -> Example | list[Example]:
+        if isinstance(k, slice):
+            return [self[j] for j in range(*k.indices(len(self)))]
+        if not -len(self) <= k < len(self):
+            raise IndexError(f"example {k} of {len(self)}")
+        k %= len(self)
+        i = k if self.rows is None else int(self.rows[k])
+        src, tgt = self.split.pair(i)
+        if self.source_limit is not None:
+            src = cut_source(src, self.source_limit, self.eos_id)
+        return src, tgt if self.target_limit is None else tgt[: self.target_limit], i
+
+    def __iter__(self) -> Iterator[Example]:
+        return (self[k] for k in range(len(self)))
+
+    def _served(self, lengths: np.ndarray, limit: int | None) -> np.ndarray:
+        lengths = lengths if self.rows is None else lengths[self.rows]
+        return lengths if limit is None else np.minimum(lengths, limit)
+
+    def source_lengths(self) -> np.ndarray:
+        """Ids per served source (eos included), after any cut: (len(self),) int64."""
+        return self._served(self.split.src_lengths, self.source_limit)
+
+    def target_lengths(self) -> np.ndarray:
+        """Ids per served target, after any cut: (len(self),) int64."""
+        return self._served(self.split.tgt_lengths, self.target_limit)
+
+    def lengths(self) -> np.ndarray:
+        """Tokens per example as `TokenBatchSampler` counts them: max(source, target + 1)."""
+        return np.maximum(self.source_lengths(), self.target_lengths() + 1)
+
+    def keep(self, mask: np.ndarray) -> None:
+        """Serve only the examples where `mask` ((len(self),) bool) is True."""
+        self.rows = np.flatnonzero(mask) if self.rows is None else self.rows[mask]
+
+    def cut(self, source_limit: int, target_limit: int | None = None) -> np.ndarray:
+        """Cut sources to `source_limit` ids with `cut_source` (keeping eos) and with `target_limit`
+        targets to that many ids; returns which examples ((len(self),) bool) this cut shortens."""
+        cut = self.source_lengths() > source_limit
+        self.source_limit = min(
+            source_limit, source_limit if self.source_limit is None else self.source_limit
+        )
+        if target_limit is not None:
+            cut |= self.target_lengths() > target_limit
+            self.target_limit = min(
+                target_limit, target_limit if self.target_limit is None else self.target_limit
+            )
+        return cut
 
 
 class ParallelDataModule(L.LightningDataModule):
@@ -63,7 +145,7 @@ class ParallelDataModule(L.LightningDataModule):
         self.pad_id, self.bos_id, self.eos_id, self.unk_id = (SPECIAL_IDS[k] for k in SPECIAL_IDS)
         self.collate = Collator(pad_id=self.pad_id, bos_id=self.bos_id, eos_id=self.eos_id)
         self.src_vocab_size = self.tgt_vocab_size = 0
-        self.splits: dict[str, list[Example]] = {}
+        self.splits: dict[str, Examples] = {}
         self.test_sets: list[str] = ["test"]
         # The training sampler positioned by a loaded checkpoint (`load_state_dict`), for `train_dataloader`.
         self._restored: TokenBatchSampler | None = None
@@ -76,11 +158,10 @@ class ParallelDataModule(L.LightningDataModule):
     def sampler(self, split: str, *, shuffle: bool) -> TokenBatchSampler:
         """The batch sampler of `split` for this process's rank."""
         self.setup()
-        lengths = [max(len(src), len(tgt) + 1) for src, tgt, _ in self.splits[split]]
         replicas, rank = self._replicas()
         return TokenBatchSampler(
-            lengths, max_tokens=self.max_tokens, batch_size=self.batch_size, shuffle=shuffle, seed=self.seed,
-            num_replicas=replicas, rank=rank, bucket=self.bucket,
+            self.splits[split].lengths(), max_tokens=self.max_tokens, batch_size=self.batch_size,
+            shuffle=shuffle, seed=self.seed, num_replicas=replicas, rank=rank, bucket=self.bucket,
         )  # fmt: skip
 
     def _loader(self, split: str, sampler: TokenBatchSampler) -> DataLoader:
@@ -215,10 +296,6 @@ class _TrainerEpoch:
         self.batch_sampler.set_epoch(trainer.current_epoch if trainer is not None else epoch)
 
 
-def _indexed(pairs: list[tuple[list[int], list[int]]]) -> list[Example]:
-    return [(src, tgt, i) for i, (src, tgt) in enumerate(pairs)]
-
-
 class SyntheticDataModule(ParallelDataModule):
     """The synthetic task of `attnlab.data.synthetic`: shuffled sentence batches of mixed lengths (short
     sequences pad little, and length-homogeneous batches were measured to slow its learning)."""
@@ -236,7 +313,11 @@ class SyntheticDataModule(ParallelDataModule):
 
     def setup(self, stage: str | None = None) -> None:
         if not self.splits:
-            self.splits = {split: _indexed(self.spec.examples(split)) for split in ("train", "val", "test")}
+            self.splits = {
+                split: Examples(EncodedSplit.from_pairs(self.spec.examples(split), self.src_vocab_size),
+                                self.eos_id)
+                for split in ("train", "val", "test")
+            }  # fmt: skip
 
 
 class CorpusDataModule(ParallelDataModule):
@@ -257,27 +338,15 @@ class CorpusDataModule(ParallelDataModule):
         self.spec = spec
         self.prepared: Prepared | None = None
         self.truncated: dict[str, int] = {}
-        self._cut: dict[str, set[int]] = {}  # per split: the indices of the sentences cut (`_cut_sources`)
+        self._cut: dict[str, np.ndarray] = {}  # per split: which of its examples were cut (`_cut_sources`)
 
     def prepare_data(self) -> None:
-        from attnlab.data.prepare import prepare
-
         if self.prepared is None:
             self.prepared = prepare(self.spec)
 
     def setup(self, stage: str | None = None) -> None:
         if self.splits:
             return
-        # Building ~10^5 small lists triggers the cyclic GC over and over; none of them form cycles.
-        enabled = gc.isenabled()
-        gc.disable()
-        try:
-            self._load_prepared()
-        finally:
-            if enabled:
-                gc.enable()
-
-    def _load_prepared(self) -> None:
         if self.prepared is None:
             self.prepare_data()
         prepared = self.prepared
@@ -287,11 +356,8 @@ class CorpusDataModule(ParallelDataModule):
             self.tgt_tokenizer.vocab_size,
         )
         self.stats = prepared.stats
-        self.splits = {
-            name: _indexed(list(zip(split.src, split.tgt, strict=True)))
-            for name, split in prepared.splits.items()
-        }
-        self.references = {name: split.raw_tgt for name, split in prepared.splits.items()}
+        self.splits = {name: Examples(split, self.eos_id) for name, split in prepared.splits.items()}
+        self.references = {name: split.raw_tgt for name, split in prepared.splits.items() if name != "train"}
         self.test_sets = [name for name in prepared.splits if name not in ("train", "val")]
         self._cut_sources(
             self.spec.max_source_tokens, "data.max_source_tokens={} (the training filter's limit)"
@@ -305,20 +371,12 @@ class CorpusDataModule(ParallelDataModule):
         for name, examples in self.splits.items():
             if name == "train":
                 continue
-            cut = [
-                len(s) > limit or (target_limit is not None and len(t) > target_limit) for s, t, _ in examples
-            ]
-            if not any(cut):
+            cut = examples.cut(limit, target_limit)
+            if not cut.any():
                 continue
-            self.splits[name] = [
-                (cut_source(s, limit, self.eos_id), t if target_limit is None else t[:target_limit], i)
-                for s, t, i in examples
-            ]
-            self._cut.setdefault(name, set()).update(
-                i for (_, _, i), c in zip(examples, cut, strict=True) if c
-            )
-            self.truncated[name] = len(self._cut[name])
-            log.warning("%s: cut %d sentences to %s", name, cut.count(True), why.format(limit))
+            self._cut[name] = cut | self._cut[name] if name in self._cut else cut
+            self.truncated[name] = int(self._cut[name].sum())
+            log.warning("%s: cut %d sentences to %s", name, int(cut.sum()), why.format(limit))
 
     def _empty_split_message(self, name: str) -> str:
         if name == "train":
@@ -349,9 +407,15 @@ class CorpusDataModule(ParallelDataModule):
         )
 
     def raw_text(self, split: str) -> tuple[list[str], list[str]]:
-        """The raw (untokenized) source and reference lines of `split`."""
+        """The raw (untokenized) source and reference lines of `split`.
+
+        Raises:
+            ValueError: `split` is `train`, whose raw text preparation does not keep.
+        """
         self.setup()
         prepared = self.prepared.splits[split]
+        if prepared.raw_src is None or prepared.raw_tgt is None:
+            raise ValueError(f"the raw text of split {split!r} is not kept (only that of evaluation sets)")
         return prepared.raw_src, prepared.raw_tgt
 
     def limit_positions(self, max_positions: int) -> None:
@@ -363,18 +427,19 @@ class CorpusDataModule(ParallelDataModule):
         """
         self.setup()
         examples = self.splits["train"]
-        fits = [len(s) <= max_positions and len(t) + 1 <= max_positions for s, t, _ in examples]
-        if not all(fits):
-            if not any(fits):
-                shortest = min(max(len(s), len(t) + 1) for s, t, _ in examples)
+        needed = examples.lengths()
+        fits = needed <= max_positions
+        if not fits.all():
+            if not fits.any():
+                shortest = int(needed.min())
                 raise DataError(
                     f"no training pairs are left: all {len(examples)} are longer than the model's "
                     f"model.max_positions={max_positions} (pe=learned drops training pairs that do not "
                     f"fit; the shortest needs {shortest} positions). Set model.max_positions>={shortest} "
                     "or model.pe=sinusoidal"
                 )
-            self.splits["train"] = [e for e, ok in zip(examples, fits, strict=True) if ok]
+            examples.keep(fits)
             log.warning(
-                "dropped %d training pairs longer than max_positions=%d", fits.count(False), max_positions
+                "dropped %d training pairs longer than max_positions=%d", int((~fits).sum()), max_positions
             )
         self._cut_sources(max_positions, "the model's max_positions={} (pe=learned)", max_positions - 1)

@@ -4,13 +4,15 @@
 detokenized lines out, decoded in token-limited batches of similar source length (sorted, then put back
 in input order). `Translator.stream` reads an iterable of any length in chunks, so memory stays bounded
 whatever the input size. `score_sets` decodes named test sets and scores them with sacreBLEU against the
-raw references into an `Evaluation` (a value), which `Evaluation.write` puts into a run directory
+raw references, and with the paper's tokenized compound-split BLEU (`attnlab.metrics.bleu_tok_compound`),
+into an `Evaluation` (a value), which `Evaluation.write` puts into a run directory
 (`results.json`, hypotheses, references, together); `evaluate` does both. `attnlab-train` (at the end of
 training) and `attnlab-eval` go through them.
 """
 
 from __future__ import annotations
 
+import copy
 import dataclasses
 import logging
 import time
@@ -27,7 +29,7 @@ from attnlab.data.corpora import CorpusData
 from attnlab.data.tokenizer import SubwordTokenizer
 from attnlab.decoding import DecodeConfig
 from attnlab.decoding.search import translate
-from attnlab.metrics import score_all
+from attnlab.metrics import bleu_tok_compound, score_all
 from attnlab.model.transformer import Transformer
 from attnlab.runs.checkpoint import (
     BUNDLE_KEY,
@@ -58,7 +60,8 @@ class Translator:
         src_tokenizer: Tokenizer of the source language.
         tgt_tokenizer: Tokenizer of the target language (for detokenizing outputs).
         decode: Beam size, length penalty, length limits and batch sizes.
-        data: The data settings the model was trained with (from its checkpoint), if known.
+        data: The data settings the model was trained with (from its checkpoint), if known: its
+            `max_source_tokens` is the default source limit, its `tgt_lang` the `target_lang`.
     """
 
     def __init__(
@@ -116,6 +119,13 @@ class Translator:
             decode or saved_settings(checkpoint, "decode", paths[0]),
             data=data,
         )
+
+    @property
+    def target_lang(self) -> str | None:
+        """The language the model translates into (`tgt_lang` of its data settings); None when unknown
+        (no data settings, or data without languages)."""
+        lang = (self.data or {}).get("tgt_lang")
+        return lang if isinstance(lang, str) and lang else None
 
     def source_limit(self) -> tuple[int, str]:
         """The longest source decoded (in ids, eos included) and what sets it, for messages: the
@@ -239,17 +249,25 @@ def score_sets(
         extra: More top-level entries for the results (e.g. test loss).
 
     Returns:
-        The `Evaluation`; its results hold per set the BLEU and chrF with their sacreBLEU signatures,
-        sentence count, hypotheses and references files (relative to the run directory) and decoding
-        time, plus the decoding settings and checkpoints, and `truncated_sources` when sources were cut
-        to `Translator.source_limit` (each set's count is logged as a warning).
+        The `Evaluation`; its results hold per set the BLEU and chrF with their sacreBLEU signatures, the
+        paper's tokenized compound-split BLEU `bleu_tok_compound` (not comparable to sacreBLEU) with the
+        signature of its procedure (naming the Moses language used), sentence count, hypotheses and
+        references files (relative to the run directory) and decoding time, plus the decoding settings and
+        checkpoints, `target_lang` (`Translator.target_lang`; null when unknown, and then English Moses
+        rules tokenize for `bleu_tok_compound`, with a warning), and `truncated_sources` when sources were
+        cut to `Translator.source_limit` (each set's count is logged as a warning).
     """
+    lang = translator.target_lang
+    if lang is None:
+        log.warning("the target language is unknown (no data.tgt_lang): bleu_tok_compound tokenizes with "
+                    "Moses' English rules")  # fmt: skip
     hypotheses_of: dict[str, list[str]] = {}
     references_of: dict[str, list[str]] = {}
     results: dict[str, Any] = {
         "checkpoints": [str(Path(p).resolve()) for p in checkpoints],
         "averaged": len(checkpoints) > 1,
         "decode": translator.decode.to_dict(),
+        "target_lang": lang,
         "sets": {},
     }
     for name, (sources, references) in sets.items():
@@ -261,22 +279,26 @@ def score_sets(
                         translator.source_limit()[1])  # fmt: skip
         hypotheses_of[name], references_of[name] = hypotheses, list(references)
         scores = score_all(hypotheses, list(references))
+        paper = bleu_tok_compound(hypotheses, list(references), lang or "en")
         results["sets"][name] = {
             "bleu": scores["bleu"].score,
             "chrf": scores["chrf"].score,
             "bleu_signature": scores["bleu"].signature,
             "chrf_signature": scores["chrf"].signature,
             "bleu_details": scores["bleu"].details,
+            "bleu_tok_compound": paper.score,
+            "bleu_tok_compound_signature": paper.signature,
             "sentences": len(hypotheses),
             "hypotheses": f"{HYPOTHESES_DIR}/{name}.txt",
             "references": f"{REFERENCES_DIR}/{name}.txt",  # for paired significance tests later
             "decode_seconds": round(seconds, 3),
         }
-        log.info("%s: BLEU %.2f chrF %.2f (%d sentences, %.1f s; %s)", name, scores["bleu"].score,
-                 scores["chrf"].score, len(hypotheses), seconds, scores["bleu"].signature)  # fmt: skip
+        log.info("%s: BLEU %.2f chrF %.2f (%d sentences, %.1f s; %s); the paper's tokenized BLEU %.2f (%s)",
+                 name, scores["bleu"].score, scores["chrf"].score, len(hypotheses), seconds,
+                 scores["bleu"].signature, paper.score, paper.signature)  # fmt: skip
     if translator.truncated:
         results["truncated_sources"] = translator.truncated
-    results.update(extra or {})
+    results.update(copy.deepcopy(extra or {}))
     return Evaluation(results, hypotheses_of, references_of)
 
 
@@ -305,7 +327,7 @@ def resolve_checkpoints(ckpt_path: str | Path | Sequence[str | Path], average_la
     Raises:
         CheckpointError: Nothing usable at `ckpt_path`; the message says what was looked for.
     """
-    from attnlab.runs.checkpoint import last_epoch_checkpoints
+    from attnlab.runs.checkpoint import last_kept_checkpoints
 
     if average_last < 0:
         raise CheckpointError(f"average_last={average_last} must be >= 0")
@@ -320,7 +342,7 @@ def resolve_checkpoints(ckpt_path: str | Path | Sequence[str | Path], average_la
     if not path.exists():
         raise CheckpointError(f"ckpt_path={ckpt_path} does not exist")
     if average_last > 0:
-        return last_epoch_checkpoints(path.parent if path.is_file() else path, average_last)
+        return last_kept_checkpoints(path.parent if path.is_file() else path, average_last)
     if path.is_file():
         return [path]
     for directory in (path / CHECKPOINTS_DIR, path):

@@ -58,9 +58,11 @@ def _params(run: RunDir) -> float | None:
     """The run's parameter count (`params/total` in `csv/metrics.csv`), None when it was not logged.
 
     Raises:
-        UnreadableRunFile: The file cannot be read, is not UTF-8 CSV, or holds a cell that is not a number.
+        UnreadableRunFile: The file cannot be read, is not UTF-8 CSV, or its count is not a number (other
+            cells are not read: a damaged cell elsewhere does not make the run unreadable).
     """
-    return next((row["params/total"] for row in run.metrics_rows() if "params/total" in row), None)
+    rows = run.metrics_rows(columns=("params/total",))
+    return next((row["params/total"] for row in rows if "params/total" in row), None)
 
 
 def _seconds(manifest: dict[str, Any], path: Path) -> float | None:

@@ -39,7 +39,7 @@ BUNDLE_KEY = "attnlab"
 BUNDLE_FORMAT = 1
 # What an exact resumption needs beyond Lightning's own entries (random-number generator states, counters).
 RESUME_KEY = "attnlab_resume"
-EPOCH_FILE = re.compile(r"^epoch(\d+)\.ckpt$")
+KEPT_FILE = re.compile(r"^(epoch|step)(\d+)\.ckpt$")  # checkpoints kept for averaging
 # `hyper_parameters` entry -> its class (the entries hold plain values only, no class name).
 SETTINGS: dict[str, type] = {"model": TransformerConfig, "optim": OptimConfig, "decode": DecodeConfig}
 # Keys by which Hydra (`instantiate`) or Lightning (`load_from_checkpoint`) would import what they name.
@@ -327,30 +327,34 @@ def check_weights_fit(
         raise CheckpointError(f"{refused} (first differing key: {prefix}{extra[0]}, unexpected){advice}")
 
 
-def epoch_checkpoints(directory: str | Path) -> list[Path]:
-    """The per-epoch checkpoints `epochNNN.ckpt` of a run, oldest first.
+def kept_checkpoints(directory: str | Path) -> list[Path]:
+    """The checkpoints a run keeps for averaging (`attnlab.training.callbacks.AveragingCheckpoints`),
+    oldest first: `steps/stepNNNNNNNN.ckpt` when the run kept them by steps (`average_every_n_steps`),
+    else `epochs/epochNNN.ckpt`.
 
-    `directory` is a run directory, its `checkpoints/` or its `checkpoints/epochs/`.
+    `directory` is a run directory, its `checkpoints/`, or its `checkpoints/steps/` or `checkpoints/epochs/`.
     """
     directory = Path(directory)
-    for candidate in (directory / CHECKPOINTS_DIR / "epochs", directory / "epochs", directory):
-        found = [p for p in candidate.glob("epoch*.ckpt") if EPOCH_FILE.match(p.name)]
-        if found:
-            return sorted(found, key=lambda p: int(EPOCH_FILE.match(p.name).group(1)))
+    for kind in ("steps", "epochs"):
+        for candidate in (directory / CHECKPOINTS_DIR / kind, directory / kind, directory):
+            found = [p for p in candidate.glob(f"{kind[:-1]}*.ckpt") if KEPT_FILE.match(p.name)]
+            if found:
+                return sorted(found, key=lambda p: int(KEPT_FILE.match(p.name).group(2)))
     return []
 
 
-def last_epoch_checkpoints(directory: str | Path, n: int) -> list[Path]:
-    """The `n` latest per-epoch checkpoints of a run (see `epoch_checkpoints`).
+def last_kept_checkpoints(directory: str | Path, n: int) -> list[Path]:
+    """The `n` latest checkpoints kept for averaging (see `kept_checkpoints`).
 
     Raises:
         CheckpointError: Fewer than `n` exist; the message says how many and where.
     """
-    found = epoch_checkpoints(directory)
+    found = kept_checkpoints(directory)
     if len(found) < n:
         raise CheckpointError(
-            f"averaging the last {n} epoch checkpoints needs {n}, found {len(found)} under {directory} "
-            f"(checkpoints/epochs/epochNNN.ckpt; train with average_last={n} to keep them, or lower it)"
+            f"averaging the last {n} checkpoints needs {n}, found {len(found)} under {directory} "
+            f"(checkpoints/epochs/epochNNN.ckpt, or checkpoints/steps/ with average_every_n_steps; train "
+            f"with average_last={n} to keep them, or lower it)"
         )
     return found[-n:]
 

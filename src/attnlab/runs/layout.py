@@ -135,12 +135,14 @@ def read_config_file(path: Path) -> dict[str, Any]:
     return flatten(OmegaConf.to_container(config))
 
 
-def read_metrics_csv(path: Path) -> list[dict[str, float]]:
+def read_metrics_csv(path: Path, columns: Sequence[str] | None = None) -> list[dict[str, float]]:
     """The rows of a metrics CSV file (Lightning's `CSVLogger`: a run's `csv/metrics.csv`), in order, each
-    as `{column: value}` of its non-empty cells; [] when there is no such file.
+    as `{column: value}` of its non-empty cells (only those of `columns`, when given: the other cells are
+    not read, so damage elsewhere in a row does not matter); [] when there is no such file.
 
     Raises:
-        UnreadableRunFile: The file cannot be read, is not UTF-8 CSV, or holds a cell that is not a number.
+        UnreadableRunFile: The file cannot be read, is not UTF-8 CSV, or holds a cell that is not a number
+            (among `columns`; a row with more cells than the header only when all columns are read).
     """
     path = Path(path)
     if not path.is_file():
@@ -152,6 +154,8 @@ def read_metrics_csv(path: Path) -> list[dict[str, float]]:
             for row in reader:
                 values: dict[str, float] = {}
                 for key, cell in row.items():
+                    if columns is not None and key not in columns:
+                        continue
                     if key is None:  # the cells beyond the header's columns
                         raise UnreadableRunFile(
                             f"cannot read {path}: line {reader.line_num} has more cells than its header"
@@ -256,9 +260,9 @@ class RunDir:
         """
         return read_config_file(self.config_file)
 
-    def metrics_rows(self) -> list[dict[str, float]]:
+    def metrics_rows(self, columns: Sequence[str] | None = None) -> list[dict[str, float]]:
         """The rows of the run's `csv/metrics.csv` (`read_metrics_csv`; [] without one)."""
-        return read_metrics_csv(self.metrics_csv)
+        return read_metrics_csv(self.metrics_csv, columns)
 
     def write_config(self, resolved: dict[str, Any]) -> None:
         """Write `config.yaml`: the resolved config (plain values) as YAML."""

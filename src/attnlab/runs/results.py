@@ -12,11 +12,13 @@ def results_bytes(results: dict[str, Any]) -> bytes:
 
 
 def results_table(results: dict[str, Any]) -> str:
-    """The scores of `results.json` as a text table (one row per set)."""
-    rows = [("set", "sentences", "BLEU", "chrF", "signature")]
+    """The scores of `results.json` as a text table (one row per set): sacreBLEU, chrF, the paper's
+    tokenized compound-split BLEU (not comparable to sacreBLEU; "-" when absent) and the BLEU signature."""
+    rows = [("set", "sentences", "BLEU", "chrF", "BLEU tok+compound (paper)", "signature")]
     for name, entry in results["sets"].items():
+        paper = entry.get("bleu_tok_compound")
         rows.append((name, str(entry["sentences"]), f"{entry['bleu']:.2f}", f"{entry['chrf']:.2f}",
-                     entry["bleu_signature"]))  # fmt: skip
+                     "-" if paper is None else f"{paper:.2f}", entry["bleu_signature"]))  # fmt: skip
     widths = [max(len(row[i]) for row in rows) for i in range(len(rows[0]))]
     return "\n".join(
         "  ".join(cell.ljust(w) for cell, w in zip(row, widths, strict=True)).rstrip() for row in rows

@@ -147,8 +147,9 @@ def log_results(runs: list[Any], results: dict[str, Any], output_dir: Path) -> N
     run_dir = RunDir(output_dir)
     summary: dict[str, Any] = {}
     for name, entry in results.get("sets", {}).items():
-        for key in ("bleu", "chrf", "bleu_signature", "chrf_signature", "sentences"):
-            summary[f"results/{name}/{key}"] = entry[key]
+        for key in ("bleu", "chrf", "bleu_signature", "chrf_signature", "sentences", "bleu_tok_compound"):
+            if key in entry:
+                summary[f"results/{name}/{key}"] = entry[key]
     for key, value in results.get("test_metrics", {}).items():
         summary[f"results/{key}"] = value
     for run in runs:

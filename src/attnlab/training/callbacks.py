@@ -15,6 +15,7 @@ from typing import Any
 
 import lightning as L
 from lightning.pytorch.callbacks import EarlyStopping as _LightningEarlyStopping
+from lightning.pytorch.callbacks import ModelCheckpoint
 
 
 class EarlyStopping(_LightningEarlyStopping):
@@ -42,6 +43,37 @@ class EarlyStopping(_LightningEarlyStopping):
     def on_validation_end(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
         if self._checks_this_epoch(trainer):
             super().on_validation_end(trainer, pl_module)
+
+
+class AveragingCheckpoints(ModelCheckpoint):
+    """The weights `average_last=N` averages: of the last `keep` epochs, or of every `every_n_steps`-th
+    optimizer step (the last `keep` kept) for corpora where an epoch takes hours (the paper averages
+    the last 5 / 20 checkpoints written every 10 minutes).
+
+    Files: `<dirpath>/epochs/epochNNN.ckpt` or `<dirpath>/steps/stepNNNNNNNN.ckpt`, weights only
+    (`attnlab.runs.checkpoint.averaging_checkpoints` finds them). `keep=0` keeps none.
+
+    Args:
+        dirpath: The run's `checkpoints/` directory.
+        keep: How many to keep (`average_last`).
+        every_n_steps: null: one per epoch; N: one every N optimizer steps.
+    """
+
+    def __init__(self, dirpath: str, keep: int = 0, every_n_steps: int | None = None) -> None:
+        if every_n_steps is not None and every_n_steps < 1:
+            raise ValueError(f"every_n_steps={every_n_steps} must be >= 1 (or null: one per epoch)")
+        by_steps = every_n_steps is not None
+        super().__init__(
+            dirpath=f"{dirpath}/{'steps' if by_steps else 'epochs'}",
+            filename="step{step:08d}" if by_steps else "epoch{epoch:03d}",
+            monitor="step" if by_steps else "epoch",
+            mode="max",
+            save_top_k=keep,
+            save_weights_only=True,
+            every_n_train_steps=every_n_steps,
+            every_n_epochs=None if by_steps else 1,
+            auto_insert_metric_name=False,
+        )
 
 
 class Preempted(SystemExit):

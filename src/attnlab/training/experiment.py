@@ -146,6 +146,12 @@ def _check_top_level(cfg: DictConfig) -> None:
             f"average_last={average_last!r} must be an integer >= 0 (the last N epochs to average; 0: the "
             "best checkpoint)"
         )
+    every = cfg.get("average_every_n_steps")
+    if every is not None and (not is_int(every) or every < 1):
+        raise ConfigError(
+            f"average_every_n_steps={every!r} must be a positive integer (keep a checkpoint for averaging "
+            "every N optimizer steps) or null (one per epoch)"
+        )
     test = cfg.get("test", True)
     if not isinstance(test, bool):
         raise ConfigError(f"test={test!r} must be true or false")

@@ -4,8 +4,8 @@
                        it into a `RunPlan` (monitor, W&B names, the checkpoint a resumed run goes on from);
                        the config is read-only from here on
     (run lock)         take the run directory: a second process there is refused
-    build_data         set the data module up (corpora prepared or read from the cache) and complete the
-                       model config with the vocabulary sizes
+    build_data         set the data module up (corpora prepared or read from the cache)
+    fit_model_to_data  complete the model config with the vocabulary sizes, check the special ids
     build_module       the LightningModule (compiled when `compile.enabled`)
     build_trainer      the Lightning trainer with callbacks, loggers and checkpoint IO
     fit                train (from the run's last checkpoint when it continues)
@@ -167,14 +167,15 @@ def _run(plan: RunPlan) -> dict[str, float]:
 
 
 def _train_and_evaluate(plan: RunPlan, manifest: Manifest | None) -> dict[str, float]:
-    """build_data -> build_module -> build_trainer -> fit -> final_evaluation -> write."""
+    """build_data -> fit_model_to_data -> build_module -> build_trainer -> fit -> final_evaluation ->
+    write_results."""
     import lightning as L
 
     if plan.cfg.get("seed") is not None:
         L.seed_everything(plan.cfg.seed, workers=True)
-    datamodule, model = build_data(plan)
-    _record(manifest, data=data_identity(datamodule))
-    module = build_module(plan, model)
+    datamodule = build_data(plan)
+    _record(manifest, data=data_identity(datamodule))  # before the checks: a refused run names its data
+    module = build_module(plan, fit_model_to_data(plan, datamodule))
     wandb_id = manifest.get("wandb_run_id") if manifest is not None and plan.continuing else None
     trainer = build_trainer(plan, datamodule, wandb_id=wandb_id)
     runs = _tracked_runs(trainer)
@@ -208,12 +209,17 @@ def _record(manifest: Manifest | None, **fields: Any) -> None:
         manifest.update(**fields)
 
 
-def build_data(plan: RunPlan) -> tuple[ParallelDataModule, TransformerConfig]:
-    """The data module, set up for training (real corpora prepared or read from the cache), and the model
-    config completed with the data's vocabulary sizes and checked against its special ids (and against
-    the checkpoint training starts from, when it is another run's)."""
+def build_data(plan: RunPlan) -> ParallelDataModule:
+    """The data module, set up for training (real corpora prepared or read from the cache)."""
     datamodule = plan.experiment.data.datamodule()
     datamodule.setup("fit")
+    return datamodule
+
+
+def fit_model_to_data(plan: RunPlan, datamodule: ParallelDataModule) -> TransformerConfig:
+    """The model config completed with the data's vocabulary sizes and checked against its special ids
+    (and against the checkpoint training starts from, when it is another run's); a learned position
+    table limits the sources of the evaluation splits."""
     model = plan.experiment.model
     if model.src_vocab_size is None:
         try:
@@ -225,7 +231,7 @@ def build_data(plan: RunPlan) -> tuple[ParallelDataModule, TransformerConfig]:
         check_checkpoint_fits(plan.resume_from, model)
     if model.position_limit is not None and hasattr(datamodule, "limit_positions"):
         datamodule.limit_positions(model.position_limit)
-    return datamodule, model
+    return model
 
 
 def build_module(plan: RunPlan, model: TransformerConfig) -> TranslationModule:
@@ -425,11 +431,11 @@ def final_evaluation(
         ranks): for data without text, the checkpoints and test loss alone.
     """
     from attnlab.inference.translator import Evaluation, Translator, score_sets
-    from attnlab.runs.checkpoint import data_settings, last_epoch_checkpoints, read_averaged
+    from attnlab.runs.checkpoint import data_settings, last_kept_checkpoints, read_averaged
 
     average_last = int(plan.cfg.get("average_last") or 0)
     if average_last > 0:
-        paths = [str(p) for p in last_epoch_checkpoints(plan.run.path, average_last)]
+        paths = [str(p) for p in last_kept_checkpoints(plan.run.path, average_last)]
     else:
         best = _best_checkpoint(plan.cfg, trainer)
         paths = [best] if best else []
@@ -440,7 +446,7 @@ def final_evaluation(
     if not trainer.is_global_zero:  # one process decodes and scores the complete test sets
         return metrics, None
     tokenizer = getattr(datamodule, "tgt_tokenizer", None)
-    extra = {"test_metrics": metrics}
+    extra = {"test_metrics": dict(metrics)}  # the test loss; the scores are added below
     if tokenizer is None:  # no text to translate (synthetic data)
         checkpoints = [str(Path(p).resolve()) for p in paths]
         return metrics, Evaluation({"checkpoints": checkpoints, "averaged": len(paths) > 1, **extra})

@@ -25,7 +25,6 @@ from omegaconf import DictConfig
 
 from attnlab.runs.layout import (
     BOOKKEEPING,
-    LAST_CHECKPOINT,
     RunDir,
     UnreadableRunFile,
     flatten,
@@ -35,13 +34,12 @@ from attnlab.runs.layout import (
 from attnlab.typed import ConfigError
 
 # What a resumed run may change: the bookkeeping keys (`attnlab.runs.layout.BOOKKEEPING`: paths, logging,
-# callbacks, ...), and what does not change the training so far: decoding, the final evaluation, more
-# epochs or steps, progress and logging intervals.
+# callbacks, ...; not `task_name`, which names where run directories live), and what does not change the
+# training so far: decoding, the final evaluation, more epochs or steps, progress and logging intervals.
 RESUMABLE_CHANGES = (
-    *BOOKKEEPING, "decode.", "test", "average_last", "trainer.max_epochs", "trainer.max_steps",
-    "trainer.enable_progress_bar", "trainer.log_every_n_steps",
+    *(key for key in BOOKKEEPING if key != "task_name"), "decode.", "test", "average_last",
+    "trainer.max_epochs", "trainer.max_steps", "trainer.enable_progress_bar", "trainer.log_every_n_steps",
 )  # fmt: skip
-LAST = LAST_CHECKPOINT  # the name `attnlab.training.pipeline` imports
 
 
 def resume_path(cfg: DictConfig, output_dir: Path) -> str | None:
