@@ -9,6 +9,7 @@ import pickle
 import random
 import re
 import shutil
+from collections import Counter
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -17,12 +18,14 @@ import numpy as np
 import pytest
 import torch
 
+from attnlab.data import corpora
 from attnlab.data import prepare as prepare_module
-from attnlab.data.corpora import FilesData, HFData, read_lines
+from attnlab.data.corpora import FilesData, HFData, iter_parallel, read_lines
 from attnlab.data.datamodule import CorpusDataModule
 from attnlab.data.download import DataError
-from attnlab.data.prepare import EncodedSplit, Prepared, id_dtype, prepare, prepared_dir
-from attnlab.data.tokenizer import SPECIAL_TOKENS, SubwordTokenizer
+from attnlab.data.prepare import EncodedSplit, Prepared, id_dtype, prepare, prepared_dir, sample_pairs
+from attnlab.data.text import normalize
+from attnlab.data.tokenizer import SPECIAL_TOKENS, HuggingFaceTokenizer, SubwordTokenizer
 
 PAD, BOS, EOS, UNK = 0, 1, 2, 3
 DE_WORDS = "der die das ein eine Haus Hund Katze läuft schnell über Straße Mädchen spielt im Garten Fußball"
@@ -114,7 +117,11 @@ def train_calls(monkeypatch: pytest.MonkeyPatch) -> list[dict[str, Any]]:
 # read_lines / read_parallel
 
 
-def test_read_lines_splits_on_newline_only(tmp_path: Path) -> None:
+@pytest.mark.parametrize("block_bytes", [corpora.BLOCK_BYTES, 1, 3])
+def test_read_lines_splits_on_newline_only(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, block_bytes: int
+) -> None:
+    monkeypatch.setattr(corpora, "BLOCK_BYTES", block_bytes)  # 1, 3: lines span many blocks
     path = tmp_path / "lines.txt"
     path.write_bytes("a\x1cb\nc\u2028d\r\ne\u0085f\rg\n\nlast".encode())
     assert read_lines(path) == ["a\x1cb", "c\u2028d", "e\u0085f\rg", "", "last"]
@@ -124,13 +131,48 @@ def test_read_lines_splits_on_newline_only(tmp_path: Path) -> None:
     assert read_lines(path) == []
     path.write_bytes(b"\n")
     assert read_lines(path) == [""]
+    path.write_bytes("\ufeffeins\r\nzwei\r".encode())  # a byte-order mark is not text
+    assert read_lines(path) == ["eins", "zwei"]
 
 
-def test_read_lines_names_the_file_and_line_of_invalid_utf8(tmp_path: Path) -> None:
+@pytest.mark.parametrize("block_bytes", [corpora.BLOCK_BYTES, 2, 5])
+@pytest.mark.parametrize(
+    ("data", "line", "reason"),
+    [
+        (b"gut\nsch\xc3\xb6n\nkaputt \xff hier\nok\n", 3, "invalid start byte"),
+        (b"gut\nsch\xc3\xb6n\nabgeschnitten \xc3\nok\n", 3, "invalid continuation byte"),
+        (b"gut\nsch\xc3\xb6n\nam Ende \xc3", 3, "unexpected end of data"),
+    ],
+)
+def test_read_lines_names_the_file_and_line_of_invalid_utf8(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, block_bytes: int, data: bytes, line: int, reason: str
+) -> None:
+    monkeypatch.setattr(corpora, "BLOCK_BYTES", block_bytes)
     path = tmp_path / "bad.de"
-    path.write_bytes(b"gut\nsch\xc3\xb6n\nkaputt \xff hier\nok\n")
-    with pytest.raises(DataError, match=re.escape(f"{path}:3:")):
+    path.write_bytes(data)
+    expected = f"{path}:{line}: invalid UTF-8 ({reason}); re-encode the file as UTF-8"
+    with pytest.raises(DataError, match=re.escape(expected) + "$"):
         read_lines(path)
+
+
+def test_streamed_reading_equals_reading_whole_files(
+    corpus: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """`readers()` (what preparing reads the training split with) gives the lines `load` and `read_lines`
+    give, in chunks of at most `chunk_lines` pairs, whatever the block size of the file reads."""
+    spec = files_spec(corpus, tmp_path)
+    whole = spec.load()
+    assert list(whole) == ["train", "val", "test", "test2"]
+    for name, prefix in (("train", "train"), ("val", "valid"), ("test2", "test2")):
+        assert whole[name] == (read_lines(corpus / f"{prefix}.de"), read_lines(corpus / f"{prefix}.en"))
+    for block_bytes, chunk_lines in ((corpora.BLOCK_BYTES, 1000), (64, 7), (5, 1)):
+        monkeypatch.setattr(corpora, "BLOCK_BYTES", block_bytes)
+        for name, read in spec.readers().items():
+            chunks = list(read(chunk_lines))
+            assert all(0 < len(src) == len(tgt) <= chunk_lines for src, tgt in chunks)
+            assert len(chunks) == -(-SIZES["valid" if name == "val" else name] // chunk_lines)
+            src, tgt = (list(itertools.chain.from_iterable(side)) for side in zip(*chunks, strict=True))
+            assert (src, tgt) == whole[name]
 
 
 def test_read_lines_names_a_missing_file(tmp_path: Path) -> None:
@@ -154,6 +196,36 @@ def test_mismatched_line_counts_name_both_files_and_counts(corpus: Path, tmp_pat
             load()
         message = str(info.value)
         assert f"{src} has 7 lines" in message and f"{tgt} has 5" in message
+
+
+@pytest.mark.parametrize(("src_lines", "tgt_lines"), [(25, 23), (20, 30), (30, 20), (0, 3)])
+def test_misaligned_files_are_counted_whole_when_read_as_a_stream(
+    tmp_path: Path, src_lines: int, tgt_lines: int
+) -> None:
+    write_lines(tmp_path / "a.de", [f"zeile {i}" for i in range(src_lines)])
+    write_lines(tmp_path / "a.en", [f"line {i}" for i in range(tgt_lines)])
+    expected = (
+        f"{tmp_path / 'a.de'} has {src_lines} lines but {tmp_path / 'a.en'} has {tgt_lines}: parallel files "
+        "must be aligned line by line"
+    )
+    read = iter_parallel(tmp_path / "a.de", tmp_path / "a.en", 10)
+    full_chunks = min(src_lines, tgt_lines) // 10  # those before the shorter file ends
+    assert [len(src) for src, _ in itertools.islice(read, full_chunks)] == [10] * full_chunks
+    with pytest.raises(DataError, match=re.escape(expected) + "$"):
+        next(read)
+
+
+def test_a_misaligned_training_split_past_the_first_chunk_fails_preparing(
+    corpus: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Found while the tokenizer trainer reads the stream (the trainer would swallow the error)."""
+    monkeypatch.setattr(prepare_module, "ENCODE_LINES", 16)
+    write_lines(corpus / "train.en", read_lines(corpus / "train.en")[:-3])
+    for tokenizer in ("bpe", "sentencepiece"):
+        spec = files_spec(corpus, tmp_path, tokenizer=tokenizer)
+        with pytest.raises(DataError, match=re.escape(f"has {SIZES['train']} lines but ")):
+            prepare(spec)
+        assert not prepared_dir(spec).exists()
 
 
 # ---------------------------------------------------------------------------------------------------------
@@ -253,6 +325,214 @@ def test_length_ratio_filter_drops_unbalanced_training_pairs(corpus: Path, tmp_p
 
 
 # ---------------------------------------------------------------------------------------------------------
+# The tokenizer's training text: every pair, a seeded sample, or a tokenizer file
+
+
+@pytest.fixture
+def train_texts(monkeypatch: pytest.MonkeyPatch) -> list[list[str]]:
+    """The text of each `SubwordTokenizer.train` call, still training for real."""
+    real = SubwordTokenizer.train
+    texts: list[list[str]] = []
+
+    def recording(text: Any, **kwargs: Any) -> SubwordTokenizer:
+        texts.append(list(text))
+        return real(text, **kwargs)
+
+    monkeypatch.setattr(SubwordTokenizer, "train", recording)
+    return texts
+
+
+def nonempty_pairs(corpus: Path) -> tuple[list[str], list[str]]:
+    src, tgt = read_lines(corpus / "train.de"), read_lines(corpus / "train.en")
+    kept = [(s, t) for s, t in zip(src, tgt, strict=True) if normalize(s) and normalize(t)]
+    return [s for s, _ in kept], [t for _, t in kept]
+
+
+def chunked(src: list[str], tgt: list[str], size: int) -> Iterator[tuple[list[str], list[str]]]:
+    for start in range(0, len(src), size):
+        yield src[start : start + size], tgt[start : start + size]
+
+
+def test_sample_pairs_is_a_seeded_subset_in_corpus_order_whatever_the_chunking() -> None:
+    src, tgt = [f"s{i}" for i in range(500)], [f"t{i}" for i in range(500)]
+    (sample_src, sample_tgt), seen = sample_pairs(chunked(src, tgt, 500), 60, seed=1)
+    assert seen == 500 and len(sample_src) == 60 == len(set(sample_src))
+    assert [s[1:] for s in sample_src] == [t[1:] for t in sample_tgt]  # pairs stay aligned
+    assert sorted(sample_src, key=src.index) == sample_src and set(sample_src) <= set(src)
+    for size in (1, 7, 59, 61, 1000):
+        assert sample_pairs(chunked(src, tgt, size), 60, seed=1) == ((sample_src, sample_tgt), 500)
+    assert sample_pairs(chunked(src, tgt, 7), 60, seed=2)[0][0] != sample_src
+    assert sample_pairs(chunked(src, tgt, 7), 600, seed=2) == ((src, tgt), 500)  # fewer pairs than asked
+    assert sample_pairs(iter([]), 5, seed=1) == (([], []), 0)
+
+
+def test_sample_pairs_draws_every_pair_equally_often() -> None:
+    n, size, draws = 20, 5, 4000
+    src = [str(i) for i in range(n)]
+    counts = Counter(s for seed in range(draws) for s in sample_pairs(chunked(src, src, 3), size, seed)[0][0])
+    expected = draws * size / n  # 1000, standard deviation about 27
+    assert all(abs(counts[s] - expected) < 110 for s in src), counts
+
+
+def test_the_tokenizer_learns_from_every_nonempty_pair_by_default(
+    corpus: Path, tmp_path: Path, train_texts: list[list[str]], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setattr(prepare_module, "ENCODE_LINES", 16)  # streamed in chunks
+    src, tgt = read_lines(corpus / "train.de"), read_lines(corpus / "train.en")
+    src[5], tgt[9] = " ", ""
+    write_pair(corpus, "train", src, tgt)
+    prepared = prepare(files_spec(corpus, tmp_path))
+    pairs_src, pairs_tgt = nonempty_pairs(corpus)
+    assert train_texts == [pairs_src + pairs_tgt]  # sources, then targets: as from lists in memory
+    assert prepared.stats["tokenizer_pairs"] == len(pairs_src) == 198
+    train_texts.clear()
+    prepare(files_spec(corpus, tmp_path, joint_vocab=False))
+    assert train_texts == [pairs_src, pairs_tgt]
+
+
+def test_tokenizer_sample_trains_on_a_seeded_sample_and_keys_the_cache(
+    corpus: Path, tmp_path: Path, train_texts: list[list[str]]
+) -> None:
+    full = files_spec(corpus, tmp_path)
+    sampled = files_spec(corpus, tmp_path, tokenizer_sample=50)
+    prepared = prepare(sampled)
+    (src, tgt), seen = sample_pairs([nonempty_pairs(corpus)], 50, seed=sampled.seed)
+    assert seen == 200 and len(src) == 50
+    assert train_texts == [src + tgt]
+    assert prepared.stats["tokenizer_pairs"] == 50 and prepared.stats["train_examples"] == 200  # all encoded
+    keys = {prepared_dir(spec) for spec in (full, sampled, files_spec(corpus, tmp_path, tokenizer_sample=60))}
+    assert len(keys) == 3
+    assert prepared_dir(files_spec(corpus, tmp_path, tokenizer_sample=50, seed=2)) != prepared_dir(sampled)
+    assert prepared_dir(files_spec(corpus, tmp_path, seed=2)) == prepared_dir(full)  # unsampled: no seed
+    train_texts.clear()
+    prepare(files_spec(corpus, tmp_path, tokenizer_sample=50, seed=2, joint_vocab=False))
+    (other_src, other_tgt), _ = sample_pairs([nonempty_pairs(corpus)], 50, seed=2)
+    assert train_texts == [other_src, other_tgt] and other_src != src
+
+
+def test_a_sample_of_every_pair_trains_the_same_tokenizer_as_no_sample(corpus: Path, tmp_path: Path) -> None:
+    whole = prepare(files_spec(corpus, tmp_path))
+    everything = prepare(files_spec(corpus, tmp_path, tokenizer_sample=10_000))
+    assert everything.src_tokenizer.to_json() == whole.src_tokenizer.to_json()
+    assert pairs(everything.splits["train"]) == pairs(whole.splits["train"])
+    assert everything.key != whole.key
+
+
+def test_an_all_empty_training_corpus_is_an_error_however_the_tokenizer_comes(
+    corpus: Path, tmp_path: Path
+) -> None:
+    tokenizer = tmp_path / "tokenizer.json"
+    prepare(files_spec(corpus, tmp_path)).src_tokenizer.save(tokenizer)
+    write_pair(corpus, "train", ["", " ", "der Hund", ""], ["", "the dog", "\t", ""])
+    cases = ({"tokenizer": "sentencepiece"}, {"tokenizer": "sentencepiece", "tokenizer_sample": 3},
+             {"tokenizer_path": str(tokenizer)})  # fmt: skip
+    for overrides in cases:
+        spec = files_spec(corpus, tmp_path, **overrides)
+        with pytest.raises(DataError, match=re.escape("no non-empty sentence pairs (4 lines)")):
+            prepare(spec)
+        assert not prepared_dir(spec).exists()
+
+
+def trained_tokenizer_file(corpus: Path, tmp_path: Path, name: str, **settings: Any) -> Path:
+    """A tokenizer trained on the corpus's training text, saved as `name` in `tmp_path`."""
+    src, tgt = nonempty_pairs(corpus)
+    path = tmp_path / name
+    settings = {"model": "unigram", "vocab_size": 150, **settings}
+    tokenizer = SubwordTokenizer.train(src + tgt, **settings)
+    if settings["model"] == "sentencepiece":
+        path.write_bytes(tokenizer.model)  # type: ignore[attr-defined]
+    else:
+        tokenizer.save(path)
+    return path
+
+
+def test_tokenizer_path_loads_a_tokenizer_instead_of_training_one(
+    corpus: Path, tmp_path: Path, train_calls: list[dict[str, Any]]
+) -> None:
+    path = trained_tokenizer_file(corpus, tmp_path, "mine.json")
+    train_calls.clear()
+    spec = files_spec(corpus, tmp_path, tokenizer_path=str(path), vocab_size=5000)  # bpe, 5000: unused
+    dm = setup_datamodule(spec)
+    assert train_calls == []
+    loaded = SubwordTokenizer.load(path)
+    assert dm.src_tokenizer is dm.tgt_tokenizer and dm.src_tokenizer.to_json() == loaded.to_json()
+    assert dm.src_vocab_size == dm.tgt_vocab_size == loaded.vocab_size <= 150  # the file's vocabulary
+    src, tgt = read_lines(corpus / "test.de"), read_lines(corpus / "test.en")
+    sources = [[*ids, EOS] for ids in loaded.encode_batch(src)]
+    assert pairs(dm.prepared.splits["test"]) == list(zip(sources, loaded.encode_batch(tgt), strict=True))
+    assert dm.prepared.stats["tokenizer_pairs"] is None
+
+    # The cache key holds the file's content, not its path.
+    moved = tmp_path / "elsewhere.json"
+    shutil.copy(path, moved)
+    assert prepared_dir(
+        files_spec(corpus, tmp_path, tokenizer_path=str(moved), vocab_size=5000)
+    ) == prepared_dir(spec)
+    other = trained_tokenizer_file(corpus, tmp_path, "other.json", vocab_size=120)
+    assert prepared_dir(
+        files_spec(corpus, tmp_path, tokenizer_path=str(other), vocab_size=5000)
+    ) != prepared_dir(spec)
+    assert prepared_dir(files_spec(corpus, tmp_path, vocab_size=5000)) != prepared_dir(spec)
+
+
+def test_separate_tokenizer_files_and_a_sentencepiece_model(corpus: Path, tmp_path: Path) -> None:
+    src_file = trained_tokenizer_file(corpus, tmp_path, "src.model", model="sentencepiece")
+    tgt_file = trained_tokenizer_file(corpus, tmp_path, "tgt.model", model="sentencepiece", vocab_size=50)
+    spec = files_spec(
+        corpus, tmp_path, tokenizer="sentencepiece", joint_vocab=False,
+        src_tokenizer_path=str(src_file), tgt_tokenizer_path=str(tgt_file),
+    )  # fmt: skip
+    prepared = prepare(spec)
+    assert prepared.src_tokenizer.vocab_size > prepared.tgt_tokenizer.vocab_size == 50
+    assert prepared.src_tokenizer.model == src_file.read_bytes()  # type: ignore[attr-defined]
+    assert {"src.tokenizer.json", "tgt.tokenizer.json"} <= set(os.listdir(prepared_dir(spec)))
+    again = prepare(spec)
+    assert again.tgt_tokenizer.to_json() == prepared.tgt_tokenizer.to_json()
+    assert again.tgt_tokenizer.model == tgt_file.read_bytes()  # type: ignore[attr-defined]
+
+
+def test_a_tokenizer_file_breaking_the_contract_or_missing_fails_preparing_by_name(
+    corpus: Path, tmp_path: Path
+) -> None:
+    from tokenizers import Tokenizer, models, pre_tokenizers, trainers
+
+    other = Tokenizer(models.BPE(unk_token="<unk>"))
+    other.pre_tokenizer = pre_tokenizers.Metaspace()
+    trainer = trainers.BpeTrainer(vocab_size=100, special_tokens=["<unk>", "<pad>"], show_progress=False)
+    other.train_from_iterator(read_lines(corpus / "train.en"), trainer)
+    path = tmp_path / "other.json"
+    other.save(str(path))
+    spec = files_spec(corpus, tmp_path, tokenizer_path=str(path))
+    with pytest.raises(DataError, match=re.escape(f"{path}: tokenizer has '<pad>' at id 1, expected 0")):
+        prepare(spec)
+    assert not prepared_dir(spec).exists()
+    missing = tmp_path / "missing.json"
+    with pytest.raises(DataError, match=re.escape(f"tokenizer file {missing} cannot be read")):
+        prepare(files_spec(corpus, tmp_path, tokenizer_path=str(missing)))
+
+
+@pytest.mark.parametrize("joint_vocab", [True, False])
+def test_sentencepiece_is_trained_prepared_and_loaded(
+    corpus: Path, tmp_path: Path, joint_vocab: bool
+) -> None:
+    spec = files_spec(corpus, tmp_path, tokenizer="sentencepiece", joint_vocab=joint_vocab)
+    built = prepare(spec)
+    loaded = prepare(spec)
+    for tokenizer, again in (
+        (built.src_tokenizer, loaded.src_tokenizer),
+        (built.tgt_tokenizer, loaded.tgt_tokenizer),
+    ):
+        assert json.loads(tokenizer.to_json())["attnlab_tokenizer"] == "sentencepiece"
+        assert again.to_json() == tokenizer.to_json() and tokenizer.vocab_size <= 200
+    assert (built.src_tokenizer is built.tgt_tokenizer) == joint_vocab
+    src, tgt = read_lines(corpus / "train.de"), read_lines(corpus / "train.en")
+    assert pairs(loaded.splits["train"]) == encoded(built, src, tgt)
+    assert [built.src_tokenizer.decode(ids) for ids in built.src_tokenizer.encode_batch(src)] == [
+        normalize(line) for line in src
+    ]
+
+
+# ---------------------------------------------------------------------------------------------------------
 # FilesData validation
 
 
@@ -268,6 +548,13 @@ def test_length_ratio_filter_drops_unbalanced_training_pairs(corpus: Path, tmp_p
         ({"max_source_tokens": 0}, "max_source_tokens=0"),
         ({"max_length_ratio": 0.0}, "max_length_ratio=0.0"),
         ({"batch_size": 0}, "batch_size=0"),
+        ({"tokenizer_sample": 0}, "tokenizer_sample=0 must be positive"),
+        (
+            {"joint_vocab": False, "tokenizer_path": "t.json"},
+            "tokenizer_path=t.json is one tokenizer for both",
+        ),
+        ({"src_tokenizer_path": "s.json", "tgt_tokenizer_path": "t.json"}, "are for joint_vocab=false"),
+        ({"joint_vocab": False, "src_tokenizer_path": "s.json"}, "tgt_tokenizer_path=None: set both"),
     ],
 )
 def test_files_data_rejects_bad_values(tmp_path: Path, overrides: dict[str, Any], named: str) -> None:
@@ -472,7 +759,7 @@ def test_ids_take_the_narrowest_dtype_their_vocabulary_allows(
     assert [id_dtype(n) for n in (5, 65536, 65537, 10**6)] == [np.uint16, np.uint16, np.uint32, np.uint32]
     small = prepare(files_spec(corpus, tmp_path))
     assert {split.src_ids.dtype for split in small.splits.values()} == {np.dtype(np.uint16)}
-    monkeypatch.setattr(SubwordTokenizer, "vocab_size", property(lambda self: 70_000))  # as if that large
+    monkeypatch.setattr(HuggingFaceTokenizer, "vocab_size", property(lambda self: 70_000))  # as if that large
     large = prepare(files_spec(corpus, tmp_path / "large"))
     for name, split in large.splits.items():
         assert split.src_ids.dtype == split.tgt_ids.dtype == np.uint32
@@ -711,3 +998,33 @@ def test_hf_json_builder_with_data_files(tmp_path: Path, hf_datasets: Any) -> No
         )
         data_files[split] = str(path)
     check_served(hf_spec("json", tmp_path, data_files=data_files), HF_SIZES)
+
+
+@pytest.mark.parametrize("layout", ["translation", "columns"])
+def test_hf_splits_are_read_batch_by_batch_never_as_whole_columns(
+    tmp_path: Path, hf_datasets: Any, monkeypatch: pytest.MonkeyPatch, layout: str
+) -> None:
+    splits = {}
+    for split, n in HF_SIZES.items():
+        de, en = hf_rows(split, n)
+        rows = {"de": de, "en": en}
+        if layout == "translation":
+            rows = {"translation": [{"de": s, "en": t} for s, t in zip(de, en, strict=True)]}
+        splits[split] = hf_datasets.Dataset.from_dict(rows)
+    hf_datasets.DatasetDict(splits).save_to_disk(str(tmp_path / "hfds"))
+    real = hf_datasets.Dataset.__getitem__
+
+    def no_columns(self: Any, key: Any) -> Any:
+        if isinstance(key, str):
+            raise AssertionError(f"column {key!r} read whole")
+        return real(self, key)
+
+    monkeypatch.setattr(hf_datasets.Dataset, "__getitem__", no_columns)
+    spec = hf_spec(str(tmp_path / "hfds"), tmp_path)
+    chunks = list(spec.readers()["train"](7))
+    assert [len(src) for src, _ in chunks] == [7] * 8 + [4]
+    assert tuple(list(itertools.chain.from_iterable(side)) for side in zip(*chunks, strict=True)) == hf_rows(
+        "train", HF_SIZES["train"]
+    )
+    assert spec.load(["test"])["test"] == hf_rows("test", HF_SIZES["test"])
+    check_served(spec, HF_SIZES)

@@ -1,20 +1,33 @@
-"""Text normalisation and the subword tokenizer (BPE and unigram over Metaspace pieces)."""
+"""Text normalisation and the subword tokenizers (BPE and unigram over Metaspace pieces, SentencePiece)."""
 
 from __future__ import annotations
 
+import base64
+import json
 import random
+import sys
 import unicodedata
+from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from attnlab.data.corpora import read_lines
+from attnlab.data.download import DataError
 from attnlab.data.text import normalize
-from attnlab.data.tokenizer import SPECIAL_TOKENS, SubwordTokenizer
+from attnlab.data.tokenizer import (
+    SPECIAL_TOKENS,
+    HuggingFaceTokenizer,
+    SentencePieceTokenizer,
+    SubwordTokenizer,
+    load_tokenizer_file,
+)
 
 PAD, BOS, EOS, UNK = 0, 1, 2, 3
-MODELS = ("bpe", "unigram")
+MODELS = ("bpe", "unigram", "sentencepiece")
 VOCAB_SIZE = 120
 MARKER = "\u2581"  # the Metaspace marker "▁"
 # German/English-like words; no "x" and no "☃" anywhere, so those characters are unseen in training.
@@ -50,6 +63,18 @@ def bpe() -> SubwordTokenizer:
     return SubwordTokenizer.train(LINES, model="bpe", vocab_size=VOCAB_SIZE)
 
 
+@pytest.fixture(scope="module")
+def spm() -> SubwordTokenizer:
+    return SubwordTokenizer.train(LINES, model="sentencepiece", vocab_size=VOCAB_SIZE)
+
+
+def piece(tokenizer: SubwordTokenizer, i: int) -> str:
+    """The piece of id `i`, asked of the wrapped library."""
+    if isinstance(tokenizer, SentencePieceTokenizer):
+        return tokenizer.tokenizer.id_to_piece(i)
+    return tokenizer.tokenizer.id_to_token(i)
+
+
 # ---------------------------------------------------------------------------------------------------------
 # normalize
 
@@ -81,8 +106,11 @@ def test_normalize_is_idempotent(text: str) -> None:
 
 def test_special_tokens_sit_at_ids_0_to_3(tokenizer: SubwordTokenizer) -> None:
     assert SPECIAL_TOKENS == ("<pad>", "<s>", "</s>", "<unk>")
-    assert [tokenizer.tokenizer.token_to_id(t) for t in SPECIAL_TOKENS] == [PAD, BOS, EOS, UNK]
-    assert [tokenizer.tokenizer.id_to_token(i) for i in range(4)] == list(SPECIAL_TOKENS)
+    assert [piece(tokenizer, i) for i in range(4)] == list(SPECIAL_TOKENS)
+    expected = (
+        SentencePieceTokenizer if isinstance(tokenizer, SentencePieceTokenizer) else HuggingFaceTokenizer
+    )
+    assert type(tokenizer) is expected
 
 
 def test_vocab_size_is_at_most_the_requested_size(tokenizer: SubwordTokenizer) -> None:
@@ -109,10 +137,13 @@ def spaced_words(draw: st.DrawFn) -> str:
 
 @settings(max_examples=50, deadline=None)
 @given(spaced_words())
-def test_bpe_decode_inverts_encode_up_to_normalisation(bpe: SubwordTokenizer, text: str) -> None:
-    ids = bpe.encode(text)
-    assert UNK not in ids
-    assert bpe.decode(ids) == normalize(text)
+def test_bpe_and_sentencepiece_decode_inverts_encode_up_to_normalisation(
+    bpe: SubwordTokenizer, spm: SubwordTokenizer, text: str
+) -> None:
+    for tokenizer in (bpe, spm):
+        ids = tokenizer.encode(text)
+        assert UNK not in ids
+        assert tokenizer.decode(ids) == normalize(text)
 
 
 @settings(max_examples=50, deadline=None)
@@ -130,8 +161,11 @@ def test_save_and_load_give_identical_ids(tokenizer: SubwordTokenizer, tmp_path:
     path = tmp_path / "tokenizer.json"
     tokenizer.save(path)
     loaded = SubwordTokenizer.load(path)
+    assert type(loaded) is type(tokenizer)
     assert loaded.vocab_size == tokenizer.vocab_size
-    assert loaded.tokenizer.get_vocab() == tokenizer.tokenizer.get_vocab()
+    assert [piece(loaded, i) for i in range(loaded.vocab_size)] == [
+        piece(tokenizer, i) for i in range(tokenizer.vocab_size)
+    ]
     texts = [*LINES[:50], "x ☃ y", "Cafe\u0301  schön"]
     assert loaded.encode_batch(texts) == tokenizer.encode_batch(texts)
     assert [loaded.decode(ids) for ids in loaded.encode_batch(texts)] == [
@@ -145,6 +179,22 @@ def test_unseen_characters_map_to_unk_and_decode_as_unk_text(tokenizer: SubwordT
     # Documented behaviour: decode skips only pad/bos (and stops at eos), so unk ids render as "<unk>".
     assert tokenizer.decode(ids) == "<unk> <unk> y"
     assert tokenizer.decode(tokenizer.encode("Hund ☃ Katze")) == "Hund <unk> Katze"
+
+
+@pytest.mark.parametrize("model", MODELS)
+def test_an_error_while_reading_the_training_text_reaches_the_caller(model: str) -> None:
+    """The trainers read the text from Rust or C++ and would swallow (`tokenizers`) or rewrap
+    (SentencePiece) what the iterator raises."""
+
+    class Unreadable(RuntimeError):
+        pass
+
+    def text() -> Iterator[str]:
+        yield from LINES
+        raise Unreadable("line 301 cannot be read")
+
+    with pytest.raises(Unreadable, match="line 301 cannot be read"):
+        SubwordTokenizer.train(text(), model=model, vocab_size=VOCAB_SIZE)  # type: ignore[arg-type]
 
 
 @pytest.mark.parametrize("model", MODELS)
@@ -178,3 +228,196 @@ def test_pieces_hold_no_spaces_and_decoded_text_no_marker(tokenizer: SubwordToke
 def test_special_token_strings_in_text_are_not_special_ids(tokenizer: SubwordTokenizer) -> None:
     ids = tokenizer.encode("der <pad> Hund <s> läuft </s> schnell")
     assert not {PAD, BOS, EOS} & set(ids)
+
+
+# ---------------------------------------------------------------------------------------------------------
+# SentencePiece
+
+
+def test_sentencepiece_round_trips_multi30k_lines_losslessly(shared_data: Path) -> None:
+    """decode(encode(line)) == normalize(line) for every Multi30k training line (each character seen),
+    and for every validation line whose characters all occur in the training text."""
+    multi30k = shared_data / "multi30k"
+    train = read_lines(multi30k / "train.de") + read_lines(multi30k / "train.en")
+    tokenizer = SubwordTokenizer.train(train, model="sentencepiece", vocab_size=8000)
+    assert isinstance(tokenizer, SentencePieceTokenizer) and tokenizer.vocab_size == 8000
+    seen = set("".join(train))
+    val = [
+        line
+        for line in read_lines(multi30k / "val.de") + read_lines(multi30k / "val.en")
+        if set(line) <= seen
+    ]
+    assert len(val) > 1900
+    for lines in (train, val):
+        encoded = tokenizer.encode_batch(lines)
+        assert [tokenizer.decode(ids) for ids in encoded] == [normalize(line) for line in lines]
+        assert all(UNK not in ids and PAD not in ids and EOS not in ids for ids in encoded)
+    assert sum(map(len, tokenizer.encode_batch(train))) < 0.5 * sum(
+        map(len, train)
+    )  # subwords, not characters
+
+
+def test_sentencepiece_checkpoint_json_round_trips(spm: SubwordTokenizer) -> None:
+    text = spm.to_json()
+    document = json.loads(text)
+    assert document["attnlab_tokenizer"] == "sentencepiece" and set(document) == {
+        "attnlab_tokenizer",
+        "model",
+        "sha256",
+    }
+    again = SubwordTokenizer.from_json(text)
+    assert isinstance(again, SentencePieceTokenizer) and again.to_json() == text
+    texts = [*LINES[:50], "x ☃ y", "der <pad> Hund </s>"]
+    assert again.encode_batch(texts) == spm.encode_batch(texts)
+    assert [again.decode(ids) for ids in again.encode_batch(texts)] == [
+        spm.decode(ids) for ids in spm.encode_batch(texts)
+    ]
+    assert again.pieces("der Hund") == spm.pieces("der Hund")
+
+
+def damaged(document: dict[str, Any], how: str) -> str:
+    model = base64.b64decode(document["model"])
+    if how == "flipped byte":
+        model = model[:100] + bytes([model[100] ^ 1]) + model[101:]
+        return json.dumps({**document, "model": base64.b64encode(model).decode()})
+    if how == "cut short":
+        return json.dumps({**document, "model": base64.b64encode(model[: len(model) // 2]).decode()})
+    if how == "not base64":
+        return json.dumps({**document, "model": "%%% not base64 %%%"})
+    if how == "no model":
+        return json.dumps({k: v for k, v in document.items() if k != "model"})
+    if how == "not a model, hash matching":
+        junk = b"\xff\xfe not a model proto"
+        import hashlib
+
+        return json.dumps(
+            {**document, "model": base64.b64encode(junk).decode(), "sha256": hashlib.sha256(junk).hexdigest()}
+        )
+    return json.dumps(document)[:-20]  # "JSON cut short"
+
+
+@pytest.mark.parametrize(
+    ("how", "message"),
+    [
+        ("flipped byte", "differs from what was written"),
+        ("cut short", "differs from what was written"),
+        ("not base64", "holds no base64 `model`"),
+        ("no model", "holds no base64 `model`"),
+        ("not a model, hash matching", "not a SentencePiece model"),
+        ("JSON cut short", "line 1 column"),
+    ],
+)
+def test_a_damaged_sentencepiece_json_is_refused(spm: SubwordTokenizer, how: str, message: str) -> None:
+    with pytest.raises(ValueError, match=message):
+        SubwordTokenizer.from_json(damaged(json.loads(spm.to_json()), how))
+
+
+def test_sentencepiece_without_the_package_names_the_extra(
+    monkeypatch: pytest.MonkeyPatch, spm: SubwordTokenizer
+) -> None:
+    text = spm.to_json()
+    monkeypatch.setitem(sys.modules, "sentencepiece", None)  # import fails
+    for call in (lambda: SubwordTokenizer.train(LINES, model="sentencepiece", vocab_size=100),
+                 lambda: SubwordTokenizer.from_json(text)):  # fmt: skip
+        with pytest.raises(DataError, match=r"pip install 'attnlab\[spm\]'"):
+            call()
+
+
+# ---------------------------------------------------------------------------------------------------------
+# Tokenizer files trained elsewhere (data.tokenizer_path)
+
+
+def test_a_tokenizers_json_file_loads_without_its_padding_truncation_or_template(
+    tmp_path: Path, bpe: SubwordTokenizer
+) -> None:
+    from tokenizers import processors
+
+    foreign = bpe.tokenizer.__class__.from_str(bpe.to_json())
+    foreign.enable_padding(pad_id=PAD, pad_token="<pad>", length=64)
+    foreign.enable_truncation(max_length=3)
+    foreign.post_processor = processors.TemplateProcessing(
+        single="<s> $A </s>", special_tokens=[("<s>", BOS), ("</s>", EOS)]
+    )
+    path = tmp_path / "foreign.json"
+    foreign.save(str(path))
+    loaded = load_tokenizer_file(path, "bpe")
+    assert isinstance(loaded, HuggingFaceTokenizer) and loaded.vocab_size == bpe.vocab_size
+    assert loaded.encode_batch(LINES[:20]) == bpe.encode_batch(LINES[:20])  # no pad, cut, bos or eos
+    assert load_tokenizer_file(path, "unigram").encode_batch(LINES[:5]) == bpe.encode_batch(LINES[:5])
+
+
+def test_a_sentencepiece_model_file_loads(tmp_path: Path, spm: SubwordTokenizer) -> None:
+    assert isinstance(spm, SentencePieceTokenizer)
+    path = tmp_path / "spm.model"
+    path.write_bytes(spm.model)
+    loaded = load_tokenizer_file(path, "sentencepiece")
+    assert loaded.to_json() == spm.to_json()
+
+
+def foreign_sentencepiece(tmp_path: Path, **ids: int) -> Path:
+    """A SentencePiece model trained with the package's own settings plus `ids`, saved as a .model."""
+    import io
+
+    import sentencepiece
+
+    written = io.BytesIO()
+    sentencepiece.SentencePieceTrainer.train(
+        sentence_iterator=iter(LINES),
+        model_writer=written,
+        vocab_size=80,
+        hard_vocab_limit=False,
+        minloglevel=2,
+        **ids,
+    )
+    path = tmp_path / "foreign.model"
+    path.write_bytes(written.getvalue())
+    return path
+
+
+@pytest.mark.parametrize("kind", ["tokenizers JSON", "SentencePiece defaults", "SentencePiece without pad"])
+def test_a_tokenizer_file_breaking_the_special_id_contract_is_refused_by_name(
+    tmp_path: Path, kind: str
+) -> None:
+    if kind == "tokenizers JSON":
+        from tokenizers import Tokenizer, models, pre_tokenizers, trainers
+
+        other = Tokenizer(models.BPE(unk_token="<unk>"))
+        other.pre_tokenizer = pre_tokenizers.Metaspace()
+        trainer = trainers.BpeTrainer(
+            vocab_size=80, special_tokens=["<unk>", "<s>", "</s>", "<pad>"], show_progress=False
+        )
+        other.train_from_iterator(LINES, trainer)
+        path, model, found = tmp_path / "other.json", "bpe", "'<pad>' at id 3, expected 0"
+        other.save(str(path))
+    elif kind == "SentencePiece defaults":  # unk 0, bos 1, eos 2, no pad
+        path, model, found = (
+            foreign_sentencepiece(tmp_path),
+            "sentencepiece",
+            "pad_id=-1, bos_id=1, eos_id=2, unk_id=0",
+        )
+    else:
+        path = foreign_sentencepiece(tmp_path, pad_id=3, unk_id=0)
+        model, found = "sentencepiece", "pad_id=3, bos_id=1, eos_id=2, unk_id=0"
+    with pytest.raises(DataError) as raised:
+        load_tokenizer_file(path, model)  # type: ignore[arg-type]
+    message = str(raised.value)
+    assert message.startswith(f"{path}: ") and found in message, message
+    assert "<pad>, <s>, </s>, <unk> at ids 0, 1, 2, 3" in message and "tokenizer path to null" in message
+
+
+def test_a_tokenizer_file_of_another_kind_or_missing_is_refused_by_name(
+    tmp_path: Path, spm: SubwordTokenizer
+) -> None:
+    assert isinstance(spm, SentencePieceTokenizer)
+    model = tmp_path / "spm.model"
+    model.write_bytes(spm.model)
+    with pytest.raises(
+        DataError, match=f"{model} is not a Hugging Face tokenizers JSON file .*data.tokenizer=sentencepiece"
+    ):
+        load_tokenizer_file(model, "bpe")
+    text = tmp_path / "tokenizer.json"
+    text.write_text(spm.to_json())
+    with pytest.raises(DataError, match=f"{text}: the bytes are not a SentencePiece model"):
+        load_tokenizer_file(text, "sentencepiece")
+    with pytest.raises(DataError, match=f"tokenizer file {tmp_path / 'missing.json'} cannot be read"):
+        load_tokenizer_file(tmp_path / "missing.json", "bpe")

@@ -5,16 +5,22 @@ preprocessing and batching settings of `CorpusData`; `spec.datamodule()` builds 
 (`attnlab.data.datamodule.CorpusDataModule`), which tokenizes and caches everything derived.
 
 Splits are named `train`, `val` and one or more test sets (the first is the one `Trainer.test` uses).
+A spec's `readers()` reads each split as a stream of aligned chunks (files line by line, a Hugging Face
+dataset batch by batch), so the training split of a WMT-sized corpus is never held whole in memory;
+`load()` gives whole splits as lists (the small validation and test sets).
 """
 
 from __future__ import annotations
 
 import dataclasses
-from collections.abc import Sequence
+import functools
+import itertools
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import IO, TYPE_CHECKING, Any
 
+from attnlab.data.cache import file_sha256
 from attnlab.data.download import MULTI30K_BASE_URL, MULTI30K_LANGS, DataError
 from attnlab.data.tokenizer import SPECIAL_TOKENS, TokenizerModel
 from attnlab.typed import check_fields, require, require_positive
@@ -23,39 +29,114 @@ if TYPE_CHECKING:
     from attnlab.data.datamodule import CorpusDataModule
 
 Text = tuple[list[str], list[str]]  # aligned (source lines, target lines)
+Reader = Callable[[int], Iterator[Text]]  # reader(chunk_lines): a split's aligned lines, chunk by chunk
+BLOCK_BYTES = 1 << 20  # text files are read and decoded this many bytes (whole lines) at a time
+READ_LINES = 1 << 16  # pairs a chunk when a split is read whole (`load`)
+
+
+def iter_lines(path: Path) -> Iterator[str]:
+    """The lines of a UTF-8 text file, split on "\\n" only (one segment per line; a final newline ends
+    the last line, and a trailing "\\r" is dropped), read `BLOCK_BYTES` at a time as they are asked for.
+
+    Raises:
+        DataError: the file is missing (at once) or not valid UTF-8 (when the reading gets there, naming
+            the file and line).
+    """
+    try:
+        file = open(path, "rb")  # noqa: SIM115 (closed by `_decoded_lines`)
+    except FileNotFoundError:
+        raise DataError(f"data file not found: {path}") from None
+    return _decoded_lines(file, path)
+
+
+def _decoded_lines(file: IO[bytes], path: Path) -> Iterator[str]:
+    with file:
+        rest, lines_before, encoding = b"", 0, "utf-8-sig"  # a byte-order mark is not part of line 1
+        while True:
+            block = file.read(BLOCK_BYTES)
+            if block:
+                data = rest + block
+                cut = data.rfind(b"\n") + 1  # whole lines only
+                if cut == 0:  # no newline yet: a line longer than a block
+                    rest = data
+                    continue
+                data, rest = data[:cut], data[cut:]
+            elif rest:  # the last line, without a final newline
+                data, rest = rest, b""
+            else:
+                return
+            try:
+                text = data.decode(encoding)
+            except UnicodeDecodeError as exc:
+                line = lines_before + data[: exc.start].count(b"\n") + 1
+                raise DataError(
+                    f"{path}:{line}: invalid UTF-8 ({exc.reason}); re-encode the file as UTF-8"
+                ) from None
+            lines = text.split("\n")
+            if lines[-1] == "":  # what follows the final newline of `data`
+                lines.pop()
+            lines_before += len(lines)
+            encoding = "utf-8"
+            yield from (line[:-1] if line.endswith("\r") else line for line in lines)
 
 
 def read_lines(path: Path) -> list[str]:
-    """The lines of a UTF-8 text file, split on "\\n" only (one segment per line; a final newline ends
-    the last line, and a trailing "\\r" is dropped).
+    """All lines of a UTF-8 text file (`iter_lines`)."""
+    return list(iter_lines(path))
+
+
+def iter_parallel(src_path: Path, tgt_path: Path, chunk_lines: int) -> Iterator[Text]:
+    """Aligned source and target lines, `chunk_lines` pairs at a time, both files read together line by
+    line; line counts must agree.
 
     Raises:
-        DataError: the file is missing or not valid UTF-8 (naming the file and line).
+        DataError: A file is missing or not UTF-8 (`iter_lines`), or the line counts differ (when the
+            shorter file ends, naming both files and counts).
     """
-    try:
-        raw = path.read_bytes()
-    except FileNotFoundError:
-        raise DataError(f"data file not found: {path}") from None
-    try:
-        text = raw.decode("utf-8-sig")  # a byte-order mark is not part of the first line
-    except UnicodeDecodeError as exc:
-        line = raw[: exc.start].count(b"\n") + 1
-        raise DataError(f"{path}:{line}: invalid UTF-8 ({exc.reason}); re-encode the file as UTF-8") from None
-    lines = text.split("\n")
-    if lines and lines[-1] == "":
-        lines.pop()
-    return [line[:-1] if line.endswith("\r") else line for line in lines]
+    src_lines, tgt_lines = iter_lines(src_path), iter_lines(tgt_path)
+    read = 0
+    while True:
+        src, tgt = (
+            list(itertools.islice(src_lines, chunk_lines)),
+            list(itertools.islice(tgt_lines, chunk_lines)),
+        )
+        if len(src) != len(tgt):
+            src_count = read + len(src) + sum(1 for _ in src_lines)
+            tgt_count = read + len(tgt) + sum(1 for _ in tgt_lines)
+            raise DataError(
+                f"{src_path} has {src_count} lines but {tgt_path} has {tgt_count}: parallel files must be "
+                "aligned line by line"
+            )
+        if not src:
+            return
+        read += len(src)
+        yield src, tgt
+
+
+def read_whole(reader: Reader) -> Text:
+    """Every aligned line `reader` gives, as two lists."""
+    src: list[str] = []
+    tgt: list[str] = []
+    for src_chunk, tgt_chunk in reader(READ_LINES):
+        src += src_chunk
+        tgt += tgt_chunk
+    return src, tgt
 
 
 def read_parallel(src_path: Path, tgt_path: Path) -> Text:
-    """Aligned source and target lines; line counts must agree."""
-    src, tgt = read_lines(src_path), read_lines(tgt_path)
-    if len(src) != len(tgt):
+    """Aligned source and target lines of two whole files (`iter_parallel`)."""
+    return read_whole(functools.partial(iter_parallel, src_path, tgt_path))
+
+
+def _tokenizer_sha256(path: Path) -> str:
+    try:
+        return file_sha256(path)
+    except OSError as exc:
         raise DataError(
-            f"{src_path} has {len(src)} lines but {tgt_path} has {len(tgt)}: parallel files must be aligned "
-            "line by line"
-        )
-    return src, tgt
+            f"tokenizer file {path} cannot be read ({exc.strerror or exc}): set the tokenizer path to a "
+            "tokenizers JSON file (tokenizer=bpe|unigram) or a SentencePiece .model "
+            "(tokenizer=sentencepiece), or to null to train one"
+        ) from None
 
 
 def _check_splits(splits: Sequence[str] | None, available: list[str]) -> list[str]:
@@ -82,9 +163,19 @@ class CorpusData:
     Args:
         src_lang: Source language (file suffix / dataset key).
         tgt_lang: Target language.
-        tokenizer: Subword model, `bpe` or `unigram` (Hugging Face `tokenizers`, Metaspace pieces).
-        vocab_size: Vocabulary size per tokenizer, the 4 special tokens included.
+        tokenizer: Subword model, `bpe` or `unigram` (Hugging Face `tokenizers`, Metaspace pieces), or
+            `sentencepiece` (a SentencePiece unigram model; needs the `[spm]` extra).
+        vocab_size: Vocabulary size per tokenizer, the 4 special tokens included (at most: a small corpus
+            may give fewer). Unused with a tokenizer file: the file's vocabulary counts.
         joint_vocab: One vocabulary for both languages (required by `model.tie=all`).
+        tokenizer_sample: Train the tokenizer(s) on a uniform sample of this many training pairs (the
+            non-empty ones), drawn by reservoir sampling seeded by `seed`; null: on every training pair.
+        tokenizer_path: With `joint_vocab`, a trained tokenizer to use instead of training one: a Hugging
+            Face `tokenizers` JSON file (`tokenizer=bpe|unigram`, whatever model it holds) or a
+            SentencePiece `.model` (`tokenizer=sentencepiece`). It must hold `<pad>`, `<s>`, `</s>`,
+            `<unk>` at ids 0-3. The cache key holds its content's SHA-256, not its path.
+        src_tokenizer_path: Without `joint_vocab`, the source language's tokenizer file (as
+            `tokenizer_path`); `tgt_tokenizer_path` the target's. Both or neither.
         max_source_tokens: Training pairs with a longer source (in subwords, eos included) are dropped.
         max_target_tokens: Training pairs with a longer target (eos included) are dropped.
         max_length_ratio: Training pairs whose longer side exceeds this multiple of the shorter are
@@ -94,7 +185,7 @@ class CorpusData:
         max_tokens: Tokens per batch including padding (fairseq `--max-tokens`); null for sentence batches.
         batch_size: Sentences per batch (a cap when `max_tokens` is set too).
         num_workers: DataLoader worker processes.
-        seed: Seed of the batch shuffle.
+        seed: Seed of the batch shuffle and of the tokenizer sample.
         cache_dir: Where downloads and prepared data go (null: `$ATTNLAB_CACHE_DIR` or `~/.cache/attnlab`).
     """
 
@@ -103,6 +194,10 @@ class CorpusData:
     tokenizer: TokenizerModel = "bpe"
     vocab_size: int = 8000
     joint_vocab: bool = True
+    tokenizer_sample: int | None = None
+    tokenizer_path: str | None = None
+    src_tokenizer_path: str | None = None
+    tgt_tokenizer_path: str | None = None
     max_source_tokens: int = 256
     max_target_tokens: int = 256
     max_length_ratio: float | None = None
@@ -128,10 +223,23 @@ class CorpusData:
             "max_tokens=null and batch_size=null: set max_tokens (tokens per batch) or batch_size "
             "(sentences per batch)",
         )
-        for name in ("max_tokens", "batch_size", "max_length_ratio"):
+        for name in ("max_tokens", "batch_size", "max_length_ratio", "tokenizer_sample"):
             value = getattr(self, name)
             require(value is None or value > 0, f"{name}={value} must be positive (or null)")
         require(self.num_workers >= 0, f"num_workers={self.num_workers} must be >= 0")
+        self._check_tokenizer_paths()
+
+    def _check_tokenizer_paths(self) -> None:
+        src, tgt = self.src_tokenizer_path, self.tgt_tokenizer_path
+        if self.joint_vocab:
+            require(src is None and tgt is None, "src_tokenizer_path/tgt_tokenizer_path are for "
+                    "joint_vocab=false: with one vocabulary set tokenizer_path")  # fmt: skip
+            return
+        joint = self.tokenizer_path
+        require(joint is None, f"tokenizer_path={joint} is one tokenizer for both languages: set "
+                "joint_vocab=true, or src_tokenizer_path and tgt_tokenizer_path")  # fmt: skip
+        require((src is None) == (tgt is None), f"src_tokenizer_path={src} and tgt_tokenizer_path={tgt}: "
+                "set both (or neither)")  # fmt: skip
 
     def cache_root(self) -> Path:
         """The cache directory (downloads and prepared data)."""
@@ -139,20 +247,48 @@ class CorpusData:
 
         return Path(self.cache_dir).expanduser().resolve() if self.cache_dir else default_cache_dir()
 
+    def tokenizer_files(self) -> tuple[Path, Path] | None:
+        """The (source, target) tokenizer files to load instead of training tokenizers (one file twice
+        with `joint_vocab`), or None (relative paths: from the working directory)."""
+        paths = (
+            (self.tokenizer_path,) * 2
+            if self.joint_vocab
+            else (self.src_tokenizer_path, self.tgt_tokenizer_path)
+        )
+        if paths[0] is None:
+            return None
+        return Path(paths[0]).expanduser().resolve(), Path(paths[1]).expanduser().resolve()
+
     def preprocessing(self) -> dict[str, Any]:
-        """The settings that determine the prepared data (part of its cache key)."""
-        keys = ("src_lang", "tgt_lang", "tokenizer", "vocab_size", "joint_vocab", "max_source_tokens",
-                "max_target_tokens", "max_length_ratio")  # fmt: skip
-        return {k: getattr(self, k) for k in keys}
+        """The settings that determine the prepared data (part of its cache key): with tokenizer files,
+        the SHA-256 of their content; with `tokenizer_sample`, the seed that draws it.
+
+        Raises:
+            DataError: A tokenizer file cannot be read.
+        """
+        keys = ("src_lang", "tgt_lang", "tokenizer", "vocab_size", "joint_vocab", "tokenizer_sample",
+                "max_source_tokens", "max_target_tokens", "max_length_ratio")  # fmt: skip
+        settings = {k: getattr(self, k) for k in keys}
+        files = self.tokenizer_files()
+        if files is not None:
+            settings["tokenizer_sha256"] = [_tokenizer_sha256(path) for path in files]
+        elif self.tokenizer_sample is not None:
+            settings["tokenizer_sample_seed"] = self.seed
+        return settings
 
     def files(self) -> dict[str, tuple[Path, Path]]:
         """Split name -> (source file, target file): `train`, `val`, then the test sets."""
-        raise NotImplementedError(f"{type(self).__name__} reads no files; it overrides `load`")
+        raise NotImplementedError(f"{type(self).__name__} reads no files; it overrides `readers`")
+
+    def readers(self) -> dict[str, Reader]:
+        """Split name -> its reader: `reader(chunk_lines)` iterates the split's aligned raw lines,
+        `chunk_lines` pairs at a time, reading them as they are asked for (every call reads anew)."""
+        return {name: functools.partial(iter_parallel, *pair) for name, pair in self.files().items()}
 
     def load(self, splits: Sequence[str] | None = None) -> dict[str, Text]:
-        """Split name -> aligned raw lines, for `splits` (None: every split)."""
-        files = self.files()
-        return {name: read_parallel(*files[name]) for name in _check_splits(splits, list(files))}
+        """Split name -> aligned raw lines, for `splits` (None: every split), each read whole."""
+        readers = self.readers()
+        return {name: read_whole(readers[name]) for name in _check_splits(splits, list(readers))}
 
     def test_split_names(self) -> list[str]:
         """The test sets' names (every split except `train` and `val`)."""
@@ -298,25 +434,30 @@ class HFData(CorpusData):
             return datasets.load_from_disk(str(local))
         return datasets.load_dataset(self.name, self.config, data_files=self.data_files)
 
-    def _column(self, rows: Any, lang: str, split: str) -> list[str]:
-        if "translation" in rows.column_names:
-            return [pair[lang] for pair in rows["translation"]]
-        if lang in rows.column_names:
-            return list(rows[lang])
-        raise DataError(f"split {split!r} of {self.name} has no 'translation' or {lang!r} column: "
-                        f"columns are {rows.column_names}")  # fmt: skip
+    def _check_column(self, rows: Any, lang: str, split: str) -> None:
+        if "translation" not in rows.column_names and lang not in rows.column_names:
+            raise DataError(f"split {split!r} of {self.name} has no 'translation' or {lang!r} column: "
+                            f"columns are {rows.column_names}")  # fmt: skip
 
-    def load(self, splits: Sequence[str] | None = None) -> dict[str, Text]:
+    def _read(self, dataset: Any, split: str, chunk_lines: int) -> Iterator[Text]:
+        """Split `split` of `dataset`, `chunk_lines` rows at a time from its Arrow table."""
+        if split not in dataset:
+            raise DataError(f"{self.name} has no split {split!r}: available {sorted(dataset)}")
+        rows = dataset[split]
+        for lang in (self.src_lang, self.tgt_lang):
+            self._check_column(rows, lang, split)
+        translation = "translation" in rows.column_names
+        for batch in rows.iter(batch_size=chunk_lines):
+            if translation:
+                pairs = batch["translation"]
+                yield [pair[self.src_lang] for pair in pairs], [pair[self.tgt_lang] for pair in pairs]
+            else:
+                yield list(batch[self.src_lang]), list(batch[self.tgt_lang])
+
+    def readers(self) -> dict[str, Reader]:
         wanted = {"train": self.train_split, "val": self.valid_split, **{s: s for s in self.test_splits}}
-        names = _check_splits(splits, list(wanted))
         dataset = self._dataset()
-        out = {}
-        for name, split in ((n, wanted[n]) for n in names):
-            if split not in dataset:
-                raise DataError(f"{self.name} has no split {split!r}: available {sorted(dataset)}")
-            rows = dataset[split]
-            out[name] = (self._column(rows, self.src_lang, split), self._column(rows, self.tgt_lang, split))
-        return out
+        return {name: functools.partial(self._read, dataset, split) for name, split in wanted.items()}
 
     def test_split_names(self) -> list[str]:
         return list(self.test_splits)

@@ -13,9 +13,15 @@ Sources end in eos, targets are bare. They are opened with `np.load(mmap_mode="r
 from the page cache when it is asked for and every process (DDP ranks, DataLoader workers) shares those
 pages: a WMT14-sized corpus (4.5M pairs, ~140M subwords a side) costs a process little memory of its own.
 `{split}.raw.json` keeps the raw lines of every split but `train` (the references and sources that
-scoring and decoding read); training never reads raw text, so the training split's is not kept. Building
-encodes `ENCODE_LINES` lines at a time and appends them to the arrays: no Python lists of a whole split
-(the tokenizer is still trained on the whole training text in memory).
+scoring and decoding read); training never reads raw text, so the training split's is not kept.
+
+Building holds no Python lists of the training split: it is read as a stream of aligned chunks
+(`CorpusData.readers`: files line by line, a Hugging Face dataset batch by batch), encoded `ENCODE_LINES`
+lines at a time and appended to the arrays. The tokenizer trainer reads the stream once per language (a
+`tokenizers` trainer keeps only word counts), or, with `tokenizer_sample`, a seeded uniform sample of
+that many pairs drawn in one pass (`sample_pairs`), which is all that is held (SentencePiece keeps its
+training sentences: sample at WMT scale). With a tokenizer file (`tokenizer_path`) nothing is trained.
+The validation and test splits are read whole, first (their errors come before any training).
 
 `checksums.json` records the size of every other file of the directory when it is built and its SHA-256,
 except for an array over `FULL_HASH_BYTES` (64 MiB): of that, the SHA-256 of its first and of its last
@@ -39,7 +45,7 @@ import itertools
 import json
 import logging
 import time
-from collections.abc import Iterator, Sequence
+from collections.abc import Iterable, Iterator, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import IO, Any
@@ -47,14 +53,14 @@ from typing import IO, Any
 import numpy as np
 
 from attnlab.data.cache import building, file_sha256, fingerprint
-from attnlab.data.corpora import CorpusData, Text
+from attnlab.data.corpora import CorpusData, Reader, Text, read_whole
 from attnlab.data.download import DataError
 from attnlab.data.text import normalize
-from attnlab.data.tokenizer import EOS_ID, SubwordTokenizer
+from attnlab.data.tokenizer import EOS_ID, SubwordTokenizer, load_tokenizer_file
 
 log = logging.getLogger(__name__)
 
-PREPARE_VERSION = 2  # bump when the prepared format or the preprocessing changes
+PREPARE_VERSION = 3  # bump when the prepared format or the preprocessing changes
 CHECKSUMS = "checksums.json"  # size and SHA-256 (of all, or of both ends) of every other file
 FULL_HASH_BYTES = 64 << 20  # arrays up to this size are hashed whole on every load, larger ones at the ends
 EDGE_BYTES = 1 << 20  # the bytes hashed at each end of a larger file
@@ -247,17 +253,81 @@ def _chunks(src: Sequence[str], tgt: Sequence[str]) -> Iterator[tuple[Sequence[s
         yield src[start : start + ENCODE_LINES], tgt[start : start + ENCODE_LINES]
 
 
+class _TrainingPairs:
+    """The training split's pairs with both sides non-empty once normalised, streamed chunk by chunk
+    anew on each iteration; `lines` and `pairs` count what the last complete pass read and kept."""
+
+    def __init__(self, read: Reader) -> None:
+        self.read, self.lines, self.pairs = read, 0, 0
+
+    def __iter__(self) -> Iterator[Text]:
+        lines = pairs = 0
+        for src, tgt in self.read(ENCODE_LINES):
+            keep = [bool(normalize(s) and normalize(t)) for s, t in zip(src, tgt, strict=True)]
+            kept = list(itertools.compress(src, keep)), list(itertools.compress(tgt, keep))
+            lines, pairs = lines + len(src), pairs + len(kept[0])
+            yield kept
+        self.lines, self.pairs = lines, pairs
+
+    def require_some(self) -> None:
+        """Raise unless the split holds a non-empty pair (reading it only until the first one)."""
+        if not any(src for src, _ in self):
+            raise _no_pairs(self.lines)
+
+    def sides(self, *sides: int) -> _Lines:
+        """The lines of `sides` (0 source, 1 target), one after the other."""
+        return _Lines(self, sides)
+
+
+class _Lines:
+    """Lines of some sides of `_TrainingPairs`, streamed anew on each iteration (a trainer may read its
+    text twice)."""
+
+    def __init__(self, pairs: _TrainingPairs, sides: tuple[int, ...]) -> None:
+        self.pairs, self.sides = pairs, sides
+
+    def __iter__(self) -> Iterator[str]:
+        for side in self.sides:
+            for chunk in self.pairs:
+                yield from chunk[side]
+
+
+def _no_pairs(lines: int) -> DataError:
+    return DataError(f"the training split has no non-empty sentence pairs ({lines} lines)")
+
+
+def sample_pairs(chunks: Iterable[Text], size: int, seed: int) -> tuple[Text, int]:
+    """A uniform sample of `size` pairs of `chunks` (all of them when there are no more), in their order,
+    and the number of pairs: reservoir sampling (Algorithm R) in one pass, holding `size` pairs. The
+    sample depends on the pairs, `size` and `seed` only, not on how they are chunked (the slot of each
+    pair past the first `size` is drawn from one stream of doubles, one per pair)."""
+    rng = np.random.default_rng(seed)
+    kept: list[tuple[int, str, str]] = []
+    seen = 0
+    for src, tgt in chunks:
+        fill = min(len(src), max(size - seen, 0))
+        kept += zip(range(seen, seen + fill), src[:fill], tgt[:fill], strict=True)
+        if fill < len(src):
+            index = np.arange(seen + fill, seen + len(src))  # index i replaces slot j ~ U{0..i} if j < size
+            slots = np.minimum((rng.random(len(index)) * (index + 1)).astype(np.int64), index)
+            for k in np.flatnonzero(slots < size).tolist():
+                kept[slots[k]] = (seen + fill + k, src[fill + k], tgt[fill + k])
+        seen += len(src)
+    kept.sort()
+    return ([s for _, s, _ in kept], [t for _, _, t in kept]), seen
+
+
 def _encode_split(
     tokenizers: tuple[SubwordTokenizer, SubwordTokenizer],
-    lines: Text,
+    chunks: Iterable[tuple[Sequence[str], Sequence[str]]],
     writer: _SplitWriter,
     training: CorpusData | None = None,
 ) -> dict[str, int]:
-    """Encode `lines` into `writer` (sources with eos), `ENCODE_LINES` at a time; with `training` (the
-    spec) drop the pairs its length filters refuse. Returns the counts dropped, by filter."""
+    """Encode the aligned `chunks` into `writer` (sources with eos); with `training` (the spec) drop the
+    pairs its length filters refuse. Returns the counts dropped, by filter."""
     src_tok, tgt_tok = tokenizers
     dropped = dict.fromkeys(FILTERS, 0)
-    for src_lines, tgt_lines in _chunks(*lines):
+    for src_lines, tgt_lines in chunks:
         src_ids = [[*ids, EOS_ID] for ids in src_tok.encode_batch(src_lines)]
         tgt_ids = tgt_tok.encode_batch(tgt_lines)
         if training is not None:
@@ -271,53 +341,73 @@ def _encode_split(
     return dropped
 
 
-def _train_tokenizers(
-    spec: CorpusData, src_texts: list[str], tgt_texts: list[str], out: Path
+def _tokenizers(
+    spec: CorpusData, train: _TrainingPairs, stats: dict[str, Any]
 ) -> tuple[SubwordTokenizer, SubwordTokenizer]:
+    """The tokenizers: loaded from the spec's files, or trained on the training pairs (all, or a sample of
+    `tokenizer_sample`). Records in `stats` how many pairs a sample held (`tokenizer_pairs`; None when
+    loaded; left to `_build` to count when trained on all)."""
+    files = spec.tokenizer_files()
+    if files is not None:
+        stats["tokenizer_pairs"] = None
+        src_tok = load_tokenizer_file(files[0], spec.tokenizer)
+        return src_tok, src_tok if spec.joint_vocab else load_tokenizer_file(files[1], spec.tokenizer)
     settings = {"model": spec.tokenizer, "vocab_size": spec.vocab_size}
-    if spec.joint_vocab:
-        src_tok = tgt_tok = SubwordTokenizer.train(src_texts + tgt_texts, **settings)
+    if spec.tokenizer_sample is not None:
+        (src, tgt), seen = sample_pairs(train, spec.tokenizer_sample, spec.seed)
+        if not seen:
+            raise _no_pairs(train.lines)
+        log.info("training the tokenizer on a sample of %d of %d training pairs", len(src), seen)
+        texts: tuple[Iterable[str], ...] = (src + tgt,) if spec.joint_vocab else (src, tgt)
+        stats["tokenizer_pairs"] = len(src)
+    else:
+        train.require_some()
+        texts = (train.sides(0, 1),) if spec.joint_vocab else (train.sides(0), train.sides(1))
+    trained = [SubwordTokenizer.train(text, **settings) for text in texts]
+    return trained[0], trained[-1]
+
+
+def _save_tokenizers(tokenizers: tuple[SubwordTokenizer, SubwordTokenizer], out: Path) -> None:
+    src_tok, tgt_tok = tokenizers
+    if src_tok is tgt_tok:
         src_tok.save(out / "tokenizer.json")
     else:
-        src_tok, tgt_tok = (
-            SubwordTokenizer.train(src_texts, **settings),
-            SubwordTokenizer.train(tgt_texts, **settings),
-        )
         src_tok.save(out / "src.tokenizer.json")
         tgt_tok.save(out / "tgt.tokenizer.json")
-    return src_tok, tgt_tok
 
 
-def _build(spec: CorpusData, raw: dict[str, Text], out: Path) -> None:
+def _build(spec: CorpusData, readers: dict[str, Reader], out: Path) -> None:
+    """Build the prepared data of `spec` into `out` from its split `readers` (`CorpusData.readers`)."""
     started = time.perf_counter()
-    src_train, tgt_train = raw["train"]
-    pairs = [(s, t) for s, t in zip(src_train, tgt_train, strict=True) if normalize(s) and normalize(t)]
-    stats: dict[str, Any] = {"train_lines": len(src_train), "dropped_empty": len(src_train) - len(pairs)}
-    if not pairs:
-        raise DataError(f"the training split has no non-empty sentence pairs ({len(src_train)} lines)")
-    src_texts, tgt_texts = [s for s, _ in pairs], [t for _, t in pairs]
-    del pairs
-    tokenizers = _train_tokenizers(spec, src_texts, tgt_texts, out)
+    held = {name: read_whole(read) for name, read in readers.items() if name != "train"}
+    train = _TrainingPairs(readers["train"])
+    stats: dict[str, Any] = {}
+    tokenizers = _tokenizers(spec, train, stats)
+    _save_tokenizers(tokenizers, out)
     stats["tokenizer_seconds"] = round(time.perf_counter() - started, 3)
     dtypes = {side: id_dtype(tok.vocab_size) for side, tok in zip(SIDES, tokenizers, strict=True)}
-    for name, lines in raw.items():
+    for name in readers:
         writer = _SplitWriter(out, name, dtypes)
         if name == "train":
-            dropped = _encode_split(tokenizers, (src_texts, tgt_texts), writer, training=spec)
+            dropped = _encode_split(tokenizers, train, writer, training=spec)
+            if not train.pairs:  # (checked before training a tokenizer; not before loading one)
+                raise _no_pairs(train.lines)
+            stats.update(train_lines=train.lines, dropped_empty=train.lines - train.pairs)
             stats["dropped_filter"] = {reason: n for reason, n in dropped.items() if n}
         else:
-            _encode_split(tokenizers, lines, writer)
+            _encode_split(tokenizers, _chunks(*held[name]), writer)
             (out / f"{name}.raw.json").write_text(
-                json.dumps(dict(zip(SIDES, lines, strict=True)), ensure_ascii=False)
+                json.dumps(dict(zip(SIDES, held[name], strict=True)), ensure_ascii=False)
             )
         stats[f"{name}_examples"] = writer.examples
+    stats.setdefault("tokenizer_pairs", train.pairs)  # trained on every pair
     stats["build_seconds"] = round(time.perf_counter() - started, 3)
     log.info(
         "training pairs: %d lines, %d dropped as empty, dropped by the length filters: %s; kept %d",
         stats["train_lines"], stats["dropped_empty"], stats["dropped_filter"] or "none",
         stats["train_examples"],
     )  # fmt: skip
-    stats["splits"] = list(raw)
+    stats["splits"] = list(readers)
     (out / "stats.json").write_text(json.dumps(stats, indent=2))
     files = {p.name: _recorded(p) for p in sorted(out.iterdir())}
     (out / CHECKSUMS).write_text(json.dumps({"files": files}, indent=2))
@@ -477,8 +567,8 @@ def prepare(spec: CorpusData) -> Prepared:
     the module's docstring) is rebuilt, with a warning naming it.
 
     Raises:
-        DataError: A corpus file is missing or unusable (from `spec.load`), or the directory is damaged
-            again right after being rebuilt (`DamagedPreparedData`: check the disk).
+        DataError: A corpus or tokenizer file is missing or unusable (from `spec.readers`), or the
+            directory is damaged again right after being rebuilt (`DamagedPreparedData`: check the disk).
     """
     target = prepared_dir(spec)
     recheck = None  # a directory another process builds while this one waits is new: not checked twice
@@ -491,5 +581,5 @@ def prepare(spec: CorpusData) -> Prepared:
     with building(target, damaged=recheck) as tmp:
         if tmp is not None:
             log.info("preparing %s into %s", type(spec).__name__, target)
-            _build(spec, spec.load(), tmp)
+            _build(spec, spec.readers(), tmp)
     return _timed_load(target)

@@ -1,28 +1,164 @@
-"""Subword tokenization with Hugging Face `tokenizers`: BPE or unigram over Metaspace pieces.
+"""Subword tokenization: BPE or unigram over Metaspace pieces (Hugging Face `tokenizers`), or a
+SentencePiece unigram model (the `sentencepiece` package, the `[spm]` extra), behind one interface.
 
 Special tokens sit at fixed ids that `TransformerConfig` agrees with: 0 `<pad>`, 1 `<s>` (bos),
-2 `</s>` (eos), 3 `<unk>`. Pieces carry a Metaspace marker (`▁`) for a preceding space, so decoding
-gives back clean, detokenized text (normalised as in `attnlab.data.text.normalize`).
+2 `</s>` (eos), 3 `<unk>`. Pieces carry a marker (`▁`) for a preceding space, so decoding gives back
+clean, detokenized text (normalised as in `attnlab.data.text.normalize`).
+
+`SubwordTokenizer.train` learns a vocabulary, `load_tokenizer_file` reads one trained by another tool (a
+`tokenizers` JSON file or a SentencePiece `.model`), both held to the special-id contract. Either kind
+travels as one JSON string (`to_json`/`from_json`: prepared data and checkpoints): a `tokenizers` JSON
+document, or for SentencePiece `{"attnlab_tokenizer": "sentencepiece", "model": <base64 of the model
+proto>, "sha256": <its SHA-256>}`, refused when the model's bytes do not match their hash.
 """
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Sequence
+import base64
+import binascii
+import hashlib
+import io
+import json
+from collections.abc import Iterable, Iterator, Sequence
 from pathlib import Path
-from typing import Literal
+from typing import Any, Literal
 
 from tokenizers import Tokenizer, decoders, models, normalizers, pre_tokenizers, trainers
 
+from attnlab.data.download import DataError
 from attnlab.data.text import normalize
 
-TokenizerModel = Literal["bpe", "unigram"]
+TokenizerModel = Literal["bpe", "unigram", "sentencepiece"]
 SPECIAL_TOKENS = ("<pad>", "<s>", "</s>", "<unk>")
 PAD_ID, BOS_ID, EOS_ID, UNK_ID = range(4)
 SPECIAL_IDS = {"pad_id": PAD_ID, "bos_id": BOS_ID, "eos_id": EOS_ID, "unk_id": UNK_ID}
+SENTENCEPIECE = "sentencepiece"  # the `attnlab_tokenizer` tag of a SentencePiece tokenizer's JSON
+# SentencePiece's EM sums per-thread shards, so the model depends on the thread count: a fixed count
+# trains the same model on every machine.
+SPM_THREADS = 8
+_CONTRACT_FIX = (
+    "attnlab needs <pad>, <s>, </s>, <unk> at ids 0, 1, 2, 3: train it with special_tokens=['<pad>', "
+    "'<s>', '</s>', '<unk>'] in this order (SentencePiece: pad_id=0 bos_id=1 eos_id=2 unk_id=3), or set "
+    "the tokenizer path to null to let attnlab train one"
+)
 
 
 class SubwordTokenizer:
-    """A trained subword vocabulary: normalised text <-> ids (without bos/eos)."""
+    """A trained subword vocabulary: normalised text <-> ids (without bos/eos).
+
+    Subclasses wrap one library: `HuggingFaceTokenizer` (`bpe`, `unigram`) and `SentencePieceTokenizer`
+    (`sentencepiece`); `train`, `load` and `from_json` give the right one. `tokenizer` is the wrapped
+    library object (a `tokenizers.Tokenizer` or a `sentencepiece.SentencePieceProcessor`).
+    """
+
+    tokenizer: Any
+
+    @classmethod
+    def train(cls, texts: Iterable[str], *, model: TokenizerModel, vocab_size: int) -> SubwordTokenizer:
+        """Learn a vocabulary of at most `vocab_size` entries (specials included) from normalised `texts`.
+
+        `texts` is read once, line by line (nothing holds all of it but the trainer's own statistics;
+        SentencePiece keeps its training sentences), and once more to count its characters when
+        `vocab_size` turns out too small: pass a list or an object whose iteration starts over.
+
+        Raises:
+            ValueError: `vocab_size` leaves no room beyond the specials or below the text's characters.
+            Whatever iterating `texts` raised (a trainer would swallow or rewrap it).
+            DataError: `model=sentencepiece` without the `sentencepiece` package.
+        """
+        if vocab_size <= len(SPECIAL_TOKENS):
+            raise ValueError(f"vocab_size={vocab_size} must exceed the {len(SPECIAL_TOKENS)} special tokens")
+        learner = SentencePieceTokenizer if model == SENTENCEPIECE else HuggingFaceTokenizer
+        lines = _Guarded(normalize(t) for t in texts)
+        try:
+            tokenizer = learner._learn(lines, model, vocab_size)
+        except _TooSmall:
+            lines.reraise()
+            raise _vocab_too_small(vocab_size, texts) from None
+        lines.reraise()
+        return tokenizer
+
+    @classmethod
+    def _learn(cls, lines: Iterable[str], model: TokenizerModel, vocab_size: int) -> SubwordTokenizer:
+        """Train on normalised `lines` (raising `_TooSmall` when `vocab_size` cannot hold the alphabet)."""
+        raise NotImplementedError
+
+    @classmethod
+    def load(cls, path: Path) -> SubwordTokenizer:
+        """Load a tokenizer saved by `save`."""
+        return cls.from_json(Path(path).read_text(encoding="utf-8"))
+
+    def save(self, path: Path) -> None:
+        """Write the tokenizer as one JSON file (`to_json`)."""
+        Path(path).write_text(self.to_json(), encoding="utf-8")
+
+    def to_json(self) -> str:
+        """The tokenizer as a JSON string (what `save` writes; stored inside checkpoints)."""
+        raise NotImplementedError
+
+    @classmethod
+    def from_json(cls, text: str) -> SubwordTokenizer:
+        """The tokenizer of a `to_json` string.
+
+        Raises:
+            ValueError: The JSON is no tokenizer, a damaged one, or breaks the special-id contract.
+            DataError: A SentencePiece tokenizer without the `sentencepiece` package.
+        """
+        document = json.loads(text)
+        if isinstance(document, dict) and document.get("attnlab_tokenizer") == SENTENCEPIECE:
+            return SentencePieceTokenizer.from_document(document)
+        return HuggingFaceTokenizer(Tokenizer.from_str(text))
+
+    @property
+    def vocab_size(self) -> int:
+        """Number of ids, specials included."""
+        raise NotImplementedError
+
+    def _encode(self, texts: list[str]) -> list[list[int]]:
+        """Ids of normalised `texts`, as the library gives them."""
+        raise NotImplementedError
+
+    def _decode(self, ids: list[int]) -> str:
+        """Text of `ids` (no pad, bos or eos among them)."""
+        raise NotImplementedError
+
+    def encode(self, text: str) -> list[int]:
+        """Ids of normalised `text` (no bos/eos).
+
+        Text that spells a special token ("<pad>", "<s>", "</s>") never gets pad, bos or eos: the
+        `tokenizers` models give it the unknown id, SentencePiece spells it out in pieces. A literal "▁"
+        (the space marker) in the text decodes as a space.
+
+        A character absent from the training text (after normalisation: NFC, so "ﬁ" is not "fi") has no
+        piece and is never dropped: BPE gives each such character the unknown id; unigram and
+        SentencePiece give each run of such characters within a word one unknown id. `decode` renders
+        every unknown id as the text "<unk>", so `decode(encode(x))` is `normalize(x)` with those
+        characters (or runs) replaced by "<unk>". Empty and whitespace-only text gives no ids.
+        """
+        return self.encode_batch([text])[0]
+
+    def encode_batch(self, texts: Sequence[str]) -> list[list[int]]:
+        """Ids of many texts at once (in parallel in the library); see `encode`."""
+        return [_no_specials(ids) for ids in self._encode([normalize(t) for t in texts])]
+
+    def decode(self, ids: Iterable[int]) -> str:
+        """Detokenized text of `ids`, stopping at eos and skipping pad/bos."""
+        kept = []
+        for i in ids:
+            if i == EOS_ID:
+                break
+            if i not in (PAD_ID, BOS_ID):
+                kept.append(int(i))
+        return self._decode(kept)
+
+    def pieces(self, text: str) -> list[str]:
+        """The subword pieces of `text` (for inspection)."""
+        raise NotImplementedError
+
+
+class HuggingFaceTokenizer(SubwordTokenizer):
+    """BPE or unigram over Metaspace pieces, with Hugging Face `tokenizers` (or any `tokenizers` JSON
+    file holding the four special tokens at ids 0-3)."""
 
     def __init__(self, tokenizer: Tokenizer) -> None:
         for expected, token in enumerate(SPECIAL_TOKENS):
@@ -33,10 +169,7 @@ class SubwordTokenizer:
         self.tokenizer = tokenizer
 
     @classmethod
-    def train(cls, texts: Iterable[str], *, model: TokenizerModel, vocab_size: int) -> SubwordTokenizer:
-        """Learn a vocabulary of at most `vocab_size` entries (specials included) from normalised `texts`."""
-        if vocab_size <= len(SPECIAL_TOKENS):
-            raise ValueError(f"vocab_size={vocab_size} must exceed the {len(SPECIAL_TOKENS)} special tokens")
+    def _learn(cls, lines: Iterable[str], model: TokenizerModel, vocab_size: int) -> SubwordTokenizer:
         if model == "bpe":
             tokenizer = Tokenizer(models.BPE(unk_token="<unk>"))
             trainer = trainers.BpeTrainer(
@@ -53,78 +186,181 @@ class SubwordTokenizer:
         tokenizer.normalizer = normalizers.NFC()
         tokenizer.pre_tokenizer = pre_tokenizers.Metaspace()
         tokenizer.decoder = decoders.Metaspace()
-        lines = [normalize(t) for t in texts]
         try:
             tokenizer.train_from_iterator(lines, trainer)
         except Exception as exc:  # the Rust trainer raises a bare Exception
             if "not large enough" in str(exc):
-                raise _vocab_too_small(vocab_size, lines) from None
+                raise _TooSmall from None
             raise
         if tokenizer.get_vocab_size() > vocab_size:  # BPE keeps every character whatever the budget
-            raise _vocab_too_small(vocab_size, lines)
+            raise _TooSmall
         return cls(tokenizer)
 
-    @classmethod
-    def load(cls, path: Path) -> SubwordTokenizer:
-        """Load a tokenizer saved by `save`."""
-        return cls(Tokenizer.from_file(str(path)))
-
     def save(self, path: Path) -> None:
-        """Write the tokenizer as one JSON file."""
-        self.tokenizer.save(str(path))
+        self.tokenizer.save(str(path))  # indented JSON (`to_json` is compact): the same tokenizer
 
     def to_json(self) -> str:
-        """The tokenizer as a JSON string (what `save` writes; stored inside checkpoints)."""
         return self.tokenizer.to_str()
-
-    @classmethod
-    def from_json(cls, text: str) -> SubwordTokenizer:
-        """The tokenizer of a `to_json` string."""
-        return cls(Tokenizer.from_str(text))
 
     @property
     def vocab_size(self) -> int:
-        """Number of ids, specials included."""
         return self.tokenizer.get_vocab_size()
 
-    def encode(self, text: str) -> list[int]:
-        """Ids of normalised `text` (no bos/eos).
+    def _encode(self, texts: list[str]) -> list[list[int]]:
+        # No post-processor template: bos/eos are attnlab's to add.
+        return [e.ids for e in self.tokenizer.encode_batch(texts, add_special_tokens=False)]
 
-        Text that spells a special token ("<pad>", "<s>", "</s>") gets the unknown id, never pad, bos or
-        eos. A literal "▁" (the Metaspace marker) in the text decodes as a space.
-
-        A character absent from the training text (after normalisation: NFC, so "ﬁ" is not "fi") has no
-        piece and is never dropped: BPE gives each such character the unknown id; unigram gives each run
-        of such characters within a word one unknown id. `decode` renders every unknown id as the text
-        "<unk>", so `decode(encode(x))` is `normalize(x)` with those characters (or runs) replaced by
-        "<unk>". Empty and whitespace-only text gives no ids.
-        """
-        return _no_specials(self.tokenizer.encode(normalize(text)).ids)
-
-    def encode_batch(self, texts: Sequence[str]) -> list[list[int]]:
-        """Ids of many texts at once (parallel in the Rust library); see `encode`."""
-        return [_no_specials(e.ids) for e in self.tokenizer.encode_batch([normalize(t) for t in texts])]
-
-    def decode(self, ids: Iterable[int]) -> str:
-        """Detokenized text of `ids`, stopping at eos and skipping pad/bos."""
-        kept = []
-        for i in ids:
-            if i == EOS_ID:
-                break
-            if i not in (PAD_ID, BOS_ID):
-                kept.append(int(i))
-        return self.tokenizer.decode(kept, skip_special_tokens=False)
+    def _decode(self, ids: list[int]) -> str:
+        return self.tokenizer.decode(ids, skip_special_tokens=False)
 
     def pieces(self, text: str) -> list[str]:
-        """The subword pieces of `text` (for inspection)."""
-        return self.tokenizer.encode(normalize(text)).tokens
+        return self.tokenizer.encode(normalize(text), add_special_tokens=False).tokens
 
 
-def _vocab_too_small(vocab_size: int, lines: list[str]) -> ValueError:
-    characters = len(set("".join(lines)) | {"▁"})
+class SentencePieceTokenizer(SubwordTokenizer):
+    """A SentencePiece model (unigram when trained here) whose serialized proto is `model`."""
+
+    def __init__(self, model: bytes) -> None:
+        processor = _sentencepiece().SentencePieceProcessor()
+        try:
+            processor.LoadFromSerializedProto(model)
+        except RuntimeError:
+            raise ValueError("the bytes are not a SentencePiece model (its proto does not parse)") from None
+        found = (processor.pad_id(), processor.bos_id(), processor.eos_id(), processor.unk_id())
+        if found != (PAD_ID, BOS_ID, EOS_ID, UNK_ID):
+            names = ", ".join(f"{k}={v}" for k, v in zip(SPECIAL_IDS, found, strict=True))
+            raise ValueError(f"the SentencePiece model has {names} (-1: none), expected 0, 1, 2, 3")
+        self.tokenizer, self.model = processor, model
+
+    @classmethod
+    def _learn(cls, lines: Iterable[str], model: TokenizerModel, vocab_size: int) -> SubwordTokenizer:
+        written = io.BytesIO()
+        try:
+            _sentencepiece().SentencePieceTrainer.train(
+                sentence_iterator=iter(lines),
+                model_writer=written,
+                model_type="unigram",
+                vocab_size=vocab_size,
+                hard_vocab_limit=False,  # at most vocab_size pieces, as a small corpus allows
+                character_coverage=1.0,  # every character of the text gets a piece
+                normalization_rule_name="identity",  # the text is normalised already (NFC)
+                pad_id=PAD_ID, bos_id=BOS_ID, eos_id=EOS_ID, unk_id=UNK_ID,
+                pad_piece=SPECIAL_TOKENS[PAD_ID], bos_piece=SPECIAL_TOKENS[BOS_ID],
+                eos_piece=SPECIAL_TOKENS[EOS_ID], unk_piece=SPECIAL_TOKENS[UNK_ID],
+                unk_surface=SPECIAL_TOKENS[UNK_ID],  # decoded as "<unk>", like the other models
+                num_threads=SPM_THREADS,
+                minloglevel=2,  # errors only
+            )  # fmt: skip
+        except RuntimeError as exc:
+            if "Vocabulary size is smaller than required_chars" in str(exc):
+                raise _TooSmall from None
+            raise
+        return cls(written.getvalue())
+
+    @classmethod
+    def from_document(cls, document: dict[str, Any]) -> SentencePieceTokenizer:
+        """The tokenizer of a parsed `to_json` document, its model checked against its hash."""
+        try:
+            model = base64.b64decode(document["model"], validate=True)
+        except (KeyError, TypeError, binascii.Error):
+            raise ValueError("the SentencePiece tokenizer JSON holds no base64 `model`") from None
+        if hashlib.sha256(model).hexdigest() != document.get("sha256"):
+            raise ValueError("the SentencePiece model differs from what was written (its SHA-256)")
+        return cls(model)
+
+    def to_json(self) -> str:
+        encoded = base64.b64encode(self.model).decode("ascii")
+        sha256 = hashlib.sha256(self.model).hexdigest()
+        return json.dumps({"attnlab_tokenizer": SENTENCEPIECE, "model": encoded, "sha256": sha256})
+
+    @property
+    def vocab_size(self) -> int:
+        return self.tokenizer.get_piece_size()
+
+    def _encode(self, texts: list[str]) -> list[list[int]]:
+        return self.tokenizer.encode(texts, out_type=int)
+
+    def _decode(self, ids: list[int]) -> str:
+        return self.tokenizer.decode(ids)
+
+    def pieces(self, text: str) -> list[str]:
+        return self.tokenizer.encode(normalize(text), out_type=str)
+
+
+def load_tokenizer_file(path: Path, model: TokenizerModel) -> SubwordTokenizer:
+    """A tokenizer trained elsewhere: a SentencePiece `.model` file (`model=sentencepiece`) or a Hugging
+    Face `tokenizers` JSON file (`bpe`/`unigram`: whichever model the file holds). Its vocabulary is the
+    file's; padding and truncation settings in a JSON file are dropped (batching is attnlab's).
+
+    Raises:
+        DataError: The file is missing, not of that kind, or breaks the special-id contract (naming the
+            file and the fix).
+    """
+    try:
+        data = Path(path).read_bytes()
+    except OSError as exc:
+        raise DataError(f"tokenizer file {path} cannot be read ({exc.strerror or exc})") from None
+    try:
+        if model == SENTENCEPIECE:
+            return SentencePieceTokenizer(data)
+        try:
+            tokenizer = Tokenizer.from_str(data.decode("utf-8"))
+        except Exception as exc:  # UnicodeDecodeError, or the bare Exception of the Rust parser
+            raise DataError(
+                f"{path} is not a Hugging Face tokenizers JSON file ({str(exc).splitlines()[0][:200]}); "
+                "for a SentencePiece .model set data.tokenizer=sentencepiece"
+            ) from None
+        tokenizer.no_padding()
+        tokenizer.no_truncation()
+        return HuggingFaceTokenizer(tokenizer)
+    except ValueError as exc:
+        raise DataError(f"{path}: {exc}. {_CONTRACT_FIX}") from None
+
+
+def _sentencepiece() -> Any:
+    try:
+        import sentencepiece  # optional (the [spm] extra): imported when a SentencePiece model is used
+    except ImportError:
+        raise DataError("tokenizer=sentencepiece needs the `sentencepiece` package: "
+                        "pip install 'attnlab[spm]'") from None  # fmt: skip
+    return sentencepiece
+
+
+class _TooSmall(Exception):
+    """A trainer found `vocab_size` below the special tokens plus the alphabet of the text."""
+
+
+class _Guarded:
+    """Iterates `lines` for a trainer in Rust or C++, which swallows (`tokenizers`) or rewraps
+    (SentencePiece) what the iterator raises: the first exception ends the iteration and `reraise`
+    raises it once the trainer returned."""
+
+    def __init__(self, lines: Iterable[str]) -> None:
+        self.lines, self.error = lines, None
+
+    def __iter__(self) -> Iterator[str]:
+        try:
+            yield from self.lines
+        except Exception as exc:
+            self.error = exc
+
+    def reraise(self) -> None:
+        if self.error is not None:
+            raise self.error
+
+
+def _vocab_too_small(vocab_size: int, texts: Iterable[str]) -> ValueError:
+    """The error for too small a `vocab_size`, counting the characters of `texts` unless it was a one-time
+    iterator (read up already)."""
+    counted = ""
+    if iter(texts) is not texts:
+        characters = {"▁"}
+        for text in texts:
+            characters.update(normalize(text))
+        counted = f" {len(characters)}"
     return ValueError(
-        f"vocab_size={vocab_size} cannot hold the special tokens plus the {characters} distinct characters "
-        "of the training text: raise vocab_size"
+        f"vocab_size={vocab_size} cannot hold the special tokens plus the{counted} distinct characters of "
+        "the training text: raise vocab_size"
     )
 
 
