@@ -19,7 +19,7 @@ corpus. Words per line (mean and percentiles, both sides) are printed at the end
 
 The corpus is for measuring throughput and memory at WMT scale with realistic batch shapes, not for
 BLEU: train on it with
-    attnlab-train data=files data.dir=DIR data.src_lang=de data.tgt_lang=en data.valid=val
+    attnlab-train data=files data.dir=DIR data.src_lang=de data.tgt_lang=en
 """
 
 from __future__ import annotations
@@ -151,7 +151,7 @@ def main(argv: list[str] | None = None) -> None:
         raise SystemExit(f"make_corpus.py: {exc}") from None
     for lang, histogram in histograms.items():
         print(describe(f"train.{lang}", histogram))
-    print(f"make_corpus.py: wrote {args.out}/{{train,val,test}}.{{{args.src},{args.tgt}}}")
+    print(f"make_corpus.py: wrote {args.out}/{{train,valid,test}}.{{{args.src},{args.tgt}}}")
 
 
 if __name__ == "__main__":

@@ -809,14 +809,46 @@ def test_a_large_array_is_checked_by_size_header_and_both_ends_and_rebuilt(
     assert pairs(prepare(spec).splits["train"]) != first
     for where in (size - 3, 20):  # in its last bytes; in its .npy header
         flip(where)
-        caplog.clear()
-        with caplog.at_level("WARNING"):
-            again = prepare(spec)
         reason = f"{name} differs from what was written (the SHA-256 of its first or last MiB)"
-        assert [r.getMessage() for r in caplog.records if r.levelname == "WARNING"] == [
-            f"the prepared data in {directory} is damaged: {reason}; building it again"
-        ]
-        assert pairs(again.splits["train"]) == first
+        assert_rebuilt(spec, reason, first, caplog)
+
+
+def assert_rebuilt(spec: FilesData, reason: str, first: list[Any], caplog: pytest.LogCaptureFixture) -> None:
+    """Preparing `spec` again warns once that its prepared data is damaged (`reason`) and rebuilds the
+    training pairs `first`."""
+    caplog.clear()
+    with caplog.at_level("WARNING"):
+        again = prepare(spec)
+    assert [r.getMessage() for r in caplog.records if r.levelname == "WARNING"] == [
+        f"the prepared data in {prepared_dir(spec)} is damaged: {reason}; building it again"
+    ]
+    assert pairs(again.splits["train"]) == first
+
+
+@pytest.mark.parametrize(("side", "step"), [("src", 0), ("tgt", -1)])
+def test_offsets_that_do_not_increase_deep_in_a_large_array_are_found_and_rebuilt(
+    corpus: Path,
+    tmp_path: Path,
+    monkeypatch: pytest.MonkeyPatch,
+    caplog: pytest.LogCaptureFixture,
+    side: str,
+    step: int,
+) -> None:
+    """Hashing reads only the ends of a large array; offsets are checked whole (a source holds eos, so its
+    examples have one id at least; a target may be empty)."""
+    monkeypatch.setattr(prepare_module, "FULL_HASH_BYTES", 1000)
+    monkeypatch.setattr(prepare_module, "EDGE_BYTES", 64)
+    spec = files_spec(corpus, tmp_path)
+    first = pairs(prepare(spec).splits["train"])
+    name = f"train.{side}.offsets.npy"
+    path = prepared_dir(spec) / name
+    offsets = np.load(path)
+    assert path.stat().st_size > 1000 + 2 * 64
+    middle = len(offsets) // 2
+    offsets[middle] = offsets[middle - 1] + step  # an example of `step` ids: not seen by the hashes
+    path.unlink()
+    np.save(path, offsets)
+    assert_rebuilt(spec, f"{name} gives an example {step} ids: its offsets do not increase", first, caplog)
 
 
 # ---------------------------------------------------------------------------------------------------------
@@ -918,6 +950,29 @@ def test_limit_positions_drops_long_training_pairs_and_truncates_evaluation_sets
             assert t2 == t[: n - 1]
     seen = [i for batch in dm.test_dataloader() for i in batch["index"].tolist()]
     assert sorted(seen) == list(range(SIZES["test"]))
+
+
+def test_batches_read_at_once_equal_batches_of_examples_read_one_by_one(corpus: Path, tmp_path: Path) -> None:
+    """`Examples.__getitems__` (the DataLoader's path) + the collator give, for any indices, kept rows and
+    cuts, the batch that collating `examples[k]` one by one gives; its tensors share one buffer."""
+    dm = setup_datamodule(files_spec(corpus, tmp_path))
+    dm.limit_positions(7)  # drops training pairs (kept rows), cuts evaluation sources (eos kept) and targets
+    rng = random.Random(0)
+    for name, examples in dm.splits.items():
+        assert len(examples) > 8
+        for size in (1, 2, 7, len(examples)):
+            ks = rng.sample(range(len(examples)), size)
+            expected = dm.collate([examples[k] for k in ks])
+            batch = dm.collate(examples.__getitems__(ks))
+            assert batch.keys() == expected.keys() == {"src", "tgt_in", "tgt_out", "index"}
+            for key, value in expected.items():
+                assert batch[key].dtype == torch.long and torch.equal(batch[key], value), (name, key)
+            assert len({value.untyped_storage().data_ptr() for value in batch.values()}) == 1
+        assert dm.truncated.get(name, 0) > 0 or name == "train"
+    with pytest.raises(IndexError, match=r"examples 0\.\.99999 of"):
+        dm.splits["val"].__getitems__([0, 99_999])
+    with pytest.raises(IndexError, match="of a split of"):
+        dm.splits["val"].split.gather(np.array([-1]))
 
 
 # ---------------------------------------------------------------------------------------------------------

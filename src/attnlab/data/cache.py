@@ -113,6 +113,19 @@ def _remove_stale_builds(target: Path) -> None:
             shutil.rmtree(entry, ignore_errors=True)
 
 
+def _fsync_files(directory: Path) -> None:
+    """Flush every file directly in `directory`, and the directory, to disk: what a builder wrote is
+    durable before its rename makes it visible (a crash never leaves a renamed directory of empty files)."""
+    for entry in directory.iterdir():
+        if entry.is_file() and not entry.is_symlink():
+            fd = os.open(entry, os.O_RDONLY)
+            try:
+                os.fsync(fd)
+            finally:
+                os.close(fd)
+    fsync_directory(directory)
+
+
 @contextmanager
 def building(
     target: Path, *, timeout: float | None = None, damaged: Callable[[Path], str | None] | None = None
@@ -124,7 +137,8 @@ def building(
     unless `damaged(target)` gives a reason: then `target` is removed, with a warning naming it and
     the reason, and built again.
     Otherwise yields a fresh, empty temporary directory beside `target` (same filesystem) for the
-    caller to fill; on normal exit it is renamed to `target`, on an exception it is deleted and
+    caller to fill; on normal exit its files are flushed to disk and it is renamed to `target`, on an
+    exception it is deleted and
     `target` stays absent. So a reader never sees a half-built `target`::
 
         with building(target) as tmp:
@@ -161,6 +175,7 @@ def building(
         tmp.mkdir()
         try:
             yield tmp
+            _fsync_files(tmp)
             os.rename(tmp, target)
         except BaseException:
             shutil.rmtree(tmp, ignore_errors=True)

@@ -19,14 +19,14 @@ import lightning as L
 import numpy as np
 from torch.utils.data import DataLoader, Dataset
 
-from attnlab.data.batching import Collator, TokenBatchSampler, cut_source
+from attnlab.data.batching import Collator, Gathered, TokenBatchSampler, cut_source
 from attnlab.data.download import DataError
 from attnlab.data.prepare import EncodedSplit, Prepared, prepare
 from attnlab.data.tokenizer import SPECIAL_IDS
 from attnlab.typed import ConfigError
 
 if TYPE_CHECKING:
-    from collections.abc import Iterator
+    from collections.abc import Iterator, Sequence
 
     from attnlab.data.corpora import CorpusData
     from attnlab.data.synthetic import SyntheticData
@@ -76,6 +76,25 @@ class Examples(Dataset):
 
     def __iter__(self) -> Iterator[Example]:
         return (self[k] for k in range(len(self)))
+
+    def __getitems__(self, ks: Sequence[int]) -> Gathered:
+        """Examples `ks` at once, as the `Collator` takes them (the DataLoader asks for a batch's
+        examples this way): the same examples as `self[k]` for each k, read with array operations."""
+        index = np.asarray(ks, dtype=np.int64)
+        if len(index) and not (-len(self) <= index.min() and index.max() < len(self)):
+            raise IndexError(f"examples {index.min()}..{index.max()} of {len(self)}")
+        index %= max(len(self), 1)
+        if self.rows is not None:
+            index = self.rows[index]
+        src, src_lengths, tgt, tgt_lengths = self.split.gather(index)
+        if self.source_limit is not None:
+            cut = src_lengths > self.source_limit
+            if cut.any():  # `cut_source`: eos stays the last id
+                src_lengths = np.minimum(src_lengths, self.source_limit)
+                src[cut, self.source_limit - 1] = self.eos_id
+        if self.target_limit is not None:
+            tgt_lengths = np.minimum(tgt_lengths, self.target_limit)
+        return Gathered(src, src_lengths, tgt, tgt_lengths, index)
 
     def _served(self, lengths: np.ndarray, limit: int | None) -> np.ndarray:
         lengths = lengths if self.rows is None else lengths[self.rows]

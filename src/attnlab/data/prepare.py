@@ -141,6 +141,16 @@ class EncodedSplit:
         (a, b), (c, d) = src_offsets[i : i + 2].tolist(), tgt_offsets[i : i + 2].tolist()
         return src_ids[a:b].tolist(), tgt_ids[c:d].tolist()
 
+    def gather(self, rows: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
+        """Examples `rows` ((B,) ints, each 0 <= i < len(self)) at once: (sources (B, S), source lengths,
+        targets (B, T), target lengths), the matrices int64 and holding each example's ids left-aligned
+        and 0 beyond its length (S, T: the longest). Vectorised: no Python step per example."""
+        src_offsets, src_ids, tgt_offsets, tgt_ids = self._views
+        rows = np.asarray(rows, dtype=np.int64)
+        if len(rows) and not (rows.min() >= 0 and rows.max() < len(self)):
+            raise IndexError(f"examples {rows.min()}..{rows.max()} of a split of {len(self)}")
+        return (*_rows(src_ids, src_offsets, rows), *_rows(tgt_ids, tgt_offsets, rows))
+
     def __eq__(self, other: object) -> bool:
         if not isinstance(other, EncodedSplit):
             return NotImplemented
@@ -160,6 +170,17 @@ class EncodedSplit:
             {k: np.load(v.path, mmap_mode="r") if isinstance(v, _Mapped) else v for k, v in state.items()}
         )
         self.__post_init__()
+
+
+def _rows(ids: np.ndarray, offsets: np.ndarray, rows: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """Rows `rows` of the flat (`ids`, `offsets`) examples as a (B, L) int64 matrix, 0 beyond each row's
+    length, and the lengths (B,)."""
+    starts = offsets[rows]
+    lengths = offsets[rows + 1] - starts
+    positions = np.arange(int(lengths.max()) if len(rows) else 0)
+    inside = positions < lengths[:, None]  # (B, L)
+    taken = ids[np.where(inside, starts[:, None] + positions, 0)] if len(ids) else np.zeros(inside.shape)
+    return np.where(inside, taken, 0).astype(np.int64), lengths
 
 
 @dataclass(frozen=True)
@@ -247,6 +268,12 @@ class _SplitWriter:
             ids.close()
             offsets.close()
 
+    def discard(self) -> None:
+        """Close the files without finishing them (building failed: its directory is deleted)."""
+        for writers in self.files.values():
+            for writer in writers:
+                writer.file.close()
+
 
 def _chunks(src: Sequence[str], tgt: Sequence[str]) -> Iterator[tuple[Sequence[str], Sequence[str]]]:
     for start in range(0, len(src), ENCODE_LINES):
@@ -325,6 +352,21 @@ def _encode_split(
 ) -> dict[str, int]:
     """Encode the aligned `chunks` into `writer` (sources with eos); with `training` (the spec) drop the
     pairs its length filters refuse. Returns the counts dropped, by filter."""
+    try:
+        dropped = _encode_chunks(tokenizers, chunks, writer, training)
+    except BaseException:
+        writer.discard()
+        raise
+    writer.close()
+    return dropped
+
+
+def _encode_chunks(
+    tokenizers: tuple[SubwordTokenizer, SubwordTokenizer],
+    chunks: Iterable[tuple[Sequence[str], Sequence[str]]],
+    writer: _SplitWriter,
+    training: CorpusData | None,
+) -> dict[str, int]:
     src_tok, tgt_tok = tokenizers
     dropped = dict.fromkeys(FILTERS, 0)
     for src_lines, tgt_lines in chunks:
@@ -337,7 +379,6 @@ def _encode_split(
             src_ids, tgt_ids = (list(itertools.compress(ids, keep)) for ids in (src_ids, tgt_ids))
         writer.append("src", src_ids)
         writer.append("tgt", tgt_ids)
-    writer.close()
     return dropped
 
 
@@ -519,6 +560,11 @@ class _Checked:
                 raise self.damaged(
                     f"{name}.{side}.offsets.npy does not span the {len(ids)} ids of {name}.{side}.ids.npy "
                     f"in {examples} examples"
+                )
+            shortest = int(np.diff(offsets).min(initial=1))  # (reads the whole array: 36 MB for WMT14)
+            if shortest < (1 if side == "src" else 0):  # a source holds eos at least
+                raise self.damaged(
+                    f"{name}.{side}.offsets.npy gives an example {shortest} ids: its offsets do not increase"
                 )
             arrays[f"{side}_ids"], arrays[f"{side}_offsets"] = ids, offsets
         if name != "train":
