@@ -15,7 +15,8 @@ from typing import Any
 
 import pytest
 
-from attnlab.data.cache import building, fingerprint
+from attnlab.data import cache
+from attnlab.data.cache import building, file_sha256, fingerprint
 from attnlab.data.download import (
     MULTI30K_COMMIT,
     MULTI30K_SHA256,
@@ -205,6 +206,40 @@ def test_fingerprint_is_stable_and_sensitive(tmp_path: Path) -> None:
     assert fingerprint(data, settings, 1) != key
     with pytest.raises(TypeError, match="set"):
         fingerprint({1, 2})
+
+
+def test_a_remembered_file_digest_serves_only_the_unchanged_file(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setattr(cache, "RACY_SECONDS", 0.0)  # remember files written a moment ago too
+    memo, data = tmp_path / "memo", tmp_path / "train.de"
+    data.write_text("ein Hund\n", encoding="utf-8")
+    key = fingerprint([data], memo=memo)
+    assert key == fingerprint([data])
+    (entry,) = memo.iterdir()
+    assert entry.read_text() == file_sha256(data)
+    entry.write_text("0" * 64)  # what is remembered is what the key is made of: the file is not read again
+    assert fingerprint([data], memo=memo) != key
+
+    # A write of the same size, its modification time set back, is a new identity: hashed again.
+    time.sleep(0.05)  # past the file system's time granularity
+    before = data.stat()
+    data.write_text("ein Huhn\n", encoding="utf-8")
+    os.utime(data, ns=(before.st_atime_ns, before.st_mtime_ns))
+    changed = fingerprint([data])
+    assert changed != key and fingerprint([data], memo=memo) == changed
+
+    for stale in memo.iterdir():  # an entry that is not a digest is ignored and rewritten
+        stale.write_text("not a digest")
+    assert fingerprint([data], memo=memo) == changed
+    assert file_sha256(data) in {e.read_text() for e in memo.iterdir()}
+
+    monkeypatch.setattr(cache, "RACY_SECONDS", 3600.0)  # a file changed within it is not remembered
+    fresh = tmp_path / "fresh.de"
+    fresh.write_text("neu\n", encoding="utf-8")
+    entries = len(list(memo.iterdir()))
+    assert fingerprint(fresh, memo=memo) == fingerprint(fresh)
+    assert len(list(memo.iterdir())) == entries
 
 
 def test_building_renames_into_place(tmp_path: Path) -> None:

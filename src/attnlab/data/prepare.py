@@ -52,7 +52,7 @@ from typing import IO, Any
 
 import numpy as np
 
-from attnlab.data.cache import building, file_sha256, fingerprint
+from attnlab.data.cache import FILE_HASHES, building, file_sha256, fingerprint
 from attnlab.data.corpora import CorpusData, Reader, Text, read_whole
 from attnlab.data.download import DataError
 from attnlab.data.text import normalize
@@ -597,7 +597,8 @@ def _damage(directory: Path) -> str | None:
 
 def prepared_dir(spec: CorpusData) -> Path:
     """Where `spec`'s prepared data lives (its key hashes file contents and preprocessing settings)."""
-    key = fingerprint(PREPARE_VERSION, spec.preprocessing(), spec.fingerprint_inputs())
+    memo = spec.cache_root() / FILE_HASHES  # the corpus is hashed once, not at every start
+    key = fingerprint(PREPARE_VERSION, spec.preprocessing(), spec.fingerprint_inputs(), memo=memo)
     return spec.cache_root() / "prepared" / key
 
 
