@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import hashlib
 import logging
 import random
 import re
@@ -13,6 +14,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 from torch.utils.data import DataLoader
 
+from attnlab.data import batching
 from attnlab.data.batching import Collator, TokenBatchSampler, restore_order
 
 PAD, BOS, EOS = 0, 1, 2
@@ -243,6 +245,19 @@ def test_set_epoch_to_another_epoch_drops_a_loaded_state() -> None:
     sampler.set_epoch(2)
     assert sampler.state_dict() == {"epoch": 2, "seed": 0, "yielded": 0}
     assert list(sampler) == full
+
+
+@pytest.mark.parametrize("chunk", [1, 7, 65536])
+def test_the_fingerprint_hashes_the_lengths_as_one_text_whatever_the_chunk(
+    chunk: int, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The lengths are hashed chunk by chunk (bounded memory at WMT scale), giving the digest of the whole
+    comma-joined text that checkpoints of earlier versions hold: their positions still resume."""
+    monkeypatch.setattr(batching, "FINGERPRINT_CHUNK", chunk)
+    lengths = realistic_lengths(n=100)
+    whole = hashlib.blake2b(",".join(map(str, lengths)).encode(), digest_size=8).hexdigest()
+    assert TokenBatchSampler(lengths, max_tokens=256).fingerprint()["lengths"] == whole
+    assert TokenBatchSampler([*lengths[:-1], 61], max_tokens=256).fingerprint()["lengths"] != whole
 
 
 def test_load_state_dict_restores_the_seed() -> None:

@@ -29,6 +29,7 @@ from torch.utils.data import Sampler
 log = logging.getLogger(__name__)
 
 T = TypeVar("T")
+FINGERPRINT_CHUNK = 65536  # lengths hashed at a time by `TokenBatchSampler.fingerprint`
 
 
 def pad(sequences: Sequence[Sequence[int]], pad_id: int) -> Tensor:
@@ -366,10 +367,14 @@ class TokenBatchSampler(Sampler[list[int]]):
         """What fixes the batches besides seed and epoch: `{"examples", "lengths" (a hash), "max_tokens",
         "batch_size", "bucket", "num_replicas"}`. Equal fingerprints give equal batches."""
         if self._fingerprint is None:
-            text = ",".join(map(str, self.lengths.tolist()))
-            digest = hashlib.blake2b(text.encode(), digest_size=8).hexdigest()
+            # The hash of ",".join(lengths), fed in chunks: no list or string of all N lengths (4.5M
+            # pairs: ~200 MB for a moment, kept by the allocator) in every rank.
+            digest = hashlib.blake2b(digest_size=8)
+            for start in range(0, len(self.lengths), FINGERPRINT_CHUNK):
+                text = ",".join(map(str, self.lengths[start : start + FINGERPRINT_CHUNK].tolist()))
+                digest.update((text if start == 0 else "," + text).encode())
             self._fingerprint = {
-                "examples": len(self.lengths), "lengths": digest, "max_tokens": self.max_tokens,
+                "examples": len(self.lengths), "lengths": digest.hexdigest(), "max_tokens": self.max_tokens,
                 "batch_size": self.batch_size, "bucket": self.bucket, "num_replicas": self.num_replicas,
             }  # fmt: skip
         return dict(self._fingerprint)
