@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import base64
+import itertools
 import json
 import random
 import sys
@@ -11,6 +12,7 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
+import numpy as np
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
@@ -98,6 +100,15 @@ def test_normalize_is_idempotent(text: str) -> None:
     once = normalize(text)
     assert normalize(once) == once
     assert "  " not in once and once == once.strip()
+
+
+def test_normalized_text_is_empty_exactly_when_the_line_is_blank_for_every_code_point() -> None:
+    """Preparation drops empty training pairs by `line.strip()`, not `normalize(line)` (one NFC less per
+    line): NFC must map no character to or from white space."""
+    for code in itertools.chain(range(0xD800), range(0xE000, sys.maxunicode + 1)):
+        char = chr(code)
+        assert bool(normalize(char)) == bool(char.strip()), hex(code)
+        assert bool(normalize(f"{char}\u0301")) == bool(f"{char}\u0301".strip()), hex(code)
 
 
 # ---------------------------------------------------------------------------------------------------------
@@ -228,6 +239,25 @@ def test_pieces_hold_no_spaces_and_decoded_text_no_marker(tokenizer: SubwordToke
 def test_special_token_strings_in_text_are_not_special_ids(tokenizer: SubwordTokenizer) -> None:
     ids = tokenizer.encode("der <pad> Hund <s> läuft </s> schnell")
     assert not {PAD, BOS, EOS} & set(ids)
+
+
+def test_encode_flat_gives_encode_batch_end_to_end_with_eos_after_each_text(
+    tokenizer: SubwordTokenizer,
+) -> None:
+    texts = ["der Hund", "", "der <pad> Hund <s> läuft </s>", "   ", "zwei Hunde laufen schnell", "ﬁ"]
+    batch = [tokenizer.encode(text) for text in texts]
+    flat, lengths = tokenizer.encode_flat(texts, eos=True)
+    assert flat.dtype == lengths.dtype == np.int64
+    assert lengths.tolist() == [len(ids) + 1 for ids in batch]
+    assert flat.tolist() == [i for ids in batch for i in [*ids, EOS]]
+    bare, bare_lengths = tokenizer.encode_flat(texts)
+    assert bare.tolist() == [i for ids in batch for i in ids] and bare_lengths.tolist() == list(
+        map(len, batch)
+    )
+    assert tokenizer.encode_batch(texts) == batch
+    assert [a.tolist() for a in tokenizer.encode_flat([], eos=True)] == [[], []] and tokenizer.encode_batch(
+        []
+    ) == []
 
 
 # ---------------------------------------------------------------------------------------------------------

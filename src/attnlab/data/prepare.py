@@ -55,8 +55,7 @@ import numpy as np
 from attnlab.data.cache import FILE_HASHES, building, file_sha256, fingerprint
 from attnlab.data.corpora import CorpusData, Reader, Text, read_whole
 from attnlab.data.download import DataError
-from attnlab.data.text import normalize
-from attnlab.data.tokenizer import EOS_ID, SubwordTokenizer, load_tokenizer_file
+from attnlab.data.tokenizer import SubwordTokenizer, load_tokenizer_file
 
 log = logging.getLogger(__name__)
 
@@ -256,9 +255,9 @@ class _SplitWriter:
             offsets.append(np.zeros(1, np.int64))
         self.examples = 0
 
-    def append(self, side: str, seqs: Sequence[Sequence[int]]) -> None:
+    def append_flat(self, side: str, flat: np.ndarray, lengths: np.ndarray) -> None:
+        """Examples of `side` given end to end (`flat`) with their `lengths`."""
         ids, offsets = self.files[side]
-        flat, lengths = _flat(seqs, ids.dtype)
         offsets.append(ids.count + np.cumsum(lengths))
         ids.append(flat)
         self.examples = offsets.count - 1
@@ -290,7 +289,9 @@ class _TrainingPairs:
     def __iter__(self) -> Iterator[Text]:
         lines = pairs = 0
         for src, tgt in self.read(ENCODE_LINES):
-            keep = [bool(normalize(s) and normalize(t)) for s, t in zip(src, tgt, strict=True)]
+            # `normalize(line)` is empty exactly when `line.strip()` is (NFC maps no other character to
+            # or from white space; tests/unit/test_corpora.py checks every code point): no NFC here.
+            keep = [bool(s.strip() and t.strip()) for s, t in zip(src, tgt, strict=True)]
             kept = list(itertools.compress(src, keep)), list(itertools.compress(tgt, keep))
             lines, pairs = lines + len(src), pairs + len(kept[0])
             yield kept
@@ -370,15 +371,15 @@ def _encode_chunks(
     src_tok, tgt_tok = tokenizers
     dropped = dict.fromkeys(FILTERS, 0)
     for src_lines, tgt_lines in chunks:
-        src_ids = [[*ids, EOS_ID] for ids in src_tok.encode_batch(src_lines)]
-        tgt_ids = tgt_tok.encode_batch(tgt_lines)
+        sides = {"src": src_tok.encode_flat(src_lines, eos=True), "tgt": tgt_tok.encode_flat(tgt_lines)}
         if training is not None:
-            lengths = (np.fromiter(map(len, ids), np.int64, len(ids)) for ids in (src_ids, tgt_ids))
-            keep, counts = _training_filter(training, *lengths)
+            keep, counts = _training_filter(training, sides["src"][1], sides["tgt"][1])
             dropped = {reason: dropped[reason] + n for reason, n in zip(FILTERS, counts, strict=True)}
-            src_ids, tgt_ids = (list(itertools.compress(ids, keep)) for ids in (src_ids, tgt_ids))
-        writer.append("src", src_ids)
-        writer.append("tgt", tgt_ids)
+            sides = {
+                side: (ids[np.repeat(keep, lengths)], lengths[keep]) for side, (ids, lengths) in sides.items()
+            }
+        for side, (ids, lengths) in sides.items():
+            writer.append_flat(side, ids, lengths)
     return dropped
 
 

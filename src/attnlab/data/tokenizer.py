@@ -18,11 +18,13 @@ import base64
 import binascii
 import hashlib
 import io
+import itertools
 import json
 from collections.abc import Iterable, Iterator, Sequence
 from pathlib import Path
 from typing import Any, Literal
 
+import numpy as np
 from tokenizers import Tokenizer, decoders, models, normalizers, pre_tokenizers, trainers
 
 from attnlab.data.download import DataError
@@ -139,7 +141,20 @@ class SubwordTokenizer:
 
     def encode_batch(self, texts: Sequence[str]) -> list[list[int]]:
         """Ids of many texts at once (in parallel in the library); see `encode`."""
-        return [_no_specials(ids) for ids in self._encode([normalize(t) for t in texts])]
+        flat, lengths = self.encode_flat(texts)
+        return [ids.tolist() for ids in np.split(flat, np.cumsum(lengths)[:-1])] if len(texts) else []
+
+    def encode_flat(self, texts: Sequence[str], *, eos: bool = False) -> tuple[np.ndarray, np.ndarray]:
+        """`encode_batch` without a Python list per text, for corpora: the ids of all `texts` end to end
+        ((total,) int64) and each text's count ((len(texts),) int64); with `eos`, each text's ids end in
+        eos (counted)."""
+        encoded = self._encode([normalize(t) for t in texts])
+        lengths = np.fromiter(map(len, encoded), np.int64, len(encoded))
+        flat = np.fromiter(itertools.chain.from_iterable(encoded), np.int64, int(lengths.sum()))
+        flat[flat < UNK_ID] = UNK_ID  # text spelling a special token never gets pad, bos or eos
+        if eos:
+            flat, lengths = np.insert(flat, np.cumsum(lengths), EOS_ID), lengths + 1
+        return flat, lengths
 
     def decode(self, ids: Iterable[int]) -> str:
         """Detokenized text of `ids`, stopping at eos and skipping pad/bos."""
@@ -362,7 +377,3 @@ def _vocab_too_small(vocab_size: int, texts: Iterable[str]) -> ValueError:
         f"vocab_size={vocab_size} cannot hold the special tokens plus the{counted} distinct characters of "
         "the training text: raise vocab_size"
     )
-
-
-def _no_specials(ids: list[int]) -> list[int]:
-    return [UNK_ID if i < UNK_ID else i for i in ids]
