@@ -38,8 +38,12 @@ once; `--work` holds the caches, so a stage never reuses another's work unless s
   over `--loader-batches` batches: batches/s and target tokens/s (eos included, padding not);
 - `ddp`: `attnlab-train` with `trainer=ddp_cpu` (2 ranks, gloo), 2 DataLoader workers per rank,
   `model=small`, 50 optimizer steps, no validation, on this corpus and on one of `--ddp-pairs` pairs
-  (prepared first, not timed): the peak RSS and PSS of all its processes, which must not grow with the
-  corpus.
+  (prepared first, not timed): the peak RSS and PSS of all its processes, and the PSS split into
+  anonymous pages (the processes' own memory, which must not grow with the corpus) and file-backed
+  ones (each part its own peak): pages of the memory-mapped token arrays in the
+  page cache that a process has touched, which the kernel maps in 64 KiB around each page read (fault-
+  around), shares between processes and can drop at any time; they grow with the corpus up to its size
+  on disk.
 The table goes to stdout and `--work`/bench_data.json.
 """
 
@@ -104,9 +108,13 @@ def _children() -> dict[int, list[int]]:
     return children
 
 
-def tree_memory(pid: int) -> tuple[int, int]:
-    """RSS and PSS (bytes) summed over process `pid` and all its descendants."""
-    children, todo, rss, pss = _children(), [pid], 0, 0
+MEMORY = {"Rss": "rss", "Pss": "pss", "Pss_Anon": "pss_anon", "Pss_File": "pss_file"}  # smaps_rollup keys
+
+
+def tree_memory(pid: int) -> dict[str, int]:
+    """RSS, PSS and PSS split into anonymous and file-backed pages (bytes: `MEMORY`'s values), summed over
+    process `pid` and all its descendants."""
+    children, todo, memory = _children(), [pid], dict.fromkeys(MEMORY.values(), 0)
     while todo:
         process = todo.pop()
         todo += children.get(process, [])
@@ -116,22 +124,22 @@ def tree_memory(pid: int) -> tuple[int, int]:
             continue
         for line in rollup.splitlines():
             key, _, value = line.partition(":")
-            if key in ("Rss", "Pss"):
-                kib = int(value.split()[0]) * 1024
-                rss, pss = (rss + kib, pss) if key == "Rss" else (rss, pss + kib)
-    return rss, pss
+            if key in MEMORY:
+                memory[MEMORY[key]] += int(value.split()[0]) * 1024
+    return memory
 
 
 def monitored(command: list[str], log: Path) -> dict[str, Any]:
     """Run `command` (its output into `log`), reading its processes' memory every 0.2 s: wall seconds,
-    peak summed RSS and PSS, and what it printed after `RESULT`."""
+    the peak of each summed measure of `tree_memory` (`peak_rss`, `peak_pss`, ...), and what it printed
+    after `RESULT`."""
     started = time.perf_counter()
-    peak_rss = peak_pss = 0
+    peaks = dict.fromkeys(MEMORY.values(), 0)
     with open(log, "w") as out:
         process = subprocess.Popen(command, stdout=out, stderr=subprocess.STDOUT)
         while process.poll() is None:
-            rss, pss = tree_memory(process.pid)
-            peak_rss, peak_pss = max(peak_rss, rss), max(peak_pss, pss)
+            for key, value in tree_memory(process.pid).items():
+                peaks[key] = max(peaks[key], value)
             time.sleep(0.2)
     seconds = time.perf_counter() - started
     lines = log.read_text(errors="replace").splitlines()
@@ -141,8 +149,7 @@ def monitored(command: list[str], log: Path) -> dict[str, Any]:
     results = [json.loads(line[len(RESULT) :]) for line in lines if line.startswith(RESULT)]
     return {
         "seconds": seconds,
-        "peak_rss": peak_rss,
-        "peak_pss": peak_pss,
+        **{f"peak_{key}": value for key, value in peaks.items()},
         **(results[-1] if results else {}),
     }
 
@@ -317,7 +324,9 @@ def scale_table(results: dict[str, Any]) -> list[tuple[str, str, str]]:
     sample = results["settings"]["tokenizer_sample"]
 
     def memory(r: dict[str, Any]) -> str:
-        return f"peak RSS {r['peak_rss'] / MB:,.0f} MB (PSS {r['peak_pss'] / MB:,.0f} MB)"
+        return (f"peak RSS {r['peak_rss'] / MB:,.0f} MB, PSS {r['peak_pss'] / MB:,.0f} MB "
+                f"(anonymous {r['peak_pss_anon'] / MB:,.0f} MB, "
+                f"file-backed {r['peak_pss_file'] / MB:,.0f} MB)")  # fmt: skip
 
     if "prepare" in results and results["prepare"].get("stats"):
         prep = results["prepare"]
@@ -351,7 +360,8 @@ def scale_table(results: dict[str, Any]) -> list[tuple[str, str, str]]:
     for key in sorted((k for k in results if k.startswith("ddp-")), key=lambda k: int(k[4:])):
         run = results[key]
         rows.append((f"`ddp_cpu` 2 ranks x 2 workers, {DDP_STEPS} steps, {_size(int(key[4:]))} pairs",
-                     f"{run['seconds']:.0f} s, {memory(run)}", "flat in corpus size"))  # fmt: skip
+                     f"{run['seconds']:.0f} s, {memory(run)}",
+                     "anonymous PSS flat in corpus size"))  # fmt: skip
     return rows
 
 

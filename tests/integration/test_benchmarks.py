@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import importlib.util
+import json
 import math
 import re
 from pathlib import Path
@@ -104,6 +105,28 @@ def test_bench_data_quick_batches_every_training_pair_once_with_less_padding(
     assert per_batch == round(bench.QUICK_LINES["train"] / int(counts[1][0]))  # the token batches' average
     token_padding, sentence_padding = (float(v.split("%")[0]) for v in (token, sentence))
     assert 0 <= token_padding < sentence_padding < 100  # length-sorted batches pad less
+
+
+def test_bench_data_at_scale_measures_each_stage_in_its_own_process(
+    shared_data: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """The `--pairs` harness on a tiny corpus (preparation and opening; the datasets pipeline and the DDP
+    runs are left out here): every row filled from what its process measured."""
+    bench = load("bench_data")
+    source = str(shared_data / "multi30k")
+    bench.main(["--pairs", "2000", "--work", str(tmp_path), "--skip", "hf,ddp", "--vocab-size", "800",
+                "--tokenizer-sample", "500", "--loader-batches", "10", "--source", source])  # fmt: skip
+    out = capsys.readouterr().out
+    results = json.loads((tmp_path / "bench_data.json").read_text())
+    prepared, opened = results["prepare"], results["open"]
+    assert prepared["stats"]["tokenizer_pairs"] == 500 and prepared["stats"]["train_lines"] == 2000
+    assert opened["examples"] == prepared["examples"] == prepared["stats"]["train_examples"] > 1900
+    assert 0 < prepared["peak_pss_anon"] <= prepared["peak_pss"] <= prepared["peak_rss"]
+    assert opened["loader_batches"] == 10 and opened["loader_tokens"] > 0 and opened["epoch_batches"] > 10
+    rows = [line for line in out.splitlines() if line.startswith("| ")]
+    assert any(row.startswith("| preparation, 2k pairs (BPE trained on a 0.5k-pair sample)") for row in rows)
+    assert any(f"({prepared['examples']:,} training examples)" in row for row in rows)
+    assert any(row.startswith("| DataLoader, 2 workers") and "(10 batches;" in row for row in rows)
 
 
 def test_bench_decode_quick_reports_cache_speed_up_and_every_setting(
