@@ -188,7 +188,8 @@ def test_a_multirun_with_a_failed_job_runs_every_job_then_exits_non_zero_with_a_
     sweep_dir = tmp_path / "sweep"
     done = attnlab_train(
         "-m", "data=synthetic", "data.n_train=32", "data.n_val=8", "data.n_test=8", "data.batch_size=16",
-        "model.n_heads=4,3", "test=false", f"hydra.sweep.dir={sweep_dir}", cwd=tmp_path,
+        "model.n_heads=4,3", "test=false", f"hydra.sweep.dir={sweep_dir}", "optimized_metric=val/bleu",
+        cwd=tmp_path,
     )  # fmt: skip
     jobs = {p.name: json.loads((p / "manifest.json").read_text()) for p in sweep_dir.iterdir() if p.is_dir()}
     failed = next(name for name, manifest in jobs.items() if manifest["status"] == "failed")
@@ -196,6 +197,8 @@ def test_a_multirun_with_a_failed_job_runs_every_job_then_exits_non_zero_with_a_
     assert done.returncode == 1, done.stderr[-3000:]
     summary = f"attnlab-train: multirun: 1 finished, 1 failed (see {sweep_dir / failed / 'manifest.json'})"
     assert done.stderr.strip().splitlines()[-1] == summary
+    # the finished job has no val/bleu to give the sweeper: said, naming the setting
+    assert "optimized_metric=val/bleu is not among this run's final metrics" in done.stdout + done.stderr
 
 
 def small_corpus(root: Path) -> Path:

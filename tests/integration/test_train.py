@@ -127,12 +127,13 @@ def test_cli_fast_dev_run(tmp_path: Path) -> None:
     env = {**os.environ, "ATTNLAB_LOG_DIR": str(tmp_path)}
     out = subprocess.run(
         [sys.executable, "-m", "attnlab.cli.train", "debug=fast_dev_run", "data=synthetic", "model=tiny",
-         "data.n_train=64"],
+         "data.n_train=64", "optimized_metric=val/bleu"],
         capture_output=True, text=True, timeout=300, env=env, cwd=tmp_path,
     )  # fmt: skip
     assert out.returncode == 0, out.stderr[-3000:]
     assert "attnlab-train: test/exact_match=" in out.stdout
     assert "multirun" not in out.stdout + out.stderr  # one run: no sweep summary
+    assert "optimized_metric" not in out.stdout + out.stderr  # a single run returns its value to no sweeper
     (run_dir,) = (tmp_path / "train" / "runs").iterdir()
     assert (run_dir / "config.yaml").is_file() and (run_dir / ".hydra" / "overrides.yaml").is_file()
 

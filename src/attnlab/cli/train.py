@@ -82,8 +82,9 @@ def _main(cfg: DictConfig) -> float | None:
     if multirun:
         record_job("finished", run.manifest_file)
     summary = ", ".join(f"{k}={v:.4g}" for k, v in sorted(metrics.items()) if k.startswith(("val/", "test/")))
-    print(f"attnlab-train: {summary}")
-    if metric and metric not in metrics:
+    if summary:
+        print(f"attnlab-train: {summary}")
+    if multirun and metric and metric not in metrics:  # a single run's value goes nowhere
         available = ", ".join(sorted(metrics))
         log.error("optimized_metric=%s is not among this run's final metrics (%s): nothing to return to the "
                   "sweeper; set optimized_metric to one of them", metric, available)  # fmt: skip
