@@ -38,12 +38,11 @@ once; `--work` holds the caches, so a stage never reuses another's work unless s
   over `--loader-batches` batches: batches/s and target tokens/s (eos included, padding not);
 - `ddp`: `attnlab-train` with `trainer=ddp_cpu` (2 ranks, gloo), 2 DataLoader workers per rank,
   `model=small`, 50 optimizer steps, no validation, on this corpus and on one of `--ddp-pairs` pairs
-  (prepared first, not timed): the peak RSS and PSS of all its processes, and the PSS split into
-  anonymous pages (the processes' own memory, which must not grow with the corpus) and file-backed
-  ones (each part its own peak): pages of the memory-mapped token arrays in the
-  page cache that a process has touched, which the kernel maps in 64 KiB around each page read (fault-
-  around), shares between processes and can drop at any time; they grow with the corpus up to its size
-  on disk.
+  (prepared first, not timed): the peak RSS and PSS of all its processes, and the PSS split into anonymous
+  pages (the processes' own memory, which must not grow with the corpus) and file-backed ones (each part
+  its own peak): pages of the memory-mapped token arrays in the page cache that a process has touched,
+  which the kernel maps around each page read (fault-around), shares between processes and can drop at any
+  time; they grow with the corpus up to its size on disk.
 The table goes to stdout and `--work`/bench_data.json.
 """
 

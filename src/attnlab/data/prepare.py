@@ -55,7 +55,7 @@ import numpy as np
 from attnlab.data.cache import FILE_HASHES, building, file_sha256, fingerprint
 from attnlab.data.corpora import CorpusData, Reader, Text, read_whole
 from attnlab.data.download import DataError
-from attnlab.data.tokenizer import SubwordTokenizer, load_tokenizer_file
+from attnlab.data.tokenizer import SubwordTokenizer, flat_ids, load_tokenizer_file
 
 log = logging.getLogger(__name__)
 
@@ -75,12 +75,6 @@ class DamagedPreparedData(DataError):
 def id_dtype(vocab_size: int) -> np.dtype:
     """The narrowest unsigned dtype holding the ids `0 .. vocab_size - 1`: uint16 up to 65,536 ids."""
     return np.dtype(np.uint16 if vocab_size <= 1 << 16 else np.uint32)
-
-
-def _flat(seqs: Sequence[Sequence[int]], dtype: np.dtype) -> tuple[np.ndarray, np.ndarray]:
-    """`seqs` end to end as one array of `dtype`, and their lengths (int64)."""
-    lengths = np.fromiter(map(len, seqs), dtype=np.int64, count=len(seqs))
-    return np.fromiter(itertools.chain.from_iterable(seqs), dtype=dtype, count=int(lengths.sum())), lengths
 
 
 def _offsets(lengths: np.ndarray) -> np.ndarray:
@@ -116,7 +110,7 @@ class EncodedSplit:
     ) -> EncodedSplit:
         """An in-memory split of (source ids, target ids) pairs, ids below `vocab_size`."""
         dtype = id_dtype(vocab_size)
-        (src, src_lengths), (tgt, tgt_lengths) = (_flat([p[k] for p in pairs], dtype) for k in (0, 1))
+        (src, src_lengths), (tgt, tgt_lengths) = (flat_ids([p[k] for p in pairs], dtype) for k in (0, 1))
         return cls(src, _offsets(src_lengths), tgt, _offsets(tgt_lengths))
 
     def __len__(self) -> int:
@@ -290,7 +284,7 @@ class _TrainingPairs:
         lines = pairs = 0
         for src, tgt in self.read(ENCODE_LINES):
             # `normalize(line)` is empty exactly when `line.strip()` is (NFC maps no other character to
-            # or from white space; tests/unit/test_corpora.py checks every code point): no NFC here.
+            # or from white space; tests/unit/test_tokenizer.py checks every code point): no NFC here.
             keep = [bool(s.strip() and t.strip()) for s, t in zip(src, tgt, strict=True)]
             kept = list(itertools.compress(src, keep)), list(itertools.compress(tgt, keep))
             lines, pairs = lines + len(src), pairs + len(kept[0])

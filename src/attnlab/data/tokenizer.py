@@ -45,6 +45,12 @@ _CONTRACT_FIX = (
 )
 
 
+def flat_ids(seqs: Sequence[Sequence[int]], dtype: np.dtype) -> tuple[np.ndarray, np.ndarray]:
+    """`seqs` end to end as one array of `dtype`, and their lengths (int64)."""
+    lengths = np.fromiter(map(len, seqs), dtype=np.int64, count=len(seqs))
+    return np.fromiter(itertools.chain.from_iterable(seqs), dtype=dtype, count=int(lengths.sum())), lengths
+
+
 class SubwordTokenizer:
     """A trained subword vocabulary: normalised text <-> ids (without bos/eos).
 
@@ -148,9 +154,7 @@ class SubwordTokenizer:
         """`encode_batch` without a Python list per text, for corpora: the ids of all `texts` end to end
         ((total,) int64) and each text's count ((len(texts),) int64); with `eos`, each text's ids end in
         eos (counted)."""
-        encoded = self._encode([normalize(t) for t in texts])
-        lengths = np.fromiter(map(len, encoded), np.int64, len(encoded))
-        flat = np.fromiter(itertools.chain.from_iterable(encoded), np.int64, int(lengths.sum()))
+        flat, lengths = flat_ids(self._encode([normalize(t) for t in texts]), np.dtype(np.int64))
         flat[flat < UNK_ID] = UNK_ID  # text spelling a special token never gets pad, bos or eos
         if eos:
             flat, lengths = np.insert(flat, np.cumsum(lengths), EOS_ID), lengths + 1
