@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import dataclasses
 import os
+import time
 from pathlib import Path
 from typing import Any
 
@@ -26,6 +27,19 @@ class SignalAt(L.Callback):
     def on_train_batch_end(self, trainer: L.Trainer, *args: Any) -> None:
         if trainer.global_step == self.step and self.rank in (None, trainer.global_rank):
             os.kill(os.getpid(), self.signum)
+
+
+class SleepAt(L.Callback):
+    """Sleep `seconds` before the `batch`-th training batch of the run (counted from 1): time passes at a
+    known place, as a slow batch would make it."""
+
+    def __init__(self, batch: int, seconds: float) -> None:
+        self.batch, self.seconds, self._seen = batch, seconds, 0
+
+    def on_train_batch_start(self, *args: Any) -> None:
+        self._seen += 1
+        if self._seen == self.batch:
+            time.sleep(self.seconds)
 
 
 class SaveFinalWeights(L.Callback):

@@ -136,6 +136,43 @@ def test_a_checkpoint_at_the_last_step_of_an_epoch_resumes_exactly(
     assert_same_training(run_dir, resume_reference)
 
 
+def test_last_ckpt_every_n_minutes_is_written_at_an_optimizer_steps_end_and_resumes_exactly(
+    tmp_path: Path,
+) -> None:
+    """`every_n_minutes` (here 3 s) comes due inside an accumulation (3 batches a step, the epoch's 10th
+    batch its own step: steps end after batches 3, 6, 9, 10): 3.5 s pass before batch 7, and last.ckpt is
+    written after batch 9, at the end of step 3, not after batch 7 (whose gradient, not yet applied,
+    a checkpoint cannot hold). Killed at step 4, the run resumes from step 3 mid-epoch and ends bitwise
+    as an uninterrupted run."""
+    minutes = [DEFAULT, "callbacks.last_checkpoint.every_n_minutes=0.05", "trainer.accumulate_grad_batches=3"]
+    reference, run_dir = tmp_path / "reference", tmp_path / "run"
+    train(compose_train([*IN_PROCESS, *final(reference), *minutes], reference))
+    pause = ["+callbacks.pause._target_=probes.SleepAt", "+callbacks.pause.batch=7",
+             "+callbacks.pause.seconds=3.5"]  # fmt: skip
+    killed = attnlab_train(run_dir, *minutes, *pause, *kill_at(4))
+    assert killed.returncode == -signal.SIGKILL
+    assert saved_step(run_dir) == 3
+    train(compose_train([*IN_PROCESS, *final(run_dir), *minutes, "resume=true"], run_dir))
+    assert saved_step(run_dir) == 8  # 4 steps an epoch
+    assert_same_training(run_dir, reference)
+
+
+def test_last_ckpt_every_n_minutes_waits_for_its_interval_and_keeps_the_epoch_end_save(
+    tmp_path: Path,
+) -> None:
+    run_dir = tmp_path / "run"
+    killed = attnlab_train(run_dir, DEFAULT, "callbacks.last_checkpoint.every_n_minutes=60", *kill_at(14))
+    assert killed.returncode == -signal.SIGKILL
+    assert saved_step(run_dir) == 10  # the end of the first epoch; no time-based save within the hour
+
+
+@pytest.mark.parametrize("value", [0, -1])
+def test_a_non_positive_last_ckpt_interval_is_refused(value: int, tmp_path: Path) -> None:
+    overrides = [*IN_PROCESS, DEFAULT, f"callbacks.last_checkpoint.every_n_minutes={value}"]
+    with pytest.raises(Exception, match=f"every_n_minutes={value} must be > 0"):
+        train(compose_train(overrides, tmp_path / "run"))
+
+
 def test_a_checkpoint_saved_by_a_validation_inside_the_epoch_resumes_exactly(tmp_path: Path) -> None:
     """last.ckpt written at the end of a validation inside the epoch (after its 9th of 10 steps, with a
     DataLoader worker): the resumed epoch trains its 10th batch next, neither skipping nor repeating one

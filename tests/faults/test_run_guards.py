@@ -95,7 +95,7 @@ def test_an_empty_validation_or_test_split_is_refused_before_training(split: str
     ("+trainer.max_epoch=3", "trainer.max_epoch is not a parameter of "
      "lightning.pytorch.trainer.trainer.Trainer; did you mean trainer.max_epochs?"),
     ("+callbacks.last_checkpoint.every_n_train_step=4", "callbacks.last_checkpoint.every_n_train_step is "
-     "not a parameter of lightning.pytorch.callbacks.model_checkpoint.ModelCheckpoint; did you mean "
+     "not a parameter of attnlab.training.callbacks.LastCheckpoint; did you mean "
      "callbacks.last_checkpoint.every_n_train_steps?"),
     ("+logger.csv.flush_logs_every=10", "logger.csv.flush_logs_every is not a parameter of "
      "lightning.pytorch.loggers.csv_logs.CSVLogger; did you mean logger.csv.flush_logs_every_n_steps?"),

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import signal
 import threading
+import time
 from typing import Any
 
 import lightning as L
@@ -74,6 +75,86 @@ class AveragingCheckpoints(ModelCheckpoint):
             every_n_epochs=None if by_steps else 1,
             auto_insert_metric_name=False,
         )
+
+
+class LastCheckpoint(ModelCheckpoint):
+    """`last.ckpt`: the latest training state, which `resume=true` continues from.
+
+    Written at the end of every epoch (and of every validation inside one, `trainer.val_check_interval`),
+    or every `every_n_train_steps` optimizer steps instead; with `every_n_minutes`, also whenever that
+    much time has passed since training (re)started or since the last save, at the end of the first
+    optimizer step after it — for corpora whose epochs take hours, an interrupted run then loses at most
+    about that much work, whatever a step costs. A save waits for the end of an optimizer step (never
+    in the middle of gradient accumulation), so every last.ckpt resumes exactly. Under DDP, rank 0's
+    clock decides and all ranks save together.
+
+    Args:
+        dirpath: The run's `checkpoints/` directory.
+        filename: The file's name without `.ckpt`.
+        every_n_train_steps: null: at epoch (and validation) ends; N: every N optimizer steps instead.
+        every_n_minutes: null: no time-based saves; M (> 0): also every M minutes of training.
+    """
+
+    def __init__(
+        self,
+        dirpath: str,
+        filename: str = "last",
+        every_n_train_steps: int | None = None,
+        every_n_minutes: float | None = None,
+    ) -> None:
+        if every_n_train_steps is not None and every_n_train_steps < 1:
+            raise ValueError(
+                f"callbacks.last_checkpoint.every_n_train_steps={every_n_train_steps} must be >= 1 "
+                "(or null: at the end of every epoch)"
+            )
+        if every_n_minutes is not None and not every_n_minutes > 0:
+            raise ValueError(
+                f"callbacks.last_checkpoint.every_n_minutes={every_n_minutes} must be > 0 "
+                "(or null: no time-based saves)"
+            )
+        super().__init__(
+            dirpath=dirpath,
+            filename=filename,
+            save_top_k=1,
+            enable_version_counter=False,
+            every_n_train_steps=every_n_train_steps,
+        )
+        self.every_n_minutes = every_n_minutes
+        self._since: float | None = None  # when training (re)started or last.ckpt was last written
+        self._step_at_batch_start = -1
+
+    def on_train_start(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
+        super().on_train_start(trainer, pl_module)
+        self._since = time.monotonic()
+
+    def on_train_batch_start(
+        self, trainer: L.Trainer, pl_module: L.LightningModule, batch: Any, batch_idx: int
+    ) -> None:
+        self._step_at_batch_start = trainer.global_step
+
+    def on_train_batch_end(
+        self, trainer: L.Trainer, pl_module: L.LightningModule, outputs: Any, batch: Any, batch_idx: int
+    ) -> None:
+        super().on_train_batch_end(trainer, pl_module, outputs, batch, batch_idx)
+        if self.every_n_minutes is None or self._since is None:
+            return
+        if trainer.global_step == self._step_at_batch_start:  # inside an accumulation: no optimizer step
+            return
+        due = trainer.strategy.broadcast(time.monotonic() - self._since >= 60 * self.every_n_minutes)
+        if due and not self._should_skip_saving_checkpoint(trainer):
+            self._save_topk_checkpoint(trainer, self._monitor_candidates(trainer))
+        if due or self._last_global_step_saved == trainer.global_step:  # this save or a step-count one
+            self._since = time.monotonic()
+
+    def on_validation_end(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
+        super().on_validation_end(trainer, pl_module)
+        if self._last_global_step_saved == trainer.global_step:
+            self._since = time.monotonic()
+
+    def on_train_epoch_end(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
+        super().on_train_epoch_end(trainer, pl_module)
+        if self._last_global_step_saved == trainer.global_step:
+            self._since = time.monotonic()
 
 
 class Preempted(SystemExit):
