@@ -95,11 +95,15 @@ class OptimConfig:
             covers = f"covers {fraction:.0%} of {run}" if reached else (
                 f"is longer than {run}, so the learning rate never reaches its peak"
             )  # fmt: skip
-            warning = (
-                f"optim.warmup_steps={self.warmup_steps} {covers}: lower optim.warmup_steps (e.g. "
-                f"{max(1, total // 10)}), train longer (trainer.max_epochs or trainer.max_steps), or use "
-                "optim=linear (warm-up, then decay to 0 at the run's last step)"
-            )
+            fixes = f"lower optim.warmup_steps (e.g. {max(1, total // 10)}), "
+            if self.schedule == "linear":
+                fixes += "or train longer (trainer.max_epochs or trainer.max_steps)"
+            else:
+                fixes += (
+                    "train longer (trainer.max_epochs or trainer.max_steps), or use optim=linear "
+                    "(warm-up, then decay to 0 at the run's last step)"
+                )
+            warning = f"optim.warmup_steps={self.warmup_steps} {covers}: {fixes}"
         return {
             "schedule": self.schedule, "warmup_steps": self.warmup_steps, "optimizer_steps": total,
             "warmup_fraction": round(fraction, 4), "peak_reached": reached, "warning": warning,

@@ -230,6 +230,37 @@ def test_a_warmup_too_long_for_the_run_is_said_at_its_start_and_kept_in_the_mani
     assert half["peak_reached"] is True and half["warning"].startswith(
         "optim.warmup_steps=5 covers 62% of this run's 8 optimizer steps: lower optim.warmup_steps (e.g. 1)"
     )
+    linear = OptimConfig(schedule="linear", warmup_steps=5).warmup_facts(8)  # already linear: not offered
+    assert linear["warning"] == (
+        "optim.warmup_steps=5 covers 62% of this run's 8 optimizer steps: lower optim.warmup_steps (e.g. 1), "
+        "or train longer (trainer.max_epochs or trainer.max_steps)"
+    )
+
+
+def test_the_default_run_is_the_multi30k_fast_recipe_and_its_schedule_peaks_early_in_it(
+    shared_data: Path, tmp_path: Path
+) -> None:
+    """`attnlab-train` with no overrides (README Quickstart) is `experiment=multi30k_fast`, and on
+    Multi30k's training set its learning rate reaches its peak in the first half of the run's optimizer
+    steps (no warm-up warning); the paper's schedule (`optim=noam`, 4000 absolute warm-up steps) is one
+    override away and, on a run this short, never peaks, which the run says at its start."""
+    from attnlab.training.experiment import validate
+
+    root = [f"data.root={shared_data / 'multi30k'}"]
+    default = compose_train(root, tmp_path / "run")
+    named = compose_train([*root, "experiment=multi30k_fast"], tmp_path / "run")
+    assert OmegaConf.to_container(default) == OmegaConf.to_container(named)
+    experiment = validate(default)
+    data = experiment.data.datamodule()
+    data.prepare_data()
+    steps = len(data.sampler("train", shuffle=True)) * default.trainer.max_epochs
+    steps //= default.trainer.accumulate_grad_batches
+    facts = experiment.optim.warmup_facts(steps)
+    assert facts["peak_reached"] is True and facts["warning"] is None, facts
+    assert experiment.optim.schedule == "linear" and facts["warmup_fraction"] < 0.5
+    paper = validate(compose_train([*root, "optim=noam"], tmp_path / "noam")).optim
+    assert (paper.schedule, paper.warmup_steps) == ("noam", 4000)
+    assert paper.warmup_facts(steps)["peak_reached"] is False  # the guard's warning names the numbers
 
 
 def test_step_based_validation_and_averaging_of_step_checkpoints(tmp_path: Path) -> None:

@@ -1,5 +1,7 @@
-"""`attnlab-compare`: compare runs across seeds (`report`; the API: `attnlab.reports.compare`, the plots:
-`attnlab.reports.plots`).
+"""`attnlab-compare`: compare runs across seeds (mean ± std, 95% intervals, Δ and paired-bootstrap p-values
+against a baseline group, plots).
+
+`report` here; the API: `attnlab.reports.compare`, the plots: `attnlab.reports.plots`.
 
 Usage:
     attnlab-compare logs/sweeps/pe [more run or sweep directories] [--baseline 'model.pe=sinusoidal']
@@ -48,7 +50,8 @@ def report(
 
 def main(argv: Sequence[str] | None = None) -> None:
     """Console-script entry point."""
-    parser = argparse.ArgumentParser(prog="attnlab-compare", description=__doc__.splitlines()[0])
+    summary = " ".join(__doc__.split("\n\n")[0].split())  # the docstring's first paragraph
+    parser = argparse.ArgumentParser(prog="attnlab-compare", description=summary)
     parser.add_argument(
         "paths", nargs="+", help="run directories, sweep directories, or directories above them"
     )
