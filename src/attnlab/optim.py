@@ -64,7 +64,8 @@ class OptimConfig:
     def lr_at(self, step: int, d_model: int, total_steps: int | None = None) -> float:
         """Learning rate at optimizer step `step` (counted from 1).
 
-        `total_steps` is the length of a `linear` schedule when `self.total_steps` is None.
+        `total_steps` is the length of a `linear` schedule when `self.total_steps` is None. A linear run
+        no longer than its warm-up never reaches the peak nor decays (`warmup_facts` warns of it).
         """
         step = max(step, 1)
         if self.schedule == "noam":
@@ -72,11 +73,13 @@ class OptimConfig:
         if self.schedule == "inverse_sqrt":
             return self.peak_lr * min(step / self.warmup_steps, math.sqrt(self.warmup_steps / step))
         total = self.total_steps or total_steps
-        if total is None or total <= self.warmup_steps:
+        if total is None:
             raise ValueError(
-                f"the linear schedule needs total_steps > warmup_steps={self.warmup_steps}, got {total}: "
-                "set optim.total_steps or lower optim.warmup_steps"
+                "the linear schedule needs the run's length: set optim.total_steps, or trainer.max_epochs "
+                "or trainer.max_steps"
             )
+        if total <= self.warmup_steps:  # a run shorter than its warm-up (a smoke test, debug=fast_dev_run)
+            return self.peak_lr * step / self.warmup_steps  # is all warm-up, as with noam; it warns at start
         decay = max(0.0, (total - step) / (total - self.warmup_steps))
         return self.peak_lr * min(step / self.warmup_steps, decay)
 

@@ -78,7 +78,7 @@ CASES = [
     Case(["optim=inverse_sqrt", "optim.peak_lr=0"], E, "optim.peak_lr=0.0", "must be positive"),
     Case(["optim=linear", "optim.peak_lr=-1e-3"], E, "optim.peak_lr=-0.001", "must be positive"),
     Case(["optim.lr_scale=0"], E, "optim.lr_scale=0.0", "must be positive"),
-    Case(["optim=linear", "optim.total_steps=100"], E, "optim.total_steps=100", "more than warmup_steps=500"),
+    Case(["optim=linear", "optim.total_steps=100"], E, "optim.total_steps=100", "more than warmup_steps=400"),
     Case(["optim.schedule=cosine"], E, "optim.schedule='cosine'", "'noam' | 'inverse_sqrt' | 'linear'"),
     Case(["optim=adafactor"], MissingConfigException, "optim/adafactor", "Available options in 'optim'"),
     Case(["+optim.optimizer=sgd"], E, "optim.optimizer", "known keys: schedule, lr_scale"),
