@@ -51,7 +51,7 @@ from attnlab.model.transformer import Transformer
 def load(args: argparse.Namespace) -> Translator:
     if args.ckpt:
         return Translator.from_checkpoints(resolve_checkpoints(args.ckpt), device=args.device)
-    datamodule = Multi30kData(root=str(args.root)).datamodule()
+    datamodule = Multi30kData(root=str(args.root), vocab_size=8000).datamodule()  # model=small's recipe
     datamodule.setup()
     torch.manual_seed(0)
     config = TransformerConfig(d_model=256, n_heads=4, d_ff=1024, n_encoder_layers=3, n_decoder_layers=3)

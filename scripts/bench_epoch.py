@@ -99,8 +99,8 @@ def main(argv: list[str] | None = None) -> None:
     if args.quick:
         args.batches, args.rounds = 2, 2
 
-    datamodule = Multi30kData(root=str(args.root), max_tokens=args.max_tokens, cache_dir=args.cache_dir,
-                              seed=1).datamodule()  # fmt: skip
+    datamodule = Multi30kData(root=str(args.root), vocab_size=8000, max_tokens=args.max_tokens,
+                              cache_dir=args.cache_dir, seed=1).datamodule()  # fmt: skip
     datamodule.setup()
     ours = datamodule.train_dataloader()
     examples = datamodule.splits["train"]

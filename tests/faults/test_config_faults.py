@@ -3,7 +3,7 @@ message naming the offending key and the fix.
 
 Each row of `CASES` is one mistake a user can type on the command line, run in-process the way
 `attnlab-train <overrides>` runs it: the Hydra overrides are composed onto `conf/train.yaml` (the
-defaults: `data=multi30k`, `model=small`, `optim=noam`, ...) and the config goes to
+defaults: `data=multi30k`, `model=mini`, `optim=linear`, ...) and the config goes to
 `attnlab.training.pipeline.train`, whose first steps are the torch-free checks (`validate`, `resolve_monitor`,
 `resume_path`). A row is `Case(overrides, error, key, fix)`:
 

@@ -160,10 +160,29 @@ def test_last_ckpt_every_n_minutes_is_written_at_an_optimizer_steps_end_and_resu
 def test_last_ckpt_every_n_minutes_waits_for_its_interval_and_keeps_the_epoch_end_save(
     tmp_path: Path,
 ) -> None:
+    """30 s (0.5 minutes, not seconds) do not pass in 14 steps of the tiny model: no time-based save."""
     run_dir = tmp_path / "run"
-    killed = attnlab_train(run_dir, DEFAULT, "callbacks.last_checkpoint.every_n_minutes=60", *kill_at(14))
+    killed = attnlab_train(run_dir, DEFAULT, "callbacks.last_checkpoint.every_n_minutes=0.5", *kill_at(14))
     assert killed.returncode == -signal.SIGKILL
-    assert saved_step(run_dir) == 10  # the end of the first epoch; no time-based save within the hour
+    assert saved_step(run_dir) == 10  # the end of the first epoch
+
+
+def test_a_time_based_save_at_an_epochs_last_step_is_written_again_after_its_validation(
+    resume_reference: Path, tmp_path: Path
+) -> None:
+    """With an interval shorter than a step, last.ckpt is written at every step, the epoch's last one
+    (10) too, before the epoch's validation: it is written again after it, holding the validation's
+    outcome (the best checkpoint), and resuming from it equals the uninterrupted run."""
+    run_dir = tmp_path / "run"
+    every_step = [DEFAULT, "callbacks.last_checkpoint.every_n_minutes=1e-9"]
+    killed = attnlab_train(run_dir, *every_step, *kill_at(11))
+    assert killed.returncode == -signal.SIGKILL
+    saved = torch.load(run_dir / "checkpoints" / "last.ckpt", weights_only=True)
+    assert saved["global_step"] == 10
+    best = [state["best_model_path"] for key, state in saved["callbacks"].items() if "val/loss" in key]
+    assert len(best) == 1 and Path(best[0]).name.startswith("best-epoch000"), saved["callbacks"].keys()
+    resume(run_dir, *every_step)
+    assert_same_training(run_dir, resume_reference)
 
 
 @pytest.mark.parametrize("value", [0, -1])

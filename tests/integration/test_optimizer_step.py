@@ -116,7 +116,7 @@ def test_two_ddp_ranks_take_the_step_of_one_process_whose_batch_holds_both_ranks
         f"data.cache_dir={tmp_path / 'cache'}", "data.max_tokens=300", "model=tiny", "model.dropout=0.0",
         "optim=inverse_sqrt", "optim.peak_lr=3e-3", "optim.warmup_steps=2", "+trainer.max_steps=4",
         "test=false", "decode.every_n_epochs=0", "logger=csv", "seed=3", "trainer=ddp_cpu",
-        "trainer.log_every_n_steps=1",
+        "trainer.log_every_n_steps=1", "trainer.gradient_clip_val=null",  # the reference below: no clipping
         "+callbacks.final._target_=probes.SaveFinalWeights", f"+callbacks.final.dirpath={run}",
         "+callbacks.batches._target_=probes.RecordRankBatches", f"+callbacks.batches.dirpath={run}",
     ]  # fmt: skip

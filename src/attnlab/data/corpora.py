@@ -317,12 +317,17 @@ class CorpusData:
 class Multi30kData(CorpusData):
     """Multi30k (WMT16 multimodal task 1), de/en/fr, downloaded and checksummed on first use.
 
+    Its defaults are those of `conf/data/multi30k.yaml` (the default recipe, `experiment=multi30k_fast`):
+    a joint BPE vocabulary of 5000 and batches of at most 1024 tokens.
+
     Args:
         root: A directory holding `train.de`, `val.de`, `test2016.de`, ... (gunzipped official files);
             when set, nothing touches the network.
         base_url: Where the gzipped files are fetched from (a mirror of the pinned upstream commit).
     """
 
+    vocab_size: int = 5000
+    max_tokens: int | None = 1024
     root: str | None = None
     base_url: str = MULTI30K_BASE_URL
 

@@ -80,18 +80,20 @@ class AveragingCheckpoints(ModelCheckpoint):
 class LastCheckpoint(ModelCheckpoint):
     """`last.ckpt`: the latest training state, which `resume=true` continues from.
 
-    Written at the end of every epoch (and of every validation inside one, `trainer.val_check_interval`),
-    or every `every_n_train_steps` optimizer steps instead; with `every_n_minutes`, also whenever that
-    much time has passed since training (re)started or since the last save, at the end of the first
-    optimizer step after it — for corpora whose epochs take hours, an interrupted run then loses at most
-    about that much work, whatever a step costs. A save waits for the end of an optimizer step (never
-    in the middle of gradient accumulation), so every last.ckpt resumes exactly. Under DDP, rank 0's
-    clock decides and all ranks save together.
+    Written at the end of every validation (by default once per epoch, `trainer.check_val_every_n_epoch`;
+    also inside epochs with `trainer.val_check_interval`), or every `every_n_train_steps` optimizer steps
+    instead; with `every_n_minutes`, also whenever that much time has passed since training (re)started
+    or since the last save, at the end of the first optimizer step after it — for corpora whose epochs
+    take hours, an interrupted run then loses at most about that much work, whatever a step costs. No
+    save falls inside a gradient accumulation (its gradients are not in a checkpoint), so every last.ckpt
+    resumes exactly; a time-based save at a step that is then validated is written again after the
+    validation, so that it holds the validation's outcome (best checkpoint, early-stopping counts). Under
+    DDP, rank 0's clock decides and all ranks save together.
 
     Args:
         dirpath: The run's `checkpoints/` directory.
         filename: The file's name without `.ckpt`.
-        every_n_train_steps: null: at epoch (and validation) ends; N: every N optimizer steps instead.
+        every_n_train_steps: null: at the end of validations; N: every N optimizer steps instead.
         every_n_minutes: null: no time-based saves; M (> 0): also every M minutes of training.
     """
 
@@ -122,6 +124,7 @@ class LastCheckpoint(ModelCheckpoint):
         self.every_n_minutes = every_n_minutes
         self._since: float | None = None  # when training (re)started or last.ckpt was last written
         self._step_at_batch_start = -1
+        self._stepped = True  # whether the last training batch ended with an optimizer step
 
     def on_train_start(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
         super().on_train_start(trainer, pl_module)
@@ -135,18 +138,25 @@ class LastCheckpoint(ModelCheckpoint):
     def on_train_batch_end(
         self, trainer: L.Trainer, pl_module: L.LightningModule, outputs: Any, batch: Any, batch_idx: int
     ) -> None:
-        super().on_train_batch_end(trainer, pl_module, outputs, batch, batch_idx)
-        if self.every_n_minutes is None or self._since is None:
+        self._stepped = trainer.global_step != self._step_at_batch_start
+        if not self._stepped:  # inside an accumulation: nothing a checkpoint could resume exactly
             return
-        if trainer.global_step == self._step_at_batch_start:  # inside an accumulation: no optimizer step
+        super().on_train_batch_end(trainer, pl_module, outputs, batch, batch_idx)  # every N steps
+        if self._last_global_step_saved == trainer.global_step:
+            self._since = time.monotonic()
+            return
+        if self.every_n_minutes is None or self._since is None:
             return
         due = trainer.strategy.broadcast(time.monotonic() - self._since >= 60 * self.every_n_minutes)
         if due and not self._should_skip_saving_checkpoint(trainer):
+            saved_before = self._last_global_step_saved
             self._save_topk_checkpoint(trainer, self._monitor_candidates(trainer))
-        if due or self._last_global_step_saved == trainer.global_step:  # this save or a step-count one
+            self._last_global_step_saved = saved_before  # a validation after this step saves again
             self._since = time.monotonic()
 
     def on_validation_end(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
+        if not self._stepped:  # a validation inside an accumulation (val_check_interval): no save
+            return
         super().on_validation_end(trainer, pl_module)
         if self._last_global_step_saved == trainer.global_step:
             self._since = time.monotonic()
