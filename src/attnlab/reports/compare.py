@@ -36,6 +36,7 @@ from attnlab.runs.layout import (
 log = logging.getLogger(__name__)
 
 UNREADABLE = "unreadable"  # the status of a run with a file that cannot be read
+COUNTS = frozenset({"params"})  # metrics shown as whole numbers
 
 
 @dataclass
@@ -247,7 +248,8 @@ def table_rows(groups: Sequence[GroupSummary], metrics: Sequence[str]) -> list[l
     for g in groups:
         row = [g.name, str(len(g.runs))]
         for m in metrics:
-            row += [_cell(g.stats.get(m)), f"{g.delta[m]:+.2f}" if m in g.delta else ""]
+            digits = 0 if m in COUNTS else 2
+            row += [_cell(g.stats.get(m), digits), f"{g.delta[m]:+.{digits}f}" if m in g.delta else ""]
         for name in tested:
             row.append(", ".join(f"seed {seed}: {p:.3f}" for seed, p in g.p_values.get(name, [])))
         rows.append(row)
