@@ -86,6 +86,8 @@ def test_report_lists_unfinished_runs_and_renders_three_formats(sweep: Path) -> 
     text = report([sweep], baseline="model.pe=sinusoidal")
     assert "| model.pe=none | 3 | 22.00 ± 2.65 [±6.57] | -10.00 |" in text
     assert "| 1234 ± 0 [±0] | +0 |" in text  # a parameter count: a whole number
+    rows = [line.split(" | ")[0] for line in text.splitlines() if line.startswith("| model.pe=")]
+    assert rows == ["| model.pe=sinusoidal", "| model.pe=none"]  # the baseline first
     assert "Not finished:" in text and "failed: RuntimeError: out of memory" in text and "(running)" in text
     rows = [["group", "x"], ["a_b", "1.00 ± 0.50 [±1.00]"]]
     assert render(rows, "csv").splitlines() == ["group,x", "a_b,1.00 ± 0.50 [±1.00]"]

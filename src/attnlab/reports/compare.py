@@ -180,7 +180,8 @@ DEFAULT_METRICS = ("val/ppl", "params", "train/tokens_per_sec_epoch", "train_min
 def summarize(runs: Sequence[Run], baseline: str | None = None) -> tuple[list[GroupSummary], list[Run]]:
     """Group the finished runs by the varying config values and summarize each group's metrics over
     seeds; returns (groups, runs that did not finish). `baseline` names a group (see `group_name`), the
-    first one by default; `delta` is each group's mean minus the baseline's."""
+    first one by default, and comes first in the returned groups; `delta` is each group's mean minus
+    the baseline's."""
     finished = [r for r in runs if r.status == "finished"]
     others = [r for r in runs if r.status != "finished"]
     keys = varying_keys(finished)
@@ -200,6 +201,7 @@ def summarize(runs: Sequence[Run], baseline: str | None = None) -> tuple[list[Gr
             group.delta = {m: s.mean - base.stats[m].mean for m, s in group.stats.items() if m in base.stats}
             if group is not base:
                 group.p_values = paired_tests(base.runs, group.runs)
+        groups = [base, *(g for g in groups if g is not base)]
     return groups, others
 
 
