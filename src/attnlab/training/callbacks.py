@@ -142,10 +142,7 @@ class LastCheckpoint(ModelCheckpoint):
         if not self._stepped:  # inside an accumulation: nothing a checkpoint could resume exactly
             return
         super().on_train_batch_end(trainer, pl_module, outputs, batch, batch_idx)  # every N steps
-        if self._last_global_step_saved == trainer.global_step:
-            self._since = time.monotonic()
-            return
-        if self.every_n_minutes is None or self._since is None:
+        if self._saved_now(trainer) or self.every_n_minutes is None or self._since is None:
             return
         due = trainer.strategy.broadcast(time.monotonic() - self._since >= 60 * self.every_n_minutes)
         if due and not self._should_skip_saving_checkpoint(trainer):
@@ -158,13 +155,18 @@ class LastCheckpoint(ModelCheckpoint):
         if not self._stepped:  # a validation inside an accumulation (val_check_interval): no save
             return
         super().on_validation_end(trainer, pl_module)
-        if self._last_global_step_saved == trainer.global_step:
-            self._since = time.monotonic()
+        self._saved_now(trainer)
 
     def on_train_epoch_end(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
         super().on_train_epoch_end(trainer, pl_module)
-        if self._last_global_step_saved == trainer.global_step:
+        self._saved_now(trainer)
+
+    def _saved_now(self, trainer: L.Trainer) -> bool:
+        """Whether last.ckpt was just written at this step (then the clock of `every_n_minutes` restarts)."""
+        saved = self._last_global_step_saved == trainer.global_step
+        if saved:
             self._since = time.monotonic()
+        return saved
 
 
 class Preempted(SystemExit):
