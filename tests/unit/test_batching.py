@@ -8,6 +8,7 @@ import random
 import re
 from typing import Any
 
+import numpy as np
 import pytest
 import torch
 from hypothesis import given, settings
@@ -180,6 +181,38 @@ def test_train_order_depends_on_seed_and_epoch_only() -> None:
     eval_first = list(eval_sampler)
     eval_sampler.set_epoch(3)
     assert list(eval_sampler) == eval_first
+
+
+def reference_training_batches(lengths: list[int], max_tokens: int, seed: int, epoch: int) -> list[list[int]]:
+    """The training order written out with int64 arrays and a Python packing loop: the order the sampler
+    gave before it held its lengths as uint16 and its order as int32 (saved positions must still fit)."""
+    generator = batching._generator(seed, epoch)
+    order = torch.randperm(len(lengths), generator=generator).numpy()  # int64
+    order = order[np.argsort(np.asarray(lengths, dtype=np.int64)[order], kind="stable")]
+    batches: list[list[int]] = []
+    for i in order.tolist():
+        if batches and (len(batches[-1]) + 1) * max(lengths[j] for j in [*batches[-1], i]) <= max_tokens:
+            batches[-1].append(i)
+        else:
+            batches.append([i])
+    return [batches[j] for j in torch.randperm(len(batches), generator=generator).tolist()]
+
+
+@pytest.mark.parametrize("longest", [60, 70_000])
+def test_training_batches_are_the_int64_ones_from_narrow_arrays(longest: int) -> None:
+    rng = random.Random(5)
+    lengths = [rng.randint(1, 60) for _ in range(3000)] + [longest]
+    sampler = TokenBatchSampler(lengths, max_tokens=512, seed=9)
+    assert sampler.lengths.dtype == (np.uint16 if longest < 2**16 else np.uint32)
+    for epoch in (0, 1, 4):
+        sampler.set_epoch(epoch)
+        batches = list(sampler)
+        assert sampler._global_batches()[0].dtype == np.int32  # views of the epoch's int32 order
+        assert batches == reference_training_batches(lengths, 512, seed=9, epoch=epoch)
+    assert (
+        sampler.fingerprint()["lengths"]
+        == TokenBatchSampler(np.asarray(lengths, dtype=np.int64), max_tokens=512).fingerprint()["lengths"]
+    )
 
 
 def test_dropped_training_batches_change_each_epoch() -> None:

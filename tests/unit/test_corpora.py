@@ -245,6 +245,51 @@ def test_empty_training_pairs_are_dropped_and_counted(corpus: Path, tmp_path: Pa
     assert all(len(s) > 1 and s[-1] == EOS and t for s, t in pairs(train))
 
 
+@pytest.mark.parametrize("blank", ["", " ", "\u3000", "\x1c\x1f", "\x85 \u2028", "\t\x0b\x0c"])
+def test_a_blank_side_drops_the_pair_whatever_white_space_it_holds(
+    corpus: Path, tmp_path: Path, blank: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A chunk with no blank side skips the per-pair check: the pairs dropped are still exactly those a
+    side of which `normalize` leaves empty."""
+    monkeypatch.setattr(prepare_module, "ENCODE_LINES", 16)  # chunks with and without a blank line
+    src, tgt = read_lines(corpus / "train.de"), read_lines(corpus / "train.en")
+    src[40], tgt[77], src[150] = blank, blank + "x", "x" + blank + "y"  # only line 40 is blank
+    write_pair(corpus, "train", src, tgt)
+    prepared = prepare(files_spec(corpus, tmp_path))
+    kept = [k for k in range(len(src)) if normalize(src[k]) and normalize(tgt[k])]
+    assert kept == [k for k in range(len(src)) if k != 40]
+    assert prepared.stats["dropped_empty"] == 1
+    expected = encoded(prepared, [src[k] for k in kept], [tgt[k] for k in kept])
+    assert pairs(prepared.splits["train"]) == expected
+
+
+@pytest.mark.parametrize("threads", [1, 2, 3])
+def test_chunks_encoded_by_threads_are_written_in_corpus_order(
+    corpus: Path, tmp_path: Path, threads: int, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setattr(prepare_module, "ENCODE_LINES", 7)  # 29 chunks of the 200 training pairs
+    monkeypatch.setattr(prepare_module, "ENCODE_THREADS", threads)
+    prepared = prepare(files_spec(corpus, tmp_path))
+    src, tgt = read_lines(corpus / "train.de"), read_lines(corpus / "train.en")
+    assert pairs(prepared.splits["train"]) == encoded(prepared, src, tgt)
+
+
+def test_invalid_utf8_found_while_encoding_leaves_nothing_prepared(
+    corpus: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """With a tokenizer file the encoding pass is the first to read the split: its error, at a chunk
+    other threads are encoding around, ends preparing with the file and line and leaves no directory."""
+    monkeypatch.setattr(prepare_module, "ENCODE_LINES", 16)
+    path = trained_tokenizer_file(corpus, tmp_path, "mine.json")
+    lines = (corpus / "train.en").read_bytes().split(b"\n")
+    lines[150] = b"caf\xe9"
+    (corpus / "train.en").write_bytes(b"\n".join(lines))
+    spec = files_spec(corpus, tmp_path, tokenizer_path=str(path))
+    with pytest.raises(DataError, match=re.escape("train.en:151: invalid UTF-8")):
+        prepare(spec)
+    assert not prepared_dir(spec).exists() and not leftovers(prepared_dir(spec).parent)
+
+
 def test_validation_and_test_sets_keep_every_line(corpus: Path, tmp_path: Path) -> None:
     src, tgt = read_lines(corpus / "test.de"), read_lines(corpus / "test.en")
     src[2], tgt[4] = "", ""

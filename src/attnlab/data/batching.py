@@ -8,7 +8,8 @@ example indices, so that `restore_order` can put per-example outputs back into d
 `TokenBatchSampler` forms fairseq `--max-tokens`-style batches: examples of similar length go together,
 and each batch holds at most `max_tokens` tokens counting padding. It works on a numpy array of lengths
 (sorting, shuffling and packing vectorised; one Python step per batch, none per example) and keeps an
-epoch's batches as views into one index array, so millions of examples cost megabytes, not Python lists.
+epoch's batches as views into one index array, so millions of examples cost megabytes, not Python lists:
+its lengths are held as uint16 and the epoch's order as int32, 6 bytes per example in each process.
 """
 
 from __future__ import annotations
@@ -191,6 +192,19 @@ def _positive(name: str, value: int | None) -> None:
         raise ValueError(f"TokenBatchSampler: {name}={value!r}; give a positive integer or None")
 
 
+def _narrow_copy(lengths: np.ndarray) -> np.ndarray:
+    """A copy of the (N,) positive `lengths` in the narrowest unsigned type holding them (uint16 for
+    sentences: 2 bytes per example instead of 8, in every rank)."""
+    longest = int(lengths.max(initial=0))
+    dtype = next(t for t in (np.uint16, np.uint32, np.uint64) if longest <= np.iinfo(t).max)
+    return np.array(lengths, dtype=dtype)
+
+
+def _index_dtype(count: int) -> torch.dtype:
+    """The narrowest type for indices of `count` examples (int32 below 2**31: 4 bytes per example)."""
+    return torch.int32 if count < 2**31 else torch.int64
+
+
 def _generator(seed: int, epoch: int) -> torch.Generator:
     """A torch generator seeded by the pair (seed, epoch), identical across runs and platforms."""
     digest = hashlib.blake2b(f"{seed}/{epoch}".encode(), digest_size=8).digest()
@@ -267,13 +281,14 @@ class TokenBatchSampler(Sampler[list[int]]):
             raise ValueError(
                 f"TokenBatchSampler: rank={rank!r}; give 0 <= rank < num_replicas={num_replicas}"
             )
-        self.lengths = np.array(lengths, dtype=np.int64).reshape(-1)  # (N,), a copy the caller cannot change
-        short = np.flatnonzero(self.lengths < 1)
+        given = np.asarray(lengths).reshape(-1)
+        short = np.flatnonzero(given < 1)
         if len(short):
             raise ValueError(
-                f"TokenBatchSampler: lengths[{short[0]}]={self.lengths[short[0]]}; every example has at "
+                f"TokenBatchSampler: lengths[{short[0]}]={given[short[0]]}; every example has at "
                 "least one token (pass max(source length, target length + 1))"
             )
+        self.lengths = _narrow_copy(given)  # (N,), a copy the caller cannot change
         self.max_tokens, self.batch_size, self.shuffle = max_tokens, batch_size, shuffle
         self.seed, self.num_replicas, self.rank, self.bucket = seed, num_replicas, rank, bucket
         self.epoch, self.yielded = 0, 0
@@ -329,7 +344,10 @@ class TokenBatchSampler(Sampler[list[int]]):
             return self._cache[1]
         if self.shuffle:
             generator = _generator(self.seed, self.epoch)
-            order = torch.randperm(len(self.lengths), generator=generator).numpy()  # (N,)
+            # (N,) int32: `randperm` draws the same permutation, and leaves the generator in the same
+            # state, whatever its integer type (tests/unit/test_batching.py checks both).
+            count = len(self.lengths)
+            order = torch.randperm(count, generator=generator, dtype=_index_dtype(count)).numpy()
             if self.bucket:
                 order = order[np.argsort(self.lengths[order], kind="stable")]  # by length, random ties
             batches = self._pack(order)

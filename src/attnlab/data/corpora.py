@@ -42,14 +42,20 @@ def iter_lines(path: Path) -> Iterator[str]:
         DataError: the file is missing (at once) or not valid UTF-8 (when the reading gets there, naming
             the file and line).
     """
+    return itertools.chain.from_iterable(_line_blocks(path))
+
+
+def _line_blocks(path: Path) -> Iterator[list[str]]:
+    """`iter_lines(path)` a block at a time: the lists of the lines of each `BLOCK_BYTES` read (no Python
+    step per line unless a line ends in "\\r"). Missing file: `DataError` at once, not when iterated."""
     try:
-        file = open(path, "rb")  # noqa: SIM115 (closed by `_decoded_lines`)
+        file = open(path, "rb")  # noqa: SIM115 (closed by `_decoded_blocks`)
     except FileNotFoundError:
         raise DataError(f"data file not found: {path}") from None
-    return _decoded_lines(file, path)
+    return _decoded_blocks(file, path)
 
 
-def _decoded_lines(file: IO[bytes], path: Path) -> Iterator[str]:
+def _decoded_blocks(file: IO[bytes], path: Path) -> Iterator[list[str]]:
     with file:
         rest, lines_before, encoding = b"", 0, "utf-8-sig"  # a byte-order mark is not part of line 1
         while True:
@@ -77,7 +83,9 @@ def _decoded_lines(file: IO[bytes], path: Path) -> Iterator[str]:
                 lines.pop()
             lines_before += len(lines)
             encoding = "utf-8"
-            yield from (line[:-1] if line.endswith("\r") else line for line in lines)
+            if "\r" in text:
+                lines = [line[:-1] if line.endswith("\r") else line for line in lines]
+            yield lines
 
 
 def read_lines(path: Path) -> list[str]:
@@ -85,24 +93,48 @@ def read_lines(path: Path) -> list[str]:
     return list(iter_lines(path))
 
 
+class _Chunker:
+    """The lines of a file's blocks (`_line_blocks`) cut into lists of a given length, by list slices."""
+
+    def __init__(self, path: Path) -> None:
+        self.blocks, self.buffer, self.start = _line_blocks(path), [], 0
+
+    def take(self, count: int) -> list[str]:
+        """The next `count` lines (fewer at the end of the file)."""
+        parts, wanted = [], count
+        while wanted > 0:
+            if self.start == len(self.buffer):
+                self.buffer, self.start = next(self.blocks, None), 0
+                if self.buffer is None:
+                    self.buffer = []
+                    break
+                continue
+            part = self.buffer[self.start : self.start + wanted]
+            self.start += len(part)
+            wanted -= len(part)
+            parts.append(part)
+        return parts[0] if len(parts) == 1 else list(itertools.chain.from_iterable(parts))
+
+    def rest(self) -> int:
+        """How many lines are left (reading them all)."""
+        return len(self.buffer) - self.start + sum(map(len, self.blocks))
+
+
 def iter_parallel(src_path: Path, tgt_path: Path, chunk_lines: int) -> Iterator[Text]:
-    """Aligned source and target lines, `chunk_lines` pairs at a time, both files read together line by
-    line; line counts must agree.
+    """Aligned source and target lines, `chunk_lines` pairs at a time, both files read together block by
+    block (`iter_lines`); line counts must agree.
 
     Raises:
         DataError: A file is missing or not UTF-8 (`iter_lines`), or the line counts differ (when the
             shorter file ends, naming both files and counts).
     """
-    src_lines, tgt_lines = iter_lines(src_path), iter_lines(tgt_path)
+    src_lines, tgt_lines = _Chunker(src_path), _Chunker(tgt_path)
     read = 0
     while True:
-        src, tgt = (
-            list(itertools.islice(src_lines, chunk_lines)),
-            list(itertools.islice(tgt_lines, chunk_lines)),
-        )
+        src, tgt = src_lines.take(chunk_lines), tgt_lines.take(chunk_lines)
         if len(src) != len(tgt):
-            src_count = read + len(src) + sum(1 for _ in src_lines)
-            tgt_count = read + len(tgt) + sum(1 for _ in tgt_lines)
+            src_count = read + len(src) + src_lines.rest()
+            tgt_count = read + len(tgt) + tgt_lines.rest()
             raise DataError(
                 f"{src_path} has {src_count} lines but {tgt_path} has {tgt_count}: parallel files must be "
                 "aligned line by line"
