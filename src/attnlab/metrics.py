@@ -1,9 +1,12 @@
-"""Corpus BLEU and chrF with sacreBLEU, on detokenized text, with their full signatures.
+"""Corpus BLEU, chrF and TER with sacreBLEU, on detokenized text, with their full signatures.
 
 Scores are only comparable across papers when computed by sacreBLEU on detokenized hypotheses against
 untouched references (Post, 2018). `check_detokenized` refuses subword pieces (a Metaspace `▁` or a
 subword-nmt `@@`) so a forgotten `SubwordTokenizer.decode` fails loudly instead of scoring low. BLEU is
-13a-tokenized and cased with exponential smoothing; chrF is sacreBLEU's default chrF2.
+cased with exponential smoothing and tokenized by `MetricsConfig.bleu_tokenize` (sacreBLEU's 13a by
+default; `intl`, `zh`, `char`, `none`, and `ja-mecab` / `ko-mecab` where their extras are installed),
+which its signature records (`tok:intl`); chrF is sacreBLEU's default chrF2; TER is sacreBLEU's default
+TER (tercom: case-insensitive, punctuation kept, no normalisation; lower is better).
 
 `bleu_tok_compound` is the paper's procedure (tensor2tensor's `get_ende_bleu.sh`, behind the 27.3 on
 WMT14 en-de): Moses-tokenized, compound-split BLEU. It is reported beside sacreBLEU to compare with the
@@ -12,7 +15,7 @@ paper's table and is not comparable to sacreBLEU scores (nor to other papers' to
 Under DDP each rank's validation hypotheses are gathered and scored as one corpus, and the test sets are
 decoded whole by one process: a corpus score is never an average of per-shard scores.
 
-sacreBLEU 2.6 API relied on: public `BLEU`, `CHRF`, `Metric.corpus_score`, `Metric.get_signature` and
+sacreBLEU 2.6 API relied on: public `BLEU`, `CHRF`, `TER`, `Metric.corpus_score`, `Metric.get_signature` and
 `sacrebleu.significance.PairedTest`.
 """
 
@@ -23,12 +26,17 @@ import re
 from collections.abc import Sequence
 from dataclasses import dataclass
 from importlib.metadata import version
-from typing import Any
+from typing import Any, Literal
 
-from sacrebleu.metrics import BLEU, CHRF
+from sacrebleu.metrics import BLEU, CHRF, TER
+
+from attnlab.typed import check_fields
 
 SUBWORD_MARKERS = ("▁", "@@ ", "@@")  # Metaspace/SentencePiece and subword-nmt markers
 MAX_NGRAM_ORDER = 4
+# sacreBLEU's BLEU tokenizers that need no download (`spm`/`flores*` fetch a model from the network at
+# first use: not offered). The mecab ones need `pip install "sacrebleu[ja]"` / `"sacrebleu[ko]"`.
+BleuTokenize = Literal["13a", "intl", "zh", "char", "none", "ja-mecab", "ko-mecab"]
 
 
 class ScoringError(ValueError):
@@ -36,11 +44,43 @@ class ScoringError(ValueError):
 
 
 @dataclass(frozen=True)
+class MetricsConfig:
+    """How hypotheses are scored (the `metrics` config node; saved in checkpoints, so `attnlab-eval`
+    scores as training did unless told otherwise).
+
+    Args:
+        bleu_tokenize: sacreBLEU's BLEU tokenizer (`BleuTokenize`): `13a` (the default, WMT's
+            mteval-v13a), `intl` (mteval-v14 international: Unicode punctuation and symbols split), `zh`
+            (Chinese characters split), `char` (every character), `none` (pre-tokenized text), `ja-mecab`,
+            `ko-mecab` (morphological analysers, where installed). chrF and TER have their own
+            tokenization and do not depend on it.
+    """
+
+    bleu_tokenize: BleuTokenize = "13a"
+
+    def __post_init__(self) -> None:
+        check_fields(self)
+        try:
+            BLEU(tokenize=self.bleu_tokenize)  # a mecab tokenizer without its package fails here
+        except (RuntimeError, ImportError) as exc:
+            extra = self.bleu_tokenize.split("-")[0]
+            raise ValueError(
+                f"bleu_tokenize={self.bleu_tokenize} needs a package that is not installed (sacreBLEU: "
+                f'{str(exc).strip().splitlines()[0]}): pip install "sacrebleu[{extra}]", or choose '
+                "another tokenizer"
+            ) from None
+
+    def to_dict(self) -> dict[str, Any]:
+        """Plain-Python form (for checkpoints and loggers)."""
+        return {"bleu_tokenize": self.bleu_tokenize}
+
+
+@dataclass(frozen=True)
 class Score:
     """One corpus-level score with the sacreBLEU signature that makes it reproducible.
 
     Attributes:
-        name: "bleu", "chrf" or "bleu_tok_compound".
+        name: "bleu", "chrf", "ter" or "bleu_tok_compound".
         score: The score in [0, 100].
         signature: The full sacreBLEU signature, e.g.
             "nrefs:1|case:mixed|eff:no|tok:13a|smooth:exp|version:2.6.0" (bleu_tok_compound: the procedure
@@ -84,9 +124,9 @@ def check_detokenized(hypotheses: Sequence[str], references: Sequence[str]) -> N
                 )
 
 
-def _bleu(references: Sequence[str] | None = None) -> BLEU:
+def _bleu(references: Sequence[str] | None = None, tokenize: BleuTokenize = "13a") -> BLEU:
     refs = None if references is None else [list(references)]
-    return BLEU(tokenize="13a", lowercase=False, smooth_method="exp", max_ngram_order=MAX_NGRAM_ORDER,
+    return BLEU(tokenize=tokenize, lowercase=False, smooth_method="exp", max_ngram_order=MAX_NGRAM_ORDER,
                 references=refs)  # fmt: skip
 
 
@@ -101,8 +141,8 @@ def _bleu_score(bleu: BLEU, result: Any, name: str = "bleu", procedure: str = ""
     return Score(name=name, score=result.score, signature=signature, details=details)
 
 
-def _corpus_bleu(hypotheses: Sequence[str], references: Sequence[str]) -> Score:
-    bleu = _bleu()
+def _corpus_bleu(hypotheses: Sequence[str], references: Sequence[str], tokenize: BleuTokenize) -> Score:
+    bleu = _bleu(tokenize=tokenize)
     return _bleu_score(bleu, bleu.corpus_score(list(hypotheses), [list(references)]))
 
 
@@ -113,12 +153,23 @@ def _corpus_chrf(hypotheses: Sequence[str], references: Sequence[str]) -> Score:
     return Score(name="chrf", score=result.score, signature=str(chrf.get_signature()), details=details)
 
 
-def corpus_bleu(hypotheses: Sequence[str], references: Sequence[str]) -> Score:
-    """Cased corpus BLEU with the 13a tokenizer and exponential smoothing (sacreBLEU `BLEU()`).
+def _corpus_ter(hypotheses: Sequence[str], references: Sequence[str]) -> Score:
+    ter = TER()
+    result = ter.corpus_score(list(hypotheses), [list(references)])
+    details = {"num_edits": result.num_edits, "ref_length": result.ref_length}
+    return Score(name="ter", score=result.score, signature=str(ter.get_signature()), details=details)
+
+
+def corpus_bleu(
+    hypotheses: Sequence[str], references: Sequence[str], tokenize: BleuTokenize = "13a"
+) -> Score:
+    """Cased corpus BLEU with exponential smoothing (sacreBLEU `BLEU()`), tokenized by `tokenize` (see
+    `MetricsConfig`; 13a by default).
 
     Args:
         hypotheses: Detokenized hypotheses, one per line.
         references: One untouched reference per hypothesis.
+        tokenize: sacreBLEU's tokenizer name, recorded in the signature (`tok:13a`).
 
     Returns:
         The "bleu" `Score`.
@@ -127,7 +178,22 @@ def corpus_bleu(hypotheses: Sequence[str], references: Sequence[str]) -> Score:
         ScoringError: See `check_detokenized`.
     """
     check_detokenized(hypotheses, references)
-    return _corpus_bleu(hypotheses, references)
+    return _corpus_bleu(hypotheses, references, tokenize)
+
+
+def corpus_ter(hypotheses: Sequence[str], references: Sequence[str]) -> Score:
+    """Corpus TER with sacreBLEU's `TER()` defaults: word edits (insertions, deletions, substitutions and
+    shifts of word sequences) per reference word, x 100; case-insensitive (`case:lc` in its signature),
+    punctuation kept. Lower is better, and it can exceed 100.
+
+    Returns:
+        The "ter" `Score` (details: `num_edits`, `ref_length`).
+
+    Raises:
+        ScoringError: See `check_detokenized`.
+    """
+    check_detokenized(hypotheses, references)
+    return _corpus_ter(hypotheses, references)
 
 
 def corpus_chrf(hypotheses: Sequence[str], references: Sequence[str]) -> Score:
@@ -147,21 +213,37 @@ def corpus_chrf(hypotheses: Sequence[str], references: Sequence[str]) -> Score:
     return _corpus_chrf(hypotheses, references)
 
 
-def score_all(hypotheses: Sequence[str], references: Sequence[str]) -> dict[str, Score]:
-    """BLEU and chrF after one `check_detokenized`.
+def score_all(
+    hypotheses: Sequence[str],
+    references: Sequence[str],
+    metrics: MetricsConfig | None = None,
+    *,
+    ter: bool = True,
+) -> dict[str, Score]:
+    """BLEU, chrF and (with `ter`) TER after one `check_detokenized`.
 
     Args:
         hypotheses: Detokenized hypotheses, one per line.
         references: One untouched reference per hypothesis.
+        metrics: The scoring settings (the BLEU tokenizer); default `MetricsConfig()`.
+        ter: Compute TER too (validation during training leaves it out: its shift search is the slowest
+            of the three).
 
     Returns:
-        {"bleu": ..., "chrf": ...}.
+        {"bleu": ..., "chrf": ..., "ter": ...}.
 
     Raises:
         ScoringError: See `check_detokenized`.
     """
     check_detokenized(hypotheses, references)
-    return {"bleu": _corpus_bleu(hypotheses, references), "chrf": _corpus_chrf(hypotheses, references)}
+    tokenize = (metrics or MetricsConfig()).bleu_tokenize
+    scores = {
+        "bleu": _corpus_bleu(hypotheses, references, tokenize),
+        "chrf": _corpus_chrf(hypotheses, references),
+    }
+    if ter:
+        scores["ter"] = _corpus_ter(hypotheses, references)
+    return scores
 
 
 # tensor2tensor's compound split, `perl -ple 's{(\S)-(\S)}{$1 ##AT##-##AT## $2}g'`: the same leftmost,

@@ -84,6 +84,9 @@ CASES = [
     Case(["+optim.optimizer=sgd"], E, "optim.optimizer", "known keys: schedule, lr_scale"),
     # --- decode: beam search and length limits ---------------------------------------------------------
     Case(["decode.beam=0"], E, "decode.beam=0", "must be positive"),
+    Case(["init_from=/no/such/file.ckpt"], E, "init_from='/no/such/file.ckpt'", "give a .ckpt file"),
+    Case(["metrics.bleu_tokenize=spm"], E, "metrics.bleu_tokenize='spm'", "'13a' | 'intl' | 'zh'"),
+    Case(["metrics.bleu_tokenize=ja-mecab"], E, "bleu_tokenize=ja-mecab", 'pip install "sacrebleu[ja]"'),
     Case(["decode.beam=2.0"], E, "decode.beam=2.0", "expected int"),
     Case(["decode.val_beam=0"], E, "decode.val_beam=0", "must be positive"),
     Case(["decode.lenpen=-0.5"], E, "decode.lenpen=-0.5", ">= 0"),
@@ -159,7 +162,7 @@ def test_the_table_covers_every_node_and_has_no_duplicates() -> None:
     keys = [" ".join(c.overrides) for c in CASES]
     assert len(keys) == len(set(keys)) and len(CASES) >= 30
     nodes = {c.overrides[-1].lstrip("+").split(".")[0].split("=")[0] for c in CASES}
-    assert {"model", "optim", "decode", "data", "trainer", "seed", "monitor"} <= nodes
+    assert {"model", "optim", "decode", "data", "trainer", "seed", "monitor", "metrics"} <= nodes
 
 
 def test_a_top_level_key_a_config_file_defines_is_not_mistaken_for_a_typo(tmp_path: Path) -> None:

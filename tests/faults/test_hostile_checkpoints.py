@@ -105,6 +105,7 @@ CLASS_CASES: dict[str, tuple[Callable[[dict[str, Any], Path], None], str]] = {
     "hparams model": (hostile_hparams("model"), "hyper_parameters.model._target_"),
     "hparams optim": (hostile_hparams("optim"), "hyper_parameters.optim._target_"),
     "hparams decode": (hostile_hparams("decode"), "hyper_parameters.decode._target_"),
+    "hparams metrics": (hostile_hparams("metrics"), "hyper_parameters.metrics._target_"),
     "lightning instantiator": (lightning_instantiator, "hyper_parameters._instantiator"),
 }
 EXECUTABLE = r"refused: it contains executable objects \({name}\).*it was not loaded and nothing in it ran"
@@ -161,6 +162,9 @@ def test_a_hostile_checkpoint_is_refused_by_every_reader(
         "load_from_checkpoint": lambda: TranslationModule.load_from_checkpoint(path),
         "train ckpt_path=": lambda: train(
             compose_train([*trained["overrides"], f"ckpt_path={path}"], tmp_path / "new_run")
+        ),
+        "train init_from=": lambda: train(
+            compose_train([*trained["overrides"], f"init_from={path}"], tmp_path / "fine_tuned")
         ),
     }
     for name, reader in readers.items():

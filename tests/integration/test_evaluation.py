@@ -6,6 +6,7 @@ from __future__ import annotations
 import csv
 import json
 import os
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -20,7 +21,7 @@ from attnlab.cli.app import config_dir, register_resolvers
 from attnlab.cli.eval import evaluate_checkpoint
 from attnlab.cli.translate import main as translate_main
 from attnlab.inference.translator import Translator, decode_settings, resolve_checkpoints
-from attnlab.metrics import corpus_bleu
+from attnlab.metrics import MetricsConfig, corpus_bleu, corpus_ter
 from attnlab.runs.checkpoint import CheckpointError, kept_checkpoints, read_checkpoint
 from attnlab.training.experiment import validate
 from attnlab.training.module import TranslationModule
@@ -153,6 +154,66 @@ def test_attnlab_eval_scores_chosen_sets_with_other_decoding_settings(
     assert results["averaged"] is False and results["checkpoints"] == [str(best.resolve())]
 
 
+def test_results_hold_ter_and_bleu_as_the_chosen_tokenizer_splits_it(
+    text_run: dict[str, Any], tmp_path: Path
+) -> None:
+    """Training scored TER beside BLEU with the default 13a tokenizer, saved in the checkpoints; attnlab-eval
+    scores with the checkpoint's tokenizer unless `metrics.bleu_tokenize` says otherwise."""
+    run = text_run["dir"]
+    results = json.loads((run / "results.json").read_text())
+    assert results["scoring"] == {"bleu_tokenize": "13a"}
+    for name in ("test", "test2"):
+        entry = results["sets"][name]
+        hypotheses, refs = lines(run / entry["hypotheses"]), references(text_run, name)
+        assert entry["ter"] == corpus_ter(hypotheses, refs).score < 40  # most lines are the references
+        assert entry["ter_signature"].startswith("nrefs:1|case:lc|tok:tercom|")
+        assert text_run["metrics"][f"test/{name}/ter"] == entry["ter"]
+    best = next((run / "checkpoints").glob("best-*.ckpt"))
+    assert read_checkpoint(best)["hyper_parameters"]["metrics"] == {"bleu_tokenize": "13a"}
+
+    overrides = [f"ckpt_path={best}", "sets=[val]", "decode.beam=1", "metrics.bleu_tokenize=char"]
+    cfg = compose_eval(overrides, tmp_path)
+    scored = evaluate_checkpoint(cfg)
+    entry, refs = scored["sets"]["val"], references(text_run, "valid")
+    hypotheses = lines(tmp_path / "hypotheses" / "val.txt")
+    assert_translates(hypotheses, refs)
+    assert scored["scoring"] == {"bleu_tokenize": "char"} and "|tok:char|" in entry["bleu_signature"]
+    assert entry["bleu"] == corpus_bleu(hypotheses, refs, tokenize="char").score  # (unit tests: != 13a)
+
+    # A checkpoint trained with another tokenizer is scored with it when nothing is given.
+    checkpoint = torch.load(best, map_location="cpu", weights_only=True)
+    checkpoint["hyper_parameters"]["metrics"] = {"bleu_tokenize": "char"}
+    torch.save(checkpoint, tmp_path / "char.ckpt")
+    translator = Translator.from_checkpoints([tmp_path / "char.ckpt"])
+    assert translator.metrics == MetricsConfig(bleu_tokenize="char")
+    del checkpoint["hyper_parameters"]["metrics"]  # a checkpoint from before scoring settings were saved
+    torch.save(checkpoint, tmp_path / "old.ckpt")
+    assert Translator.from_checkpoints([tmp_path / "old.ckpt"]).metrics == MetricsConfig()
+    with pytest.raises(ConfigError, match=re.escape("metrics.bleu_tokenize='spm' is not valid")):
+        evaluate_checkpoint(compose_eval([f"ckpt_path={best}", "metrics.bleu_tokenize=spm"], tmp_path / "e"))
+
+
+def test_sources_are_saved_and_bleu_is_broken_down_by_their_length(text_run: dict[str, Any]) -> None:
+    from attnlab.cli.compare import report
+    from attnlab.reports.compare import by_length, load_runs, summarize
+
+    run = text_run["dir"]
+    results = json.loads((run / "results.json").read_text())
+    for name in ("test", "test2"):
+        assert lines(run / results["sets"][name]["sources"]) == lines(text_run["corpus"] / f"{name}.de")
+    (table, _) = by_length(summarize(load_runs([run]))[0])
+    assert table.test_set == "test" and table.by == "source" and sum(table.sentences) == 30
+    sources, refs = lines(text_run["corpus"] / "test.de"), references(text_run, "test")
+    hypotheses = lines(run / "hypotheses" / "test.txt")
+    for k, stats in enumerate(table.groups["all"]):
+        rows = [i for i, line in enumerate(sources) if min(len(line.split()) // 10, 4) == k]
+        assert (stats is None) == (not rows)
+        if rows:
+            expected = corpus_bleu([hypotheses[i] for i in rows], [refs[i] for i in rows]).score
+            assert stats.mean == pytest.approx(expected) and stats.n == 1
+    assert "BLEU on test2 by source length (words):" in report([run], lengths=True)
+
+
 def test_checkpoints_carry_model_settings_and_tokenizers(text_run: dict[str, Any]) -> None:
     checkpoint = read_checkpoint(text_run["dir"] / "checkpoints" / "epochs" / "epoch029.ckpt")
     bundle = checkpoint["attnlab"]
@@ -216,6 +277,36 @@ def test_attnlab_translate_command_streams_stdin_to_stdout(text_run: dict[str, A
     translator.decode = decode_settings(translator.decode.to_dict(), {"beam": 2})  # the saved beam is 3
     assert done.stdout.splitlines() == translator.translate(sources)
     assert_translates(done.stdout.splitlines(), references(text_run, "test2"))
+
+
+def test_attnlab_translate_at_a_terminal_answers_each_line_as_it_is_typed(text_run: dict[str, Any]) -> None:
+    """Standard input a pseudo-terminal: the first line's translation comes back before the second line
+    is typed (on a pipe the command would wait for 2048 lines or the end of the input)."""
+    import pty
+    import select
+
+    best = next((text_run["dir"] / "checkpoints").glob("best-*.ckpt"))
+    sources = lines(text_run["corpus"] / "test2.de")[:2]
+    expected = Translator.from_checkpoints([best]).translate(sources)
+    controller, terminal = pty.openpty()
+    env = {**os.environ, "OMP_NUM_THREADS": "1"}
+    command = [sys.executable, "-m", "attnlab.cli.translate", f"ckpt_path={best}"]
+    process = subprocess.Popen(command, stdin=terminal, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                               env=env)  # fmt: skip
+    os.close(terminal)
+    try:
+        answers = []
+        for source in sources:
+            os.write(controller, (source + "\n").encode("utf-8"))  # typed, then Enter; nothing more yet
+            ready, _, _ = select.select([process.stdout], [], [], 120)
+            assert ready, "no translation came back while the terminal waited for the next line"
+            answers.append(process.stdout.readline().decode("utf-8").rstrip("\n"))
+        os.write(controller, b"\x04")  # Ctrl-D: the end of the input
+        assert process.wait(timeout=60) == 0, process.stderr.read().decode()
+    finally:
+        process.kill()
+        os.close(controller)
+    assert answers == expected and all(answers)
 
 
 def test_bad_checkpoints_get_clear_errors(text_run: dict[str, Any], tmp_path: Path) -> None:

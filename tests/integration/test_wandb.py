@@ -65,10 +65,9 @@ def test_offline_run_holds_config_history_and_summary(wandb_runs: list[dict[str,
         score = corpus_bleu(hypotheses, refs).score
         assert record.summary[f"results/{name}/bleu"] == pytest.approx(score, abs=1e-9) and score >= 60
     assert record.summary["results/test/bleu_signature"] == results["sets"]["test"]["bleu_signature"]
-    assert (
-        record.summary["val/bleu"] == pytest.approx(run["metrics"]["val/bleu"])
-        and run["metrics"]["val/bleu"] >= 60
-    )
+    logged = [row["val/bleu"] for row in record.history if "val/bleu" in row]
+    assert logged[-1] == pytest.approx(run["metrics"]["val/bleu"]) and run["metrics"]["val/bleu"] >= 60
+    assert record.summary["val/bleu"] == {"max": pytest.approx(max(logged))}  # the best, not the last
 
 
 def test_hypotheses_go_to_a_table_and_an_artifact(wandb_runs: list[dict[str, Any]]) -> None:
@@ -148,3 +147,25 @@ def test_cross_attention_heatmaps_of_probe_sentences_at_each_validation_decode(
         assert len(entry["captions"]) == 2 and " -> " in entry["captions"][0]
     images = [f for f in record.files if f.startswith("media/images/val/attention")]
     assert len(images) == 4 and all(f.endswith(".png") for f in images)
+
+
+def test_validation_scores_are_summarised_by_their_best_value(tmp_path: Path) -> None:
+    """A W&B run's summary of `val/bleu` is its maximum over the history and of the validation losses
+    their minimum (`define_metric`), not the last value logged; other metrics keep the last."""
+    from attnlab.runs.wandb import SUMMARIES, WandbLogger
+
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setenv("WANDB_MODE", "offline")
+        for variable in ("WANDB_DIR", "WANDB_DATA_DIR", "WANDB_CACHE_DIR", "WANDB_CONFIG_DIR"):
+            patch.delenv(variable, raising=False)
+        logger = WandbLogger(save_dir=str(tmp_path), project="attnlab-test")
+        history = [(10.0, 4.0, 1.0), (30.0, 3.0, 2.0), (20.0, 3.5, 3.0)]  # the best epoch is not the last
+        for step, (bleu, loss, lr) in enumerate(history):
+            logger.log_metrics({"val/bleu": bleu, "val/loss": loss, "train/lr": lr}, step=step)
+        logger.experiment.finish()
+    record = read_wandb_run(find_run_file(tmp_path))
+    assert SUMMARIES["val/bleu"] == "max" and SUMMARIES["val/loss"] == "min"
+    assert record.summary["val/bleu"] == {"max": 30.0}
+    assert record.summary["val/loss"] == {"min": 3.0}
+    assert record.summary["train/lr"] == 3.0
+    assert [row["val/bleu"] for row in record.history if "val/bleu" in row] == [10.0, 30.0, 20.0]

@@ -147,3 +147,60 @@ def test_plots_show_groups_with_intervals_curves_and_parameters(sweep: Path, tmp
             assert image.format == "PNG" and image.size[0] >= 600
             assert len(image.convert("L").getcolors(maxcolors=10**6)) > 10  # drawn, not blank
     assert "validation_curves.png" in report([sweep], plots=tmp_path / "again")
+
+
+def source_lines() -> list[str]:
+    """Sources of `REFS` whose word counts cycle through every length bucket: 5, 15, 25, 35, 45 words."""
+    return [" ".join(["wort"] * (10 * (i % 5) + 5)) for i in range(len(REFS))]
+
+
+def test_bleu_by_length_scores_each_source_length_bucket_over_seeds(sweep: Path, tmp_path: Path) -> None:
+    from PIL import Image
+
+    from attnlab.metrics import corpus_bleu
+    from attnlab.reports.compare import by_length
+    from attnlab.reports.stats import stat
+
+    sources = source_lines()
+    for run in sweep.iterdir():
+        if (run / "references").is_dir():
+            (run / "sources").mkdir()
+            (run / "sources" / "test2016.txt").write_text("".join(f"{line}\n" for line in sources))
+    groups, _ = summarize(load_runs([sweep]), baseline="model.pe=sinusoidal")
+    (table,) = by_length(groups)
+    assert (table.test_set, table.by) == ("test2016", "source")
+    assert table.labels == ["<10", "10-19", "20-29", "30-39", "40+"] and table.sentences == [12] * 5
+    for pe in ("sinusoidal", "none"):
+        for k in range(5):
+            rows = [i for i in range(len(REFS)) if i % 5 == k]
+            scores = [corpus_bleu([hypotheses(pe, s)[i] for i in rows], [REFS[i] for i in rows]).score
+                      for s in (1, 2, 3)]  # fmt: skip
+            got = table.groups[f"model.pe={pe}"][k]
+            assert got is not None and got.mean == pytest.approx(stat(scores).mean)
+            assert got.half_width == pytest.approx(stat(scores).half_width)
+    bucketed = table.groups["model.pe=sinusoidal"]
+    assert len({round(s.mean, 6) for s in bucketed if s}) > 1  # the buckets hold different sentences
+
+    text = report([sweep], baseline="model.pe=sinusoidal", lengths=True, plots=tmp_path / "plots")
+    assert "BLEU on test2016 by source length (words):" in text and "| 40+ (n=12) |" in text
+    with Image.open(tmp_path / "plots" / "bleu_by_length_test2016.png") as image:
+        assert image.format == "PNG" and len(image.convert("L").getcolors(maxcolors=10**6)) > 10
+    assert "by source length" not in report([sweep])  # only when asked
+
+    for run in sweep.iterdir():  # runs written before sources were saved: bucketed by reference words
+        if (run / "sources").is_dir():
+            (run / "sources" / "test2016.txt").unlink()
+    (table,) = by_length(summarize(load_runs([sweep]))[0])
+    assert table.by == "reference" and table.sentences == [0, 60, 0, 0, 0]  # every reference has 14 words
+    assert table.groups["model.pe=none"][0] is None
+
+
+def test_bleu_by_length_refuses_runs_of_other_sentences(sweep: Path) -> None:
+    from attnlab.reports.compare import by_length
+
+    other = sweep / "pe=none,seed=1" / "references" / "test2016.txt"
+    other.write_text("".join(f"{line} !\n" for line in REFS))
+    with pytest.raises(ValueError, match="the runs scored different 'test2016' sentences"):
+        by_length(summarize(load_runs([sweep]))[0])
+    with pytest.raises(SystemExit, match="attnlab-compare: the runs scored different"):
+        compare_main([str(sweep), "--by-length"])

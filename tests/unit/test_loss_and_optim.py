@@ -271,12 +271,13 @@ def test_weight_decay_selects_adamw() -> None:
 def test_hparams_are_plain_and_rebuild_the_module(tmp_path: Path) -> None:
     module = build_module(schedule="inverse_sqrt")
     hparams = {k: dict(v) for k, v in dict(module.hparams).items()}
-    assert set(hparams) == {"model", "optim", "decode"}
+    assert set(hparams) == {"model", "optim", "decode", "metrics"}
     assert _is_plain(hparams)
     rebuilt = TranslationModule(**module.hparams)
     assert rebuilt.model_config == module.model_config
     assert rebuilt.optim_config == module.optim_config
     assert rebuilt.decode_config == module.decode_config
+    assert rebuilt.metrics_config == module.metrics_config
     assert [(n, p.shape) for n, p in rebuilt.named_parameters()] == [
         (n, p.shape) for n, p in module.named_parameters()
     ]

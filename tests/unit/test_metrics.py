@@ -6,6 +6,7 @@ from __future__ import annotations
 import logging
 import math
 import os
+import re
 from pathlib import Path
 
 import pytest
@@ -13,11 +14,13 @@ import sacrebleu
 
 from attnlab.metrics import (
     SUBWORD_MARKERS,
+    MetricsConfig,
     ScoringError,
     bleu_tok_compound,
     check_detokenized,
     corpus_bleu,
     corpus_chrf,
+    corpus_ter,
     score_all,
     split_compounds,
     tokenize_compound_split,
@@ -86,9 +89,61 @@ def test_chrf_equals_sacrebleu() -> None:
 
 def test_score_all_matches_single_metrics() -> None:
     scores = score_all(HYPS, REFS)
-    assert set(scores) == {"bleu", "chrf"}
+    assert set(scores) == {"bleu", "chrf", "ter"}
     assert scores["bleu"] == corpus_bleu(HYPS, REFS)
     assert scores["chrf"] == corpus_chrf(HYPS, REFS)
+    assert scores["ter"] == corpus_ter(HYPS, REFS)
+    assert set(score_all(HYPS, REFS, ter=False)) == {"bleu", "chrf"}
+    intl = score_all(HYPS, REFS, MetricsConfig(bleu_tokenize="intl"))
+    assert intl["bleu"] == corpus_bleu(HYPS, REFS, tokenize="intl") and intl["chrf"] == scores["chrf"]
+
+
+def test_ter_is_sacrebleu_ter_and_counts_word_edits() -> None:
+    """By hand: one substitution in four words is 25; a shift of a two-word block is one edit (TER's
+    shifts); an empty hypothesis deletes every reference word (100); case is ignored (sacreBLEU's TER)."""
+    assert corpus_ter(["a b x d"], ["a b c d"]).score == pytest.approx(25.0)
+    assert corpus_ter(["c d a b e f"], ["a b c d e f"]).score == pytest.approx(100 / 6)
+    assert corpus_ter([""], ["one two three"]).score == pytest.approx(100.0)
+    assert corpus_ter(["The Cat sat"], ["the cat sat"]).score == 0.0
+    score = corpus_ter(HYPS, REFS)
+    expected = sacrebleu.corpus_ter(HYPS, [REFS])
+    assert score.name == "ter" and score.score == pytest.approx(expected.score, abs=1e-9)
+    assert score.score > 0
+    assert score.details == {"num_edits": expected.num_edits, "ref_length": expected.ref_length}
+    assert score.signature.startswith("nrefs:1|case:lc|tok:tercom|norm:no|punct:yes|asian:no|version:")
+
+
+def test_the_bleu_tokenizer_is_chosen_and_recorded_in_the_signature() -> None:
+    """13a splits ASCII punctuation only; intl splits Unicode punctuation too, so an em dash glued to a
+    word scores differently, and each signature names its tokenizer."""
+    hyps, refs = (
+        ["Ein Hund—eine Katze rennt über die Wiese."],
+        ["Ein Hund — eine Katze rennt über die Wiese."],
+    )
+    default, intl = corpus_bleu(hyps, refs), corpus_bleu(hyps, refs, tokenize="intl")
+    assert default.score == pytest.approx(sacrebleu.corpus_bleu(hyps, [refs], tokenize="13a").score)
+    assert intl.score == pytest.approx(sacrebleu.corpus_bleu(hyps, [refs], tokenize="intl").score) == 100.0
+    assert default.score < 70
+    assert "|tok:13a|" in default.signature and "|tok:intl|" in intl.signature
+    assert "|tok:char|" in corpus_bleu(hyps, refs, tokenize="char").signature
+
+
+@pytest.mark.parametrize(
+    ("value", "named"),
+    [("spm", "bleu_tokenize='spm' is not valid: expected '13a' | 'intl'"), ("ja-mecab", "sacrebleu[ja]")],
+)
+def test_metrics_config_refuses_tokenizers_it_cannot_run(value: str, named: str) -> None:
+    pytest.importorskip("sacrebleu")
+    if value == "ja-mecab":
+        try:
+            import MeCab  # noqa: F401
+
+            pytest.skip("mecab is installed here")
+        except ImportError:
+            pass
+    with pytest.raises(ValueError, match=re.escape(named)):
+        MetricsConfig(bleu_tokenize=value)
+    assert MetricsConfig().to_dict() == {"bleu_tokenize": "13a"}
 
 
 def test_references_are_scored_untouched() -> None:
@@ -241,8 +296,10 @@ def test_score_sets_records_the_tokenized_bleu_in_the_target_language(
     outputs = dict(zip(["src 1", "src 2"], DE_HYPS, strict=True))
 
     class FixedTranslator(Translator):
-        def __init__(self, data: dict | None) -> None:  # no model: `translate` looks the output up
+        def __init__(self, data: dict | None, metrics: MetricsConfig | None = None) -> None:
+            # no model: `translate` looks the output up
             self.data, self.decode, self.truncated = data, DecodeConfig(), 0
+            self.metrics = metrics or MetricsConfig()
 
         def translate(self, lines: list[str]) -> list[str]:
             return [outputs[line] for line in lines]
@@ -254,6 +311,15 @@ def test_score_sets_records_the_tokenized_bleu_in_the_target_language(
     assert entry["bleu_tok_compound"] == pytest.approx(60.165330351, abs=1e-6)
     assert entry["bleu_tok_compound_signature"] == bleu_tok_compound(DE_HYPS, DE_REFS, "de").signature
     assert entry["bleu"] == corpus_bleu(DE_HYPS, DE_REFS).score != entry["bleu_tok_compound"]
+    assert entry["ter"] == corpus_ter(DE_HYPS, DE_REFS).score > 0
+    assert entry["ter_signature"] == corpus_ter(DE_HYPS, DE_REFS).signature
+    assert results["scoring"] == {"bleu_tokenize": "13a"} and "|tok:13a|" in entry["bleu_signature"]
+    chosen = FixedTranslator({"tgt_lang": "de"}, MetricsConfig(bleu_tokenize="char"))
+    results = score_sets(chosen, sets).results
+    assert results["scoring"] == {"bleu_tokenize": "char"}
+    assert results["sets"]["test"]["bleu"] == corpus_bleu(DE_HYPS, DE_REFS, tokenize="char").score
+    assert results["sets"]["test"]["bleu"] != entry["bleu"]
+    assert "|tok:char|" in results["sets"]["test"]["bleu_signature"]
 
     with caplog.at_level(logging.WARNING, logger="attnlab.inference.translator"):
         results = score_sets(FixedTranslator(None), sets).results

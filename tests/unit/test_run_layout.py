@@ -195,11 +195,13 @@ def test_a_checkpoint_save_goes_through_the_tagged_atomic_writer(tmp_path: Path)
     assert [p.name for p in target.parent.iterdir()] == ["last.ckpt"]
 
 
-def test_the_results_table_shows_the_papers_bleu_beside_sacrebleu_when_there_is_one() -> None:
+def test_the_results_table_shows_ter_and_the_papers_bleu_beside_sacrebleu_when_there_are() -> None:
     from attnlab.runs.results import results_table
 
     entry = {"sentences": 2, "bleu": 31.234, "chrf": 55.0, "bleu_signature": "nrefs:1|tok:13a"}
-    table = results_table({"sets": {"test": {**entry, "bleu_tok_compound": 33.456}, "val": entry}})
-    header, test, val = table.splitlines()
+    sets = {"test": {**entry, "ter": 48.25, "bleu_tok_compound": 33.456}, "val": entry}  # val: older results
+    header, test, val = results_table({"sets": sets}).splitlines()
+    assert header.split()[:6] == ["set", "sentences", "BLEU", "chrF", "TER", "BLEU"]
     assert "BLEU tok+compound (paper)" in header
-    assert test.split()[:5] == ["test", "2", "31.23", "55.00", "33.46"] and val.split()[4] == "-"
+    assert test.split()[:6] == ["test", "2", "31.23", "55.00", "48.25", "33.46"]
+    assert val.split()[4:6] == ["-", "-"]

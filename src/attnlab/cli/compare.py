@@ -5,7 +5,7 @@ against a baseline group, plots).
 
 Usage:
     attnlab-compare logs/sweeps/pe [more run or sweep directories] [--baseline 'model.pe=sinusoidal']
-                    [--format md|csv|latex] [--out table.md] [--plots plots/]
+                    [--format md|csv|latex] [--out table.md] [--plots plots/] [--by-length]
 """
 
 from __future__ import annotations
@@ -16,16 +16,30 @@ from collections.abc import Sequence
 from pathlib import Path
 
 from attnlab.io import atomic_write_bytes
-from attnlab.reports.compare import UNREADABLE, load_runs, main_metric, render, summarize, table_rows
-from attnlab.reports.plots import plot_comparison
+from attnlab.reports.compare import (
+    UNREADABLE,
+    by_length,
+    load_runs,
+    main_metric,
+    render,
+    summarize,
+    table_rows,
+)
+from attnlab.reports.plots import plot_by_length, plot_comparison
 from attnlab.runs.layout import CONFIG_FILE, MANIFEST_FILE
 
 
 def report(
-    paths: Sequence[str | Path], baseline: str | None = None, fmt: str = "md", plots: str | Path | None = None
+    paths: Sequence[str | Path],
+    baseline: str | None = None,
+    fmt: str = "md",
+    plots: str | Path | None = None,
+    lengths: bool = False,
 ) -> str:
     """The comparison table of the runs under `paths`, then the runs that did not finish; with `plots`,
-    the plots of `attnlab.reports.plots.plot_comparison` are written into that directory."""
+    the plots of `attnlab.reports.plots.plot_comparison` are written into that directory. With `lengths`,
+    a table of BLEU by sentence length per test set follows the main table (`by_length`; with `plots`,
+    its plots too)."""
     runs = load_runs(paths)
     if not runs:
         raise FileNotFoundError(
@@ -34,6 +48,11 @@ def report(
     groups, others = summarize(runs, baseline)
     metric, columns = main_metric(groups)
     text = render(table_rows(groups, columns), fmt) if groups else "no finished runs\n"
+    tables = by_length(groups) if lengths and groups else []
+    for table in tables:
+        if fmt == "md":
+            text += f"\nBLEU on {table.test_set} by {table.by} length (words):\n\n"
+        text += render(table.rows(), fmt)
     unreadable = [r for r in others if r.status == UNREADABLE]
     others = [r for r in others if r.status != UNREADABLE]
     if others and fmt == "md":
@@ -42,7 +61,7 @@ def report(
     if unreadable and fmt == "md":  # other formats: the warnings of `read_run`
         text += "\nUnreadable, not compared:\n" + "".join(f"- {r.path} ({r.error})\n" for r in unreadable)
     if plots is not None and groups and metric is not None:
-        files = plot_comparison(groups, metric, plots)
+        files = plot_comparison(groups, metric, plots) + plot_by_length(tables, plots)
         if fmt == "md":
             text += "\nPlots:\n" + "".join(f"- {f}\n" for f in files)
     return text
@@ -60,9 +79,12 @@ def main(argv: Sequence[str] | None = None) -> None:
     parser.add_argument("--out", help="write the table to this file instead of stdout")
     parser.add_argument("--plots", help="also save PNG plots (BLEU per group, validation curves, BLEU vs "
                         "parameters) into this directory")  # fmt: skip
+    parser.add_argument("--by-length", action="store_true", help="also BLEU per sentence-length bucket "
+                        "(source words: <10, 10-19, 20-29, 30-39, 40+) per group and test set")  # fmt: skip
     args = parser.parse_args(argv)
     try:
-        text = report(args.paths, baseline=args.baseline, fmt=args.format, plots=args.plots)
+        text = report(args.paths, baseline=args.baseline, fmt=args.format, plots=args.plots,
+                      lengths=args.by_length)  # fmt: skip
     except (OSError, ValueError) as exc:  # no runs there, a bad --baseline, a plot that cannot be written
         raise SystemExit(f"attnlab-compare: {exc}") from None
     if args.out:

@@ -34,7 +34,13 @@ def evaluate_checkpoint(cfg: DictConfig) -> dict[str, Any]:
     if OmegaConf.is_missing(cfg, "ckpt_path") or not cfg.get("ckpt_path"):
         raise ConfigError("ckpt_path=<checkpoint file, list of files or run directory> is required")
     from attnlab.data.download import DataError
-    from attnlab.inference.translator import Translator, decode_settings, evaluate, resolve_checkpoints
+    from attnlab.inference.translator import (
+        Translator,
+        decode_settings,
+        evaluate,
+        metrics_settings,
+        resolve_checkpoints,
+    )
     from attnlab.runs.checkpoint import CheckpointError, data_spec
 
     try:
@@ -44,6 +50,8 @@ def evaluate_checkpoint(cfg: DictConfig) -> dict[str, Any]:
         paths = resolve_checkpoints(ckpt_path, int(cfg.get("average_last") or 0))
         translator = Translator.from_checkpoints(paths, device=str(cfg.get("device", "auto")))
         translator.decode = decode_settings(translator.decode.to_dict(), OmegaConf.to_container(cfg.decode))
+        if cfg.get("metrics") is not None:
+            translator.metrics = metrics_settings(translator.metrics, OmegaConf.to_container(cfg.metrics))
         if cfg.get("data") is not None:
             spec = build_node(cfg.data, "data")
         elif translator.data is not None:

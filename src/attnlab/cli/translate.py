@@ -7,7 +7,9 @@ dropped; a UTF-8 byte-order mark opening a file is ignored). A source longer tha
 `decode.max_source_tokens` (default: the training filter's `data.max_source_tokens`) or than a learned
 position table allows is cut to fit, keeping eos, with a warning counting them. Lines are read
 `chunk_lines` at a time, each chunk decoded in length-sorted batches, so memory stays bounded on inputs
-of any length. Log messages go to stderr.
+of any length. Typed at a terminal (standard input a TTY, `chunk_lines` not given), each line is
+translated as soon as it is entered (`chunk_lines=1`); a pipe or file keeps the chunks. Log messages go to
+stderr.
 
 `output=FILE` is written only when everything has succeeded: the checkpoint, the decoding settings, the
 input and the output's directory are checked first (and an output that is the input file is refused),
@@ -101,6 +103,17 @@ def utf8_lines(stream: IO[bytes] | IO[str], name: str) -> Iterator[str]:
             ) from None
 
 
+def interactive(settings: dict[str, Any], argv: Sequence[str]) -> bool:
+    """Whether the input is typed at a terminal: standard input (`input=-`) is a TTY and `chunk_lines`
+    was not given on the command line."""
+    if str(settings["input"]) != "-" or any(arg.startswith("chunk_lines=") for arg in argv):
+        return False
+    try:
+        return os.isatty(sys.stdin.fileno())
+    except (AttributeError, OSError, ValueError):  # no real stdin (closed, replaced by an object)
+        return False
+
+
 def load_translator(settings: dict[str, Any]) -> Translator:
     """The translator of `settings["ckpt_path"]` with the `decode.*` overrides applied.
 
@@ -180,6 +193,8 @@ def main(argv: Sequence[str] | None = None) -> None:
     if not settings["ckpt_path"]:
         raise SystemExit("attnlab-translate: ckpt_path=<checkpoint file or run directory> is required")
     chunk_lines, output = int(settings["chunk_lines"]), str(settings["output"])
+    if interactive(settings, argv):
+        chunk_lines = 1  # a line typed at a terminal is translated at once, not after 2048 more
     if chunk_lines < 1:
         raise SystemExit(f"attnlab-translate: chunk_lines={chunk_lines} must be >= 1")
     from attnlab.runs.checkpoint import CheckpointError

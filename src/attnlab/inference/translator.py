@@ -29,7 +29,7 @@ from attnlab.data.corpora import CorpusData
 from attnlab.data.tokenizer import SubwordTokenizer
 from attnlab.decoding import DecodeConfig
 from attnlab.decoding.search import translate
-from attnlab.metrics import bleu_tok_compound, score_all
+from attnlab.metrics import MetricsConfig, bleu_tok_compound, score_all
 from attnlab.model.transformer import Transformer
 from attnlab.runs.checkpoint import (
     BUNDLE_KEY,
@@ -39,7 +39,14 @@ from attnlab.runs.checkpoint import (
     read_averaged,
     saved_settings,
 )
-from attnlab.runs.layout import CHECKPOINTS_DIR, HYPOTHESES_DIR, REFERENCES_DIR, RESULTS_FILE, RunDir
+from attnlab.runs.layout import (
+    CHECKPOINTS_DIR,
+    HYPOTHESES_DIR,
+    REFERENCES_DIR,
+    RESULTS_FILE,
+    SOURCES_DIR,
+    RunDir,
+)
 from attnlab.runs.results import results_bytes
 
 log = logging.getLogger(__name__)
@@ -62,6 +69,7 @@ class Translator:
         decode: Beam size, length penalty, length limits and batch sizes.
         data: The data settings the model was trained with (from its checkpoint), if known: its
             `max_source_tokens` is the default source limit, its `tgt_lang` the `target_lang`.
+        metrics: How `score_sets` scores its translations (the BLEU tokenizer); default `MetricsConfig()`.
     """
 
     def __init__(
@@ -71,11 +79,13 @@ class Translator:
         tgt_tokenizer: SubwordTokenizer,
         decode: DecodeConfig,
         data: dict[str, Any] | None = None,
+        metrics: MetricsConfig | None = None,
     ) -> None:
         self.model = model.eval()
         self.src_tokenizer, self.tgt_tokenizer = src_tokenizer, tgt_tokenizer
         self.decode = decode
         self.data = data
+        self.metrics = metrics or MetricsConfig()
         self.truncated = 0  # sources cut to fit a learned position table
 
     @classmethod
@@ -84,7 +94,8 @@ class Translator:
     ) -> Translator:
         """A translator from one checkpoint, or from the average of several (same model and tokenizers).
 
-        `decode` defaults to the decoding settings saved in the checkpoint.
+        `decode` defaults to the decoding settings saved in the checkpoint, and the scoring settings are
+        the saved ones too (`MetricsConfig()` for a checkpoint without them).
 
         Raises:
             attnlab.runs.checkpoint.CheckpointError: A checkpoint is missing, damaged, not from attnlab-train,
@@ -118,6 +129,7 @@ class Translator:
             *tokenizers,
             decode or saved_settings(checkpoint, "decode", paths[0]),
             data=data,
+            metrics=saved_settings(checkpoint, "metrics", paths[0]),
         )
 
     @property
@@ -208,16 +220,17 @@ def _damaged(paths: Sequence[str | Path], what: str, exc: Exception) -> Checkpoi
 @dataclass(frozen=True)
 class Evaluation:
     """What an evaluation produced, before anything is written: the content of `results.json`, and per
-    test set its hypotheses and references (lines).
+    test set its hypotheses, references and sources (lines).
 
     `write` puts them into a run directory together (`results.json`, `hypotheses/<set>.txt`,
-    `references/<set>.txt`): a failed write leaves every file there before unchanged, so hypotheses,
-    references and results always belong to the same evaluation.
+    `references/<set>.txt`, `sources/<set>.txt`): a failed write leaves every file there before
+    unchanged, so hypotheses, references, sources and results always belong to the same evaluation.
     """
 
     results: dict[str, Any]
     hypotheses: dict[str, list[str]] = dataclasses.field(default_factory=dict)
     references: dict[str, list[str]] = dataclasses.field(default_factory=dict)
+    sources: dict[str, list[str]] = dataclasses.field(default_factory=dict)
 
     def with_results(self, **entries: Any) -> Evaluation:
         """A copy with `entries` added to the results (e.g. `metrics=...`)."""
@@ -226,7 +239,9 @@ class Evaluation:
     def write(self, run: RunDir | str | Path) -> None:
         """Write every file of the evaluation into the run directory at once (`RunDir.write_files`)."""
         files: dict[str, bytes] = {}
-        for directory, sets in ((HYPOTHESES_DIR, self.hypotheses), (REFERENCES_DIR, self.references)):
+        written = ((HYPOTHESES_DIR, self.hypotheses), (REFERENCES_DIR, self.references),
+                   (SOURCES_DIR, self.sources))  # fmt: skip
+        for directory, sets in written:
             for name, lines in sets.items():
                 files[f"{directory}/{name}.txt"] = "".join(f"{line}\n" for line in lines).encode("utf-8")
         files[RESULTS_FILE] = results_bytes(self.results)
@@ -249,7 +264,8 @@ def score_sets(
         extra: More top-level entries for the results (e.g. test loss).
 
     Returns:
-        The `Evaluation`; its results hold per set the BLEU and chrF with their sacreBLEU signatures, the
+        The `Evaluation`; its results hold per set the BLEU, chrF and TER with their sacreBLEU signatures
+        (BLEU tokenized by `translator.metrics.bleu_tokenize`, also under `scoring`), the
         paper's tokenized compound-split BLEU `bleu_tok_compound` (not comparable to sacreBLEU) with the
         signature of its procedure (naming the Moses language used), sentence count, hypotheses and
         references files (relative to the run directory) and decoding time, plus the decoding settings and
@@ -263,10 +279,12 @@ def score_sets(
                     "Moses' English rules")  # fmt: skip
     hypotheses_of: dict[str, list[str]] = {}
     references_of: dict[str, list[str]] = {}
+    sources_of: dict[str, list[str]] = {}
     results: dict[str, Any] = {
         "checkpoints": [str(Path(p).resolve()) for p in checkpoints],
         "averaged": len(checkpoints) > 1,
         "decode": translator.decode.to_dict(),
+        "scoring": translator.metrics.to_dict(),
         "target_lang": lang,
         "sets": {},
     }
@@ -278,28 +296,33 @@ def score_sets(
             log.warning("%s: %d sources were cut to %s", name, translator.truncated - truncated,
                         translator.source_limit()[1])  # fmt: skip
         hypotheses_of[name], references_of[name] = hypotheses, list(references)
-        scores = score_all(hypotheses, list(references))
+        sources_of[name] = list(sources)
+        scores = score_all(hypotheses, list(references), translator.metrics)
         paper = bleu_tok_compound(hypotheses, list(references), lang or "en")
         results["sets"][name] = {
             "bleu": scores["bleu"].score,
             "chrf": scores["chrf"].score,
+            "ter": scores["ter"].score,
             "bleu_signature": scores["bleu"].signature,
             "chrf_signature": scores["chrf"].signature,
+            "ter_signature": scores["ter"].signature,
             "bleu_details": scores["bleu"].details,
             "bleu_tok_compound": paper.score,
             "bleu_tok_compound_signature": paper.signature,
             "sentences": len(hypotheses),
             "hypotheses": f"{HYPOTHESES_DIR}/{name}.txt",
             "references": f"{REFERENCES_DIR}/{name}.txt",  # for paired significance tests later
+            "sources": f"{SOURCES_DIR}/{name}.txt",  # for reports by source length
             "decode_seconds": round(seconds, 3),
         }
-        log.info("%s: BLEU %.2f chrF %.2f (%d sentences, %.1f s; %s); the paper's tokenized BLEU %.2f (%s)",
-                 name, scores["bleu"].score, scores["chrf"].score, len(hypotheses), seconds,
+        log.info("%s: BLEU %.2f chrF %.2f TER %.2f (%d sentences, %.1f s; %s); the paper's tokenized BLEU "
+                 "%.2f (%s)", name, scores["bleu"].score, scores["chrf"].score, scores["ter"].score,
+                 len(hypotheses), seconds,
                  scores["bleu"].signature, paper.score, paper.signature)  # fmt: skip
     if translator.truncated:
         results["truncated_sources"] = translator.truncated
     results.update(copy.deepcopy(extra or {}))
-    return Evaluation(results, hypotheses_of, references_of)
+    return Evaluation(results, hypotheses_of, references_of, sources_of)
 
 
 def evaluate(
@@ -355,17 +378,36 @@ def resolve_checkpoints(ckpt_path: str | Path | Sequence[str | Path], average_la
     )
 
 
+def _chosen(cls: type, overrides: dict[str, Any] | None, key: str, what: str) -> dict[str, Any]:
+    """The non-null `overrides` of settings class `cls` (config node `key`), each one of its fields."""
+    fields = {f.name for f in dataclasses.fields(cls)}
+    chosen = {k: v for k, v in (overrides or {}).items() if v is not None}
+    unknown = sorted(set(chosen) - fields)
+    if unknown:
+        known = ", ".join(sorted(fields))
+        raise ValueError(f"{key}.{unknown[0]} is not a {what} setting: use one of {known}")
+    return chosen
+
+
+def metrics_settings(saved: MetricsConfig, overrides: dict[str, Any] | None) -> MetricsConfig:
+    """The scoring settings saved in a checkpoint with the non-null `overrides` applied.
+
+    Raises:
+        ValueError: An override is not a `MetricsConfig` field or has a bad value (a missing package).
+    """
+    chosen = _chosen(MetricsConfig, overrides, "metrics", "scoring")
+    try:
+        return dataclasses.replace(saved, **chosen)
+    except ValueError as exc:
+        raise ValueError(f"metrics.{exc}") from None
+
+
 def decode_settings(saved: dict[str, Any], overrides: dict[str, Any] | None) -> DecodeConfig:
     """The decoding settings saved in a checkpoint with the non-null `overrides` applied.
 
     Raises:
         ValueError: An override is not a `DecodeConfig` field or has a bad value.
     """
+    chosen = _chosen(DecodeConfig, overrides, "decode", "decoding")
     fields = {f.name for f in dataclasses.fields(DecodeConfig)}
-    chosen = {k: v for k, v in (overrides or {}).items() if v is not None}
-    unknown = sorted(set(chosen) - fields)
-    if unknown:
-        raise ValueError(
-            f"decode.{unknown[0]} is not a decoding setting: use one of {', '.join(sorted(fields))}"
-        )
     return DecodeConfig(**{**{k: v for k, v in saved.items() if k in fields}, **chosen})

@@ -10,12 +10,19 @@ seed the p-value of sacreBLEU's paired bootstrap test against the baseline run o
 Runs that failed or never finished are listed, not dropped; so is a run whose `config.yaml`,
 `manifest.json`, `results.json` or `csv/metrics.csv` cannot be read (status `unreadable`, with the file
 and why), and the others are compared without it.
+
+`by_length` breaks each group's test BLEU down by sentence length (compare-mt's length buckets): the
+sentences of a test set are bucketed by the number of words of their source (`sources/<set>.txt`; by
+that of their reference for runs written before sources were saved), each bucket scored as a corpus
+with sacreBLEU, and the scores summarised over seeds like the other metrics.
 """
 
 from __future__ import annotations
 
+import bisect
 import csv
 import io
+import itertools
 import logging
 from collections.abc import Sequence
 from dataclasses import dataclass, field
@@ -229,6 +236,87 @@ def paired_tests(baseline: Sequence[Run], runs: Sequence[Run], n_samples: int = 
             result = paired_bootstrap(base_hyps, _lines(hyp_file), refs, n_samples=n_samples)
             out.setdefault(hyp_file.stem, []).append((run.config.get("seed"), result.p_value))
     return out
+
+
+LENGTH_EDGES = (10, 20, 30, 40)  # words: <10, 10-19, 20-29, 30-39, 40+ (`by_length`)
+
+
+@dataclass
+class LengthTable:
+    """BLEU by sentence length on one test set (`by_length`).
+
+    Attributes:
+        test_set: The set's name.
+        by: What a sentence's length counts: "source" words or, for runs without saved sources,
+            "reference" words.
+        labels: The buckets, e.g. "<10", "10-19", ..., "40+".
+        sentences: Sentences per bucket.
+        groups: Per group name, the BLEU of each bucket over its seeds (None for an empty bucket).
+    """
+
+    test_set: str
+    by: str
+    labels: list[str]
+    sentences: list[int]
+    groups: dict[str, list[Stat | None]]
+
+    def rows(self) -> list[list[str]]:
+        """Header plus one row per group: `mean ± std [±95% CI]` of each bucket's BLEU."""
+        header = [
+            "group",
+            *(f"{label} (n={n})" for label, n in zip(self.labels, self.sentences, strict=True)),
+        ]
+        return [header, *([name, *(_cell(s) for s in stats)] for name, stats in self.groups.items())]
+
+
+def length_labels(edges: Sequence[int]) -> list[str]:
+    """`(10, 20)` -> `["<10", "10-19", "20+"]`."""
+    inner = [f"{low}-{high - 1}" for low, high in itertools.pairwise(edges)]
+    return [f"<{edges[0]}", *inner, f"{edges[-1]}+"]
+
+
+def by_length(groups: Sequence[GroupSummary], edges: Sequence[int] = LENGTH_EDGES) -> list[LengthTable]:
+    """Per test set that every run of `groups` saved, each group's corpus BLEU (sacreBLEU, 13a) on the
+    sentences of each length bucket (`edges`: word counts where a bucket starts), over its seeds.
+
+    The sentences are bucketed once per set by the words of the first run's saved sources (all runs of a
+    set must have the same references: the same sentences), or of its references when it saved none.
+
+    Raises:
+        ValueError: Runs scored different sentences under one set name.
+    """
+    from attnlab.metrics import corpus_bleu
+
+    runs = [run for group in groups for run in group.runs]
+    if not runs:
+        return []
+    names = set.intersection(*({p.stem for p in r.files.hypotheses_dir.glob("*.txt")} for r in runs))
+    tables = []
+    for name in sorted(names):
+        references = _lines(runs[0].files.references_dir / f"{name}.txt")
+        if references is None:
+            continue
+        if any(_lines(r.files.references_dir / f"{name}.txt") != references for r in runs):
+            raise ValueError(f"the runs scored different {name!r} sentences: compare runs of one test set")
+        sources = _lines(runs[0].files.sources_dir / f"{name}.txt")
+        by, counted = ("source", sources) if sources is not None else ("reference", references)
+        bucket = [bisect.bisect_right(edges, len(line.split())) for line in counted]
+        members = [[i for i, b in enumerate(bucket) if b == k] for k in range(len(edges) + 1)]
+        stats: dict[str, list[Stat | None]] = {}
+        for group in groups:
+            scores: list[list[float]] = [[] for _ in members]
+            for run in group.runs:
+                hypotheses = _lines(run.files.hypotheses_dir / f"{name}.txt") or []
+                if len(hypotheses) != len(references):
+                    raise ValueError(f"{run.path}: {name}.txt has {len(hypotheses)} hypotheses for "
+                                     f"{len(references)} references")  # fmt: skip
+                for k, rows in enumerate(members):
+                    if rows:
+                        subset = [hypotheses[i] for i in rows], [references[i] for i in rows]
+                        scores[k].append(corpus_bleu(*subset).score)
+            stats[group.name] = [stat(s) if s else None for s in scores]
+        tables.append(LengthTable(name, by, length_labels(edges), [len(m) for m in members], stats))
+    return tables
 
 
 def _cell(s: Stat | None, digits: int = 2) -> str:

@@ -4,7 +4,9 @@
   its 95% t-interval over seeds, and every seed's value as a dot;
 - `validation_curves.png`: per group, the mean over seeds of a validation metric (`val/bleu` when it
   was logged, else `val/loss`) at each epoch, with the range over seeds shaded;
-- `<metric>_vs_params.png`: the main metric against the parameter count, one point per group.
+- `<metric>_vs_params.png`: the main metric against the parameter count, one point per group;
+- with `attnlab-compare --by-length`, `bleu_by_length_<set>.png` per test set (`plot_by_length`): each
+  group's BLEU per length bucket, mean over seeds with its 95% t-interval.
 """
 
 from __future__ import annotations
@@ -16,7 +18,7 @@ from collections.abc import Sequence
 from pathlib import Path
 
 from attnlab.io import atomic_write_files
-from attnlab.reports.compare import GroupSummary, Run
+from attnlab.reports.compare import GroupSummary, LengthTable, Run
 
 
 def validation_curve(run: Run, metric: str) -> dict[int, float]:
@@ -48,6 +50,23 @@ def plot_comparison(groups: Sequence[GroupSummary], metric: str, out_dir: str | 
         out / "validation_curves.png": _png(_validation_curves(groups)),
         out / f"{_slug(metric)}_vs_params.png": _png(_vs_params(groups, metric)),
     }
+    return _write(written, out)
+
+
+def plot_by_length(tables: Sequence[LengthTable], out_dir: str | Path) -> list[Path]:
+    """Write `bleu_by_length_<set>.png` for each table of `attnlab.reports.compare.by_length` into
+    `out_dir` (all together, as `plot_comparison` does); returns the files written."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    out = Path(out_dir)
+    out.mkdir(parents=True, exist_ok=True)
+    written = {out / f"bleu_by_length_{table.test_set}.png": _png(_length_figure(table)) for table in tables}
+    return _write(written, out)
+
+
+def _write(written: dict[Path, bytes], out: Path) -> list[Path]:
+    """Write the plots `written` (path -> PNG bytes) into `out` together; returns their paths."""
     try:
         atomic_write_files(written)
     except OSError as exc:
@@ -55,6 +74,26 @@ def plot_comparison(groups: Sequence[GroupSummary], metric: str, out_dir: str | 
                       f"in {out} before are unchanged. Free disk space or choose another --plots directory"
                       ) from None  # fmt: skip
     return list(written)
+
+
+def _length_figure(table: LengthTable) -> object:
+    import matplotlib.pyplot as plt
+
+    fig, ax = plt.subplots(figsize=(6.4, 4.0))
+    x = range(len(table.labels))
+    for name, stats in table.groups.items():
+        points = [(i, s) for i, s in zip(x, stats, strict=True) if s is not None]
+        ax.errorbar([i for i, _ in points], [s.mean for _, s in points],
+                    yerr=[s.half_width or 0.0 for _, s in points], marker="o", capsize=3,
+                    label=name)  # fmt: skip
+    ax.set_xticks(list(x))
+    ax.set_xticklabels([f"{label}\n(n={n})" for label, n in zip(table.labels, table.sentences, strict=True)])
+    ax.set_xlabel(f"{table.by} length (words)")
+    ax.set_ylabel(f"BLEU on {table.test_set}")
+    ax.set_title(f"BLEU by {table.by} length: mean over seeds, 95% interval")
+    _legend(ax)
+    fig.tight_layout()
+    return fig
 
 
 def _by_group(groups: Sequence[GroupSummary], metric: str) -> object:

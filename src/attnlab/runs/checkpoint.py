@@ -30,6 +30,7 @@ from torch import Tensor
 
 from attnlab.data import DATA_SPECS
 from attnlab.decoding import DecodeConfig
+from attnlab.metrics import MetricsConfig
 from attnlab.model.config import TransformerConfig
 from attnlab.optim import OptimConfig
 from attnlab.runs.layout import CHECKPOINTS_DIR
@@ -41,7 +42,9 @@ BUNDLE_FORMAT = 1
 RESUME_KEY = "attnlab_resume"
 KEPT_FILE = re.compile(r"^(epoch|step)(\d+)\.ckpt$")  # checkpoints kept for averaging
 # `hyper_parameters` entry -> its class (the entries hold plain values only, no class name).
-SETTINGS: dict[str, type] = {"model": TransformerConfig, "optim": OptimConfig, "decode": DecodeConfig}
+SETTINGS: dict[str, type] = {
+    "model": TransformerConfig, "optim": OptimConfig, "decode": DecodeConfig, "metrics": MetricsConfig,
+}  # fmt: skip
 # Keys by which Hydra (`instantiate`) or Lightning (`load_from_checkpoint`) would import what they name.
 CLASS_KEYS = ("_target_", "_instantiator", "_class_path")
 # What torch's weights-only unpickler says when a file holds code or objects of foreign classes.
@@ -199,8 +202,8 @@ def _class_key(value: Any, where: str) -> tuple[str, Any] | None:
 def _refused_class(path: str | Path, where: str, name: Any) -> CheckpointError:
     return CheckpointError(
         f"{path} names a class attnlab does not build ({where}={name!r}) and was not loaded: from a "
-        "checkpoint attnlab builds only its data specs and model, optim and decode settings, by their "
-        "own names, never a class the file names. Use a checkpoint written by attnlab-train"
+        "checkpoint attnlab builds only its data specs and model, optim, decode and metrics settings, by "
+        "their own names, never a class the file names. Use a checkpoint written by attnlab-train"
     )
 
 
@@ -242,14 +245,14 @@ def data_spec(data: dict[str, Any], path: str | Path) -> Any:
 
 
 def saved_settings(checkpoint: dict[str, Any], key: str, path: str | Path) -> Any:
-    """The `hyper_parameters[key]` (`model`, `optim` or `decode`) of a checkpoint, built by its class in
-    `SETTINGS` (decoding defaults when a checkpoint has none).
+    """The `hyper_parameters[key]` (`model`, `optim`, `decode` or `metrics`) of a checkpoint, built by its
+    class in `SETTINGS` (decoding and scoring defaults when a checkpoint has none).
 
     Raises:
         CheckpointError: The entry is missing or holds values its class refuses.
     """
     values = checkpoint["hyper_parameters"].get(key)
-    if values is None and key == "decode":
+    if values is None and key in ("decode", "metrics"):  # (older checkpoints have no metrics settings)
         values = {}
     if not isinstance(values, dict) or not all(isinstance(k, str) for k in values):
         raise CheckpointError(

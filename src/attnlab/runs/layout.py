@@ -8,6 +8,7 @@ A run directory holds::
     results.json         the final scores and metrics (RESULTS_FILE, `attnlab.runs.results`)
     hypotheses/<set>.txt the translations of each test set (HYPOTHESES_DIR)
     references/<set>.txt their references, for paired tests later (REFERENCES_DIR)
+    sources/<set>.txt    their sources, for reports by source length (SOURCES_DIR)
     csv/metrics.csv      the metrics Lightning's CSV logger wrote (METRICS_CSV)
     checkpoints/         the checkpoints (CHECKPOINTS_DIR); `last.ckpt` the latest state (LAST_CHECKPOINT)
     .lock                the lock of the process running there (RUN_LOCK)
@@ -38,6 +39,7 @@ MANIFEST_FILE = "manifest.json"
 RESULTS_FILE = "results.json"
 HYPOTHESES_DIR = "hypotheses"
 REFERENCES_DIR = "references"
+SOURCES_DIR = "sources"
 METRICS_CSV = "csv/metrics.csv"
 CHECKPOINTS_DIR = "checkpoints"
 LAST_CHECKPOINT = f"{CHECKPOINTS_DIR}/last.ckpt"
@@ -223,6 +225,11 @@ class RunDir:
     def references_dir(self) -> Path:
         """`references/`: `<set>.txt`, the references of each test set."""
         return self.path / REFERENCES_DIR
+
+    @property
+    def sources_dir(self) -> Path:
+        """`sources/`: `<set>.txt`, the raw source lines of each test set (runs since December 2026)."""
+        return self.path / SOURCES_DIR
 
     @property
     def metrics_csv(self) -> Path:

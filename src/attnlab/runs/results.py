@@ -12,13 +12,18 @@ def results_bytes(results: dict[str, Any]) -> bytes:
 
 
 def results_table(results: dict[str, Any]) -> str:
-    """The scores of `results.json` as a text table (one row per set): sacreBLEU, chrF, the paper's
-    tokenized compound-split BLEU (not comparable to sacreBLEU; "-" when absent) and the BLEU signature."""
-    rows = [("set", "sentences", "BLEU", "chrF", "BLEU tok+compound (paper)", "signature")]
+    """The scores of `results.json` as a text table (one row per set): sacreBLEU, chrF, TER, the paper's
+    tokenized compound-split BLEU (not comparable to sacreBLEU) and the BLEU signature ("-" for a score a
+    results file from an older attnlab lacks)."""
+
+    def score(entry: dict[str, Any], key: str) -> str:
+        return "-" if entry.get(key) is None else f"{entry[key]:.2f}"
+
+    rows = [("set", "sentences", "BLEU", "chrF", "TER", "BLEU tok+compound (paper)", "signature")]
     for name, entry in results["sets"].items():
-        paper = entry.get("bleu_tok_compound")
-        rows.append((name, str(entry["sentences"]), f"{entry['bleu']:.2f}", f"{entry['chrf']:.2f}",
-                     "-" if paper is None else f"{paper:.2f}", entry["bleu_signature"]))  # fmt: skip
+        rows.append((name, str(entry["sentences"]), score(entry, "bleu"), score(entry, "chrf"),
+                     score(entry, "ter"), score(entry, "bleu_tok_compound"),
+                     entry["bleu_signature"]))  # fmt: skip
     widths = [max(len(row[i]) for row in rows) for i in range(len(rows[0]))]
     return "\n".join(
         "  ".join(cell.ljust(w) for cell, w in zip(row, widths, strict=True)).rstrip() for row in rows

@@ -9,7 +9,8 @@
   null.
 - `WandbLogger`: Lightning's `WandbLogger` that keeps W&B's directories inside the run directory
   (`WANDB_DIR`, `WANDB_DATA_DIR`, `WANDB_CACHE_DIR`, `WANDB_CONFIG_DIR`, unless the user set them),
-  offline unless asked otherwise.
+  offline unless asked otherwise, and summarises validation scores by their best value (`SUMMARIES`:
+  the maximum of `val/bleu` and `val/chrf`, the minimum of the validation losses), not the last.
 """
 
 from __future__ import annotations
@@ -30,6 +31,12 @@ from attnlab.runs.layout import RunDir, is_bookkeeping, setting
 __all__ = ["WandbLogger", "config_group", "finish_wandb", "log_results", "run_name",
            "wandb_names", "wandb_runs"]  # fmt: skip
 
+# How W&B summarises a metric of the history (`define_metric(summary=...)`): its best value, not the last,
+# for validation scores and losses; everything else keeps W&B's default, the last value.
+SUMMARIES = {
+    "val/bleu": "max", "val/chrf": "max",
+    "val/loss": "min", "val/nll": "min", "val/ppl": "min",
+}  # fmt: skip
 _SET_BY_US: dict[str, str] = {}  # W&B directory variables this process set (for the next run of a multirun)
 WANDB_DIRS = {
     "WANDB_DIR": "",
@@ -116,6 +123,16 @@ class WandbLogger(_LightningWandbLogger):
         super().__init__(name=name, save_dir=save_dir, project=project, entity=entity, group=group,
                          tags=list(tags), mode=mode, job_type=job_type, **kwargs)  # fmt: skip
 
+    @property
+    def experiment(self) -> Any:
+        """The W&B run (created on first use, rank 0 only), with the `SUMMARIES` of its metrics defined."""
+        run = super().experiment
+        if not getattr(self, "_summaries_defined", False) and hasattr(run, "define_metric"):
+            for metric, summary in SUMMARIES.items():  # (Lightning's own step metric kept for each)
+                run.define_metric(metric, step_metric="trainer/global_step", summary=summary)
+            self._summaries_defined = True
+        return run
+
     @classmethod
     def accepted_keys(cls) -> list[str]:
         """The keys this logger takes: its own parameters and those of what its `**kwargs` reach,
@@ -147,7 +164,8 @@ def log_results(runs: list[Any], results: dict[str, Any], output_dir: Path) -> N
     run_dir = RunDir(output_dir)
     summary: dict[str, Any] = {}
     for name, entry in results.get("sets", {}).items():
-        for key in ("bleu", "chrf", "bleu_signature", "chrf_signature", "sentences", "bleu_tok_compound"):
+        for key in ("bleu", "chrf", "ter", "bleu_signature", "chrf_signature", "ter_signature", "sentences",
+                    "bleu_tok_compound"):  # fmt: skip
             if key in entry:
                 summary[f"results/{name}/{key}"] = entry[key]
     for key, value in results.get("test_metrics", {}).items():

@@ -1,7 +1,7 @@
 """Turning a composed Hydra config into validated objects, before torch or lightning is imported.
 
 `validate(cfg)` checks the top-level keys, instantiates the torch-free nodes (`model`, `optim`, `data`,
-`decode`; their constructors check their own values, e.g. that a data directory exists), checks the
+`decode`, `metrics`; their constructors check their own values, e.g. that a data directory exists), checks the
 trainer's simple values and the fit between data and model, and raises `ConfigError` naming the key and
 the fix.
 """
@@ -9,12 +9,14 @@ the fix.
 from __future__ import annotations
 
 import inspect
-from dataclasses import dataclass
+from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any
 
 from omegaconf import DictConfig, OmegaConf
 
 from attnlab.decoding import DecodeConfig
+from attnlab.metrics import MetricsConfig
 from attnlab.model.config import TransformerConfig
 from attnlab.optim import OptimConfig
 from attnlab.typed import RESERVED_KEYS, ConfigError, build_from, did_you_mean, is_int, reject_unknown_keys
@@ -47,6 +49,7 @@ class Experiment:
     optim: OptimConfig
     data: Any
     decode: DecodeConfig
+    metrics: MetricsConfig = field(default_factory=MetricsConfig)
 
 
 def _target_class(node: DictConfig, key: str) -> type:
@@ -155,6 +158,23 @@ def _check_top_level(cfg: DictConfig) -> None:
     test = cfg.get("test", True)
     if not isinstance(test, bool):
         raise ConfigError(f"test={test!r} must be true or false")
+    _check_init_from(cfg)
+
+
+def _check_init_from(cfg: DictConfig) -> None:
+    init_from = cfg.get("init_from")
+    if init_from is None:
+        return
+    if not isinstance(init_from, str) or not Path(init_from).expanduser().is_file():
+        raise ConfigError(
+            f"init_from={init_from!r} is not a checkpoint file: give a .ckpt file written by attnlab-train "
+            "(e.g. <run>/checkpoints/last.ckpt) or null"
+        )
+    if cfg.get("ckpt_path") not in (None, "last"):
+        raise ConfigError(
+            f"init_from={init_from} and ckpt_path={cfg.ckpt_path}: give one of them — ckpt_path continues "
+            "from a checkpoint's whole state (optimizer, schedule, step), init_from takes its weights only"
+        )
 
 
 def _check_trainer(trainer: DictConfig) -> None:
@@ -240,8 +260,9 @@ def validate(cfg: DictConfig) -> Experiment:
     data = build_node(cfg.data, "data")
     _check_data_spec(data)
     decode = build_node(cfg.decode, "decode")
+    metrics = build_node(cfg.metrics, "metrics") if cfg.get("metrics") is not None else MetricsConfig()
     _check_trainer(cfg.trainer)
-    return Experiment(model=_check_fit(model, data), optim=optim, data=data, decode=decode)
+    return Experiment(model=_check_fit(model, data), optim=optim, data=data, decode=decode, metrics=metrics)
 
 
 SCORED_METRICS = ("val/bleu", "val/chrf")

@@ -17,7 +17,7 @@ from torchmetrics import SumMetric
 from attnlab.data.batching import restore_order
 from attnlab.decoding import DecodeConfig
 from attnlab.decoding.search import beam_search, greedy_decode, translate
-from attnlab.metrics import score_all
+from attnlab.metrics import MetricsConfig, score_all
 from attnlab.model.config import TransformerConfig
 from attnlab.model.transformer import Transformer
 from attnlab.optim import OptimConfig
@@ -79,17 +79,22 @@ class TranslationModule(L.LightningModule):
         model: TransformerConfig | dict[str, Any],
         optim: OptimConfig | dict[str, Any],
         decode: DecodeConfig | dict[str, Any] | None = None,
+        metrics: MetricsConfig | dict[str, Any] | None = None,
     ) -> None:
         super().__init__()
         self.model_config = model if isinstance(model, TransformerConfig) else TransformerConfig(**model)
         self.optim_config = optim if isinstance(optim, OptimConfig) else OptimConfig(**optim)
         self.decode_config = decode if isinstance(decode, DecodeConfig) else DecodeConfig(**(decode or {}))
+        self.metrics_config = (
+            metrics if isinstance(metrics, MetricsConfig) else MetricsConfig(**(metrics or {}))
+        )
         # Plain containers only, so checkpoints load with torch.load(weights_only=True).
         self.save_hyperparameters(
             {
                 "model": self.model_config.to_dict(),
                 "optim": self.optim_config.to_dict(),
                 "decode": self.decode_config.to_dict(),
+                "metrics": self.metrics_config.to_dict(),
             }
         )
         self._val_hypotheses: list[tuple[int, list[int]]] | None = None
@@ -312,7 +317,7 @@ class TranslationModule(L.LightningModule):
         datamodule = self.trainer.datamodule
         hypotheses = [datamodule.tgt_tokenizer.decode(ids) for ids in outputs]
         references = [datamodule.references["val"][i] for i in indices]
-        scores = score_all(hypotheses, references)
+        scores = score_all(hypotheses, references, self.metrics_config, ter=False)
         log.info("val BLEU %.2f (%s)", scores["bleu"].score, scores["bleu"].signature)
         return {"val/bleu": scores["bleu"].score, "val/chrf": scores["chrf"].score}
 
@@ -407,21 +412,21 @@ class TranslationModule(L.LightningModule):
         if hparams_file is not None:
             raise TypeError(
                 "TranslationModule.load_from_checkpoint takes no hparams_file: the settings come from the "
-                "checkpoint; pass model=..., optim=... or decode=... to replace them"
+                "checkpoint; pass model=..., optim=..., decode=... or metrics=... to replace them"
             )
         if weights_only is False:
             raise CheckpointError(
                 f"{checkpoint_path}: attnlab checkpoints hold plain data and tensors only and are always "
                 "read with weights_only=True"
             )
-        unknown = sorted(set(settings) - {"model", "optim", "decode"})
+        unknown = sorted(set(settings) - {"model", "optim", "decode", "metrics"})
         if unknown:
             raise TypeError(
-                f"TranslationModule.load_from_checkpoint got unknown settings {unknown}: use model, optim "
-                "or decode"
+                f"TranslationModule.load_from_checkpoint got unknown settings {unknown}: use model, optim, "
+                "decode or metrics"
             )
         checkpoint = read_checkpoint(checkpoint_path)
-        for key in ("model", "optim", "decode"):
+        for key in ("model", "optim", "decode", "metrics"):
             if key not in settings:
                 settings[key] = saved_settings(checkpoint, key, checkpoint_path)
         model = settings["model"]

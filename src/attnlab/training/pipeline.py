@@ -6,7 +6,8 @@
     (run lock)         take the run directory: a second process there is refused
     build_data         set the data module up (corpora prepared or read from the cache)
     fit_model_to_data  complete the model config with the vocabulary sizes, check the special ids
-    build_module       the LightningModule (compiled when `compile.enabled`)
+    build_module       the LightningModule (compiled when `compile.enabled`); with `init_from`, the weights
+                       of that checkpoint (`init_weights`), unless the run continues from its own
     build_trainer      the Lightning trainer with callbacks, loggers and checkpoint IO
     fit                train (from the run's last checkpoint when it continues)
     final_evaluation   test the final weights (best checkpoint or average) and, on rank 0, decode and score
@@ -176,6 +177,8 @@ def _train_and_evaluate(plan: RunPlan, manifest: Manifest | None) -> dict[str, f
     datamodule = build_data(plan)
     _record(manifest, data=data_identity(datamodule))  # before the checks: a refused run names its data
     module = build_module(plan, fit_model_to_data(plan, datamodule))
+    if plan.cfg.get("init_from") is not None and not plan.continuing:
+        _record(manifest, init_from=init_weights(module, datamodule, plan.cfg.init_from))
     wandb_id = manifest.get("wandb_run_id") if manifest is not None and plan.continuing else None
     trainer = build_trainer(plan, datamodule, wandb_id=wandb_id)
     runs = _tracked_runs(trainer)
@@ -239,9 +242,69 @@ def build_module(plan: RunPlan, model: TransformerConfig) -> TranslationModule:
     from attnlab.training.module import TranslationModule
 
     experiment = plan.experiment
-    module = TranslationModule(model=model, optim=experiment.optim, decode=experiment.decode)
+    module = TranslationModule(
+        model=model, optim=experiment.optim, decode=experiment.decode, metrics=experiment.metrics
+    )
     compile_model(module.model, plan.cfg.get("compile"))
     return module
+
+
+def init_weights(module: TranslationModule, datamodule: ParallelDataModule, path: str) -> dict[str, Any]:
+    """Load the model weights of the checkpoint `path` into `module` (fine-tuning: the optimizer, schedule
+    and counters stay fresh); returns what the manifest records of it (`init_from`).
+
+    The checkpoint is read by attnlab's one safe reader (nothing in it runs), its weights are compared
+    with the model settings first, and its tokenizers must be the data's: weights trained on other ids
+    would load and train without an error and mean nothing.
+
+    Raises:
+        ConfigError: The file is refused or damaged, its weights do not fit this run's model settings, or
+            its tokenizers differ from the data's.
+    """
+    from attnlab.runs.checkpoint import (
+        BUNDLE_KEY,
+        CheckpointError,
+        check_weights_fit,
+        model_weights,
+        read_checkpoint,
+        saved_settings,
+    )
+
+    file = Path(path).expanduser()
+    try:
+        checkpoint = read_checkpoint(file)
+        saved = saved_settings(checkpoint, "model", file).to_dict()
+    except CheckpointError as exc:
+        raise ConfigError(f"init_from: {exc}") from None
+    ours = module.model_config.to_dict()
+    differences = [f"{key}: {saved.get(key)!r} there, {value!r} here" for key, value in ours.items()
+                   if saved.get(key) != value]  # fmt: skip
+    if differences:
+        raise ConfigError(
+            f"init_from={path}: its model settings are not this run's ({'; '.join(differences)}): "
+            "fine-tuning keeps the architecture and the vocabulary — use the model settings it was trained "
+            "with (and its tokenizer)"
+        )
+    try:
+        check_weights_fit(module.model_config, checkpoint["state_dict"], file)
+    except CheckpointError as exc:
+        raise ConfigError(f"init_from: {exc}") from None
+    bundle = checkpoint[BUNDLE_KEY]
+    for side in ("src", "tgt"):
+        ours = getattr(datamodule, f"{side}_tokenizer", None)
+        if (None if ours is None else ours.to_json()) != bundle.get(f"{side}_tokenizer"):
+            raise ConfigError(
+                f"init_from={path}: its {side} tokenizer is not this run's — its weights belong to other "
+                "token ids. Fine-tune with the checkpoint's tokenizer: data.tokenizer_path=<file> (write it "
+                "with Translator.from_checkpoints([ckpt]).src_tokenizer.save('tokenizer.json'); "
+                "data.src_tokenizer_path / tgt_tokenizer_path without a joint vocabulary), or the same "
+                "data and tokenizer settings as the run that wrote it"
+            )
+    module.model.load_state_dict(model_weights(checkpoint["state_dict"]))
+    step = checkpoint.get("global_step")
+    log.info("init_from: the weights of %s (step %s); optimizer, schedule and step counter start fresh",
+             file, step)  # fmt: skip
+    return {"path": str(file.resolve()), "step": step}
 
 
 def build_trainer(plan: RunPlan, datamodule: ParallelDataModule, wandb_id: str | None = None) -> Any:
@@ -452,12 +515,15 @@ def final_evaluation(
         return metrics, Evaluation({"checkpoints": checkpoints, "averaged": len(paths) > 1, **extra})
     module.to(trainer.strategy.root_device)  # decode on the training device, wherever testing left it
     data = data_settings(datamodule)  # as a checkpoint holds them (the source limit: max_source_tokens)
-    translator = Translator(module.model, datamodule.src_tokenizer, tokenizer, module.decode_config, data)
+    translator = Translator(
+        module.model, datamodule.src_tokenizer, tokenizer, module.decode_config, data, module.metrics_config
+    )
     sets = {name: datamodule.raw_text(name) for name in datamodule.test_sets}
     evaluation = score_sets(translator, sets, checkpoints=paths, extra=extra)
     for name, entry in evaluation.results["sets"].items():
         metrics[f"test/{name}/bleu"] = entry["bleu"]
         metrics[f"test/{name}/chrf"] = entry["chrf"]
+        metrics[f"test/{name}/ter"] = entry["ter"]
     return metrics, evaluation
 
 

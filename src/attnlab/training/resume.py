@@ -35,9 +35,10 @@ from attnlab.typed import ConfigError
 
 # What a resumed run may change: the bookkeeping keys (`attnlab.runs.layout.BOOKKEEPING`: paths, logging,
 # callbacks, ...; not `task_name`, which names where run directories live), and what does not change the
-# training so far: decoding, the final evaluation, more epochs or steps, progress and logging intervals.
+# training so far: decoding, scoring, the final evaluation, more epochs or steps, progress and logging
+# intervals.
 RESUMABLE_CHANGES = (
-    *(key for key in BOOKKEEPING if key != "task_name"), "decode.", "test", "average_last",
+    *(key for key in BOOKKEEPING if key != "task_name"), "decode.", "metrics.", "test", "average_last",
     "trainer.max_epochs", "trainer.max_steps", "trainer.enable_progress_bar", "trainer.log_every_n_steps",
 )  # fmt: skip
 
