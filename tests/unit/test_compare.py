@@ -149,6 +149,20 @@ def test_plots_show_groups_with_intervals_curves_and_parameters(sweep: Path, tmp
     assert "validation_curves.png" in report([sweep], plots=tmp_path / "again")
 
 
+def test_ter_is_a_column_when_the_runs_scored_it(sweep: Path) -> None:
+    for run in sweep.iterdir():
+        results_file = run / "results.json"
+        if results_file.is_file():
+            results = json.loads(results_file.read_text())
+            seed = yaml.safe_load((run / "config.yaml").read_text())["seed"]
+            results["sets"]["test2016"]["ter"] = 40.0 + seed
+            results_file.write_text(json.dumps(results))
+    groups, _ = summarize(load_runs([sweep]), baseline="model.pe=sinusoidal")
+    assert groups[1].stats["test/test2016/ter"].mean == pytest.approx(42.0)
+    header = report([sweep]).splitlines()[0]
+    assert "| test/test2016/ter | Δ test/test2016/ter |" in header
+
+
 def source_lines() -> list[str]:
     """Sources of `REFS` whose word counts cycle through every length bucket: 5, 15, 25, 35, 45 words."""
     return [" ".join(["wort"] * (10 * (i % 5) + 5)) for i in range(len(REFS))]

@@ -104,6 +104,9 @@ def _result_metrics(run: RunDir) -> dict[str, float]:
         if not all(isinstance(v, (int, float)) for v in scores):
             raise UnreadableRunFile(f"cannot read {path}: test set {name!r} has no numeric 'bleu' and 'chrf'")
         metrics[f"test/{name}/bleu"], metrics[f"test/{name}/chrf"] = map(float, scores)
+        ter = entry.get("ter")  # (results from before TER was scored have none)
+        if isinstance(ter, (int, float)) and not isinstance(ter, bool):
+            metrics[f"test/{name}/ter"] = float(ter)
     return metrics
 
 
@@ -375,9 +378,11 @@ def render(rows: list[list[str]], fmt: str = "md") -> str:
 
 def main_metric(groups: Sequence[GroupSummary]) -> tuple[str | None, list[str]]:
     """The metric a comparison is about (the first test BLEU, else the first test metric, else the
-    validation loss) and the table's columns (test BLEU/chrF or test metrics, then `DEFAULT_METRICS`)."""
+    validation loss) and the table's columns (test BLEU/chrF/TER or test metrics, then
+    `DEFAULT_METRICS`). TER is an error rate: its Δ is better when negative."""
     tested = sorted({m for g in groups for m in g.stats if m.startswith("test/")})
-    scored = [m for m in tested if m.endswith(("/bleu", "/chrf"))] or tested  # BLEU/chrF when translated
+    scores = ("/bleu", "/chrf", "/ter")
+    scored = [m for m in tested if m.endswith(scores)] or tested  # BLEU/chrF/TER when translated
     columns = [*scored, *(m for m in DEFAULT_METRICS if any(m in g.stats for g in groups))]
     bleu = [m for m in scored if m.endswith("/bleu")]
     validation = [m for m in ("val/bleu", "val/loss") if any(m in g.stats for g in groups)]
