@@ -60,6 +60,15 @@ class MetricsConfig:
 
     def __post_init__(self) -> None:
         check_fields(self)
+
+    def check_available(self) -> None:
+        """Raise unless this machine can score with these settings (a mecab tokenizer needs its package).
+        Called where scoring is about to happen (training's config check, attnlab-eval, `score_all`), not
+        when settings are read: a checkpoint trained with `ja-mecab` still loads and translates anywhere.
+
+        Raises:
+            ValueError: Naming the tokenizer and the package to install.
+        """
         try:
             BLEU(tokenize=self.bleu_tokenize)  # a mecab tokenizer without its package fails here
         except (RuntimeError, ImportError) as exc:
@@ -236,7 +245,12 @@ def score_all(
         ScoringError: See `check_detokenized`.
     """
     check_detokenized(hypotheses, references)
-    tokenize = (metrics or MetricsConfig()).bleu_tokenize
+    metrics = metrics or MetricsConfig()
+    try:
+        metrics.check_available()
+    except ValueError as exc:
+        raise ScoringError(str(exc)) from None
+    tokenize = metrics.bleu_tokenize
     scores = {
         "bleu": _corpus_bleu(hypotheses, references, tokenize),
         "chrf": _corpus_chrf(hypotheses, references),

@@ -201,6 +201,17 @@ def test_bleu_by_length_scores_each_source_length_bucket_over_seeds(sweep: Path,
         assert image.format == "PNG" and len(image.convert("L").getcolors(maxcolors=10**6)) > 10
     assert "by source length" not in report([sweep])  # only when asked
 
+    for run in sweep.glob("pe=none,*"):  # runs scored with another BLEU tokenizer: their buckets too
+        results = json.loads((run / "results.json").read_text())
+        (run / "results.json").write_text(json.dumps({**results, "scoring": {"bleu_tokenize": "char"}}))
+    (table,) = by_length(summarize(load_runs([sweep]), baseline="model.pe=sinusoidal")[0])
+    rows = [i for i in range(len(REFS)) if i % 5 == 0]
+    refs = [REFS[i] for i in rows]
+    chars = [
+        corpus_bleu([hypotheses("none", s)[i] for i in rows], refs, tokenize="char").score for s in (1, 2, 3)
+    ]
+    assert table.groups["model.pe=none"][0].mean == pytest.approx(stat(chars).mean)
+
     for run in sweep.iterdir():  # runs written before sources were saved: bucketed by reference words
         if (run / "sources").is_dir():
             (run / "sources" / "test2016.txt").unlink()

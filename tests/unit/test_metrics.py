@@ -141,8 +141,20 @@ def test_metrics_config_refuses_tokenizers_it_cannot_run(value: str, named: str)
             pytest.skip("mecab is installed here")
         except ImportError:
             pass
+    if value == "spm":
+        with pytest.raises(ValueError, match=re.escape(named)):
+            MetricsConfig(bleu_tokenize=value)
+        return
+    # A checkpoint trained with it still loads (and translates) here; scoring with it is refused.
+    from attnlab.runs.checkpoint import saved_settings
+
+    saved = saved_settings({"hyper_parameters": {"metrics": {"bleu_tokenize": value}}}, "metrics", "x.ckpt")
+    assert saved == MetricsConfig(bleu_tokenize=value)
     with pytest.raises(ValueError, match=re.escape(named)):
-        MetricsConfig(bleu_tokenize=value)
+        saved.check_available()
+    with pytest.raises(ScoringError, match=re.escape(named)):
+        score_all(HYPS, REFS, saved)
+    MetricsConfig().check_available()
     assert MetricsConfig().to_dict() == {"bleu_tokenize": "13a"}
 
 

@@ -50,8 +50,8 @@ def evaluate_checkpoint(cfg: DictConfig) -> dict[str, Any]:
         paths = resolve_checkpoints(ckpt_path, int(cfg.get("average_last") or 0))
         translator = Translator.from_checkpoints(paths, device=str(cfg.get("device", "auto")))
         translator.decode = decode_settings(translator.decode.to_dict(), OmegaConf.to_container(cfg.decode))
-        if cfg.get("metrics") is not None:
-            translator.metrics = metrics_settings(translator.metrics, OmegaConf.to_container(cfg.metrics))
+        overrides = OmegaConf.to_container(cfg.metrics) if cfg.get("metrics") is not None else None
+        translator.metrics = metrics_settings(translator.metrics, overrides)  # before anything is decoded
         if cfg.get("data") is not None:
             spec = build_node(cfg.data, "data")
         elif translator.data is not None:

@@ -393,13 +393,17 @@ def metrics_settings(saved: MetricsConfig, overrides: dict[str, Any] | None) -> 
     """The scoring settings saved in a checkpoint with the non-null `overrides` applied.
 
     Raises:
-        ValueError: An override is not a `MetricsConfig` field or has a bad value (a missing package).
+        ValueError: An override is not a `MetricsConfig` field or has a bad value, or the settings need a
+            package that is not installed (checked after the overrides: a saved `ja-mecab` overridden by
+            `13a` needs nothing).
     """
     chosen = _chosen(MetricsConfig, overrides, "metrics", "scoring")
     try:
-        return dataclasses.replace(saved, **chosen)
+        metrics = dataclasses.replace(saved, **chosen)
+        metrics.check_available()
     except ValueError as exc:
         raise ValueError(f"metrics.{exc}") from None
+    return metrics
 
 
 def decode_settings(saved: dict[str, Any], overrides: dict[str, Any] | None) -> DecodeConfig:

@@ -279,8 +279,9 @@ def length_labels(edges: Sequence[int]) -> list[str]:
 
 
 def by_length(groups: Sequence[GroupSummary], edges: Sequence[int] = LENGTH_EDGES) -> list[LengthTable]:
-    """Per test set that every run of `groups` saved, each group's corpus BLEU (sacreBLEU, 13a) on the
-    sentences of each length bucket (`edges`: word counts where a bucket starts), over its seeds.
+    """Per test set that every run of `groups` saved, each group's corpus BLEU (sacreBLEU, with the BLEU
+    tokenizer each run scored with: `scoring` in its results, 13a for older runs) on the sentences of
+    each length bucket (`edges`: word counts where a bucket starts), over its seeds.
 
     The sentences are bucketed once per set by the words of the first run's saved sources (all runs of a
     set must have the same references: the same sentences), or of its references when it saved none.
@@ -313,10 +314,12 @@ def by_length(groups: Sequence[GroupSummary], edges: Sequence[int] = LENGTH_EDGE
                 if len(hypotheses) != len(references):
                     raise ValueError(f"{run.path}: {name}.txt has {len(hypotheses)} hypotheses for "
                                      f"{len(references)} references")  # fmt: skip
+                scoring = run.files.read_json(RESULTS_FILE).get("scoring") or {}
+                tokenize = scoring.get("bleu_tokenize", "13a")  # as the run scored its BLEU
                 for k, rows in enumerate(members):
                     if rows:
                         subset = [hypotheses[i] for i in rows], [references[i] for i in rows]
-                        scores[k].append(corpus_bleu(*subset).score)
+                        scores[k].append(corpus_bleu(*subset, tokenize=tokenize).score)
             stats[group.name] = [stat(s) if s else None for s in scores]
         tables.append(LengthTable(name, by, length_labels(edges), [len(m) for m in members], stats))
     return tables

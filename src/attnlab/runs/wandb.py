@@ -128,8 +128,11 @@ class WandbLogger(_LightningWandbLogger):
         """The W&B run (created on first use, rank 0 only), with the `SUMMARIES` of its metrics defined."""
         run = super().experiment
         if not getattr(self, "_summaries_defined", False) and hasattr(run, "define_metric"):
-            for metric, summary in SUMMARIES.items():  # (Lightning's own step metric kept for each)
-                run.define_metric(metric, step_metric="trainer/global_step", summary=summary)
+            tensorboard = self._wandb_init.get("sync_tensorboard")  # Lightning's own step metric, kept
+            step = {"step_metric": "global_step"} if tensorboard else {"step_metric": "trainer/global_step",
+                                                                       "step_sync": True}  # fmt: skip
+            for metric, summary in SUMMARIES.items():
+                run.define_metric(metric, summary=summary, **step)
             self._summaries_defined = True
         return run
 

@@ -261,6 +261,10 @@ def validate(cfg: DictConfig) -> Experiment:
     _check_data_spec(data)
     decode = build_node(cfg.decode, "decode")
     metrics = build_node(cfg.metrics, "metrics") if cfg.get("metrics") is not None else MetricsConfig()
+    try:
+        metrics.check_available()  # before hours of training whose every validation would fail
+    except ValueError as exc:
+        raise ConfigError(f"metrics.{exc}") from None
     _check_trainer(cfg.trainer)
     return Experiment(model=_check_fit(model, data), optim=optim, data=data, decode=decode, metrics=metrics)
 

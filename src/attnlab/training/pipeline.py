@@ -249,13 +249,18 @@ def build_module(plan: RunPlan, model: TransformerConfig) -> TranslationModule:
     return module
 
 
+# Model settings a fine-tuning run may change: they regularise training and leave the weights' meaning.
+FREE_WHEN_FINE_TUNING = frozenset({"dropout", "attention_dropout", "activation_dropout"})
+
+
 def init_weights(module: TranslationModule, datamodule: ParallelDataModule, path: str) -> dict[str, Any]:
     """Load the model weights of the checkpoint `path` into `module` (fine-tuning: the optimizer, schedule
     and counters stay fresh); returns what the manifest records of it (`init_from`).
 
-    The checkpoint is read by attnlab's one safe reader (nothing in it runs), its weights are compared
-    with the model settings first, and its tokenizers must be the data's: weights trained on other ids
-    would load and train without an error and mean nothing.
+    The checkpoint is read by attnlab's one safe reader (nothing in it runs); its tokenizers must be the
+    data's (weights trained on other ids would load and train without an error and mean nothing) and its
+    model settings this run's, the dropout rates aside (`FREE_WHEN_FINE_TUNING`), and its weights are
+    compared with them before they are loaded.
 
     Raises:
         ConfigError: The file is refused or damaged, its weights do not fit this run's model settings, or
@@ -276,19 +281,6 @@ def init_weights(module: TranslationModule, datamodule: ParallelDataModule, path
         saved = saved_settings(checkpoint, "model", file).to_dict()
     except CheckpointError as exc:
         raise ConfigError(f"init_from: {exc}") from None
-    ours = module.model_config.to_dict()
-    differences = [f"{key}: {saved.get(key)!r} there, {value!r} here" for key, value in ours.items()
-                   if saved.get(key) != value]  # fmt: skip
-    if differences:
-        raise ConfigError(
-            f"init_from={path}: its model settings are not this run's ({'; '.join(differences)}): "
-            "fine-tuning keeps the architecture and the vocabulary — use the model settings it was trained "
-            "with (and its tokenizer)"
-        )
-    try:
-        check_weights_fit(module.model_config, checkpoint["state_dict"], file)
-    except CheckpointError as exc:
-        raise ConfigError(f"init_from: {exc}") from None
     bundle = checkpoint[BUNDLE_KEY]
     for side in ("src", "tgt"):
         ours = getattr(datamodule, f"{side}_tokenizer", None)
@@ -300,6 +292,19 @@ def init_weights(module: TranslationModule, datamodule: ParallelDataModule, path
                 "data.src_tokenizer_path / tgt_tokenizer_path without a joint vocabulary), or the same "
                 "data and tokenizer settings as the run that wrote it"
             )
+    mine = module.model_config.to_dict()
+    differences = [f"{key}: {saved.get(key)!r} there, {value!r} here" for key, value in mine.items()
+                   if key not in FREE_WHEN_FINE_TUNING and saved.get(key) != value]  # fmt: skip
+    if differences:
+        raise ConfigError(
+            f"init_from={path}: its model settings are not this run's ({'; '.join(differences)}): "
+            "fine-tuning keeps the architecture — use the model settings it was trained with (the "
+            f"dropout rates, {', '.join(sorted(FREE_WHEN_FINE_TUNING))}, may differ)"
+        )
+    try:
+        check_weights_fit(module.model_config, checkpoint["state_dict"], file)
+    except CheckpointError as exc:
+        raise ConfigError(f"init_from: {exc}") from None
     module.model.load_state_dict(model_weights(checkpoint["state_dict"]))
     step = checkpoint.get("global_step")
     log.info("init_from: the weights of %s (step %s); optimizer, schedule and step counter start fresh",
