@@ -40,7 +40,8 @@ BleuTokenize = Literal["13a", "intl", "zh", "char", "none", "ja-mecab", "ko-meca
 
 
 class ScoringError(ValueError):
-    """Inputs that cannot be scored as they are (count mismatch, empty corpus, subword pieces)."""
+    """Inputs that cannot be scored as they are (count mismatch, empty corpus, subword pieces), or a BLEU
+    tokenizer whose package is not installed."""
 
 
 @dataclass(frozen=True)
@@ -67,17 +68,9 @@ class MetricsConfig:
         when settings are read: a checkpoint trained with `ja-mecab` still loads and translates anywhere.
 
         Raises:
-            ValueError: Naming the tokenizer and the package to install.
+            ScoringError: (a ValueError) naming the tokenizer and the package to install.
         """
-        try:
-            BLEU(tokenize=self.bleu_tokenize)  # a mecab tokenizer without its package fails here
-        except (RuntimeError, ImportError) as exc:
-            extra = self.bleu_tokenize.split("-")[0]
-            raise ValueError(
-                f"bleu_tokenize={self.bleu_tokenize} needs a package that is not installed (sacreBLEU: "
-                f'{str(exc).strip().splitlines()[0]}): pip install "sacrebleu[{extra}]", or choose '
-                "another tokenizer"
-            ) from None
+        _bleu(tokenize=self.bleu_tokenize)
 
     def to_dict(self) -> dict[str, Any]:
         """Plain-Python form (for checkpoints and loggers)."""
@@ -134,9 +127,18 @@ def check_detokenized(hypotheses: Sequence[str], references: Sequence[str]) -> N
 
 
 def _bleu(references: Sequence[str] | None = None, tokenize: BleuTokenize = "13a") -> BLEU:
+    """sacreBLEU's BLEU with attnlab's settings; a tokenizer whose package is missing (mecab) is a
+    `ScoringError` naming the package (sacreBLEU checks when the tokenizer is built)."""
     refs = None if references is None else [list(references)]
-    return BLEU(tokenize=tokenize, lowercase=False, smooth_method="exp", max_ngram_order=MAX_NGRAM_ORDER,
-                references=refs)  # fmt: skip
+    try:
+        return BLEU(tokenize=tokenize, lowercase=False, smooth_method="exp", max_ngram_order=MAX_NGRAM_ORDER,
+                    references=refs)  # fmt: skip
+    except (RuntimeError, ImportError) as exc:
+        raise ScoringError(
+            f"bleu_tokenize={tokenize} needs a package that is not installed (sacreBLEU: "
+            f'{str(exc).strip().splitlines()[0]}): pip install "sacrebleu[{tokenize.split("-")[0]}]", or '
+            "choose another tokenizer"
+        ) from None
 
 
 def _bleu_score(bleu: BLEU, result: Any, name: str = "bleu", procedure: str = "") -> Score:
@@ -242,15 +244,10 @@ def score_all(
         {"bleu": ..., "chrf": ..., "ter": ...}.
 
     Raises:
-        ScoringError: See `check_detokenized`.
+        ScoringError: See `check_detokenized`; or the BLEU tokenizer's package is missing.
     """
     check_detokenized(hypotheses, references)
-    metrics = metrics or MetricsConfig()
-    try:
-        metrics.check_available()
-    except ValueError as exc:
-        raise ScoringError(str(exc)) from None
-    tokenize = metrics.bleu_tokenize
+    tokenize = (metrics or MetricsConfig()).bleu_tokenize
     scores = {
         "bleu": _corpus_bleu(hypotheses, references, tokenize),
         "chrf": _corpus_chrf(hypotheses, references),

@@ -24,17 +24,30 @@ from helpers import compose_train
 
 @pytest.fixture(scope="module")
 def fine_tuned(translating_run: dict[str, Any], tmp_path_factory: pytest.TempPathFactory) -> dict[str, Any]:
-    """Two epochs from the translating model's last checkpoint with a new schedule (warm-up from 0)."""
-    run = tmp_path_factory.mktemp("fine_tuned") / "run"
+    """Two epochs from the translating model's last checkpoint with a new schedule (warm-up from 0), the
+    README's way: its tokenizer written out with `Translator.from_checkpoints(...).src_tokenizer.save`
+    and given as `data.tokenizer_path` (so the data is prepared anew, with that tokenizer)."""
+    from attnlab.inference.translator import Translator
+
+    tmp = tmp_path_factory.mktemp("fine_tuned")
+    run = tmp / "run"
     start = translating_run["dir"] / "checkpoints" / "last.ckpt"
+    Translator.from_checkpoints([start]).src_tokenizer.save(tmp / "tokenizer.json")
     overrides = [
-        *translating_run["data"], f"init_from={start}", "optim=inverse_sqrt", "optim.peak_lr=1e-4",
+        *translating_run["data"], f"data.tokenizer_path={tmp / 'tokenizer.json'}",
+        f"data.cache_dir={tmp / 'cache'}", f"init_from={start}", "optim=inverse_sqrt", "optim.peak_lr=1e-4",
         "optim.warmup_steps=5", "trainer.max_epochs=2", "decode.beam=2", "logger=csv",
         "trainer.log_every_n_steps=1", "+callbacks.batches._target_=probes.RecordRankBatches",
         f"+callbacks.batches.dirpath={run.parent / 'probe'}",
     ]  # fmt: skip
     metrics = train(compose_train(overrides, run))
-    return {"run": run, "start": start, "metrics": metrics, "probe": run.parent / "probe"}
+    return {
+        "run": run,
+        "start": start,
+        "metrics": metrics,
+        "probe": run.parent / "probe",
+        "overrides": overrides,
+    }
 
 
 def test_init_from_starts_from_the_weights_with_a_fresh_optimizer_and_schedule(
@@ -57,13 +70,41 @@ def test_init_from_starts_from_the_weights_with_a_fresh_optimizer_and_schedule(
     assert logged[:3] == [(s, pytest.approx(schedule.lr_at(s + 2, d_model=0))) for s, _ in logged[:3]]
     assert logged[0][0] == 0
     moments = last["optimizer_states"][0]["state"]
-    assert all(int(state["step"]) == steps for state in moments.values())  # Adam started with this run
+    assert moments and all(int(state["step"]) == steps for state in moments.values())  # Adam: this run's
 
     manifest = json.loads((fine_tuned["run"] / "manifest.json").read_text())
     assert manifest["init_from"] == {"path": str(fine_tuned["start"].resolve()), "step": start["global_step"]}
     assert fine_tuned["metrics"]["val/bleu"] >= 60  # it still translates: the weights are the trained ones
     results = json.loads((fine_tuned["run"] / "results.json").read_text())
     assert results["sets"]["test"]["bleu"] >= 60
+
+
+def test_a_fine_tuning_run_resumes_from_its_own_last_checkpoint(
+    fine_tuned: dict[str, Any], tmp_path: Path
+) -> None:
+    """`resume=true` continues the fine-tuning run (its step counter, optimizer and schedule go on) instead
+    of starting from the `init_from` weights again; the manifest keeps what it started from."""
+    import shutil
+
+    run = tmp_path / "run"
+    shutil.copytree(fine_tuned["run"], run)
+    before = read_checkpoint(run / "checkpoints" / "last.ckpt")
+    overrides = [o for o in fine_tuned["overrides"] if not o.startswith(("trainer.max_epochs", "+callbacks"))]
+    probe = tmp_path / "probe"
+    overrides += [
+        "+callbacks.batches._target_=probes.RecordRankBatches",
+        f"+callbacks.batches.dirpath={probe}",
+    ]
+    train(compose_train([*overrides, "trainer.max_epochs=3", "resume=true"], run))
+    after = read_checkpoint(run / "checkpoints" / "last.ckpt")
+    trained = (probe / "batches_rank0.jsonl").read_text().splitlines()
+    assert len(trained) == int(after["global_step"]) - int(before["global_step"]) > 0  # the third epoch only
+    initial = torch.load(probe / "initial_weights.pt", weights_only=True)
+    assert all(torch.equal(initial[k], v) for k, v in before["state_dict"].items() if k.startswith("model."))
+    start = model_weights(read_checkpoint(fine_tuned["start"])["state_dict"])
+    assert not all(torch.equal(initial[f"model.{k}"], v) for k, v in start.items())  # not init_from's
+    manifest = json.loads((run / "manifest.json").read_text())
+    assert manifest["init_from"]["path"] == str(fine_tuned["start"].resolve())
 
 
 def test_init_from_refuses_other_tokenizers_and_weights_that_do_not_fit(

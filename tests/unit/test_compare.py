@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import math
+import re
 import statistics
 from pathlib import Path
 
@@ -229,3 +230,16 @@ def test_bleu_by_length_refuses_runs_of_other_sentences(sweep: Path) -> None:
         by_length(summarize(load_runs([sweep]))[0])
     with pytest.raises(SystemExit, match="attnlab-compare: the runs scored different"):
         compare_main([str(sweep), "--by-length"])
+
+
+@pytest.mark.parametrize("scoring", [{"bleu_tokenize": "flores101"}, {"bleu_tokenize": "13a", "x": 1}, "13a"])
+def test_a_results_file_cannot_choose_a_bleu_tokenizer_outside_the_offline_list(
+    sweep: Path, scoring: object
+) -> None:
+    """`flores101` would download a model at first use: a results file is input, not a choice of code."""
+    from attnlab.reports.compare import by_length
+
+    path = sweep / "pe=none,seed=1" / "results.json"
+    path.write_text(json.dumps({**json.loads(path.read_text()), "scoring": scoring}))
+    with pytest.raises(ValueError, match=re.escape(f"cannot read {path}: its 'scoring'")):
+        by_length(summarize(load_runs([sweep]))[0])

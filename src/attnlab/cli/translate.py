@@ -18,7 +18,7 @@ FILE is left as it was and no temporary file remains. Standard output streams ch
 
 Usage (key=value arguments, like the other attnlab commands):
     attnlab-translate ckpt_path=<file.ckpt | run dir> [input=-] [output=-] [average_last=0]
-                      [device=auto] [chunk_lines=2048] [decode.beam=5 decode.lenpen=0.6 ...]
+                      [device=auto] [chunk_lines=2048 (1 at a terminal)] [decode.beam=5 decode.lenpen=0.6 ...]
                       [decode.max_source_tokens=N]
 Example:
     echo "Ein Mann fährt Fahrrad." | attnlab-translate ckpt_path=logs/train/runs/<run>
@@ -51,11 +51,12 @@ DEFAULTS: dict[str, Any] = {
     "output": "-",
     "average_last": 0,
     "device": "auto",
-    "chunk_lines": 2048,
+    "chunk_lines": None,  # null: CHUNK_LINES, or 1 when standard input is a terminal
     "decode": dict.fromkeys(DECODE_KEYS),
 }
 
 
+CHUNK_LINES = 2048  # lines read and decoded at a time from a file or a pipe
 VERBATIM = ("ckpt_path", "input", "output")  # keys whose values are file names, never parsed
 
 
@@ -103,15 +104,16 @@ def utf8_lines(stream: IO[bytes] | IO[str], name: str) -> Iterator[str]:
             ) from None
 
 
-def interactive(settings: dict[str, Any], argv: Sequence[str]) -> bool:
-    """Whether the input is typed at a terminal: standard input (`input=-`) is a TTY and `chunk_lines`
-    was not given on the command line."""
-    if str(settings["input"]) != "-" or any(arg.startswith("chunk_lines=") for arg in argv):
-        return False
+def chunk_size(settings: dict[str, Any]) -> int:
+    """The lines read at a time: `chunk_lines` when given, else 1 for input typed at a terminal (standard
+    input a TTY: each line is translated as it is entered) and `CHUNK_LINES` for a file or a pipe."""
+    if settings["chunk_lines"] is not None:
+        return int(settings["chunk_lines"])
     try:
-        return os.isatty(sys.stdin.fileno())
+        typed = str(settings["input"]) == "-" and os.isatty(sys.stdin.fileno())
     except (AttributeError, OSError, ValueError):  # no real stdin (closed, replaced by an object)
-        return False
+        typed = False
+    return 1 if typed else CHUNK_LINES
 
 
 def load_translator(settings: dict[str, Any]) -> Translator:
@@ -192,9 +194,7 @@ def main(argv: Sequence[str] | None = None) -> None:
     settings = parse_args(argv)
     if not settings["ckpt_path"]:
         raise SystemExit("attnlab-translate: ckpt_path=<checkpoint file or run directory> is required")
-    chunk_lines, output = int(settings["chunk_lines"]), str(settings["output"])
-    if interactive(settings, argv):
-        chunk_lines = 1  # a line typed at a terminal is translated at once, not after 2048 more
+    chunk_lines, output = chunk_size(settings), str(settings["output"])
     if chunk_lines < 1:
         raise SystemExit(f"attnlab-translate: chunk_lines={chunk_lines} must be >= 1")
     from attnlab.runs.checkpoint import CheckpointError

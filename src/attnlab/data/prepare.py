@@ -17,8 +17,8 @@ scoring and decoding read); training never reads raw text, so the training split
 
 Building holds no Python lists of the training split: it is read as a stream of aligned chunks
 (`CorpusData.readers`: files block by block, a Hugging Face dataset batch by batch), encoded `ENCODE_LINES`
-lines at a time (by a thread, while the next chunk is read and the one before written) and appended to
-the arrays. The tokenizer trainer reads the stream once per language (a
+lines at a time (by `ENCODE_THREADS` threads, while the next chunk is read and the ones before written)
+and appended to the arrays. The tokenizer trainer reads the stream once per language (a
 `tokenizers` trainer keeps only word counts), or, with `tokenizer_sample`, a seeded uniform sample of
 that many pairs drawn in one pass (`sample_pairs`), which is all that is held (SentencePiece keeps its
 training sentences: sample at WMT scale). With a tokenizer file (`tokenizer_path`) nothing is trained.
@@ -67,7 +67,7 @@ CHECKSUMS = "checksums.json"  # size and SHA-256 (of all, or of both ends) of ev
 FULL_HASH_BYTES = 64 << 20  # arrays up to this size are hashed whole on every load, larger ones at the ends
 EDGE_BYTES = 1 << 20  # the bytes hashed at each end of a larger file
 ENCODE_LINES = 10_000  # lines encoded at a time while building
-ENCODE_THREADS = 2  # chunks encoded at once while building (500k pairs: 66 s with none, 53 s with two)
+ENCODE_THREADS = 2  # chunks encoded at once (500k pairs: encoding took 66 s in one thread, 53 s with two)
 SIDES = ("src", "tgt")
 FILTERS = ("source_too_long", "target_too_long", "length_ratio")  # why a training pair is dropped
 
@@ -335,22 +335,22 @@ def sample_pairs(chunks: Iterable[Text], size: int, seed: int) -> tuple[Text, in
     rng = np.random.default_rng(seed)
     src_kept: list[str] = []
     tgt_kept: list[str] = []
-    positions = np.zeros(0, dtype=np.int64)  # positions[slot]: the pair index held in that slot
+    replaced: dict[int, int] = {}  # slot -> the pair index it holds, for slots not holding their own
     seen = 0
     for src, tgt in chunks:
         fill = min(len(src), max(size - seen, 0))
         src_kept += src[:fill]
         tgt_kept += tgt[:fill]
-        if fill:
-            positions = np.concatenate([positions, np.arange(seen, seen + fill)])
         if fill < len(src):
             index = np.arange(seen + fill, seen + len(src))  # index i replaces slot j ~ U{0..i} if j < size
             slots = np.minimum((rng.random(len(index)) * (index + 1)).astype(np.int64), index)
             replacing = np.flatnonzero(slots < size)
             for k, slot in zip(replacing.tolist(), slots[replacing].tolist(), strict=True):
                 src_kept[slot], tgt_kept[slot] = src[fill + k], tgt[fill + k]
-                positions[slot] = seen + fill + k  # (one by one: a slot drawn twice holds the later pair)
+                replaced[slot] = seen + fill + k  # (one by one: a slot drawn twice holds the later pair)
         seen += len(src)
+    positions = np.arange(len(src_kept))  # slot i was filled with pair i
+    positions[list(replaced)] = list(replaced.values())
     order = np.argsort(positions, kind="stable").tolist()
     return ([src_kept[k] for k in order], [tgt_kept[k] for k in order]), seen
 

@@ -278,6 +278,21 @@ def length_labels(edges: Sequence[int]) -> list[str]:
     return [f"<{edges[0]}", *inner, f"{edges[-1]}+"]
 
 
+def _bleu_tokenizer(run: Run) -> str:
+    """The BLEU tokenizer `run` scored with (`scoring` in its results: a closed list of sacreBLEU's
+    offline tokenizers, so a results file cannot name one that downloads or runs anything else; 13a
+    for results from before it was recorded)."""
+    from attnlab.metrics import MetricsConfig
+
+    scoring = run.files.read_json(RESULTS_FILE).get("scoring", {})
+    try:
+        return MetricsConfig(**scoring).bleu_tokenize
+    except (TypeError, ValueError) as exc:
+        raise UnreadableRunFile(
+            f"cannot read {run.files.results_file}: its 'scoring' {scoring!r}: {exc}"
+        ) from None
+
+
 def by_length(groups: Sequence[GroupSummary], edges: Sequence[int] = LENGTH_EDGES) -> list[LengthTable]:
     """Per test set that every run of `groups` saved, each group's corpus BLEU (sacreBLEU, with the BLEU
     tokenizer each run scored with: `scoring` in its results, 13a for older runs) on the sentences of
@@ -295,6 +310,7 @@ def by_length(groups: Sequence[GroupSummary], edges: Sequence[int] = LENGTH_EDGE
     if not runs:
         return []
     names = set.intersection(*({p.stem for p in r.files.hypotheses_dir.glob("*.txt")} for r in runs))
+    tokenizers = {r.path: _bleu_tokenizer(r) for r in runs}  # as each run scored its BLEU
     tables = []
     for name in sorted(names):
         references = _lines(runs[0].files.references_dir / f"{name}.txt")
@@ -310,12 +326,11 @@ def by_length(groups: Sequence[GroupSummary], edges: Sequence[int] = LENGTH_EDGE
         for group in groups:
             scores: list[list[float]] = [[] for _ in members]
             for run in group.runs:
+                tokenize = tokenizers[run.path]
                 hypotheses = _lines(run.files.hypotheses_dir / f"{name}.txt") or []
                 if len(hypotheses) != len(references):
                     raise ValueError(f"{run.path}: {name}.txt has {len(hypotheses)} hypotheses for "
                                      f"{len(references)} references")  # fmt: skip
-                scoring = run.files.read_json(RESULTS_FILE).get("scoring") or {}
-                tokenize = scoring.get("bleu_tokenize", "13a")  # as the run scored its BLEU
                 for k, rows in enumerate(members):
                     if rows:
                         subset = [hypotheses[i] for i in rows], [references[i] for i in rows]

@@ -96,9 +96,9 @@ class Manifest:
         """The manifest of a run starting now, written to `run`.
 
         With `resumed_from` (the run continues from that checkpoint), the first start time, the W&B run
-        id and the earlier resumptions are kept from the run's manifest (read here, once; a missing or
-        unreadable one keeps nothing), and this resumption is added to `resumed` (time, checkpoint,
-        command).
+        id, the checkpoint a fine-tuning run started from (`init_from`) and the earlier resumptions are
+        kept from the run's manifest (read here, once; a missing or unreadable one keeps nothing), and
+        this resumption is added to `resumed` (time, checkpoint, command).
         """
         fields: dict[str, Any] = {
             "status": "running",
@@ -118,7 +118,7 @@ class Manifest:
                 before = run.read_json(MANIFEST_FILE)
             except UnreadableRunFile:
                 before = {}
-            for key in ("start_time", "wandb_run_id"):
+            for key in ("start_time", "wandb_run_id", "init_from"):
                 if before.get(key):
                     fields[key] = before[key]
             earlier = before.get("resumed")
