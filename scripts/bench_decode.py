@@ -32,6 +32,7 @@ decoder error, not a near-tie.
 from __future__ import annotations
 
 import argparse
+import json
 import statistics
 import time
 from pathlib import Path
@@ -119,6 +120,7 @@ def main() -> None:
         help="instead: peak RSS of attnlab-translate streaming N sentences (test2016 repeated), per N",
     )  # fmt: skip
     parser.add_argument("--memory-child", nargs=2, metavar=("INPUT", "BEAM"), help=argparse.SUPPRESS)
+    parser.add_argument("--json", type=Path, help="also write the default mode's numbers to this JSON file")
     args = parser.parse_args()
     torch.set_num_threads(args.threads)
     if args.memory_child:
@@ -154,6 +156,9 @@ def main() -> None:
     print(f"| uncached | {uncached:.3f} | 1.00x |")
     print(f"| cached | {cached:.3f} | {uncached / cached:.2f}x |\n")
 
+    loop = {"steps": steps, "cached_s": cached, "uncached_s": uncached}
+    record = {"device": args.device, "threads": args.threads, "model": name, "parameters": n_params,
+              "step_loop": loop, "sweep": []}  # fmt: skip
     subset = ids[: args.sweep_sentences]
     print(f"| search | batch | cache | sentences/s | tokens/s | ({len(subset)} sentences of test2016) |")
     print("|---|---|---|---|---|---|")
@@ -166,6 +171,8 @@ def main() -> None:
                 cache = "yes" if use_cache else "no"
                 rate = len(subset) / seconds
                 print(f"| {name} | {batch_size} | {cache} | {rate:.1f} | {tokens / seconds:.0f} | |")
+                row = {"search": name, "batch": batch_size, "cache": use_cache, "sentences_per_s": rate}
+                record["sweep"].append({**row, "tokens_per_s": tokens / seconds})
 
     seconds, outputs = decode_all(translator, ids, 5, 64, True)
     hypotheses = [translator.tgt_tokenizer.decode(o) for o in outputs]
@@ -173,6 +180,10 @@ def main() -> None:
     print(f"\ntest2016, {len(ids)} sentences, beam 5, batch 64, cached: {seconds:.1f} s "
           f"({len(ids) / seconds:.1f} sentences/s), BLEU {bleu.score:.2f}, "
           f"lenpen {translator.decode.lenpen}")  # fmt: skip
+    record["test2016"] = {"sentences": len(ids), "beam": 5, "batch": 64, "seconds": seconds,
+                          "sentences_per_s": len(ids) / seconds, "bleu": bleu.score}  # fmt: skip
+    if args.json:
+        args.json.write_text(json.dumps(record, indent=1) + "\n", encoding="utf-8")
 
 
 def translate_in_this_process(args: argparse.Namespace) -> None:

@@ -2,20 +2,24 @@
 
 Usage:
     python scripts/bench_gpu_train.py --root ../shared/data/multi30k [--model base] [--steps 60]
-        [--warmup 15] [--compile both|on|off] [--precision bf16-mixed] [--device cuda]
+        [--warmup 15] [--compile both|on|off] [--compile-backend inductor] [--precision bf16-mixed]
+        [--device cuda] [--json FILE]
     python scripts/bench_gpu_train.py --quick   # CPU smoke test of the harness (tiny model, synthetic data)
 
 Trains `model=<model>` on Multi30k batches for a fixed number of optimizer steps with Lightning (the same
 TranslationModule and data module as attnlab-train), times the steps after `--warmup` (compilation
 happens there), and reports non-padding target tokens per second and MFU: the model's matrix-multiply
 FLOPs (`attnlab.model.flops.training_flops` of each padded batch) per second over the peak matmul rate of the
-same device and precision, measured here with one large matmul. Prints one Markdown table.
+same device and precision, measured here with one large matmul. Prints one Markdown table (and with
+`--json FILE` writes the same numbers, plus the compiled/eager tokens/s ratio, to FILE).
 """
 
 from __future__ import annotations
 
 import argparse
+import json
 import time
+from pathlib import Path
 from typing import Any
 
 
@@ -31,7 +35,13 @@ def compose(overrides: list[str]) -> Any:
 
 
 def measure(
-    overrides: list[str], steps: int, warmup: int, precision: str, device: str, compiled: bool
+    overrides: list[str],
+    steps: int,
+    warmup: int,
+    precision: str,
+    device: str,
+    compiled: bool,
+    backend: str = "inductor",
 ) -> dict:
     """Train `steps` optimizer steps; tokens/s and FLOP/s over the steps after `warmup`."""
     import lightning as L
@@ -49,7 +59,7 @@ def measure(
     model = experiment.model.with_vocab(datamodule.src_vocab_size, datamodule.tgt_vocab_size)
     module = TranslationModule(model=model, optim=experiment.optim, decode=experiment.decode)
     if compiled:
-        compile_model(module.model, {"enabled": True, "backend": "inductor", "dynamic": True})
+        compile_model(module.model, {"enabled": True, "backend": backend, "dynamic": True})
 
     class Timer(L.Callback):
         def __init__(self) -> None:
@@ -94,11 +104,13 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--model", default="base")
     parser.add_argument("--steps", type=int, default=60)
     parser.add_argument("--warmup", type=int, default=15)
-    parser.add_argument("--compile", choices=["both", "on", "off"], default="both")
+    parser.add_argument("--compile", choices=["both", "on", "off"], help="default: both (--quick: off)")
+    parser.add_argument("--compile-backend", default="inductor", help="eager: tracing only")
     parser.add_argument("--precision", default="bf16-mixed")
     parser.add_argument("--device", default="cuda")
     parser.add_argument("--max-tokens", type=int, default=8192)
     parser.add_argument("--quick", action="store_true", help="CPU smoke test: tiny model, synthetic data")
+    parser.add_argument("--json", help="also write the numbers to this JSON file")
     args = parser.parse_args(argv)
     import torch
 
@@ -106,7 +118,8 @@ def main(argv: list[str] | None = None) -> None:
 
     if args.quick:
         overrides = ["data=synthetic", "model=tiny", "data.n_train=256", "data.batch_size=32", "seed=1"]
-        args.steps, args.warmup, args.precision, args.device, args.compile = 6, 2, "32-true", "cpu", "off"
+        args.steps, args.warmup, args.precision, args.device = 6, 2, "32-true", "cpu"
+        args.compile = args.compile or "off"
     else:
         if not args.root:
             parser.error("--root is required (or --quick)")
@@ -114,10 +127,12 @@ def main(argv: list[str] | None = None) -> None:
                      "optim=linear", "optim.total_steps=100000", "seed=1"]  # fmt: skip
     dtype = {"bf16-mixed": torch.bfloat16, "16-mixed": torch.float16}.get(args.precision, torch.float32)
     peak = matmul_rate(args.device, dtype, size=1024 if args.quick else 8192, repeats=3 if args.quick else 20)
-    modes = {"both": [False, True], "on": [True], "off": [False]}[args.compile]
+    modes = {"both": [False, True], "on": [True], "off": [False]}[args.compile or "both"]
     rows = []
     for compiled in modes:
-        result = measure(overrides, args.steps, args.warmup, args.precision, args.device, compiled)
+        result = measure(
+            overrides, args.steps, args.warmup, args.precision, args.device, compiled, args.compile_backend
+        )
         rows.append((compiled, result))
     name = torch.cuda.get_device_name() if args.device.startswith("cuda") else "CPU"
     model = "tiny" if args.quick else args.model
@@ -129,6 +144,14 @@ def main(argv: list[str] | None = None) -> None:
         mfu = r["flops_per_s"] / peak
         print(f"| {'on' if compiled else 'off'} | {r['tokens_per_s']:,.0f} | {r['flops_per_s'] / 1e12:.2f} | "
               f"{mfu:.1%} | {r['final_loss']:.3f} |")  # fmt: skip
+    if args.json:
+        runs = {("compiled" if c else "eager"): {**r, "mfu": r["flops_per_s"] / peak} for c, r in rows}
+        if len(runs) == 2:
+            runs["compile_speedup"] = runs["compiled"]["tokens_per_s"] / runs["eager"]["tokens_per_s"]
+        record = {"device": name, "precision": args.precision, "model": model, "steps": args.steps,
+                  "warmup": args.warmup, "compile_backend": args.compile_backend,
+                  "peak_matmul_flops_per_s": peak, **runs}  # fmt: skip
+        Path(args.json).write_text(json.dumps(record, indent=1) + "\n", encoding="utf-8")
 
 
 if __name__ == "__main__":
