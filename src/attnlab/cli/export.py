@@ -1,0 +1,71 @@
+"""`attnlab-export`: write a checkpoint as a Hugging Face MarianMT directory or a CTranslate2 model
+(`conf/export.yaml`, `attnlab.interop.export`).
+
+Examples:
+    attnlab-export ckpt_path=logs/train/runs/<run> format=hf out=exported/hf
+    attnlab-export ckpt_path=logs/train/runs/<run> format=ctranslate2 quantization=int8 out=exported/ct2
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import hydra
+from omegaconf import DictConfig, OmegaConf
+
+from attnlab.cli.app import config_dir, register_resolvers
+from attnlab.interop.export import check_request, export
+from attnlab.typed import ConfigError
+
+register_resolvers()
+
+
+def export_checkpoint(cfg: DictConfig) -> Path:
+    """Export `cfg.ckpt_path` as `conf/export.yaml` describes; returns the directory written.
+
+    Raises:
+        ConfigError: A missing or bad value, an unusable checkpoint, or a model the format cannot express
+            (with the fix).
+    """
+    for key in ("ckpt_path", "format", "out"):
+        if OmegaConf.is_missing(cfg, key) or cfg.get(key) in (None, ""):
+            raise ConfigError(f"{key}= is required (attnlab-export ckpt_path=<run> format=hf|ctranslate2 "
+                              "out=<directory>)")  # fmt: skip
+    from attnlab.runs.checkpoint import CheckpointError
+
+    fmt, quantization = str(cfg.format), str(cfg.quantization)
+    try:
+        check_request(fmt, quantization, str(cfg.out), bool(cfg.overwrite))  # before the checkpoint is read
+        from attnlab.inference.translator import Translator, resolve_checkpoints
+
+        ckpt_path = cfg.ckpt_path
+        if OmegaConf.is_config(ckpt_path):  # a list of checkpoint files
+            ckpt_path = OmegaConf.to_container(ckpt_path)
+        paths = resolve_checkpoints(ckpt_path, int(cfg.get("average_last") or 0))
+        out = Path(str(cfg.out)).expanduser().resolve()
+        inside = [p for p in paths if out == p.resolve() or out in p.resolve().parents]
+        if inside:
+            raise ConfigError(f"out={cfg.out} holds the checkpoint being exported ({inside[0]}): "
+                              "replacing it would delete it; choose another directory")  # fmt: skip
+        translator = Translator.from_checkpoints(paths, device="cpu")
+        return export(translator, fmt, str(cfg.out), quantization, overwrite=bool(cfg.overwrite))
+    except (CheckpointError, ValueError, OSError) as exc:  # OSError: out's directory is not writable
+        raise ConfigError(str(exc)) from None
+
+
+@hydra.main(version_base="1.3", config_path=str(config_dir()), config_name="export")
+def _main(cfg: DictConfig) -> None:
+    try:
+        out = export_checkpoint(cfg)
+    except ConfigError as exc:
+        raise SystemExit(f"attnlab-export: {exc}") from None
+    print(f"attnlab-export: wrote format={cfg.format} to {out}")
+
+
+def main() -> None:
+    """Console-script entry point."""
+    _main()
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,117 @@
+"""Translating with a model exported by `attnlab-export format=ctranslate2` (`pip install "attnlab[export]"`).
+
+    from attnlab.interop.ct2 import CT2Translator
+
+    translator = CT2Translator("exported/")              # CPU; compute_type="int8" etc. as CTranslate2 takes
+    translator.translate(["Zwei Hunde spielen im Schnee."])   # ["Two dogs play in the snow."]
+
+The exported model's vocabulary is attnlab's ids written as strings: `CT2Translator` encodes text with
+the attnlab tokenizer saved beside it (eos appended, cut to the checkpoint's source limit, as
+`attnlab.inference.translator.Translator` does), feeds the ids to `ctranslate2.Translator`, and decodes
+the output ids with the target tokenizer. Decoding follows attnlab's rules: pad and bos are never
+generated, the output limit is a·|S|+b per sentence (sentences of the same limit are decoded together),
+`min_len` counts eos. The length penalty is CTranslate2's (the score divided by length^α, fairseq's
+form), not attnlab's GNMT penalty: with `length_penalty=0` (the default) both decode alike, and
+greedy and beam outputs equal attnlab's with `decode.lenpen=0` (tested, float32).
+"""
+
+from __future__ import annotations
+
+import json
+from collections import defaultdict
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+from attnlab.data.batching import cut_source
+from attnlab.data.tokenizer import SubwordTokenizer
+from attnlab.interop.export import (
+    EXPORT_EXTRA,
+    SETTINGS_FILE,
+    SOURCE_TOKENIZER_FILE,
+    TARGET_TOKENIZER_FILE,
+    ExportError,
+)
+
+
+class CT2Translator:
+    """Text in, text out with an exported CTranslate2 model and attnlab's tokenizers.
+
+    Args:
+        path: The directory `attnlab-export format=ctranslate2` wrote.
+        device: `cpu` or `cuda` (CTranslate2's).
+        compute_type: CTranslate2's compute type (`default`: as stored, e.g. int8 for `quantization=int8`).
+        intra_threads: Threads per translation (0: CTranslate2's default).
+        ctranslate2_options: More keyword arguments for `ctranslate2.Translator`.
+
+    Raises:
+        ExportError: `path` holds no attnlab CTranslate2 export, or ctranslate2 is not installed.
+    """
+
+    def __init__(self, path: str | Path, device: str = "cpu", compute_type: str = "default",
+                 intra_threads: int = 0, **ctranslate2_options: Any) -> None:  # fmt: skip
+        try:
+            import ctranslate2
+        except ImportError:
+            raise ExportError(f"CT2Translator needs the ctranslate2 package: {EXPORT_EXTRA}") from None
+        path = Path(path)
+        try:
+            self.settings = json.loads((path / SETTINGS_FILE).read_text(encoding="utf-8"))
+            self.src_tokenizer = SubwordTokenizer.from_json(
+                (path / SOURCE_TOKENIZER_FILE).read_text(encoding="utf-8")
+            )
+            self.tgt_tokenizer = SubwordTokenizer.from_json(
+                (path / TARGET_TOKENIZER_FILE).read_text(encoding="utf-8")
+            )
+        except (OSError, ValueError) as exc:
+            raise ExportError(
+                f"{path} is not a directory written by attnlab-export format=ctranslate2 ({exc})"
+            ) from None
+        self.translator = ctranslate2.Translator(
+            str(path), device=device, compute_type=compute_type, intra_threads=intra_threads,
+            **ctranslate2_options,
+        )  # fmt: skip
+
+    def source_ids(self, lines: Sequence[str]) -> list[list[int]]:
+        """attnlab's source ids of `lines`: eos appended, cut to the exported source limit."""
+        eos, limit = self.settings["eos_id"], self.settings["max_source_tokens"]
+        return [cut_source([*row, eos], limit, eos) for row in self.src_tokenizer.encode_batch(lines)]
+
+    def translate_ids(
+        self, ids: Sequence[Sequence[int]], beam: int | None = None, length_penalty: float = 0.0,
+        max_len_a: float | None = None, max_len_b: int | None = None, min_len: int | None = None,
+        batch_size: int | None = None,
+    ) -> list[list[int]]:  # fmt: skip
+        """Output ids (without eos) of source ids (each ending in eos). Settings left None are the
+        exported checkpoint's decoding settings; `length_penalty` is CTranslate2's (see the module
+        docstring)."""
+        saved = self.settings["decode"]
+        beam = saved["beam"] if beam is None else beam
+        a = saved["max_len_a"] if max_len_a is None else max_len_a
+        b = saved["max_len_b"] if max_len_b is None else max_len_b
+        min_len = saved["min_len"] if min_len is None else min_len
+        batch_size = saved["batch_size"] if batch_size is None else batch_size
+        pad, bos, eos = (self.settings[k] for k in ("pad_id", "bos_id", "eos_id"))
+        groups: dict[int, list[int]] = defaultdict(list)  # output limit -> sentences
+        for i, row in enumerate(ids):
+            groups[max(1, int(a * len(row) + b))].append(i)
+        out: list[list[int]] = [[] for _ in ids]
+        for limit, members in groups.items():
+            results = self.translator.translate_batch(
+                [[str(t) for t in ids[i]] for i in members], max_batch_size=batch_size, beam_size=beam,
+                length_penalty=length_penalty, max_decoding_length=limit, min_decoding_length=min_len,
+                max_input_length=0, suppress_sequences=[[str(pad)], [str(bos)]], end_token=str(eos),
+            )  # fmt: skip
+            for i, result in zip(members, results, strict=True):
+                out[i] = [int(t) for t in result.hypotheses[0]]
+        return out
+
+    def translate(self, lines: Sequence[str], **settings: Any) -> list[str]:
+        """Detokenized translations of `lines` in their order (an empty line stays empty); `settings`
+        as `translate_ids` takes them."""
+        ids = self.source_ids(lines)
+        todo = [i for i, row in enumerate(ids) if len(row) > 1]
+        out = [""] * len(lines)
+        for i, row in zip(todo, self.translate_ids([ids[i] for i in todo], **settings), strict=True):
+            out[i] = self.tgt_tokenizer.decode(row)
+        return out

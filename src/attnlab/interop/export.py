@@ -1,0 +1,285 @@
+"""Exporting a trained attnlab model for other runtimes (`attnlab-export`).
+
+- `format=hf`: a Hugging Face MarianMT directory (`pip install "attnlab[interop]"`): the weights of
+  `attnlab.interop.marian.to_marian`, its `config.json`, a `generation_config.json` that decodes as
+  attnlab does (starting from the model's start id, never generating pad or bos, no forced eos), and the
+  tokenizer as a `PreTrainedTokenizerFast` (`tokenizer.json`) that encodes text to attnlab's ids with eos
+  appended and decodes ids back to attnlab's text. `MarianMTModel.from_pretrained(out)` and
+  `AutoTokenizer.from_pretrained(out)` load it offline.
+- `format=ctranslate2`: a CTranslate2 model directory (`pip install "attnlab[export]"`), converted by
+  CTranslate2's MarianMT loader from `to_marian(model)` with three changes that make it compute what
+  attnlab computes: the vocabulary keeps all its rows (the loader drops the last one, Marian's pad), the
+  decoder starts from the embedding of attnlab's start id (the loader starts from a zero vector), and the
+  vocabulary's tokens are the ids written as strings, so CTranslate2 is fed attnlab's ids, not text.
+  attnlab's tokenizers and decoding settings are written beside it; `attnlab.interop.ct2.CT2Translator`
+  translates text with them. `quantization=int8|float16` stores the weights so (CTranslate2's
+  quantization); `none` keeps float32.
+
+`export` writes into a fresh hidden directory beside `out` and renames it into place once complete, so a
+failed export leaves nothing half-written, and an existing non-empty `out` is replaced only with
+`overwrite=True` (after the new export is complete).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import tempfile
+from importlib.util import find_spec
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+from attnlab.interop.marian import to_marian
+
+if TYPE_CHECKING:
+    from attnlab.data.tokenizer import SubwordTokenizer
+    from attnlab.inference.translator import Translator
+
+FORMATS = ("hf", "ctranslate2")
+QUANTIZATIONS = ("none", "int8", "float16")
+EXPORT_EXTRA = 'pip install "attnlab[export]"'
+INTEROP_EXTRA = 'pip install "attnlab[interop]"'
+# Files attnlab writes beside a CTranslate2 model (read by `attnlab.interop.ct2.CT2Translator`).
+SETTINGS_FILE = "attnlab_export.json"
+SOURCE_TOKENIZER_FILE = "attnlab_source_tokenizer.json"
+TARGET_TOKENIZER_FILE = "attnlab_target_tokenizer.json"
+# Every character Python's str.split() splits at (attnlab.data.text.normalize), for the HF normalizer.
+WHITESPACE = "".join(chr(c) for c in range(0x110000) if chr(c).isspace())
+
+
+class ExportError(ValueError):
+    """An export that cannot be made; the message names the problem and the fix."""
+
+
+def check_request(fmt: str, quantization: str, out: str | Path, overwrite: bool) -> Path:
+    """The output directory of a valid request, checked before anything is loaded.
+
+    Raises:
+        ExportError: An unknown format or quantization, quantization with `format=hf`, an `out` that is a
+            file, or a non-empty directory without `overwrite`, or a missing package of the format.
+    """
+    if fmt not in FORMATS:
+        raise ExportError(f"format={fmt!r} is not an export format: use one of {', '.join(FORMATS)}")
+    if quantization not in QUANTIZATIONS:
+        raise ExportError(f"quantization={quantization!r} is unknown: use one of {', '.join(QUANTIZATIONS)}")
+    if fmt == "hf" and quantization != "none":
+        raise ExportError(
+            f"quantization={quantization} applies to format=ctranslate2; format=hf writes float32 weights "
+            "(drop quantization or set it to none)"
+        )
+    path = Path(out).expanduser()
+    if path.exists() and not path.is_dir():
+        raise ExportError(f"out={out} is a file: name a directory to export into")
+    if path.is_dir() and any(path.iterdir()) and not overwrite:
+        raise ExportError(
+            f"out={out} exists and is not empty: choose a new directory, or set overwrite=true to replace "
+            "its contents"
+        )
+    if not path.parent.exists():
+        raise ExportError(f"out={out}: its parent directory {path.parent} does not exist; create it first")
+    require_packages(fmt)
+    return path
+
+
+def require_packages(fmt: str) -> None:
+    """Raises ExportError naming the extra to install when a package the format needs is missing (found
+    without importing it: a refused request stays fast)."""
+    if find_spec("transformers") is None:  # both formats go through to_marian
+        raise ExportError(f"format={fmt} needs the transformers package: {INTEROP_EXTRA}")
+    if fmt == "ctranslate2" and find_spec("ctranslate2") is None:
+        raise ExportError(f"format=ctranslate2 needs the ctranslate2 package: {EXPORT_EXTRA}")
+
+
+def export(translator: Translator, fmt: str, out: str | Path, quantization: str = "none",
+           overwrite: bool = False) -> Path:  # fmt: skip
+    """Export the translator's model, tokenizers and decoding settings to `out` (see the module
+    docstring); returns `out`.
+
+    Raises:
+        ExportError: A bad request (`check_request`), or a model or tokenizer the format cannot express.
+    """
+    path = check_request(fmt, quantization, out, overwrite)
+    staging = Path(tempfile.mkdtemp(prefix=f".{path.name}.", dir=path.parent))
+    umask = os.umask(0)
+    os.umask(umask)
+    staging.chmod(0o777 & ~umask)  # a directory's usual permissions, not mkdtemp's private ones
+    try:
+        if fmt == "hf":
+            write_hf(translator, staging)
+        else:
+            write_ctranslate2(translator, staging, quantization)
+        _move_into_place(staging, path)
+    except ValueError as exc:  # to_marian's and the tokenizer's: name what the format cannot express
+        raise ExportError(f"format={fmt}: {exc}") from None
+    finally:
+        shutil.rmtree(staging, ignore_errors=True)
+    return path
+
+
+def _move_into_place(staging: Path, path: Path) -> None:
+    """Rename the finished `staging` directory to `path`; an existing `path` is removed only after."""
+    if not path.exists():
+        os.replace(staging, path)
+        return
+    old = Path(tempfile.mkdtemp(prefix=f".{path.name}.old.", dir=path.parent))
+    os.replace(path, old / "previous")
+    try:
+        os.replace(staging, path)
+    except OSError:
+        os.replace(old / "previous", path)
+        raise
+    finally:
+        shutil.rmtree(old, ignore_errors=True)
+
+
+def _marian(translator: Translator) -> Any:
+    return to_marian(translator.model.eval())  # its weights are copied into a new CPU model
+
+
+def hf_tokenizer(tokenizer: SubwordTokenizer, eos_id: int) -> Any:
+    """A `transformers.PreTrainedTokenizerFast` of an attnlab tokenizer: the same ids as
+    `tokenizer.encode` with eos appended (attnlab's normalisation: NFC, whitespace collapsed and stripped),
+    and `decode(ids, skip_special_tokens=True)` gives `tokenizer.decode(ids)` (pad, bos and eos skipped,
+    an unknown id rendered as "<unk>").
+
+    Its `unk_token` is unset: "<unk>" is ordinary text when decoding (as in attnlab), never skipped. One
+    difference: text that spells a special token ("</s>") gets that token's id here, the unknown id from
+    attnlab.
+
+    Raises:
+        ValueError: A SentencePiece tokenizer (only Hugging Face `tokenizers` ones convert).
+    """
+    from tokenizers import Regex, Tokenizer, normalizers, processors
+    from transformers import PreTrainedTokenizerFast
+
+    from attnlab.data.tokenizer import SPECIAL_TOKENS, UNK_ID, HuggingFaceTokenizer
+
+    if not isinstance(tokenizer, HuggingFaceTokenizer):
+        raise ValueError(
+            "the model's tokenizer is a SentencePiece model, which format=hf does not convert; use "
+            "format=ctranslate2 (it keeps attnlab's tokenizer), or a model trained with data.tokenizer=bpe"
+        )
+    document = json.loads(tokenizer.to_json())
+    for added in document.get("added_tokens", []):  # "<unk>" is text to decode, not a token to skip
+        if added["id"] == UNK_ID:
+            added["special"] = False
+    inner = Tokenizer.from_str(json.dumps(document))
+    steps = [normalizers.NFC(), normalizers.Replace(Regex(f"[{WHITESPACE}]+"), " "), normalizers.Strip()]
+    if inner.normalizer is not None:
+        steps.append(inner.normalizer)
+    inner.normalizer = normalizers.Sequence(steps)
+    eos = SPECIAL_TOKENS[eos_id]
+    inner.post_processor = processors.TemplateProcessing(
+        single=f"$A {eos}", pair=f"$A {eos} $B {eos}", special_tokens=[(eos, eos_id)]
+    )
+    inner.no_padding()
+    inner.no_truncation()
+    return PreTrainedTokenizerFast(
+        tokenizer_object=inner, pad_token=SPECIAL_TOKENS[0], bos_token=SPECIAL_TOKENS[1], eos_token=eos,
+        clean_up_tokenization_spaces=False,  # no unk_token: it would be skipped as a special token
+        model_input_names=["input_ids", "attention_mask"],
+    )  # fmt: skip
+
+
+def write_hf(translator: Translator, out: Path) -> None:
+    """Write the MarianMT directory of `format=hf` into the existing directory `out`."""
+    config = translator.model.config
+    if translator.src_tokenizer.to_json() != translator.tgt_tokenizer.to_json():
+        raise ValueError(
+            "the model has separate source and target vocabularies (data.joint_vocab=false), and a "
+            "PreTrainedTokenizerFast is one vocabulary; use format=ctranslate2"
+        )
+    marian = _marian(translator)
+    generation = marian.generation_config
+    generation.decoder_start_token_id = config.start_id
+    generation.bos_token_id = config.bos_id
+    generation.eos_token_id = config.eos_id
+    generation.pad_token_id = config.pad_id
+    generation.forced_eos_token_id = None  # attnlab stops at its length limit without forcing eos
+    generation.suppress_tokens = [config.pad_id, config.bos_id]  # attnlab never generates them
+    generation.num_beams = translator.decode.beam
+    generation.length_penalty = 0.0  # generate()'s penalty is fairseq's length^α, not attnlab's GNMT one
+    limit, _ = translator.source_limit()
+    generation.max_length = int(translator.decode.max_len_a * limit + translator.decode.max_len_b) + 1
+    marian.save_pretrained(out)
+    hf_tokenizer(translator.src_tokenizer, config.eos_id).save_pretrained(out)
+
+
+def write_ctranslate2(translator: Translator, out: Path, quantization: str) -> None:
+    """Write the CTranslate2 model of `format=ctranslate2` (and attnlab's files beside it) into `out`."""
+    import ctranslate2
+
+    converter = _MarianIdsConverter(_marian(translator))
+    model_dir = out / ".model"
+    converter.convert(str(model_dir), quantization=None if quantization == "none" else quantization)
+    for item in model_dir.iterdir():
+        os.replace(item, out / item.name)
+    model_dir.rmdir()
+    config = translator.model.config
+    decode = translator.decode
+    settings = {
+        "format": "ctranslate2",
+        "ctranslate2_version": ctranslate2.__version__,
+        "quantization": quantization,
+        "pad_id": config.pad_id, "bos_id": config.bos_id, "eos_id": config.eos_id,
+        "start_id": config.start_id,
+        "max_source_tokens": translator.source_limit()[0],
+        "decode": {"beam": decode.beam, "max_len_a": decode.max_len_a, "max_len_b": decode.max_len_b,
+                   "min_len": decode.min_len, "batch_size": decode.batch_size},
+    }  # fmt: skip
+    (out / SETTINGS_FILE).write_text(json.dumps(settings, indent=2) + "\n", encoding="utf-8")
+    (out / SOURCE_TOKENIZER_FILE).write_text(translator.src_tokenizer.to_json(), encoding="utf-8")
+    (out / TARGET_TOKENIZER_FILE).write_text(translator.tgt_tokenizer.to_json(), encoding="utf-8")
+
+
+def _ids_converter_class() -> type:
+    """CTranslate2's MarianMT loader and a converter of an in-memory `MarianMTModel`, changed as the module
+    docstring says (defined on first use: ctranslate2 is optional)."""
+    from ctranslate2.converters.converter import Converter
+    from ctranslate2.converters.transformers import BartLoader, MarianMTLoader
+
+    from attnlab.data.tokenizer import UNK_ID
+
+    class IdsLoader(MarianMTLoader):
+        def get_model_spec(self, model: Any) -> Any:
+            model.config.normalize_before = False
+            model.config.normalize_embedding = False
+            return BartLoader.get_model_spec(self, model)  # every vocabulary row kept
+
+        def set_decoder(self, spec: Any, decoder: Any) -> None:
+            BartLoader.set_decoder(self, spec, decoder)  # starts from the start id's embedding
+
+        def set_config(self, config: Any, model: Any, tokenizer: Any) -> None:
+            config.bos_token = str(model.config.decoder_start_token_id)
+            config.eos_token = str(model.config.eos_token_id)
+            config.unk_token = str(UNK_ID)
+            config.decoder_start_token = str(model.config.decoder_start_token_id)
+
+        def set_vocabulary(self, spec: Any, tokens: Any) -> None:
+            marian = self.model_config
+            spec.register_source_vocabulary([str(i) for i in range(marian.vocab_size)])
+            spec.register_target_vocabulary([str(i) for i in range(marian.decoder_vocab_size)])
+
+        def __call__(self, model: Any, tokenizer: Any) -> Any:
+            self.model_config = model.config
+            spec = self.get_model_spec(model)
+            self.set_config(spec.config, model, tokenizer)
+            self.set_vocabulary(spec, None)
+            return spec
+
+    class Converted(Converter):
+        def __init__(self, marian: Any) -> None:
+            self.marian = marian
+
+        def _load(self) -> Any:
+            import torch
+
+            with torch.no_grad():
+                return IdsLoader()(self.marian, None)
+
+    return Converted
+
+
+def _MarianIdsConverter(marian: Any) -> Any:  # a class made on first use
+    return _ids_converter_class()(marian)
