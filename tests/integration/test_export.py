@@ -1,0 +1,206 @@
+"""`attnlab-export`: the translating model as a Hugging Face MarianMT directory and as a CTranslate2 model,
+each giving attnlab's outputs; bad requests refused before anything is written."""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+pytest.importorskip("transformers", reason='needs the [interop] extra: pip install -e ".[interop]"')
+
+pytestmark = pytest.mark.usefixtures("one_torch_thread")
+
+# Inputs beyond the corpus lines: runs of whitespace, tabs, a non-breaking space, a decomposed accent
+# (NFC), characters absent from the training text (unknown ids), an empty line.
+EXTRA_LINES = ["  Ein   Mann\tfährt  Fahrrad. ", "Zwei\u00a0Hunde spielen ﬁ ✓ im Schnee.", "Cafe\u0301 ☃", ""]
+
+
+def attnlab_export(*args: str, env: dict[str, str] | None = None, code: str | None = None):
+    """`attnlab-export` in a fresh process (`python -c code` first when given: e.g. to hide a package)."""
+    run = "from attnlab.cli.export import main; main()"
+    script = f"{code or ''}\nimport sys; sys.argv[0] = 'attnlab-export'\n{run}"
+    command = [sys.executable, "-c", script, *args]
+    environment = {**os.environ, "HF_HUB_OFFLINE": "1", "TRANSFORMERS_OFFLINE": "1", **(env or {})}
+    return subprocess.run(command, capture_output=True, text=True, env=environment, timeout=600)
+
+
+@pytest.fixture(scope="module")
+def exported(translating_run: dict[str, Any], tmp_path_factory: pytest.TempPathFactory) -> dict[str, Any]:
+    """The translating run exported by the CLI as hf, ctranslate2 (float32) and ctranslate2 int8."""
+    tmp = tmp_path_factory.mktemp("export")
+    dirs = {}
+    for name, extra in (("hf", ["format=hf"]), ("ct2", ["format=ctranslate2"]),
+                        ("int8", ["format=ctranslate2", "quantization=int8"]),
+                        ("float16", ["format=ctranslate2", "quantization=float16"])):  # fmt: skip
+        dirs[name] = tmp / name
+        done = attnlab_export(f"ckpt_path={translating_run['dir']}", f"out={dirs[name]}", *extra,
+                              f"paths.log_dir={tmp / 'logs'}")  # fmt: skip
+        assert done.returncode == 0, done.stderr[-3000:]
+        assert f"wrote format={extra[0].split('=')[1]}" in done.stdout
+    corpus = translating_run["corpus"]
+    lines = (corpus / "test.de").read_text("utf-8").splitlines()
+    references = (corpus / "test.en").read_text("utf-8").splitlines()
+    return {**dirs, "lines": lines, "references": references, "tmp": tmp}
+
+
+def attnlab_translator(translating_run: dict[str, Any], **decode: Any):
+    from attnlab.inference.translator import Translator, resolve_checkpoints
+
+    translator = Translator.from_checkpoints(resolve_checkpoints(translating_run["dir"]), device="cpu")
+    translator.decode = dataclasses.replace(translator.decode, **decode)
+    return translator
+
+
+def test_hf_directory_loads_offline_and_generates_attnlab_greedy_outputs(
+    translating_run: dict[str, Any], exported: dict[str, Any]
+) -> None:
+    import torch
+    from transformers import AutoTokenizer, MarianMTModel, PreTrainedTokenizerFast
+
+    tokenizer = AutoTokenizer.from_pretrained(exported["hf"], local_files_only=True)
+    model = MarianMTModel.from_pretrained(exported["hf"], local_files_only=True).eval()
+    assert isinstance(tokenizer, PreTrainedTokenizerFast)
+    ours = attnlab_translator(translating_run, beam=1)
+    lines = [*exported["lines"], *EXTRA_LINES]
+    expected_ids = ours._source_ids(lines)  # attnlab's encoding, eos appended
+    assert tokenizer(lines).input_ids == expected_ids
+    assert any(3 in row for row in expected_ids)  # the unknown id is among them
+
+    batch = tokenizer(exported["lines"], return_tensors="pt", padding=True)
+    with torch.no_grad():
+        generated = model.generate(**batch, num_beams=1, do_sample=False)  # the saved generation config
+    hypotheses = tokenizer.batch_decode(generated, skip_special_tokens=True)
+    expected = ours.translate(exported["lines"])
+    assert hypotheses == expected
+    assert len(set(expected)) > len(expected) // 2 and all(expected)  # real, sentence-specific output
+
+    # Decoding gives attnlab's text back, "<unk>" included; pad, bos and eos are skipped.
+    for row in expected_ids:
+        with_specials = [1, *row, 0, 0]
+        assert tokenizer.decode(with_specials, skip_special_tokens=True) == ours.tgt_tokenizer.decode(row)
+    assert "<unk>" in tokenizer.decode(expected_ids[-2], skip_special_tokens=True)
+
+
+def test_ctranslate2_float32_gives_attnlab_greedy_and_beam_outputs(
+    translating_run: dict[str, Any], exported: dict[str, Any]
+) -> None:
+    from attnlab.interop.ct2 import CT2Translator
+
+    lines = [*exported["lines"], *EXTRA_LINES]
+    engine = CT2Translator(exported["ct2"], intra_threads=1)
+    assert engine.source_ids(lines) == attnlab_translator(translating_run)._source_ids(lines)
+    for beam in (1, 3, 5):
+        expected = attnlab_translator(translating_run, beam=beam, lenpen=0.0).translate(lines)
+        assert engine.translate(lines, beam=beam) == expected, f"beam {beam}"
+        assert sum(bool(line) for line in expected) >= len(exported["lines"])  # empty for the empty line
+    # The exported decoding settings are the checkpoint's (its beam, 3): the same as asking for them.
+    assert engine.translate(lines) == engine.translate(lines, beam=3)
+
+
+@pytest.mark.parametrize(("name", "smaller"), [("int8", 2.0), ("float16", 1.6)])
+def test_quantized_ctranslate2_translates_and_its_bleu_difference_is_reported(
+    exported: dict[str, Any], record_property: Any, name: str, smaller: float
+) -> None:
+    from attnlab.interop.ct2 import CT2Translator
+    from attnlab.metrics import corpus_bleu
+
+    settings = json.loads((exported[name] / "attnlab_export.json").read_text())
+    assert settings["quantization"] == name
+    float32 = CT2Translator(exported["ct2"], intra_threads=1).translate(exported["lines"], beam=5)
+    quantized = CT2Translator(exported[name], intra_threads=1).translate(exported["lines"], beam=5)
+    bleu32 = corpus_bleu(float32, exported["references"]).score
+    bleu = corpus_bleu(quantized, exported["references"]).score
+    record_property("ctranslate2_bleu_float32", bleu32)
+    record_property(f"ctranslate2_bleu_{name}", bleu)
+    same = sum(a == b for a, b in zip(float32, quantized, strict=True))
+    print(
+        f"\nCTranslate2 beam 5 on the fixture's test set: float32 BLEU {bleu32:.2f}, {name} BLEU "
+        f"{bleu:.2f} (difference {bleu - bleu32:+.2f}); {same}/{len(quantized)} outputs identical"
+    )
+    size = {key: (exported[key] / "model.bin").stat().st_size for key in ("ct2", name)}
+    assert size[name] < size["ct2"] / smaller  # the weights are stored quantized
+    assert all(quantized) and bleu > 20  # it still translates (sanity, not a quality bar)
+
+
+def test_average_last_exports_the_averaged_weights(
+    translating_run: dict[str, Any], exported: dict[str, Any]
+) -> None:
+    import torch
+    from safetensors.torch import load_file
+
+    from attnlab.inference.translator import Translator, resolve_checkpoints
+    from attnlab.interop.marian import to_marian
+
+    out = exported["tmp"] / "averaged"
+    done = attnlab_export(f"ckpt_path={translating_run['dir']}", "average_last=2", "format=hf", f"out={out}",
+                          f"paths.log_dir={exported['tmp'] / 'logs'}")  # fmt: skip
+    assert done.returncode == 0, done.stderr[-3000:]
+    averaged = Translator.from_checkpoints(resolve_checkpoints(translating_run["dir"], 2))
+    expected = to_marian(averaged.model).state_dict()
+    written, best = load_file(out / "model.safetensors"), load_file(exported["hf"] / "model.safetensors")
+    key = "model.decoder.layers.0.fc1.weight"
+    torch.testing.assert_close(written[key], expected[key], rtol=0, atol=0)
+    assert not torch.equal(best[key], written[key])  # not the best checkpoint's weights
+
+
+def test_bad_requests_are_refused_naming_the_fix(translating_run: dict[str, Any], tmp_path: Path) -> None:
+    run = f"ckpt_path={translating_run['dir']}"
+    logs = f"paths.log_dir={tmp_path / 'logs'}"
+    done = attnlab_export(run, "format=onnx", f"out={tmp_path / 'x'}", logs)
+    assert done.returncode != 0 and "format='onnx' is not an export format: use one of hf, ctranslate2" in (
+        done.stderr
+    )
+    assert not (tmp_path / "x").exists()
+
+    kept = tmp_path / "kept"
+    kept.mkdir()
+    (kept / "notes.txt").write_text("mine")
+    done = attnlab_export(run, "format=hf", f"out={kept}", logs)
+    assert done.returncode != 0 and "exists and is not empty" in done.stderr
+    assert "overwrite=true" in done.stderr
+    assert [p.name for p in kept.iterdir()] == ["notes.txt"]  # nothing lost, nothing added
+
+    run_dir = Path(translating_run["dir"])
+    before = sorted(p.relative_to(run_dir) for p in run_dir.rglob("*"))
+    done = attnlab_export(run, "format=hf", f"out={run_dir}", "overwrite=true", logs)
+    assert done.returncode != 0 and "holds the checkpoint being exported" in done.stderr
+    assert sorted(p.relative_to(run_dir) for p in run_dir.rglob("*")) == before  # the run is intact
+
+    done = attnlab_export(run, "format=hf", "quantization=int8", f"out={tmp_path / 'y'}", logs)
+    assert done.returncode != 0 and "quantization=int8 applies to format=ctranslate2" in done.stderr
+
+    hide = "import sys; sys.modules['ctranslate2'] = None  # as if it were not installed"
+    done = attnlab_export(run, "format=ctranslate2", f"out={tmp_path / 'z'}", logs, code=hide)
+    assert done.returncode != 0
+    assert 'needs the ctranslate2 package: pip install "attnlab[export]"' in done.stderr
+    assert not (tmp_path / "z").exists()
+    assert not [p for p in tmp_path.iterdir() if p.name.startswith(".")]  # no staging directory left
+
+    # A model the format cannot express fails before anything replaces `out`.
+    from attnlab.decoding import DecodeConfig
+    from attnlab.interop.export import ExportError, export
+    from attnlab.model.config import TransformerConfig
+    from attnlab.model.transformer import Transformer
+
+    trained = attnlab_translator(translating_run)
+    config = TransformerConfig(d_model=32, n_heads=4, d_ff=64, n_encoder_layers=1, n_decoder_layers=1,
+                               pe="learned", max_positions=64)  # fmt: skip
+    vocab = trained.src_tokenizer.vocab_size
+    learned = type(trained)(Transformer(config.with_vocab(vocab, vocab)), trained.src_tokenizer,
+                            trained.tgt_tokenizer, DecodeConfig())  # fmt: skip
+    with pytest.raises(ExportError, match="format=hf: MarianMT needs pe='sinusoidal'"):
+        export(learned, "hf", kept, overwrite=True)
+    assert [p.name for p in kept.iterdir()] == ["notes.txt"]
+    assert not [p for p in tmp_path.iterdir() if p.name.startswith(".")]
+
+    done = attnlab_export(run, "format=hf", f"out={kept}", "overwrite=true", logs)
+    assert done.returncode == 0, done.stderr[-2000:]
+    assert (kept / "tokenizer.json").is_file() and not (kept / "notes.txt").exists()
+    assert not [p for p in tmp_path.iterdir() if p.name.startswith(".")]
