@@ -2,7 +2,8 @@
 
 Usage:
     python scripts/bench_decode.py --root ../shared/data/multi30k [--ckpt RUN_DIR_OR_CKPT]
-        [--batch-sizes 1 16 64] [--sweep-sentences 200] [--threads 2] [--device cpu] [--marian] [--quick]
+        [--batch-sizes 1 16 64] [--sweep-sentences 200] [--threads 2] [--device cpu] [--marian]
+        [--ctranslate2] [--sentences N] [--quick]
 
 Without `--ckpt` the model is a randomly initialised `model=small` with the Multi30k tokenizer (its
 outputs run to the length limit: a worst case); with a trained checkpoint the outputs have natural
@@ -27,6 +28,15 @@ With `--quick` on the random model every output must be identical (exit status 1
 differ otherwise): the model is seeded and its greedy top-2 margins on those sentences are above 1e-3,
 far above the float differences between the two implementations, so a difference is a conversion or
 decoder error, not a near-tie.
+
+`--ctranslate2` instead compares attnlab with CTranslate2 on the same weights (`attnlab-export
+format=ctranslate2`'s conversion, `[export]` extra), float32 and int8 (CTranslate2's weight quantization;
+attnlab stays float32): greedy and beam 5 over the first `--sentences` test2016 sources at batch 64 and
+one sentence at a time (`--latency-sentences`), `--threads` threads on both sides, length penalty 0, the
+same fixed length limit (60 tokens), reporting sentences/s (medians of `--repeats` interleaved runs), the
+speed-up (median and range of the per-run ratios) and how many outputs are identical to attnlab's. With
+`--quick` on the random model every float32 output must be identical (exit status 1 otherwise), as for
+`--marian`.
 """
 
 from __future__ import annotations
@@ -106,10 +116,13 @@ def main() -> None:
     parser.add_argument("--device", default="cpu", help="cpu, cuda, or auto")
     parser.add_argument("--marian", action="store_true", help="compare with MarianMT generate() instead")
     parser.add_argument(
+        "--ctranslate2", action="store_true", help="compare with CTranslate2 (float32, int8) instead"
+    )
+    parser.add_argument(
         "--quick", action="store_true", help="a few sentences, 2 repeats: the harness only (CI)"
     )
     parser.add_argument(
-        "--sentences", type=int, default=1000, help="with --marian: how many test2016 sentences"
+        "--sentences", type=int, default=1000, help="with --marian/--ctranslate2: how many test2016 sentences"
     )
     parser.add_argument("--latency-sentences", type=int, default=50, help="with --marian: for batch 1")
     parser.add_argument(
@@ -136,6 +149,9 @@ def main() -> None:
     translator = load(args)
     if args.marian:
         compare_with_marian(translator, args)
+        return
+    if args.ctranslate2:
+        compare_with_ctranslate2(translator, args)
         return
     model = translator.model.eval()
     n = 12 if args.quick else 1000
@@ -314,6 +330,71 @@ def compare_with_marian(translator: Translator, args: argparse.Namespace) -> Non
         raise SystemExit(
             f"bench_decode.py --marian --quick: attnlab's and MarianMT's outputs differ on the same weights "
             f"({'; '.join(differing)}): to_marian (attnlab.interop.marian) or one of the decoders is wrong"
+        )
+
+
+def ct2_decode(engine, ids: list[list[int]], beam: int, batch_size: int):
+    """(seconds, output ids) of CTranslate2 on the same length-sorted batches and settings as
+    `attnlab_decode`."""
+    sampler = TokenBatchSampler([len(r) for r in ids], batch_size=batch_size, shuffle=False)
+    outputs: list[list[int]] = [[] for _ in ids]
+    started = time.perf_counter()
+    for batch in sampler:
+        rows = engine.translate_ids([ids[i] for i in batch], beam=beam, max_len_a=0.0, max_len_b=LIMIT,
+                                    min_len=1, batch_size=batch_size)  # fmt: skip
+        for i, row in zip(batch, rows, strict=True):
+            outputs[i] = row
+    return time.perf_counter() - started, outputs
+
+
+def compare_with_ctranslate2(translator: Translator, args: argparse.Namespace) -> None:
+    import tempfile
+
+    from attnlab.interop.ct2 import CT2Translator
+    from attnlab.interop.export import export
+
+    model = translator.model.eval().cpu()
+    sources = (args.root / "test2016.de").read_text(encoding="utf-8").split("\n")[: args.sentences]
+    ids = [[*row, model.config.eos_id] for row in translator.src_tokenizer.encode_batch(sources)]
+    name = f"checkpoint {args.ckpt}" if args.ckpt else "random model=small"
+    print(f"model: {name}, {len(ids)} test2016 sentences, {args.threads} threads, length penalty 0\n")
+    print(f"| search | batch | CTranslate2 weights | attnlab sentences/s | CTranslate2 sentences/s | "
+          f"speed-up (median [min, max] of {args.repeats}) | identical outputs |")  # fmt: skip
+    print("|---|---|---|---|---|---|---|")
+    differing: list[str] = []
+    with tempfile.TemporaryDirectory() as tmp:
+        engines = {
+            weights: CT2Translator(export(translator, "ctranslate2", Path(tmp) / weights, quantization),
+                                   intra_threads=args.threads)
+            for weights, quantization in (("float32", "none"), ("int8", "int8"))
+        }  # fmt: skip
+        for beam in (1, 5):
+            for batch_size, subset in ((64, ids), (1, ids[: args.latency_sentences])):
+                for weights, engine in engines.items():
+                    ct2_decode(engine, subset[:2], beam, batch_size)  # warm-up
+                    attnlab_decode(model, subset[:2], beam, batch_size)
+                    times: dict[str, list[float]] = {"attnlab": [], "ct2": []}
+                    for _ in range(args.repeats):  # interleaved, so that machine noise hits both alike
+                        ours_s, ours = attnlab_decode(model, subset, beam, batch_size)
+                        theirs_s, theirs = ct2_decode(engine, subset, beam, batch_size)
+                        times["attnlab"].append(ours_s)
+                        times["ct2"].append(theirs_s)
+                    ratios = sorted(a / c for a, c in zip(times["attnlab"], times["ct2"], strict=True))
+                    same = sum(a == b for a, b in zip(ours, theirs, strict=True))
+                    search, n = ("greedy" if beam == 1 else f"beam {beam}"), len(subset)
+                    ours_rate = n / statistics.median(times["attnlab"])
+                    theirs_rate = n / statistics.median(times["ct2"])
+                    spread = f" [{ratios[0]:.2f}, {ratios[-1]:.2f}]" if len(ratios) > 1 else ""
+                    ratio = f"{statistics.median(ratios):.2f}x{spread}"
+                    print(f"| {search} | {batch_size} | {weights} | {ours_rate:.1f} | {theirs_rate:.1f} | "
+                          f"{ratio} | {same}/{n} ({same / n:.1%}) |")  # fmt: skip
+                    if same != n and weights == "float32":
+                        differing.append(f"{search} at batch {batch_size}: {same}/{n} identical")
+    print("\nspeed-up: attnlab's seconds / CTranslate2's (above 1: CTranslate2 is faster)")
+    if args.quick and not args.ckpt and differing:  # the seeded random model: see the module docstring
+        raise SystemExit(
+            "bench_decode.py --ctranslate2 --quick: attnlab's and CTranslate2's float32 outputs differ on "
+            f"the same weights ({'; '.join(differing)}): attnlab.interop.export or a decoder is wrong"
         )
 
 

@@ -68,6 +68,32 @@ def test_bench_decode_compares_with_marian_generate(
     assert "greedy differences: 0;" in out
 
 
+def test_bench_decode_compares_with_ctranslate2_float32_and_int8(
+    shared_data: Path, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """--ctranslate2 on the seeded random model=small (outputs run to the 60-token limit, so the limit means
+    the same on both sides): every float32 output identical (the script exits naming the settings where
+    one is not), int8 reported beside it; the harness, not the speed."""
+    pytest.importorskip("ctranslate2", reason="CTranslate2 needs the [export] extra")
+    import sys
+
+    argv = ["bench_decode.py", "--root", str(shared_data / "multi30k"), "--ctranslate2", "--quick",
+            "--threads", "1"]  # fmt: skip
+    monkeypatch.setattr(sys, "argv", argv)
+    load("bench_decode").main()
+    out = capsys.readouterr().out
+    rows = [line.split("|") for line in out.splitlines() if line.startswith(("| greedy", "| beam"))]
+    assert sorted((r[1].strip(), r[2].strip(), r[3].strip()) for r in rows) == sorted(
+        (search, batch, weights) for search in ("greedy", "beam 5") for batch in ("64", "1")
+        for weights in ("float32", "int8")
+    )  # fmt: skip
+    for row in rows:
+        n = {"64": 6, "1": 2}[row[2].strip()]
+        if row[3].strip() == "float32":
+            assert row[7].strip() == f"{n}/{n} (100.0%)", row
+        assert float(row[5]) > 0 and row[6].strip().endswith("]")  # a rate and a ratio range per row
+
+
 def test_bench_epoch_quick_compares_token_batches_with_padded_sentence_batches(
     shared_data: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
