@@ -190,6 +190,7 @@ def write_hf(translator: Translator, out: Path) -> None:
             "the model has separate source and target vocabularies (data.joint_vocab=false), and a "
             "PreTrainedTokenizerFast is one vocabulary; use format=ctranslate2"
         )
+    tokenizer = hf_tokenizer(translator.src_tokenizer, config.eos_id)  # refused before the weights convert
     marian = _marian(translator)
     generation = marian.generation_config
     generation.decoder_start_token_id = config.start_id
@@ -199,11 +200,12 @@ def write_hf(translator: Translator, out: Path) -> None:
     generation.forced_eos_token_id = None  # attnlab stops at its length limit without forcing eos
     generation.suppress_tokens = [config.pad_id, config.bos_id]  # attnlab never generates them
     generation.num_beams = translator.decode.beam
-    generation.length_penalty = 0.0  # generate()'s penalty is fairseq's length^α, not attnlab's GNMT one
+    if generation.num_beams > 1:  # (generate()'s validation refuses a length penalty without beams)
+        generation.length_penalty = 0.0  # generate()'s is fairseq's length^α, not attnlab's GNMT penalty
     limit, _ = translator.source_limit()
     generation.max_length = int(translator.decode.max_len_a * limit + translator.decode.max_len_b) + 1
     marian.save_pretrained(out)
-    hf_tokenizer(translator.src_tokenizer, config.eos_id).save_pretrained(out)
+    tokenizer.save_pretrained(out)
 
 
 def write_ctranslate2(translator: Translator, out: Path, quantization: str) -> None:

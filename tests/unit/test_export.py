@@ -1,0 +1,77 @@
+"""`attnlab.interop.export` on small random models (no training): separate source and target vocabularies
+through CTranslate2, and what `format=hf` refuses."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+import torch
+
+pytest.importorskip("transformers", reason='needs the [interop] extra: pip install -e ".[interop]"')
+
+from attnlab.data.tokenizer import SubwordTokenizer
+from attnlab.decoding import DecodeConfig
+from attnlab.inference.translator import Translator
+from attnlab.interop.export import ExportError, export
+from attnlab.model.config import TransformerConfig
+from attnlab.model.transformer import Transformer
+
+pytestmark = pytest.mark.usefixtures("one_torch_thread")
+
+GERMAN = ["Ein Mann fährt Fahrrad.", "Zwei Hunde spielen im Schnee.", "Eine Frau liest ein Buch."] * 3
+ENGLISH = ["A man rides a bike.", "Two dogs play in the snow.", "A woman reads a book."] * 3
+
+
+def separate_vocabularies(model: str = "bpe") -> tuple[SubwordTokenizer, SubwordTokenizer]:
+    return (SubwordTokenizer.train(GERMAN, model=model, vocab_size=60),
+            SubwordTokenizer.train(ENGLISH, model=model, vocab_size=50))  # fmt: skip
+
+
+def random_translator(src: SubwordTokenizer, tgt: SubwordTokenizer, tie: str) -> Translator:
+    torch.manual_seed(0)
+    config = TransformerConfig(d_model=32, n_heads=4, d_ff=64, n_encoder_layers=2, n_decoder_layers=2,
+                               tie=tie)  # fmt: skip
+    model = Transformer(config.with_vocab(src.vocab_size, tgt.vocab_size))
+    return Translator(model, src, tgt, DecodeConfig(beam=1, lenpen=0.0, max_len_a=0.0, max_len_b=8))
+
+
+def test_ctranslate2_with_separate_source_and_target_vocabularies(tmp_path: Path) -> None:
+    pytest.importorskip("ctranslate2", reason='needs the [export] extra: pip install -e ".[export]"')
+    from attnlab.interop.ct2 import CT2Translator
+
+    src, tgt = separate_vocabularies()
+    assert src.vocab_size != tgt.vocab_size
+    ours = random_translator(src, tgt, tie="decoder")
+    engine = CT2Translator(export(ours, "ctranslate2", tmp_path / "ct2"), intra_threads=1)
+    lines = ["Zwei Männer fahren.", "Ein Hund liest.", "Schnee"]
+    assert engine.translate(lines) == ours.translate(lines)
+    assert len(set(ours.translate(lines))) > 1  # outputs depend on the source
+
+
+def test_hf_refuses_separate_vocabularies_and_sentencepiece(tmp_path: Path) -> None:
+    src, tgt = separate_vocabularies()
+    with pytest.raises(ExportError, match=r"separate source and target vocabularies .* format=ctranslate2"):
+        export(random_translator(src, tgt, tie="decoder"), "hf", tmp_path / "hf")
+    pytest.importorskip("sentencepiece", reason='needs the [spm] extra: pip install -e ".[spm]"')
+    joint = SubwordTokenizer.train(GERMAN + ENGLISH, model="sentencepiece", vocab_size=60)
+    with pytest.raises(ExportError, match="SentencePiece model, which format=hf does not convert"):
+        export(random_translator(joint, joint, tie="all"), "hf", tmp_path / "hf")
+    assert list(tmp_path.iterdir()) == []  # nothing written, no staging directory left
+
+
+def test_hf_export_of_a_greedy_checkpoint_generates_attnlab_outputs(tmp_path: Path) -> None:
+    """A checkpoint decoding greedily (decode.beam=1) exports a valid generation config; on a random model
+    the outputs run to the length limit, so the saved limit means attnlab's."""
+    from transformers import AutoTokenizer, MarianMTModel
+
+    joint = SubwordTokenizer.train(GERMAN + ENGLISH, model="bpe", vocab_size=80)
+    ours = random_translator(joint, joint, tie="all")
+    out = export(ours, "hf", tmp_path / "hf")
+    tokenizer = AutoTokenizer.from_pretrained(out, local_files_only=True)
+    model = MarianMTModel.from_pretrained(out, local_files_only=True).eval()
+    lines = ["Zwei Männer fahren.", "Ein Hund liest ein Buch im Schnee."]
+    with torch.no_grad():
+        generated = model.generate(**tokenizer(lines, return_tensors="pt", padding=True))
+    assert tokenizer.batch_decode(generated, skip_special_tokens=True) == ours.translate(lines)
+    assert generated.size(1) == 1 + 8  # the start id and max_len_b tokens: no eos forced or generated
