@@ -75,3 +75,37 @@ def test_hf_export_of_a_greedy_checkpoint_generates_attnlab_outputs(tmp_path: Pa
         generated = model.generate(**tokenizer(lines, return_tensors="pt", padding=True))
     assert tokenizer.batch_decode(generated, skip_special_tokens=True) == ours.translate(lines)
     assert generated.size(1) == 1 + 8  # the start id and max_len_b tokens: no eos forced or generated
+
+
+def test_min_len_means_the_same_in_both_formats(tmp_path: Path) -> None:
+    """A model whose every step prefers eos: the outputs are exactly `min_len` long, eos included, in
+    attnlab, CTranslate2 (greedy and beam) and generate()."""
+    pytest.importorskip("ctranslate2", reason='needs the [export] extra: pip install -e ".[export]"')
+    from transformers import AutoTokenizer, MarianMTModel
+
+    from attnlab.data.batching import pad
+    from attnlab.decoding.search import translate
+    from attnlab.interop.ct2 import CT2Translator
+
+    joint = SubwordTokenizer.train(GERMAN + ENGLISH, model="bpe", vocab_size=80)
+    torch.manual_seed(0)
+    config = TransformerConfig(d_model=32, n_heads=4, d_ff=64, n_encoder_layers=2, n_decoder_layers=2,
+                               output_bias=True)  # fmt: skip
+    model = Transformer(config.with_vocab(joint.vocab_size, joint.vocab_size))
+    with torch.no_grad():
+        model.output.bias[config.eos_id] = 50.0
+    lines = ["Zwei Hunde spielen."]
+    for min_len in (1, 4):
+        ours = Translator(model, joint, joint, DecodeConfig(beam=1, lenpen=0.0, min_len=min_len))
+        ids = ours._source_ids(lines)
+        assert [len(row) for row in translate(model, pad(ids, config.pad_id), ours.decode)] == [min_len - 1]
+        engine = CT2Translator(export(ours, "ctranslate2", tmp_path / f"ct2-{min_len}"), intra_threads=1)
+        for beam in (1, 4):
+            assert [len(row) for row in engine.translate_ids(ids, beam=beam)] == [min_len - 1], beam
+        out = export(ours, "hf", tmp_path / f"hf-{min_len}")
+        tokenizer = AutoTokenizer.from_pretrained(out, local_files_only=True)
+        hf = MarianMTModel.from_pretrained(out, local_files_only=True).eval()
+        with torch.no_grad():
+            generated = hf.generate(**tokenizer(lines, return_tensors="pt"))
+        assert generated[0, 1:].tolist().index(config.eos_id) == min_len - 1  # eos is token min_len
+        assert tokenizer.batch_decode(generated, skip_special_tokens=True) == ours.translate(lines)

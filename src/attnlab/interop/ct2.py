@@ -96,10 +96,10 @@ class CT2Translator:
         for i, row in enumerate(ids):
             groups[max(1, int(a * len(row) + b))].append(i)
         out: list[list[int]] = [[] for _ in ids]
-        for limit, members in groups.items():
+        for limit, members in groups.items():  # CTranslate2's lengths: eos counted in the max, not the min
             results = self.translator.translate_batch(
                 [[str(t) for t in ids[i]] for i in members], max_batch_size=batch_size, beam_size=beam,
-                length_penalty=length_penalty, max_decoding_length=limit, min_decoding_length=min_len,
+                length_penalty=length_penalty, max_decoding_length=limit, min_decoding_length=min_len - 1,
                 max_input_length=0, suppress_sequences=[[str(pad)], [str(bos)]], end_token=str(eos),
             )  # fmt: skip
             for i, result in zip(members, results, strict=True):

@@ -200,6 +200,7 @@ def write_hf(translator: Translator, out: Path) -> None:
     generation.forced_eos_token_id = None  # attnlab stops at its length limit without forcing eos
     generation.suppress_tokens = [config.pad_id, config.bos_id]  # attnlab never generates them
     generation.num_beams = translator.decode.beam
+    generation.min_length = translator.decode.min_len  # eos not before: counted as attnlab counts it
     if generation.num_beams > 1:  # (generate()'s validation refuses a length penalty without beams)
         generation.length_penalty = 0.0  # generate()'s is fairseq's length^α, not attnlab's GNMT penalty
     limit, _ = translator.source_limit()
