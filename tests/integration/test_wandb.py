@@ -140,12 +140,15 @@ def test_cross_attention_heatmaps_of_probe_sentences_at_each_validation_decode(
     wandb_runs: list[dict[str, Any]],
 ) -> None:
     record = wandb_runs[0]["record"]
-    logged = [row["val/attention"] for row in record.history if "val/attention" in row]
-    assert len(logged) == 2  # two epochs, each decoding the validation set
-    for entry in logged:
-        assert entry["_type"] == "images/separated" and entry["count"] == 2
-        assert len(entry["captions"]) == 2 and " -> " in entry["captions"][0]
-    images = [f for f in record.files if f.startswith("media/images/val/attention")]
+    for sentence in ("0", "1"):  # one key per probe sentence (their heatmaps differ in size)
+        key = f"val/attention/{sentence}"
+        logged = [row[key] for row in record.history if key in row]
+        assert len(logged) == 2  # two epochs, each decoding the validation set
+        for entry in logged:
+            assert entry["_type"] == "images/separated" and entry["count"] == 1
+            assert len(entry["captions"]) == 1 and " -> " in entry["captions"][0]
+    assert not any("val/attention/2" in row for row in record.history)  # decode.probe_sentences=2
+    images = [f for f in record.files if f.startswith("media/images/val/attention/")]
     assert len(images) == 4 and all(f.endswith(".png") for f in images)
 
 

@@ -27,7 +27,8 @@ class DecodeConfig:
         max_tokens: Most source tokens (padding included) per decoding batch outside training, so long
             inputs get fewer sentences per batch (null: no token budget, `batch_size` alone).
         probe_sentences: At each validation decode, the cross-attention (last decoder layer, averaged
-            over heads) of the first n validation sentences goes to W&B as heatmap images (0: none).
+            over heads) of the first n validation sentences goes to W&B as heatmap images, one key per
+            sentence (`val/attention/<i>`; 0: none).
         max_source_tokens: Longest source (in subwords, eos included) decoded outside training; longer
             ones are cut to it, keeping eos, and counted (`truncated_sources` in results.json, a warning),
             so one huge input line cannot stall decoding. null: the training filter's limit, the

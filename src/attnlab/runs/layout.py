@@ -46,16 +46,16 @@ LAST_CHECKPOINT = f"{CHECKPOINTS_DIR}/last.ckpt"
 RUN_LOCK = ".lock"  # `<pid> <host>` of the process running in the run directory
 
 # The config keys that never define a run's setting: where the run writes (`paths.`, `hydra.`, the
-# `callbacks.`, which hold run-directory paths such as the checkpoint directory, and with them their
-# other settings), how it is tracked and named (`logger.`, `task_name`), how it is started or continued
-# (`ckpt_path`, `resume`, `sweep.`) and what a sweeper reads from it (`optimized_metric`). An entry
-# ending in `.` names a config group (every key below it, and its choice); any other one a key (and every
-# key it starts). The seed is no bookkeeping: the runs of one setting differ in it, and W&B groups and
+# `callbacks.`, which hold run-directory paths such as the checkpoint directory, and with them their other
+# settings), how it is tracked, named and shown (`logger.`, `task_name`, `progress.`), how it is started or
+# continued (`ckpt_path`, `resume`, `sweep.`) and what a sweeper reads from it (`optimized_metric`). An
+# entry ending in `.` names a config group (every key below it, and its choice); any other one a key (and
+# every key it starts). The seed is no bookkeeping: the runs of one setting differ in it, and W&B groups and
 # `attnlab-compare` group over it. W&B groups (`attnlab.runs.wandb.config_group`) and run names
 # (`run_name`), `attnlab.reports.compare.varying_keys` and the changes a resumed run may make
 # (`attnlab.training.resume.RESUMABLE_CHANGES`) all leave these keys out.
 BOOKKEEPING = (
-    "paths.", "hydra.", "logger.", "callbacks.", "sweep.",
+    "paths.", "hydra.", "logger.", "callbacks.", "sweep.", "progress.",
     "ckpt_path", "resume", "task_name", "optimized_metric",
 )  # fmt: skip
 

@@ -122,6 +122,8 @@ class WandbLogger(_LightningWandbLogger):
         mode = os.environ.get("WANDB_MODE", mode)
         super().__init__(name=name, save_dir=save_dir, project=project, entity=entity, group=group,
                          tags=list(tags), mode=mode, job_type=job_type, **kwargs)  # fmt: skip
+        if self._wandb_init.get("anonymous") is None:  # Lightning passes anonymous=None, which W&B warns of
+            self._wandb_init.pop("anonymous", None)
 
     @property
     def experiment(self) -> Any:

@@ -177,6 +177,39 @@ def _check_init_from(cfg: DictConfig) -> None:
         )
 
 
+PROGRESS_KEYS = ("every_n_seconds", "every_n_steps")
+
+
+def check_progress(every_n_seconds: Any = None, every_n_steps: Any = None) -> None:
+    """The `progress` settings (`attnlab.training.console.ProgressLines`): a period in seconds > 0 and one
+    in optimizer steps >= 1, each or both null."""
+    number = isinstance(every_n_seconds, (int, float)) and not isinstance(every_n_seconds, bool)
+    if every_n_seconds is not None and (not number or every_n_seconds <= 0):
+        raise ConfigError(
+            f"progress.every_n_seconds={every_n_seconds!r} must be a number of seconds > 0, or null for no "
+            "time period"
+        )  # fmt: skip
+    if every_n_steps is not None and (not is_int(every_n_steps) or every_n_steps < 1):
+        raise ConfigError(
+            f"progress.every_n_steps={every_n_steps!r} must be an integer >= 1, or null for no step period"
+        )
+
+
+def _check_progress(node: Any) -> None:
+    if node is None:
+        return
+    if not OmegaConf.is_dict(node):
+        raise ConfigError(f"progress={node!r} must be a node with {' and '.join(PROGRESS_KEYS)}")
+    unknown = sorted(set(node) - set(PROGRESS_KEYS))
+    if unknown:
+        raise ConfigError(
+            f"progress.{unknown[0]} is not a progress setting: "
+            f"{did_you_mean(unknown[0], list(PROGRESS_KEYS), 'progress.')}"
+            f"known keys: {', '.join(PROGRESS_KEYS)}"
+        )
+    check_progress(**node)
+
+
 def _check_trainer(trainer: DictConfig) -> None:
     max_epochs = trainer.get("max_epochs")
     if max_epochs is not None and (not is_int(max_epochs) or max_epochs < -1 or max_epochs == 0):
@@ -266,6 +299,7 @@ def validate(cfg: DictConfig) -> Experiment:
     except ValueError as exc:
         raise ConfigError(f"metrics.{exc}") from None
     _check_trainer(cfg.trainer)
+    _check_progress(cfg.get("progress"))
     return Experiment(model=_check_fit(model, data), optim=optim, data=data, decode=decode, metrics=metrics)
 
 

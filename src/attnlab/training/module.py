@@ -111,6 +111,11 @@ class TranslationModule(L.LightningModule):
         # The warm-up against the run's length (`OptimConfig.warmup_facts`), once the optimizer is built.
         self.schedule_facts: dict[str, Any] | None = None
 
+    @property
+    def tokens_seen(self) -> int:
+        """Non-padding target tokens trained on so far (summed over ranks; kept across a resumption)."""
+        return self._tokens_seen
+
     def forward(self, src: Tensor, tgt_in: Tensor) -> Tensor:
         return self.model(src, tgt_in)
 
@@ -330,7 +335,9 @@ class TranslationModule(L.LightningModule):
 
     def _log_attention(self) -> None:
         """Cross-attention heatmaps of the first `decode.probe_sentences` validation sentences, to the
-        W&B loggers (rank 0): rows are output tokens, columns source tokens, white = weight 1."""
+        W&B loggers (rank 0) as `val/attention/<i>` (sentence i, one image per validation decode; W&B
+        shows one key's images side by side only when they have one size): rows are output tokens,
+        columns source tokens, white = weight 1."""
         from lightning.pytorch.loggers import WandbLogger
 
         loggers = [lg for lg in self.loggers if isinstance(lg, WandbLogger)]
@@ -338,19 +345,18 @@ class TranslationModule(L.LightningModule):
         if not loggers or count == 0 or not self.trainer.is_global_zero:
             return
         datamodule = self.trainer.datamodule
-        images, captions = [], []
-        for src_ids, _, _ in datamodule.splits["val"][:count]:
+        for index, (src_ids, _, _) in enumerate(datamodule.splits["val"][:count]):
             src = torch.tensor([src_ids], device=self.device)
             cfg = self.decode_config
             (hyp,) = beam_search(self.model, src, beam=1, max_len_a=cfg.max_len_a, max_len_b=cfg.max_len_b,
                                  min_len=cfg.min_len, need_attention=True)[0]  # fmt: skip
             weights = hyp.attention.float().clamp(0, 1).cpu()  # (T, S)
             pixels = (weights * 255).round().to(torch.uint8).repeat_interleave(8, 0).repeat_interleave(8, 1)
-            images.append(pixels.numpy())
             source = datamodule.src_tokenizer.decode(src_ids)
-            captions.append(f"{source} -> {datamodule.tgt_tokenizer.decode(hyp.tokens)}")
-        for logger in loggers:
-            logger.log_image(key="val/attention", images=images, caption=captions, step=self.global_step)
+            caption = f"{source} -> {datamodule.tgt_tokenizer.decode(hyp.tokens)}"
+            for logger in loggers:  # one key per sentence: its images differ in size from the others'
+                logger.log_image(key=f"val/attention/{index}", images=[pixels.numpy()], caption=[caption],
+                                 step=self.global_step)  # fmt: skip
 
     def test_step(self, batch: dict[str, Tensor], batch_idx: int) -> None:
         self._accumulate(batch)

@@ -143,7 +143,9 @@ def _run(plan: RunPlan) -> dict[str, float]:
 
     from attnlab.data.download import DataError
     from attnlab.training.callbacks import Preempted
+    from attnlab.training.console import route_lightning_logging
 
+    route_lightning_logging()  # each Lightning message once, on the handlers set up (Hydra's)
     run, is_zero = plan.run, rank_zero_only.rank == 0  # under DDP every rank runs this; rank 0 writes
     previous = _run_records(run) if plan.continuing else None  # before anything is rewritten
     run.write_config(plan.resolved)  # a full disk leaves the old one
@@ -314,12 +316,14 @@ def init_weights(module: TranslationModule, datamodule: ParallelDataModule, path
 
 def build_trainer(plan: RunPlan, datamodule: ParallelDataModule, wandb_id: str | None = None) -> Any:
     """The Lightning trainer of `cfg.trainer` with the configured callbacks and loggers (the W&B logger's
-    null group, name and, for a continued run, id filled in), attnlab's atomic checkpoint IO and, on a
-    cluster, its environment plugin. The data is checked to feed every rank first, and a continued run's
-    CSV history is put back."""
+    null group, name and, for a continued run, id filled in), the console's model summary and, when the
+    console is not a terminal, progress lines (`attnlab.training.console`), attnlab's atomic checkpoint
+    IO and, on a cluster, its environment plugin. The data is checked to feed every rank first, and a
+    continued run's CSV history is put back."""
     from hydra.utils import instantiate
 
     from attnlab.training.checkpoint_io import AtomicCheckpointIO
+    from attnlab.training.console import console_callbacks
 
     cfg = plan.cfg
     wandb = dict(plan.wandb)
@@ -329,9 +333,12 @@ def build_trainer(plan: RunPlan, datamodule: ParallelDataModule, wandb_id: str |
     history: list[dict[str, float]] = []
     if plan.continuing:
         history = csv_history(plan.run.path, plan.resumed_step)
+    callbacks = _instantiate_all(cfg.get("callbacks"))
+    console, arguments = console_callbacks(callbacks, cfg.trainer, cfg.get("progress"))
     trainer = instantiate(
         cfg.trainer,
-        callbacks=_instantiate_all(cfg.get("callbacks")),
+        callbacks=callbacks + console,
+        **arguments,
         logger=_instantiate_all(cfg.get("logger"), {"wandb": wandb}) or False,
         default_root_dir=str(plan.run.path),
         plugins=[*cluster_plugins(), AtomicCheckpointIO(own_run=plan.continuing)],

@@ -1,0 +1,188 @@
+"""What `attnlab-train` prints, read from a real run's console: the command run as a user runs it (Hydra's
+job logging, Lightning's own handlers, W&B offline), its output written to a file (not a terminal)."""
+
+from __future__ import annotations
+
+import itertools
+import os
+import pty
+import re
+import subprocess
+import sys
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from attnlab.training.experiment import validate
+from helpers import compose_train
+from wandb_records import find_run_file, read_wandb_run
+
+pytestmark = pytest.mark.usefixtures("one_torch_thread")
+
+PROGRESS = re.compile(
+    r"progress: step (?P<step>\d+)/(?P<total>\d+) \((?P<percent>\d+)%\)"
+    r" \| epoch (?P<epoch>\d+)/(?P<epochs>\d+) \| loss (?P<loss>[0-9.e+-]+) \| (?P<tps>\d+) tgt tok/s"
+    r" \| elapsed (?P<elapsed>\d+:\d\d:\d\d) \| ETA (?P<eta>\d+:\d\d:\d\d)$"
+)
+HYDRA_PREFIX = re.compile(r"^\[[^\]]+\]\[[^\]]+\]\[[A-Z]+\] - ")
+LIGHTNING_PREFIX = re.compile(r"^(INFO|WARNING|ERROR|DEBUG): ")
+
+
+@pytest.fixture(scope="module")
+def console(translating_run: dict[str, Any], tmp_path_factory: pytest.TempPathFactory) -> dict[str, Any]:
+    """Two epochs from the session's translating model (so the validation decodes and the attention
+    heatmaps of two probe sentences of different lengths are real), W&B offline, a progress line every 2
+    optimizer steps; stdout and stderr into one file."""
+    tmp = tmp_path_factory.mktemp("console")
+    run = tmp / "run"
+    start = translating_run["dir"] / "checkpoints" / "last.ckpt"
+    command = [
+        sys.executable, "-m", "attnlab.cli.train", *translating_run["data"], f"init_from={start}",
+        "optim=inverse_sqrt", "optim.peak_lr=1e-4", "optim.warmup_steps=5", "trainer.max_epochs=2",
+        "decode.beam=2", "logger=wandb", "progress.every_n_steps=2", "progress.every_n_seconds=null",
+        f"hydra.run.dir={run}",
+    ]  # fmt: skip
+    env = {k: v for k, v in os.environ.items() if not k.startswith("WANDB_")}
+    env.update(WANDB_MODE="offline", OMP_NUM_THREADS="1")
+    log = tmp / "console.log"
+    with open(log, "w") as out:
+        done = subprocess.run(command, stdout=out, stderr=subprocess.STDOUT, env=env, cwd=tmp, timeout=600)
+    text = log.read_text("utf-8")
+    assert done.returncode == 0, text[-3000:]
+    return {"text": text, "lines": text.splitlines(), "run": run}
+
+
+def message(line: str) -> str:
+    """A console line without the prefix of Hydra's or Lightning's log format."""
+    return LIGHTNING_PREFIX.sub("", HYDRA_PREFIX.sub("", line))
+
+
+def test_each_message_is_printed_once(console: dict[str, Any]) -> None:
+    lines = [line for line in console["lines"] if line.strip() and not line.startswith("wandb:")]
+    plain = [line for line in lines if LIGHTNING_PREFIX.match(line)]
+    assert not plain, f"Lightning's own handler printed: {plain}"
+    repeated = [a for a, b in itertools.pairwise(lines) if message(a) == message(b)]
+    assert not repeated, f"printed twice: {repeated}"
+    assert sum("`Trainer.fit` stopped" in line for line in lines) == 1
+    # Lightning's messages reach Hydra's log file of the run too, once
+    train_log = (console["run"] / "train.log").read_text("utf-8")
+    assert train_log.count("`Trainer.fit` stopped") == 1
+
+
+def test_no_third_party_advertising(console: dict[str, Any]) -> None:
+    for word in ("💡", "Tip:", "litlogger", "LitLogger", "litmodels"):
+        assert word not in console["text"], word
+
+
+def test_the_model_summary_has_no_column_of_zeros(console: dict[str, Any]) -> None:
+    lines = console["lines"]
+    start = next(i for i, line in enumerate(lines) if line.endswith("model summary:"))
+    header = [cell.strip() for cell in lines[start + 1].split("|")]
+    assert {"Name", "Type", "Params"} <= set(header)
+    rows = []
+    for line in lines[start + 3 :]:
+        if line.startswith("---"):
+            break
+        rows.append([cell.strip() for cell in line.split("|")])
+    assert rows and all(len(row) == len(header) for row in rows)
+    for column, name in enumerate(header):
+        if name:
+            assert any(row[column] not in ("0", "") for row in rows), f"column {name} is all zeros"
+    assert "FLOPs" not in console["text"] and "Total Flops" not in console["text"]
+
+
+def test_no_wandb_anonymous_warning(console: dict[str, Any]) -> None:
+    assert "wandb: Tracking run" in console["text"]  # W&B did run
+    assert "anonymous" not in console["text"]
+
+
+def test_attention_heatmaps_of_different_sizes_log_without_warning(console: dict[str, Any]) -> None:
+    record = read_wandb_run(find_run_file(console["run"]))
+    sizes: dict[int, set[tuple[int, int]]] = {}
+    for row in record.history:
+        for key, value in row.items():
+            if key.startswith("val/attention/"):
+                sizes.setdefault(row["trainer/global_step"], set()).add((value["width"], value["height"]))
+    assert sizes and any(len(s) > 1 for s in sizes.values()), "the probe heatmaps should differ in size"
+    assert "Images sizes do not match" not in console["text"]
+
+
+def test_progress_lines_when_the_console_is_not_a_terminal(console: dict[str, Any]) -> None:
+    found = [PROGRESS.search(message(line)) for line in console["lines"] if "progress: " in line]
+    assert all(found), [line for line in console["lines"] if "progress: " in line]
+    assert len(found) >= 3
+    steps = [int(m["step"]) for m in found]
+    total = int(found[0]["total"])
+    assert steps == sorted(set(steps)) and steps[-1] == total
+    assert all(b - a == 2 for a, b in itertools.pairwise(steps[:-1]))  # every 2 steps, then the end
+    assert all(float(m["loss"]) > 0 and int(m["tps"]) > 0 for m in found)
+    assert [m["epochs"] for m in found] == ["2"] * len(found) and found[-1]["epoch"] == "2"
+    assert found[-1]["eta"] == "0:00:00" and found[-1]["percent"] == "100"
+    # no redraws of Lightning's progress bar in a file
+    assert "━" not in console["text"] and "it/s" not in console["text"]
+
+
+@pytest.fixture
+def terminal() -> Iterator[Any]:
+    """Standard output on a pseudo-terminal."""
+    leader, follower = pty.openpty()
+    stream = os.fdopen(follower, "w")
+    try:
+        yield stream
+    finally:
+        stream.close()
+        os.close(leader)
+
+
+def test_a_terminal_gets_lightnings_bar_and_no_lines(terminal: Any, monkeypatch: pytest.MonkeyPatch) -> None:
+    from lightning.pytorch.callbacks import TQDMProgressBar
+
+    from attnlab.training.console import ModelSummary, ProgressLines, console_callbacks, is_terminal
+
+    progress = {"every_n_seconds": 5, "every_n_steps": None}
+    added, _ = console_callbacks([], {}, progress)
+    assert [type(cb) for cb in added] == [ModelSummary, ProgressLines]  # pytest's captured output: a file
+    assert added[1].every_n_seconds == 5
+    monkeypatch.setattr(sys, "stdout", terminal)
+    assert is_terminal()
+    added, arguments = console_callbacks([], {}, progress)
+    assert [type(cb) for cb in added] == [ModelSummary] and arguments == {"enable_model_summary": False}
+    monkeypatch.undo()
+    switched_off = {"enable_progress_bar": False, "enable_model_summary": False}
+    added, arguments = console_callbacks([], switched_off, {})
+    assert added == [] and arguments == {}
+    added, _ = console_callbacks([TQDMProgressBar()], {}, progress)  # a configured bar is kept
+    assert [type(cb) for cb in added] == [ModelSummary]
+
+
+def test_progress_by_seconds(tmp_path: Path, caplog: pytest.LogCaptureFixture) -> None:
+    """`progress.every_n_seconds`: lines at least that far apart, and a last one at the end."""
+    from attnlab.training.pipeline import train
+
+    overrides = ["data=synthetic", "model=tiny", "trainer.max_epochs=1", "+trainer.limit_train_batches=120",
+                 "logger=csv", "test=false", "trainer.enable_progress_bar=true",
+                 "progress.every_n_seconds=0.5", "progress.every_n_steps=null"]  # fmt: skip
+    with caplog.at_level("INFO", logger="attnlab.training.console"):
+        train(compose_train(overrides, tmp_path / "run"))
+    records = [r for r in caplog.records if r.getMessage().startswith("progress: ")]
+    assert len(records) >= 3, [r.getMessage() for r in records]
+    gaps = [b.created - a.created for a, b in itertools.pairwise(records[:-1])]
+    assert all(gap >= 0.5 for gap in gaps), gaps
+    assert PROGRESS.search(records[-1].getMessage())["step"] == "120"
+
+
+@pytest.mark.parametrize(
+    ("override", "error"),
+    [
+        ("progress.every_n_steps=0", "progress.every_n_steps=0 must be an integer >= 1"),
+        ("progress.every_n_seconds=-1", "progress.every_n_seconds=-1 must be a number of seconds > 0"),
+        ("+progress.every_n_step=3", "progress.every_n_step is not a progress setting: did you mean"),
+    ],
+)
+def test_bad_progress_settings_are_refused(tmp_path: Path, override: str, error: str) -> None:
+    from attnlab.typed import ConfigError
+
+    with pytest.raises(ConfigError, match=re.escape(error)):
+        validate(compose_train(["data=synthetic", "model=tiny", override], tmp_path))
