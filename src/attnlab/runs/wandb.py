@@ -159,22 +159,12 @@ def wandb_runs(trainer: Any) -> list[Any]:
     return [lg.experiment for lg in trainer.loggers if isinstance(lg, _LightningWandbLogger)]
 
 
-def log_results(runs: list[Any], results: dict[str, Any], output_dir: Path) -> None:
-    """`results.json` into each run's summary, and per test set its hypotheses as a W&B Table and all
-    hypotheses files as one artifact."""
+def log_results(runs: list[Any], summary: dict[str, Any], results: dict[str, Any], output_dir: Path) -> None:
+    """`summary` (`attnlab.runs.tracking.result_summary` of `results.json`) into each run's summary, and
+    per test set its hypotheses as a W&B Table and all hypotheses files as one artifact."""
     import wandb
 
-    if not runs:
-        return
     run_dir = RunDir(output_dir)
-    summary: dict[str, Any] = {}
-    for name, entry in results.get("sets", {}).items():
-        for key in ("bleu", "chrf", "ter", "bleu_signature", "chrf_signature", "ter_signature", "sentences",
-                    "bleu_tok_compound"):  # fmt: skip
-            if key in entry:
-                summary[f"results/{name}/{key}"] = entry[key]
-    for key, value in results.get("test_metrics", {}).items():
-        summary[f"results/{key}"] = value
     for run in runs:
         run.summary.update(summary)
         tables = {}

@@ -68,6 +68,9 @@ def check_constructor_keys(cfg: DictConfig) -> None:
     """The nodes that reach a constructor when training starts (`trainer`, every `callbacks.*` and
     `logger.*`) hold only parameters of the class they name, and every such node names one.
 
+    A logger whose optional packages are missing (`attnlab.runs.tracking.LOGGER_PACKAGES`) is refused,
+    naming `pip install "attnlab[loggers]"`.
+
     Run after `validate`, before any data is prepared: it imports those classes (lightning among them)
     to read their signatures, so a mistyped `+trainer.max_epoch=3` fails at once, with a did-you-mean,
     rather than as a TypeError after data preparation. A class taking `**kwargs` accepts any key,
@@ -93,6 +96,10 @@ def check_constructor_keys(cfg: DictConfig) -> None:
             nodes.append((f"{group}.{name}", node))
     for key, node in nodes:
         cls = _target_class(node, key)
+        if key.startswith("logger."):  # an optional package missing: refused now, not when training starts
+            from attnlab.runs.tracking import check_logger_packages
+
+            check_logger_packages(key, cls)
         accepted = getattr(cls, "accepted_keys", None)  # a class passing **kwargs on names what it takes
         if callable(accepted):
             reject_unknown_keys(key, cls, node.keys(), list(accepted()))

@@ -67,11 +67,12 @@ class RunPlan:
     Attributes:
         cfg: The composed config with the `auto` monitor values filled in, read-only.
         experiment: Its validated, torch-free parts (model, optim, data, decode settings).
-        resolved: `cfg` as plain values (for `config.yaml` and W&B), the W&B names filled in.
+        resolved: `cfg` as plain values (for `config.yaml` and the loggers), the loggers' names filled in.
         run: The run directory.
         resume_from: The checkpoint training starts from (None: from scratch).
         resumed_step: The step of the run's own `last.ckpt` when the run continues from it, else None.
-        wandb: Values for the W&B logger's null `group` and `name` (none without a W&B logger).
+        names: Values for the loggers' null names, by logger: `wandb` (`group`, `name`), `mlflow`
+            (`run_name`); none for a logger that is not configured.
     """
 
     cfg: DictConfig
@@ -80,7 +81,7 @@ class RunPlan:
     run: RunDir
     resume_from: str | None = None
     resumed_step: int | None = None
-    wandb: dict[str, Any] = field(default_factory=dict)
+    names: dict[str, dict[str, Any]] = field(default_factory=dict)
 
     @property
     def continuing(self) -> bool:
@@ -108,14 +109,20 @@ def plan_run(cfg: DictConfig) -> RunPlan:
     if resume_from is not None and Path(resume_from) == run.last_checkpoint:  # the same run goes on
         check_same_experiment(run.config_file, resolved)
         resumed_step = checkpoint_step(str(resume_from))  # a damaged or refused last.ckpt: refused here
-    wandb: dict[str, Any] = {}
-    node = (resolved.get("logger") or {}).get("wandb")
-    if node is not None:
+    names: dict[str, dict[str, Any]] = {}
+    loggers = resolved.get("logger") or {}
+    if loggers.get("wandb") is not None:
         from attnlab.runs.wandb import wandb_names  # imports lightning
 
-        wandb = wandb_names(node, resolved, task_overrides())
-        node.update(wandb)
-    return RunPlan(cfg, experiment, resolved, run, resume_from, resumed_step, wandb)
+        names["wandb"] = wandb_names(loggers["wandb"], resolved, task_overrides())
+    if loggers.get("mlflow") is not None and loggers["mlflow"].get("run_name") is None:
+        from attnlab.runs.wandb import run_name
+
+        name = run_name(task_overrides())
+        names["mlflow"] = {"run_name": name} if name is not None else {}
+    for logger, values in names.items():
+        loggers[logger].update(values)
+    return RunPlan(cfg, experiment, resolved, run, resume_from, resumed_step, names)
 
 
 def train(cfg: DictConfig) -> dict[str, float]:
@@ -187,9 +194,10 @@ def _train_and_evaluate(plan: RunPlan, manifest: Manifest | None) -> dict[str, f
     effective = effective_batch(plan.cfg, trainer)
     log.info("effective batch: %s", effective["formula"])
     _record(manifest, effective_batch=effective, **({"wandb_run_id": runs[0].id} if runs else {}))
-    for tracked in runs:  # the whole resolved config and the manifest, beside Lightning's hyperparameters
-        manifest_fields = manifest.fields if manifest is not None else {}
-        tracked.config.update({"run": plan.resolved, "manifest": manifest_fields}, allow_val_change=True)
+    if trainer.is_global_zero:  # the whole resolved config, beside Lightning's hyperparameters
+        from attnlab.runs.tracking import log_run_config
+
+        log_run_config(trainer.loggers, plan.resolved, manifest.fields if manifest is not None else {})
     fit(plan, trainer, module, datamodule)
     if module.schedule_facts is not None:
         _record(manifest, schedule=module.schedule_facts)
@@ -204,7 +212,7 @@ def _train_and_evaluate(plan: RunPlan, manifest: Manifest | None) -> dict[str, f
     for split, count in getattr(datamodule, "truncated", {}).items():
         metrics[f"data/truncated/{split}"] = float(count)
     if evaluation is not None and trainer.is_global_zero:  # every final metric, for sweeps and reports
-        write_results(plan.run, evaluation, metrics, runs)
+        write_results(plan.run, evaluation, metrics, trainer)
     return metrics
 
 
@@ -326,10 +334,10 @@ def build_trainer(plan: RunPlan, datamodule: ParallelDataModule, wandb_id: str |
     from attnlab.training.console import console_callbacks
 
     cfg = plan.cfg
-    wandb = dict(plan.wandb)
+    names = {logger: dict(values) for logger, values in plan.names.items()}
     wandb_node = (cfg.get("logger") or {}).get("wandb")
     if wandb_id is not None and wandb_node is not None and wandb_node.get("id") is None:
-        wandb["id"] = wandb_id  # the same W&B run, continued
+        names["wandb"]["id"] = wandb_id  # the same W&B run, continued
     history: list[dict[str, float]] = []
     if plan.continuing:
         history = csv_history(plan.run.path, plan.resumed_step)
@@ -339,7 +347,7 @@ def build_trainer(plan: RunPlan, datamodule: ParallelDataModule, wandb_id: str |
         cfg.trainer,
         callbacks=callbacks + console,
         **arguments,
-        logger=_instantiate_all(cfg.get("logger"), {"wandb": wandb}) or False,
+        logger=_instantiate_all(cfg.get("logger"), names) or False,
         default_root_dir=str(plan.run.path),
         plugins=[*cluster_plugins(), AtomicCheckpointIO(own_run=plan.continuing)],
     )
@@ -539,12 +547,12 @@ def final_evaluation(
     return metrics, evaluation
 
 
-def write_results(run: RunDir, evaluation: Any, metrics: dict[str, float], tracked: list[Any]) -> None:
+def write_results(run: RunDir, evaluation: Any, metrics: dict[str, float], trainer: Any) -> None:
     """Write the evaluation with every final metric (`results.json`, hypotheses, references: once,
-    together) and put it into the W&B runs' summaries."""
+    together) and give its results to every logger of `trainer` (`attnlab.runs.tracking.log_results`)."""
     evaluation = evaluation.with_results(metrics=metrics)
     evaluation.write(run)
-    if tracked:
-        from attnlab.runs.wandb import log_results
+    if trainer.loggers:
+        from attnlab.runs.tracking import log_results
 
-        log_results(tracked, evaluation.results, run.path)
+        log_results(trainer.loggers, evaluation.results, run.path, step=int(trainer.global_step))

@@ -1,0 +1,169 @@
+"""What every logger gets besides Lightning's metrics, whichever kind it is (W&B, TensorBoard, MLflow).
+
+Lightning sends the metrics history and the module's hyperparameters (`model`, `optim`, `decode`,
+`metrics`) to every configured logger. This module adds the rest, the same for each kind:
+
+- `log_run_config(loggers, resolved, manifest)`: the whole resolved config (`run`; W&B also gets the
+  manifest) at the start;
+- `log_results(loggers, results, output_dir)`: the final results of `results.json`
+  (`result_summary`: `results/<set>/bleu`, `chrf`, `ter`, signatures, sentence counts, the test loss) at
+  the end — a W&B summary (plus hypotheses tables and an artifact, `attnlab.runs.wandb.log_results`),
+  TensorBoard scalars, text and the HParams dashboard's metrics, MLflow metrics, tags and the
+  hypotheses files as artifacts;
+- `missing_packages(cls)` / `check_logger_packages(key, cls)`: the optional packages a logger class needs
+  (the `loggers` extra), checked when the config is, before any data or training;
+- `MLflowLogger`: Lightning's `MLFlowLogger` with a local SQLite store in the run directory by default.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import os
+from collections.abc import Mapping
+from pathlib import Path
+from typing import Any
+
+from lightning.pytorch.loggers import MLFlowLogger as _LightningMLFlowLogger
+from lightning.pytorch.loggers import TensorBoardLogger, WandbLogger
+
+from attnlab.runs.layout import RunDir
+from attnlab.typed import ConfigError
+
+__all__ = ["LOGGER_PACKAGES", "MLflowLogger", "check_logger_packages", "log_results", "log_run_config",
+           "missing_packages", "result_summary"]  # fmt: skip
+
+# The importable modules each logger class needs beyond attnlab's own dependencies (the `loggers` extra).
+# MLflow's SQLite store needs SQLAlchemy and Alembic, which mlflow-skinny leaves out.
+LOGGER_PACKAGES: dict[type, tuple[str, ...]] = {
+    TensorBoardLogger: ("tensorboard",),
+    _LightningMLFlowLogger: ("mlflow", "sqlalchemy", "alembic"),
+}
+INSTALL_HINT = 'pip install "attnlab[loggers]"'
+# The keys of a test set's results.json entry that go to the loggers.
+RESULT_KEYS = ("bleu", "chrf", "ter", "bleu_signature", "chrf_signature", "ter_signature", "sentences",
+               "bleu_tok_compound")  # fmt: skip
+
+
+def missing_packages(cls: type) -> list[str]:
+    """The modules `cls` (a logger class) needs that cannot be imported here."""
+    needed = [m for base, modules in LOGGER_PACKAGES.items() if issubclass(cls, base) for m in modules]
+    return [module for module in needed if importlib.util.find_spec(module) is None]
+
+
+def check_logger_packages(key: str, cls: type) -> None:
+    """Refuse the logger config `key` of class `cls` when a package it needs is missing.
+
+    Raises:
+        ConfigError: naming the missing packages and the extra that installs them.
+    """
+    missing = missing_packages(cls)
+    if missing:
+        raise ConfigError(
+            f"{key} ({cls.__name__}) needs {', '.join(missing)}, not installed: {INSTALL_HINT} "
+            f"(or choose another logger, e.g. logger=csv)"
+        )
+
+
+class MLflowLogger(_LightningMLFlowLogger):
+    """Lightning's `MLFlowLogger` storing locally in the run directory unless told otherwise.
+
+    Args:
+        experiment_name: MLflow experiment.
+        run_name: Run name (attnlab fills it from the command-line overrides when None).
+        tracking_uri: Where runs go; None: `MLFLOW_TRACKING_URI` when set, else the local SQLite store
+            `<save_dir>/mlruns/mlflow.db` (MLflow 3's default backend; its file store is in maintenance
+            mode) with the artifacts under `<save_dir>/mlruns/artifacts/`.
+        tags: Run tags.
+        save_dir: The run directory.
+        artifact_location: Where a new experiment keeps its artifacts (None: see `tracking_uri`).
+        run_id: Continue this MLflow run instead of starting one.
+        log_model: Lightning's checkpoint upload (`False`, `True` or `"all"`).
+        prefix: Put before every metric key.
+        synchronous: MLflow's blocking logging (None: MLflow's default).
+    """
+
+    def __init__(
+        self,
+        experiment_name: str = "attnlab",
+        run_name: str | None = None,
+        tracking_uri: str | None = None,
+        tags: Mapping[str, Any] | None = None,
+        save_dir: str = ".",
+        artifact_location: str | None = None,
+        run_id: str | None = None,
+        log_model: bool | str = False,
+        prefix: str = "",
+        synchronous: bool | None = None,
+    ) -> None:
+        tracking_uri = tracking_uri or os.environ.get("MLFLOW_TRACKING_URI")
+        if not tracking_uri:
+            store = Path(save_dir).resolve() / "mlruns"
+            store.mkdir(parents=True, exist_ok=True)
+            tracking_uri = f"sqlite:///{store / 'mlflow.db'}"
+            artifact_location = artifact_location or (store / "artifacts").as_uri()
+        super().__init__(
+            experiment_name=experiment_name, run_name=run_name, tracking_uri=tracking_uri,
+            tags=dict(tags or {}), save_dir=save_dir, log_model=log_model, prefix=prefix,  # type: ignore[arg-type]
+            artifact_location=artifact_location, run_id=run_id, synchronous=synchronous,
+        )  # fmt: skip
+
+
+def result_summary(results: Mapping[str, Any]) -> dict[str, Any]:
+    """`results.json`'s scores as flat keys: `results/<set>/<key>` for `RESULT_KEYS` of each test set and
+    `results/<metric>` for its test metrics (`results/test/loss`, ...)."""
+    summary: dict[str, Any] = {}
+    for name, entry in results.get("sets", {}).items():
+        for key in RESULT_KEYS:
+            if key in entry:
+                summary[f"results/{name}/{key}"] = entry[key]
+    for key, value in results.get("test_metrics", {}).items():
+        summary[f"results/{key}"] = value
+    return summary
+
+
+def _numbers(summary: Mapping[str, Any]) -> dict[str, float]:
+    return {k: float(v) for k, v in summary.items()
+            if isinstance(v, (int, float)) and not isinstance(v, bool)}  # fmt: skip
+
+
+def log_run_config(loggers: list[Any], resolved: dict[str, Any], manifest: dict[str, Any]) -> None:
+    """The resolved config (`run`) to every logger beside the module's hyperparameters Lightning logs:
+    W&B's config (with the `manifest`), MLflow's params, TensorBoard's hparams (written with the final
+    results by `log_results`)."""
+    for logger in loggers:
+        if isinstance(logger, WandbLogger):
+            run = logger.experiment
+            if hasattr(run, "config"):  # rank 0 (elsewhere a dummy)
+                run.config.update({"run": resolved, "manifest": manifest}, allow_val_change=True)
+        elif isinstance(logger, (TensorBoardLogger, _LightningMLFlowLogger)):
+            logger.log_hyperparams({"run": resolved})
+
+
+def log_results(loggers: list[Any], results: dict[str, Any], output_dir: Path, step: int) -> None:
+    """The final results (`result_summary` of `results.json`) to every logger, rank 0 only: W&B's
+    summary, tables and artifact (`attnlab.runs.wandb.log_results`); TensorBoard scalars at `step`, the
+    signatures as text and the HParams dashboard (hyperparameters with the numeric results); MLflow
+    metrics at `step`, the signatures as tags and the hypotheses files as artifacts (`hypotheses/`)."""
+    summary = result_summary(results)
+    numbers = _numbers(summary)
+    texts = {k: str(v) for k, v in summary.items() if k not in numbers}
+    wandb_runs = [lg.experiment for lg in loggers if isinstance(lg, WandbLogger)]
+    if wandb_runs:
+        from attnlab.runs.wandb import log_results as log_wandb_results
+
+        log_wandb_results(wandb_runs, summary, results, output_dir)
+    run_dir = RunDir(output_dir)
+    for logger in loggers:
+        if isinstance(logger, TensorBoardLogger):
+            writer = logger.experiment
+            for key, text in texts.items():
+                writer.add_text(key, text, global_step=step)
+            logger.log_hyperparams(logger.hparams, metrics=numbers, step=step)  # scalars and HParams
+            logger.finalize("success")  # flush (testing closed the writer: this closes the reopened one)
+        elif isinstance(logger, _LightningMLFlowLogger):
+            client, run_id = logger.experiment, logger.run_id
+            logger.log_metrics(numbers, step=step)
+            for key, text in texts.items():
+                client.set_tag(run_id, key, text)
+            if run_dir.hypotheses_dir.is_dir():
+                client.log_artifacts(run_id, str(run_dir.hypotheses_dir), artifact_path="hypotheses")

@@ -1,0 +1,131 @@
+"""TensorBoard and MLflow for real, beside W&B (`logger=many`): one short run from the session's translating
+model, then each logger's files read back with its own reader (TensorBoard's EventAccumulator, MLflow's
+client on the run's local SQLite store, W&B's offline records)."""
+
+from __future__ import annotations
+
+import csv
+import json
+import sys
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from attnlab.training.pipeline import train
+from attnlab.typed import ConfigError
+from helpers import compose_train, init_from
+from wandb_records import find_run_file, read_wandb_run
+
+
+@pytest.fixture(scope="module")
+def many_run(translating_run: dict[str, Any], tmp_path_factory: pytest.TempPathFactory) -> dict[str, Any]:
+    """One epoch with every logger (`logger=many`, W&B offline) from the translating model, so the test
+    scores are real ones; the CSV history and results.json are what the loggers are compared with."""
+    run_dir = tmp_path_factory.mktemp("loggers") / "run"
+    start = translating_run["dir"] / "checkpoints" / "last.ckpt"
+    overrides = [*translating_run["data"], *init_from(start), "optim=inverse_sqrt", "optim.peak_lr=1e-4",
+                 "optim.warmup_steps=5", "trainer.max_epochs=2", "decode.beam=2", "logger=many",
+                 "trainer.log_every_n_steps=2", "logger.mlflow.run_name=loggers-test"]  # fmt: skip
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setenv("WANDB_MODE", "offline")
+        patch.delenv("MLFLOW_TRACKING_URI", raising=False)
+        for variable in ("WANDB_DIR", "WANDB_DATA_DIR", "WANDB_CACHE_DIR", "WANDB_CONFIG_DIR"):
+            patch.delenv(variable, raising=False)
+        metrics = train(compose_train(overrides, run_dir))
+    with open(run_dir / "csv" / "metrics.csv") as f:
+        rows = list(csv.DictReader(f))
+    history = {key: [(int(r["step"]), float(r[key])) for r in rows if r.get(key)]
+               for key in ("val/loss", "val/bleu", "train/loss_step", "train/lr_step")}  # fmt: skip
+    results = json.loads((run_dir / "results.json").read_text())
+    return {"dir": run_dir, "metrics": metrics, "history": history, "results": results}
+
+
+def _tensorboard(run_dir: Path) -> Any:
+    from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+
+    events = EventAccumulator(str(run_dir / "tensorboard"), size_guidance={"scalars": 0, "tensors": 0})
+    events.Reload()
+    return events
+
+
+def _mlflow(run_dir: Path) -> tuple[Any, Any]:
+    from mlflow.tracking import MlflowClient
+
+    client = MlflowClient(f"sqlite:///{run_dir / 'mlruns' / 'mlflow.db'}")
+    experiment = client.get_experiment_by_name("attnlab")
+    (run,) = client.search_runs([experiment.experiment_id])
+    return client, run
+
+
+def test_tensorboard_holds_the_metrics_history_hyperparameters_and_results(many_run: dict[str, Any]) -> None:
+    from tensorboard.plugins.hparams import plugin_data_pb2
+
+    events = _tensorboard(many_run["dir"])
+    for key, logged in many_run["history"].items():  # every step of the CSV log, the same values
+        assert logged, key
+        assert [(e.step, pytest.approx(e.value, rel=1e-6)) for e in events.Scalars(key)] == logged, key
+    results = many_run["results"]
+    for name in ("test", "test2"):
+        (bleu,) = events.Scalars(f"results/{name}/bleu")
+        assert bleu.value == pytest.approx(results["sets"][name]["bleu"], rel=1e-6) and bleu.value >= 60
+        (ter,) = events.Scalars(f"results/{name}/ter")
+        assert ter.value == pytest.approx(results["sets"][name]["ter"], rel=1e-6)
+    (loss,) = events.Scalars("results/test/loss")
+    assert loss.value == pytest.approx(results["test_metrics"]["test/loss"], rel=1e-6)
+    (text,) = events.Tensors("results/test/bleu_signature/text_summary")
+    assert text.tensor_proto.string_val[0].decode() == results["sets"]["test"]["bleu_signature"]
+    content = events.PluginTagToContent("hparams")["_hparams_/session_start_info"]
+    hparams = plugin_data_pb2.HParamsPluginData.FromString(content).session_start_info.hparams
+    assert hparams["model/d_model"].number_value == 128  # the module's hyperparameters
+    assert hparams["run/seed"].number_value == 1  # the resolved config
+    assert hparams["run/logger/tensorboard/name"].string_value == "tensorboard"
+
+
+def test_mlflow_holds_the_metrics_history_params_and_results(many_run: dict[str, Any]) -> None:
+    client, run = _mlflow(many_run["dir"])
+    assert run.info.run_name == "loggers-test" and run.info.status == "FINISHED"
+    for key, logged in many_run["history"].items():
+        history = client.get_metric_history(run.info.run_id, key)
+        assert [(m.step, pytest.approx(m.value, rel=1e-6)) for m in history] == logged, key
+    params = run.data.params
+    assert params["model/d_model"] == "128" and params["optim/peak_lr"] == "0.0001"  # the module's
+    assert params["run/seed"] == "1" and params["run/trainer/max_epochs"] == "2"  # the resolved config
+    results = many_run["results"]
+    for name in ("test", "test2"):
+        assert run.data.metrics[f"results/{name}/bleu"] == pytest.approx(results["sets"][name]["bleu"])
+        assert run.data.metrics[f"results/{name}/chrf"] == pytest.approx(results["sets"][name]["chrf"])
+        assert run.data.tags[f"results/{name}/bleu_signature"] == results["sets"][name]["bleu_signature"]
+    assert run.data.metrics["results/test/loss"] == pytest.approx(results["test_metrics"]["test/loss"])
+    files = sorted(a.path for a in client.list_artifacts(run.info.run_id, "hypotheses"))
+    assert files == ["hypotheses/test.txt", "hypotheses/test2.txt"]
+    artifacts = Path(run.info.artifact_uri.removeprefix("file://"))
+    assert artifacts.is_relative_to(many_run["dir"] / "mlruns" / "artifacts")  # inside the run directory
+    logged = (artifacts / "hypotheses" / "test.txt").read_text(encoding="utf-8")
+    assert logged == (many_run["dir"] / "hypotheses" / "test.txt").read_text(encoding="utf-8")
+
+
+def test_every_logger_gets_the_same_final_results(many_run: dict[str, Any]) -> None:
+    record = read_wandb_run(find_run_file(many_run["dir"]))
+    events = _tensorboard(many_run["dir"])
+    _, run = _mlflow(many_run["dir"])
+    numbers = [k for k, v in record.summary.items() if k.startswith("results/") and isinstance(v, float)]
+    assert {"results/test/bleu", "results/test2/chrf", "results/test/loss"} <= set(numbers)
+    for key in numbers:
+        (scalar,) = events.Scalars(key)
+        assert scalar.value == pytest.approx(record.summary[key], rel=1e-6) == run.data.metrics[key], key
+    wandb_val = [row["val/loss"] for row in record.history if "val/loss" in row]
+    assert wandb_val == pytest.approx([v for _, v in many_run["history"]["val/loss"]], rel=1e-6)
+
+
+@pytest.mark.parametrize(
+    ("logger", "module"), [("tensorboard", "tensorboard"), ("mlflow", "mlflow"), ("many", "sqlalchemy")]
+)
+def test_a_missing_logger_package_is_refused_before_training(
+    tmp_path: Path, logger: str, module: str
+) -> None:
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setitem(sys.modules, module, None)  # as if it were not installed
+        with pytest.raises(ConfigError, match=rf"needs {module}.*pip install \"attnlab\[loggers\]\""):
+            train(compose_train(["data=synthetic", "model=tiny", f"logger={logger}"], tmp_path / "run"))
+    assert not (tmp_path / "run").exists()  # nothing written, no data prepared
