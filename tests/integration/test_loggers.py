@@ -129,3 +129,29 @@ def test_a_missing_logger_package_is_refused_before_training(
         with pytest.raises(ConfigError, match=rf"needs {module}.*pip install \"attnlab\[loggers\]\""):
             train(compose_train(["data=synthetic", "model=tiny", f"logger={logger}"], tmp_path / "run"))
     assert not (tmp_path / "run").exists()  # nothing written, no data prepared
+
+
+def test_mlflow_defaults_a_local_store_and_a_name_from_the_overrides(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from hydra.core.hydra_config import HydraConfig
+
+    from attnlab.runs.tracking import MLflowLogger
+    from attnlab.training.pipeline import plan_run
+
+    cfg = compose_train(["data=synthetic", "model=tiny", "logger=mlflow", "seed=3"], tmp_path / "run",
+                        hydra_node=True)  # fmt: skip
+    HydraConfig.instance().set_config(cfg)
+    try:
+        plan = plan_run(cfg)
+    finally:
+        HydraConfig.instance().cfg = None
+    name = plan.resolved["logger"]["mlflow"]["run_name"]
+    assert name == "enable_progress_bar=false,data=synthetic,model=tiny,seed=3"  # logger=mlflow: bookkeeping
+    monkeypatch.delenv("MLFLOW_TRACKING_URI", raising=False)
+    local = MLflowLogger(save_dir=str(tmp_path / "run"))
+    assert local._tracking_uri == f"sqlite:///{tmp_path / 'run' / 'mlruns' / 'mlflow.db'}"
+    shared = f"sqlite:///{tmp_path / 'shared.db'}"
+    monkeypatch.setenv("MLFLOW_TRACKING_URI", shared)
+    assert MLflowLogger(save_dir=str(tmp_path / "other"))._tracking_uri == shared
+    assert not (tmp_path / "other").exists()  # nothing made in the run directory for another store

@@ -57,9 +57,22 @@ def test_a_run_stopped_by_sigterm_saves_and_resumes_to_the_same_weights(
     assert_same_training(run_dir, resume_reference)
     from wandb_records import read_wandb_run
 
-    records = [read_wandb_run(p) for p in sorted(run_dir.rglob("run-*.wandb"))]
+    records = [read_wandb_run(p) for p in sorted(run_dir.rglob("run-*.wandb"))]  # by start time
     assert len(records) == 2 and records[0].run["id"] == records[1].run["id"] == manifest["wandb_run_id"]
+    assert records[0].run == records[1].run  # one W&B run: the same id, project, group and name
     assert [r.exit_code for r in records] == [1, 0]  # the interrupted part, then the finished one
+    # What `wandb sync` uploads (README, Tracking with W&B): together the two parts hold every row of the
+    # uninterrupted run's history once, the second continuing the trainer's step where the first stopped
+    for metric in ("train/loss_step", "val/loss"):
+        parts = [[(row["trainer/global_step"], row[metric]) for row in r.history if metric in row]
+                 for r in records]  # fmt: skip
+        assert parts[0] + parts[1] == pytest.approx(logged_rows(resume_reference, metric)), metric
+        if metric == "train/loss_step":  # logged every step (validation: only after the resumption)
+            assert parts[0] and parts[1] and max(parts[0])[0] < min(parts[1])[0]
+    # W&B's own row counter cannot continue offline: the second part's `_step` starts at 0 again
+    assert [row["_step"] for row in records[1].history][:2] == [0, 1]
+    best = min(value for _, value in logged_rows(resume_reference, "val/loss"))
+    assert records[1].summary["val/loss"] == {"min": pytest.approx(best)}  # the end of the run
 
 
 def test_sigusr1_under_slurm_saves_requeues_and_resumes(resume_reference: Path, tmp_path: Path) -> None:
