@@ -323,11 +323,11 @@ def init_weights(module: TranslationModule, datamodule: ParallelDataModule, path
 
 
 def build_trainer(plan: RunPlan, datamodule: ParallelDataModule, wandb_id: str | None = None) -> Any:
-    """The Lightning trainer of `cfg.trainer` with the configured callbacks and loggers (the W&B logger's
-    null group, name and, for a continued run, id filled in), the console's model summary and, when the
-    console is not a terminal, progress lines (`attnlab.training.console`), attnlab's atomic checkpoint
-    IO and, on a cluster, its environment plugin. The data is checked to feed every rank first, and a
-    continued run's CSV history is put back."""
+    """The Lightning trainer of `cfg.trainer` with the configured callbacks and loggers (their null names
+    filled in: W&B group and name, MLflow run name; for a continued run the W&B id), the console's model
+    summary and, when the console is not a terminal, progress lines (`attnlab.training.console`),
+    attnlab's atomic checkpoint IO and, on a cluster, its environment plugin. The data is checked to feed
+    every rank first, and a continued run's CSV history is put back."""
     from hydra.utils import instantiate
 
     from attnlab.training.checkpoint_io import AtomicCheckpointIO
