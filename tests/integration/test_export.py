@@ -44,6 +44,7 @@ def exported(translating_run: dict[str, Any], tmp_path_factory: pytest.TempPathF
                               f"paths.log_dir={tmp / 'logs'}")  # fmt: skip
         assert done.returncode == 0, done.stderr[-3000:]
         assert f"wrote format={extra[0].split('=')[1]}" in done.stdout
+        assert "Writing model shards" not in done.stdout + done.stderr  # no progress bar of one shard
     corpus = translating_run["corpus"]
     lines = (corpus / "test.de").read_text("utf-8").splitlines()
     references = (corpus / "test.en").read_text("utf-8").splitlines()

@@ -205,8 +205,16 @@ def write_hf(translator: Translator, out: Path) -> None:
         generation.length_penalty = 0.0  # generate()'s is fairseq's length^α, not attnlab's GNMT penalty
     limit, _ = translator.source_limit()
     generation.max_length = int(translator.decode.max_len_a * limit + translator.decode.max_len_b) + 1
-    marian.save_pretrained(out)
-    tokenizer.save_pretrained(out)
+    from transformers.utils import logging as hf_logging
+
+    shown = hf_logging.is_progress_bar_enabled()
+    hf_logging.disable_progress_bar()  # a "Writing model shards" bar for one shard says nothing
+    try:
+        marian.save_pretrained(out)
+        tokenizer.save_pretrained(out)
+    finally:
+        if shown:
+            hf_logging.enable_progress_bar()
 
 
 def write_ctranslate2(translator: Translator, out: Path, quantization: str) -> None:
