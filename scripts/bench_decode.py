@@ -195,7 +195,7 @@ def main() -> None:
     bleu = corpus_bleu(hypotheses, references)
     print(f"\ntest2016, {len(ids)} sentences, beam 5, batch 64, cached: {seconds:.1f} s "
           f"({len(ids) / seconds:.1f} sentences/s), BLEU {bleu.score:.2f}, "
-          f"lenpen {translator.decode.lenpen}")  # fmt: skip
+          f"{translator.decode.length_penalty} alpha {translator.decode.alpha}")  # fmt: skip
     record["test2016"] = {"sentences": len(ids), "beam": 5, "batch": 64, "seconds": seconds,
                           "sentences_per_s": len(ids) / seconds, "bleu": bleu.score}  # fmt: skip
     if args.json:
@@ -260,7 +260,7 @@ def attnlab_decode(model: Transformer, ids: list[list[int]], beam: int, batch_si
     """(seconds, output ids) of attnlab with the same settings as `marian_decode`."""
     sampler = TokenBatchSampler([len(r) for r in ids], batch_size=batch_size, shuffle=False)
     outputs: list[list[int]] = [[] for _ in ids]
-    settings = DecodeConfig(beam=beam, lenpen=0.0, max_len_a=0.0, max_len_b=LIMIT, min_len=1)
+    settings = DecodeConfig(beam=beam, alpha=0.0, max_len_a=0.0, max_len_b=LIMIT, min_len=1)
     started = time.perf_counter()
     for batch in sampler:
         src = pad([ids[i] for i in batch], model.config.pad_id)

@@ -89,7 +89,7 @@ CASES = [
     Case(["metrics.bleu_tokenize=ja-mecab"], E, "bleu_tokenize=ja-mecab", 'pip install "sacrebleu[ja]"'),
     Case(["decode.beam=2.0"], E, "decode.beam=2.0", "expected int"),
     Case(["decode.val_beam=0"], E, "decode.val_beam=0", "must be positive"),
-    Case(["decode.lenpen=-0.5"], E, "decode.lenpen=-0.5", ">= 0"),
+    Case(["decode.alpha=-0.5"], E, "decode.alpha=-0.5", ">= 0"),
     Case(["decode.max_len_a=-1"], E, "decode.max_len_a=-1", "must be >= 0"),
     Case(["decode.max_len_b=-5"], E, "decode.max_len_b=-5", "must be >= 0"),
     Case(["decode.max_tokens=0"], E, "decode.max_tokens=0", "must be positive"),

@@ -159,7 +159,7 @@ def test_beam_one_equals_greedy_on_random_models(min_len: int) -> None:
             model = Transformer(tiny_config(src_vocab_size=vocab, tgt_vocab_size=vocab)).eval()
             cfg = model.config
             src = random_source([1 + (7 * i + seed) % 12 for i in range(40)], vocab=vocab, seed=seed)
-            kw = {"lenpen": 0.0, "max_len_a": 1.0, "max_len_b": 4, "min_len": min_len}
+            kw = {"alpha": 0.0, "max_len_a": 1.0, "max_len_b": 4, "min_len": min_len}
             greedy = translate(model, src, DecodeConfig(beam=1, **kw))
             beams = [strip(hyps[0].tokens, cfg.eos_id) for hyps in beam_search(model, src, beam=1, **kw)]
             differ += [(seed, vocab, i) for i, (g, b) in enumerate(zip(greedy, beams, strict=True)) if g != b]

@@ -144,13 +144,13 @@ def test_attnlab_eval_scores_chosen_sets_with_other_decoding_settings(
     text_run: dict[str, Any], tmp_path: Path
 ) -> None:
     best = next((text_run["dir"] / "checkpoints").glob("best-*.ckpt"))
-    cfg = compose_eval([f"ckpt_path={best}", "sets=[val]", "decode.beam=1", "decode.lenpen=1.5"], tmp_path)
+    cfg = compose_eval([f"ckpt_path={best}", "sets=[val]", "decode.beam=1", "decode.alpha=1.5"], tmp_path)
     results = evaluate_checkpoint(cfg)
     assert list(results["sets"]) == ["val"] and results["sets"]["val"]["sentences"] == 40
     hypotheses, refs = lines(tmp_path / "hypotheses" / "val.txt"), references(text_run, "valid")
     assert_translates(hypotheses, refs)
     assert results["sets"]["val"]["bleu"] == corpus_bleu(hypotheses, refs).score >= 60
-    assert results["decode"]["beam"] == 1 and results["decode"]["lenpen"] == 1.5
+    assert results["decode"]["beam"] == 1 and results["decode"]["alpha"] == 1.5
     assert results["averaged"] is False and results["checkpoints"] == [str(best.resolve())]
 
 

@@ -98,7 +98,7 @@ def test_ctranslate2_float32_gives_attnlab_greedy_and_beam_outputs(
     engine = CT2Translator(exported["ct2"], intra_threads=1)
     assert engine.source_ids(lines) == attnlab_translator(translating_run)._source_ids(lines)
     for beam in (1, 3, 5):
-        expected = attnlab_translator(translating_run, beam=beam, lenpen=0.0).translate(lines)
+        expected = attnlab_translator(translating_run, beam=beam, alpha=0.0).translate(lines)
         assert engine.translate(lines, beam=beam) == expected, f"beam {beam}"
         assert sum(bool(line) for line in expected) >= len(exported["lines"])  # empty for the empty line
     # The exported decoding settings are the checkpoint's (its beam, 3): the same as asking for them.

@@ -258,7 +258,7 @@ def test_the_default_run_is_the_multi30k_fast_recipe_and_its_schedule_peaks_earl
         (spec.src_lang, spec.tgt_lang, spec.tokenizer, spec.vocab_size, spec.joint_vocab, spec.max_tokens),
         (optim.schedule, optim.peak_lr, optim.warmup_steps, optim.label_smoothing, optim.betas),
         (default.trainer.max_epochs, default.trainer.gradient_clip_val, default.average_last),
-        (decode.beam, decode.lenpen, decode.every_n_epochs),
+        (decode.beam, decode.length_penalty, decode.alpha, decode.every_n_epochs),
     )
     assert recipe == (
         (256, 4, 512, 2, 2),
@@ -266,7 +266,7 @@ def test_the_default_run_is_the_multi30k_fast_recipe_and_its_schedule_peaks_earl
         ("de", "en", "bpe", 5000, True, 1024),
         ("linear", 1e-3, 400, 0.1, (0.9, 0.98)),
         (4, 1.0, 0),
-        (5, 0.6, 1),
+        (5, "gnmt", 0.6, 1),
     )
     data = spec.datamodule()
     data.prepare_data()

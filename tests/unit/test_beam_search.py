@@ -83,7 +83,7 @@ def test_beam_one_equals_greedy(at_length: bool, seed: int) -> None:
     model = build(seed, eos_bias=2.0 if not at_length else 0.0, at_length=at_length)
     src = source([7, 3, 5, 1], seed=seed)
     greedy = greedy_decode(model, src, max_len_a=1.0, max_len_b=4)
-    result = beam_search(model, src, beam=1, lenpen=0.0, max_len_a=1.0, max_len_b=4)
+    result = beam_search(model, src, beam=1, alpha=0.0, max_len_a=1.0, max_len_b=4)
     for row, (hyp,) in zip(greedy.tolist(), result, strict=True):
         expected = row[: row.index(EOS) + 1] if EOS in row else [t for t in row if t != PAD]
         assert hyp.tokens == expected
@@ -96,7 +96,7 @@ def test_beam_one_equals_greedy(at_length: bool, seed: int) -> None:
 def test_large_beam_finds_the_exhaustive_n_best(
     vocab: int, max_len: int, beam: int, seed: int, eos_bias: float, min_len: int
 ) -> None:
-    """With a beam wider than the number of live prefixes, beam search is exhaustive (lenpen = 0)."""
+    """With a beam wider than the number of live prefixes, beam search is exhaustive (alpha = 0)."""
     model = build(seed=seed, vocab=vocab, eos_bias=eos_bias)
     src = source([4], vocab=vocab, seed=seed)
     symbols = [t for t in range(vocab) if t not in (PAD, BOS)]
@@ -111,7 +111,7 @@ def test_large_beam_finds_the_exhaustive_n_best(
         every += zip(teacher_forced_scores(model, src, seqs).tolist(), seqs, strict=True)
     every.sort(key=lambda pair: -pair[0])
     hyps = beam_search(
-        model, src, beam=beam, lenpen=0.0, max_len_a=0.0, max_len_b=max_len, min_len=min_len, n_best=5
+        model, src, beam=beam, alpha=0.0, max_len_a=0.0, max_len_b=max_len, min_len=min_len, n_best=5
     )[0]
     assert [h.tokens for h in hyps] == [seq for _, seq in every[:5]]
     assert len({len(h.tokens) for h in hyps}) > 1  # finished hypotheses of different lengths compete
@@ -121,11 +121,13 @@ def test_large_beam_finds_the_exhaustive_n_best(
     assert all(h.normalized == h.score for h in hyps)
 
 
-@pytest.mark.parametrize("lenpen", [0.0, 0.6])
-def test_scores_equal_teacher_forced_log_probs(lenpen: float) -> None:
+@pytest.mark.parametrize(("penalty", "alpha"), [("gnmt", 0.0), ("gnmt", 0.6), ("fairseq", 1.0)])
+def test_scores_equal_teacher_forced_log_probs(penalty: str, alpha: float) -> None:
     model = build(seed=4, eos_bias=1.0, norm_first=True, pe="learned", tie="none")
     src = source([5, 2, 6], seed=4)
-    results = beam_search(model, src, beam=4, lenpen=lenpen, n_best=4, max_len_a=1.0, max_len_b=2)
+    results = beam_search(
+        model, src, beam=4, alpha=alpha, penalty=penalty, n_best=4, max_len_a=1.0, max_len_b=2
+    )
     for i, hyps in enumerate(results):
         assert len(hyps) == 4
         check_invariants(hyps)
@@ -133,7 +135,7 @@ def test_scores_equal_teacher_forced_log_probs(lenpen: float) -> None:
         for h in hyps:
             expected = float(teacher_forced_scores(model, real, [h.tokens])[0])
             torch.testing.assert_close(h.score, expected, rtol=1e-4, atol=1e-4)
-            assert h.normalized == pytest.approx(h.score / length_penalty(len(h.tokens), lenpen))
+            assert h.normalized == pytest.approx(h.score / length_penalty(len(h.tokens), alpha, penalty))
 
 
 def test_sentence_alone_equals_sentence_in_padded_batch() -> None:
@@ -154,7 +156,9 @@ class Table(Transformer):
     to keep its cache): start -> eos .4, A .6; A -> eos .6, B .4; anything else -> eos.
 
     Raw log-probability prefers [eos] (-0.92) over [A, eos] (-1.02) and [A, B, eos] (-1.43); with
-    lenpen = 1 the normalized scores are -0.92, -0.88 and -1.07, so [A, eos] wins.
+    the GNMT penalty and α = 1 the normalized scores are -0.92, -0.88 and -1.07, so [A, eos] wins; with
+    fairseq's |Y|^α and α = 1 (the mean log-probability per token) they are -0.92, -0.51 and -0.48, so
+    [A, B, eos] wins.
     """
 
     A, B = 4, 5
@@ -176,27 +180,52 @@ def test_length_penalty_changes_the_choice() -> None:
     torch.manual_seed(0)
     model = Table(tiny_config(src_vocab_size=12, tgt_vocab_size=12)).eval()
     src = source([3], vocab=12)
-    raw = beam_search(model, src, beam=3, lenpen=0.0, n_best=3)[0]
+    raw = beam_search(model, src, beam=3, alpha=0.0, n_best=3)[0]
     assert [h.tokens for h in raw] == [[EOS], [Table.A, EOS], [Table.A, Table.B, EOS]]
     torch.testing.assert_close(raw[0].score, math.log(0.4))
-    normalized = beam_search(model, src, beam=3, lenpen=1.0, n_best=3)[0]
+    normalized = beam_search(model, src, beam=3, alpha=1.0, n_best=3)[0]
     assert [h.tokens for h in normalized] == [[Table.A, EOS], [EOS], [Table.A, Table.B, EOS]]
     torch.testing.assert_close(normalized[0].normalized, math.log(0.36) / (7 / 6))
     assert length_penalty(1, 0.0) == 1.0
     assert length_penalty(7, 1.0) == pytest.approx(2.0)
+    fairseq = beam_search(model, src, beam=3, alpha=1.0, penalty="fairseq", n_best=3)[0]
+    assert [h.tokens for h in fairseq] == [[Table.A, Table.B, EOS], [Table.A, EOS], [EOS]]
+    torch.testing.assert_close(fairseq[0].normalized, math.log(0.6 * 0.4) / 3)
+    torch.testing.assert_close(fairseq[1].normalized, math.log(0.36) / 2)
 
 
-def test_translate_decodes_with_the_lenpen_and_beam_of_its_config() -> None:
-    """Beam 3 picks [eos] without a length penalty and [A, eos] with lenpen 1; greedy picks A (.6), then
-    eos (.6). A beam given to `translate` overrides the config's."""
+def test_the_two_length_penalties_by_hand() -> None:
+    """GNMT ((5 + |Y|) / 6)^α and fairseq |Y|^α, |Y| counting eos; α = 0 turns both off."""
+    assert length_penalty(1, 0.6) == pytest.approx(1.0)  # (5 + 1) / 6 = 1
+    assert length_penalty(7, 0.6) == pytest.approx(2.0**0.6)
+    assert length_penalty(3, 2.0, "gnmt") == pytest.approx((8 / 6) ** 2)
+    assert length_penalty(3, 2.0, "fairseq") == pytest.approx(9.0)
+    assert length_penalty(4, 0.5, "fairseq") == pytest.approx(2.0)
+    assert length_penalty(4, 1.0, "fairseq") == 4.0
+    assert length_penalty(9, 0.0, "fairseq") == length_penalty(9, 0.0, "gnmt") == 1.0
+    with pytest.raises(ValueError, match="length_penalty='wu' is not a length penalty: use gnmt or fairseq"):
+        length_penalty(3, 1.0, "wu")
+
+
+def test_translate_decodes_with_the_length_penalty_and_beam_of_its_config() -> None:
+    """Beam 3 picks [eos] without a length penalty, [A, eos] with GNMT α 1 and [A, B, eos] with fairseq
+    α 1; greedy picks A (.6), then eos (.6), whatever the penalty. A beam given to `translate` overrides
+    the config's."""
     torch.manual_seed(0)
     model = Table(tiny_config(src_vocab_size=12, tgt_vocab_size=12)).eval()
     src = source([3], vocab=12)
-    assert translate(model, src, DecodeConfig(beam=3, lenpen=0.0)) == [[]]
-    assert translate(model, src, DecodeConfig(beam=3, lenpen=1.0)) == [[Table.A]]
-    assert translate(model, src, DecodeConfig(beam=1, lenpen=0.0)) == [[Table.A]]
-    assert translate(model, src, DecodeConfig(beam=1, lenpen=0.0), beam=3) == [[]]
-    assert translate(model, src, DecodeConfig(beam=3, lenpen=0.0), beam=1) == [[Table.A]]
+    assert translate(model, src, DecodeConfig(beam=3, alpha=0.0)) == [[]]
+    assert translate(model, src, DecodeConfig(beam=3, alpha=1.0)) == [[Table.A]]
+    assert translate(model, src, DecodeConfig(beam=3, alpha=1.0, length_penalty="fairseq")) == [
+        [Table.A, Table.B]
+    ]
+    assert translate(model, src, DecodeConfig(beam=3, length_penalty="fairseq")) == [
+        [Table.A, Table.B]
+    ]  # α 1
+    assert translate(model, src, DecodeConfig(beam=1, length_penalty="fairseq")) == [[Table.A]]
+    assert translate(model, src, DecodeConfig(beam=1, alpha=0.0)) == [[Table.A]]
+    assert translate(model, src, DecodeConfig(beam=1, alpha=0.0), beam=3) == [[]]
+    assert translate(model, src, DecodeConfig(beam=3, alpha=0.0), beam=1) == [[Table.A]]
 
 
 @pytest.mark.parametrize("min_len", [1, 3, 6])
@@ -227,7 +256,8 @@ def test_forced_finish_at_the_length_limit_without_eos() -> None:
         ({"beam": 2, "n_best": 3}, "n_best=3"),
         ({"n_best": 0}, "n_best=0"),
         ({"min_len": 0}, "min_len=0"),
-        ({"lenpen": -0.5}, "lenpen=-0.5"),
+        ({"alpha": -0.5}, "alpha=-0.5"),
+        ({"penalty": "wu"}, "length_penalty='wu'"),
     ],
 )
 def test_argument_validation(kwargs: dict[str, Any], message: str) -> None:
@@ -260,13 +290,17 @@ def test_runs_under_inference_mode_and_keeps_the_mode(training: bool) -> None:
     assert all(m.training is training for m in model.modules())
 
 
-@pytest.mark.parametrize("lenpen", [0.0, 0.6])
-def test_stops_once_no_live_beam_can_beat_the_finished_ones(lenpen: float) -> None:
+@pytest.mark.parametrize(
+    ("penalty", "alpha"), [("gnmt", 0.0), ("gnmt", 0.6), ("fairseq", 1.0), ("fairseq", 2.0)]
+)
+def test_stops_once_no_live_beam_can_beat_the_finished_ones(penalty: str, alpha: float) -> None:
     model = build(seed=9, at_length=True)  # every beam's eos gets +1e4 at output length |S|
     calls = []
     decode = model.decode
     model.decode = lambda *args, **kw: calls.append(1) or decode(*args, **kw)  # type: ignore[method-assign]
-    results = beam_search(model, source([2, 4], seed=9), beam=2, n_best=2, lenpen=lenpen, max_len_b=10)
+    results = beam_search(
+        model, source([2, 4], seed=9), beam=2, n_best=2, alpha=alpha, penalty=penalty, max_len_b=10
+    )
     assert len(calls) == 5  # the longest real source (4 symbols + eos), not its length cap 1.2·5 + 10
     assert [max(len(h.tokens) for h in hyps) for hyps in results] == [3, 5]  # none outlives the eos push
     assert all(h.tokens[-1] == EOS for hyps in results for h in hyps)
@@ -284,3 +318,23 @@ def test_uncached_decoding_equals_cached_decoding(seed: int) -> None:
             assert h.score == pytest.approx(other.score, abs=1e-4)
             torch.testing.assert_close(h.attention, other.attention, atol=1e-5, rtol=1e-4)
     torch.testing.assert_close(greedy_decode(model, src), greedy_decode(model, src, use_cache=False))
+
+
+@pytest.mark.parametrize(
+    ("penalty", "alpha"), [("gnmt", 0.6), ("gnmt", 2.0), ("fairseq", 1.0), ("fairseq", 2.0)]
+)
+def test_the_early_stop_never_changes_the_outputs(
+    penalty: str, alpha: float, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """`_Kept.is_done`'s bound is safe for both penalties: stopping a sentence early gives the n-best a
+    search to its length limit gives."""
+    from attnlab.decoding import search
+
+    cases = [(build(seed=seed, eos_bias=bias), source([3, 6, 2], seed=seed)) for seed in (0, 4)
+             for bias in (-1.0, 1.5)]  # fmt: skip
+    early = [beam_search(m, s, beam=3, n_best=3, alpha=alpha, penalty=penalty) for m, s in cases]
+    monkeypatch.setattr(search._Kept, "is_done", lambda self, best, max_len: False)
+    full = [beam_search(m, s, beam=3, n_best=3, alpha=alpha, penalty=penalty) for m, s in cases]
+    assert [[[h.tokens for h in hs] for hs in r] for r in early] == [
+        [[h.tokens for h in hs] for hs in r] for r in full
+    ]

@@ -107,8 +107,16 @@ def test_resolve_checkpoints(tmp_path: Path) -> None:
 
 
 def test_decode_overrides_replace_only_the_values_given() -> None:
-    saved = DecodeConfig(beam=4, lenpen=1.0).to_dict()
-    assert decode_settings(saved, {"beam": None, "lenpen": 0.6}) == DecodeConfig(beam=4, lenpen=0.6)
+    saved = DecodeConfig(beam=4, alpha=1.0).to_dict()
+    assert decode_settings(saved, {"beam": None, "alpha": 0.6}) == DecodeConfig(beam=4, alpha=0.6)
+    fairseq = DecodeConfig(beam=4, length_penalty="fairseq", alpha=0.5).to_dict()
+    assert decode_settings(fairseq, {"length_penalty": "gnmt"}).alpha == 0.5  # only what is given changes
+    # The deprecated override is the GNMT α: it replaces the saved penalty and α, with one warning.
+    with pytest.warns(FutureWarning, match=r"decode\.lenpen is deprecated.*decode\.alpha") as caught:
+        old = decode_settings(fairseq, {"lenpen": 0.8})
+    assert len(caught) == 1 and old == DecodeConfig(beam=4, length_penalty="gnmt", alpha=0.8)
+    with pytest.raises(ValueError, match=r"lenpen=0\.8 and alpha=0\.6 are both set"):
+        decode_settings(saved, {"lenpen": 0.8, "alpha": 0.6})
     with pytest.raises(ValueError, match=r"decode\.beam_size is not a decoding setting"):
         decode_settings(saved, {"beam_size": 2})
     with pytest.raises(ValueError, match="beam=0"):

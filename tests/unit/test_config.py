@@ -247,7 +247,10 @@ INVALID = [
     (["trainer.gradient_clip_val=-1"], "trainer.gradient_clip_val=-1 must be a number >= 0"),
     (["seed=abc"], "seed='abc' must be an integer"),
     (["decode.beam=0"], "decode.beam=0 must be positive"),
-    (["decode.lenpen=-1"], "decode.lenpen=-1.0 must be >= 0"),
+    (["decode.alpha=-1"], "decode.alpha=-1.0 must be >= 0"),
+    (["decode.length_penalty=wu"], "decode.length_penalty='wu' is not valid: expected 'gnmt' | 'fairseq'"),
+    (["decode.lenpen=0.6", "decode.alpha=0.6"], "decode.lenpen=0.6 and alpha=0.6 are both set"),
+    (["decode.lenpen=1", "decode.length_penalty=fairseq"], "use decode.alpha=1.0 instead of decode.lenpen"),
     (["decode.every_n_epochs=-1"], "decode.every_n_epochs=-1 must be >= 0"),
     (["decode.val_subset=0"], "decode.val_subset=0 must be positive"),
     (["data._target_=attnlab.data.Nope"], "data._target_=attnlab.data.Nope cannot be imported"),
@@ -437,7 +440,8 @@ def test_the_paper_recipes_compose_validate_and_hold_the_papers_settings(name: s
     assert (model.d_model, model.n_encoder_layers, model.dropout, model.tie) == (d_model, 6, dropout, "all")
     assert (optim.schedule, optim.warmup_steps, optim.betas, optim.eps, optim.label_smoothing) == (
         "noam", 4000, (0.9, 0.98), 1e-9, 0.1)  # fmt: skip
-    assert (decode.beam, decode.lenpen, decode.max_len_a, decode.max_len_b) == (4, 0.6, 1.0, 50)
+    assert (decode.beam, decode.length_penalty, decode.alpha, decode.max_len_a, decode.max_len_b) == (
+        4, "gnmt", 0.6, 1.0, 50)  # fmt: skip
     trainer = cfg.trainer
     tokens = cfg.data.max_tokens * trainer.devices * trainer.num_nodes * trainer.accumulate_grad_batches
     assert 25_000 <= tokens <= 26_000  # ~25,000 source and target tokens per optimizer step (§5.1)
@@ -458,3 +462,24 @@ def test_the_paper_recipes_compose_validate_and_hold_the_papers_settings(name: s
         params = sum(p.numel() for p in Transformer(model.with_vocab(vocab, vocab)).parameters())
         assert 200e6 < params < 230e6  # Table 3: 213M
     plan_run(cfg)  # the trainer, callbacks and loggers take every key given
+
+
+def test_decode_lenpen_of_older_configs_is_read_as_the_gnmt_alpha(tmp_path: Path) -> None:
+    """`decode.lenpen=X` (an old override or config) still trains with GNMT α = X, with one deprecation
+    message naming the new keys; what is saved and reported is the new form."""
+    import warnings
+
+    from attnlab.decoding import DecodeConfig
+
+    cfg = compose_train(["data=synthetic", "decode.lenpen=1.2"], tmp_path)
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        decode = validate(cfg).decode
+    messages = [str(w.message) for w in caught if issubclass(w.category, FutureWarning)]
+    assert len(messages) == 1 and "decode.alpha" in messages[0] and "decode.length_penalty" in messages[0]
+    assert (decode.length_penalty, decode.alpha, decode.lenpen) == ("gnmt", 1.2, None)
+    assert "lenpen" not in decode.to_dict() and decode.to_dict()["alpha"] == 1.2
+    assert DecodeConfig(**decode.to_dict()) == decode  # re-read from a checkpoint: no message, same value
+    default = validate(compose_train(["data=synthetic"], tmp_path / "d")).decode
+    assert (default.length_penalty, default.alpha) == ("gnmt", 0.6)  # today's default, unchanged
+    assert DecodeConfig(length_penalty="fairseq").alpha == 1.0

@@ -33,7 +33,7 @@ def random_translator(src: SubwordTokenizer, tgt: SubwordTokenizer, tie: str) ->
     config = TransformerConfig(d_model=32, n_heads=4, d_ff=64, n_encoder_layers=2, n_decoder_layers=2,
                                tie=tie)  # fmt: skip
     model = Transformer(config.with_vocab(src.vocab_size, tgt.vocab_size))
-    return Translator(model, src, tgt, DecodeConfig(beam=1, lenpen=0.0, max_len_a=0.0, max_len_b=8))
+    return Translator(model, src, tgt, DecodeConfig(beam=1, alpha=0.0, max_len_a=0.0, max_len_b=8))
 
 
 def test_ctranslate2_with_separate_source_and_target_vocabularies(tmp_path: Path) -> None:
@@ -96,7 +96,7 @@ def test_min_len_means_the_same_in_both_formats(tmp_path: Path) -> None:
         model.output.bias[config.eos_id] = 50.0
     lines = ["Zwei Hunde spielen."]
     for min_len in (1, 4):
-        ours = Translator(model, joint, joint, DecodeConfig(beam=1, lenpen=0.0, min_len=min_len))
+        ours = Translator(model, joint, joint, DecodeConfig(beam=1, alpha=0.0, min_len=min_len))
         ids = ours._source_ids(lines)
         assert [len(row) for row in translate(model, pad(ids, config.pad_id), ours.decode)] == [min_len - 1]
         engine = CT2Translator(export(ours, "ctranslate2", tmp_path / f"ct2-{min_len}"), intra_threads=1)

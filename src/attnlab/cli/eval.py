@@ -2,7 +2,7 @@
 
 Examples:
     attnlab-eval ckpt_path=logs/train/runs/<run> average_last=5
-    attnlab-eval ckpt_path=<file.ckpt> decode.beam=5 decode.lenpen=1.0 sets=[val]
+    attnlab-eval ckpt_path=<file.ckpt> decode.beam=5 decode.alpha=1.0 sets=[val]
 """
 
 from __future__ import annotations

@@ -18,7 +18,7 @@ FILE is left as it was and no temporary file remains. Standard output streams ch
 
 Usage (key=value arguments, like the other attnlab commands):
     attnlab-translate ckpt_path=<file.ckpt | run dir> [input=-] [output=-] [average_last=0]
-                      [device=auto] [chunk_lines=2048 (1 at a terminal)] [decode.beam=5 decode.lenpen=0.6 ...]
+                      [device=auto] [chunk_lines=2048 (1 at a terminal)] [decode.beam=5 decode.alpha=0.6 ...]
                       [decode.max_source_tokens=N]
 Example:
     echo "Ein Mann fährt Fahrrad." | attnlab-translate ckpt_path=logs/train/runs/<run>
@@ -43,8 +43,8 @@ from attnlab.io import atomic_writer, written_in_place
 if TYPE_CHECKING:
     from attnlab.inference.translator import Translator
 
-DECODE_KEYS = ("beam", "lenpen", "max_len_a", "max_len_b", "min_len", "batch_size", "max_tokens",
-               "max_source_tokens")  # fmt: skip
+DECODE_KEYS = ("beam", "length_penalty", "alpha", "lenpen", "max_len_a", "max_len_b", "min_len", "batch_size",
+               "max_tokens", "max_source_tokens")  # fmt: skip
 DEFAULTS: dict[str, Any] = {
     "ckpt_path": None,
     "input": "-",

@@ -55,7 +55,7 @@ def greedy_decode(
     """Pick the most probable token at each step until every sentence has produced eos.
 
     Pad and the bos/start ids are never picked, eos not before `min_len` (`mask_ungenerable`, as in
-    beam search, so `beam_search(beam=1, lenpen=0)` gives the same outputs).
+    beam search, so `beam_search(beam=1, alpha=0)` gives the same outputs).
 
     A sentence leaves the batch (and the cache) once it has produced eos or reached its length limit,
     so the remaining steps cost only the sentences still being decoded.
@@ -112,7 +112,8 @@ class Hypothesis:
     Attributes:
         tokens: Output ids, eos included if produced, no start token.
         score: Sum of the tokens' log-probabilities (natural log).
-        normalized: `score / length_penalty(len(tokens), lenpen)`, the key hypotheses are ranked by.
+        normalized: `score / length_penalty(len(tokens), alpha, penalty)`, the key hypotheses are
+            ranked by.
         attention: (len(tokens), S_real) last-decoder-layer cross-attention averaged over heads, over the
             sentence's non-pad source positions; only when `need_attention` was asked for.
     """
@@ -123,20 +124,29 @@ class Hypothesis:
     attention: Tensor | None = None
 
 
-def length_penalty(length: int, lenpen: float) -> float:
-    """GNMT length penalty lp(Y) = ((5 + |Y|) / 6)^α with α = `lenpen` (Wu et al. 2016, eq. 14); 0 gives 1."""
-    return ((5 + length) / 6) ** lenpen
+def length_penalty(length: int, alpha: float, penalty: str = "gnmt") -> float:
+    """The length penalty lp(Y) a hypothesis' log-probability is divided by, |Y| = `length` (its tokens,
+    eos included): `gnmt` ((5 + |Y|) / 6)^α (Wu et al. 2016, eq. 14) or `fairseq` |Y|^α (fairseq's
+    `--lenpen`: its `finalize_hypos` divides by (step + 1)^lenpen, the tokens with eos). α = 0 gives 1.
+
+    Both grow with |Y| for α >= 0, which `_Kept.is_done`'s bound relies on.
+    """
+    if penalty == "gnmt":
+        return ((5 + length) / 6) ** alpha
+    if penalty == "fairseq":
+        return float(length) ** alpha
+    raise ValueError(f"length_penalty={penalty!r} is not a length penalty: use gnmt or fairseq")
 
 
 class _Kept:
     """The best `beam` finished hypotheses of one sentence, best first (ties keep the earlier one)."""
 
-    def __init__(self, beam: int, lenpen: float) -> None:
-        self.beam, self.lenpen = beam, lenpen
+    def __init__(self, beam: int, alpha: float, penalty: str) -> None:
+        self.beam, self.alpha, self.penalty = beam, alpha, penalty
         self.hyps: list[Hypothesis] = []
 
     def add(self, tokens: list[int], score: float, attention: Tensor | None) -> None:
-        normalized = score / length_penalty(len(tokens), self.lenpen)
+        normalized = score / length_penalty(len(tokens), self.alpha, self.penalty)
         self.hyps.append(Hypothesis(tokens, score, normalized, attention))
         self.hyps.sort(key=lambda h: -h.normalized)  # stable
         del self.hyps[self.beam :]
@@ -144,26 +154,28 @@ class _Kept:
     def is_done(self, best_live: float, max_len: int) -> bool:
         """No live beam can beat the worst kept hypothesis any more.
 
-        Log-probs are <= 0, so a live score only decreases; with lenpen > 0 the best normalized score
-        it could still reach is at most best_live / lp(max_len) (fairseq / Hugging Face's check).
+        Log-probs are <= 0, so a live score only decreases; both penalties grow with the length (α >= 0),
+        so with α > 0 the best normalized score a live beam could still reach is at most
+        best_live / lp(max_len) (Hugging Face's check).
         """
         if len(self.hyps) < self.beam:
             return False
         worst = self.hyps[-1].normalized
-        if self.lenpen == 0:
+        if self.alpha == 0:
             return best_live < worst
-        return best_live / length_penalty(max_len, self.lenpen) <= worst
+        return best_live / length_penalty(max_len, self.alpha, self.penalty) <= worst
 
 
-def _check_beam_args(beam: int, lenpen: float, min_len: int, n_best: int) -> None:
+def _check_beam_args(beam: int, alpha: float, penalty: str, min_len: int, n_best: int) -> None:
     if beam < 1:
         raise ValueError(f"beam={beam} must be >= 1")
     if not 1 <= n_best <= beam:
         raise ValueError(f"n_best={n_best} must be between 1 and beam={beam}: raise beam or lower n_best")
     if min_len < 1:
         raise ValueError(f"min_len={min_len} must be >= 1 (the length counts eos)")
-    if not lenpen >= 0:
-        raise ValueError(f"lenpen={lenpen} must be >= 0 (0 turns length normalisation off)")
+    if not alpha >= 0:
+        raise ValueError(f"alpha={alpha} must be >= 0 (0 turns length normalisation off)")
+    length_penalty(1, alpha, penalty)  # a known penalty
 
 
 @torch.inference_mode()
@@ -172,7 +184,8 @@ def beam_search(
     src: Tensor,
     *,
     beam: int = 5,
-    lenpen: float = 0.6,
+    alpha: float = 0.6,
+    penalty: str = "gnmt",
     max_len_a: float = 1.2,
     max_len_b: int = 10,
     min_len: int = 1,
@@ -202,7 +215,8 @@ def beam_search(
         model: The Transformer (its mode is left unchanged; call `.eval()` first for inference).
         src: Source ids (B, S), padded with the model's pad id; moved to the model's device.
         beam: Beam size K.
-        lenpen: GNMT length-penalty exponent α in ((5 + |Y|) / 6)^α (0: rank by raw log-probability).
+        alpha: Length-penalty exponent α (0: rank by raw log-probability).
+        penalty: `gnmt`, ((5 + |Y|) / 6)^α, or `fairseq`, |Y|^α (`length_penalty`).
         max_len_a: Output length limit a in a · |S| + b (per sentence, eos included).
         max_len_b: Output length limit b.
         min_len: Shortest output allowed, eos included.
@@ -214,7 +228,7 @@ def beam_search(
     Returns:
         Per sentence, its `n_best` best hypotheses sorted by normalized score, best first.
     """
-    _check_beam_args(beam, lenpen, min_len, n_best)
+    _check_beam_args(beam, alpha, penalty, min_len, n_best)
     cfg = model.config
     device = next(model.parameters()).device
     src = src.to(device)
@@ -235,7 +249,7 @@ def beam_search(
         attn = torch.empty(batch * k, 0, src.size(1), device=device, dtype=memory.dtype)
     scores = torch.zeros(batch, k, device=device)
     scores[:, 1:] = -math.inf  # step 0: one live beam per sentence
-    kept = [_Kept(k, lenpen) for _ in range(batch)]
+    kept = [_Kept(k, alpha, penalty) for _ in range(batch)]
     done = [False] * batch
     alive = list(range(batch))  # the sentence of each group of K decoder rows; finished ones leave
     never = ungenerable_ids(cfg, device)
@@ -314,7 +328,8 @@ def translate(
     use_cache: bool = True,
 ) -> list[list[int]]:
     """The best output ids of each sentence under the decoding settings `config`, eos and padding
-    removed: `greedy_decode` when the beam is 1, else `beam_search` with `config.lenpen`; both honour
+    removed: `greedy_decode` when the beam is 1, else `beam_search` with `config.alpha` and
+    `config.length_penalty`; both honour
     `config.min_len`, `config.max_len_a` and `config.max_len_b`.
 
     Args:
@@ -329,7 +344,8 @@ def translate(
     if beam == 1:
         rows = greedy_decode(model, src, **limits, use_cache=use_cache).tolist()
     else:
-        best = beam_search(model, src, beam=beam, lenpen=config.lenpen, **limits, use_cache=use_cache)
+        best = beam_search(model, src, beam=beam, alpha=config.alpha, penalty=config.length_penalty,
+                           **limits, use_cache=use_cache)  # fmt: skip
         rows = [hyps[0].tokens for hyps in best]
     return [row[: row.index(cfg.eos_id)] if cfg.eos_id in row else [t for t in row if t != cfg.pad_id]
             for row in rows]  # fmt: skip

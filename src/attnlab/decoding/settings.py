@@ -3,10 +3,20 @@
 from __future__ import annotations
 
 import dataclasses
+import warnings
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Literal
 
 from attnlab.typed import check_fields, require, require_positive
+
+# The α each length penalty gets when `decode.alpha` is null: GNMT's 0.6 (Vaswani et al. §6.1) and
+# fairseq's `--lenpen` default, 1 (the mean log-probability per token).
+DEFAULT_ALPHA = {"gnmt": 0.6, "fairseq": 1.0}
+LENPEN_DEPRECATED = (
+    "decode.lenpen is deprecated: it is the GNMT length-penalty exponent, now decode.alpha with "
+    "decode.length_penalty=gnmt (the default); decode.length_penalty=fairseq divides by |Y|^alpha "
+    "instead. Replace decode.lenpen=X by decode.alpha=X"
+)
 
 
 @dataclass(frozen=True)
@@ -15,7 +25,11 @@ class DecodeConfig:
 
     Args:
         beam: Beam size for test-set evaluation (1 = greedy).
-        lenpen: GNMT length-penalty exponent α in ((5 + |Y|) / 6)^α (0 = none).
+        length_penalty: What beam search divides a hypothesis' log-probability by to rank it, |Y| its
+            length with eos: `gnmt`, ((5 + |Y|) / 6)^α (Wu et al. 2016, eq. 14; the paper's beam search),
+            or `fairseq`, |Y|^α (fairseq's `--lenpen`; α = 1 ranks by mean log-probability per token).
+        alpha: The exponent α of `length_penalty` (0: rank by raw log-probability); null: 0.6 for
+            `gnmt`, 1.0 for `fairseq` (`DEFAULT_ALPHA`; the value used is what is saved and reported).
         max_len_a: Output length limit a in a · |S| + b.
         max_len_b: Output length limit b.
         min_len: Shortest output (eos included).
@@ -34,10 +48,13 @@ class DecodeConfig:
             so one huge input line cannot stall decoding. null: the training filter's limit, the
             `data.max_source_tokens` saved in the checkpoint (its default, 256, for a checkpoint without
             data settings). A learned position table cuts further, to the model's `max_positions`.
+        lenpen: Deprecated name of `alpha` with `length_penalty=gnmt`, still read from older configs,
+            checkpoints and overrides (with a `FutureWarning` naming the new keys); null once read.
     """
 
     beam: int = 5
-    lenpen: float = 0.6
+    length_penalty: Literal["gnmt", "fairseq"] = "gnmt"
+    alpha: float | None = None
     max_len_a: float = 1.2
     max_len_b: int = 10
     min_len: int = 1
@@ -48,14 +65,32 @@ class DecodeConfig:
     max_tokens: int | None = 4096
     probe_sentences: int = 2
     max_source_tokens: int | None = None
+    lenpen: float | None = None
 
     def __post_init__(self) -> None:
         check_fields(self)
+        if self.lenpen is not None:  # the old name of the GNMT α
+            require(
+                self.alpha is None,
+                f"lenpen={self.lenpen} and alpha={self.alpha} are both set: lenpen is the old name of "
+                "alpha; keep only decode.alpha",
+            )
+            require(
+                self.length_penalty == "gnmt",
+                f"lenpen={self.lenpen} is the GNMT exponent but length_penalty="
+                f"{self.length_penalty}: use decode.alpha={self.lenpen} instead of decode.lenpen",
+            )
+            require(self.lenpen >= 0, f"lenpen={self.lenpen} must be >= 0")
+            warnings.warn(LENPEN_DEPRECATED, FutureWarning, stacklevel=3)
+            object.__setattr__(self, "alpha", self.lenpen)
+            object.__setattr__(self, "lenpen", None)
+        if self.alpha is None:
+            object.__setattr__(self, "alpha", DEFAULT_ALPHA[self.length_penalty])
         require_positive(self, "beam", "val_beam", "min_len", "batch_size")
         require(
             self.max_tokens is None or self.max_tokens > 0, f"max_tokens={self.max_tokens} must be positive"
         )
-        require(self.lenpen >= 0, f"lenpen={self.lenpen} must be >= 0")
+        require(self.alpha >= 0, f"alpha={self.alpha} must be >= 0 (0: no length penalty)")
         require(self.max_len_a >= 0, f"max_len_a={self.max_len_a} must be >= 0 (output limit a·|S| + b)")
         require(self.max_len_b >= 0, f"max_len_b={self.max_len_b} must be >= 0 (output limit a·|S| + b)")
         require(
@@ -70,5 +105,8 @@ class DecodeConfig:
         )
 
     def to_dict(self) -> dict[str, Any]:
-        """Plain-Python form (for checkpoints and loggers)."""
-        return dataclasses.asdict(self)
+        """Plain-Python form (for checkpoints and loggers), without the deprecated `lenpen` (read into
+        `alpha`)."""
+        values = dataclasses.asdict(self)
+        del values["lenpen"]
+        return values

@@ -409,9 +409,13 @@ def metrics_settings(saved: MetricsConfig, overrides: dict[str, Any] | None) -> 
 def decode_settings(saved: dict[str, Any], overrides: dict[str, Any] | None) -> DecodeConfig:
     """The decoding settings saved in a checkpoint with the non-null `overrides` applied.
 
+    The deprecated override `lenpen` (the GNMT α) replaces the saved `alpha` and `length_penalty`.
+
     Raises:
         ValueError: An override is not a `DecodeConfig` field or has a bad value.
     """
     chosen = _chosen(DecodeConfig, overrides, "decode", "decoding")
     fields = {f.name for f in dataclasses.fields(DecodeConfig)}
+    if "lenpen" in chosen:
+        fields -= {"alpha", "length_penalty"}
     return DecodeConfig(**{**{k: v for k, v in saved.items() if k in fields}, **chosen})

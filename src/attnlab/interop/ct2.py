@@ -12,7 +12,7 @@ the output ids with the target tokenizer. Decoding follows attnlab's rules: pad 
 generated, the output limit is a·|S|+b per sentence (sentences of the same limit are decoded together),
 `min_len` counts eos. The length penalty is CTranslate2's (the score divided by length^α, fairseq's
 form), not attnlab's GNMT penalty: with `length_penalty=0` (the default) both decode alike, and
-greedy and beam outputs equal attnlab's with `decode.lenpen=0` (tested, float32).
+greedy and beam outputs equal attnlab's with `decode.alpha=0` (tested, float32).
 """
 
 from __future__ import annotations

@@ -19,7 +19,7 @@ Using a public opus-mt checkpoint (downloaded where a network is available):
     src = tok(["Ein Mann fährt Fahrrad."], return_tensors="pt").input_ids
     from attnlab.decoding import DecodeConfig
     from attnlab.decoding.search import translate
-    ids = translate(model, src, DecodeConfig(beam=5, lenpen=0.0, max_len_a=1.2, max_len_b=10))
+    ids = translate(model, src, DecodeConfig(beam=5, alpha=0.0, max_len_a=1.2, max_len_b=10))
     print(tok.batch_decode(ids, skip_special_tokens=True))
 
 Fine-tuning it with attnlab's trainer needs its SentencePiece vocabulary in the data pipeline, which
