@@ -19,7 +19,8 @@ FILE is left as it was and no temporary file remains. Standard output streams ch
 Usage (key=value arguments, like the other attnlab commands):
     attnlab-translate ckpt_path=<file.ckpt | run dir> [input=-] [output=-] [average_last=0]
                       [device=auto] [chunk_lines=2048 (1 at a terminal)] [decode.beam=5 decode.alpha=0.6 ...]
-                      [decode.max_source_tokens=N]
+                      [decode.max_source_tokens=N] [decode.sampling=true decode.beam=1 decode.topk=K
+                      decode.topp=P decode.temperature=T decode.seed=S]
 Example:
     echo "Ein Mann fährt Fahrrad." | attnlab-translate ckpt_path=logs/train/runs/<run>
 """
@@ -44,7 +45,8 @@ if TYPE_CHECKING:
     from attnlab.inference.translator import Translator
 
 DECODE_KEYS = ("beam", "length_penalty", "alpha", "lenpen", "max_len_a", "max_len_b", "min_len", "batch_size",
-               "max_tokens", "max_source_tokens")  # fmt: skip
+               "max_tokens", "max_source_tokens", "sampling", "topk", "topp", "temperature",
+               "seed")  # fmt: skip
 DEFAULTS: dict[str, Any] = {
     "ckpt_path": None,
     "input": "-",

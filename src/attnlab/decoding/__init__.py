@@ -19,6 +19,7 @@ _SEARCH = (
     "length_penalty",
     "max_output_lengths",
     "Hypothesis",
+    "Sampling",
 )
 
 __all__ = ["DecodeConfig", *_SEARCH]

@@ -6,6 +6,7 @@ Notation: `B` batch, `K` beam size, `S` source length, `T` output length, `V` vo
 
 from __future__ import annotations
 
+import hashlib
 import math
 from dataclasses import dataclass
 
@@ -42,6 +43,67 @@ def mask_ungenerable(scores: Tensor, never: Tensor, eos_id: int, length: int, mi
     return scores
 
 
+@dataclass(frozen=True)
+class Sampling:
+    """How `greedy_decode` draws tokens instead of taking the most probable one (`DecodeConfig.sampling`).
+
+    Each sentence draws from its own `torch.Generator`, seeded from `seed` and its non-pad source ids
+    (`generators`), one uniform number per step, so a sentence samples the same alone as inside any
+    batch and in any order (up to floating-point rounding of batched arithmetic at a boundary between
+    two tokens), and identical sources sample identically.
+
+    Attributes:
+        topk: Draw among the k most probable tokens (0: all; 1: greedy).
+        topp: Draw among the most probable tokens whose probabilities sum to p, the most probable always
+            kept (1.0: all).
+        temperature: The logits are divided by it first.
+        seed: Seed of the draws.
+    """
+
+    topk: int = 0
+    topp: float = 1.0
+    temperature: float = 1.0
+    seed: int = 0
+
+    def __post_init__(self) -> None:
+        if self.topk < 0 or not 0 < self.topp <= 1 or not self.temperature > 0:
+            raise ValueError(f"topk={self.topk} must be >= 0, topp={self.topp} in (0, 1] and temperature="
+                             f"{self.temperature} > 0")  # fmt: skip
+
+    @classmethod
+    def of(cls, config: DecodeConfig) -> Sampling:
+        return cls(config.topk, config.topp, config.temperature, config.seed)
+
+    def generators(self, src: Tensor, pad_id: int) -> list[torch.Generator]:
+        """One generator per sentence of `src` (B, S), seeded from `seed` and the sentence's ids."""
+        out = []
+        for row in src.tolist():
+            ids = [t for t in row if t != pad_id]
+            digest = hashlib.blake2b(repr((self.seed, ids)).encode(), digest_size=8).digest()
+            out.append(torch.Generator().manual_seed(int.from_bytes(digest, "little") >> 1))
+        return out
+
+    def pick(self, scores: Tensor, generators: list[torch.Generator]) -> Tensor:
+        """One token (N, 1) per row of `scores` (N, V) (-inf where not allowed), row i drawn with
+        `generators[i]`: from softmax(scores / temperature) restricted to the `topk` most probable and
+        to the nucleus of mass `topp`, by inverse transform of one uniform draw over the tokens sorted
+        most probable first (ties in id order, so the first kept token is `argmax`'s)."""
+        probs = (scores / self.temperature).softmax(dim=-1)
+        sorted_probs, order = probs.sort(dim=-1, descending=True, stable=True)  # (N, V)
+        keep = torch.ones_like(sorted_probs, dtype=torch.bool)
+        if self.topk > 0:
+            keep[:, self.topk :] = False
+        if self.topp < 1:
+            keep &= (sorted_probs.cumsum(dim=-1) - sorted_probs) < self.topp  # mass before it < p
+        keep[:, 0] = True
+        kept = (sorted_probs * keep).cumsum(dim=-1)  # (N, V)
+        u = torch.stack([torch.rand((), generator=g, dtype=torch.float64) for g in generators])
+        u = u.to(kept.device, kept.dtype) * kept[:, -1]  # (N,) in [0, kept mass)
+        position = (kept <= u[:, None]).sum(dim=-1)  # (N,) the first token whose cumulative mass > u
+        position = torch.minimum(position, keep.sum(dim=-1) - 1)  # (N,) never past the kept tokens
+        return order.gather(1, position[:, None])
+
+
 @torch.inference_mode()
 def greedy_decode(
     model: Transformer,
@@ -51,8 +113,10 @@ def greedy_decode(
     max_len_b: int = 10,
     min_len: int = 1,
     use_cache: bool = True,
+    sample: Sampling | None = None,
 ) -> Tensor:
-    """Pick the most probable token at each step until every sentence has produced eos.
+    """Pick the most probable token at each step (or draw one, with `sample`) until every sentence has
+    produced eos.
 
     Pad and the bos/start ids are never picked, eos not before `min_len` (`mask_ungenerable`, as in
     beam search, so `beam_search(beam=1, alpha=0)` gives the same outputs).
@@ -68,6 +132,8 @@ def greedy_decode(
         min_len: Shortest output, eos included.
         use_cache: Feed one token per step over the K/V cache (the default); False re-runs the decoder
             over the whole prefix at every step (the same result, slower; for benchmarks and tests).
+        sample: Draw each token as `Sampling.pick` says instead of taking the most probable one; the
+            masking (pad, bos, eos before `min_len`) and stopping are the same.
 
     Returns:
         Output ids (B, T) without the start token, eos included, padded with pad after eos.
@@ -84,10 +150,14 @@ def greedy_decode(
     token = torch.full((batch, 1), cfg.start_id, dtype=torch.long, device=src.device)
     prefix = token
     never = ungenerable_ids(cfg, src.device)
+    generators = None if sample is None else sample.generators(src, cfg.pad_id)  # one per sentence
     for step in range(out.size(1)):
         logits = model.decode(token if use_cache else prefix, memory, src_mask, cache=cache)  # (B', 1|t, V)
         scores = mask_ungenerable(logits[:, -1].float(), never, cfg.eos_id, step + 1, min_len)  # (B', V)
-        token = scores.argmax(dim=-1, keepdim=True)  # (B', 1)
+        if generators is None:
+            token = scores.argmax(dim=-1, keepdim=True)  # (B', 1)
+        else:
+            token = sample.pick(scores, [generators[i] for i in alive.tolist()])  # (B', 1)
         out[alive, step] = token.squeeze(1)
         if not use_cache:
             prefix = torch.cat([prefix, token], dim=1)
@@ -328,8 +398,8 @@ def translate(
     use_cache: bool = True,
 ) -> list[list[int]]:
     """The best output ids of each sentence under the decoding settings `config`, eos and padding
-    removed: `greedy_decode` when the beam is 1, else `beam_search` with `config.alpha` and
-    `config.length_penalty`; both honour
+    removed: `greedy_decode` when the beam is 1 (drawing tokens with `config.sampling`, `Sampling`), else
+    `beam_search` with `config.alpha` and `config.length_penalty`; both honour
     `config.min_len`, `config.max_len_a` and `config.max_len_b`.
 
     Args:
@@ -341,8 +411,12 @@ def translate(
     """
     cfg, beam = model.config, config.beam if beam is None else beam
     limits = {"max_len_a": config.max_len_a, "max_len_b": config.max_len_b, "min_len": config.min_len}
+    if config.sampling and beam != 1:
+        raise ValueError(f"beam={beam} but decode.sampling=true draws one output per sentence: decode with "
+                         "beam 1 (sampling does not combine with beam search)")  # fmt: skip
     if beam == 1:
-        rows = greedy_decode(model, src, **limits, use_cache=use_cache).tolist()
+        sample = Sampling.of(config) if config.sampling else None
+        rows = greedy_decode(model, src, **limits, use_cache=use_cache, sample=sample).tolist()
     else:
         best = beam_search(model, src, beam=beam, alpha=config.alpha, penalty=config.length_penalty,
                            **limits, use_cache=use_cache)  # fmt: skip

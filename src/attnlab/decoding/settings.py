@@ -48,6 +48,19 @@ class DecodeConfig:
             so one huge input line cannot stall decoding. null: the training filter's limit, the
             `data.max_source_tokens` saved in the checkpoint (its default, 256, for a checkpoint without
             data settings). A learned position table cuts further, to the model's `max_positions`.
+        sampling: Draw each output token from the model's distribution instead of searching (for
+            back-translation and diverse outputs): one output per sentence, so `beam` (and `val_beam`)
+            must be 1. Reproducible: see `seed`.
+        topk: With `sampling`, draw only among the k most probable tokens (0: all).
+        topp: With `sampling`, draw only among the most probable tokens whose probabilities sum to p
+            (nucleus sampling, Holtzman et al. 2020; the most probable token always stays; 1.0: all).
+        temperature: With `sampling`, divide the logits by it before `topk`/`topp` (< 1 sharpens,
+            towards greedy; > 1 flattens).
+        seed: With `sampling`, the seed of the draws. Each sentence draws from its own generator, seeded
+            from `seed` and its source ids, so a sentence samples the same alone or inside any batch,
+            in any order (up to floating-point rounding of batched arithmetic); identical source lines
+            get the same sample (vary `seed` for several samples). It is not the run's `seed`: a
+            checkpoint samples the same whatever run trained it.
         lenpen: Deprecated name of `alpha` with `length_penalty=gnmt`, still read from older configs,
             checkpoints and overrides (with a `FutureWarning` naming the new keys); null once read.
     """
@@ -65,6 +78,11 @@ class DecodeConfig:
     max_tokens: int | None = 4096
     probe_sentences: int = 2
     max_source_tokens: int | None = None
+    sampling: bool = False
+    topk: int = 0
+    topp: float = 1.0
+    temperature: float = 1.0
+    seed: int = 0
     lenpen: float | None = None
 
     def __post_init__(self) -> None:
@@ -98,6 +116,20 @@ class DecodeConfig:
             f"max_source_tokens={self.max_source_tokens} must be >= 2 (a token and eos) or null (the "
             "training filter's data.max_source_tokens)",
         )
+        require(self.topk >= 0, f"topk={self.topk} must be >= 0 (0: no top-k filter)")
+        require(0 < self.topp <= 1, f"topp={self.topp} must be in (0, 1] (1.0: no nucleus filter)")
+        require(self.temperature > 0, f"temperature={self.temperature} must be > 0 (1.0: the model's "
+                "distribution; a small value approaches greedy decoding)")  # fmt: skip
+        if self.sampling:
+            for name in ("beam", "val_beam"):
+                require(getattr(self, name) == 1, f"{name}={getattr(self, name)} but sampling=true draws one "
+                        f"output per sentence: set decode.{name}=1 (sampling does not combine with beam "
+                        "search)")  # fmt: skip
+        else:
+            unused = [f"{name}={getattr(self, name)}" for name, off in (("topk", 0), ("topp", 1.0),
+                      ("temperature", 1.0)) if getattr(self, name) != off]  # fmt: skip
+            require(not unused, f"{unused[0] if unused else ''} is a sampling setting: set "
+                    "decode.sampling=true to sample, or leave it at its default")  # fmt: skip
         require(self.probe_sentences >= 0, f"probe_sentences={self.probe_sentences} must be >= 0")
         require(self.every_n_epochs >= 0, f"every_n_epochs={self.every_n_epochs} must be >= 0 (0: never)")
         require(
