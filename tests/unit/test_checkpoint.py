@@ -94,10 +94,15 @@ def test_resolve_checkpoints(tmp_path: Path) -> None:
     assert resolve_checkpoints(best, average_last=2) == [
         run / "checkpoints" / "epochs" / f"epoch00{i}.ckpt" for i in (2, 3)
     ]
-    assert resolve_checkpoints([str(best), str(run / "checkpoints" / "last.ckpt")]) == [
-        best,
-        run / "checkpoints" / "last.ckpt",
-    ]
+    listed = [str(best), str(run / "checkpoints" / "last.ckpt")]
+    assert resolve_checkpoints(listed, ensemble=True) == [best, run / "checkpoints" / "last.ckpt"]
+    assert resolve_checkpoints([run, best], ensemble=True) == [best, best]  # a run: its best checkpoint
+    with pytest.raises(CheckpointError, match="ckpt_path is a list of 2 checkpoints: add ensemble=true"):
+        resolve_checkpoints(listed)
+    with pytest.raises(CheckpointError, match="ensemble=true needs a list of checkpoints"):
+        resolve_checkpoints(best, ensemble=True)
+    with pytest.raises(CheckpointError, match="average_last=2 averages one run's weights"):
+        resolve_checkpoints(listed, average_last=2, ensemble=True)
     with pytest.raises(CheckpointError, match="does not exist"):
         resolve_checkpoints(tmp_path / "nothing")
     with pytest.raises(CheckpointError, match="no best-"):

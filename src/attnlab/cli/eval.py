@@ -3,6 +3,7 @@
 Examples:
     attnlab-eval ckpt_path=logs/train/runs/<run> average_last=5
     attnlab-eval ckpt_path=<file.ckpt> decode.beam=5 decode.alpha=1.0 sets=[val]
+    attnlab-eval ckpt_path=[<run a>,<run b>] ensemble=true
 """
 
 from __future__ import annotations
@@ -16,7 +17,7 @@ from omegaconf import DictConfig, OmegaConf
 
 from attnlab.cli.app import config_dir, register_resolvers
 from attnlab.runs.layout import RunDir
-from attnlab.runs.results import results_table
+from attnlab.runs.results import decoding_summary, results_table
 from attnlab.training.experiment import build_node
 from attnlab.typed import ConfigError
 
@@ -47,8 +48,10 @@ def evaluate_checkpoint(cfg: DictConfig) -> dict[str, Any]:
         ckpt_path = cfg.ckpt_path
         if OmegaConf.is_config(ckpt_path):  # a list of checkpoint files
             ckpt_path = OmegaConf.to_container(ckpt_path)
-        paths = resolve_checkpoints(ckpt_path, int(cfg.get("average_last") or 0))
-        translator = Translator.from_checkpoints(paths, device=str(cfg.get("device", "auto")))
+        ensemble = bool(cfg.get("ensemble") or False)
+        paths = resolve_checkpoints(ckpt_path, int(cfg.get("average_last") or 0), ensemble)
+        device = str(cfg.get("device", "auto"))
+        translator = Translator.from_checkpoints(paths, device=device, ensemble=ensemble)
         translator.decode = decode_settings(translator.decode.to_dict(), OmegaConf.to_container(cfg.decode))
         overrides = OmegaConf.to_container(cfg.metrics) if cfg.get("metrics") is not None else None
         translator.metrics = metrics_settings(translator.metrics, overrides)  # before anything is decoded
@@ -73,6 +76,7 @@ def _main(cfg: DictConfig) -> float | None:
     except ConfigError as exc:
         raise SystemExit(f"attnlab-eval: {exc}") from None
     print(results_table(results))
+    print(decoding_summary(results))
     print(f"attnlab-eval: wrote {RunDir(Path(cfg.paths.output_dir)).results_file}")
     first = next(iter(results["sets"].values()), None)
     return first["bleu"] if first else None

@@ -17,7 +17,8 @@ the translations go to a hidden temporary file beside FILE, renamed over it once
 FILE is left as it was and no temporary file remains. Standard output streams chunk by chunk instead.
 
 Usage (key=value arguments, like the other attnlab commands):
-    attnlab-translate ckpt_path=<file.ckpt | run dir> [input=-] [output=-] [average_last=0]
+    attnlab-translate ckpt_path=<file.ckpt | run dir | [a,b,...] with ensemble=true> [input=-] [output=-]
+                      [average_last=0] [ensemble=false]
                       [device=auto] [chunk_lines=2048 (1 at a terminal)] [decode.beam=5 decode.alpha=0.6 ...]
                       [decode.max_source_tokens=N] [decode.sampling=true decode.beam=1 decode.topk=K
                       decode.topp=P decode.temperature=T decode.seed=S]
@@ -52,6 +53,7 @@ DEFAULTS: dict[str, Any] = {
     "input": "-",
     "output": "-",
     "average_last": 0,
+    "ensemble": False,  # ckpt_path=[a,b,...]: their models combined at every step
     "device": "auto",
     "chunk_lines": None,  # null: CHUNK_LINES, or 1 when standard input is a terminal
     "decode": dict.fromkeys(DECODE_KEYS),
@@ -63,7 +65,8 @@ VERBATIM = ("ckpt_path", "input", "output")  # keys whose values are file names,
 
 
 def parse_args(argv: Sequence[str]) -> dict[str, Any]:
-    """The settings of `key=value` arguments over `DEFAULTS`.
+    """The settings of `key=value` arguments over `DEFAULTS`; `ckpt_path=[a,b,...]` is a list of the
+    comma-separated names (for `ensemble=true`).
 
     Raises:
         SystemExit: An argument that is not `key=value` or names an unknown key.
@@ -81,6 +84,9 @@ def parse_args(argv: Sequence[str]) -> dict[str, Any]:
         )
     except OmegaConfBaseException as exc:
         raise SystemExit(f"attnlab-translate: {str(exc).splitlines()[0]} (known keys: see --help)") from None
+    listed = paths.get("ckpt_path", "")
+    if listed.startswith("[") and listed.endswith("]"):  # ckpt_path=[a,b,...] (with ensemble=true)
+        paths["ckpt_path"] = [name.strip() for name in listed[1:-1].split(",") if name.strip()]
     return {**OmegaConf.to_container(merged), **paths}
 
 
@@ -127,8 +133,9 @@ def load_translator(settings: dict[str, Any]) -> Translator:
     """
     from attnlab.inference.translator import Translator, decode_settings, resolve_checkpoints
 
-    paths = resolve_checkpoints(settings["ckpt_path"], int(settings["average_last"] or 0))
-    translator = Translator.from_checkpoints(paths, device=str(settings["device"]))
+    ensemble = bool(settings["ensemble"])
+    paths = resolve_checkpoints(settings["ckpt_path"], int(settings["average_last"] or 0), ensemble)
+    translator = Translator.from_checkpoints(paths, device=str(settings["device"]), ensemble=ensemble)
     translator.decode = decode_settings(translator.decode.to_dict(), settings["decode"])
     return translator
 

@@ -85,23 +85,25 @@ class Sampling:
 
     def pick(self, scores: Tensor, generators: list[torch.Generator]) -> Tensor:
         """One token (N, 1) per row of `scores` (N, V) (-inf where not allowed), row i drawn with
-        `generators[i]`: from softmax(scores / temperature) restricted to the `topk` most probable and
-        to the nucleus of mass `topp`, by inverse transform of one uniform draw over the tokens sorted
-        most probable first (ties in id order, so the first kept token is `argmax`'s)."""
-        probs = (scores / self.temperature).softmax(dim=-1)
-        sorted_probs, order = probs.sort(dim=-1, descending=True, stable=True)  # (N, V)
-        keep = torch.ones_like(sorted_probs, dtype=torch.bool)
-        if self.topk > 0:
-            keep[:, self.topk :] = False
-        if self.topp < 1:
-            keep &= (sorted_probs.cumsum(dim=-1) - sorted_probs) < self.topp  # mass before it < p
-        keep[:, 0] = True
-        kept = (sorted_probs * keep).cumsum(dim=-1)  # (N, V)
+        `generators[i]` from softmax(scores / temperature) (in float64) restricted to the `topk` most
+        probable tokens and to the nucleus of mass `topp` (ties ranked in id order, so `topk=1` keeps
+        `argmax`'s token), by inverse transform of one uniform draw over the kept tokens in id order:
+        a draw does not hinge on how near-equal probabilities happen to sort."""
+        probs = (scores.double() / self.temperature).softmax(dim=-1)  # (N, V)
+        if self.topk > 0 or self.topp < 1:
+            sorted_probs, order = probs.sort(dim=-1, descending=True, stable=True)  # (N, V)
+            ranked = torch.ones_like(sorted_probs, dtype=torch.bool)
+            if self.topk > 0:
+                ranked[:, self.topk :] = False
+            if self.topp < 1:
+                ranked &= (sorted_probs.cumsum(dim=-1) - sorted_probs) < self.topp  # mass before it < p
+            ranked[:, 0] = True
+            probs = probs * torch.zeros_like(ranked).scatter(1, order, ranked)
+        mass = probs.cumsum(dim=-1)  # (N, V)
         u = torch.stack([torch.rand((), generator=g, dtype=torch.float64) for g in generators])
-        u = u.to(kept.device, kept.dtype) * kept[:, -1]  # (N,) in [0, kept mass)
-        position = (kept <= u[:, None]).sum(dim=-1)  # (N,) the first token whose cumulative mass > u
-        position = torch.minimum(position, keep.sum(dim=-1) - 1)  # (N,) never past the kept tokens
-        return order.gather(1, position[:, None])
+        u = u.to(mass.device) * mass[:, -1]  # (N,) in [0, kept mass)
+        token = (mass <= u[:, None]).sum(dim=-1).clamp(max=probs.size(-1) - 1)  # the first with mass > u
+        return token[:, None]
 
 
 @torch.inference_mode()

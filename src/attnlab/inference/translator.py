@@ -28,6 +28,7 @@ from attnlab.data.batching import TokenBatchSampler, cut_source, pad
 from attnlab.data.corpora import CorpusData
 from attnlab.data.tokenizer import SubwordTokenizer
 from attnlab.decoding import DecodeConfig
+from attnlab.decoding.ensemble import Ensemble
 from attnlab.decoding.search import translate
 from attnlab.metrics import MetricsConfig, bleu_tok_compound, score_all
 from attnlab.model.transformer import Transformer
@@ -63,7 +64,7 @@ class Translator:
     """A model ready to translate: weights in eval mode, tokenizers and decoding settings.
 
     Args:
-        model: The Transformer (put in eval mode; left on its device).
+        model: The Transformer, or an `Ensemble` of several (put in eval mode; left on its device).
         src_tokenizer: Tokenizer of the source language.
         tgt_tokenizer: Tokenizer of the target language (for detokenizing outputs).
         decode: Beam size, length penalty, length limits and batch sizes.
@@ -88,20 +89,60 @@ class Translator:
         self.metrics = metrics or MetricsConfig()
         self.truncated = 0  # sources cut to fit a learned position table
 
+    @property
+    def ensemble(self) -> bool:
+        """Whether the model is an `Ensemble` (decoded combined per step)."""
+        return isinstance(self.model, Ensemble)
+
     @classmethod
     def from_checkpoints(
-        cls, paths: Sequence[str | Path], decode: DecodeConfig | None = None, device: str = "cpu"
+        cls,
+        paths: Sequence[str | Path],
+        decode: DecodeConfig | None = None,
+        device: str = "cpu",
+        *,
+        ensemble: bool = False,
     ) -> Translator:
-        """A translator from one checkpoint, or from the average of several (same model and tokenizers).
+        """A translator from one checkpoint, from the average of several (same model and tokenizers), or
+        with `ensemble=True` from an `Ensemble` of them (each its own model, combined at every decoding
+        step; they must share tokenizers, and may differ in architecture).
 
-        `decode` defaults to the decoding settings saved in the checkpoint, and the scoring settings are
-        the saved ones too (`MetricsConfig()` for a checkpoint without them).
+        `decode` defaults to the decoding settings saved in the (first) checkpoint, and the scoring and
+        data settings are the first one's too (`MetricsConfig()` for a checkpoint without them).
 
         Raises:
             attnlab.runs.checkpoint.CheckpointError: A checkpoint is missing, damaged, not from attnlab-train,
-                or refused (`attnlab.runs.checkpoint.read_checkpoint`: nothing in a checkpoint runs).
+                or refused (`attnlab.runs.checkpoint.read_checkpoint`: nothing in a checkpoint runs), or
+                ensembled checkpoints have different tokenizers (named).
         """
-        checkpoint = read_averaged(paths)
+        if not ensemble:
+            return cls._from_checkpoint(read_averaged(paths), paths, decode, device)
+        if not paths:
+            raise CheckpointError("an ensemble needs at least one checkpoint")
+        members = [cls._from_checkpoint(read_averaged([path]), [path], decode, device) for path in paths]
+        first = members[0]
+        for path, member in zip(paths[1:], members[1:], strict=True):
+            for side in ("src", "tgt"):
+                mine, theirs = getattr(member, f"{side}_tokenizer"), getattr(first, f"{side}_tokenizer")
+                if mine.to_json() != theirs.to_json():
+                    raise CheckpointError(
+                        f"{path} has another {'source' if side == 'src' else 'target'} tokenizer than "
+                        f"{paths[0]} (vocabularies of {mine.vocab_size} and {theirs.vocab_size} subwords"
+                        f"{'' if mine.vocab_size != theirs.vocab_size else ', different subwords'}): the "
+                        "models of an ensemble must share their tokenizers and vocabularies"
+                    )
+        try:
+            model = Ensemble([member.model for member in members])
+        except ValueError as exc:
+            raise CheckpointError(f"{', '.join(map(str, paths))}: {exc}") from None
+        return cls(model, first.src_tokenizer, first.tgt_tokenizer, first.decode, data=first.data,
+                   metrics=first.metrics)  # fmt: skip
+
+    @classmethod
+    def _from_checkpoint(
+        cls, checkpoint: dict[str, Any], paths: Sequence[str | Path], decode: DecodeConfig | None, device: str
+    ) -> Translator:
+        """The translator of one checkpoint's content (read from `paths`, several when averaged)."""
         bundle = checkpoint[BUNDLE_KEY]
         if bundle.get("src_tokenizer") is None or bundle.get("tgt_tokenizer") is None:
             raise CheckpointError(
@@ -260,7 +301,8 @@ def score_sets(
     Args:
         translator: The model to evaluate.
         sets: Set name -> (raw source lines, raw reference lines).
-        checkpoints: The checkpoint file(s) the weights came from (several: averaged).
+        checkpoints: The checkpoint file(s) the weights came from (several: averaged, or the models of
+            an ensemble when `translator.ensemble`).
         extra: More top-level entries for the results (e.g. test loss).
 
     Returns:
@@ -269,9 +311,11 @@ def score_sets(
         paper's tokenized compound-split BLEU `bleu_tok_compound` (not comparable to sacreBLEU) with the
         signature of its procedure (naming the Moses language used), sentence count, hypotheses and
         references files (relative to the run directory) and decoding time, plus the decoding settings and
-        checkpoints, `target_lang` (`Translator.target_lang`; null when unknown, and then English Moses
-        rules tokenize for `bleu_tok_compound`, with a warning), and `truncated_sources` when sources were
-        cut to `Translator.source_limit` (each set's count is logged as a warning).
+        checkpoints (`averaged` true when several were averaged; `ensemble` the list of ensembled ones,
+        null when the model is no ensemble), `target_lang` (`Translator.target_lang`; null when unknown,
+        and then English Moses rules tokenize for `bleu_tok_compound`, with a warning), and
+        `truncated_sources` when sources were cut to `Translator.source_limit` (each set's count is
+        logged as a warning).
     """
     lang = translator.target_lang
     if lang is None:
@@ -282,7 +326,8 @@ def score_sets(
     sources_of: dict[str, list[str]] = {}
     results: dict[str, Any] = {
         "checkpoints": [str(Path(p).resolve()) for p in checkpoints],
-        "averaged": len(checkpoints) > 1,
+        "averaged": len(checkpoints) > 1 and not translator.ensemble,
+        "ensemble": [str(Path(p).resolve()) for p in checkpoints] if translator.ensemble else None,
         "decode": translator.decode.to_dict(),
         "scoring": translator.metrics.to_dict(),
         "target_lang": lang,
@@ -339,26 +384,51 @@ def evaluate(
     return evaluation.results
 
 
-def resolve_checkpoints(ckpt_path: str | Path | Sequence[str | Path], average_last: int = 0) -> list[Path]:
-    """The checkpoint file(s) a `ckpt_path` (and `average_last`) of the CLIs stands for.
+def resolve_checkpoints(
+    ckpt_path: str | Path | Sequence[str | Path], average_last: int = 0, ensemble: bool = False
+) -> list[Path]:
+    """The checkpoint file(s) a `ckpt_path` (and `average_last`, `ensemble`) of the CLIs stands for.
 
-    - a list of files: all of them, averaged;
-    - a file: that file, or with `average_last=N` the last N epoch checkpoints of its run;
+    - with `ensemble`, a list: each entry a file, or a run directory standing for its best checkpoint;
+      the models of the ensemble (`Translator.from_checkpoints(..., ensemble=True)`);
+    - a file: that file, or with `average_last=N` the last N epoch checkpoints of its run (averaged);
     - a run directory (or its `checkpoints/`): its best checkpoint `best-*.ckpt`, or with
       `average_last=N` its last N epoch checkpoints.
 
     Raises:
-        CheckpointError: Nothing usable at `ckpt_path`; the message says what was looked for.
+        CheckpointError: Nothing usable at `ckpt_path`, a list without `ensemble` (or `ensemble` without
+            a list, or with `average_last`); the message says what was looked for or what to do.
     """
-    from attnlab.runs.checkpoint import last_kept_checkpoints
-
     if average_last < 0:
         raise CheckpointError(f"average_last={average_last} must be >= 0")
-    if ckpt_path is not None and not isinstance(ckpt_path, (str, Path)):  # a list (or ListConfig)
-        paths = [Path(p) for p in ckpt_path]
-        if not paths:
+    listed = ckpt_path is not None and not isinstance(ckpt_path, (str, Path))  # a list (or ListConfig)
+    if listed and not ensemble:
+        raise CheckpointError(
+            f"ckpt_path is a list of {len(ckpt_path)} checkpoints: add ensemble=true to decode with their "
+            "models combined at every step (an ensemble), or give one checkpoint or run with average_last=N "
+            "to average the weights of its last N epoch checkpoints"
+        )
+    if ensemble and not listed:
+        raise CheckpointError(
+            f"ensemble=true needs a list of checkpoints or runs, ckpt_path=[a.ckpt,b.ckpt], not "
+            f"ckpt_path={ckpt_path}"
+        )
+    if ensemble:
+        if average_last:
+            raise CheckpointError(
+                f"ensemble=true combines models at decoding, average_last={average_last} averages one run's "
+                "weights: use one of them (average_last=0 with an ensemble)"
+            )
+        if not ckpt_path:
             raise CheckpointError("ckpt_path=[] names no checkpoint")
-        return paths
+        return [resolve_checkpoints(p)[0] for p in ckpt_path]
+    return _one_checkpoint(ckpt_path, average_last)
+
+
+def _one_checkpoint(ckpt_path: str | Path, average_last: int) -> list[Path]:
+    """`resolve_checkpoints` of a single `ckpt_path`."""
+    from attnlab.runs.checkpoint import last_kept_checkpoints
+
     if ckpt_path is None or str(ckpt_path) == "":
         raise CheckpointError("ckpt_path is required: a checkpoint file or a run directory")
     path = Path(ckpt_path).expanduser()
