@@ -141,7 +141,8 @@ def test_attnlab_eval_without_ckpt_path_says_what_is_required(tmp_path: Path) ->
     done = cli("attnlab.cli.eval", cwd=tmp_path)
     assert done.returncode == 1
     assert done.stderr.strip() == (
-        "attnlab-eval: ckpt_path=<checkpoint file, list of files or run directory> is required"
+        "attnlab-eval: ckpt_path=<checkpoint file or run directory> is required (ensembles: "
+        "ckpt_path=[a,b] ensemble=true)"
     )
 
 

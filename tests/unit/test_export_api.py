@@ -109,3 +109,21 @@ def test_min_len_means_the_same_in_both_formats(tmp_path: Path) -> None:
             generated = hf.generate(**tokenizer(lines, return_tensors="pt"))
         assert generated[0, 1:].tolist().index(config.eos_id) == min_len - 1  # eos is token min_len
         assert tokenizer.batch_decode(generated, skip_special_tokens=True) == ours.translate(lines)
+
+
+@pytest.mark.parametrize(
+    "penalty,alpha,saved", [("fairseq", 1.5, 1.5), ("fairseq", None, 1.0), ("gnmt", 0.6, 0.0)]
+)
+def test_hf_generation_config_carries_a_fairseq_length_penalty(
+    tmp_path: Path, penalty: str, alpha: float | None, saved: float
+) -> None:
+    """generate()'s `length_penalty` is fairseq's length^α: a checkpoint decoding with
+    decode.length_penalty=fairseq exports its α; GNMT's penalty has no equal there and exports 0."""
+    from transformers import GenerationConfig
+
+    joint = SubwordTokenizer.train(GERMAN + ENGLISH, model="bpe", vocab_size=80)
+    ours = random_translator(joint, joint, tie="all")
+    ours.decode = DecodeConfig(beam=4, length_penalty=penalty, alpha=alpha, max_len_a=0.0, max_len_b=8)
+    out = export(ours, "hf", tmp_path / "hf")
+    generation = GenerationConfig.from_pretrained(out, local_files_only=True)
+    assert (generation.num_beams, generation.length_penalty) == (4, saved)

@@ -33,7 +33,10 @@ def evaluate_checkpoint(cfg: DictConfig) -> dict[str, Any]:
             used (with the fix).
     """
     if OmegaConf.is_missing(cfg, "ckpt_path") or not cfg.get("ckpt_path"):
-        raise ConfigError("ckpt_path=<checkpoint file, list of files or run directory> is required")
+        raise ConfigError(
+            "ckpt_path=<checkpoint file or run directory> is required (ensembles: ckpt_path=[a,b] "
+            "ensemble=true)"
+        )
     from attnlab.data.download import DataError
     from attnlab.inference.translator import (
         Translator,

@@ -202,7 +202,8 @@ def write_hf(translator: Translator, out: Path) -> None:
     generation.num_beams = translator.decode.beam
     generation.min_length = translator.decode.min_len  # eos not before: counted as attnlab counts it
     if generation.num_beams > 1:  # (generate()'s validation refuses a length penalty without beams)
-        generation.length_penalty = 0.0  # generate()'s is fairseq's length^α, not attnlab's GNMT penalty
+        decode = translator.decode  # generate()'s length penalty is fairseq's length^α; GNMT's has no equal
+        generation.length_penalty = decode.alpha if decode.length_penalty == "fairseq" else 0.0
     limit, _ = translator.source_limit()
     generation.max_length = int(translator.decode.max_len_a * limit + translator.decode.max_len_b) + 1
     from transformers.utils import logging as hf_logging
