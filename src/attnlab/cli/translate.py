@@ -16,12 +16,19 @@ input and the output's directory are checked first (and an output that is the in
 the translations go to a hidden temporary file beside FILE, renamed over it once complete. On any error
 FILE is left as it was and no temporary file remains. Standard output streams chunk by chunk instead.
 
+With `decode.nbest=N` (1 <= N <= decode.beam) or `decode.print_alignment=hard|soft`, the output holds
+each line's N best hypotheses (1 when only alignments are asked for) with their scores, and alignments,
+instead of plain lines: one JSON object per input line (`decode.nbest_format=jsonl`, the default) or
+fairseq-generate's `S-i`/`H-i`/`D-i`/`P-i`/`A-i` lines (`decode.nbest_format=fairseq`); see
+`attnlab.inference.nbest`.
+
 Usage (key=value arguments, like the other attnlab commands):
     attnlab-translate ckpt_path=<file.ckpt | run dir | [a,b,...] with ensemble=true> [input=-] [output=-]
                       [average_last=0] [ensemble=false]
                       [device=auto] [chunk_lines=2048 (1 at a terminal)] [decode.beam=5 decode.alpha=0.6 ...]
                       [decode.max_source_tokens=N] [decode.sampling=true decode.beam=1 decode.topk=K
                       decode.topp=P decode.temperature=T decode.seed=S]
+                      [decode.nbest=N] [decode.nbest_format=jsonl|fairseq] [decode.print_alignment=hard|soft]
 Example:
     echo "Ein Mann fährt Fahrrad." | attnlab-translate ckpt_path=logs/train/runs/<run>
 """
@@ -47,7 +54,7 @@ if TYPE_CHECKING:
 
 DECODE_KEYS = ("beam", "length_penalty", "alpha", "lenpen", "max_len_a", "max_len_b", "min_len", "batch_size",
                "max_tokens", "max_source_tokens", "sampling", "topk", "topp", "temperature",
-               "seed")  # fmt: skip
+               "seed", "nbest", "nbest_format", "print_alignment")  # fmt: skip
 DEFAULTS: dict[str, Any] = {
     "ckpt_path": None,
     "input": "-",
@@ -141,10 +148,19 @@ def load_translator(settings: dict[str, Any]) -> Translator:
 
 
 def translate_stream(translator: Translator, source: Iterable[str], sink: IO[str], chunk_lines: int) -> int:
-    """Translate every line of `source` into `sink` (flushed per chunk); returns the line count."""
+    """Translate every line of `source` into `sink` (flushed per chunk): a line each, or with
+    `decode.nbest` / `decode.print_alignment` each line's n-best list in `decode.nbest_format`; returns
+    the line count."""
+    from attnlab.inference.nbest import nbest_text
+
+    decode = translator.decode
+    if decode.writes_nbest:
+        records = (nbest_text(n, decode.nbest_format) for n in translator.stream_nbest(source, chunk_lines))
+    else:
+        records = (line + "\n" for line in translator.stream(source, chunk_lines=chunk_lines))
     count = 0
-    for count, line in enumerate(translator.stream(source, chunk_lines=chunk_lines), start=1):
-        sink.write(line + "\n")
+    for count, record in enumerate(records, start=1):
+        sink.write(record)
         if count % chunk_lines == 0:
             sink.flush()
     sink.flush()

@@ -174,6 +174,10 @@ class SubwordTokenizer:
         """The subword pieces of `text` (for inspection)."""
         raise NotImplementedError
 
+    def id_pieces(self, ids: Iterable[int]) -> list[str]:
+        """The piece of each id (specials included: eos is "</s>"), e.g. to show n-best tokens."""
+        raise NotImplementedError
+
 
 class HuggingFaceTokenizer(SubwordTokenizer):
     """BPE or unigram over Metaspace pieces, with Hugging Face `tokenizers` (or any `tokenizers` JSON
@@ -234,6 +238,9 @@ class HuggingFaceTokenizer(SubwordTokenizer):
 
     def pieces(self, text: str) -> list[str]:
         return self.tokenizer.encode(normalize(text), add_special_tokens=False).tokens
+
+    def id_pieces(self, ids: Iterable[int]) -> list[str]:
+        return [self.tokenizer.id_to_token(int(i)) for i in ids]
 
 
 class SentencePieceTokenizer(SubwordTokenizer):
@@ -304,6 +311,9 @@ class SentencePieceTokenizer(SubwordTokenizer):
 
     def pieces(self, text: str) -> list[str]:
         return self.tokenizer.encode(normalize(text), out_type=str)
+
+    def id_pieces(self, ids: Iterable[int]) -> list[str]:
+        return [self.tokenizer.id_to_piece(int(i)) for i in ids]
 
 
 def load_tokenizer_file(path: Path, model: TokenizerModel) -> SubwordTokenizer:

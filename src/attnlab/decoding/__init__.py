@@ -16,6 +16,7 @@ _SEARCH = (
     "greedy_decode",
     "beam_search",
     "translate",
+    "nbest_decode",
     "length_penalty",
     "max_output_lengths",
     "Hypothesis",

@@ -1,5 +1,6 @@
 """Autoregressive decoding over the incremental K/V cache: greedy and beam search, and `translate`, the
-one entry point that decodes with a `DecodeConfig` (training's validation decodes and `Translator` use it).
+one entry point that decodes with a `DecodeConfig` (training's validation decodes and `Translator` use it),
+and `nbest_decode`, the same decode as n-best hypotheses with scores (and cross-attention).
 
 Notation: `B` batch, `K` beam size, `S` source length, `T` output length, `V` vocabulary size.
 """
@@ -8,7 +9,7 @@ from __future__ import annotations
 
 import hashlib
 import math
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import torch
 from torch import Tensor
@@ -188,12 +189,14 @@ class Hypothesis:
             ranked by.
         attention: (len(tokens), S_real) last-decoder-layer cross-attention averaged over heads, over the
             sentence's non-pad source positions; only when `need_attention` was asked for.
+        token_scores: Each token's log-probability (len(tokens),); they sum to `score`.
     """
 
     tokens: list[int]
     score: float
     normalized: float
     attention: Tensor | None = None
+    token_scores: list[float] = field(default_factory=list)
 
 
 def length_penalty(length: int, alpha: float, penalty: str = "gnmt") -> float:
@@ -217,9 +220,11 @@ class _Kept:
         self.beam, self.alpha, self.penalty = beam, alpha, penalty
         self.hyps: list[Hypothesis] = []
 
-    def add(self, tokens: list[int], score: float, attention: Tensor | None) -> None:
+    def add(
+        self, tokens: list[int], score: float, attention: Tensor | None, token_scores: list[float]
+    ) -> None:
         normalized = score / length_penalty(len(tokens), self.alpha, self.penalty)
-        self.hyps.append(Hypothesis(tokens, score, normalized, attention))
+        self.hyps.append(Hypothesis(tokens, score, normalized, attention, token_scores))
         self.hyps.sort(key=lambda h: -h.normalized)  # stable
         del self.hyps[self.beam :]
 
@@ -316,6 +321,7 @@ def beam_search(
     token = torch.full((batch * k, 1), cfg.start_id, dtype=torch.long, device=device)
     start = token
     history = torch.empty(batch * k, 0, dtype=torch.long, device=device)  # (B·K, T) outputs so far
+    history_lp = torch.empty(batch * k, 0, device=device)  # (B·K, T) their log-probabilities
     attn = None  # (B·K, T, S) cross-attention of the outputs so far, when asked
     if need_attention:
         attn = torch.empty(batch * k, 0, src.size(1), device=device, dtype=memory.dtype)
@@ -326,12 +332,14 @@ def beam_search(
     alive = list(range(batch))  # the sentence of each group of K decoder rows; finished ones leave
     never = ungenerable_ids(cfg, device)
 
-    def finish(b: int, tokens: Tensor, ends: Tensor, attn_rows: Tensor | None) -> None:
-        """Hand sentence b's candidates `tokens` (n, T) with finite scores `ends` (n,) to its kept list."""
-        for r, (ids, score) in enumerate(zip(tokens.tolist(), ends.tolist(), strict=True)):
+    def finish(b: int, tokens: Tensor, ends: Tensor, attn_rows: Tensor | None, lp: Tensor) -> None:
+        """Hand sentence b's candidates `tokens` (n, T) with finite scores `ends` (n,) and token
+        log-probabilities `lp` (n, T) to its kept list."""
+        candidates = zip(tokens.tolist(), ends.tolist(), lp.tolist(), strict=True)
+        for r, (ids, score, row_lp) in enumerate(candidates):
             if score > -math.inf:
                 a = None if attn_rows is None else attn_rows[r][:, source_mask[b]]  # (T, S_real)
-                kept[b].add(ids, score, a)
+                kept[b].add(ids, score, a, row_lp)
 
     for step in range(int(limits.max())):
         length = step + 1  # output length of this step's candidates, eos included
@@ -344,6 +352,7 @@ def beam_search(
         cand = scores[:, :, None] + lprobs.view(live, k, vocab)  # (B', K, V)
         top_scores, top_idx = cand.view(live, k * vocab).topk(2 * k, dim=1)  # (B', 2K)
         top_beam, top_token = top_idx // vocab, top_idx % vocab  # (B', 2K)
+        top_lp = lprobs.view(live, k * vocab).gather(1, top_idx)  # (B', 2K) the new tokens' log-probs
         parent = torch.arange(live, device=device)[:, None] * k + top_beam  # (B', 2K) rows of B'·K
         step_attn = None if weights is None else weights[-1].mean(dim=1)[:, -1:]  # (B'·K, 1, S)
 
@@ -354,7 +363,8 @@ def beam_search(
                 rows = parent[i, ranks]
                 tokens = torch.cat([history[rows], top_token[i, ranks, None]], dim=1)  # (n, T+1)
                 a = None if attn is None else torch.cat([attn[rows], step_attn[rows]], dim=1)
-                finish(alive[i], tokens, top_scores[i, ranks], a)
+                lp = torch.cat([history_lp[rows], top_lp[i, ranks, None]], dim=1)  # (n, T+1)
+                finish(alive[i], tokens, top_scores[i, ranks], a, lp)
         # The K best non-eos candidates (at most K of the 2K are eos, one per beam) become the beams.
         order = is_eos.long() * (2 * k) + torch.arange(2 * k, device=device)  # (B', 2K)
         pick = order.topk(k, dim=1, largest=False).values  # (B', K) candidate ranks, best first
@@ -362,13 +372,14 @@ def beam_search(
         flat = parent.gather(1, pick).view(-1)  # (B'·K,)
         token = top_token.gather(1, pick).view(-1, 1)  # (B'·K, 1)
         history = torch.cat([history.index_select(0, flat), token], dim=1)  # (B'·K, T+1)
+        history_lp = torch.cat([history_lp.index_select(0, flat), top_lp.gather(1, pick).view(-1, 1)], dim=1)
         if attn is not None:
             attn = torch.cat([attn.index_select(0, flat), step_attn.index_select(0, flat)], dim=1)
         best_live = scores.max(dim=1).values.tolist()  # one host transfer for every sentence
         for i, b in enumerate(alive):
             if length >= limit_list[b]:  # force-finish the live beams, without eos
                 rows = torch.arange(i * k, (i + 1) * k, device=device)
-                finish(b, history[rows], scores[i], None if attn is None else attn[rows])
+                finish(b, history[rows], scores[i], None if attn is None else attn[rows], history_lp[rows])
                 done[b] = True
             else:
                 done[b] = kept[b].is_done(best_live[i], limit_list[b])
@@ -380,6 +391,7 @@ def beam_search(
             sentences = torch.tensor(keep, device=device)
             rows = (sentences[:, None] * k + torch.arange(k, device=device)).view(-1)  # (B''·K,)
             scores, flat, token, history = scores[sentences], flat[rows], token[rows], history[rows]
+            history_lp = history_lp[rows]
             attn = None if attn is None else attn[rows]
             if cache is None:
                 memory, src_mask, start = memory[rows], src_mask[rows], start[rows]
@@ -425,3 +437,29 @@ def translate(
         rows = [hyps[0].tokens for hyps in best]
     return [row[: row.index(cfg.eos_id)] if cfg.eos_id in row else [t for t in row if t != cfg.pad_id]
             for row in rows]  # fmt: skip
+
+
+def nbest_decode(
+    model: Transformer,
+    src: Tensor,
+    config: DecodeConfig,
+    *,
+    n_best: int = 1,
+    need_attention: bool = False,
+    use_cache: bool = True,
+) -> list[list[Hypothesis]]:
+    """The `n_best` best hypotheses of each sentence under `config`, best first, with their scores (and
+    cross-attention with `need_attention`): `beam_search` with `config.beam` beams, `config.alpha` and
+    `config.length_penalty`. With one beam it is `beam_search(beam=1, alpha=0)`, which gives
+    `greedy_decode`'s outputs, so the first hypothesis is always the output `translate` gives (eos and
+    padding removed); its `normalized` score is then `score` (greedy decoding ranks nothing).
+
+    Raises:
+        ValueError: `n_best` is not between 1 and `config.beam`.
+    """
+    alpha = 0.0 if config.beam == 1 else config.alpha
+    return beam_search(
+        model, src, beam=config.beam, alpha=alpha, penalty=config.length_penalty, max_len_a=config.max_len_a,
+        max_len_b=config.max_len_b, min_len=config.min_len, n_best=n_best, need_attention=need_attention,
+        use_cache=use_cache,
+    )  # fmt: skip

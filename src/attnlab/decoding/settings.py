@@ -17,6 +17,8 @@ LENPEN_DEPRECATED = (
     "decode.length_penalty=gnmt (the default); decode.length_penalty=fairseq divides by |Y|^alpha "
     "instead. Replace decode.lenpen=X by decode.alpha=X"
 )
+NBEST_FORMATS = ("jsonl", "fairseq")  # `DecodeConfig.nbest_format`
+ALIGNMENTS = ("hard", "soft")  # `DecodeConfig.print_alignment`
 
 
 @dataclass(frozen=True)
@@ -63,6 +65,15 @@ class DecodeConfig:
             checkpoint samples the same whatever run trained it.
         lenpen: Deprecated name of `alpha` with `length_penalty=gnmt`, still read from older configs,
             checkpoints and overrides (with a `FutureWarning` naming the new keys); null once read.
+        nbest: Outside training, also write the `nbest` best hypotheses of each sentence with their
+            scores (1 <= nbest <= beam; null: none unless `print_alignment` asks for alignments, then 1).
+            attnlab-eval writes them beside the hypotheses (`nbest/<set>.jsonl`), attnlab-translate
+            instead of its plain lines.
+        nbest_format: How they are written: `jsonl` (one JSON object per source line) or `fairseq`
+            (fairseq-generate's `S-i`, `H-i`, `D-i`, `P-i`, `A-i` lines; scores in base 2 there).
+        print_alignment: Also give each hypothesis its alignment from the last decoder layer's
+            cross-attention averaged over heads: `hard` (the source position each output token attends
+            to most) or `soft` (the attention weights); null: none.
     """
 
     beam: int = 5
@@ -84,6 +95,9 @@ class DecodeConfig:
     temperature: float = 1.0
     seed: int = 0
     lenpen: float | None = None
+    nbest: int | None = None
+    nbest_format: str = "jsonl"
+    print_alignment: str | None = None
 
     def __post_init__(self) -> None:
         check_fields(self)
@@ -135,6 +149,29 @@ class DecodeConfig:
         require(
             self.val_subset is None or self.val_subset > 0, f"val_subset={self.val_subset} must be positive"
         )
+        require(
+            self.nbest is None or 1 <= self.nbest <= self.beam,
+            f"nbest={self.nbest} must be between 1 and beam={self.beam} (beam search keeps beam "
+            "hypotheses): raise beam or lower nbest",
+        )
+        require(
+            self.nbest_format in NBEST_FORMATS,
+            f"nbest_format={self.nbest_format!r}: use one of {', '.join(NBEST_FORMATS)}",
+        )
+        require(
+            self.print_alignment is None or self.print_alignment in ALIGNMENTS,
+            f"print_alignment={self.print_alignment!r}: use hard, soft or null (none)",
+        )
+        require(
+            not (self.sampling and self.writes_nbest),
+            "sampling=true draws one output per sentence, while n-best lists and alignments come from "
+            "beam search: set decode.sampling=false, or leave decode.nbest and decode.print_alignment null",
+        )
+
+    @property
+    def writes_nbest(self) -> bool:
+        """Whether hypotheses with scores are written (`nbest` or `print_alignment` set)."""
+        return self.nbest is not None or self.print_alignment is not None
 
     def to_dict(self) -> dict[str, Any]:
         """Plain-Python form (for checkpoints and loggers), without the deprecated `lenpen` (read into

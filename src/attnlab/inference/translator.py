@@ -2,12 +2,14 @@
 
 `Translator` wraps a `Transformer` with its source and target tokenizers and a `DecodeConfig`: lines in,
 detokenized lines out, decoded in token-limited batches of similar source length (sorted, then put back
-in input order). `Translator.stream` reads an iterable of any length in chunks, so memory stays bounded
-whatever the input size. `score_sets` decodes named test sets and scores them with sacreBLEU against the
-raw references, and with the paper's tokenized compound-split BLEU (`attnlab.metrics.bleu_tok_compound`),
-into an `Evaluation` (a value), which `Evaluation.write` puts into a run directory
-(`results.json`, hypotheses, references, together); `evaluate` does both. `attnlab-train` (at the end of
-training) and `attnlab-eval` go through them.
+in input order). `Translator.nbest` gives each line's n-best list (`attnlab.inference.nbest.NBest`: the
+hypotheses with their scores and alignments). `Translator.stream` and `Translator.stream_nbest` read an
+iterable of any length in chunks, so memory stays bounded whatever the input size. `score_sets` decodes
+named test sets and scores them with sacreBLEU against the raw references, and with the paper's
+tokenized compound-split BLEU (`attnlab.metrics.bleu_tok_compound`), into an `Evaluation` (a value),
+which `Evaluation.write` puts into a run directory (`results.json`, hypotheses, references, sources and
+n-best lists, together); `evaluate` does both. `attnlab-train` (at the end of training) and
+`attnlab-eval` go through them.
 """
 
 from __future__ import annotations
@@ -16,7 +18,7 @@ import copy
 import dataclasses
 import logging
 import time
-from collections.abc import Iterable, Iterator, Sequence
+from collections.abc import Callable, Iterable, Iterator, Sequence
 from dataclasses import dataclass
 from itertools import islice
 from pathlib import Path
@@ -29,7 +31,8 @@ from attnlab.data.corpora import CorpusData
 from attnlab.data.tokenizer import SubwordTokenizer
 from attnlab.decoding import DecodeConfig
 from attnlab.decoding.ensemble import Ensemble
-from attnlab.decoding.search import translate
+from attnlab.decoding.search import nbest_decode, translate
+from attnlab.inference.nbest import NBest, candidate, nbest_text
 from attnlab.metrics import MetricsConfig, bleu_tok_compound, score_all
 from attnlab.model.transformer import Transformer
 from attnlab.runs.checkpoint import (
@@ -47,6 +50,7 @@ from attnlab.runs.layout import (
     RESULTS_FILE,
     SOURCES_DIR,
     RunDir,
+    nbest_file,
 )
 from attnlab.runs.results import results_bytes
 
@@ -203,23 +207,56 @@ class Translator:
         self.truncated += sum(len(row) > limit for row in ids)
         return [cut_source(row, limit, eos) for row in ids]
 
-    def translate(self, lines: Sequence[str]) -> list[str]:
-        """Detokenized translations of `lines`, in their order. A line without source tokens (empty or
-        whitespace only) translates to an empty line, without decoding."""
-        ids = self._source_ids(lines)
+    def _decoded(
+        self, ids: list[list[int]], decode: Callable[[torch.Tensor], list[Any]]
+    ) -> Iterator[tuple[int, Any]]:
+        """`(line, output)` for each source in `ids` with more than eos, decoded by `decode` (padded
+        source ids -> one output per row) in token-limited batches of similar length."""
         todo = [i for i, row in enumerate(ids) if len(row) > 1]  # more than eos
-        out = [""] * len(lines)
         if not todo:
-            return out
+            return
         cfg, device = self.decode, next(self.model.parameters()).device
         sampler = TokenBatchSampler([len(ids[i]) for i in todo], max_tokens=cfg.max_tokens,
                                     batch_size=cfg.batch_size, shuffle=False)  # fmt: skip
         for batch in sampler:
             rows = [todo[j] for j in batch]
             src = pad([ids[i] for i in rows], self.model.config.pad_id).to(device)
-            for i, row in zip(rows, translate(self.model, src, cfg), strict=True):
-                out[i] = self.tgt_tokenizer.decode(row)
+            yield from zip(rows, decode(src), strict=True)
+
+    def translate(self, lines: Sequence[str]) -> list[str]:
+        """Detokenized translations of `lines`, in their order. A line without source tokens (empty or
+        whitespace only) translates to an empty line, without decoding."""
+        out = [""] * len(lines)
+        for i, row in self._decoded(
+            self._source_ids(lines), lambda src: translate(self.model, src, self.decode)
+        ):
+            out[i] = self.tgt_tokenizer.decode(row)
         return out
+
+    def nbest(
+        self, lines: Sequence[str], *, start: int = 0, references: Sequence[str] | None = None
+    ) -> list[NBest]:
+        """The n-best list of each line, in their order: its `decode.nbest` best hypotheses (1 when
+        null) with their scores, and with `decode.print_alignment` their alignments. The first
+        hypothesis is the translation `translate` gives (`nbest_decode`; with alignments the decoder
+        computes its attention weights explicitly, the same outputs up to float rounding). A line
+        without source tokens gets no hypotheses. `start` is the index of the first line,
+        `references` their reference translations (for test sets).
+        """
+        cfg, ids = self.decode, self._source_ids(lines)
+        n_best, alignment = cfg.nbest or 1, cfg.print_alignment
+        hypotheses: list[list[Any]] = [[] for _ in lines]
+
+        def decode(src: torch.Tensor) -> list[Any]:
+            return nbest_decode(self.model, src, cfg, n_best=n_best, need_attention=alignment is not None)
+
+        for i, hyps in self._decoded(ids, decode):
+            hypotheses[i] = [candidate(h, self.tgt_tokenizer, alignment) for h in hyps]
+        return [
+            NBest(start + i, line, self.src_tokenizer.id_pieces(ids[i]) if len(ids[i]) > 1 else [],
+                  hypotheses[i], None if references is None else references[i])
+            for i, line in enumerate(lines)
+        ]  # fmt: skip
 
     def stream(self, lines: Iterable[str], chunk_lines: int = 2048) -> Iterator[str]:
         """Translations of `lines` in input order, read and decoded `chunk_lines` at a time.
@@ -229,19 +266,34 @@ class Translator:
         fails (e.g. a line that is not UTF-8), the lines read before it are translated first, then the
         error is raised.
         """
-        if chunk_lines < 1:
-            raise ValueError(f"chunk_lines={chunk_lines} must be >= 1")
-        iterator = (line.rstrip("\r\n") for line in lines)
-        while True:
-            chunk: list[str] = []
-            try:
-                chunk.extend(islice(iterator, chunk_lines))
-            except Exception:
-                yield from self.translate(chunk)
-                raise
-            if not chunk:
-                return
+        for chunk in _chunks(lines, chunk_lines):
             yield from self.translate(chunk)
+
+    def stream_nbest(self, lines: Iterable[str], chunk_lines: int = 2048) -> Iterator[NBest]:
+        """The n-best lists (`nbest`) of `lines` in input order, indexed from 0, read and decoded
+        `chunk_lines` at a time, as `stream` does."""
+        start = 0
+        for chunk in _chunks(lines, chunk_lines):
+            yield from self.nbest(chunk, start=start)
+            start += len(chunk)
+
+
+def _chunks(lines: Iterable[str], chunk_lines: int) -> Iterator[list[str]]:
+    """`lines` without their line ends, `chunk_lines` at a time. When reading fails, the lines read
+    before are yielded first, then the error is raised."""
+    if chunk_lines < 1:
+        raise ValueError(f"chunk_lines={chunk_lines} must be >= 1")
+    iterator = (line.rstrip("\r\n") for line in lines)
+    while True:
+        chunk: list[str] = []
+        try:
+            chunk.extend(islice(iterator, chunk_lines))
+        except Exception:
+            yield chunk
+            raise
+        if not chunk:
+            return
+        yield chunk
 
 
 def _damaged(paths: Sequence[str | Path], what: str, exc: Exception) -> CheckpointError:
@@ -261,17 +313,20 @@ def _damaged(paths: Sequence[str | Path], what: str, exc: Exception) -> Checkpoi
 @dataclass(frozen=True)
 class Evaluation:
     """What an evaluation produced, before anything is written: the content of `results.json`, and per
-    test set its hypotheses, references and sources (lines).
+    test set its hypotheses, references and sources (lines), and its n-best lists when asked for
+    (`DecodeConfig.writes_nbest`), written in `nbest_format`.
 
     `write` puts them into a run directory together (`results.json`, `hypotheses/<set>.txt`,
-    `references/<set>.txt`, `sources/<set>.txt`): a failed write leaves every file there before
-    unchanged, so hypotheses, references, sources and results always belong to the same evaluation.
+    `references/<set>.txt`, `sources/<set>.txt`, `nbest/<set>.jsonl` or `.txt`): a failed write leaves
+    every file there before unchanged, so all of them always belong to the same evaluation.
     """
 
     results: dict[str, Any]
     hypotheses: dict[str, list[str]] = dataclasses.field(default_factory=dict)
     references: dict[str, list[str]] = dataclasses.field(default_factory=dict)
     sources: dict[str, list[str]] = dataclasses.field(default_factory=dict)
+    nbest: dict[str, list[NBest]] = dataclasses.field(default_factory=dict)
+    nbest_format: str = "jsonl"
 
     def with_results(self, **entries: Any) -> Evaluation:
         """A copy with `entries` added to the results (e.g. `metrics=...`)."""
@@ -285,6 +340,9 @@ class Evaluation:
         for directory, sets in written:
             for name, lines in sets.items():
                 files[f"{directory}/{name}.txt"] = "".join(f"{line}\n" for line in lines).encode("utf-8")
+        for name, lists in self.nbest.items():
+            text = "".join(nbest_text(n, self.nbest_format) for n in lists)
+            files[nbest_file(name, self.nbest_format)] = text.encode("utf-8")
         files[RESULTS_FILE] = results_bytes(self.results)
         (run if isinstance(run, RunDir) else RunDir(Path(run))).write_files(files)
 
@@ -315,7 +373,10 @@ def score_sets(
         null when the model is no ensemble), `target_lang` (`Translator.target_lang`; null when unknown,
         and then English Moses rules tokenize for `bleu_tok_compound`, with a warning), and
         `truncated_sources` when sources were cut to `Translator.source_limit` (each set's count is
-        logged as a warning).
+        logged as a warning). With
+        `decode.nbest` or `decode.print_alignment` (`DecodeConfig.writes_nbest`), each set's n-best
+        lists (`Translator.nbest`, with the references) too, named under `nbest` in its results; its
+        hypotheses and scores are then those of their first hypotheses (one decode gives both).
     """
     lang = translator.target_lang
     if lang is None:
@@ -324,6 +385,8 @@ def score_sets(
     hypotheses_of: dict[str, list[str]] = {}
     references_of: dict[str, list[str]] = {}
     sources_of: dict[str, list[str]] = {}
+    nbest_of: dict[str, list[NBest]] = {}
+    nbest_format = translator.decode.nbest_format
     results: dict[str, Any] = {
         "checkpoints": [str(Path(p).resolve()) for p in checkpoints],
         "averaged": len(checkpoints) > 1 and not translator.ensemble,
@@ -335,7 +398,11 @@ def score_sets(
     }
     for name, (sources, references) in sets.items():
         started, truncated = time.perf_counter(), translator.truncated
-        hypotheses = translator.translate(list(sources))
+        if translator.decode.writes_nbest:
+            nbest_of[name] = translator.nbest(list(sources), references=list(references))
+            hypotheses = [n.best for n in nbest_of[name]]
+        else:
+            hypotheses = translator.translate(list(sources))
         seconds = time.perf_counter() - started
         if translator.truncated > truncated:
             log.warning("%s: %d sources were cut to %s", name, translator.truncated - truncated,
@@ -360,6 +427,8 @@ def score_sets(
             "sources": f"{SOURCES_DIR}/{name}.txt",  # for reports by source length
             "decode_seconds": round(seconds, 3),
         }
+        if name in nbest_of:
+            results["sets"][name]["nbest"] = nbest_file(name, nbest_format)
         log.info("%s: BLEU %.2f chrF %.2f TER %.2f (%d sentences, %.1f s; %s); the paper's tokenized BLEU "
                  "%.2f (%s)", name, scores["bleu"].score, scores["chrf"].score, scores["ter"].score,
                  len(hypotheses), seconds,
@@ -367,7 +436,7 @@ def score_sets(
     if translator.truncated:
         results["truncated_sources"] = translator.truncated
     results.update(copy.deepcopy(extra or {}))
-    return Evaluation(results, hypotheses_of, references_of, sources_of)
+    return Evaluation(results, hypotheses_of, references_of, sources_of, nbest_of, nbest_format)
 
 
 def evaluate(

@@ -9,6 +9,8 @@ A run directory holds::
     hypotheses/<set>.txt the translations of each test set (HYPOTHESES_DIR)
     references/<set>.txt their references, for paired tests later (REFERENCES_DIR)
     sources/<set>.txt    their sources, for reports by source length (SOURCES_DIR)
+    nbest/<set>.jsonl    with `decode.nbest` or `decode.print_alignment`: the n-best hypotheses with
+                         scores and alignments (NBEST_DIR, `nbest_file`; `.txt` in fairseq's format)
     csv/metrics.csv      the metrics Lightning's CSV logger wrote (METRICS_CSV)
     checkpoints/         the checkpoints (CHECKPOINTS_DIR); `last.ckpt` the latest state (LAST_CHECKPOINT)
     .lock                the lock of the process running there (RUN_LOCK)
@@ -40,6 +42,7 @@ RESULTS_FILE = "results.json"
 HYPOTHESES_DIR = "hypotheses"
 REFERENCES_DIR = "references"
 SOURCES_DIR = "sources"
+NBEST_DIR = "nbest"
 METRICS_CSV = "csv/metrics.csv"
 CHECKPOINTS_DIR = "checkpoints"
 LAST_CHECKPOINT = f"{CHECKPOINTS_DIR}/last.ckpt"
@@ -58,6 +61,12 @@ BOOKKEEPING = (
     "paths.", "hydra.", "logger.", "callbacks.", "sweep.", "progress.",
     "ckpt_path", "resume", "task_name", "optimized_metric",
 )  # fmt: skip
+
+
+def nbest_file(name: str, nbest_format: str) -> str:
+    """The n-best file of test set `name` in the run directory: `nbest/<name>.jsonl` for
+    `decode.nbest_format=jsonl`, `nbest/<name>.txt` for `fairseq`."""
+    return f"{NBEST_DIR}/{name}.{'jsonl' if nbest_format == 'jsonl' else 'txt'}"
 
 
 class UnreadableRunFile(ValueError):
