@@ -80,6 +80,8 @@ def test_nbest_lists_are_distinct_sorted_and_start_with_the_1best(
             assert n.hypotheses[0].text == n.best == one
             assert n.source_tokens[-1] == "</s>"
             assert n.source_tokens[:-1] == translator.src_tokenizer.pieces(n.source)
+            if beam == 1:  # greedy decoding ranks nothing: no length penalty
+                assert n.hypotheses[0].normalized == n.hypotheses[0].score
 
 
 def test_nbest_scores_are_the_models_log_probs_of_the_hypotheses(
@@ -101,6 +103,19 @@ def test_nbest_scores_are_the_models_log_probs_of_the_hypotheses(
     assert checked == 40
     # Lower-ranked hypotheses are really less likely: the scores differ from one another.
     assert len({round(h.score, 3) for h in decoder.nbest(sources[:1])[0].hypotheses}) == 4
+
+
+def test_a_hypothesis_cut_at_the_length_limit_has_no_eos(translator: Translator, sources: list[str]) -> None:
+    from attnlab.inference.nbest import nbest_text
+
+    short = with_decode(translator, nbest=2, max_len_a=0.0, max_len_b=3, print_alignment="hard")
+    for line in sources[:5]:
+        (n,) = short.nbest([line])  # index 0, as `parse_fairseq` reads from
+        for h in n.hypotheses:
+            assert len(h.ids) == len(h.tokens) == len(h.token_scores) == 3 and not h.ended
+            assert "</s>" not in h.tokens and [t for _, t in h.alignment] == [0, 1, 2]
+        first = parse_fairseq(nbest_text(n, "fairseq"))[0]["hypotheses"][0]
+        assert first["H"] == n.hypotheses[0].tokens and len(first["P"]) == 3
 
 
 def test_alignments_soft_rows_are_attention_and_hard_is_their_argmax(
