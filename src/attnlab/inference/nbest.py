@@ -161,10 +161,11 @@ def nbest_text(nbest: NBest, nbest_format: str) -> str:
         lines.append(f"H-{i}\t{score}\t{' '.join(pieces)}")
         lines.append(f"D-{i}\t{score}\t{h.text}")
         lines.append(f"P-{i}\t" + " ".join(f"{s / math.log(2):.4f}" for s in h.token_scores))
-        if h.alignment is not None:
-            if h.alignment and isinstance(h.alignment[0], tuple):
-                lines.append(f"A-{i}\t" + " ".join(f"{s}-{t}" for s, t in h.alignment))  # type: ignore[misc]
-            else:
-                lines.append(f"A-{i}\t" + " ".join(",".join(f"{w:.{SOFT_DECIMALS}f}" for w in row)
-                                                   for row in h.alignment))  # type: ignore[union-attr]  # fmt: skip
+        if h.alignment is not None:  # hard: (source, output) tuples; soft: rows of weights
+            pairs = all(isinstance(a, tuple) for a in h.alignment)
+            cells = (
+                f"{a[0]}-{a[1]}" if pairs else ",".join(f"{w:.{SOFT_DECIMALS}f}" for w in a)
+                for a in h.alignment
+            )
+            lines.append(f"A-{i}\t" + " ".join(cells))
     return "".join(f"{line}\n" for line in lines)
