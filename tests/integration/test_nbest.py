@@ -19,6 +19,7 @@ from attnlab.cli.translate import main as translate_main
 from attnlab.decoding import DecodeConfig, length_penalty
 from attnlab.inference.nbest import NBest
 from attnlab.inference.translator import Translator, resolve_checkpoints
+from attnlab.runs.layout import RunDir
 from attnlab.typed import ConfigError
 from helpers import lines
 
@@ -202,7 +203,7 @@ def test_attnlab_eval_writes_nbest_beside_the_hypotheses_and_scores_the_1best(
     more = [*overrides[:-1], "decode.nbest_format=fairseq", "decode.print_alignment=soft", "sets=[test2]"]
     results = evaluate_checkpoint(compose_eval(more, tmp_path / "fairseq"))
     assert results["sets"]["test2"]["nbest"] == "nbest/test2.txt"
-    parsed = parse_fairseq((tmp_path / "fairseq" / "nbest" / "test2.txt").read_text())
+    parsed = parse_fairseq((RunDir(tmp_path / "fairseq").nbest_dir / "test2.txt").read_text())
     assert [p["T"] for p in parsed] == lines(translating_run["corpus"] / "test2.en")
     assert [p["hypotheses"][0]["D"] for p in parsed] == lines(
         tmp_path / "fairseq" / "hypotheses" / "test2.txt"

@@ -231,6 +231,11 @@ class RunDir:
         return self.path / HYPOTHESES_DIR
 
     @property
+    def nbest_dir(self) -> Path:
+        """`nbest/`: the n-best lists of each test set (`nbest_file`), when asked for."""
+        return self.path / NBEST_DIR
+
+    @property
     def references_dir(self) -> Path:
         """`references/`: `<set>.txt`, the references of each test set."""
         return self.path / REFERENCES_DIR
