@@ -65,10 +65,10 @@ class DecodeConfig:
             checkpoint samples the same whatever run trained it.
         lenpen: Deprecated name of `alpha` with `length_penalty=gnmt`, still read from older configs,
             checkpoints and overrides (with a `FutureWarning` naming the new keys); null once read.
-        nbest: Outside training, also write the `nbest` best hypotheses of each sentence with their
-            scores (1 <= nbest <= beam; null: none unless `print_alignment` asks for alignments, then 1).
-            attnlab-eval writes them beside the hypotheses (`nbest/<set>.jsonl`), attnlab-translate
-            instead of its plain lines.
+        nbest: Also write the `nbest` best hypotheses of each sentence with their scores (1 <= nbest <=
+            beam; null: none unless `print_alignment` asks for alignments, then 1): test-set scoring
+            (`score_sets`) writes them beside the hypotheses (`nbest/<set>.jsonl`), attnlab-translate
+            instead of its plain lines; validation decodes ignore it. Not with `sampling`.
         nbest_format: How they are written: `jsonl` (one JSON object per source line) or `fairseq`
             (fairseq-generate's `S-i`, `H-i`, `D-i`, `P-i`, `A-i` lines; scores in base 2 there).
         print_alignment: Also give each hypothesis its alignment from the last decoder layer's
