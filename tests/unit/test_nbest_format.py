@@ -1,0 +1,60 @@
+"""The n-best file formats (`attnlab.inference.nbest.nbest_text`) on hand-made lists: fairseq-generate's
+line layout and the JSON Lines object."""
+
+from __future__ import annotations
+
+import json
+import math
+
+import torch
+
+from attnlab.data.tokenizer import EOS_ID
+from attnlab.inference.nbest import Candidate, NBest, hard_alignment, nbest_text, soft_alignment
+
+LN2 = math.log(2)
+
+
+def example(alignment: object) -> NBest:
+    ended = Candidate("A dog.", ["▁A", "▁dog.", "</s>"], [7, 9, EOS_ID], -3 * LN2, -2 * LN2,
+                      [-LN2, -1.5 * LN2, -0.5 * LN2], alignment)  # fmt: skip
+    cut = Candidate("A cat", ["▁A", "▁cat"], [7, 11], -4 * LN2, -3 * LN2, [-LN2, -3 * LN2], None)
+    return NBest(3, "Ein Hund.", ["▁Ein", "▁Hund.", "</s>"], [ended, cut], reference="A dog.")
+
+
+def test_fairseq_lines_follow_fairseq_generate() -> None:
+    text = nbest_text(example([(0, 0), (1, 1)]), "fairseq")
+    assert text.splitlines() == [
+        "S-3\tEin Hund.",
+        "T-3\tA dog.",
+        "H-3\t-2.0\t▁A ▁dog.",  # normalized score in base 2; the pieces without eos
+        "D-3\t-2.0\tA dog.",
+        "P-3\t-1.0000 -1.5000 -0.5000",  # one per token, eos's too
+        "A-3\t0-0 1-1",
+        "H-3\t-3.0\t▁A ▁cat",  # cut at the length limit: every piece
+        "D-3\t-3.0\tA cat",
+        "P-3\t-1.0000 -3.0000",
+    ]
+    soft = nbest_text(example([[0.75, 0.25, 0.0], [0.1, 0.8, 0.1], [0.0, 0.0, 1.0]]), "fairseq")
+    assert "A-3\t0.750000,0.250000,0.000000 0.100000,0.800000,0.100000 0.000000,0.000000,1.000000" in soft
+    assert nbest_text(NBest(0, "", [], []), "fairseq") == "S-0\t\n"  # no source tokens: no hypotheses
+
+
+def test_json_lines_hold_one_object_per_sentence() -> None:
+    text = nbest_text(example([(0, 0), (1, 1)]), "jsonl")
+    assert text.endswith("\n") and text.count("\n") == 1 and "▁Hund" in text  # UTF-8, not escaped
+    record = json.loads(text)
+    assert list(record) == ["index", "source", "source_tokens", "reference", "hypotheses"]
+    first, second = record["hypotheses"]
+    assert first == {
+        "text": "A dog.", "tokens": ["▁A", "▁dog.", "</s>"], "ids": [7, 9, EOS_ID], "score": -3 * LN2,
+        "normalized": -2 * LN2, "token_scores": [-LN2, -1.5 * LN2, -0.5 * LN2], "alignment": [[0, 0], [1, 1]],
+    }  # fmt: skip
+    assert "alignment" not in second
+    assert "reference" not in json.loads(nbest_text(NBest(0, "x", [], []), "jsonl"))
+
+
+def test_hard_alignment_is_the_argmax_over_source_tokens_without_eos() -> None:
+    attention = torch.tensor([[0.2, 0.1, 0.7], [0.1, 0.6, 0.3], [0.5, 0.1, 0.4]])  # (T=3, S=3), eos last
+    assert hard_alignment(attention, [7, 9, EOS_ID], EOS_ID) == [(0, 0), (1, 1)]  # row 0: eos ignored
+    assert hard_alignment(attention, [7, 9, 11], EOS_ID) == [(0, 0), (1, 1), (0, 2)]
+    assert soft_alignment(attention / 3)[0] == [0.066667, 0.033333, 0.233333]
