@@ -149,6 +149,10 @@ class DecodeConfig:
         require(
             self.val_subset is None or self.val_subset > 0, f"val_subset={self.val_subset} must be positive"
         )
+        self._check_nbest()
+
+    def _check_nbest(self) -> None:
+        """The n-best and alignment settings (`nbest`, `nbest_format`, `print_alignment`)."""
         require(
             self.nbest is None or 1 <= self.nbest <= self.beam,
             f"nbest={self.nbest} must be between 1 and beam={self.beam} (beam search keeps beam "
