@@ -146,6 +146,27 @@ def test_attnlab_eval_without_ckpt_path_says_what_is_required(tmp_path: Path) ->
     )
 
 
+def test_attnlab_export_of_a_list_of_checkpoints_says_it_exports_one_model(tmp_path: Path) -> None:
+    from hydra import compose, initialize_config_dir
+
+    from attnlab.cli.app import config_dir, register_resolvers
+    from attnlab.cli.export import export_checkpoint
+
+    register_resolvers()
+    files = [tmp_path / "a.ckpt", tmp_path / "b.ckpt"]
+    for file in files:
+        file.write_bytes(b"never read")
+    with initialize_config_dir(version_base="1.3", config_dir=str(config_dir()), job_name="test"):
+        listed = f"ckpt_path=[{files[0]},{files[1]}]"
+        cfg = compose("export", overrides=[f"paths.output_dir={tmp_path}", listed, "format=ctranslate2",
+                                           f"out={tmp_path / 'out'}"])  # fmt: skip
+    with pytest.raises(ConfigError) as caught:
+        export_checkpoint(cfg)
+    assert "ckpt_path is a list of 2 checkpoints, but attnlab-export writes one model" in str(caught.value)
+    assert "ensemble=true" not in str(caught.value)  # attnlab-export has no such key
+    assert not (tmp_path / "out").exists()
+
+
 SYNTHETIC = [*RUN, "data.num_workers=0", "data.n_train=48", "trainer.max_epochs=1",
              "callbacks.last_checkpoint.every_n_train_steps=1"]  # fmt: skip
 # (runs.RUN, shortened: 3 optimizer steps, last.ckpt after each)

@@ -33,14 +33,18 @@ def export_checkpoint(cfg: DictConfig) -> Path:
                               "out=<directory>)")  # fmt: skip
     from attnlab.runs.checkpoint import CheckpointError
 
+    ckpt_path = cfg.ckpt_path
+    if OmegaConf.is_config(ckpt_path):  # a list: the models of an ensemble elsewhere, not one model
+        raise ConfigError(
+            f"ckpt_path is a list of {len(ckpt_path)} checkpoints, but attnlab-export writes one model: give "
+            "one checkpoint file or run directory (average_last=N averages the run's last N epoch "
+            "checkpoints); an ensemble cannot be exported"
+        )
     fmt, quantization = str(cfg.format), str(cfg.quantization)
     try:
         check_request(fmt, quantization, str(cfg.out), bool(cfg.overwrite))  # before the checkpoint is read
         from attnlab.inference.translator import Translator, resolve_checkpoints
 
-        ckpt_path = cfg.ckpt_path
-        if OmegaConf.is_config(ckpt_path):  # a list of checkpoint files
-            ckpt_path = OmegaConf.to_container(ckpt_path)
         paths = resolve_checkpoints(ckpt_path, int(cfg.get("average_last") or 0))
         out = Path(str(cfg.out)).expanduser().resolve()
         inside = [p for p in paths if out == p.resolve() or out in p.resolve().parents]
