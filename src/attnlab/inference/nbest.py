@@ -146,9 +146,9 @@ def nbest_text(nbest: NBest, nbest_format: str) -> str:
     - `jsonl`: one line, the JSON object of `NBest.to_json` (UTF-8 text, not escaped);
     - `fairseq`: fairseq-generate's lines, tab-separated: `S-i` the source, `T-i` the reference (when
       known), then per hypothesis best first `H-i` its normalized score and pieces without eos, `D-i` the
-      score and the detokenized text, `P-i` each token's log-probability (eos included), and with an
-      alignment `A-i` (hard: `source-output` pairs; soft: per token its weights joined by commas). Scores
-      there are in base 2, as fairseq prints them (JSON Lines: natural log).
+      same normalized score and the detokenized text, `P-i` each token's log-probability (eos included),
+      and with an alignment `A-i` (hard: `source-output` pairs; soft: per token its weights joined by
+      commas). Scores there are in base 2, as fairseq prints them (JSON Lines: natural log).
     """
     if nbest_format == "jsonl":
         return json.dumps(nbest.to_json(), ensure_ascii=False) + "\n"
