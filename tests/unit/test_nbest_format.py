@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import math
+from pathlib import Path
 
 import torch
 
@@ -58,3 +59,23 @@ def test_hard_alignment_is_the_argmax_over_source_tokens_without_eos() -> None:
     assert hard_alignment(attention, [7, 9, EOS_ID], EOS_ID) == [(0, 0), (1, 1)]  # row 0: eos ignored
     assert hard_alignment(attention, [7, 9, 11], EOS_ID) == [(0, 0), (1, 1), (0, 2)]
     assert soft_alignment(attention / 3)[0] == [0.066667, 0.033333, 0.233333]
+
+
+def test_an_evaluation_written_again_leaves_no_earlier_nbest_file_of_its_sets(tmp_path: Path) -> None:
+    from attnlab.inference.translator import Evaluation
+
+    def evaluation(nbest: bool, nbest_format: str = "jsonl") -> Evaluation:
+        sets = {
+            "test": {"nbest": f"nbest/test.{'jsonl' if nbest_format == 'jsonl' else 'txt'}"} if nbest else {}
+        }
+        return Evaluation({"sets": sets}, {"test": ["A dog."]}, {"test": ["A dog."]}, {"test": ["Ein Hund."]},
+                          {"test": [example(None)]} if nbest else {}, nbest_format)  # fmt: skip
+
+    evaluation(True).write(tmp_path)
+    (tmp_path / "nbest" / "other.jsonl").write_text("a set not scored again\n")
+    assert (tmp_path / "nbest" / "test.jsonl").is_file()
+    evaluation(True, "fairseq").write(tmp_path)
+    assert not (tmp_path / "nbest" / "test.jsonl").exists() and (tmp_path / "nbest" / "test.txt").is_file()
+    evaluation(False).write(tmp_path)  # results.json names no n-best file: none of test's is left
+    assert not (tmp_path / "nbest" / "test.txt").exists() and not (tmp_path / "nbest" / "test.jsonl").exists()
+    assert (tmp_path / "nbest" / "other.jsonl").read_text() == "a set not scored again\n"

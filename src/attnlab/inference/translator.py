@@ -32,6 +32,7 @@ from attnlab.data.tokenizer import SubwordTokenizer
 from attnlab.decoding import DecodeConfig
 from attnlab.decoding.ensemble import Ensemble
 from attnlab.decoding.search import nbest_decode, translate
+from attnlab.decoding.settings import NBEST_FORMATS
 from attnlab.inference.nbest import NBest, candidate, nbest_text
 from attnlab.metrics import MetricsConfig, bleu_tok_compound, score_all
 from attnlab.model.transformer import Transformer
@@ -318,7 +319,9 @@ class Evaluation:
 
     `write` puts them into a run directory together (`results.json`, `hypotheses/<set>.txt`,
     `references/<set>.txt`, `sources/<set>.txt`, `nbest/<set>.jsonl` or `.txt`): a failed write leaves
-    every file there before unchanged, so all of them always belong to the same evaluation.
+    every file there before unchanged, so all of them always belong to the same evaluation; after a
+    successful one, an n-best file an earlier evaluation left for a set scored again (without n-best
+    lists, or in the other format) is removed.
     """
 
     results: dict[str, Any]
@@ -344,7 +347,12 @@ class Evaluation:
             text = "".join(nbest_text(n, self.nbest_format) for n in lists)
             files[nbest_file(name, self.nbest_format)] = text.encode("utf-8")
         files[RESULTS_FILE] = results_bytes(self.results)
-        (run if isinstance(run, RunDir) else RunDir(Path(run))).write_files(files)
+        run = run if isinstance(run, RunDir) else RunDir(Path(run))
+        run.write_files(files)
+        for name in self.hypotheses:  # an earlier evaluation's n-best list of a set scored again now
+            for nbest_format in NBEST_FORMATS:
+                if nbest_file(name, nbest_format) not in files:
+                    (run.path / nbest_file(name, nbest_format)).unlink(missing_ok=True)
 
 
 def score_sets(
