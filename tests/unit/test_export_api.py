@@ -4,6 +4,7 @@ through CTranslate2, and what `format=hf` refuses."""
 from __future__ import annotations
 
 from pathlib import Path
+from typing import Any
 
 import pytest
 import torch
@@ -28,10 +29,10 @@ def separate_vocabularies(model: str = "bpe") -> tuple[SubwordTokenizer, Subword
             SubwordTokenizer.train(ENGLISH, model=model, vocab_size=50))  # fmt: skip
 
 
-def random_translator(src: SubwordTokenizer, tgt: SubwordTokenizer, tie: str) -> Translator:
+def random_translator(src: SubwordTokenizer, tgt: SubwordTokenizer, tie: str, **model: Any) -> Translator:
     torch.manual_seed(0)
     config = TransformerConfig(d_model=32, n_heads=4, d_ff=64, n_encoder_layers=2, n_decoder_layers=2,
-                               tie=tie)  # fmt: skip
+                               tie=tie, **model)  # fmt: skip
     model = Transformer(config.with_vocab(src.vocab_size, tgt.vocab_size))
     return Translator(model, src, tgt, DecodeConfig(beam=1, alpha=0.0, max_len_a=0.0, max_len_b=8))
 
@@ -127,3 +128,25 @@ def test_hf_generation_config_carries_a_fairseq_length_penalty(
     out = export(ours, "hf", tmp_path / "hf")
     generation = GenerationConfig.from_pretrained(out, local_files_only=True)
     assert (generation.num_beams, generation.length_penalty) == (4, saved)
+
+
+@pytest.mark.parametrize("fmt", ["hf", "ctranslate2"])
+@pytest.mark.parametrize(
+    "model,named",
+    [({"pe": "learned", "max_positions": 64}, "pe='learned'"), ({"norm_first": True}, "norm_first=True"),
+     ({"tie": "none"}, "tie=none")],
+    ids=["learned positions", "pre-norm", "untied output"],
+)  # fmt: skip
+def test_a_model_marianmt_cannot_hold_is_refused_naming_what_exports(
+    tmp_path: Path, fmt: str, model: dict[str, Any], named: str
+) -> None:
+    if fmt == "ctranslate2":
+        pytest.importorskip("ctranslate2", reason='needs the [export] extra: pip install -e ".[export]"')
+    joint = SubwordTokenizer.train(GERMAN + ENGLISH, model="bpe", vocab_size=80)
+    ours = random_translator(joint, joint, **{"tie": "all", **model})
+    with pytest.raises(ExportError) as caught:
+        export(ours, fmt, tmp_path / "out")
+    message = str(caught.value)
+    assert named in message and f"format={fmt}" in message
+    assert "model.pe=sinusoidal, model.norm_first=false and model.tie=decoder or all" in message
+    assert not (tmp_path / "out").exists() and list(tmp_path.iterdir()) == []  # nothing half-written

@@ -134,7 +134,14 @@ def _move_into_place(staging: Path, path: Path) -> None:
 
 
 def _marian(translator: Translator) -> Any:
-    return to_marian(translator.model.eval())  # its weights are copied into a new CPU model
+    try:
+        return to_marian(translator.model.eval())  # its weights are copied into a new CPU model
+    except ValueError as exc:  # what MarianMT cannot hold: name what an exportable model is trained with
+        raise ValueError(
+            f"{exc}. Both formats go through MarianMT, which holds the paper's post-norm model with "
+            "sinusoidal positions and a tied output layer: a model trained with model.pe=sinusoidal, "
+            "model.norm_first=false and model.tie=decoder or all exports; this one cannot"
+        ) from None
 
 
 def hf_tokenizer(tokenizer: SubwordTokenizer, eos_id: int) -> Any:
