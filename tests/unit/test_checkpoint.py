@@ -126,3 +126,18 @@ def test_decode_overrides_replace_only_the_values_given() -> None:
         decode_settings(saved, {"beam_size": 2})
     with pytest.raises(ValueError, match="beam=0"):
         decode_settings(saved, {"beam": 0})
+
+
+def test_sampling_overrides_a_checkpoint_saved_with_a_validation_beam() -> None:
+    """val_beam is training's: attnlab-eval and attnlab-translate have no key for it, so turning sampling on
+    there must not fail on a saved val_beam > 1; searching again from a sampling checkpoint is named."""
+    saved = DecodeConfig(beam=4, val_beam=3).to_dict()
+    sampled = decode_settings(saved, {"sampling": True, "beam": 1, "temperature": 0.5})
+    assert (sampled.sampling, sampled.beam, sampled.val_beam, sampled.temperature) == (True, 1, 1, 0.5)
+    with pytest.raises(ValueError, match=r"val_beam=2 but sampling=true"):  # given: checked as given
+        decode_settings(saved, {"sampling": True, "beam": 1, "val_beam": 2})
+    assert decode_settings(saved, {"beam": 2}).val_beam == 3  # without sampling: as saved
+    sampling = sampled.to_dict()
+    with pytest.raises(ValueError, match=r"beam=5 but sampling=true .*or decode\.sampling=false to search"):
+        decode_settings(sampling, {"beam": 5})
+    assert decode_settings(sampling, {"beam": 5, "sampling": False, "temperature": 1.0}).beam == 5

@@ -138,7 +138,7 @@ class DecodeConfig:
             for name in ("beam", "val_beam"):
                 require(getattr(self, name) == 1, f"{name}={getattr(self, name)} but sampling=true draws one "
                         f"output per sentence: set decode.{name}=1 (sampling does not combine with beam "
-                        "search)")  # fmt: skip
+                        "search), or decode.sampling=false to search")  # fmt: skip
         else:
             unused = [f"{name}={getattr(self, name)}" for name, off in (("topk", 0), ("topp", 1.0),
                       ("temperature", 1.0)) if getattr(self, name) != off]  # fmt: skip

@@ -556,7 +556,9 @@ def metrics_settings(saved: MetricsConfig, overrides: dict[str, Any] | None) -> 
 def decode_settings(saved: dict[str, Any], overrides: dict[str, Any] | None) -> DecodeConfig:
     """The decoding settings saved in a checkpoint with the non-null `overrides` applied.
 
-    The deprecated override `lenpen` (the GNMT α) replaces the saved `alpha` and `length_penalty`.
+    The deprecated override `lenpen` (the GNMT α) replaces the saved `alpha` and `length_penalty`. An
+    override turning `sampling` on sets the saved `val_beam` (training's validation beam, unused outside
+    training, and not a key of attnlab-eval or attnlab-translate) to 1 unless it is given too.
 
     Raises:
         ValueError: An override is not a `DecodeConfig` field or has a bad value.
@@ -565,4 +567,6 @@ def decode_settings(saved: dict[str, Any], overrides: dict[str, Any] | None) -> 
     fields = {f.name for f in dataclasses.fields(DecodeConfig)}
     if "lenpen" in chosen:
         fields -= {"alpha", "length_penalty"}
+    if chosen.get("sampling") is True and "val_beam" not in chosen:
+        chosen["val_beam"] = 1
     return DecodeConfig(**{**{k: v for k, v in saved.items() if k in fields}, **chosen})
