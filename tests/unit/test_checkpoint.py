@@ -141,3 +141,14 @@ def test_sampling_overrides_a_checkpoint_saved_with_a_validation_beam() -> None:
     with pytest.raises(ValueError, match=r"beam=5 but sampling=true .*or decode\.sampling=false to search"):
         decode_settings(sampling, {"beam": 5})
     assert decode_settings(sampling, {"beam": 5, "sampling": False, "temperature": 1.0}).beam == 5
+
+
+def test_saved_nbest_and_alignment_settings_are_not_kept_by_the_commands() -> None:
+    """A run trained with decode.nbest (for its final test lists) must not turn every later
+    attnlab-translate into n-best output: null cannot override a saved value, so they are not kept."""
+    saved = DecodeConfig(beam=4, nbest=3, print_alignment="hard", nbest_format="fairseq").to_dict()
+    plain = decode_settings(saved, {})
+    assert (plain.nbest, plain.print_alignment, plain.writes_nbest) == (None, None, False)
+    assert decode_settings(saved, {"beam": 2}).beam == 2  # not refused for the saved nbest=3 > beam
+    asked = decode_settings(saved, {"nbest": 2, "print_alignment": "soft"})
+    assert (asked.nbest, asked.print_alignment, asked.nbest_format) == (2, "soft", "fairseq")

@@ -18,7 +18,8 @@ FILE is left as it was and no temporary file remains. Standard output streams ch
 
 With `decode.nbest=N` (1 <= N <= decode.beam) or `decode.print_alignment=hard|soft`, the output holds
 each line's N best hypotheses (1 when only alignments are asked for) with their scores, and alignments,
-instead of plain lines: one JSON object per input line (`decode.nbest_format=jsonl`, the default) or
+instead of plain lines (only when given here: a checkpoint's saved `nbest` and `print_alignment` are not
+kept): one JSON object per input line (`decode.nbest_format=jsonl`, the default) or
 fairseq-generate's `S-i`/`H-i`/`D-i`/`P-i`/`A-i` lines (`decode.nbest_format=fairseq`); see
 `attnlab.inference.nbest`.
 

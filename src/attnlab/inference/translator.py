@@ -558,7 +558,10 @@ def decode_settings(saved: dict[str, Any], overrides: dict[str, Any] | None) -> 
 
     The deprecated override `lenpen` (the GNMT α) replaces the saved `alpha` and `length_penalty`. An
     override turning `sampling` on sets the saved `val_beam` (training's validation beam, unused outside
-    training, and not a key of attnlab-eval or attnlab-translate) to 1 unless it is given too.
+    training, and not a key of attnlab-eval or attnlab-translate) to 1 unless it is given too. The saved
+    `nbest` and `print_alignment` are not kept (a run trained with them would otherwise make every later
+    attnlab-translate write n-best lists, with no override to turn them off: null keeps a saved value):
+    n-best lists and alignments come only when the overrides ask for them.
 
     Raises:
         ValueError: An override is not a `DecodeConfig` field or has a bad value.
@@ -569,4 +572,5 @@ def decode_settings(saved: dict[str, Any], overrides: dict[str, Any] | None) -> 
         fields -= {"alpha", "length_penalty"}
     if chosen.get("sampling") is True and "val_beam" not in chosen:
         chosen["val_beam"] = 1
+    fields -= {"nbest", "print_alignment"}  # what this command writes, asked for here only
     return DecodeConfig(**{**{k: v for k, v in saved.items() if k in fields}, **chosen})
