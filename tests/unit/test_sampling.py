@@ -108,6 +108,10 @@ def test_samples_never_hold_pad_or_bos_nor_eos_before_min_len() -> None:
         ({"sampling": True, "beam": 1, "topp": 0.0}, r"topp=0.0 must be in \(0, 1\]"),
         ({"sampling": True, "beam": 1, "topp": 1.5}, r"topp=1.5 must be in \(0, 1\]"),
         ({"sampling": True, "beam": 1, "temperature": 0.0}, "temperature=0.0 must be > 0"),
+        ({"sampling": True, "beam": 1, "temperature": math.inf}, "temperature=inf must be > 0 and finite"),
+        ({"sampling": True, "beam": 1, "temperature": math.nan}, "temperature=nan must be > 0 and finite"),
+        ({"alpha": math.inf}, "alpha=inf must be >= 0 and finite"),
+        ({"alpha": math.nan}, "alpha=nan must be >= 0 and finite"),
         ({"topk": 5}, "topk=5 is a sampling setting: set decode.sampling=true"),
         ({"temperature": 0.5}, "temperature=0.5 is a sampling setting"),
         ({"sampling": "yes", "beam": 1}, "sampling='yes' is not valid: expected bool"),
@@ -116,6 +120,12 @@ def test_samples_never_hold_pad_or_bos_nor_eos_before_min_len() -> None:
 def test_invalid_sampling_settings_are_refused(settings: dict[str, Any], message: str) -> None:
     with pytest.raises(ValueError, match=message):
         DecodeConfig(**settings)
+
+
+def test_an_infinite_temperature_is_refused_by_sampling_itself() -> None:
+    """logits / inf turns the -inf of never-generated ids into nan: every draw would be pad."""
+    with pytest.raises(ValueError, match="temperature=inf > 0 and finite"):
+        Sampling(temperature=math.inf)
 
 
 def test_sampling_does_not_combine_with_a_beam_given_to_translate() -> None:

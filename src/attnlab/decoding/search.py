@@ -67,9 +67,9 @@ class Sampling:
     seed: int = 0
 
     def __post_init__(self) -> None:
-        if self.topk < 0 or not 0 < self.topp <= 1 or not self.temperature > 0:
+        if self.topk < 0 or not 0 < self.topp <= 1 or not 0 < self.temperature < math.inf:
             raise ValueError(f"topk={self.topk} must be >= 0, topp={self.topp} in (0, 1] and temperature="
-                             f"{self.temperature} > 0")  # fmt: skip
+                             f"{self.temperature} > 0 and finite")  # fmt: skip
 
     @classmethod
     def of(cls, config: DecodeConfig) -> Sampling:

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import dataclasses
+import math
 import warnings
 from dataclasses import dataclass
 from typing import Any, Literal
@@ -122,7 +123,7 @@ class DecodeConfig:
         require(
             self.max_tokens is None or self.max_tokens > 0, f"max_tokens={self.max_tokens} must be positive"
         )
-        require(self.alpha >= 0, f"alpha={self.alpha} must be >= 0 (0: no length penalty)")
+        require(0 <= self.alpha < math.inf, f"alpha={self.alpha} must be >= 0 and finite (0: none)")
         require(self.max_len_a >= 0, f"max_len_a={self.max_len_a} must be >= 0 (output limit a·|S| + b)")
         require(self.max_len_b >= 0, f"max_len_b={self.max_len_b} must be >= 0 (output limit a·|S| + b)")
         require(
@@ -132,8 +133,8 @@ class DecodeConfig:
         )
         require(self.topk >= 0, f"topk={self.topk} must be >= 0 (0: no top-k filter)")
         require(0 < self.topp <= 1, f"topp={self.topp} must be in (0, 1] (1.0: no nucleus filter)")
-        require(self.temperature > 0, f"temperature={self.temperature} must be > 0 (1.0: the model's "
-                "distribution; a small value approaches greedy decoding)")  # fmt: skip
+        require(0 < self.temperature < math.inf, f"temperature={self.temperature} must be > 0 and finite "
+                "(1.0: the model's distribution; a small value approaches greedy decoding)")  # fmt: skip
         if self.sampling:
             for name in ("beam", "val_beam"):
                 require(getattr(self, name) == 1, f"{name}={getattr(self, name)} but sampling=true draws one "
