@@ -115,7 +115,12 @@ def test_decode_overrides_replace_only_the_values_given() -> None:
     saved = DecodeConfig(beam=4, alpha=1.0).to_dict()
     assert decode_settings(saved, {"beam": None, "alpha": 0.6}) == DecodeConfig(beam=4, alpha=0.6)
     fairseq = DecodeConfig(beam=4, length_penalty="fairseq", alpha=0.5).to_dict()
-    assert decode_settings(fairseq, {"length_penalty": "gnmt"}).alpha == 0.5  # only what is given changes
+    # Another penalty without its alpha: that penalty's default, not the alpha saved for the other one.
+    assert decode_settings(fairseq, {"length_penalty": "gnmt"}).alpha == 0.6
+    assert decode_settings(saved, {"length_penalty": "fairseq"}).alpha == 1.0
+    assert decode_settings(saved, {"length_penalty": "fairseq", "alpha": 0.3}).alpha == 0.3
+    assert decode_settings(fairseq, {"length_penalty": "fairseq"}).alpha == 0.5  # the same penalty: kept
+    assert decode_settings(fairseq, {"beam": 2}).alpha == 0.5
     # The deprecated override is the GNMT α: it replaces the saved penalty and α, with one warning.
     with pytest.warns(FutureWarning, match=r"decode\.lenpen is deprecated.*decode\.alpha") as caught:
         old = decode_settings(fairseq, {"lenpen": 0.8})

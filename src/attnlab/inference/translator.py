@@ -556,7 +556,9 @@ def metrics_settings(saved: MetricsConfig, overrides: dict[str, Any] | None) -> 
 def decode_settings(saved: dict[str, Any], overrides: dict[str, Any] | None) -> DecodeConfig:
     """The decoding settings saved in a checkpoint with the non-null `overrides` applied.
 
-    The deprecated override `lenpen` (the GNMT α) replaces the saved `alpha` and `length_penalty`. An
+    The deprecated override `lenpen` (the GNMT α) replaces the saved `alpha` and `length_penalty`; an
+    override of `length_penalty` to the other penalty without `alpha` takes that penalty's default α
+    (0.6 for gnmt, 1.0 for fairseq), not the α saved for the other one. An
     override turning `sampling` on sets the saved `val_beam` (training's validation beam, unused outside
     training, and not a key of attnlab-eval or attnlab-translate) to 1 unless it is given too. The saved
     `nbest` and `print_alignment` are not kept (a run trained with them would otherwise make every later
@@ -570,6 +572,8 @@ def decode_settings(saved: dict[str, Any], overrides: dict[str, Any] | None) -> 
     fields = {f.name for f in dataclasses.fields(DecodeConfig)}
     if "lenpen" in chosen:
         fields -= {"alpha", "length_penalty"}
+    elif chosen.get("length_penalty", saved.get("length_penalty")) != saved.get("length_penalty", "gnmt"):
+        fields -= {"alpha"}  # another penalty without its alpha: that penalty's default, not the saved one
     if chosen.get("sampling") is True and "val_beam" not in chosen:
         chosen["val_beam"] = 1
     fields -= {"nbest", "print_alignment"}  # what this command writes, asked for here only
