@@ -13,6 +13,17 @@ import pytest
 SCRIPTS = Path(__file__).resolve().parents[2] / "scripts"
 
 
+@pytest.fixture(autouse=True)
+def same_torch_threads():
+    """The scripts set torch's thread count (`--threads`) in this process: later tests of the session
+    (bitwise comparisons with runs in subprocesses) need the count they started with."""
+    import torch
+
+    threads = torch.get_num_threads()
+    yield
+    torch.set_num_threads(threads)
+
+
 def load(name: str):
     spec = importlib.util.spec_from_file_location(name, SCRIPTS / f"{name}.py")
     module = importlib.util.module_from_spec(spec)

@@ -109,4 +109,6 @@ def test_a_sweep_of_ddp_jobs_runs_each_job_as_its_own_process_group(tmp_path: Pa
         assert sorted(p.name for p in (job / "checkpoints").glob("*.ckpt"))[-1] == "last.ckpt"
     logs = sorted((tmp_path / "sweep" / ".submitit").glob("*/*_log.err"))
     assert len(logs) == 4  # two tasks per job
-    assert sum("GLOBAL_RANK: 1, MEMBER: 2/2" in p.read_text() for p in logs) == 2  # rank 1 of each job
+    # Lightning's messages go to the job's logging (Hydra's console handler, standard output).
+    told = [p.read_text() + p.with_name(p.name.replace("_log.err", "_log.out")).read_text() for p in logs]
+    assert sum("GLOBAL_RANK: 1, MEMBER: 2/2" in text for text in told) == 2  # rank 1 of each job
