@@ -54,6 +54,7 @@ from attnlab.data.batching import TokenBatchSampler, pad
 from attnlab.decoding import DecodeConfig
 from attnlab.decoding.search import translate
 from attnlab.inference.translator import Translator, pick_device, resolve_checkpoints
+from attnlab.io import atomic_write_bytes
 from attnlab.metrics import corpus_bleu
 from attnlab.model.config import TransformerConfig
 from attnlab.model.transformer import Transformer
@@ -199,7 +200,7 @@ def main() -> None:
     record["test2016"] = {"sentences": len(ids), "beam": 5, "batch": 64, "seconds": seconds,
                           "sentences_per_s": len(ids) / seconds, "bleu": bleu.score}  # fmt: skip
     if args.json:
-        args.json.write_text(json.dumps(record, indent=1) + "\n", encoding="utf-8")
+        atomic_write_bytes(args.json, (json.dumps(record, indent=1) + "\n").encode("utf-8"))
 
 
 def translate_in_this_process(args: argparse.Namespace) -> None:

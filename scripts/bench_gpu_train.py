@@ -151,7 +151,9 @@ def main(argv: list[str] | None = None) -> None:
         record = {"device": name, "precision": args.precision, "model": model, "steps": args.steps,
                   "warmup": args.warmup, "compile_backend": args.compile_backend,
                   "peak_matmul_flops_per_s": peak, **runs}  # fmt: skip
-        Path(args.json).write_text(json.dumps(record, indent=1) + "\n", encoding="utf-8")
+        from attnlab.io import atomic_write_bytes
+
+        atomic_write_bytes(Path(args.json), (json.dumps(record, indent=1) + "\n").encode("utf-8"))
 
 
 if __name__ == "__main__":

@@ -300,6 +300,14 @@ def decode_bench(check: Check, out: Path, env: dict[str, str], device: str, data
     check.status = "passed"
 
 
+def write_whole(path: Path, text: str) -> None:
+    """Write `text` to `path` through a temporary file renamed over it: never a half-written summary
+    (this script imports nothing of attnlab before its checks, so not `attnlab.io`)."""
+    partial = path.with_name(f".{path.name}.partial")
+    partial.write_text(text, encoding="utf-8")
+    os.replace(partial, path)
+
+
 def table(device: dict[str, Any], checks: list[Check], seconds: float) -> str:
     lines = [f"## attnlab GPU check: {device['name']}, torch {device['torch']}, {seconds:.0f} s", "",
              "| check | status | result | seconds |", "|---|---|---|---|"]  # fmt: skip
@@ -366,9 +374,9 @@ def main(argv: list[str] | None = None) -> int:
         checks.append(check)
     seconds = time.perf_counter() - started
     summary = {"device": device, "seconds": round(seconds, 1), "checks": [asdict(c) for c in checks]}
-    (out / "summary.json").write_text(json.dumps(summary, indent=1) + "\n", encoding="utf-8")
+    write_whole(out / "summary.json", json.dumps(summary, indent=1) + "\n")
     markdown = table(device, checks, seconds)
-    (out / "summary.md").write_text(markdown, encoding="utf-8")
+    write_whole(out / "summary.md", markdown)
     print("\n" + markdown)
     return 1 if any(c.status == "failed" for c in checks) else 0
 

@@ -171,7 +171,7 @@ def test_bad_requests_are_refused_naming_the_fix(translating_run: dict[str, Any]
     run_dir = Path(translating_run["dir"])
     before = sorted(p.relative_to(run_dir) for p in run_dir.rglob("*"))
     done = attnlab_export(run, "format=hf", f"out={run_dir}", "overwrite=true", logs)
-    assert done.returncode != 0 and "holds the checkpoint being exported" in done.stderr
+    assert done.returncode != 0 and "is not an earlier export" in done.stderr  # a run is never replaced
     assert sorted(p.relative_to(run_dir) for p in run_dir.rglob("*")) == before  # the run is intact
 
     done = attnlab_export(run, "format=hf", "quantization=int8", f"out={tmp_path / 'y'}", logs)
@@ -196,12 +196,22 @@ def test_bad_requests_are_refused_naming_the_fix(translating_run: dict[str, Any]
     vocab = trained.src_tokenizer.vocab_size
     learned = type(trained)(Transformer(config.with_vocab(vocab, vocab)), trained.src_tokenizer,
                             trained.tgt_tokenizer, DecodeConfig())  # fmt: skip
-    with pytest.raises(ExportError, match="format=hf: MarianMT needs pe='sinusoidal'"):
-        export(learned, "hf", kept, overwrite=True)
+    # overwrite=true replaces only an earlier export: a directory of the user's own is never removed.
+    done = attnlab_export(run, "format=hf", f"out={kept}", "overwrite=true", logs)
+    assert done.returncode != 0 and "is not an earlier export (it has no attnlab_export.json)" in done.stderr
     assert [p.name for p in kept.iterdir()] == ["notes.txt"]
+
+    earlier = tmp_path / "earlier"
+    done = attnlab_export(run, "format=hf", f"out={earlier}", logs)
+    assert done.returncode == 0, done.stderr[-2000:]
+    (earlier / "stale.txt").write_text("from before")
+    files = sorted(p.name for p in earlier.iterdir())
+    with pytest.raises(ExportError, match="format=hf: MarianMT needs pe='sinusoidal'"):
+        export(learned, "hf", earlier, overwrite=True)
+    assert sorted(p.name for p in earlier.iterdir()) == files  # the failed export replaced nothing
     assert not [p for p in tmp_path.iterdir() if p.name.startswith(".")]
 
-    done = attnlab_export(run, "format=hf", f"out={kept}", "overwrite=true", logs)
+    done = attnlab_export(run, "format=hf", f"out={earlier}", "overwrite=true", logs)
     assert done.returncode == 0, done.stderr[-2000:]
-    assert (kept / "tokenizer.json").is_file() and not (kept / "notes.txt").exists()
+    assert (earlier / "tokenizer.json").is_file() and not (earlier / "stale.txt").exists()
     assert not [p for p in tmp_path.iterdir() if p.name.startswith(".")]

@@ -338,3 +338,27 @@ def test_the_early_stop_never_changes_the_outputs(
     assert [[[h.tokens for h in hs] for hs in r] for r in early] == [
         [[h.tokens for h in hs] for hs in r] for r in full
     ]
+
+
+def test_an_ensemble_of_models_of_different_sizes_decodes_the_same_with_and_without_the_cache() -> None:
+    """Members of other widths, depths and position kinds each read their own part of the joint memory
+    and their own slice of the one cache: the cached search equals the one re-running every prefix, and
+    the combined step is the log of the members' mean probability."""
+    from attnlab.decoding.ensemble import Ensemble
+
+    torch.manual_seed(0)
+    other = tiny_config(d_model=48, n_decoder_layers=3, pe="learned", max_positions=64)
+    members = [Transformer(tiny_config()).eval(), Transformer(other).eval()]
+    ensemble = Ensemble(members)
+    src = random_source([5, 3, 7], seed=3)
+    for beam in (1, 3):
+        cached = translate(ensemble, src, DecodeConfig(beam=beam, max_len_b=8))
+        assert cached == translate(ensemble, src, DecodeConfig(beam=beam, max_len_b=8), use_cache=False)
+        assert any(cached)  # (a random model may end a sentence at once)
+    with torch.inference_mode():
+        memory, mask = ensemble.encode(src)
+        start = torch.full((3, 1), members[0].config.start_id)
+        combined = ensemble.decode(start, memory, mask)[:, -1]
+        each = [m.decode(start, *m.encode(src))[:, -1].log_softmax(-1) for m in members]
+        expected = (each[0].exp() + each[1].exp()).div(2).log()
+    torch.testing.assert_close(combined, expected, atol=1e-5, rtol=1e-5)

@@ -156,4 +156,4 @@ def test_saved_nbest_and_alignment_settings_are_not_kept_by_the_commands() -> No
     assert (plain.nbest, plain.print_alignment, plain.writes_nbest) == (None, None, False)
     assert decode_settings(saved, {"beam": 2}).beam == 2  # not refused for the saved nbest=3 > beam
     asked = decode_settings(saved, {"nbest": 2, "print_alignment": "soft"})
-    assert (asked.nbest, asked.print_alignment, asked.nbest_format) == (2, "soft", "fairseq")
+    assert (asked.nbest, asked.print_alignment, asked.nbest_format) == (2, "soft", "jsonl")  # the default

@@ -150,3 +150,31 @@ def test_a_model_marianmt_cannot_hold_is_refused_naming_what_exports(
     assert named in message and f"format={fmt}" in message
     assert "model.pe=sinusoidal, model.norm_first=false and model.tie=decoder or all" in message
     assert not (tmp_path / "out").exists() and list(tmp_path.iterdir()) == []  # nothing half-written
+
+
+def test_an_interrupted_overwrite_puts_the_earlier_export_back(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Killed (KeyboardInterrupt, as SIGINT raises it) between moving the earlier export aside and moving
+    the new one in: the earlier export is back in place, nothing of it lost, no directory left over."""
+    import os
+
+    from attnlab.interop import export as module
+
+    joint = SubwordTokenizer.train(GERMAN + ENGLISH, model="bpe", vocab_size=80)
+    ours = random_translator(joint, joint, tie="all")
+    out = export(ours, "hf", tmp_path / "hf")
+    before = {p.name: p.read_bytes() for p in out.iterdir()}
+    real_replace = os.replace
+
+    def interrupted(src, dst):  # the move of the new export into place
+        if ".old." not in str(dst) and ".old." not in str(src):
+            raise KeyboardInterrupt
+        real_replace(src, dst)
+
+    monkeypatch.setattr(module.os, "replace", interrupted)
+    with pytest.raises(KeyboardInterrupt):
+        export(ours, "hf", out, overwrite=True)
+    monkeypatch.undo()
+    assert {p.name: p.read_bytes() for p in out.iterdir()} == before
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["hf"]  # no staging or set-aside directory

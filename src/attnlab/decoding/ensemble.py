@@ -31,8 +31,8 @@ class Ensemble(nn.Module):
     selects them for every model; `new_cache` holds every model's decoder layers in one `KVCache`, each
     model reading and growing its own slice of it. `decode` returns the combined log-probabilities
     (B, T, V) in place of logits (a log-softmax leaves them unchanged) and, with `need_weights`, one
-    cross-attention map, the models' last-layer maps averaged over heads and models (B, 1, T, S). An
-    ensemble of one model returns that model's own logits and weights.
+    cross-attention map, the models' last-layer maps averaged over heads and models (B, 1, T, S); one
+    model goes through the same combination (its log-softmax), so an ensemble of one tests it.
 
     Args:
         models: The models; they must share the vocabularies and special ids (`SHARED`). The ensemble's
@@ -79,8 +79,6 @@ class Ensemble(nn.Module):
         need_weights: bool = False,
     ) -> Tensor | tuple[Tensor, list[Tensor]]:
         """The combined next-token log-probabilities (B, T, V) for decoder inputs `tgt` (B, T)."""
-        if len(self.models) == 1:
-            return self.models[0].decode(tgt, memory, src_mask, cache=cache, need_weights=need_weights)
         lprobs, maps, start = [], [], 0
         for model, part, n in zip(self.models, memory.split(self._widths, dim=-1), self._layers, strict=True):
             own = None if cache is None else KVCache(cache.layers[start : start + n])  # shares the layers

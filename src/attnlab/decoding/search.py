@@ -189,7 +189,8 @@ class Hypothesis:
             ranked by.
         attention: (len(tokens), S_real) last-decoder-layer cross-attention averaged over heads, over the
             sentence's non-pad source positions; only when `need_attention` was asked for.
-        token_scores: Each token's log-probability (len(tokens),); they sum to `score`.
+        token_scores: Each token's log-probability (len(tokens),), summing to `score`; only when
+            `need_token_scores` was asked for (empty otherwise).
     """
 
     tokens: list[int]
@@ -268,6 +269,7 @@ def beam_search(
     min_len: int = 1,
     n_best: int = 1,
     need_attention: bool = False,
+    need_token_scores: bool = False,
     use_cache: bool = True,
 ) -> list[list[Hypothesis]]:
     """Beam search over the incremental K/V cache, B sentences × K beams decoded as one (B·K) batch.
@@ -299,6 +301,8 @@ def beam_search(
         min_len: Shortest output allowed, eos included.
         n_best: Hypotheses returned per sentence (<= beam).
         need_attention: Also return each hypothesis' cross-attention (see `Hypothesis.attention`).
+        need_token_scores: Also track each token's log-probability (`Hypothesis.token_scores`; n-best
+            lists), an extra gather per step that plain decoding skips.
         use_cache: Decode over the K/V cache (the default); False re-runs the decoder over each beam's
             whole prefix at every step (the same result, slower; for benchmarks and tests).
 
@@ -321,7 +325,9 @@ def beam_search(
     token = torch.full((batch * k, 1), cfg.start_id, dtype=torch.long, device=device)
     start = token
     history = torch.empty(batch * k, 0, dtype=torch.long, device=device)  # (B·K, T) outputs so far
-    history_lp = torch.empty(batch * k, 0, device=device)  # (B·K, T) their log-probabilities
+    history_lp = None  # (B·K, T) their log-probabilities, when asked
+    if need_token_scores:
+        history_lp = torch.empty(batch * k, 0, device=device)
     attn = None  # (B·K, T, S) cross-attention of the outputs so far, when asked
     if need_attention:
         attn = torch.empty(batch * k, 0, src.size(1), device=device, dtype=memory.dtype)
@@ -332,10 +338,11 @@ def beam_search(
     alive = list(range(batch))  # the sentence of each group of K decoder rows; finished ones leave
     never = ungenerable_ids(cfg, device)
 
-    def finish(b: int, tokens: Tensor, ends: Tensor, attn_rows: Tensor | None, lp: Tensor) -> None:
+    def finish(b: int, tokens: Tensor, ends: Tensor, attn_rows: Tensor | None, lp: Tensor | None) -> None:
         """Hand sentence b's candidates `tokens` (n, T) with finite scores `ends` (n,) and token
-        log-probabilities `lp` (n, T) to its kept list."""
-        candidates = zip(tokens.tolist(), ends.tolist(), lp.tolist(), strict=True)
+        log-probabilities `lp` (n, T; None: not tracked) to its kept list."""
+        token_scores = [[] for _ in range(len(ends))] if lp is None else lp.tolist()
+        candidates = zip(tokens.tolist(), ends.tolist(), token_scores, strict=True)
         for r, (ids, score, row_lp) in enumerate(candidates):
             if score > -math.inf:
                 a = None if attn_rows is None else attn_rows[r][:, source_mask[b]]  # (T, S_real)
@@ -352,7 +359,9 @@ def beam_search(
         cand = scores[:, :, None] + lprobs.view(live, k, vocab)  # (B', K, V)
         top_scores, top_idx = cand.view(live, k * vocab).topk(2 * k, dim=1)  # (B', 2K)
         top_beam, top_token = top_idx // vocab, top_idx % vocab  # (B', 2K)
-        top_lp = lprobs.view(live, k * vocab).gather(1, top_idx)  # (B', 2K) the new tokens' log-probs
+        top_lp = None  # (B', 2K) the new tokens' log-probs, when asked
+        if history_lp is not None:
+            top_lp = lprobs.view(live, k * vocab).gather(1, top_idx)
         parent = torch.arange(live, device=device)[:, None] * k + top_beam  # (B', 2K) rows of B'·K
         step_attn = None if weights is None else weights[-1].mean(dim=1)[:, -1:]  # (B'·K, 1, S)
 
@@ -363,7 +372,7 @@ def beam_search(
                 rows = parent[i, ranks]
                 tokens = torch.cat([history[rows], top_token[i, ranks, None]], dim=1)  # (n, T+1)
                 a = None if attn is None else torch.cat([attn[rows], step_attn[rows]], dim=1)
-                lp = torch.cat([history_lp[rows], top_lp[i, ranks, None]], dim=1)  # (n, T+1)
+                lp = None if top_lp is None else torch.cat([history_lp[rows], top_lp[i, ranks, None]], dim=1)
                 finish(alive[i], tokens, top_scores[i, ranks], a, lp)
         # The K best non-eos candidates (at most K of the 2K are eos, one per beam) become the beams.
         order = is_eos.long() * (2 * k) + torch.arange(2 * k, device=device)  # (B', 2K)
@@ -372,14 +381,16 @@ def beam_search(
         flat = parent.gather(1, pick).view(-1)  # (B'·K,)
         token = top_token.gather(1, pick).view(-1, 1)  # (B'·K, 1)
         history = torch.cat([history.index_select(0, flat), token], dim=1)  # (B'·K, T+1)
-        history_lp = torch.cat([history_lp.index_select(0, flat), top_lp.gather(1, pick).view(-1, 1)], dim=1)
+        if history_lp is not None:
+            history_lp = torch.cat([history_lp.index_select(0, flat), top_lp.gather(1, pick).view(-1, 1)], 1)
         if attn is not None:
             attn = torch.cat([attn.index_select(0, flat), step_attn.index_select(0, flat)], dim=1)
         best_live = scores.max(dim=1).values.tolist()  # one host transfer for every sentence
         for i, b in enumerate(alive):
             if length >= limit_list[b]:  # force-finish the live beams, without eos
                 rows = torch.arange(i * k, (i + 1) * k, device=device)
-                finish(b, history[rows], scores[i], None if attn is None else attn[rows], history_lp[rows])
+                lp = None if history_lp is None else history_lp[rows]
+                finish(b, history[rows], scores[i], None if attn is None else attn[rows], lp)
                 done[b] = True
             else:
                 done[b] = kept[b].is_done(best_live[i], limit_list[b])
@@ -391,7 +402,7 @@ def beam_search(
             sentences = torch.tensor(keep, device=device)
             rows = (sentences[:, None] * k + torch.arange(k, device=device)).view(-1)  # (B''·K,)
             scores, flat, token, history = scores[sentences], flat[rows], token[rows], history[rows]
-            history_lp = history_lp[rows]
+            history_lp = None if history_lp is None else history_lp[rows]
             attn = None if attn is None else attn[rows]
             if cache is None:
                 memory, src_mask, start = memory[rows], src_mask[rows], start[rows]
@@ -461,5 +472,5 @@ def nbest_decode(
     return beam_search(
         model, src, beam=config.beam, alpha=alpha, penalty=config.length_penalty, max_len_a=config.max_len_a,
         max_len_b=config.max_len_b, min_len=config.min_len, n_best=n_best, need_attention=need_attention,
-        use_cache=use_cache,
+        need_token_scores=True, use_cache=use_cache,
     )  # fmt: skip

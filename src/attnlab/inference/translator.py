@@ -561,9 +561,9 @@ def decode_settings(saved: dict[str, Any], overrides: dict[str, Any] | None) -> 
     (0.6 for gnmt, 1.0 for fairseq), not the α saved for the other one. An
     override turning `sampling` on sets the saved `val_beam` (training's validation beam, unused outside
     training, and not a key of attnlab-eval or attnlab-translate) to 1 unless it is given too. The saved
-    `nbest` and `print_alignment` are not kept (a run trained with them would otherwise make every later
-    attnlab-translate write n-best lists, with no override to turn them off: null keeps a saved value):
-    n-best lists and alignments come only when the overrides ask for them.
+    `nbest`, `nbest_format` and `print_alignment` are not kept (a run trained with them would otherwise
+    make every later attnlab-translate write n-best lists, with no override to turn them off: null keeps
+    a saved value): n-best lists and alignments come only when, and as, the overrides ask for them.
 
     Raises:
         ValueError: An override is not a `DecodeConfig` field or has a bad value.
@@ -576,5 +576,5 @@ def decode_settings(saved: dict[str, Any], overrides: dict[str, Any] | None) -> 
         fields -= {"alpha"}  # another penalty without its alpha: that penalty's default, not the saved one
     if chosen.get("sampling") is True and "val_beam" not in chosen:
         chosen["val_beam"] = 1
-    fields -= {"nbest", "print_alignment"}  # what this command writes, asked for here only
+    fields -= {"nbest", "print_alignment", "nbest_format"}  # what this command writes, asked for here only
     return DecodeConfig(**{**{k: v for k, v in saved.items() if k in fields}, **chosen})

@@ -40,12 +40,11 @@ FORMATS = ("hf", "ctranslate2")
 QUANTIZATIONS = ("none", "int8", "float16")
 EXPORT_EXTRA = 'pip install "attnlab[export]"'
 INTEROP_EXTRA = 'pip install "attnlab[interop]"'
-# Files attnlab writes beside a CTranslate2 model (read by `attnlab.interop.ct2.CT2Translator`).
+# Files attnlab writes beside a CTranslate2 model (read by `attnlab.interop.ct2.CT2Translator`); the
+# settings file also marks an HF export (`{"format": "hf"}`): overwrite=true replaces only such a directory.
 SETTINGS_FILE = "attnlab_export.json"
 SOURCE_TOKENIZER_FILE = "attnlab_source_tokenizer.json"
 TARGET_TOKENIZER_FILE = "attnlab_target_tokenizer.json"
-# Every character Python's str.split() splits at (attnlab.data.text.normalize), for the HF normalizer.
-WHITESPACE = "".join(chr(c) for c in range(0x110000) if chr(c).isspace())
 
 
 class ExportError(ValueError):
@@ -71,11 +70,17 @@ def check_request(fmt: str, quantization: str, out: str | Path, overwrite: bool)
     path = Path(out).expanduser()
     if path.exists() and not path.is_dir():
         raise ExportError(f"out={out} is a file: name a directory to export into")
-    if path.is_dir() and any(path.iterdir()) and not overwrite:
-        raise ExportError(
-            f"out={out} exists and is not empty: choose a new directory, or set overwrite=true to replace "
-            "its contents"
-        )
+    if path.is_dir() and any(path.iterdir()):
+        if not overwrite:
+            raise ExportError(
+                f"out={out} exists and is not empty: choose a new directory, or set overwrite=true to "
+                "replace an earlier export there"
+            )
+        if not (path / SETTINGS_FILE).is_file():
+            raise ExportError(
+                f"out={out} is not an earlier export (it has no {SETTINGS_FILE}): overwrite=true replaces "
+                "only a directory attnlab-export wrote; choose a new directory"
+            )
     if not path.parent.exists():
         raise ExportError(f"out={out}: its parent directory {path.parent} does not exist; create it first")
     require_packages(fmt)
@@ -126,11 +131,11 @@ def _move_into_place(staging: Path, path: Path) -> None:
     os.replace(path, old / "previous")
     try:
         os.replace(staging, path)
-    except OSError:
+    except BaseException:  # an error or an interrupt: the earlier export goes back (kept in `old` if not)
         os.replace(old / "previous", path)
+        old.rmdir()
         raise
-    finally:
-        shutil.rmtree(old, ignore_errors=True)
+    shutil.rmtree(old, ignore_errors=True)  # only once the new export is in place
 
 
 def _marian(translator: Translator) -> Any:
@@ -172,7 +177,10 @@ def hf_tokenizer(tokenizer: SubwordTokenizer, eos_id: int) -> Any:
         if added["id"] == UNK_ID:
             added["special"] = False
     inner = Tokenizer.from_str(json.dumps(document))
-    steps = [normalizers.NFC(), normalizers.Replace(Regex(f"[{WHITESPACE}]+"), " "), normalizers.Strip()]
+    # Every character Python's str.split() splits at (attnlab.data.text.normalize), found here rather
+    # than at import: the scan of every code point takes ~70 ms.
+    whitespace = "".join(chr(c) for c in range(0x110000) if chr(c).isspace())
+    steps = [normalizers.NFC(), normalizers.Replace(Regex(f"[{whitespace}]+"), " "), normalizers.Strip()]
     if inner.normalizer is not None:
         steps.append(inner.normalizer)
     inner.normalizer = normalizers.Sequence(steps)
@@ -220,6 +228,7 @@ def write_hf(translator: Translator, out: Path) -> None:
     try:
         marian.save_pretrained(out)
         tokenizer.save_pretrained(out)
+        (out / SETTINGS_FILE).write_text(json.dumps({"format": "hf"}) + "\n", encoding="utf-8")
     finally:
         if shown:
             hf_logging.enable_progress_bar()

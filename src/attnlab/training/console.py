@@ -28,6 +28,7 @@ from collections.abc import Mapping, Sequence
 from typing import IO, Any
 
 import lightning as L
+import torch
 from lightning.pytorch.callbacks import ModelSummary as _LightningModelSummary
 from lightning.pytorch.callbacks import ProgressBar
 
@@ -132,7 +133,10 @@ class ProgressLines(ProgressBar):
         self._last_tokens = tokens
         self._paused = 0.0  # validation seconds since the previous line
         self._epoch = 0  # of the last training batch
-        self._losses: list[float] = []
+        # Sum and count of the finite step losses since the last line, kept on the loss's device: read
+        # (one host transfer) only when a line is written, never per batch.
+        self._loss_sum: Any = 0.0
+        self._loss_count: Any = 0
 
     def on_train_start(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
         self._reset(trainer.global_step, getattr(pl_module, "tokens_seen", None))
@@ -153,8 +157,10 @@ class ProgressLines(ProgressBar):
             return
         self._epoch = trainer.current_epoch
         loss = trainer.callback_metrics.get("train/loss_step")
-        if loss is not None and math.isfinite(float(loss)):
-            self._losses.append(float(loss))
+        if loss is not None:
+            finite = torch.isfinite(loss.detach())
+            self._loss_sum = self._loss_sum + torch.where(finite, loss.detach(), 0.0)
+            self._loss_count = self._loss_count + finite.long()
         step = trainer.global_step
         if step == self._seen_step:  # accumulating gradients: no optimizer step yet
             return
@@ -178,8 +184,9 @@ class ProgressLines(ProgressBar):
             parts[0] += f"/{int(total)} ({100 * step / total:.0f}%)"
         epochs = trainer.max_epochs
         parts.append(f"epoch {self._epoch + 1}" + (f"/{epochs}" if epochs and epochs > 0 else ""))
-        if self._losses:
-            parts.append(f"loss {sum(self._losses) / len(self._losses):.4g}")
+        count = int(self._loss_count)
+        if count:
+            parts.append(f"loss {float(self._loss_sum) / count:.4g}")
         tokens = getattr(pl_module, "tokens_seen", None)
         training = now - self._last_time - self._paused
         if tokens is not None and self._last_tokens is not None and training > 0:
@@ -191,7 +198,7 @@ class ProgressLines(ProgressBar):
             parts.append(f"ETA {duration(max(total - step, 0) * elapsed / done)}")
         log.info("progress: %s", " | ".join(parts))
         self._last_time, self._last_step, self._last_tokens = now, step, tokens
-        self._paused, self._losses = 0.0, []
+        self._paused, self._loss_sum, self._loss_count = 0.0, 0.0, 0
 
 
 class ModelSummary(_LightningModelSummary):
