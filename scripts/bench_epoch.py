@@ -37,7 +37,7 @@ from attnlab.data import Multi30kData
 from attnlab.data.batching import Collator
 from attnlab.model.config import TransformerConfig
 from attnlab.model.transformer import Transformer
-from attnlab.training.module import label_smoothed_nll_loss
+from attnlab.training.loss import label_smoothed_nll_loss
 
 
 def endless(loader: DataLoader) -> Iterator[dict[str, torch.Tensor]]:

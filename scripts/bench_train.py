@@ -7,7 +7,11 @@ Usage:
 The three models do the same arithmetic, asserted before timing: the same trainable parameter count,
 ReLU feed-forward, post-norm, dropout 0.1, embeddings shared by encoder, decoder and output layer, no
 output bias, the same fixed batch of B sentences of S source and T target tokens (no padding), label-
-smoothed cross-entropy (0.1) and AdamW. MarianMT is built from a `MarianConfig` of the same sizes (random
+smoothed cross-entropy (0.1) and fused AdamW (the default of attnlab's training and of Hugging Face's
+`Trainer`). Each model's loss is the one its framework trains with: attnlab's `output_layer_loss` (the
+output layer and the loss fused in chunks, without the logits; `--loss logits` gives it `F.cross_entropy`
+on the logits too, comparing the models alone), and for the others `F.cross_entropy(label_smoothing=0.1)`
+on the logits, the fastest PyTorch form. MarianMT is built from a `MarianConfig` of the same sizes (random
 initialisation); the `nn.Transformer` model has the same embeddings, sinusoidal positions and output layer
 around `torch.nn.Transformer` (its final stack LayerNorms removed, as post-norm has none).
 
@@ -109,8 +113,8 @@ def trainable(model: Any) -> int:
     return sum(p.numel() for p in {id(p): p for p in model.parameters() if p.requires_grad}.values())
 
 
-def make_step(framework: str, model: Any, size: str) -> Any:
-    """A function running one optimizer step on the fixed batch."""
+def make_step(framework: str, model: Any, size: str, loss_of: str = "framework") -> Any:
+    """A function running one optimizer step on the fixed batch; `loss_of`: see `--loss`."""
     import torch
     import torch.nn.functional as F
 
@@ -120,7 +124,9 @@ def make_step(framework: str, model: Any, size: str) -> Any:
     tgt = torch.randint(3, vocab, (batch, tgt_len + 1), generator=generator)
     tgt[:, 0] = START
     tgt_in, tgt_out = tgt[:, :-1], tgt[:, 1:]
-    optimizer = torch.optim.AdamW(model.parameters(), lr=1e-4)
+    # fused AdamW for every model: attnlab's training and Hugging Face's Trainer (optim=adamw_torch_fused)
+    # both default to it
+    optimizer = torch.optim.AdamW(model.parameters(), lr=1e-4, fused=True)
     model.train()
 
     def forward() -> torch.Tensor:
@@ -128,12 +134,21 @@ def make_step(framework: str, model: Any, size: str) -> Any:
             return model(input_ids=src, decoder_input_ids=tgt_in).logits
         return model(src, tgt_in)
 
-    def step() -> float:
-        optimizer.zero_grad(set_to_none=True)
+    def framework_loss() -> torch.Tensor:
+        if framework == "attnlab" and loss_of == "framework":  # as TranslationModule computes it
+            from attnlab.training.loss import output_layer_loss
+
+            hidden = model(src, tgt_in, project=False)
+            loss_sum, _, n = output_layer_loss(hidden, model.output, tgt_out, epsilon=0.1, ignore_index=PAD)
+            return loss_sum / n
         logits = forward()
-        loss = F.cross_entropy(
+        return F.cross_entropy(
             logits.reshape(-1, vocab), tgt_out.reshape(-1), label_smoothing=0.1, ignore_index=PAD
         )
+
+    def step() -> float:
+        optimizer.zero_grad(set_to_none=True)
+        loss = framework_loss()
         loss.backward()
         optimizer.step()
         return float(loss.detach())
@@ -141,11 +156,12 @@ def make_step(framework: str, model: Any, size: str) -> Any:
     return step
 
 
-def peak_memory(framework: str, size: str, threads: int) -> tuple[float, float]:
+def peak_memory(framework: str, size: str, threads: int, loss_of: str) -> tuple[float, float]:
     """(peak resident set, its growth during the steps) in MB of a fresh process that builds the model
     and runs 3 training steps."""
-    out = subprocess.run([sys.executable, __file__, "--memory-of", framework, "--sizes", size,
-                          "--threads", str(threads)], capture_output=True, text=True, check=True)  # fmt: skip
+    command = [sys.executable, __file__, "--memory-of", framework, "--sizes", size, "--threads", str(threads),
+               "--loss", loss_of]  # fmt: skip
+    out = subprocess.run(command, capture_output=True, text=True, check=True)
     peak, growth = map(float, out.stdout.strip().splitlines()[-1].split())
     return peak, growth
 
@@ -168,7 +184,7 @@ def interval(pairs: list[tuple[float, float]], seed: int = 0) -> tuple[float, fl
     return ratio(pairs), draws[49], draws[1949]
 
 
-def bench(size: str, repeats: int, warmup: int, threads: int, memory: bool) -> dict[str, Any]:
+def bench(size: str, repeats: int, warmup: int, threads: int, memory: bool, loss_of: str) -> dict[str, Any]:
     import torch
 
     from attnlab.model.flops import matmul_rate, training_flops
@@ -179,7 +195,7 @@ def bench(size: str, repeats: int, warmup: int, threads: int, memory: bool) -> d
     counts = {f: trainable(m) for f, m in models.items()}
     if len(set(counts.values())) != 1:
         raise AssertionError(f"different trainable parameter counts, not the same arithmetic: {counts}")
-    steps = {f: make_step(f, models[f], size) for f in FRAMEWORKS}
+    steps = {f: make_step(f, models[f], size, loss_of) for f in FRAMEWORKS}
     for f in FRAMEWORKS:
         for _ in range(warmup):
             steps[f]()
@@ -202,7 +218,7 @@ def bench(size: str, repeats: int, warmup: int, threads: int, memory: bool) -> d
         median = statistics.median(times[f])
         result["models"][f] = {
             "median_s": median, "tokens_per_s": tokens / median, "mfu": flops / median / peak,
-            "peak_rss_mb": peak_memory(f, size, threads) if memory else None,
+            "peak_rss_mb": peak_memory(f, size, threads, loss_of) if memory else None,
         }  # fmt: skip
     for other in ("marian", "torch"):
         result[f"speedup_vs_{other}"] = interval(list(zip(times["attnlab"], times[other], strict=True)))
@@ -243,13 +259,21 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--out", help="also write the table (and the raw numbers as JSON beside it)")
     parser.add_argument("--no-memory", action="store_true", help="skip the per-model memory processes")
     parser.add_argument("--quick", action="store_true", help="tiny shapes, 2 repeats: checks the harness")
+    parser.add_argument(
+        "--loss",
+        choices=["framework", "logits"],
+        default="framework",
+        help="framework: attnlab's loss fused with its output layer, as its training runs "
+        "it; "
+        "logits: F.cross_entropy on the logits for attnlab too (the models alone compared)",
+    )
     parser.add_argument("--memory-of", choices=FRAMEWORKS, help=argparse.SUPPRESS)
     args = parser.parse_args(argv)
     if args.memory_of:
         import torch
 
         torch.set_num_threads(args.threads)
-        step = make_step(args.memory_of, build(args.memory_of, args.sizes[0]), args.sizes[0])
+        step = make_step(args.memory_of, build(args.memory_of, args.sizes[0]), args.sizes[0], args.loss)
         before = _status_mb("VmRSS")  # imports, model, optimizer and batch in place
         for _ in range(3):
             step()
@@ -257,7 +281,8 @@ def main(argv: list[str] | None = None) -> None:
         return
     if args.quick:
         args.sizes, args.repeats, args.warmup = ["tiny"], 2, 1
-    results = [bench(s, args.repeats, args.warmup, args.threads, not args.no_memory) for s in args.sizes]
+    memory = not args.no_memory
+    results = [bench(size, args.repeats, args.warmup, args.threads, memory, args.loss) for size in args.sizes]
     text = table(results)
     rates = ", ".join(f"{r['size']} {r['matmul_gflops']:.1f}" for r in results)
     print(

@@ -183,8 +183,9 @@ class RecordPid(L.Callback):
 
 class RecordAutocast(L.Callback):
     """Record, for every training forward pass of the model, whether autocast was on for the training
-    device, its dtype and the dtype of the model's output: `RecordAutocast.last.seen`, one
-    `(enabled, autocast dtype, output dtype)` per pass."""
+    device, its dtype and the dtype of the last decoder layer's feed-forward output (a linear layer's:
+    the model itself returns LayerNorm's float32 hidden states to the fused loss):
+    `RecordAutocast.last.seen`, one `(enabled, autocast dtype, output dtype)` per pass."""
 
     last: RecordAutocast | None = None
 
@@ -201,7 +202,7 @@ class RecordAutocast(L.Callback):
                 autocast = (torch.is_autocast_enabled(device), torch.get_autocast_dtype(device))
                 self.seen.append((*autocast, output.dtype))
 
-        self.hook = pl_module.model.register_forward_hook(record)
+        self.hook = pl_module.model.decoder.layers[-1].ffn.register_forward_hook(record)
 
     def teardown(self, trainer: L.Trainer, pl_module: L.LightningModule, stage: str) -> None:
         if self.hook is not None:

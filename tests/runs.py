@@ -78,4 +78,4 @@ def assert_same_training(run_dir: Path, reference: Path) -> None:
     assert step_losses(run_dir) == step_losses(reference)  # the history, before and after the resumption
     for metric in ("val/loss", "params/total"):  # each validation and the parameter count, logged once
         rows = logged_rows(reference, metric)
-        assert rows and logged_rows(run_dir, metric) == rows, metric
+        assert rows and logged_rows(run_dir, metric) == rows, (metric, rows, logged_rows(run_dir, metric))

@@ -9,6 +9,7 @@ import re
 from pathlib import Path
 
 import pytest
+import torch
 
 SCRIPTS = Path(__file__).resolve().parents[2] / "scripts"
 
@@ -52,6 +53,14 @@ def test_bench_train_quick_compares_three_models_doing_the_same_arithmetic(
     rows = [line for line in (tmp_path / "t.md").read_text().splitlines() if line.startswith("| tiny")]
     assert [r.split("|")[2].strip() for r in rows] == ["attnlab", "MarianMT", "nn.Transformer"]
     assert all("×" in r.split("|")[8] for r in rows[1:])  # speed-ups with their intervals
+    losses = []  # attnlab's fused loss is the loss the others compute from their logits
+    for loss_of in ("framework", "logits"):
+        torch.manual_seed(0)
+        model = bench.build("attnlab", "tiny")
+        step = bench.make_step("attnlab", model, "tiny", loss_of)
+        torch.manual_seed(1)  # the same dropout masks
+        losses.append(step())
+    assert losses[0] == pytest.approx(losses[1], rel=1e-5)
     ratio, low, high = bench.interval([(1.0, 2.0), (1.0, 2.0), (1.0, 2.0)])
     assert (ratio, low, high) == (2.0, 2.0, 2.0)  # half the step time = twice the speed
 

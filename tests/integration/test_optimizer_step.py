@@ -137,7 +137,9 @@ def test_two_ddp_ranks_take_the_step_of_one_process_whose_batch_holds_both_ranks
     joined = [collate([examples[i] for i in first + second]) for first, second in zip(*ranks, strict=True)]
     tokens = [[int((collate([examples[i] for i in b])["tgt_out"] != 0).sum()) for b in r] for r in ranks]
     assert tokens[0] != tokens[1]  # the ranks' shares of each step differ: normalisation matters
-    hparams = read_checkpoint(run / "checkpoints" / "last.ckpt")["hyper_parameters"]
+    saved = read_checkpoint(run / "checkpoints" / "last.ckpt")
+    assert saved["optimizer_states"][0]["param_groups"][0]["fused"] is True  # both ranks: fused Adam
+    hparams = saved["hyper_parameters"]
     module = TranslationModule(model=hparams["model"], optim=hparams["optim"])
     module.load_state_dict(torch.load(run / "initial_weights.pt", weights_only=True))
     one, norms = fit(module, joined, accumulate=1)

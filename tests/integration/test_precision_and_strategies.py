@@ -57,6 +57,7 @@ def test_a_bf16_mixed_cpu_run_trains_under_autocast_and_saves_float32_weights_th
     # The weights are saved in float32 (autocast never changes them) and load into a float32 model.
     paths = resolve_checkpoints(run)
     assert float_weights(last) == {torch.float32}
+    assert not last["optimizer_states"][0]["param_groups"][0]["fused"]  # Lightning clips no fused one here
     assert all(float_weights(read_checkpoint(p)) == {torch.float32} for p in paths)
     module = TranslationModule.load_from_checkpoint(run / "checkpoints" / "last.ckpt", map_location="cpu")
     assert {p.dtype for p in module.parameters()} == {torch.float32}

@@ -984,6 +984,7 @@ def test_limit_positions_drops_long_training_pairs_and_truncates_evaluation_sets
     fits = [e for e in before["train"] if len(e[0]) <= n and len(e[1]) + 1 <= n]
     assert 0 < len(fits) < len(before["train"])
     assert list(dm.splits["train"]) == fits
+    assert dm.splits["train"].rows.dtype == np.int32  # 4 bytes per kept example in every process
     assert "train" not in dm.truncated
     for name in ("val", "test", "test2"):
         long = [len(s) > n or len(t) + 1 > n for s, t, _ in before[name]]

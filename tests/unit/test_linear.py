@@ -56,3 +56,21 @@ def test_cached_weights_follow_every_change_of_the_weights() -> None:
     check()
     group[1].weight = torch.nn.Parameter(torch.randn(4, 8))  # a new tensor
     check()
+
+
+@pytest.mark.parametrize("options", [{"fused": True}, {"foreach": True}, {"foreach": False}], ids=str)
+def test_cached_weights_follow_an_optimizer_step(options: dict[str, bool]) -> None:
+    """torch's fused Adam updates parameters in place without bumping their version counters."""
+    group = layers((8, 4), (8, 4))
+    x = torch.randn(1, 8)
+    optimizer = torch.optim.Adam([p for layer in group for p in layer.parameters()], lr=0.5, **options)
+    for _ in range(2):
+        with torch.no_grad():
+            project(x, *group)  # caches the concatenated copy
+        sum(layer(x).sum() for layer in group).backward()
+        optimizer.step()
+        optimizer.zero_grad()
+        with torch.no_grad():
+            got = project(x, *group)
+        for out, layer in zip(got, group, strict=True):
+            torch.testing.assert_close(out, F.linear(x, layer.weight, layer.bias))

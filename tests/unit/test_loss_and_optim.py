@@ -14,7 +14,8 @@ import torch.nn.functional as F
 from torch import Tensor
 
 from attnlab.optim import OptimConfig
-from attnlab.training.module import TranslationModule, exact_matches, label_smoothed_nll_loss
+from attnlab.training.loss import label_smoothed_nll_loss, output_layer_loss
+from attnlab.training.module import TranslationModule, exact_matches
 from helpers import tiny_config
 
 V, PAD = 50, 0
@@ -86,6 +87,101 @@ def test_loss_is_larger_with_smoothing_for_a_confident_correct_model() -> None:
     logits = F.one_hot(target, V).float() * 20.0
     smoothed, nll, _ = label_smoothed_nll_loss(logits, target, epsilon=0.1, ignore_index=PAD)
     assert float(smoothed) > float(nll)
+
+
+# ---------------------------------------------------------------------------------------------------------
+# output_layer_loss: the same sums and gradients as the output layer followed by label_smoothed_nll_loss
+
+
+def output_layer_case(bias: bool, seed: int = 0) -> tuple[Tensor, torch.nn.Linear, Tensor]:
+    gen = torch.Generator().manual_seed(seed)
+    hidden = torch.randn(3, 7, 16, generator=gen)
+    output = torch.nn.Linear(16, V, bias=bias)
+    with torch.no_grad():
+        output.weight.copy_(torch.randn(V, 16, generator=gen))
+        if bias:
+            output.bias.copy_(torch.randn(V, generator=gen))
+    target = torch.randint(1, V, (3, 7), generator=gen).masked_fill(
+        torch.rand(3, 7, generator=gen) < 0.3, PAD
+    )
+    assert (target == PAD).any()
+    return hidden, output, target
+
+
+def loss_and_grads(fused: bool, bias: bool, chunk_rows: int | None, scale: float) -> list[Tensor]:
+    hidden, output, target = output_layer_case(bias)
+    hidden.requires_grad_()
+    if fused:
+        loss, nll, n = output_layer_loss(
+            hidden, output, target, epsilon=0.1, ignore_index=PAD, chunk_rows=chunk_rows
+        )
+    else:
+        loss, nll, n = label_smoothed_nll_loss(output(hidden), target, epsilon=0.1, ignore_index=PAD)
+    (loss * scale).backward()  # a scaled loss, as a mean over tokens or a gradient scaler gives
+    grads = [hidden.grad, output.weight.grad] + ([output.bias.grad] if bias else [])
+    return [loss.detach(), nll.detach(), n.float(), *grads]
+
+
+@pytest.mark.parametrize("chunk_rows", [None, 1, 5, 64], ids=["default", "1", "5", "64"])
+@pytest.mark.parametrize("bias", [False, True], ids=["no-bias", "bias"])
+def test_output_layer_loss_equals_the_logits_path(chunk_rows: int | None, bias: bool) -> None:
+    expected = loss_and_grads(False, bias, None, scale=0.37)
+    fused = loss_and_grads(True, bias, chunk_rows, scale=0.37)
+    for got, want in zip(fused, expected, strict=True):
+        torch.testing.assert_close(got, want, rtol=1e-5, atol=1e-5)
+    assert fused[3].abs().sum() > 0 and fused[4].abs().sum() > 0
+
+
+def test_output_layer_loss_ignores_padding_rows_and_gives_them_no_gradient() -> None:
+    hidden, output, target = output_layer_case(bias=True)
+    hidden.requires_grad_()
+    loss, _, _ = output_layer_loss(hidden, output, target, epsilon=0.1, ignore_index=PAD, chunk_rows=4)
+    loss.backward()
+    pad = target == PAD
+    assert hidden.grad[pad].abs().max() == 0 and hidden.grad[~pad].abs().min() > 0
+    scrambled = hidden.detach().clone()
+    scrambled[pad] = torch.randn_like(scrambled[pad]) * 100
+    again, _, _ = output_layer_loss(scrambled, output, target, epsilon=0.1, ignore_index=PAD, chunk_rows=4)
+    torch.testing.assert_close(again, loss.detach())
+
+
+def test_output_layer_loss_without_grad_mode_keeps_no_gradient_state() -> None:
+    hidden, output, target = output_layer_case(bias=False)
+    expected = label_smoothed_nll_loss(output(hidden), target, epsilon=0.1, ignore_index=PAD)
+    with torch.no_grad():
+        loss, nll, n = output_layer_loss(hidden, output, target, epsilon=0.1, ignore_index=PAD)
+    assert not loss.requires_grad and loss.grad_fn is None
+    for got, want in zip((loss, nll, n), expected, strict=True):
+        torch.testing.assert_close(got, want.detach(), rtol=1e-5, atol=1e-5)
+    hidden.requires_grad_()
+    loss, nll, _ = output_layer_loss(hidden, output, target, epsilon=0.1, ignore_index=PAD)
+    assert loss.requires_grad and not nll.requires_grad  # the NLL is for logging only
+
+
+def test_output_layer_loss_under_bf16_autocast_matches_the_logits_path() -> None:
+    hidden, output, target = output_layer_case(bias=True)
+    with torch.autocast("cpu", dtype=torch.bfloat16):
+        expected = label_smoothed_nll_loss(output(hidden), target, epsilon=0.1, ignore_index=PAD)[0]
+        hidden.requires_grad_()
+        loss, _, _ = output_layer_loss(hidden, output, target, epsilon=0.1, ignore_index=PAD, chunk_rows=4)
+    loss.backward()
+    assert loss.dtype == torch.float32 and output.weight.grad.dtype == torch.float32
+    assert hidden.grad.dtype == hidden.dtype
+    torch.testing.assert_close(loss, expected.detach(), rtol=2e-2, atol=0.0)
+
+
+def test_training_module_loss_equals_the_logits_path() -> None:
+    config = tiny_config()
+    module = TranslationModule(config, OptimConfig()).eval()  # no dropout: both paths see the same model
+    gen = torch.Generator().manual_seed(0)
+    src = torch.randint(3, config.src_vocab_size, (3, 6), generator=gen)
+    tgt = torch.randint(3, config.tgt_vocab_size, (3, 6), generator=gen)
+    tgt[0, 4:] = config.pad_id
+    batch = {"src": src, "tgt_in": tgt, "tgt_out": tgt.roll(-1, 1)}
+    expected = label_smoothed_nll_loss(module.model(src, tgt), batch["tgt_out"], epsilon=0.1, ignore_index=0)
+    got = module._loss(batch, 0.1)
+    for a, b in zip(got, expected, strict=True):
+        torch.testing.assert_close(a, b, rtol=1e-5, atol=1e-5)
 
 
 # ---------------------------------------------------------------------------------------------------------
@@ -260,6 +356,27 @@ def test_configure_optimizers_is_paper_adam_with_stepwise_schedule() -> None:
         optimizer.step()
         scheduler.step()
     assert group["lr"] == pytest.approx(cfg.lr_at(26, d), rel=1e-12)
+
+
+def test_optimizer_uses_the_fused_adam_and_a_resumed_state_keeps_its_own() -> None:
+    module = build_module()
+    optimizer = module.configure_optimizers()["optimizer"]
+    assert optimizer.param_groups[0]["fused"] is True  # torch's fused kernel on the CPU
+    for p in module.parameters():
+        p.grad = torch.full_like(p, 0.01)
+    lr = optimizer.param_groups[0]["lr"]  # the schedule's first step
+    reference = torch.optim.Adam([p.detach().clone() for p in module.parameters()], lr=lr, betas=(0.9, 0.98),
+                                 eps=1e-9, foreach=True)  # fmt: skip
+    for p, q in zip(reference.param_groups[0]["params"], module.parameters(), strict=True):
+        p.grad = q.grad.clone()
+    optimizer.step()
+    reference.step()
+    for p, q in zip(reference.param_groups[0]["params"], module.parameters(), strict=True):
+        torch.testing.assert_close(q.detach(), p, rtol=1e-6, atol=1e-7)  # the same update up to rounding
+    # a checkpoint written by the multi-tensor implementation resumes with it (bitwise continuation)
+    fresh = build_module().configure_optimizers()["optimizer"]
+    fresh.load_state_dict(reference.state_dict())
+    assert fresh.param_groups[0]["fused"] is None and fresh.param_groups[0]["foreach"] is True
 
 
 def test_weight_decay_selects_adamw() -> None:

@@ -113,8 +113,15 @@ class Examples(Dataset):
         return np.maximum(self.source_lengths(), self.target_lengths() + 1)
 
     def keep(self, mask: np.ndarray) -> None:
-        """Serve only the examples where `mask` ((len(self),) bool) is True."""
-        self.rows = np.flatnonzero(mask) if self.rows is None else self.rows[mask]
+        """Serve only the examples where `mask` ((len(self),) bool) is True.
+
+        The served indices are int32 below 2^31 examples: 4 bytes per example in every rank and worker
+        process instead of 8."""
+        if self.rows is None:
+            rows = np.flatnonzero(mask)
+            self.rows = rows.astype(np.int32) if len(self.split) < 2**31 else rows
+        else:
+            self.rows = self.rows[mask]
 
     def cut(self, source_limit: int, target_limit: int | None = None) -> np.ndarray:
         """Cut sources to `source_limit` ids with `cut_source` (keeping eos) and with `target_limit`

@@ -165,10 +165,16 @@ class Transformer(nn.Module):
         """
         return KVCache.empty(len(self.decoder.layers), beams)
 
-    def forward(self, src: Tensor, tgt: Tensor) -> Tensor:
-        """Teacher-forced logits (B, T, V) for source ids (B, S) and decoder inputs (B, T)."""
+    def forward(self, src: Tensor, tgt: Tensor, *, project: bool = True) -> Tensor:
+        """Teacher-forced logits (B, T, V) for source ids (B, S) and decoder inputs (B, T).
+
+        With `project=False`, the decoder's hidden states (B, T, D) before the output layer, for a loss
+        that applies `self.output` itself (`attnlab.training.loss.output_layer_loss`).
+        """
         memory, src_mask = self.encode(src)
-        return self.decode(tgt, memory, src_mask)
+        if project:
+            return self.decode(tgt, memory, src_mask)
+        return self.decoder(tgt, memory, src_mask)[0]
 
     def count_parameters(self) -> dict[str, int]:
         """Total, embedding (token and learned position tables) and non-embedding parameter counts."""

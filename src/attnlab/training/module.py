@@ -22,35 +22,11 @@ from attnlab.model.config import TransformerConfig
 from attnlab.model.transformer import Transformer
 from attnlab.optim import OptimConfig
 from attnlab.runs.checkpoint import BUNDLE_KEY, RESUME_KEY, bundle, rng_states, set_rng_states
+from attnlab.training.loss import output_layer_loss
 
 log = logging.getLogger(__name__)
 
-
-def label_smoothed_nll_loss(
-    logits: Tensor, target: Tensor, *, epsilon: float, ignore_index: int
-) -> tuple[Tensor, Tensor, Tensor]:
-    """Summed label-smoothed cross-entropy and NLL over non-padding targets (§5.4).
-
-    The smoothed target puts 1 - ε on the reference and spreads ε uniformly over all V classes
-    (as `F.cross_entropy(label_smoothing=ε)` does).
-
-    Args:
-        logits: (N, V) or (B, T, V).
-        target: (N,) or (B, T) ids.
-        epsilon: ε_ls.
-        ignore_index: Target id that contributes nothing (padding).
-
-    Returns:
-        (loss sum, nll sum, number of non-padding targets).
-    """
-    lprobs = F.log_softmax(logits.float(), dim=-1).flatten(0, -2)  # (N, V)
-    target = target.flatten()
-    keep = target != ignore_index
-    nll = -lprobs.gather(-1, target.clamp(min=0)[:, None]).squeeze(-1)  # (N,)
-    smooth = -lprobs.mean(dim=-1)  # (N,)
-    nll_sum = (nll * keep).sum()  # masks instead of boolean indexing: no data-dependent shapes
-    loss_sum = (1.0 - epsilon) * nll_sum + epsilon * (smooth * keep).sum()
-    return loss_sum, nll_sum, keep.sum()
+FUSED_ADAM_DEVICES = frozenset({"cpu", "cuda"})  # devices whose parameters get torch's fused Adam
 
 
 class NonFiniteError(FloatingPointError):
@@ -120,10 +96,9 @@ class TranslationModule(L.LightningModule):
         return self.model(src, tgt_in)
 
     def _loss(self, batch: dict[str, Tensor], epsilon: float) -> tuple[Tensor, Tensor, Tensor]:
-        logits = self.model(batch["src"], batch["tgt_in"])  # (B, T, V)
-        return label_smoothed_nll_loss(
-            logits, batch["tgt_out"], epsilon=epsilon, ignore_index=self.model_config.pad_id
-        )
+        hidden = self.model(batch["src"], batch["tgt_in"], project=False)  # (B, T, D)
+        target, pad = batch["tgt_out"], self.model_config.pad_id
+        return output_layer_loss(hidden, self.model.output, target, epsilon=epsilon, ignore_index=pad)
 
     # -- training -----------------------------------------------------------------------------------
 
@@ -461,8 +436,19 @@ class TranslationModule(L.LightningModule):
     def configure_optimizers(self) -> dict[str, Any]:
         cfg = self.optim_config
         optimizer_cls = torch.optim.AdamW if cfg.weight_decay > 0 else torch.optim.Adam
+        params = list(self.parameters())
+        # Adam's fused kernel, one pass per parameter, where torch has it: on the CPU 3-5x faster than the
+        # default multi-tensor update (model=small 6 vs 18 ms a step, base 35 vs 170 ms; the same update up
+        # to float rounding). A run continued from a checkpoint keeps the implementation it was saved with
+        # (torch restores each parameter group's options), so its resumed steps stay bitwise the same.
+        # Not under mixed precision: Lightning refuses gradient clipping with an optimizer that unscales
+        # gradients itself, as fused ones do.
+        precision = str(getattr(self._trainer, "precision", "32-true"))
+        fused = not precision.endswith("-mixed") and all(
+            p.is_floating_point() and p.device.type in FUSED_ADAM_DEVICES for p in params
+        )
         optimizer = optimizer_cls(
-            self.parameters(), lr=1.0, betas=cfg.betas, eps=cfg.eps, weight_decay=cfg.weight_decay
+            params, lr=1.0, betas=cfg.betas, eps=cfg.eps, weight_decay=cfg.weight_decay, fused=fused or None
         )
         d_model = self.model_config.d_model
         trainer = self._trainer  # None when optimizers are built outside a Trainer
