@@ -36,7 +36,11 @@ one sentence at a time (`--latency-sentences`), `--threads` threads on both side
 same fixed length limit (60 tokens), reporting sentences/s (medians of `--repeats` interleaved runs), the
 speed-up (median and range of the per-run ratios) and how many outputs are identical to attnlab's. With
 `--quick` on the random model every float32 output must be identical (exit status 1 otherwise), as for
-`--marian`.
+`--marian`. With `--profile` as well, then, for greedy and beam 5 at batch 64: where attnlab's time goes,
+op by op (`torch.profiler`: self time of each aten op over one run, its share of the profiled run's wall
+time, calls; "outside ops" is the wall time no op accounts for: Python and dispatch), next to
+CTranslate2's float32 wall time on the same batches (its Python wheel has no op profiler) and that time
+over attnlab's matrix products (`addmm`, `mm`, `bmm`) alone.
 """
 
 from __future__ import annotations
@@ -119,6 +123,7 @@ def main() -> None:
     parser.add_argument(
         "--ctranslate2", action="store_true", help="compare with CTranslate2 (float32, int8) instead"
     )
+    parser.add_argument("--profile", action="store_true", help="with --ctranslate2: attnlab's op profile too")
     parser.add_argument(
         "--quick", action="store_true", help="a few sentences, 2 repeats: the harness only (CI)"
     )
@@ -348,6 +353,36 @@ def ct2_decode(engine, ids: list[list[int]], beam: int, batch_size: int):
     return time.perf_counter() - started, outputs
 
 
+MATMULS = ("aten::addmm", "aten::mm", "aten::bmm")
+
+
+def profile_against_ctranslate2(model: Transformer, engine, ids: list[list[int]], beam: int, repeats: int):
+    """Print attnlab's op profile of one decode of `ids` at batch 64 and CTranslate2's wall time on them."""
+    from torch.profiler import ProfilerActivity, profile
+
+    plain = statistics.median(attnlab_decode(model, ids, beam, 64)[0] for _ in range(repeats))
+    theirs = statistics.median(ct2_decode(engine, ids, beam, 64)[0] for _ in range(repeats))
+    with profile(activities=[ProfilerActivity.CPU]) as prof:
+        wall = attnlab_decode(model, ids, beam, 64)[0]
+    ops = sorted(prof.key_averages(), key=lambda e: -e.self_cpu_time_total)
+    inside = sum(e.self_cpu_time_total for e in ops) / 1e6
+    matmuls = sum(e.self_cpu_time_total for e in ops if e.key in MATMULS) / 1e6
+    search = "greedy" if beam == 1 else f"beam {beam}"
+    print(f"\n{search}, batch 64, {len(ids)} sentences: attnlab {plain:.3f} s (median of {repeats}; profiled "
+          f"{wall:.3f} s), CTranslate2 float32 {theirs:.3f} s = {theirs / matmuls:.2f}x attnlab's matrix "
+          f"products alone ({matmuls:.3f} s)\n")  # fmt: skip
+    print("| op | self time | share of the profiled wall time | calls |")
+    print("|---|---|---|---|")
+    shown = [e for e in ops if e.self_cpu_time_total > 0.01 * wall * 1e6][:12]  # ops above 1%
+    for e in shown:
+        seconds = e.self_cpu_time_total / 1e6
+        print(f"| {e.key} | {seconds * 1e3:.1f} ms | {seconds / wall:.1%} | {e.count} |")
+    rest = inside - sum(e.self_cpu_time_total for e in shown) / 1e6
+    outside = wall - inside
+    print(f"| other ops | {rest * 1e3:.1f} ms | {rest / wall:.1%} | |")
+    print(f"| outside ops (Python, dispatch) | {outside * 1e3:.1f} ms | {outside / wall:.1%} | |")
+
+
 def compare_with_ctranslate2(translator: Translator, args: argparse.Namespace) -> None:
     import tempfile
 
@@ -391,7 +426,10 @@ def compare_with_ctranslate2(translator: Translator, args: argparse.Namespace) -
                           f"{ratio} | {same}/{n} ({same / n:.1%}) |")  # fmt: skip
                     if same != n and weights == "float32":
                         differing.append(f"{search} at batch {batch_size}: {same}/{n} identical")
-    print("\nspeed-up: attnlab's seconds / CTranslate2's (above 1: CTranslate2 is faster)")
+        print("\nspeed-up: attnlab's seconds / CTranslate2's (above 1: CTranslate2 is faster)")
+        if args.profile:
+            for beam in (1, 5):
+                profile_against_ctranslate2(model, engines["float32"], ids, beam, args.repeats)
     if args.quick and not args.ckpt and differing:  # the seeded random model: see the module docstring
         raise SystemExit(
             "bench_decode.py --ctranslate2 --quick: attnlab's and CTranslate2's float32 outputs differ on "

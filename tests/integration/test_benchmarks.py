@@ -98,7 +98,7 @@ def test_bench_decode_compares_with_ctranslate2_float32_and_int8(
     import sys
 
     argv = ["bench_decode.py", "--root", str(shared_data / "multi30k"), "--ctranslate2", "--quick",
-            "--threads", "1"]  # fmt: skip
+            "--threads", "1", "--profile"]  # fmt: skip
     monkeypatch.setattr(sys, "argv", argv)
     load("bench_decode").main()
     out = capsys.readouterr().out
@@ -112,6 +112,14 @@ def test_bench_decode_compares_with_ctranslate2_float32_and_int8(
         if row[3].strip() == "float32":
             assert row[7].strip() == f"{n}/{n} (100.0%)", row
         assert float(row[5]) > 0 and row[6].strip().endswith("]")  # a rate and a ratio range per row
+    # --profile: per search, attnlab's op table, whose shares (with the time outside ops) add up to the wall
+    profiles = out.split("\n\ngreedy, batch 64")[1].split("\n\nbeam 5, batch 64")
+    assert len(profiles) == 2 and all("CTranslate2 float32" in p for p in profiles)
+    for profile in profiles:
+        table = [line.split("|") for line in profile.splitlines() if line.startswith("| ") and "%" in line]
+        names = [r[1].strip() for r in table]
+        assert "aten::addmm" in names and names[-2:] == ["other ops", "outside ops (Python, dispatch)"]
+        assert sum(float(r[3].strip().rstrip("%")) for r in table) == pytest.approx(100.0, abs=0.5)
 
 
 def test_bench_epoch_quick_compares_token_batches_with_padded_sentence_batches(

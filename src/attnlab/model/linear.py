@@ -71,9 +71,13 @@ def _packed(layers: tuple[nn.Linear, ...], transposed: bool) -> tuple[Tensor, Te
     """The layers' weights concatenated, (in, Σ out) if `transposed` else (Σ out, in), and biases."""
     if len(layers) == 1 and not transposed:
         return layers[0].weight, layers[0].bias
-    params = [p for layer in layers for p in (layer.weight, layer.bias) if p is not None]
-    state = [(p._version, p.data_ptr()) for p in params]
-    group = _PACKED.setdefault(layers[0], {})
+    # every decoding step asks, once per layer group: read the parameters from each layer's dict (not
+    # through nn.Module.__getattr__) and compare flat tuples of ints
+    params = [p for layer in layers for p in layer._parameters.values() if p is not None]
+    state = tuple(n for p in params for n in (p._version, p.data_ptr()))
+    group = _PACKED.get(layers[0])
+    if group is None:
+        group = _PACKED[layers[0]] = {}
     key = (transposed, *map(id, layers))
     cached = group.get(key)
     if cached is not None and cached[0] == state:
