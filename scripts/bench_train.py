@@ -1,19 +1,32 @@
-"""One training step (forward, backward, AdamW) of attnlab, MarianMT and torch.nn.Transformer, side by side.
+"""One training step (forward, backward, AdamW) of attnlab, MarianMT, fairseq and torch.nn.Transformer.
 
 Usage:
     python scripts/bench_train.py [--sizes small base] [--repeats 7] [--threads 2] [--out docs/bench_train.md]
     python scripts/bench_train.py --quick        # tiny shapes: checks the harness (CI), times mean nothing
+    python scripts/bench_train.py --frameworks attnlab marian fairseq torch   # fairseq's own venv's python
 
-The three models do the same arithmetic, asserted before timing: the same trainable parameter count,
+`--frameworks` names the models compared (attnlab always among them: every ratio is attnlab's). The default
+is attnlab, MarianMT (`marian`, the `[interop]` extra) and `torch`; fairseq is timed only when named, so a
+run compares the same models wherever it runs, whatever happens to be installed. fairseq is no dependency of
+attnlab (a source build with C++ extensions that pins hydra-core and omegaconf and pulls torchaudio): run
+the script with the python of a virtual environment built for it (docs/benchmarks.md, "fairseq anchor").
+A named framework that cannot be imported stops the script before anything is built, saying so.
+
+The models do the same arithmetic, asserted before timing: the same trainable parameter count,
 ReLU feed-forward, post-norm, dropout 0.1, embeddings shared by encoder, decoder and output layer, no
 output bias, the same fixed batch of B sentences of S source and T target tokens (no padding), label-
 smoothed cross-entropy (0.1) and fused AdamW (the default of attnlab's training and of Hugging Face's
-`Trainer`). Each model's loss is the one its framework trains with: attnlab's `output_layer_loss` (the
-output layer and the loss fused in chunks, without the logits; `--loss logits` gives it `F.cross_entropy`
-on the logits too, comparing the models alone), and for the others `F.cross_entropy(label_smoothing=0.1)`
-on the logits, the fastest PyTorch form. MarianMT is built from a `MarianConfig` of the same sizes (random
-initialisation); the `nn.Transformer` model has the same embeddings, sinusoidal positions and output layer
-around `torch.nn.Transformer` (its final stack LayerNorms removed, as post-norm has none).
+`Trainer`). attnlab's loss is the one its training uses, `output_layer_loss` (the output layer and the
+loss fused in chunks, without the logits; `--loss logits` gives it `F.cross_entropy` on the logits too,
+comparing the models alone); the others' is `F.cross_entropy(label_smoothing=0.1)` on the logits, the
+fastest PyTorch form (for fairseq in place of its `label_smoothed_cross_entropy` criterion, which spreads
+the 0.1 over the V-1 other tokens instead of all V: a slightly different number). MarianMT is built from a
+`MarianConfig` of the same sizes (random initialisation). fairseq's model is
+`fairseq.models.transformer.TransformerModel` as `fairseq-train --arch transformer --share-all-embeddings`
+builds it, with these sizes and a `Dictionary` of exactly the vocabulary's size (<pad> 0, <s> 1, </s> 2
+as for the others), called as its training calls it (`src_tokens, src_lengths, prev_output_tokens`). The
+`nn.Transformer` model has the same embeddings, sinusoidal positions and output layer around
+`torch.nn.Transformer` (its final stack LayerNorms removed, as post-norm has none).
 
 Timing: after warm-up steps, `--repeats` rounds each time one step of every model, in an order rotated per
 round; per model the median step time. Ratios (attnlab's tokens/s over the other's) come with a 95%
@@ -42,7 +55,14 @@ SIZES = {  # d_model, heads, d_ff, layers per stack, vocabulary, (batch, source 
     "base": (512, 8, 2048, 6, 8000, (16, 32, 32)),
 }
 PAD, EOS, START = 0, 2, 1
-FRAMEWORKS = ("attnlab", "marian", "torch")
+FRAMEWORKS = ("attnlab", "marian", "fairseq", "torch")  # every one known, in the table's order
+DEFAULT_FRAMEWORKS = ("attnlab", "marian", "torch")
+NAMES = {"attnlab": "attnlab", "marian": "MarianMT", "fairseq": "fairseq", "torch": "nn.Transformer"}
+MODULES = {  # the package each framework needs, and how to get it
+    "marian": ("transformers", "install attnlab's [interop] extra"),
+    "fairseq": ("fairseq", "fairseq is no dependency of attnlab: run this script with the python of "
+                "fairseq's own virtual environment (docs/benchmarks.md, 'fairseq anchor')"),
+}  # fmt: skip
 
 
 def attnlab_model(size: str) -> Any:
@@ -68,6 +88,57 @@ def marian_model(size: str) -> Any:
                           pad_token_id=PAD, eos_token_id=EOS, decoder_start_token_id=PAD,
                           max_position_embeddings=256)  # fmt: skip
     return MarianMTModel(config)
+
+
+def fairseq_model(size: str) -> Any:
+    """fairseq's `transformer` architecture (`TransformerModel.build_model`, as `fairseq-train --arch
+    transformer` builds it) with the other models' sizes and settings."""
+    import argparse
+    import logging
+    import types
+
+    import torch.nn.functional as F
+
+    logging.getLogger("fairseq").setLevel(logging.WARNING)  # its import logs missing optional packages
+    from fairseq.data import Dictionary
+    from fairseq.models.transformer import TransformerModel
+
+    d, h, ff, layers, vocab, _ = SIZES[size]
+    # fairseq's default specials are <s> 0, <pad> 1, </s> 2, <unk> 3: added here in the others' order
+    dictionary = Dictionary(add_special_symbols=False)
+    dictionary.pad_index = dictionary.add_symbol("<pad>")
+    dictionary.bos_index = dictionary.add_symbol("<s>")
+    dictionary.eos_index = dictionary.add_symbol("</s>")
+    dictionary.unk_index = dictionary.add_symbol("<unk>")
+    dictionary.nspecial = len(dictionary)
+    for i in range(len(dictionary), vocab):
+        dictionary.add_symbol(f"w{i}")
+    if (len(dictionary), dictionary.pad(), dictionary.bos(), dictionary.eos()) != (vocab, PAD, START, EOS):
+        raise AssertionError(f"fairseq dictionary of {len(dictionary)} symbols, pad {dictionary.pad()}")
+    args = argparse.Namespace(
+        encoder_embed_dim=d, encoder_attention_heads=h, encoder_ffn_embed_dim=ff, encoder_layers=layers,
+        decoder_embed_dim=d, decoder_attention_heads=h, decoder_ffn_embed_dim=ff, decoder_layers=layers,
+        encoder_normalize_before=False, decoder_normalize_before=False, activation_fn="relu", dropout=0.1,
+        attention_dropout=0.0, activation_dropout=0.0, share_all_embeddings=True, encoder_learned_pos=False,
+        decoder_learned_pos=False, layernorm_embedding=False, no_scale_embedding=False,
+    )  # fmt: skip
+    task = types.SimpleNamespace(source_dictionary=dictionary, target_dictionary=dictionary)
+    model = TransformerModel.build_model(args, task)  # the rest: base_architecture's defaults
+    # what the parameter count does not show, as fairseq built it
+    stack = [*model.encoder.layers, *model.decoder.layers]
+    settings = {
+        "ReLU": all(layer.activation_fn is F.relu for layer in stack),
+        "post-norm": not any(layer.normalize_before for layer in stack),
+        "dropout 0.1": model.encoder.dropout_module.p == model.decoder.dropout_module.p == 0.1,
+        "no attention or activation dropout": all(
+            layer.self_attn.dropout_module.p == layer.activation_dropout_module.p == 0 for layer in stack
+        ),
+        "embeddings times sqrt(d_model)": model.encoder.embed_scale == model.decoder.embed_scale == d**0.5,
+        "no output bias": model.decoder.output_projection.bias is None,
+    }
+    if not all(settings.values()):
+        raise AssertionError(f"fairseq's model is not the others' arithmetic: {settings}")
+    return model
 
 
 def torch_model(size: str) -> Any:
@@ -106,7 +177,8 @@ def torch_model(size: str) -> Any:
 
 
 def build(framework: str, size: str) -> Any:
-    return {"attnlab": attnlab_model, "marian": marian_model, "torch": torch_model}[framework](size)
+    return {"attnlab": attnlab_model, "marian": marian_model, "fairseq": fairseq_model,
+            "torch": torch_model}[framework](size)  # fmt: skip
 
 
 def trainable(model: Any) -> int:
@@ -124,6 +196,7 @@ def make_step(framework: str, model: Any, size: str, loss_of: str = "framework")
     tgt = torch.randint(3, vocab, (batch, tgt_len + 1), generator=generator)
     tgt[:, 0] = START
     tgt_in, tgt_out = tgt[:, :-1], tgt[:, 1:]
+    src_lengths = torch.full((batch,), src_len)  # fairseq's encoder takes them (no padding here)
     # fused AdamW for every model: attnlab's training and Hugging Face's Trainer (optim=adamw_torch_fused)
     # both default to it
     optimizer = torch.optim.AdamW(model.parameters(), lr=1e-4, fused=True)
@@ -132,6 +205,8 @@ def make_step(framework: str, model: Any, size: str, loss_of: str = "framework")
     def forward() -> torch.Tensor:
         if framework == "marian":
             return model(input_ids=src, decoder_input_ids=tgt_in).logits
+        if framework == "fairseq":  # (logits, extra), as fairseq's criterion gets it
+            return model(src, src_lengths, tgt_in)[0]
         return model(src, tgt_in)
 
     def framework_loss() -> torch.Tensor:
@@ -184,25 +259,28 @@ def interval(pairs: list[tuple[float, float]], seed: int = 0) -> tuple[float, fl
     return ratio(pairs), draws[49], draws[1949]
 
 
-def bench(size: str, repeats: int, warmup: int, threads: int, memory: bool, loss_of: str) -> dict[str, Any]:
+def bench(
+    size: str, repeats: int, warmup: int, threads: int, memory: bool, loss_of: str,
+    frameworks: tuple[str, ...] = DEFAULT_FRAMEWORKS,
+) -> dict[str, Any]:  # fmt: skip
     import torch
 
     from attnlab.model.flops import matmul_rate, training_flops
 
     torch.set_num_threads(threads)
     torch.manual_seed(0)
-    models = {f: build(f, size) for f in FRAMEWORKS}
+    models = {f: build(f, size) for f in frameworks}
     counts = {f: trainable(m) for f, m in models.items()}
     if len(set(counts.values())) != 1:
         raise AssertionError(f"different trainable parameter counts, not the same arithmetic: {counts}")
-    steps = {f: make_step(f, models[f], size, loss_of) for f in FRAMEWORKS}
-    for f in FRAMEWORKS:
+    steps = {f: make_step(f, models[f], size, loss_of) for f in frameworks}
+    for f in frameworks:
         for _ in range(warmup):
             steps[f]()
-    times: dict[str, list[float]] = {f: [] for f in FRAMEWORKS}
+    times: dict[str, list[float]] = {f: [] for f in frameworks}
     rates = []  # the matmul rate, measured in every round too: it drifts with the machine's load and clock
     for r in range(repeats):
-        order = FRAMEWORKS[r % 3 :] + FRAMEWORKS[: r % 3]
+        order = frameworks[r % len(frameworks) :] + frameworks[: r % len(frameworks)]
         for f in order:
             start = time.perf_counter()
             steps[f]()
@@ -214,13 +292,13 @@ def bench(size: str, repeats: int, warmup: int, threads: int, memory: bool, loss
     tokens = batch * tgt_len
     result: dict[str, Any] = {"size": size, "params": counts["attnlab"], "batch": [batch, src_len, tgt_len],
                               "matmul_gflops": peak / 1e9, "step_flops": flops, "models": {}}  # fmt: skip
-    for f in FRAMEWORKS:
+    for f in frameworks:
         median = statistics.median(times[f])
         result["models"][f] = {
             "median_s": median, "tokens_per_s": tokens / median, "mfu": flops / median / peak,
             "peak_rss_mb": peak_memory(f, size, threads, loss_of) if memory else None,
         }  # fmt: skip
-    for other in ("marian", "torch"):
+    for other in frameworks[1:]:
         result[f"speedup_vs_{other}"] = interval(list(zip(times["attnlab"], times[other], strict=True)))
     return result
 
@@ -232,8 +310,7 @@ def table(results: list[dict[str, Any]]) -> str:
         "|---|---|---|---|---|---|---|---|",
     ]
     for r in results:
-        for f in FRAMEWORKS:
-            m = r["models"][f]
+        for f, m in r["models"].items():
             rss = (
                 ""
                 if m["peak_rss_mb"] is None
@@ -243,11 +320,28 @@ def table(results: list[dict[str, Any]]) -> str:
             if f != "attnlab":
                 ratio, low, high = r[f"speedup_vs_{f}"]
                 speedup = f"{ratio:.3f}× [{low:.3f}, {high:.3f}]"
-            name = {"attnlab": "attnlab", "marian": "MarianMT", "torch": "nn.Transformer"}[f]
+            name = NAMES[f]
             step = f"{m['median_s'] * 1000:.0f} ms"
             lines.append(f"| {r['size']} | {name} | {r['params'] / 1e6:.1f}M | {step} | "
                          f"{m['tokens_per_s']:,.0f} | {m['mfu']:.1%} | {rss} | {speedup} |")  # fmt: skip
     return "\n".join(lines) + "\n"
+
+
+def frameworks_of(parser: argparse.ArgumentParser, names: list[str], compared: bool) -> tuple[str, ...]:
+    """`--frameworks` checked, in the table's order: each once, each importable here and, when `compared`
+    (not one model's memory process), attnlab among them."""
+    import importlib.util
+
+    if len(set(names)) != len(names):
+        parser.error(f"--frameworks {' '.join(names)}: each framework once")
+    if compared and "attnlab" not in names:
+        parser.error(f"--frameworks {' '.join(names)}: add attnlab (every speed-up is attnlab's)")
+    for f in names:
+        if f in MODULES and importlib.util.find_spec(MODULES[f][0]) is None:
+            module, fix = MODULES[f]
+            parser.error(f"--frameworks {f}: {module} cannot be imported by {sys.executable}. {fix}, "
+                         f"or leave {f} out")  # fmt: skip
+    return tuple(f for f in FRAMEWORKS if f in names)
 
 
 def main(argv: list[str] | None = None) -> None:
@@ -267,8 +361,17 @@ def main(argv: list[str] | None = None) -> None:
         "it; "
         "logits: F.cross_entropy on the logits for attnlab too (the models alone compared)",
     )
+    parser.add_argument(
+        "--frameworks",
+        nargs="+",
+        choices=FRAMEWORKS,
+        default=list(DEFAULT_FRAMEWORKS),
+        help="the models compared, attnlab among them (default: attnlab marian torch; fairseq when named)",
+    )
     parser.add_argument("--memory-of", choices=FRAMEWORKS, help=argparse.SUPPRESS)
     args = parser.parse_args(argv)
+    frameworks = frameworks_of(parser, [args.memory_of] if args.memory_of else args.frameworks,
+                               compared=not args.memory_of)  # fmt: skip
     if args.memory_of:
         import torch
 
@@ -282,7 +385,8 @@ def main(argv: list[str] | None = None) -> None:
     if args.quick:
         args.sizes, args.repeats, args.warmup = ["tiny"], 2, 1
     memory = not args.no_memory
-    results = [bench(size, args.repeats, args.warmup, args.threads, memory, args.loss) for size in args.sizes]
+    results = [bench(size, args.repeats, args.warmup, args.threads, memory, args.loss, frameworks)
+               for size in args.sizes]  # fmt: skip
     text = table(results)
     rates = ", ".join(f"{r['size']} {r['matmul_gflops']:.1f}" for r in results)
     print(

@@ -47,9 +47,9 @@ def test_bench_train_quick_compares_three_models_doing_the_same_arithmetic(
 ) -> None:
     pytest.importorskip("transformers", reason="MarianMT needs the [interop] extra")
     bench = load("bench_train")
-    counts = {f: bench.trainable(bench.build(f, "tiny")) for f in bench.FRAMEWORKS}
+    counts = {f: bench.trainable(bench.build(f, "tiny")) for f in bench.DEFAULT_FRAMEWORKS}
     assert len(set(counts.values())) == 1, counts  # the same parameters in all three
-    bench.main(["--quick", "--no-memory", "--out", str(tmp_path / "t.md")])
+    bench.main(["--quick", "--no-memory", "--out", str(tmp_path / "t.md")])  # the default: these three
     rows = [line for line in (tmp_path / "t.md").read_text().splitlines() if line.startswith("| tiny")]
     assert [r.split("|")[2].strip() for r in rows] == ["attnlab", "MarianMT", "nn.Transformer"]
     assert all("×" in r.split("|")[8] for r in rows[1:])  # speed-ups with their intervals
@@ -63,6 +63,39 @@ def test_bench_train_quick_compares_three_models_doing_the_same_arithmetic(
     assert losses[0] == pytest.approx(losses[1], rel=1e-5)
     ratio, low, high = bench.interval([(1.0, 2.0), (1.0, 2.0), (1.0, 2.0)])
     assert (ratio, low, high) == (2.0, 2.0, 2.0)  # half the step time = twice the speed
+
+
+def test_bench_train_frameworks_picks_the_models_and_names_what_is_missing(
+    capsys: pytest.CaptureFixture[str], tmp_path: Path
+) -> None:
+    """--frameworks: any set with attnlab, in the table's order, without the packages of the others (no
+    transformers needed for attnlab and nn.Transformer); fairseq, no dependency, is refused naming its
+    own virtual environment where it is not installed, and matches attnlab's parameters where it is."""
+    bench = load("bench_train")
+    out = tmp_path / "t.md"
+    bench.main(["--quick", "--no-memory", "--frameworks", "torch", "attnlab", "--out", str(out)])
+    rows = [line.split("|") for line in out.read_text().splitlines() if line.startswith("| tiny")]
+    assert [r[2].strip() for r in rows] == ["attnlab", "nn.Transformer"]
+    assert rows[0][8].strip() == "" and "×" in rows[1][8]
+    (result,) = json.loads(Path(str(out) + ".json").read_text())
+    assert list(result["models"]) == ["attnlab", "torch"]
+    assert [k for k in result if k.startswith("speedup_vs_")] == ["speedup_vs_torch"]
+    for argv, message in [
+        (["--frameworks", "torch", "marian"], "add attnlab"),
+        (["--frameworks", "attnlab", "torch", "torch"], "each framework once"),
+        (["--frameworks", "attnlab", "opennmt"], "invalid choice: 'opennmt'"),
+    ]:
+        with pytest.raises(SystemExit):
+            bench.main(["--quick", "--no-memory", *argv])
+        assert message in capsys.readouterr().err
+    if importlib.util.find_spec("fairseq") is None:
+        with pytest.raises(SystemExit):
+            bench.main(["--quick", "--no-memory", "--frameworks", "attnlab", "fairseq"])
+        err = capsys.readouterr().err
+        assert "fairseq cannot be imported" in err and "'fairseq anchor'" in err
+    else:
+        fairseq, attnlab = (bench.trainable(bench.build(f, "tiny")) for f in ("fairseq", "attnlab"))
+        assert fairseq == attnlab
 
 
 def test_bench_decode_compares_with_marian_generate(
