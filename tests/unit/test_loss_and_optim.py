@@ -132,6 +132,14 @@ def test_output_layer_loss_equals_the_logits_path(chunk_rows: int | None, bias: 
     assert fused[3].abs().sum() > 0 and fused[4].abs().sum() > 0
 
 
+def test_output_layer_loss_refuses_mismatched_rows_and_empty_chunks() -> None:
+    hidden, output, target = output_layer_case(bias=False)
+    with pytest.raises(ValueError, match="21 hidden rows but 20 targets"):
+        output_layer_loss(hidden, output, target.flatten()[:20], epsilon=0.1, ignore_index=PAD)
+    with pytest.raises(ValueError, match="chunk_rows=0 must be >= 1"):
+        output_layer_loss(hidden, output, target, epsilon=0.1, ignore_index=PAD, chunk_rows=0)
+
+
 def test_output_layer_loss_ignores_padding_rows_and_gives_them_no_gradient() -> None:
     hidden, output, target = output_layer_case(bias=True)
     hidden.requires_grad_()

@@ -85,6 +85,8 @@ def output_layer_loss(
     if chunk_rows is None:
         elements = CHUNK_ELEMENTS.get(hidden.device.type, DEFAULT_CHUNK_ELEMENTS)
         chunk_rows = max(64, elements // output.weight.size(0))
+    if chunk_rows < 1:
+        raise ValueError(f"chunk_rows={chunk_rows} must be >= 1")
     keep = target != ignore_index
     # the Function's forward runs without grad mode and its ctx.needs_input_grad ignores no_grad: pass it
     grads = torch.is_grad_enabled()
