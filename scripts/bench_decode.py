@@ -141,6 +141,8 @@ def main() -> None:
     parser.add_argument("--memory-child", nargs=2, metavar=("INPUT", "BEAM"), help=argparse.SUPPRESS)
     parser.add_argument("--json", type=Path, help="also write the default mode's numbers to this JSON file")
     args = parser.parse_args()
+    if args.profile and not args.ctranslate2:
+        parser.error("--profile profiles attnlab beside CTranslate2: give --ctranslate2 too")
     torch.set_num_threads(args.threads)
     if args.memory_child:
         translate_in_this_process(args)

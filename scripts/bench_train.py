@@ -209,10 +209,10 @@ def make_step(framework: str, model: Any, size: str, loss_of: str = "framework")
             return model(src, src_lengths, tgt_in)[0]
         return model(src, tgt_in)
 
+    from attnlab.training.loss import output_layer_loss  # imported here, not in the timed step
+
     def framework_loss() -> torch.Tensor:
         if framework == "attnlab" and loss_of == "framework":  # as TranslationModule computes it
-            from attnlab.training.loss import output_layer_loss
-
             hidden = model(src, tgt_in, project=False)
             loss_sum, _, n = output_layer_loss(hidden, model.output, tgt_out, epsilon=0.1, ignore_index=PAD)
             return loss_sum / n

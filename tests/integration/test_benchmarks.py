@@ -121,6 +121,18 @@ def test_bench_decode_compares_with_marian_generate(
     assert "greedy differences: 0;" in out
 
 
+def test_bench_decode_profile_needs_ctranslate2(
+    shared_data: Path, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    import sys
+
+    argv = ["bench_decode.py", "--root", str(shared_data / "multi30k"), "--profile"]
+    monkeypatch.setattr(sys, "argv", argv)
+    with pytest.raises(SystemExit) as exit_info:
+        load("bench_decode").main()
+    assert exit_info.value.code == 2 and "give --ctranslate2 too" in capsys.readouterr().err
+
+
 def test_bench_decode_compares_with_ctranslate2_float32_and_int8(
     shared_data: Path, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
 ) -> None:

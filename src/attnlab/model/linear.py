@@ -21,7 +21,7 @@ from torch import Tensor, nn
 from torch.optim.optimizer import register_optimizer_step_post_hook
 
 # first layer of a group -> {(layout, layer ids): (weights' versions and storages, concatenated weight, bias)}
-_PACKED: weakref.WeakKeyDictionary[nn.Linear, dict[tuple, tuple[list, Tensor, Tensor | None]]]
+_PACKED: weakref.WeakKeyDictionary[nn.Linear, dict[tuple, tuple[tuple, Tensor, Tensor | None]]]
 _PACKED = weakref.WeakKeyDictionary()
 
 
