@@ -10,7 +10,9 @@ message; the marker is never created and the file is left byte for byte as it wa
 
 Nor does checkpoint content steer a run: callback states claiming another file as the best checkpoint
 (from another run's checkpoint, or naming files outside the run), model settings that would allocate far
-more than the weights hold, and the FSDP strategy's own reader.
+more than the weights hold, the FSDP strategy's own reader, and optimizer or schedule states that the
+run's settings do not build (refused naming the entry), or a saved learning rate (replaced by the
+schedule's).
 """
 
 from __future__ import annotations
@@ -427,3 +429,127 @@ def test_the_fsdp_strategy_reads_a_checkpoint_by_attnlabs_reader(
     loaded = strategy.load_checkpoint(weights)
     assert all(torch.equal(v, trained["plain"]["state_dict"][k]) for k, v in fresh.state_dict().items())
     assert loaded["callbacks"] == {}  # another run's callback states: not loaded
+
+
+# ---------------------------------------------------------------------------------------------------------
+# Optimizer and schedule state: torch restores every saved parameter-group option over the run's settings
+
+
+def set_group(**options: Any) -> Callable[[dict[str, Any]], None]:
+    def edit(c: dict[str, Any]) -> None:
+        c["optimizer_states"][0]["param_groups"][0].update(options)
+
+    return edit
+
+
+def edit_state(name: str, value: Callable[[torch.Tensor], Any]) -> Callable[[dict[str, Any]], None]:
+    def edit(c: dict[str, Any]) -> None:
+        entry = c["optimizer_states"][0]["state"][0]
+        entry[name] = value(entry[name])
+
+    return edit
+
+
+def set_schedule(**entries: Any) -> Callable[[dict[str, Any]], None]:
+    def edit(c: dict[str, Any]) -> None:
+        c["lr_schedulers"][0].update(entries)
+
+    return edit
+
+
+# kind -> (how the checkpoint is changed, a regex of what the refusal names)
+OPTIMIZER_CASES: dict[str, tuple[Callable[[dict[str, Any]], None], str]] = {
+    "maximize": (set_group(maximize=True), re.escape("maximize: True there, False here")),
+    "betas": (set_group(betas=(0.5, 0.5)), re.escape("betas: (0.5, 0.5) there, (0.9, 0.98) here")),
+    "eps": (set_group(eps=1.0), re.escape("eps: 1.0 there, 1e-09 here")),
+    "decoupled weight decay": (
+        set_group(decoupled_weight_decay=True),
+        re.escape("decoupled_weight_decay: True there"),
+    ),
+    "unknown option": (set_group(momentum=0.9), re.escape("momentum: 0.9 there, '(no such option)' here")),
+    "nan lr": (set_group(lr=float("nan")), re.escape("lr: nan is not a learning rate")),
+    "two groups": (
+        lambda c: c["optimizer_states"][0]["param_groups"].append({"params": []}),
+        re.escape("param_groups holds 2 entries, this run has one group"),
+    ),
+    "moment shape": (
+        edit_state("exp_avg", lambda t: t.flatten()[:3]),
+        r"state\[0\]\.exp_avg: not finite, of shape",
+    ),
+    "negative second moment": (
+        edit_state("exp_avg_sq", lambda t: -t - 1),
+        r"exp_avg_sq: not finite and >= 0",
+    ),
+    "infinite moment": (edit_state("exp_avg", lambda t: t + float("inf")), r"exp_avg: not finite"),
+    "schedule base": (set_schedule(base_lrs=[100.0]), r"base_lrs: \[100\.0\] there, \[1\.0\] here"),
+    "schedule attribute": (set_schedule(optimizer={}), r"lr_schedulers\[0\] has entries \['optimizer'\]"),
+    "schedule position": (set_schedule(last_epoch=-5), re.escape("last_epoch: -5 is no step count")),
+    "foreign state": (
+        lambda c: c["optimizer_states"][0]["state"].__setitem__(10**6, {}),
+        r"state\[1000000\]: no parameter of this model",
+    ),
+}
+
+
+@pytest.mark.parametrize("kind", OPTIMIZER_CASES)
+def test_an_optimizer_state_the_settings_do_not_build_is_refused_before_training(
+    kind: str, trained: dict[str, Any], tmp_path: Path
+) -> None:
+    """A checkpoint whose saved Adam options (gradient ascent, other betas, AdamW's decoupling), moments or
+    schedule differ from what the run's settings build: refused naming the entry, on `ckpt_path=` and on
+    resume, before training, the run directory as it was."""
+    edit, message = OPTIMIZER_CASES[kind]
+    checkpoint = copy.deepcopy(trained["plain"])
+    edit(checkpoint)
+    path = tmp_path / "edited.ckpt"
+    torch.save(checkpoint, path)
+    before = path.read_bytes()
+    with pytest.raises(ConfigError) as caught:
+        train(compose_train([*trained["overrides"], f"ckpt_path={path}"], tmp_path / "new_run"))
+    text = str(caught.value)
+    assert re.search(
+        re.escape(str(path)) + ": its optimizer state is not what this run's settings build", text
+    )
+    assert re.search(message, text), text
+    assert "init_from=" in text
+    assert path.read_bytes() == before
+    assert not list((tmp_path / "new_run").rglob("*.ckpt"))  # nothing trained
+    run = copy_run(trained, tmp_path)
+    last = run / "checkpoints" / "last.ckpt"
+    torch.save(checkpoint, last)
+    kept = {p: p.read_bytes() for p in run.rglob("*") if p.is_file()}
+    with pytest.raises(ConfigError, match="its optimizer state is not what this run's settings build"):
+        train(compose_train([*two_epochs_tested(trained), "resume=true"], run))
+    assert {p: p.read_bytes() for p in run.rglob("*") if p.is_file()} == kept
+
+
+def test_other_optim_settings_than_the_checkpoints_are_refused_naming_init_from(
+    trained: dict[str, Any], tmp_path: Path
+) -> None:
+    """`ckpt_path=` continues a checkpoint's optimizer: with another eps the run would silently train with
+    the saved one; `init_from=` (a fresh optimizer) takes the new settings."""
+    other = [*trained["overrides"], "optim.eps=1e-6"]
+    with pytest.raises(ConfigError, match=r"eps: 1e-09 there, 1e-06 here.*init_from="):
+        train(compose_train([*other, f"ckpt_path={trained['last']}"], tmp_path / "continued"))
+    train(compose_train([*other, f"init_from={trained['last']}"], tmp_path / "fine_tuned"))
+    saved = read_checkpoint(tmp_path / "fine_tuned" / "checkpoints" / "last.ckpt")
+    assert saved["optimizer_states"][0]["param_groups"][0]["eps"] == 1e-6
+
+
+def test_a_saved_learning_rate_does_not_steer_the_resumed_steps(
+    trained: dict[str, Any], tmp_path: Path
+) -> None:
+    """The rate of the first resumed step is the schedule's, not the `lr` a checkpoint holds: a run
+    resumed from a last.ckpt whose rate says 1000 ends with the weights of one resumed from the real one."""
+    finals = []
+    for name, lr in (("real", None), ("steered", 1000.0)):
+        run = copy_run(trained, tmp_path / name)
+        if lr is not None:
+            last = run / "checkpoints" / "last.ckpt"
+            checkpoint = torch.load(last, weights_only=True)
+            checkpoint["optimizer_states"][0]["param_groups"][0]["lr"] = lr
+            torch.save(checkpoint, last)
+        train(compose_train([*two_epochs_tested(trained), "test=false", "resume=true"], run))
+        finals.append(read_checkpoint(run / "checkpoints" / "last.ckpt")["state_dict"])
+    assert finals[0].keys() == finals[1].keys()
+    assert all(torch.equal(finals[0][k], finals[1][k]) for k in finals[0])

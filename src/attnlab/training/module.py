@@ -108,6 +108,19 @@ class TranslationModule(L.LightningModule):
         for logger in self.loggers:
             logger.log_metrics(counts, step=0)
 
+    def on_train_start(self) -> None:
+        # The rate of the next step is the schedule's at its position (the same number for a run continued
+        # with its own settings), not one a checkpoint holds: torch restores each group's saved `lr`.
+        for config in self.trainer.lr_scheduler_configs:
+            scheduler = config.scheduler
+            rates = [
+                base * fn(scheduler.last_epoch)
+                for base, fn in zip(scheduler.base_lrs, scheduler.lr_lambdas, strict=True)
+            ]
+            for group, rate in zip(scheduler.optimizer.param_groups, rates, strict=True):
+                group["lr"] = rate
+            scheduler._last_lr = rates
+
     def on_train_batch_start(self, batch: dict[str, Tensor], batch_idx: int) -> None:
         if self._rng_to_restore is not None:  # resumed: the random streams continue where they were saved
             set_rng_states(self._rng_to_restore)
@@ -433,7 +446,9 @@ class TranslationModule(L.LightningModule):
 
     # -- optimisation ---------------------------------------------------------------------------------
 
-    def configure_optimizers(self) -> dict[str, Any]:
+    def build_optimizer(self) -> torch.optim.Optimizer:
+        """The run's Adam (AdamW when `optim.weight_decay` > 0) over the module's parameters, one group, its
+        base learning rate 1.0 (the schedule's `LambdaLR` sets the rate of each step)."""
         cfg = self.optim_config
         optimizer_cls = torch.optim.AdamW if cfg.weight_decay > 0 else torch.optim.Adam
         params = list(self.parameters())
@@ -447,9 +462,13 @@ class TranslationModule(L.LightningModule):
         fused = not precision.endswith("-mixed") and all(
             p.is_floating_point() and p.device.type in FUSED_ADAM_DEVICES for p in params
         )
-        optimizer = optimizer_cls(
+        return optimizer_cls(
             params, lr=1.0, betas=cfg.betas, eps=cfg.eps, weight_decay=cfg.weight_decay, fused=fused or None
         )
+
+    def configure_optimizers(self) -> dict[str, Any]:
+        cfg = self.optim_config
+        optimizer = self.build_optimizer()
         d_model = self.model_config.d_model
         trainer = self._trainer  # None when optimizers are built outside a Trainer
         steps = getattr(trainer, "estimated_stepping_batches", math.inf)  # inf: no max_epochs, max_steps

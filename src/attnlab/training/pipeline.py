@@ -39,6 +39,7 @@ from attnlab.training.experiment import Experiment, check_constructor_keys, reso
 from attnlab.training.resume import (
     check_checkpoint_fits,
     check_same_experiment,
+    check_training_state,
     checkpoint_step,
     csv_history,
     restore_csv_history,
@@ -186,6 +187,8 @@ def _train_and_evaluate(plan: RunPlan, manifest: Manifest | None) -> dict[str, f
     datamodule = build_data(plan)
     _record(manifest, data=data_identity(datamodule))  # before the checks: a refused run names its data
     module = build_module(plan, fit_model_to_data(plan, datamodule))
+    if plan.resume_from is not None:  # its optimizer and schedule state must be what the settings build
+        check_training_state(plan.resume_from, module)
     if plan.cfg.get("init_from") is not None and not plan.continuing:
         _record(manifest, init_from=init_weights(module, datamodule, plan.cfg.init_from))
     wandb_id = manifest.get("wandb_run_id") if manifest is not None and plan.continuing else None

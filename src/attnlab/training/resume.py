@@ -18,6 +18,7 @@ run is the same run (same id) continued. Epoch averages of the interrupted epoch
 
 from __future__ import annotations
 
+import math
 from pathlib import Path
 from typing import Any
 
@@ -101,6 +102,125 @@ def check_checkpoint_fits(path: str | Path, model: Any) -> None:
             "settings it was trained with (the vocabulary sizes come from the data and its tokenizer "
             "settings), or drop ckpt_path to start from scratch"
         )
+
+
+# Parameter-group entries that are no training setting: the parameters' indices, the rates the schedule
+# sets (`on_train_start` puts back the schedule's own), and the update's implementation (fused, foreach:
+# the same update up to float rounding; a resumed run keeps the saved one, so its steps stay bitwise the
+# same as an uninterrupted run's).
+_NOT_SETTINGS = frozenset({"params", "lr", "initial_lr", "fused", "foreach"})
+
+
+def check_training_state(path: str | Path, module: Any) -> None:
+    """Refuse, before training, a checkpoint whose optimizer or LR-schedule state is not what this run's
+    settings build: torch would restore every saved parameter-group option (betas, eps, weight decay,
+    `maximize`, AdamW's decoupling, ...) over the run's config, so the training would follow the file, not
+    `config.yaml`; and moments of other shapes, or not finite, would fail or poison the first step.
+
+    Args:
+        path: The checkpoint to continue from (`resume` or `ckpt_path=`).
+        module: This run's `TranslationModule` (its optimizer settings and parameters).
+
+    Raises:
+        ConfigError: Naming the first entries that differ, and the fix: the settings the checkpoint was
+            trained with, or `init_from=` (its weights, a fresh optimizer).
+    """
+    import torch
+
+    from attnlab.runs.checkpoint import CheckpointError, read_checkpoint
+
+    try:
+        checkpoint = read_checkpoint(path)
+    except CheckpointError as exc:
+        raise ConfigError(f"ckpt_path: {exc}") from None
+    problems = []
+    optimizers = checkpoint.get("optimizer_states")
+    if optimizers is not None:
+        expected = module.build_optimizer().param_groups[0]
+        problems = _optimizer_problems(optimizers, expected, module, torch)
+    schedulers = checkpoint.get("lr_schedulers")
+    if schedulers is not None and not problems:
+        problems = _scheduler_problems(schedulers, torch)
+    if problems:
+        raise ConfigError(
+            f"{path}: its optimizer state is not what this run's settings build ({'; '.join(problems[:6])}): "
+            "continue it with the optim settings it was trained with, or start from its weights with a "
+            "fresh optimizer (init_from=<the checkpoint> instead of ckpt_path)"
+        )
+
+
+def _optimizer_problems(states: Any, expected: dict[str, Any], module: Any, torch: Any) -> list[str]:
+    if not isinstance(states, list) or len(states) != 1 or not isinstance(states[0], dict):
+        return [f"optimizer_states holds {_count(states)}, this run has one Adam"]
+    state, groups = states[0].get("state"), states[0].get("param_groups")
+    if not isinstance(groups, list) or len(groups) != 1 or not isinstance(groups[0], dict):
+        return [f"param_groups holds {_count(groups)}, this run has one group"]
+    if not isinstance(state, dict):
+        return ["its per-parameter state is no dict"]
+    group, problems = groups[0], []
+    for key in sorted(set(group) - _NOT_SETTINGS):
+        saved, ours = group[key], expected.get(key, "(no such option)")
+        if _plain(saved) != _plain(ours):
+            problems.append(f"{key}: {saved!r} there, {ours!r} here")
+    lr = group.get("lr")
+    if not isinstance(lr, (int, float)) or not math.isfinite(lr) or lr < 0:
+        problems.append(f"lr: {lr!r} is not a learning rate")
+    params = list(module.parameters())
+    by_name = dict(module.named_parameters())
+    if all(isinstance(i, int) for i in group.get("params", [])) and len(group.get("params", [])) != len(
+        params
+    ):
+        problems.append(f"params: {len(group.get('params', []))} parameters there, {len(params)} here")
+    for key, entry in state.items():
+        param = params[key] if isinstance(key, int) and 0 <= key < len(params) else by_name.get(key)
+        if param is None or not isinstance(entry, dict):
+            problems.append(f"state[{key!r}]: no parameter of this model")
+            continue
+        for name, value in entry.items():
+            if name == "step":
+                ok = torch.is_tensor(value) and value.numel() == 1 and bool(torch.isfinite(value).all())
+                ok = ok and float(value) >= 0
+                shown = "a finite count"
+            elif name in ("exp_avg", "exp_avg_sq"):
+                ok = (
+                    torch.is_tensor(value)
+                    and value.shape == param.shape
+                    and bool(torch.isfinite(value).all())
+                )
+                ok = ok and (name == "exp_avg" or bool((value >= 0).all()))
+                shown = f"finite{' and >= 0' if name == 'exp_avg_sq' else ''}, of shape {tuple(param.shape)}"
+            else:
+                ok, shown = False, "no such Adam state"
+            if not ok:
+                problems.append(f"state[{key!r}].{name}: not {shown}")
+    return problems
+
+
+def _scheduler_problems(states: Any, torch: Any) -> list[str]:
+    if not isinstance(states, list) or len(states) != 1 or not isinstance(states[0], dict):
+        return [f"lr_schedulers holds {_count(states)}, this run has one schedule"]
+    optimizer = torch.optim.SGD([torch.zeros(1, requires_grad=True)], lr=1.0)
+    fresh = torch.optim.lr_scheduler.LambdaLR(optimizer, lambda step: 1.0).state_dict()
+    state, problems = states[0], []
+    unknown = sorted(set(state) - set(fresh) - {"verbose"})  # (verbose: saved by torch before 2.7)
+    if unknown:
+        problems.append(f"lr_schedulers[0] has entries {unknown} that LambdaLR does not")
+    if state.get("base_lrs") != [1.0]:
+        problems.append(f"base_lrs: {state.get('base_lrs')!r} there, [1.0] here")
+    if state.get("lr_lambdas") != [None]:
+        problems.append(f"lr_lambdas: {state.get('lr_lambdas')!r} there, [None] here")
+    step = state.get("last_epoch")
+    if not isinstance(step, int) or isinstance(step, bool) or step < 0:
+        problems.append(f"last_epoch: {step!r} is no step count")
+    return problems
+
+
+def _plain(value: Any) -> Any:
+    return list(value) if isinstance(value, (tuple, list)) else value
+
+
+def _count(value: Any) -> str:
+    return f"{len(value)} entries" if isinstance(value, (list, tuple, dict)) else f"a {type(value).__name__}"
 
 
 def check_same_experiment(saved: Path, resolved: dict[str, Any]) -> None:
