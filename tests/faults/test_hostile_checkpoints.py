@@ -457,6 +457,30 @@ def set_schedule(**entries: Any) -> Callable[[dict[str, Any]], None]:
     return edit
 
 
+def swap_same_shaped_params(c: dict[str, Any]) -> None:
+    """Swap two same-shaped parameters' places in the group's list: torch gives each one the other's
+    moments (a swap of two of other shapes makes the fused update write past a tensor's end)."""
+    group, state = c["optimizer_states"][0]["param_groups"][0], c["optimizer_states"][0]["state"]
+    shapes = [tuple(state[i]["exp_avg"].shape) for i in group["params"]]
+    a = next(i for i, shape in enumerate(shapes) if shapes.count(shape) > 1)
+    b = next(i for i, shape in enumerate(shapes) if shape == shapes[a] and i != a)
+    group["params"][a], group["params"][b] = group["params"][b], group["params"][a]
+
+
+def key_state_by_name(c: dict[str, Any]) -> None:
+    """State keyed by a parameter's name: torch keeps it aside, the parameter's moments start afresh."""
+    state = c["optimizer_states"][0]["state"]
+    state[next(iter(c["state_dict"]))] = state.pop(0)
+
+
+def set_steps(value: float) -> Callable[[dict[str, Any]], None]:
+    def edit(c: dict[str, Any]) -> None:
+        for entry in c["optimizer_states"][0]["state"].values():
+            entry["step"] = torch.tensor(value)
+
+    return edit
+
+
 # kind -> (how the checkpoint is changed, a regex of what the refusal names)
 OPTIMIZER_CASES: dict[str, tuple[Callable[[dict[str, Any]], None], str]] = {
     "maximize": (set_group(maximize=True), re.escape("maximize: True there, False here")),
@@ -488,6 +512,39 @@ OPTIMIZER_CASES: dict[str, tuple[Callable[[dict[str, Any]], None], str]] = {
         lambda c: c["optimizer_states"][0]["state"].__setitem__(10**6, {}),
         r"state\[1000000\]: no parameter of this model",
     ),
+    # Entries the checks above missed: silent changes, or a traceback (in the check or the first step)
+    "params swapped": (swap_same_shaped_params, r"params: \[0, .*\(list\) there, the indices 0\.\.\d+ here"),
+    "params no list": (set_group(params=None), re.escape("params: None there, the indices 0..")),
+    "state keyed by name": (key_state_by_name, r"state\['model\..*'\]: no parameter of this model"),
+    "moments missing": (
+        lambda c: c["optimizer_states"][0]["state"].pop(0),
+        r"state: moments of (\d+) of the (?!\1)\d+ parameters",
+    ),
+    "moment missing": (
+        lambda c: c["optimizer_states"][0]["state"][0].pop("exp_avg"),
+        r"state\[0\]\.exp_avg: missing",
+    ),
+    "float64 moment": (
+        edit_state("exp_avg", lambda t: torch.full(t.shape, 1e300, dtype=torch.float64)),
+        r"state\[0\]\.exp_avg: not finite, of shape .*torch\.float64",
+    ),
+    "complex moment": (
+        edit_state("exp_avg_sq", lambda t: t.to(torch.complex64)),
+        r"state\[0\]\.exp_avg_sq: .*not a dense real tensor",
+    ),
+    "fractional step": (set_steps(2.5), re.escape("state[0].step: tensor(2.5000) is no count of steps")),
+    "step not the schedule's": (set_steps(1e9), r"Adam's step count 1e\+09 is not the schedule's \d+"),
+    "schedule behind": (set_schedule(last_epoch=0), r"last_epoch: 0 there, but the checkpoint's global_step"),
+    "option missing": (lambda c: c["optimizer_states"][0]["param_groups"][0].pop("eps"), r"eps: '\(no such"),
+    "tensor option": (set_group(eps=torch.tensor([1e-9, 1e-9])), r"eps: tensor\(\[.*\]\) there, 1e-09 here"),
+    "option of no name": (
+        lambda c: c["optimizer_states"][0]["param_groups"][0].__setitem__(1, "x"),
+        r"1: 'x' there, '\(no such option\)' here",
+    ),
+    "schedule step count": (set_schedule(_step_count="x"), r"_step_count: 'x' is no step count"),
+    "tensor schedule base": (set_schedule(base_lrs=[torch.ones(2)]), r"base_lrs: \[tensor\(\[1\., 1\.\]\)\]"),
+    "no optimizer state": (lambda c: c.pop("optimizer_states"), r"it holds no optimizer_states"),
+    "no schedule state": (lambda c: c.__setitem__("lr_schedulers", None), r"it holds no lr_schedulers"),
 }
 
 

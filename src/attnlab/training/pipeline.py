@@ -188,7 +188,7 @@ def _train_and_evaluate(plan: RunPlan, manifest: Manifest | None) -> dict[str, f
     _record(manifest, data=data_identity(datamodule))  # before the checks: a refused run names its data
     module = build_module(plan, fit_model_to_data(plan, datamodule))
     if plan.resume_from is not None:  # its optimizer and schedule state must be what the settings build
-        check_training_state(plan.resume_from, module)
+        check_training_state(plan.resume_from, module, plan.cfg.trainer.get("precision", "32-true"))
     if plan.cfg.get("init_from") is not None and not plan.continuing:
         _record(manifest, init_from=init_weights(module, datamodule, plan.cfg.init_from))
     wandb_id = manifest.get("wandb_run_id") if manifest is not None and plan.continuing else None

@@ -111,22 +111,23 @@ def check_checkpoint_fits(path: str | Path, model: Any) -> None:
 _NOT_SETTINGS = frozenset({"params", "lr", "initial_lr", "fused", "foreach"})
 
 
-def check_training_state(path: str | Path, module: Any) -> None:
+def check_training_state(path: str | Path, module: Any, precision: Any = "32-true") -> None:
     """Refuse, before training, a checkpoint whose optimizer or LR-schedule state is not what this run's
     settings build: torch would restore every saved parameter-group option (betas, eps, weight decay,
     `maximize`, AdamW's decoupling, ...) over the run's config, so the training would follow the file, not
-    `config.yaml`; and moments of other shapes, or not finite, would fail or poison the first step.
+    `config.yaml`; and moments of other shapes or types, not finite, missing or assigned to other
+    parameters, or step counts that are not the run's, would fail, crash or silently change the steps.
 
     Args:
         path: The checkpoint to continue from (`resume` or `ckpt_path=`).
         module: This run's `TranslationModule` (its optimizer settings and parameters).
+        precision: The run's `trainer.precision`: under fp16 mixed precision the gradient scaler skips
+            optimizer steps, so Adam's step counts may be behind the schedule's.
 
     Raises:
         ConfigError: Naming the first entries that differ, and the fix: the settings the checkpoint was
             trained with, or `init_from=` (its weights, a fresh optimizer).
     """
-    import torch
-
     from attnlab.runs.checkpoint import CheckpointError, read_checkpoint
 
     try:
@@ -134,13 +135,14 @@ def check_training_state(path: str | Path, module: Any) -> None:
     except CheckpointError as exc:
         raise ConfigError(f"ckpt_path: {exc}") from None
     problems = []
-    optimizers = checkpoint.get("optimizer_states")
-    if optimizers is not None:
+    for key in ("optimizer_states", "lr_schedulers"):
+        if checkpoint.get(key) is None:
+            problems.append(f"it holds no {key} (a weights-only checkpoint?)")
+    if not problems:
+        problems, position = _scheduler_problems(checkpoint["lr_schedulers"], checkpoint.get("global_step"))
         expected = module.build_optimizer().param_groups[0]
-        problems = _optimizer_problems(optimizers, expected, module, torch)
-    schedulers = checkpoint.get("lr_schedulers")
-    if schedulers is not None and not problems:
-        problems = _scheduler_problems(schedulers, torch)
+        skips = str(precision) in ("16", "16-mixed")  # the gradient scaler skips steps with inf gradients
+        problems += _optimizer_problems(checkpoint["optimizer_states"], expected, module, position, skips)
     if problems:
         raise ConfigError(
             f"{path}: its optimizer state is not what this run's settings build ({'; '.join(problems[:6])}): "
@@ -149,7 +151,11 @@ def check_training_state(path: str | Path, module: Any) -> None:
         )
 
 
-def _optimizer_problems(states: Any, expected: dict[str, Any], module: Any, torch: Any) -> list[str]:
+def _optimizer_problems(
+    states: Any, expected: dict[str, Any], module: Any, position: int | None, skips: bool
+) -> list[str]:
+    import torch
+
     if not isinstance(states, list) or len(states) != 1 or not isinstance(states[0], dict):
         return [f"optimizer_states holds {_count(states)}, this run has one Adam"]
     state, groups = states[0].get("state"), states[0].get("param_groups")
@@ -158,65 +164,110 @@ def _optimizer_problems(states: Any, expected: dict[str, Any], module: Any, torc
     if not isinstance(state, dict):
         return ["its per-parameter state is no dict"]
     group, problems = groups[0], []
-    for key in sorted(set(group) - _NOT_SETTINGS):
-        saved, ours = group[key], expected.get(key, "(no such option)")
-        if _plain(saved) != _plain(ours):
-            problems.append(f"{key}: {saved!r} there, {ours!r} here")
+    # Every option this run's Adam has or the file holds: one the file lacks fails at the first step (or,
+    # for AdamW's decoupling, is set by torch to Adam's); one this run lacks is no setting of it.
+    for key in sorted((set(group) | set(expected)) - _NOT_SETTINGS, key=repr):
+        saved = group.get(key, "(no such option)")
+        ours = expected.get(key, "(no such option)")
+        if not _same(saved, ours):
+            problems.append(f"{key}: {_shown(saved)} there, {ours!r} here")
     lr = group.get("lr")
     if not isinstance(lr, (int, float)) or not math.isfinite(lr) or lr < 0:
-        problems.append(f"lr: {lr!r} is not a learning rate")
+        problems.append(f"lr: {_shown(lr)} is not a learning rate")
     params = list(module.parameters())
-    by_name = dict(module.named_parameters())
-    if all(isinstance(i, int) for i in group.get("params", [])) and len(group.get("params", [])) != len(
-        params
+    # torch gives state[k] to the parameter at k's place in `params` (and keeps entries of other keys
+    # aside, unused): attnlab's checkpoints, like every single-group optimizer's, list 0..n-1 in order.
+    if group.get("params") != list(range(len(params))) or not all(
+        type(i) is int
+        for i in group["params"]  # (not True for 1)
     ):
-        problems.append(f"params: {len(group.get('params', []))} parameters there, {len(params)} here")
+        problems.append(f"params: {_shown(group.get('params'))} there, the indices 0..{len(params) - 1} here")
+    steps = set()
     for key, entry in state.items():
-        param = params[key] if isinstance(key, int) and 0 <= key < len(params) else by_name.get(key)
+        param = params[key] if type(key) is int and 0 <= key < len(params) else None
         if param is None or not isinstance(entry, dict):
             problems.append(f"state[{key!r}]: no parameter of this model")
             continue
-        for name, value in entry.items():
-            if name == "step":
-                ok = torch.is_tensor(value) and value.numel() == 1 and bool(torch.isfinite(value).all())
-                ok = ok and float(value) >= 0
-                shown = "a finite count"
-            elif name in ("exp_avg", "exp_avg_sq"):
-                ok = (
-                    torch.is_tensor(value)
-                    and value.shape == param.shape
-                    and bool(torch.isfinite(value).all())
-                )
-                ok = ok and (name == "exp_avg" or bool((value >= 0).all()))
-                shown = f"finite{' and >= 0' if name == 'exp_avg_sq' else ''}, of shape {tuple(param.shape)}"
+        for name in sorted(set(entry) | {"step", "exp_avg", "exp_avg_sq"}, key=repr):
+            value = entry.get(name)
+            if name not in ("step", "exp_avg", "exp_avg_sq"):
+                problems.append(f"state[{key!r}].{name}: no such Adam state")
+            elif name not in entry:
+                problems.append(f"state[{key!r}].{name}: missing")
+            elif not (torch.is_tensor(value) and value.layout == torch.strided and not value.is_complex()):
+                problems.append(f"state[{key!r}].{name}: {_shown(value)}, not a dense real tensor")
+            elif name == "step":
+                count = float(value) if value.numel() == 1 and value.dtype != torch.bool else -1.0
+                if not (math.isfinite(count) and count >= 1 and count.is_integer()):
+                    problems.append(f"state[{key!r}].step: {_shown(value)} is no count of steps")
+                else:
+                    steps.add(count)
             else:
-                ok, shown = False, "no such Adam state"
-            if not ok:
-                problems.append(f"state[{key!r}].{name}: not {shown}")
+                # torch casts the moments to the parameter's type: finite there, and >= 0 for exp_avg_sq
+                cast = value.to(param.dtype) if value.is_floating_point() else None
+                ok = cast is not None and value.shape == param.shape and bool(torch.isfinite(cast).all())
+                ok = ok and (name == "exp_avg" or bool((cast >= 0).all()))
+                if not ok:
+                    shown = f"finite{' and >= 0' if name == 'exp_avg_sq' else ''}"
+                    problems.append(
+                        f"state[{key!r}].{name}: not {shown}, of shape {tuple(param.shape)}, floats"
+                        f" (a {value.dtype} tensor of shape {tuple(value.shape)})"
+                    )
+    covered = sum(1 for key in state if type(key) is int and 0 <= key < len(params))
+    if (state and covered < len(params)) or (not state and position and not skips):
+        # torch would start each missing parameter's moments afresh, silently
+        problems.append(f"state: moments of {covered} of the {len(params)} parameters")
+    if len(steps) > 1:
+        problems.append(f"state: step counts {sorted(steps)[:4]} differ across parameters")
+    elif steps and position is not None:
+        (step,) = steps  # Adam steps with the schedule, but for the steps the gradient scaler skips
+        if step > position or (not skips and step != position):
+            problems.append(f"state: Adam's step count {step:g} is not the schedule's {position}")
     return problems
 
 
-def _scheduler_problems(states: Any, torch: Any) -> list[str]:
+def _scheduler_problems(states: Any, global_step: Any) -> tuple[list[str], int | None]:
+    """Problems of the LambdaLR state, and its position (None when it has none)."""
+    import torch
+
     if not isinstance(states, list) or len(states) != 1 or not isinstance(states[0], dict):
-        return [f"lr_schedulers holds {_count(states)}, this run has one schedule"]
+        return [f"lr_schedulers holds {_count(states)}, this run has one schedule"], None
     optimizer = torch.optim.SGD([torch.zeros(1, requires_grad=True)], lr=1.0)
     fresh = torch.optim.lr_scheduler.LambdaLR(optimizer, lambda step: 1.0).state_dict()
     state, problems = states[0], []
-    unknown = sorted(set(state) - set(fresh) - {"verbose"})  # (verbose: saved by torch before 2.7)
+    unknown = sorted(set(state) - set(fresh) - {"verbose"}, key=repr)  # (verbose: saved by torch before 2.7)
     if unknown:
         problems.append(f"lr_schedulers[0] has entries {unknown} that LambdaLR does not")
-    if state.get("base_lrs") != [1.0]:
-        problems.append(f"base_lrs: {state.get('base_lrs')!r} there, [1.0] here")
-    if state.get("lr_lambdas") != [None]:
-        problems.append(f"lr_lambdas: {state.get('lr_lambdas')!r} there, [None] here")
+    if not _same(state.get("base_lrs"), [1.0]):
+        problems.append(f"base_lrs: {_shown(state.get('base_lrs'))} there, [1.0] here")
+    if not _same(state.get("lr_lambdas"), [None]):
+        problems.append(f"lr_lambdas: {_shown(state.get('lr_lambdas'))} there, [None] here")
     step = state.get("last_epoch")
-    if not isinstance(step, int) or isinstance(step, bool) or step < 0:
-        problems.append(f"last_epoch: {step!r} is no step count")
-    return problems
+    if type(step) is not int or step < 0:
+        problems.append(f"last_epoch: {_shown(step)} is no step count")
+        step = None
+    elif type(global_step) is int and step != global_step:  # the schedule steps with each optimizer step
+        problems.append(f"last_epoch: {step} there, but the checkpoint's global_step is {global_step}")
+    count = state.get("_step_count", 0)
+    if type(count) is not int or count < 0:  # (torch adds 1 to it at each step)
+        problems.append(f"_step_count: {_shown(count)} is no step count")
+    return problems, step
 
 
-def _plain(value: Any) -> Any:
-    return list(value) if isinstance(value, (tuple, list)) else value
+def _same(saved: Any, ours: Any) -> bool:
+    """Whether a saved option is this run's: plain Python values only (a tensor is never an attnlab
+    option, and comparing one would fail or be elementwise), tuples and lists alike."""
+    if isinstance(saved, (tuple, list)) and isinstance(ours, (tuple, list)):
+        return len(saved) == len(ours) and all(_same(a, b) for a, b in zip(saved, ours, strict=True))
+    plain = (bool, int, float, str, type(None))
+    if not (isinstance(saved, plain) and isinstance(ours, plain)):
+        return False
+    return (isinstance(saved, bool) == isinstance(ours, bool)) and saved == ours  # (0 and 0.0 alike)
+
+
+def _shown(value: Any, limit: int = 60) -> str:
+    text = repr(value)
+    return text if len(text) <= limit else f"{text[:limit]}... ({type(value).__name__})"
 
 
 def _count(value: Any) -> str:
