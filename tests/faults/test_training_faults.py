@@ -83,6 +83,13 @@ def test_skip_leaves_the_weights_untouched_by_the_bad_batch_and_trains_on(what: 
         skipped = [float(r["train/skipped_steps"]) for r in csv.DictReader(f) if r.get("train/skipped_steps")]
     assert skipped == [1.0]  # the epoch's count
     assert torch.load(last, weights_only=True)["global_step"] == 10  # the step counts; it updated nothing
+    # Adam's step counts are then one behind the schedule's: the run still resumes (here for one epoch more)
+    saved = torch.load(last, weights_only=True)
+    assert {float(s["step"]) for s in saved["optimizer_states"][0]["state"].values()} == {9.0}
+    overrides = [o for o in RUN if not o.startswith("trainer.max_epochs=")]
+    more = [*overrides, "trainer.max_epochs=2", "optim.on_nonfinite=skip", "resume=true"]
+    train(compose_train(more, tmp_path))
+    assert torch.load(last, weights_only=True)["global_step"] == 20
 
 
 def test_a_kill_in_the_middle_of_a_checkpoint_save_keeps_the_previous_one(

@@ -122,7 +122,8 @@ def check_training_state(path: str | Path, module: Any, precision: Any = "32-tru
         path: The checkpoint to continue from (`resume` or `ckpt_path=`).
         module: This run's `TranslationModule` (its optimizer settings and parameters).
         precision: The run's `trainer.precision`: under fp16 mixed precision the gradient scaler skips
-            optimizer steps, so Adam's step counts may be behind the schedule's.
+            optimizer steps, so Adam's step counts may be behind the schedule's (as with
+            `optim.on_nonfinite=skip`).
 
     Raises:
         ConfigError: Naming the first entries that differ, and the fix: the settings the checkpoint was
@@ -141,7 +142,9 @@ def check_training_state(path: str | Path, module: Any, precision: Any = "32-tru
     if not problems:
         problems, position = _scheduler_problems(checkpoint["lr_schedulers"], checkpoint.get("global_step"))
         expected = module.build_optimizer().param_groups[0]
-        skips = str(precision) in ("16", "16-mixed")  # the gradient scaler skips steps with inf gradients
+        # Steps Adam skips while the schedule goes on: fp16's gradient scaler skips steps with inf gradients,
+        # and optim.on_nonfinite=skip leaves a bad batch's step without gradients (Adam's counts stay)
+        skips = str(precision) in ("16", "16-mixed") or module.optim_config.on_nonfinite == "skip"
         problems += _optimizer_problems(checkpoint["optimizer_states"], expected, module, position, skips)
     if problems:
         raise ConfigError(
