@@ -155,3 +155,25 @@ def test_mlflow_defaults_a_local_store_and_a_name_from_the_overrides(
     monkeypatch.setenv("MLFLOW_TRACKING_URI", shared)
     assert MLflowLogger(save_dir=str(tmp_path / "other"))._tracking_uri == shared
     assert not (tmp_path / "other").exists()  # nothing made in the run directory for another store
+
+
+def test_a_resumed_run_continues_the_same_mlflow_run(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """`resume=true` logs into the MLflow run the first part started (its id kept in manifest.json as
+    `mlflow_run_id`): one run in the store, holding every epoch's validation loss and ending FINISHED."""
+    monkeypatch.delenv("MLFLOW_TRACKING_URI", raising=False)
+    run_dir = tmp_path / "run"
+    overrides = ["data=synthetic", "model=tiny", "data.n_train=64", "data.n_val=16", "data.n_test=16",
+                 "data.batch_size=16", "logger=mlflow", "test=false",
+                 "trainer.log_every_n_steps=1"]  # fmt: skip
+    train(compose_train([*overrides, "trainer.max_epochs=1"], run_dir))
+    first = json.loads((run_dir / "manifest.json").read_text())["mlflow_run_id"]
+    train(compose_train([*overrides, "trainer.max_epochs=2", "resume=true"], run_dir))
+    manifest = json.loads((run_dir / "manifest.json").read_text())
+    assert manifest["mlflow_run_id"] == first and len(manifest["resumed"]) == 1
+    client, run = _mlflow(run_dir)  # exactly one run
+    assert run.info.run_id == first and run.info.status == "FINISHED"
+    assert run.data.params["run/trainer/max_epochs"] == "1"  # params keep the first part's values
+    with open(run_dir / "csv" / "metrics.csv") as f:
+        logged = [(int(r["step"]), float(r["val/loss"])) for r in csv.DictReader(f) if r.get("val/loss")]
+    history = client.get_metric_history(first, "val/loss")
+    assert len(logged) == 2 and [(m.step, pytest.approx(m.value, rel=1e-6)) for m in history] == logged

@@ -118,7 +118,7 @@ class Manifest:
                 before = run.read_json(MANIFEST_FILE)
             except UnreadableRunFile:
                 before = {}
-            for key in ("start_time", "wandb_run_id", "init_from"):
+            for key in ("start_time", "wandb_run_id", "mlflow_run_id", "init_from"):
                 if before.get(key):
                     fields[key] = before[key]
             earlier = before.get("resumed")

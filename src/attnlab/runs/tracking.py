@@ -12,7 +12,8 @@ Lightning sends the metrics history and the module's hyperparameters (`model`, `
   hypotheses files as artifacts;
 - `missing_packages(cls)` / `check_logger_packages(key, cls)`: the optional packages a logger class needs
   (the `loggers` extra), checked when the config is, before any data or training;
-- `MLflowLogger`: Lightning's `MLFlowLogger` with a local SQLite store in the run directory by default.
+- `MLflowLogger`: Lightning's `MLFlowLogger` with a local SQLite store in the run directory by default,
+  continuing a resumed run's MLflow run (its id is kept in manifest.json as `mlflow_run_id`).
 """
 
 from __future__ import annotations
@@ -106,6 +107,20 @@ class MLflowLogger(_LightningMLFlowLogger):
             tags=dict(tags or {}), save_dir=save_dir, log_model=log_model, prefix=prefix,  # type: ignore[arg-type]
             artifact_location=artifact_location, run_id=run_id, synchronous=synchronous,
         )  # fmt: skip
+        self._continued = run_id is not None
+
+    def log_hyperparams(self, params: Any) -> None:
+        """Lightning's, but in a continued run (`run_id`: a resumed attnlab run) the params already logged
+        keep their first values: MLflow refuses to change a param, and a resumed run may change a few
+        settings (more epochs, `resume`, decoding); the new values are in the run's config.yaml and its
+        manifest.json lists each resumption's command."""
+        if self._continued:
+            from lightning.fabric.utilities.logger import _convert_params, _flatten_dict
+
+            flat = _flatten_dict(_convert_params(params))
+            logged = self.experiment.get_run(self.run_id).data.params
+            params = {k: v for k, v in flat.items() if k not in logged or logged[k] == str(v)[:250]}
+        super().log_hyperparams(params)
 
 
 def result_summary(results: Mapping[str, Any]) -> dict[str, Any]:

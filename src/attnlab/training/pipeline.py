@@ -191,12 +191,13 @@ def _train_and_evaluate(plan: RunPlan, manifest: Manifest | None) -> dict[str, f
         check_training_state(plan.resume_from, module, plan.cfg.trainer.get("precision", "32-true"))
     if plan.cfg.get("init_from") is not None and not plan.continuing:
         _record(manifest, init_from=init_weights(module, datamodule, plan.cfg.init_from))
-    wandb_id = manifest.get("wandb_run_id") if manifest is not None and plan.continuing else None
-    trainer = build_trainer(plan, datamodule, wandb_id=wandb_id)
-    runs = _tracked_runs(trainer)
+    ids = manifest.fields if manifest is not None and plan.continuing else {}  # the tracked runs go on
+    trainer = build_trainer(
+        plan, datamodule, wandb_id=ids.get("wandb_run_id"), mlflow_id=ids.get("mlflow_run_id")
+    )
     effective = effective_batch(plan.cfg, trainer)
     log.info("effective batch: %s", effective["formula"])
-    _record(manifest, effective_batch=effective, **({"wandb_run_id": runs[0].id} if runs else {}))
+    _record(manifest, effective_batch=effective, **_tracking_ids(trainer))
     if trainer.is_global_zero:  # the whole resolved config, beside Lightning's hyperparameters
         from attnlab.runs.tracking import log_run_config
 
@@ -325,12 +326,14 @@ def init_weights(module: TranslationModule, datamodule: ParallelDataModule, path
     return {"path": str(file.resolve()), "step": step}
 
 
-def build_trainer(plan: RunPlan, datamodule: ParallelDataModule, wandb_id: str | None = None) -> Any:
+def build_trainer(
+    plan: RunPlan, datamodule: ParallelDataModule, wandb_id: str | None = None, mlflow_id: str | None = None
+) -> Any:
     """The Lightning trainer of `cfg.trainer` with the configured callbacks and loggers (their null names
-    filled in: W&B group and name, MLflow run name; for a continued run the W&B id), the console's model
-    summary and, when the console is not a terminal, progress lines (`attnlab.training.console`),
-    attnlab's atomic checkpoint IO and, on a cluster, its environment plugin. The data is checked to feed
-    every rank first, and a continued run's CSV history is put back."""
+    filled in: W&B group and name, MLflow run name; for a continued run the W&B and MLflow run ids), the
+    console's model summary and, when the console is not a terminal, progress lines
+    (`attnlab.training.console`), attnlab's atomic checkpoint IO and, on a cluster, its environment plugin.
+    The data is checked to feed every rank first, and a continued run's CSV history is put back."""
     from hydra.utils import instantiate
 
     from attnlab.training.checkpoint_io import AtomicCheckpointIO
@@ -341,6 +344,9 @@ def build_trainer(plan: RunPlan, datamodule: ParallelDataModule, wandb_id: str |
     wandb_node = (cfg.get("logger") or {}).get("wandb")
     if wandb_id is not None and wandb_node is not None and wandb_node.get("id") is None:
         names["wandb"]["id"] = wandb_id  # the same W&B run, continued
+    mlflow_node = (cfg.get("logger") or {}).get("mlflow")
+    if mlflow_id is not None and mlflow_node is not None and mlflow_node.get("run_id") is None:
+        names.setdefault("mlflow", {})["run_id"] = mlflow_id  # the same MLflow run, continued
     history: list[dict[str, float]] = []
     if plan.continuing:
         history = csv_history(plan.run.path, plan.resumed_step)
@@ -469,6 +475,19 @@ def cluster_plugins() -> list[Any]:
     from lightning.pytorch.plugins.environments import SLURMEnvironment
 
     return [SLURMEnvironment(auto_requeue=False)]
+
+
+def _tracking_ids(trainer: Any) -> dict[str, str]:
+    """The manifest's `wandb_run_id` and `mlflow_run_id` of the trainer's loggers (rank 0), with which a
+    resumed run continues the same tracked runs."""
+    from lightning.pytorch.loggers import MLFlowLogger
+
+    runs = _tracked_runs(trainer)
+    ids = {"wandb_run_id": runs[0].id} if runs else {}
+    mlflow = [lg for lg in trainer.loggers if isinstance(lg, MLFlowLogger)]
+    if mlflow and trainer.is_global_zero:
+        ids["mlflow_run_id"] = mlflow[0].run_id
+    return ids
 
 
 def _tracked_runs(trainer: Any) -> list[Any]:
