@@ -157,7 +157,6 @@ def check_training_state(path: str | Path, module: Any, precision: Any = "32-tru
 def _optimizer_problems(
     states: Any, expected: dict[str, Any], module: Any, position: int | None, skips: bool
 ) -> list[str]:
-    import torch
 
     if not isinstance(states, list) or len(states) != 1 or not isinstance(states[0], dict):
         return [f"optimizer_states holds {_count(states)}, this run has one Adam"]
@@ -185,7 +184,25 @@ def _optimizer_problems(
         for i in group["params"]  # (not True for 1)
     ):
         problems.append(f"params: {_shown(group.get('params'))} there, the indices 0..{len(params) - 1} here")
-    steps = set()
+    steps = _entry_problems(state, params, problems)
+    covered = sum(1 for key in state if type(key) is int and 0 <= key < len(params))
+    if (state and covered < len(params)) or (not state and position and not skips):
+        # torch would start each missing parameter's moments afresh, silently
+        problems.append(f"state: moments of {covered} of the {len(params)} parameters")
+    if len(steps) > 1:
+        problems.append(f"state: step counts {sorted(steps)[:4]} differ across parameters")
+    elif steps and position is not None:
+        (step,) = steps  # Adam steps with the schedule, but for the steps the gradient scaler skips
+        if step > position or (not skips and step != position):
+            problems.append(f"state: Adam's step count {step:g} is not the schedule's {position}")
+    return problems
+
+
+def _entry_problems(state: dict[Any, Any], params: list[Any], problems: list[str]) -> set[float]:
+    """Append to `problems` what is wrong with each per-parameter Adam state entry; return the step counts."""
+    import torch
+
+    steps: set[float] = set()
     for key, entry in state.items():
         param = params[key] if type(key) is int and 0 <= key < len(params) else None
         if param is None or not isinstance(entry, dict):
@@ -216,17 +233,7 @@ def _optimizer_problems(
                         f"state[{key!r}].{name}: not {shown}, of shape {tuple(param.shape)}, floats"
                         f" (a {value.dtype} tensor of shape {tuple(value.shape)})"
                     )
-    covered = sum(1 for key in state if type(key) is int and 0 <= key < len(params))
-    if (state and covered < len(params)) or (not state and position and not skips):
-        # torch would start each missing parameter's moments afresh, silently
-        problems.append(f"state: moments of {covered} of the {len(params)} parameters")
-    if len(steps) > 1:
-        problems.append(f"state: step counts {sorted(steps)[:4]} differ across parameters")
-    elif steps and position is not None:
-        (step,) = steps  # Adam steps with the schedule, but for the steps the gradient scaler skips
-        if step > position or (not skips and step != position):
-            problems.append(f"state: Adam's step count {step:g} is not the schedule's {position}")
-    return problems
+    return steps
 
 
 def _scheduler_problems(states: Any, global_step: Any) -> tuple[list[str], int | None]:
