@@ -177,3 +177,19 @@ def test_a_resumed_run_continues_the_same_mlflow_run(tmp_path: Path, monkeypatch
         logged = [(int(r["step"]), float(r["val/loss"])) for r in csv.DictReader(f) if r.get("val/loss")]
     history = client.get_metric_history(first, "val/loss")
     assert len(logged) == 2 and [(m.step, pytest.approx(m.value, rel=1e-6)) for m in history] == logged
+
+
+def test_a_continued_mlflow_run_logs_params_on_rank_zero_only(tmp_path: Path) -> None:
+    """Under DDP the other ranks' loggers hold no MLflow client: their params call is a no-op (reading a
+    continued run's logged params there would fail)."""
+    from lightning.pytorch.utilities import rank_zero_only
+
+    from attnlab.runs.tracking import MLflowLogger
+
+    logger = MLflowLogger(save_dir=str(tmp_path), run_id="0" * 32)
+    rank = rank_zero_only.rank
+    rank_zero_only.rank = 1
+    try:
+        logger.log_hyperparams({"a": 1})  # rank 1: nothing to read or write
+    finally:
+        rank_zero_only.rank = rank

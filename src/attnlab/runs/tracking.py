@@ -26,6 +26,7 @@ from typing import Any
 
 from lightning.pytorch.loggers import MLFlowLogger as _LightningMLFlowLogger
 from lightning.pytorch.loggers import TensorBoardLogger, WandbLogger
+from lightning.pytorch.utilities import rank_zero_only
 
 from attnlab.runs.layout import RunDir
 from attnlab.typed import ConfigError
@@ -109,11 +110,12 @@ class MLflowLogger(_LightningMLFlowLogger):
         )  # fmt: skip
         self._continued = run_id is not None
 
+    @rank_zero_only
     def log_hyperparams(self, params: Any) -> None:
-        """Lightning's, but in a continued run (`run_id`: a resumed attnlab run) the params already logged
-        keep their first values: MLflow refuses to change a param, and a resumed run may change a few
-        settings (more epochs, `resume`, decoding); the new values are in the run's config.yaml and its
-        manifest.json lists each resumption's command."""
+        """Lightning's (rank 0 only), but in a continued run (`run_id`: a resumed attnlab run) the params
+        already logged keep their first values: MLflow refuses to change a param, and a resumed run may
+        change a few settings (more epochs, `resume`, decoding); the new values are in the run's
+        config.yaml and its manifest.json lists each resumption's command."""
         if self._continued:
             from lightning.fabric.utilities.logger import _convert_params, _flatten_dict
 

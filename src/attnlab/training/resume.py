@@ -157,7 +157,6 @@ def check_training_state(path: str | Path, module: Any, precision: Any = "32-tru
 def _optimizer_problems(
     states: Any, expected: dict[str, Any], module: Any, position: int | None, skips: bool
 ) -> list[str]:
-
     if not isinstance(states, list) or len(states) != 1 or not isinstance(states[0], dict):
         return [f"optimizer_states holds {_count(states)}, this run has one Adam"]
     state, groups = states[0].get("state"), states[0].get("param_groups")
