@@ -207,12 +207,35 @@ def test_training_batches_are_the_int64_ones_from_narrow_arrays(longest: int) ->
     for epoch in (0, 1, 4):
         sampler.set_epoch(epoch)
         batches = list(sampler)
-        assert sampler._global_batches()[0].dtype == np.int32  # views of the epoch's int32 order
+        assert sampler._rank_batches().order.dtype == np.int32  # slices of the epoch's int32 order
         assert batches == reference_training_batches(lengths, 512, seed=9, epoch=epoch)
     assert (
         sampler.fingerprint()["lengths"]
         == TokenBatchSampler(np.asarray(lengths, dtype=np.int64), max_tokens=512).fingerprint()["lengths"]
     )
+
+
+@pytest.mark.parametrize("shuffle", [True, False])
+def test_a_rank_keeps_only_its_own_share_of_the_epoch(shuffle: bool) -> None:
+    """Each rank holds its batches' examples (about N / ranks int32) and their boundaries, not the
+    epoch's whole order nor an object per batch; the padding ratio still covers every rank's batches."""
+    rng = random.Random(6)
+    lengths = [rng.randint(1, 60) for _ in range(3000)]
+    samplers = [
+        TokenBatchSampler(lengths, max_tokens=300, shuffle=shuffle, num_replicas=3, rank=r) for r in range(3)
+    ]
+    for epoch in (0, 1):
+        ranks = []
+        for sampler in samplers:
+            sampler.set_epoch(epoch)
+            ranks.append(list(sampler))
+            kept = sampler._rank_batches()
+            assert len(kept.order) == sum(map(len, ranks[-1])) < len(lengths) / 2
+            assert kept.order.base is None and kept.bounds.base is None  # not views of an epoch-wide array
+        every = [batch for rank in ranks for batch in rank]
+        assert len({i for batch in every for i in batch}) == sum(map(len, every))  # disjoint
+        for sampler in samplers:
+            assert sampler.padding_ratio() == pytest.approx(padding_ratio(lengths, every))
 
 
 def test_dropped_training_batches_change_each_epoch() -> None:
