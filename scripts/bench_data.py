@@ -112,8 +112,9 @@ MEMORY = {"Rss": "rss", "Pss": "pss", "Pss_Anon": "pss_anon", "Pss_File": "pss_f
 
 def tree_memory(pid: int) -> dict[str, int]:
     """RSS, PSS and PSS split into anonymous and file-backed pages (bytes: `MEMORY`'s values), summed over
-    process `pid` and all its descendants."""
+    process `pid` and all its descendants, and how many they are (`processes`)."""
     children, todo, memory = _children(), [pid], dict.fromkeys(MEMORY.values(), 0)
+    memory["processes"] = 0
     while todo:
         process = todo.pop()
         todo += children.get(process, [])
@@ -121,6 +122,7 @@ def tree_memory(pid: int) -> dict[str, int]:
             rollup = Path(f"/proc/{process}/smaps_rollup").read_text()
         except OSError:
             continue
+        memory["processes"] += 1
         for line in rollup.splitlines():
             key, _, value = line.partition(":")
             if key in MEMORY:
@@ -130,16 +132,24 @@ def tree_memory(pid: int) -> dict[str, int]:
 
 def monitored(command: list[str], log: Path) -> dict[str, Any]:
     """Run `command` (its output into `log`), reading its processes' memory every 0.2 s: wall seconds,
-    the peak of each summed measure of `tree_memory` (`peak_rss`, `peak_pss`, ...), and what it printed
-    after `RESULT`."""
+    the peak of each summed measure of `tree_memory` (`peak_rss`, `peak_pss`, ...), the median of the
+    summed anonymous PSS over the readings taken while the most processes ran (`steady_pss_anon`: for a
+    training run, its steps with every DataLoader worker up; the peak also holds the allocator's
+    moment-to-moment swings of the training steps), and what it printed after `RESULT`."""
     started = time.perf_counter()
     peaks = dict.fromkeys(MEMORY.values(), 0)
+    readings: list[tuple[int, int]] = []  # (processes, summed anonymous PSS)
     with open(log, "w") as out:
         process = subprocess.Popen(command, stdout=out, stderr=subprocess.STDOUT)
         while process.poll() is None:
-            for key, value in tree_memory(process.pid).items():
-                peaks[key] = max(peaks[key], value)
+            memory = tree_memory(process.pid)
+            for key, value in memory.items():
+                if key != "processes":
+                    peaks[key] = max(peaks[key], value)
+            readings.append((memory["processes"], memory["pss_anon"]))
             time.sleep(0.2)
+    most = max((count for count, _ in readings), default=0)
+    steady = statistics.median([anon for count, anon in readings if count == most] or [0])
     seconds = time.perf_counter() - started
     lines = log.read_text(errors="replace").splitlines()
     if process.returncode:
@@ -149,6 +159,8 @@ def monitored(command: list[str], log: Path) -> dict[str, Any]:
     return {
         "seconds": seconds,
         **{f"peak_{key}": value for key, value in peaks.items()},
+        "steady_pss_anon": steady,
+        "steady_processes": most,
         **(results[-1] if results else {}),
     }
 
@@ -356,11 +368,23 @@ def scale_table(results: dict[str, Any]) -> list[tuple[str, str, str]]:
              f"{op['loader_tokens'] / op['loader_seconds'] / 1e6:.2f}M target tokens/s "
              f"({op['loader_batches']:,} batches; first {op['first_batch_seconds']:.1f} s)", "≥ 2M tokens/s"),
         ]  # fmt: skip
-    for key in sorted((k for k in results if k.startswith("ddp-")), key=lambda k: int(k[4:])):
+    runs = sorted((k for k in results if k.startswith("ddp-")), key=lambda k: int(k[4:]))
+    for key in runs:
         run = results[key]
         rows.append((f"`ddp_cpu` 2 ranks x 2 workers, {DDP_STEPS} steps, {_size(int(key[4:]))} pairs",
-                     f"{run['seconds']:.0f} s, {memory(run)}",
+                     f"{run['seconds']:.0f} s, {memory(run)}; during the steps ({run['steady_processes']} "
+                     f"processes) anonymous {run['steady_pss_anon'] / MB:,.0f} MB (median)",
                      "anonymous PSS flat in corpus size"))  # fmt: skip
+    if len(runs) > 1 and all("steady_pss_anon" in results[key] for key in runs):
+        (small, large), (fewer, more) = (
+            (results[runs[0]], results[runs[-1]]),
+            (int(runs[0][4:]), int(runs[-1][4:])),
+        )
+        grown = large["steady_pss_anon"] - small["steady_pss_anon"]
+        rows.append((f"anonymous PSS during the steps, {_size(fewer)} to {_size(more)} pairs",
+                     f"{grown / MB:+,.0f} MB ({grown / small['steady_pss_anon']:+.1%}; "
+                     f"{grown / (more - fewer) / 2:+.1f} bytes per added pair per rank)",
+                     "flat"))  # fmt: skip
     return rows
 
 

@@ -221,11 +221,29 @@ def test_bench_data_at_scale_measures_each_stage_in_its_own_process(
     assert prepared["stats"]["tokenizer_pairs"] == 500 and prepared["stats"]["train_lines"] == 2000
     assert opened["examples"] == prepared["examples"] == prepared["stats"]["train_examples"] > 1900
     assert 0 < prepared["peak_pss_anon"] <= prepared["peak_pss"] <= prepared["peak_rss"]
+    assert prepared["steady_processes"] >= 1 and 0 < prepared["steady_pss_anon"] <= prepared["peak_pss_anon"]
     assert opened["loader_batches"] == 10 and opened["loader_tokens"] > 0 and opened["epoch_batches"] > 10
     rows = [line for line in out.splitlines() if line.startswith("| ")]
     assert any(row.startswith("| preparation, 2k pairs (BPE trained on a 0.5k-pair sample)") for row in rows)
     assert any(f"({prepared['examples']:,} training examples)" in row for row in rows)
     assert any(row.startswith("| DataLoader, 2 workers") and "(10 batches;" in row for row in rows)
+
+
+def test_bench_data_memory_readings_cover_the_whole_process_tree(tmp_path: Path) -> None:
+    """`monitored` sums a process and its children: two children each holding 64 MB of their own count
+    in the median taken while all three ran, and the peak is at least that median."""
+    import sys
+
+    script = (
+        "import multiprocessing as mp, time\n"
+        "def hold():\n    block = bytearray(64 << 20)\n    time.sleep(3)\n"
+        "if __name__ == '__main__':\n"
+        "    children = [mp.get_context('fork').Process(target=hold) for _ in range(2)]\n"
+        "    [c.start() for c in children]; [c.join() for c in children]\n"
+    )
+    run = load("bench_data").monitored([sys.executable, "-c", script], tmp_path / "log")
+    assert run["steady_processes"] == 3
+    assert 128 << 20 < run["steady_pss_anon"] <= run["peak_pss_anon"] <= run["peak_rss"]
 
 
 def test_bench_decode_quick_reports_cache_speed_up_and_every_setting(
