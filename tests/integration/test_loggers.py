@@ -179,6 +179,28 @@ def test_a_resumed_run_continues_the_same_mlflow_run(tmp_path: Path, monkeypatch
     assert len(logged) == 2 and [(m.step, pytest.approx(m.value, rel=1e-6)) for m in history] == logged
 
 
+def test_resuming_when_the_mlflow_store_lost_the_run_is_refused_naming_it(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A resumed run whose MLflow run is not in the store it logs to (here another store, as after a
+    changed MLFLOW_TRACKING_URI or a deleted mlruns/) is refused before training, naming manifest.json's
+    mlflow_run_id and the fixes; its checkpoint is untouched, and the fix (logger=csv) resumes it."""
+    monkeypatch.delenv("MLFLOW_TRACKING_URI", raising=False)
+    run_dir = tmp_path / "run"
+    overrides = ["data=synthetic", "model=tiny", "data.n_train=64", "data.n_val=16", "data.n_test=16",
+                 "data.batch_size=16", "test=false"]  # fmt: skip
+    train(compose_train([*overrides, "logger=mlflow", "trainer.max_epochs=1"], run_dir))
+    run_id = json.loads((run_dir / "manifest.json").read_text())["mlflow_run_id"]
+    monkeypatch.setenv("MLFLOW_TRACKING_URI", f"sqlite:///{tmp_path / 'other.db'}")  # an empty store
+    last = run_dir / "checkpoints" / "last.ckpt"
+    before = last.read_bytes()
+    with pytest.raises(ConfigError, match=f"MLflow run {run_id} .*manifest.json's mlflow_run_id.*logger=csv"):
+        train(compose_train([*overrides, "logger=mlflow", "trainer.max_epochs=2", "resume=true"], run_dir))
+    assert last.read_bytes() == before
+    train(compose_train([*overrides, "logger=csv", "trainer.max_epochs=2", "resume=true"], run_dir))
+    assert json.loads((run_dir / "manifest.json").read_text())["resumed"]
+
+
 def test_a_continued_mlflow_run_logs_params_on_rank_zero_only(tmp_path: Path) -> None:
     """Under DDP the other ranks' loggers hold no MLflow client: their params call is a no-op (reading a
     continued run's logged params there would fail)."""

@@ -111,6 +111,33 @@ class MLflowLogger(_LightningMLFlowLogger):
         self._continued = run_id is not None
 
     @rank_zero_only
+    def check_continued_run(self) -> None:
+        """For a continued run (`run_id`), that the MLflow store holds it (rank 0; before training).
+
+        Raises:
+            ConfigError: The store has no run of that id (its `mlruns/` deleted or moved, or another
+                `tracking_uri` or `MLFLOW_TRACKING_URI`), naming manifest.json's `mlflow_run_id`, the
+                store, and the fixes.
+        """
+        if not self._continued:
+            return
+        from mlflow.exceptions import MlflowException
+        from mlflow.protos.databricks_pb2 import RESOURCE_DOES_NOT_EXIST, ErrorCode
+
+        try:
+            self.experiment  # noqa: B018 (Lightning's property reads the run)
+        except MlflowException as exc:
+            if exc.error_code != ErrorCode.Name(RESOURCE_DOES_NOT_EXIST):
+                raise
+            raise ConfigError(
+                f"the MLflow run {self._run_id} this run continues (manifest.json's mlflow_run_id) is not in "
+                f"the MLflow store {self._tracking_uri}: was the run directory's mlruns/ deleted or moved, "
+                "or logger.mlflow.tracking_uri or MLFLOW_TRACKING_URI changed? Point tracking_uri at the "
+                "store that holds it, or continue without MLflow (e.g. logger=csv); the checkpoints and "
+                "metrics.csv are unchanged"
+            ) from None
+
+    @rank_zero_only
     def log_hyperparams(self, params: Any) -> None:
         """Lightning's (rank 0 only), but in a continued run (`run_id`: a resumed attnlab run) the params
         already logged keep their first values: MLflow refuses to change a param, and a resumed run may

@@ -336,6 +336,7 @@ def build_trainer(
     The data is checked to feed every rank first, and a continued run's CSV history is put back."""
     from hydra.utils import instantiate
 
+    from attnlab.runs.tracking import MLflowLogger
     from attnlab.training.checkpoint_io import AtomicCheckpointIO
     from attnlab.training.console import console_callbacks
 
@@ -361,6 +362,9 @@ def build_trainer(
         plugins=[*cluster_plugins(), AtomicCheckpointIO(own_run=plan.continuing)],
     )
     datamodule.check_feeds(trainer.world_size, test=bool(cfg.get("test", True)))  # before any training
+    for logger in trainer.loggers:
+        if isinstance(logger, MLflowLogger):
+            logger.check_continued_run()  # a continued MLflow run must still be in its store
     log.info("run directory: %s", plan.run.path)
     if history:
         restore_csv_history(trainer, history)
