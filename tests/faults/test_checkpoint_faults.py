@@ -72,14 +72,30 @@ def test_a_bad_file_is_named_by_every_reader(
     path = tmp_path / "bad.ckpt"
     write_damaged(kind, good, path)
     before = path.read_bytes()
-    with pytest.raises(CheckpointError, match=message):
-        read_checkpoint(path)
+    for mmap in (False, True):  # the checks before a continued run map the file
+        with pytest.raises(CheckpointError, match=message):
+            read_checkpoint(path, mmap=mmap)
     with pytest.raises(CheckpointError, match=message):
         Translator.from_checkpoints([path])
     with pytest.raises(ConfigError, match="ckpt_path: .*" + message):  # continuing training from it
         train(compose_train([*RUN, f"ckpt_path={path}"], tmp_path / "run"))
     assert path.read_bytes() == before
     assert "code from a checkpoint ran" not in capsys.readouterr().out
+
+
+@pytest.mark.skipif(not Path("/proc/self/maps").is_file(), reason="reads the process's mappings (Linux)")
+def test_a_mapped_read_maps_the_tensors_from_the_file(good: Path) -> None:
+    """`read_checkpoint(mmap=True)` gives the same entries as a read, its tensors mapped from the file (it
+    is in the process's mappings while they live) instead of copied into memory."""
+    read, mapped = read_checkpoint(good), read_checkpoint(good, mmap=True)
+    assert read.keys() == mapped.keys() and read["global_step"] == mapped["global_step"]
+    assert all(torch.equal(read["state_dict"][k], v) for k, v in mapped["state_dict"].items())
+    assert str(good.resolve()) in Path("/proc/self/maps").read_text()
+    del mapped
+    import gc
+
+    gc.collect()
+    assert str(good.resolve()) not in Path("/proc/self/maps").read_text()
 
 
 @pytest.mark.parametrize(("override", "key"), [

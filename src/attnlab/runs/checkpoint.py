@@ -96,9 +96,13 @@ def bundle(datamodule: Any) -> dict[str, Any]:
     return {"format": BUNDLE_FORMAT, "data": data, **tokenizers}
 
 
-def read_checkpoint(path: str | Path, map_location: Any = "cpu") -> dict[str, Any]:
+def read_checkpoint(path: str | Path, map_location: Any = "cpu", *, mmap: bool = False) -> dict[str, Any]:
     """Load a checkpoint written by `attnlab-train` (onto the CPU unless `map_location` says otherwise),
     checking what evaluation needs and that nothing in it chooses what code runs.
+
+    With `mmap`, the tensors of a zip-format file (what torch.save writes) are mapped from it instead of
+    read into memory: for the checks before a continued run, which read a few entries of a file holding the
+    optimizer's moments too (twice the weights) and then let Lightning load it; other files are read.
 
     Raises:
         CheckpointError: The file is missing, damaged, lacks the model settings, weights or tokenizers,
@@ -109,7 +113,8 @@ def read_checkpoint(path: str | Path, map_location: Any = "cpu") -> dict[str, An
     if not path.is_file():
         raise CheckpointError(f"checkpoint not found: {path}")
     try:
-        checkpoint = torch.load(path, map_location=map_location, weights_only=True)
+        mapped = mmap and zipfile.is_zipfile(path)
+        checkpoint = torch.load(path, map_location=map_location, weights_only=True, mmap=mapped)
     except Exception as exc:  # any failure to unpickle (the weights-only unpickler raises many kinds)
         raise _load_error(path, exc) from None
     if not isinstance(checkpoint, dict):

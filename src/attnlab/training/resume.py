@@ -90,7 +90,7 @@ def check_checkpoint_fits(path: str | Path, model: Any) -> None:
     from attnlab.runs.checkpoint import CheckpointError, read_checkpoint
 
     try:
-        saved = read_checkpoint(path)["hyper_parameters"].get("model", {})
+        saved = read_checkpoint(path, mmap=True)["hyper_parameters"].get("model", {})
     except CheckpointError as exc:
         raise ConfigError(f"ckpt_path: {exc}") from None
     ours = model.to_dict()
@@ -132,7 +132,7 @@ def check_training_state(path: str | Path, module: Any, precision: Any = "32-tru
     from attnlab.runs.checkpoint import CheckpointError, read_checkpoint
 
     try:
-        checkpoint = read_checkpoint(path)
+        checkpoint = read_checkpoint(path, mmap=True)
     except CheckpointError as exc:
         raise ConfigError(f"ckpt_path: {exc}") from None
     problems = []
@@ -319,7 +319,7 @@ def checkpoint_step(path: str) -> int:
     from attnlab.runs.checkpoint import CheckpointError, read_checkpoint
 
     try:
-        return int(read_checkpoint(path).get("global_step", 0))
+        return int(read_checkpoint(path, mmap=True).get("global_step", 0))
     except CheckpointError as exc:
         raise ConfigError(f"resume: {exc}") from None
 
