@@ -121,8 +121,8 @@ class MLflowLogger(_LightningMLFlowLogger):
         """
         if not self._continued:
             return
-        from mlflow.exceptions import MlflowException
-        from mlflow.protos.databricks_pb2 import RESOURCE_DOES_NOT_EXIST, ErrorCode
+        from mlflow.exceptions import MlflowException  # optional: the `loggers` extra
+        from mlflow.protos.databricks_pb2 import RESOURCE_DOES_NOT_EXIST, ErrorCode  # optional, as above
 
         try:
             self.experiment  # noqa: B018 (Lightning's property reads the run)
