@@ -201,6 +201,16 @@ def test_resuming_when_the_mlflow_store_lost_the_run_is_refused_naming_it(
     assert json.loads((run_dir / "manifest.json").read_text())["resumed"]
 
 
+def test_continuing_an_mlflow_run_from_a_run_directory_without_its_store_is_refused(tmp_path: Path) -> None:
+    """A run directory whose mlruns/ is gone (a fresh store made there) holds no run of the kept id."""
+    from attnlab.runs.tracking import MLflowLogger
+
+    missing = r"MLflow run 0{32} this run continues .* not in the MLflow store sqlite"
+    with pytest.raises(ConfigError, match=missing):
+        MLflowLogger(save_dir=str(tmp_path), run_id="0" * 32).check_continued_run()
+    MLflowLogger(save_dir=str(tmp_path)).check_continued_run()  # a new run: nothing to check
+
+
 def test_a_continued_mlflow_run_logs_params_on_rank_zero_only(tmp_path: Path) -> None:
     """Under DDP the other ranks' loggers hold no MLflow client: their params call is a no-op (reading a
     continued run's logged params there would fail)."""
