@@ -1,9 +1,9 @@
 """Collation of (source, target) id pairs into padded batches, and token-budget batching.
 
-A batch is a dict of LongTensors: `src` (B, S) source ids ending in eos; `tgt_in` (B, T) decoder input
-= bos + target; `tgt_out` (B, T) decoder output = target + eos. Padding uses `pad_id`; masks are derived
-from it by the model (True = real token). Items given as (src, tgt, index) triples add `index` (B,), the
-example indices, so that `restore_order` can put per-example outputs back into dataset order.
+A batch is a dict (a `Batch`) of LongTensors: `src` (B, S) source ids ending in eos; `tgt_in` (B, T)
+decoder input = bos + target; `tgt_out` (B, T) decoder output = target + eos. Padding uses `pad_id`; masks
+are derived from it by the model (True = real token). Items given as (src, tgt, index) triples add `index`
+(B,), the example indices, so that `restore_order` can put per-example outputs back into dataset order.
 
 `TokenBatchSampler` forms fairseq `--max-tokens`-style batches: examples of similar length go together,
 and each batch holds at most `max_tokens` tokens counting padding. It works on a numpy array of lengths
@@ -85,6 +85,46 @@ def _left_aligned(sequences: Sequence[Sequence[int]]) -> tuple[np.ndarray, np.nd
     return matrix, lengths
 
 
+def _rebuilt(buffer: np.ndarray, layout: tuple[tuple[str, tuple[int, ...]], ...]) -> Batch:
+    """The `Batch` a pickled one stands for: its tensors are views of `buffer` (see `Batch.__reduce__`)."""
+    return Batch.of(torch.from_numpy(buffer), layout)
+
+
+class Batch(dict):
+    """A collated batch: a dict of tensors that are consecutive views of one int64 buffer.
+
+    Pickled (a DataLoader worker hands its batches to the training process this way), a batch travels as
+    that buffer's bytes and the names and shapes of its views, copied through the worker's pipe. Tensors
+    of their own would go through shared memory, a file descriptor passed over a socket per batch: on 2
+    cores, 2 workers then served 450-670 WMT-like batches/s against 1,320-1,440 this way (the `open` stage
+    of `scripts/bench_data.py`; docs/benchmarks.md). A batch whose entries were replaced or added after
+    collation pickles as a plain dict of its tensors.
+    """
+
+    _buffer: Tensor | None = None
+    _views: tuple[tuple[str, Tensor], ...] = ()
+
+    @classmethod
+    def of(cls, buffer: Tensor, layout: Sequence[tuple[str, tuple[int, ...]]]) -> Batch:
+        """The batch whose entries are views of the 1-D `buffer`, in `layout` order: (name, shape) each."""
+        batch, start = cls(), 0
+        for name, shape in layout:
+            size = math.prod(shape)
+            batch[name], start = buffer[start : start + size].view(shape), start + size
+        if start != len(buffer):
+            raise ValueError(f"Batch.of: the layout covers {start} of the buffer's {len(buffer)} elements")
+        batch._buffer, batch._views = buffer, tuple(batch.items())
+        return batch
+
+    def __reduce__(self) -> tuple[Any, ...]:
+        views = self._views
+        intact = self._buffer is not None and len(self) == len(views)
+        if intact and all(self.get(name) is tensor for name, tensor in views):
+            layout = tuple((name, tuple(tensor.shape)) for name, tensor in views)
+            return _rebuilt, (self._buffer.numpy(), layout)
+        return Batch, (dict(self),)
+
+
 class Collator:
     """Turns a list of (src ids, tgt ids) pairs into a padded batch (picklable for worker processes), or
     the same examples `Gathered` (the DataLoader's path over `Examples`) into the same batch.
@@ -96,7 +136,7 @@ class Collator:
     def __init__(self, *, pad_id: int, bos_id: int, eos_id: int) -> None:
         self.pad_id, self.bos_id, self.eos_id = pad_id, bos_id, eos_id
 
-    def __call__(self, items: Sequence[Pair | Triple] | Gathered) -> dict[str, Tensor]:
+    def __call__(self, items: Sequence[Pair | Triple] | Gathered) -> Batch:
         if isinstance(items, Gathered):
             return self._batch(items.src, items.src_lengths, items.tgt, items.tgt_lengths, items.index)
         widths = {len(item) for item in items}
@@ -116,20 +156,15 @@ class Collator:
         tgt: np.ndarray,
         tgt_lengths: np.ndarray,
         index: np.ndarray | None,
-    ) -> dict[str, Tensor]:
-        """The batch of `Gathered`-style arrays. Its tensors are views of one buffer: a DataLoader worker
-        hands the batch to the training process as one shared-memory block (one per tensor made the
-        loader 4x slower, 230 vs 920 batches/s of WMT-like batches with 2 workers)."""
+    ) -> Batch:
+        """The batch of `Gathered`-style arrays, its tensors views of one buffer (see `Batch`)."""
         batch = len(src_lengths)
         source, target = int(src_lengths.max(initial=0)), int(tgt_lengths.max(initial=0))  # S, T - 1
         shapes = {"src": (batch, source), "tgt_in": (batch, target + 1), "tgt_out": (batch, target + 1)}
         if index is not None:
             shapes["index"] = (batch,)
-        sizes = [math.prod(shape) for shape in shapes.values()]
-        tensor = torch.full((sum(sizes),), self.pad_id, dtype=torch.long)
-        out, start = {}, 0
-        for (name, shape), size in zip(shapes.items(), sizes, strict=True):
-            out[name], start = tensor[start : start + size].view(shape), start + size
+        size = sum(math.prod(shape) for shape in shapes.values())
+        out = Batch.of(torch.full((size,), self.pad_id, dtype=torch.long), tuple(shapes.items()))
         views = {name: value.numpy() for name, value in out.items()}  # the same memory
         inside_src = np.arange(source) < src_lengths[:, None]  # (B, S)
         views["src"][inside_src] = src[:, :source][inside_src]
