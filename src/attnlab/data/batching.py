@@ -97,8 +97,8 @@ class Batch(dict):
     that buffer's bytes and the names and shapes of its views, copied through the worker's pipe. Tensors
     of their own would go through shared memory, a file descriptor passed over a socket per batch: on 2
     cores, 2 workers then served 450-670 WMT-like batches/s against 1,320-1,440 this way (the `open` stage
-    of `scripts/bench_data.py`; docs/benchmarks.md). A batch whose entries were replaced or added after
-    collation pickles as a plain dict of its tensors.
+    of `scripts/bench_data.py` run alone; 1,081 in its whole run, docs/benchmarks.md). A batch whose
+    entries were replaced or added after collation pickles as a plain dict of its tensors.
     """
 
     _buffer: Tensor | None = None
