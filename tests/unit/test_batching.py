@@ -366,10 +366,16 @@ def test_a_pickled_batch_travels_as_its_one_buffer_and_comes_back_whole() -> Non
     assert len({value.untyped_storage().data_ptr() for value in back.values()}) == 1
     back["src"][0, 0] = 9  # writable, and its own copy
     assert batch["src"][0, 0] == 5
+    batch["src"].t_()  # the same tensor, transposed in place
+    batch["tgt_in"].set_(torch.full((2, 3), 8))  # the same tensor over other memory
+    batch["index"] = batch.pop("index")  # the same tensor, moved to the end
     batch["tgt_out"], batch["weight"] = batch["tgt_out"] + 1, torch.ones(2)
     changed = pickle.loads(ForkingPickler.dumps(batch))
     assert type(changed) is batching.Batch and list(changed) == list(batch)
     assert all(torch.equal(changed[k], batch[k]) for k in batch)
+    alone = Collator(pad_id=PAD, bos_id=BOS, eos_id=EOS)([([5, EOS], [6, 5]), ([7, EOS], [7])])
+    alone["src"].t_()  # square (2, 2): only the strides show it
+    assert torch.equal(pickle.loads(ForkingPickler.dumps(alone))["src"], alone["src"])
     with pytest.raises(ValueError, match="covers 4 of the buffer's 5 elements"):
         batching.Batch.of(torch.zeros(5, dtype=torch.long), [("src", (2, 2))])
 

@@ -98,11 +98,12 @@ class Batch(dict):
     of their own would go through shared memory, a file descriptor passed over a socket per batch: on 2
     cores, 2 workers then served 450-670 WMT-like batches/s against 1,320-1,440 this way (the `open` stage
     of `scripts/bench_data.py` run alone; 1,081 in its whole run, docs/benchmarks.md). A batch whose
-    entries were replaced or added after collation pickles as a plain dict of its tensors.
+    entries were replaced, reordered or changed in shape or memory after collation pickles as a plain
+    dict of its tensors. `torch.load(weights_only=True)` refuses this class: save `dict(batch)`.
     """
 
     _buffer: Tensor | None = None
-    _views: tuple[tuple[str, Tensor], ...] = ()
+    _views: tuple[tuple[str, Tensor, tuple[int, ...], int], ...] = ()  # name, view, shape, offset
 
     @classmethod
     def of(cls, buffer: Tensor, layout: Sequence[tuple[str, tuple[int, ...]]]) -> Batch:
@@ -113,14 +114,27 @@ class Batch(dict):
             batch[name], start = buffer[start : start + size].view(shape), start + size
         if start != len(buffer):
             raise ValueError(f"Batch.of: the layout covers {start} of the buffer's {len(buffer)} elements")
-        batch._buffer, batch._views = buffer, tuple(batch.items())
+        batch._buffer = buffer
+        batch._views = tuple(
+            (name, view, tuple(view.shape), view.storage_offset()) for name, view in batch.items()
+        )
         return batch
 
+    def _intact(self) -> bool:
+        """Whether the entries are still the views `of` made, in order, over the same memory (an entry
+        replaced, reordered, transposed or given other storage in place is not)."""
+        if self._buffer is None or list(self) != [name for name, *_ in self._views]:
+            return False
+        memory = self._buffer.untyped_storage().data_ptr()
+        return all(
+            self[name] is view and tuple(view.shape) == shape and view.is_contiguous()
+            and view.storage_offset() == offset and view.untyped_storage().data_ptr() == memory
+            for name, view, shape, offset in self._views
+        )  # fmt: skip
+
     def __reduce__(self) -> tuple[Any, ...]:
-        views = self._views
-        intact = self._buffer is not None and len(self) == len(views)
-        if intact and all(self.get(name) is tensor for name, tensor in views):
-            layout = tuple((name, tuple(tensor.shape)) for name, tensor in views)
+        if self._intact():
+            layout = tuple((name, shape) for name, _, shape, _ in self._views)
             return _rebuilt, (self._buffer.numpy(), layout)
         return Batch, (dict(self),)
 
