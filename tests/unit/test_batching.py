@@ -357,7 +357,10 @@ def test_a_pickled_batch_travels_as_its_one_buffer_and_comes_back_whole() -> Non
     (which would go through shared memory). A batch changed after collation pickles as plain tensors."""
     from multiprocessing.reduction import ForkingPickler
 
-    batch = Collator(pad_id=PAD, bos_id=BOS, eos_id=EOS)([([5, 6, EOS], [6, 5], 3), ([7, EOS], [7], 0)])
+    def collated() -> batching.Batch:
+        return Collator(pad_id=PAD, bos_id=BOS, eos_id=EOS)([([5, 6, EOS], [6, 5], 3), ([7, EOS], [7], 0)])
+
+    batch = collated()
     payload = ForkingPickler.dumps(batch)
     assert b"torch" not in payload and len(payload) < batch["src"].untyped_storage().nbytes() + 300
     back = pickle.loads(payload)
@@ -366,13 +369,21 @@ def test_a_pickled_batch_travels_as_its_one_buffer_and_comes_back_whole() -> Non
     assert len({value.untyped_storage().data_ptr() for value in back.values()}) == 1
     back["src"][0, 0] = 9  # writable, and its own copy
     assert batch["src"][0, 0] == 5
-    batch["src"].t_()  # the same tensor, transposed in place
-    batch["tgt_in"].set_(torch.full((2, 3), 8))  # the same tensor over other memory
-    batch["index"] = batch.pop("index")  # the same tensor, moved to the end
-    batch["tgt_out"], batch["weight"] = batch["tgt_out"] + 1, torch.ones(2)
-    changed = pickle.loads(ForkingPickler.dumps(batch))
-    assert type(changed) is batching.Batch and list(changed) == list(batch)
-    assert all(torch.equal(changed[k], batch[k]) for k in batch)
+    changes = [
+        lambda b: b["src"].t_(),  # the same tensor, transposed in place
+        lambda b: b["src"].resize_(1, 3),  # the same memory, fewer rows
+        lambda b: b["tgt_in"].set_(torch.full((2, 3), 8)),  # the same tensor over other memory
+        lambda b: b["tgt_in"].set_(b["tgt_in"].untyped_storage(), 1, (2, 3)),  # the same memory, shifted
+        lambda b: b.update(index=b.pop("index")),  # the same tensor, moved to the end
+        lambda b: b.update(tgt_out=b["tgt_out"] + 1),  # replaced
+        lambda b: b.update(weight=torch.ones(2)),  # added
+    ]
+    for change in changes:  # each alone: any one of them must make the batch travel as its tensors
+        batch = collated()
+        change(batch)
+        changed = pickle.loads(ForkingPickler.dumps(batch))
+        assert type(changed) is batching.Batch and list(changed) == list(batch)
+        assert all(torch.equal(changed[k], batch[k]) for k in batch)
     alone = Collator(pad_id=PAD, bos_id=BOS, eos_id=EOS)([([5, EOS], [6, 5]), ([7, EOS], [7])])
     alone["src"].t_()  # square (2, 2): only the strides show it
     assert torch.equal(pickle.loads(ForkingPickler.dumps(alone))["src"], alone["src"])

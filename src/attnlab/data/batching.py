@@ -103,7 +103,7 @@ class Batch(dict):
     """
 
     _buffer: Tensor | None = None
-    _views: tuple[tuple[str, Tensor, tuple[int, ...], int], ...] = ()  # name, view, shape, offset
+    _views: tuple[tuple[str, Tensor, tuple[int, ...], int], ...] = ()  # name, view, shape, data pointer
 
     @classmethod
     def of(cls, buffer: Tensor, layout: Sequence[tuple[str, tuple[int, ...]]]) -> Batch:
@@ -115,9 +115,7 @@ class Batch(dict):
         if start != len(buffer):
             raise ValueError(f"Batch.of: the layout covers {start} of the buffer's {len(buffer)} elements")
         batch._buffer = buffer
-        batch._views = tuple(
-            (name, view, tuple(view.shape), view.storage_offset()) for name, view in batch.items()
-        )
+        batch._views = tuple((name, view, tuple(view.shape), view.data_ptr()) for name, view in batch.items())
         return batch
 
     def _intact(self) -> bool:
@@ -125,11 +123,10 @@ class Batch(dict):
         replaced, reordered, transposed or given other storage in place is not)."""
         if self._buffer is None or list(self) != [name for name, *_ in self._views]:
             return False
-        memory = self._buffer.untyped_storage().data_ptr()
         return all(
             self[name] is view and tuple(view.shape) == shape and view.is_contiguous()
-            and view.storage_offset() == offset and view.untyped_storage().data_ptr() == memory
-            for name, view, shape, offset in self._views
+            and view.data_ptr() == pointer
+            for name, view, shape, pointer in self._views
         )  # fmt: skip
 
     def __reduce__(self) -> tuple[Any, ...]:
