@@ -22,29 +22,49 @@ pytestmark = pytest.mark.usefixtures("one_torch_thread")
 EXTRA_LINES = ["  Ein   Mann\tfährt  Fahrrad. ", "Zwei\u00a0Hunde spielen ﬁ ✓ im Schnee.", "Cafe\u0301 ☃", ""]
 
 
-def attnlab_export(*args: str, env: dict[str, str] | None = None, code: str | None = None):
-    """`attnlab-export` in a fresh process (`python -c code` first when given: e.g. to hide a package)."""
-    run = "from attnlab.cli.export import main; main()"
-    script = f"{code or ''}\nimport sys; sys.argv[0] = 'attnlab-export'\n{run}"
+def attnlab_export(*args: str, env: dict[str, str] | None = None):
+    """`attnlab-export` in a fresh process."""
+    script = "import sys; sys.argv[0] = 'attnlab-export'\nfrom attnlab.cli.export import main; main()"
     command = [sys.executable, "-c", script, *args]
     environment = {**os.environ, "HF_HUB_OFFLINE": "1", "TRANSFORMERS_OFFLINE": "1", **(env or {})}
     return subprocess.run(command, capture_output=True, text=True, env=environment, timeout=600)
 
 
+def export_in_process(*args: str) -> str | Path:
+    """`attnlab-export`'s work (`export_checkpoint`) in this process, on `conf/export.yaml` composed with
+    `args`: the directory written, or the message of the ConfigError the CLI would print after
+    "attnlab-export: " (`test_bad_requests_are_refused_naming_the_fix` checks that path once)."""
+    from hydra import compose, initialize_config_dir
+
+    from attnlab.cli.app import config_dir, register_resolvers
+    from attnlab.cli.export import export_checkpoint
+    from attnlab.typed import ConfigError
+
+    register_resolvers()
+    with initialize_config_dir(version_base="1.3", config_dir=str(config_dir()), job_name="test"):
+        cfg = compose("export", overrides=list(args))
+    try:
+        return export_checkpoint(cfg)
+    except ConfigError as exc:
+        return str(exc)
+
+
 @pytest.fixture(scope="module")
 def exported(translating_run: dict[str, Any], tmp_path_factory: pytest.TempPathFactory) -> dict[str, Any]:
-    """The translating run exported by the CLI as hf, ctranslate2 (float32) and ctranslate2 int8."""
+    """The translating run exported as hf and ctranslate2 (float32) by the CLI, and as ctranslate2 int8 and
+    float16 by its work in this process (`export_in_process`)."""
     tmp = tmp_path_factory.mktemp("export")
-    dirs = {}
-    for name, extra in (("hf", ["format=hf"]), ("ct2", ["format=ctranslate2"]),
-                        ("int8", ["format=ctranslate2", "quantization=int8"]),
-                        ("float16", ["format=ctranslate2", "quantization=float16"])):  # fmt: skip
-        dirs[name] = tmp / name
-        done = attnlab_export(f"ckpt_path={translating_run['dir']}", f"out={dirs[name]}", *extra,
+    dirs = {name: tmp / name for name in ("hf", "ct2", "int8", "float16")}
+    for name, fmt in (("hf", "hf"), ("ct2", "ctranslate2")):
+        done = attnlab_export(f"ckpt_path={translating_run['dir']}", f"out={dirs[name]}", f"format={fmt}",
                               f"paths.log_dir={tmp / 'logs'}")  # fmt: skip
         assert done.returncode == 0, done.stderr[-3000:]
-        assert f"wrote format={extra[0].split('=')[1]}" in done.stdout
+        assert f"wrote format={fmt}" in done.stdout
         assert "Writing model shards" not in done.stdout + done.stderr  # no progress bar of one shard
+    for name in ("int8", "float16"):
+        written = export_in_process(f"ckpt_path={translating_run['dir']}", f"out={dirs[name]}",
+                                    "format=ctranslate2", f"quantization={name}")  # fmt: skip
+        assert written == dirs[name].resolve(), written
     corpus = translating_run["corpus"]
     lines = (corpus / "test.de").read_text("utf-8").splitlines()
     references = (corpus / "test.en").read_text("utf-8").splitlines()
@@ -151,36 +171,38 @@ def test_average_last_exports_the_averaged_weights(
     assert not torch.equal(best[key], written[key])  # not the best checkpoint's weights
 
 
-def test_bad_requests_are_refused_naming_the_fix(translating_run: dict[str, Any], tmp_path: Path) -> None:
+def test_bad_requests_are_refused_naming_the_fix(
+    translating_run: dict[str, Any], tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The CLI exits 1 with the message on stderr; the other requests run its work in this process."""
     run = f"ckpt_path={translating_run['dir']}"
     logs = f"paths.log_dir={tmp_path / 'logs'}"
     done = attnlab_export(run, "format=onnx", f"out={tmp_path / 'x'}", logs)
-    assert done.returncode != 0 and "format='onnx' is not an export format: use one of hf, ctranslate2" in (
-        done.stderr
+    assert done.returncode == 1 and done.stderr.strip().splitlines()[-1] == (
+        "attnlab-export: format='onnx' is not an export format: use one of hf, ctranslate2"
     )
     assert not (tmp_path / "x").exists()
 
     kept = tmp_path / "kept"
     kept.mkdir()
     (kept / "notes.txt").write_text("mine")
-    done = attnlab_export(run, "format=hf", f"out={kept}", logs)
-    assert done.returncode != 0 and "exists and is not empty" in done.stderr
-    assert "overwrite=true" in done.stderr
+    refused = export_in_process(run, "format=hf", f"out={kept}", logs)
+    assert "exists and is not empty" in refused and "overwrite=true" in refused
     assert [p.name for p in kept.iterdir()] == ["notes.txt"]  # nothing lost, nothing added
 
     run_dir = Path(translating_run["dir"])
     before = sorted(p.relative_to(run_dir) for p in run_dir.rglob("*"))
-    done = attnlab_export(run, "format=hf", f"out={run_dir}", "overwrite=true", logs)
-    assert done.returncode != 0 and "is not an earlier export" in done.stderr  # a run is never replaced
+    refused = export_in_process(run, "format=hf", f"out={run_dir}", "overwrite=true", logs)
+    assert "is not an earlier export" in refused  # a run is never replaced
     assert sorted(p.relative_to(run_dir) for p in run_dir.rglob("*")) == before  # the run is intact
 
-    done = attnlab_export(run, "format=hf", "quantization=int8", f"out={tmp_path / 'y'}", logs)
-    assert done.returncode != 0 and "quantization=int8 applies to format=ctranslate2" in done.stderr
+    refused = export_in_process(run, "format=hf", "quantization=int8", f"out={tmp_path / 'y'}", logs)
+    assert "quantization=int8 applies to format=ctranslate2" in refused
 
-    hide = "import sys; sys.modules['ctranslate2'] = None  # as if it were not installed"
-    done = attnlab_export(run, "format=ctranslate2", f"out={tmp_path / 'z'}", logs, code=hide)
-    assert done.returncode != 0
-    assert 'needs the ctranslate2 package: pip install "attnlab[export]"' in done.stderr
+    with monkeypatch.context() as hidden:
+        hidden.setitem(sys.modules, "ctranslate2", None)  # as if it were not installed
+        refused = export_in_process(run, "format=ctranslate2", f"out={tmp_path / 'z'}", logs)
+    assert 'needs the ctranslate2 package: pip install "attnlab[export]"' in refused
     assert not (tmp_path / "z").exists()
     assert not [p for p in tmp_path.iterdir() if p.name.startswith(".")]  # no staging directory left
 
@@ -197,13 +219,12 @@ def test_bad_requests_are_refused_naming_the_fix(translating_run: dict[str, Any]
     learned = type(trained)(Transformer(config.with_vocab(vocab, vocab)), trained.src_tokenizer,
                             trained.tgt_tokenizer, DecodeConfig())  # fmt: skip
     # overwrite=true replaces only an earlier export: a directory of the user's own is never removed.
-    done = attnlab_export(run, "format=hf", f"out={kept}", "overwrite=true", logs)
-    assert done.returncode != 0 and "is not an earlier export (it has no attnlab_export.json)" in done.stderr
+    refused = export_in_process(run, "format=hf", f"out={kept}", "overwrite=true", logs)
+    assert "is not an earlier export (it has no attnlab_export.json)" in refused
     assert [p.name for p in kept.iterdir()] == ["notes.txt"]
 
     earlier = tmp_path / "earlier"
-    done = attnlab_export(run, "format=hf", f"out={earlier}", logs)
-    assert done.returncode == 0, done.stderr[-2000:]
+    assert export_in_process(run, "format=hf", f"out={earlier}", logs) == earlier.resolve()
     (earlier / "stale.txt").write_text("from before")
     files = sorted(p.name for p in earlier.iterdir())
     with pytest.raises(ExportError, match="format=hf: MarianMT needs pe='sinusoidal'"):
@@ -211,7 +232,6 @@ def test_bad_requests_are_refused_naming_the_fix(translating_run: dict[str, Any]
     assert sorted(p.name for p in earlier.iterdir()) == files  # the failed export replaced nothing
     assert not [p for p in tmp_path.iterdir() if p.name.startswith(".")]
 
-    done = attnlab_export(run, "format=hf", f"out={earlier}", "overwrite=true", logs)
-    assert done.returncode == 0, done.stderr[-2000:]
+    assert export_in_process(run, "format=hf", f"out={earlier}", "overwrite=true", logs) == earlier.resolve()
     assert (earlier / "tokenizer.json").is_file() and not (earlier / "stale.txt").exists()
     assert not [p for p in tmp_path.iterdir() if p.name.startswith(".")]
