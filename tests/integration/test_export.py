@@ -235,3 +235,25 @@ def test_bad_requests_are_refused_naming_the_fix(
     assert export_in_process(run, "format=hf", f"out={earlier}", "overwrite=true", logs) == earlier.resolve()
     assert (earlier / "tokenizer.json").is_file() and not (earlier / "stale.txt").exists()
     assert not [p for p in tmp_path.iterdir() if p.name.startswith(".")]
+
+
+def test_ctranslate2_carries_a_fairseq_length_penalty(
+    translating_run: dict[str, Any], tmp_path: Path
+) -> None:
+    """A checkpoint decoding with decode.length_penalty=fairseq exports its α as CTranslate2's length
+    penalty, used by default: at α 1 every output equals attnlab's beam search; at α 30 (where CTranslate2,
+    which stops at `beam` finished hypotheses, does change its outputs) the default is the saved α, not 0."""
+    from attnlab.interop.ct2 import CT2Translator
+    from attnlab.interop.export import export
+
+    lines = (translating_run["corpus"] / "test.de").read_text("utf-8").splitlines()
+    engines = {}
+    for alpha in (1.0, 30.0):
+        ours = attnlab_translator(translating_run, beam=5, length_penalty="fairseq", alpha=alpha)
+        engines[alpha] = CT2Translator(export(ours, "ctranslate2", tmp_path / str(alpha)), intra_threads=1)
+        assert engines[alpha].settings["decode"]["length_penalty"] == alpha
+        assert engines[alpha].settings["not_carried"] == []
+        if alpha == 1.0:
+            assert engines[alpha].translate(lines) == ours.translate(lines)
+    saved, zero = engines[30.0].translate(lines), engines[30.0].translate(lines, length_penalty=0.0)
+    assert saved == engines[30.0].translate(lines, length_penalty=30.0) and saved != zero

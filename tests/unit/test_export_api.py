@@ -3,6 +3,8 @@ through CTranslate2, and what `format=hf` refuses."""
 
 from __future__ import annotations
 
+import json
+import logging
 from pathlib import Path
 from typing import Any
 
@@ -116,18 +118,69 @@ def test_min_len_means_the_same_in_both_formats(tmp_path: Path) -> None:
     "penalty,alpha,saved", [("fairseq", 1.5, 1.5), ("fairseq", None, 1.0), ("gnmt", 0.6, 0.0)]
 )
 def test_hf_generation_config_carries_a_fairseq_length_penalty(
-    tmp_path: Path, penalty: str, alpha: float | None, saved: float
+    tmp_path: Path, caplog: pytest.LogCaptureFixture, penalty: str, alpha: float | None, saved: float
 ) -> None:
     """generate()'s `length_penalty` is fairseq's length^α: a checkpoint decoding with
-    decode.length_penalty=fairseq exports its α; GNMT's penalty has no equal there and exports 0."""
+    decode.length_penalty=fairseq exports its α; GNMT's penalty has no equal there and exports 0, said in
+    a warning and in `not_carried`."""
     from transformers import GenerationConfig
 
     joint = SubwordTokenizer.train(GERMAN + ENGLISH, model="bpe", vocab_size=80)
     ours = random_translator(joint, joint, tie="all")
     ours.decode = DecodeConfig(beam=4, length_penalty=penalty, alpha=alpha, max_len_a=0.0, max_len_b=8)
-    out = export(ours, "hf", tmp_path / "hf")
+    with caplog.at_level(logging.WARNING, logger="attnlab.interop.export"):
+        out = export(ours, "hf", tmp_path / "hf")
     generation = GenerationConfig.from_pretrained(out, local_files_only=True)
     assert (generation.num_beams, generation.length_penalty) == (4, saved)
+    assert not generation.do_sample
+    lost = json.loads((out / "attnlab_export.json").read_text())["not_carried"]
+    if penalty == "gnmt":  # said at the export and kept in its settings file
+        assert len(lost) == 1 and lost[0].startswith("decode.length_penalty=gnmt with alpha=0.6")
+        assert [r.getMessage() for r in caplog.records] == [f"format=hf does not carry {lost[0]}"]
+    else:
+        assert lost == [] and not caplog.records
+
+
+def test_hf_generation_config_carries_sampling(tmp_path: Path) -> None:
+    """decode.sampling's topk (0: every token, as generate()'s top_k=0), topp and temperature; the seed
+    cannot be carried (generate() draws from torch's generator) and is listed as not carried."""
+    from transformers import GenerationConfig
+
+    joint = SubwordTokenizer.train(GERMAN + ENGLISH, model="bpe", vocab_size=80)
+    ours = random_translator(joint, joint, tie="all")
+    ours.decode = DecodeConfig(beam=1, sampling=True, topk=0, topp=0.9, temperature=0.7, seed=4)
+    out = export(ours, "hf", tmp_path / "hf")
+    generation = GenerationConfig.from_pretrained(out, local_files_only=True)
+    assert generation.do_sample and generation.num_beams == 1
+    assert (generation.top_k, generation.top_p, generation.temperature) == (0, 0.9, 0.7)
+    lost = json.loads((out / "attnlab_export.json").read_text())["not_carried"]
+    assert len(lost) == 1 and lost[0].startswith("decode.seed=4")
+
+
+def test_ctranslate2_samples_with_the_saved_topk_topp_and_temperature(tmp_path: Path) -> None:
+    """Each setting alone narrowed to the most probable token gives greedy outputs, every time; with
+    none narrowed, repeated calls give different samples; `sampling=False` searches instead."""
+    pytest.importorskip("ctranslate2", reason='needs the [export] extra: pip install -e ".[export]"')
+    from attnlab.interop.ct2 import CT2Translator
+
+    joint = SubwordTokenizer.train(GERMAN + ENGLISH, model="bpe", vocab_size=80)
+    ours = random_translator(joint, joint, tie="all")
+    lines = ["Zwei Männer fahren.", "Ein Hund liest.", "Schnee", "Eine Frau fährt ein Buch im Schnee."]
+    greedy = ours.translate(lines)
+    for narrowed in ({"topk": 1}, {"topp": 1e-6}, {"temperature": 1e-3}, {}):
+        ours.decode = DecodeConfig(beam=1, sampling=True, max_len_a=0.0, max_len_b=8, **narrowed)
+        engine = CT2Translator(export(ours, "ctranslate2", tmp_path / str(narrowed)), intra_threads=1)
+        saved = engine.settings["decode"]["sampling"]
+        assert saved == {"topk": 0, "topp": 1.0, "temperature": 1.0, **narrowed}
+        samples = {tuple(engine.translate(lines)) for _ in range(5)}
+        assert (samples == {tuple(greedy)}) == bool(narrowed), (narrowed, samples)
+        assert engine.translate(lines, sampling=False) == greedy
+    with pytest.raises(ValueError, match="sampling draws one output per sentence, but beam=4: use beam=1"):
+        engine.translate(lines, beam=4)
+    ours.decode = DecodeConfig(beam=1, max_len_a=0.0, max_len_b=8)
+    searching = CT2Translator(export(ours, "ctranslate2", tmp_path / "greedy"), intra_threads=1)
+    with pytest.raises(ValueError, match=r"did not decode with decode\.sampling=true"):
+        searching.translate(lines, sampling=True)
 
 
 @pytest.mark.parametrize("fmt", ["hf", "ctranslate2"])

@@ -10,9 +10,15 @@ the attnlab tokenizer saved beside it (eos appended, cut to the checkpoint's sou
 `attnlab.inference.translator.Translator` does), feeds the ids to `ctranslate2.Translator`, and decodes
 the output ids with the target tokenizer. Decoding follows attnlab's rules: pad and bos are never
 generated, the output limit is a·|S|+b per sentence (sentences of the same limit are decoded together),
-`min_len` counts eos. The length penalty is CTranslate2's (the score divided by length^α, fairseq's
-form), not attnlab's GNMT penalty: with `length_penalty=0` (the default) both decode alike, and
-greedy and beam outputs equal attnlab's with `decode.alpha=0` (tested, float32).
+`min_len` counts eos. The length penalty is CTranslate2's, fairseq's form (the score divided by
+length^α): by default the exported checkpoint's `decode.alpha` when it decodes with
+`decode.length_penalty=fairseq`, else 0 (GNMT's penalty has no equal in CTranslate2;
+`attnlab_export.json` lists under `not_carried` what the export could not keep). Greedy and beam outputs
+of float32 equal attnlab's with `decode.alpha=0` (tested). With α > 0 a few can differ: CTranslate2
+ends a sentence's beam search once `beam` hypotheses are finished, attnlab once no live beam can still
+outrank them. A checkpoint decoding with `decode.sampling=true` is exported with its `topk`, `topp` and
+`temperature`, and `translate` then samples with them (`sampling=False` searches instead); CTranslate2
+draws from its own random generator, so the samples are not attnlab's and not reproducible by seed.
 """
 
 from __future__ import annotations
@@ -78,15 +84,20 @@ class CT2Translator:
         return [cut_source([*row, eos], limit, eos) for row in self.src_tokenizer.encode_batch(lines)]
 
     def translate_ids(
-        self, ids: Sequence[Sequence[int]], beam: int | None = None, length_penalty: float = 0.0,
+        self, ids: Sequence[Sequence[int]], beam: int | None = None, length_penalty: float | None = None,
         max_len_a: float | None = None, max_len_b: int | None = None, min_len: int | None = None,
-        batch_size: int | None = None,
+        batch_size: int | None = None, sampling: bool | None = None,
     ) -> list[list[int]]:  # fmt: skip
         """Output ids (without eos) of source ids (each ending in eos). Settings left None are the
-        exported checkpoint's decoding settings; `length_penalty` is CTranslate2's (see the module
-        docstring)."""
+        exported checkpoint's decoding settings; `length_penalty` is CTranslate2's, and `sampling`
+        (saved: the checkpoint's `decode.sampling`) draws each token with the saved `topk`, `topp` and
+        `temperature` (see the module docstring).
+
+        Raises:
+            ValueError: `sampling` asked of an export whose checkpoint did not sample, or with beam > 1.
+        """
         saved = self.settings["decode"]
-        beam = saved["beam"] if beam is None else beam
+        search = _search_options(saved, beam, length_penalty, sampling)
         a = saved["max_len_a"] if max_len_a is None else max_len_a
         b = saved["max_len_b"] if max_len_b is None else max_len_b
         min_len = saved["min_len"] if min_len is None else min_len
@@ -98,9 +109,9 @@ class CT2Translator:
         out: list[list[int]] = [[] for _ in ids]
         for limit, members in groups.items():  # CTranslate2's lengths: eos counted in the max, not the min
             results = self.translator.translate_batch(
-                [[str(t) for t in ids[i]] for i in members], max_batch_size=batch_size, beam_size=beam,
-                length_penalty=length_penalty, max_decoding_length=limit, min_decoding_length=min_len - 1,
-                max_input_length=0, suppress_sequences=[[str(pad)], [str(bos)]], end_token=str(eos),
+                [[str(t) for t in ids[i]] for i in members], max_batch_size=batch_size, **search,
+                max_decoding_length=limit, min_decoding_length=min_len - 1, max_input_length=0,
+                suppress_sequences=[[str(pad)], [str(bos)]], end_token=str(eos),
             )  # fmt: skip
             for i, result in zip(members, results, strict=True):
                 out[i] = [int(t) for t in result.hypotheses[0]]
@@ -115,3 +126,26 @@ class CT2Translator:
         for i, row in zip(todo, self.translate_ids([ids[i] for i in todo], **settings), strict=True):
             out[i] = self.tgt_tokenizer.decode(row)
         return out
+
+
+def _search_options(saved: dict[str, Any], beam: int | None, length_penalty: float | None,
+                    sampling: bool | None) -> dict[str, Any]:  # fmt: skip
+    """`translate_batch`'s beam, length penalty and sampling options: those given, else the saved ones
+    (an export written before they were saved: length penalty 0, no sampling)."""
+    drawn = saved.get("sampling")
+    if sampling and drawn is None:
+        raise ValueError("sampling=True: this export's checkpoint did not decode with decode.sampling=true, "
+                         "so no topk, topp or temperature were saved; export such a checkpoint")  # fmt: skip
+    drawn = drawn if sampling is None or sampling else None
+    beam = saved["beam"] if beam is None else beam  # 1 when the checkpoint samples
+    if drawn and beam > 1:
+        raise ValueError(f"sampling draws one output per sentence, but beam={beam}: use beam=1, or "
+                         "sampling=False to search")  # fmt: skip
+    options: dict[str, Any] = {
+        "beam_size": beam,
+        "length_penalty": saved.get("length_penalty", 0.0) if length_penalty is None else length_penalty,
+    }
+    if drawn:  # CTranslate2's topk 0 samples among every token, as attnlab's 0 does
+        options.update(sampling_topk=drawn["topk"], sampling_topp=drawn["topp"],
+                       sampling_temperature=drawn["temperature"])  # fmt: skip
+    return options

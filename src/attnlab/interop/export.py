@@ -23,6 +23,7 @@ failed export leaves nothing half-written, and an existing non-empty `out` is re
 from __future__ import annotations
 
 import json
+import logging
 import os
 import shutil
 import tempfile
@@ -34,6 +35,7 @@ from attnlab.interop.marian import to_marian
 
 if TYPE_CHECKING:
     from attnlab.data.tokenizer import SubwordTokenizer
+    from attnlab.decoding import DecodeConfig
     from attnlab.inference.translator import Translator
 
 FORMATS = ("hf", "ctranslate2")
@@ -46,9 +48,35 @@ SETTINGS_FILE = "attnlab_export.json"
 SOURCE_TOKENIZER_FILE = "attnlab_source_tokenizer.json"
 TARGET_TOKENIZER_FILE = "attnlab_target_tokenizer.json"
 
+log = logging.getLogger(__name__)
+
 
 class ExportError(ValueError):
     """An export that cannot be made; the message names the problem and the fix."""
+
+
+def carried_decoding(decode: DecodeConfig) -> tuple[dict[str, Any], list[str]]:
+    """What of `decode` both formats carry, and what neither can: (settings, what is not carried).
+
+    The settings: `length_penalty`, the exponent of fairseq's |Y|^α, which `generate()` and CTranslate2
+    both use (`decode.alpha` with `decode.length_penalty=fairseq`; 0 otherwise, GNMT's ((5+|Y|)/6)^α
+    having no equal there), and `sampling`: None, or with `decode.sampling` its `topk` (0: every token),
+    `topp` and `temperature`. Not carried, said in a sentence each: a GNMT α above 0 (beams then rank by
+    raw log-probability) and the sampling `seed` (either runtime draws from its own generator, so its
+    samples are not attnlab's).
+    """
+    fairseq = decode.length_penalty == "fairseq"
+    settings: dict[str, Any] = {"length_penalty": decode.alpha if fairseq else 0.0, "sampling": None}
+    lost = []
+    if not fairseq and decode.alpha > 0 and decode.beam > 1:
+        lost.append(f"decode.length_penalty=gnmt with alpha={decode.alpha}: neither runtime has GNMT's "
+                    "penalty, so its beams rank by raw log-probability (length penalty 0); a checkpoint "
+                    "decoding with decode.length_penalty=fairseq carries its alpha")  # fmt: skip
+    if decode.sampling:
+        settings["sampling"] = {"topk": decode.topk, "topp": decode.topp, "temperature": decode.temperature}
+        lost.append(f"decode.seed={decode.seed}: the runtime samples with its own random generator, so "
+                    "its samples differ from attnlab's")  # fmt: skip
+    return settings, lost
 
 
 def check_request(fmt: str, quantization: str, out: str | Path, overwrite: bool) -> Path:
@@ -99,7 +127,8 @@ def require_packages(fmt: str) -> None:
 def export(translator: Translator, fmt: str, out: str | Path, quantization: str = "none",
            overwrite: bool = False) -> Path:  # fmt: skip
     """Export the translator's model, tokenizers and decoding settings to `out` (see the module
-    docstring); returns `out`.
+    docstring); returns `out`. What of the decoding settings the format cannot carry
+    (`carried_decoding`) is logged as a warning and listed in `attnlab_export.json` (`not_carried`).
 
     Raises:
         ExportError: A bad request (`check_request`), or a model or tokenizer the format cannot express.
@@ -119,6 +148,8 @@ def export(translator: Translator, fmt: str, out: str | Path, quantization: str 
         raise ExportError(f"format={fmt}: {exc}") from None
     finally:
         shutil.rmtree(staging, ignore_errors=True)
+    for sentence in carried_decoding(translator.decode)[1]:
+        log.warning("format=%s does not carry %s", fmt, sentence)
     return path
 
 
@@ -216,9 +247,14 @@ def write_hf(translator: Translator, out: Path) -> None:
     generation.suppress_tokens = [config.pad_id, config.bos_id]  # attnlab never generates them
     generation.num_beams = translator.decode.beam
     generation.min_length = translator.decode.min_len  # eos not before: counted as attnlab counts it
+    carried, _ = carried_decoding(translator.decode)
     if generation.num_beams > 1:  # (generate()'s validation refuses a length penalty without beams)
-        decode = translator.decode  # generate()'s length penalty is fairseq's length^α; GNMT's has no equal
-        generation.length_penalty = decode.alpha if decode.length_penalty == "fairseq" else 0.0
+        generation.length_penalty = carried["length_penalty"]
+    if carried["sampling"] is not None:  # top_k 0: generate() then keeps every token, as attnlab's 0 does
+        sampling = carried["sampling"]
+        generation.do_sample = True
+        generation.top_k, generation.top_p = sampling["topk"], sampling["topp"]
+        generation.temperature = sampling["temperature"]
     limit, _ = translator.source_limit()
     generation.max_length = int(translator.decode.max_len_a * limit + translator.decode.max_len_b) + 1
     from transformers.utils import logging as hf_logging
@@ -228,7 +264,8 @@ def write_hf(translator: Translator, out: Path) -> None:
     try:
         marian.save_pretrained(out)
         tokenizer.save_pretrained(out)
-        (out / SETTINGS_FILE).write_text(json.dumps({"format": "hf"}) + "\n", encoding="utf-8")
+        marker = {"format": "hf", "not_carried": carried_decoding(translator.decode)[1]}
+        (out / SETTINGS_FILE).write_text(json.dumps(marker, indent=2) + "\n", encoding="utf-8")
     finally:
         if shown:
             hf_logging.enable_progress_bar()
@@ -246,6 +283,7 @@ def write_ctranslate2(translator: Translator, out: Path, quantization: str) -> N
     model_dir.rmdir()
     config = translator.model.config
     decode = translator.decode
+    carried, lost = carried_decoding(decode)
     settings = {
         "format": "ctranslate2",
         "ctranslate2_version": ctranslate2.__version__,
@@ -254,7 +292,8 @@ def write_ctranslate2(translator: Translator, out: Path, quantization: str) -> N
         "start_id": config.start_id,
         "max_source_tokens": translator.source_limit()[0],
         "decode": {"beam": decode.beam, "max_len_a": decode.max_len_a, "max_len_b": decode.max_len_b,
-                   "min_len": decode.min_len, "batch_size": decode.batch_size},
+                   "min_len": decode.min_len, "batch_size": decode.batch_size, **carried},
+        "not_carried": lost,
     }  # fmt: skip
     (out / SETTINGS_FILE).write_text(json.dumps(settings, indent=2) + "\n", encoding="utf-8")
     (out / SOURCE_TOKENIZER_FILE).write_text(translator.src_tokenizer.to_json(), encoding="utf-8")
