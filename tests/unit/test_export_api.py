@@ -115,7 +115,8 @@ def test_min_len_means_the_same_in_both_formats(tmp_path: Path) -> None:
 
 
 @pytest.mark.parametrize(
-    "penalty,alpha,saved", [("fairseq", 1.5, 1.5), ("fairseq", None, 1.0), ("gnmt", 0.6, 0.0)]
+    "penalty,alpha,saved",
+    [("fairseq", 1.5, 1.5), ("fairseq", None, 1.0), ("gnmt", 0.6, 0.0), ("gnmt", 0.0, 0.0)],
 )
 def test_hf_generation_config_carries_a_fairseq_length_penalty(
     tmp_path: Path, caplog: pytest.LogCaptureFixture, penalty: str, alpha: float | None, saved: float
@@ -134,7 +135,7 @@ def test_hf_generation_config_carries_a_fairseq_length_penalty(
     assert (generation.num_beams, generation.length_penalty) == (4, saved)
     assert not generation.do_sample
     lost = json.loads((out / "attnlab_export.json").read_text())["not_carried"]
-    if penalty == "gnmt":  # said at the export and kept in its settings file
+    if penalty == "gnmt" and alpha:  # said at the export and kept in its settings file
         assert len(lost) == 1 and lost[0].startswith("decode.length_penalty=gnmt with alpha=0.6")
         assert [r.getMessage() for r in caplog.records] == [f"format=hf does not carry {lost[0]}"]
     else:
@@ -157,10 +158,20 @@ def test_hf_generation_config_carries_sampling(tmp_path: Path) -> None:
     assert len(lost) == 1 and lost[0].startswith("decode.seed=4")
 
 
-def test_ctranslate2_samples_with_the_saved_topk_topp_and_temperature(tmp_path: Path) -> None:
-    """Each setting alone narrowed to the most probable token gives greedy outputs, every time; with
-    none narrowed, repeated calls give different samples; `sampling=False` searches instead."""
+def first_tokens(engine: Any, ids: list[int], draws: int) -> set[int]:
+    """The first output token of `draws` samples of one source sentence (eos for an empty output)."""
+    outputs = engine.translate_ids([ids] * draws, max_len_a=0.0, max_len_b=1, batch_size=draws)
+    return {row[0] if row else engine.settings["eos_id"] for row in outputs}
+
+
+def test_ctranslate2_samples_with_the_saved_topk_topp_and_temperature(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    """Each setting alone narrowed to the most probable token gives greedy outputs, every time; with none
+    narrowed, repeated calls differ; `topp` 0.3 draws only inside attnlab's nucleus of mass 0.3;
+    `sampling=False` searches instead. The seed and topk-with-topp are warned about and listed."""
     pytest.importorskip("ctranslate2", reason='needs the [export] extra: pip install -e ".[export]"')
+    from attnlab.decoding.search import mask_ungenerable, ungenerable_ids
     from attnlab.interop.ct2 import CT2Translator
 
     joint = SubwordTokenizer.train(GERMAN + ENGLISH, model="bpe", vocab_size=80)
@@ -168,8 +179,12 @@ def test_ctranslate2_samples_with_the_saved_topk_topp_and_temperature(tmp_path: 
     lines = ["Zwei Männer fahren.", "Ein Hund liest.", "Schnee", "Eine Frau fährt ein Buch im Schnee."]
     greedy = ours.translate(lines)
     for narrowed in ({"topk": 1}, {"topp": 1e-6}, {"temperature": 1e-3}, {}):
-        ours.decode = DecodeConfig(beam=1, sampling=True, max_len_a=0.0, max_len_b=8, **narrowed)
-        engine = CT2Translator(export(ours, "ctranslate2", tmp_path / str(narrowed)), intra_threads=1)
+        ours.decode = DecodeConfig(beam=1, sampling=True, max_len_a=0.0, max_len_b=8, seed=3, **narrowed)
+        with caplog.at_level(logging.WARNING, logger="attnlab.interop.export"):
+            engine = CT2Translator(export(ours, "ctranslate2", tmp_path / str(narrowed)), intra_threads=1)
+        lost = engine.settings["not_carried"]
+        assert len(lost) == 1 and lost[0].startswith("decode.seed=3")
+        assert caplog.messages[-1] == f"format=ctranslate2 does not carry {lost[0]}"
         saved = engine.settings["decode"]["sampling"]
         assert saved == {"topk": 0, "topp": 1.0, "temperature": 1.0, **narrowed}
         samples = {tuple(engine.translate(lines)) for _ in range(5)}
@@ -177,6 +192,34 @@ def test_ctranslate2_samples_with_the_saved_topk_topp_and_temperature(tmp_path: 
         assert engine.translate(lines, sampling=False) == greedy
     with pytest.raises(ValueError, match="sampling draws one output per sentence, but beam=4: use beam=1"):
         engine.translate(lines, beam=4)
+
+    source = engine.source_ids(lines[:1])[0]
+    with torch.inference_mode():
+        memory, mask = ours.model.encode(torch.tensor([source]))
+        start = torch.tensor([[ours.model.config.start_id]])
+        scores = ours.model.decode(start, memory, mask)[:, -1]  # (1, V)
+        never = ungenerable_ids(ours.model.config, scores.device)
+        probs = mask_ungenerable(scores, never, ours.model.config.eos_id, 1, 1).softmax(-1)[0]
+    ranked = probs.sort(descending=True, stable=True)
+    nucleus = {
+        int(t)
+        for t, before in zip(ranked.indices, ranked.values.cumsum(0) - ranked.values, strict=True)
+        if before < 0.3
+    }
+    ours.decode = DecodeConfig(beam=1, sampling=True, topp=0.3)
+    drawn = first_tokens(
+        CT2Translator(export(ours, "ctranslate2", tmp_path / "topp"), intra_threads=1), source, 400
+    )
+    assert 1 < len(nucleus) < 10 and len(drawn) > 1 and drawn <= nucleus  # (unseeded: not all need appear)
+
+    ours.decode = DecodeConfig(beam=1, sampling=True, topk=5, topp=0.5)  # as attnlab combines them: lost
+    both = CT2Translator(export(ours, "ctranslate2", tmp_path / "both"), intra_threads=1).settings
+    assert both["not_carried"][1].startswith("decode.topk=5 with decode.topp=0.5")
+    ours.decode = DecodeConfig(beam=1, sampling=True, topk=1000)  # more than the 80 tokens: every token
+    every = CT2Translator(export(ours, "ctranslate2", tmp_path / "every"), intra_threads=1)
+    assert every.settings["decode"]["sampling"]["topk"] == 0 and len(every.settings["not_carried"]) == 1
+    assert len(first_tokens(every, source, 200)) > 10
+
     ours.decode = DecodeConfig(beam=1, max_len_a=0.0, max_len_b=8)
     searching = CT2Translator(export(ours, "ctranslate2", tmp_path / "greedy"), intra_threads=1)
     with pytest.raises(ValueError, match=r"did not decode with decode\.sampling=true"):

@@ -55,15 +55,18 @@ class ExportError(ValueError):
     """An export that cannot be made; the message names the problem and the fix."""
 
 
-def carried_decoding(decode: DecodeConfig) -> tuple[dict[str, Any], list[str]]:
-    """What of `decode` both formats carry, and what neither can: (settings, what is not carried).
+def carried_decoding(decode: DecodeConfig, vocab_size: int) -> tuple[dict[str, Any], list[str]]:
+    """What of `decode` the exports carry, and what they cannot: (settings, what is not carried).
 
-    The settings: `length_penalty`, the exponent of fairseq's |Y|^α, which `generate()` and CTranslate2
-    both use (`decode.alpha` with `decode.length_penalty=fairseq`; 0 otherwise, GNMT's ((5+|Y|)/6)^α
-    having no equal there), and `sampling`: None, or with `decode.sampling` its `topk` (0: every token),
-    `topp` and `temperature`. Not carried, said in a sentence each: a GNMT α above 0 (beams then rank by
-    raw log-probability) and the sampling `seed` (either runtime draws from its own generator, so its
-    samples are not attnlab's).
+    The settings: `length_penalty`, the exponent of fairseq's |Y|^α, which `generate()` (with beams) and
+    CTranslate2 both use (`decode.alpha` with `decode.length_penalty=fairseq`; 0 otherwise, GNMT's
+    ((5+|Y|)/6)^α having no equal there), and `sampling`: None, or with `decode.sampling` its `topk`
+    (0: every token; a `topk` of at least the `vocab_size` target tokens is 0 too, as CTranslate2 refuses
+    a larger one), `topp` and `temperature`. Not carried, said in a sentence each: a GNMT α above 0 with
+    beams (they then rank by raw log-probability), the sampling `seed` (either runtime draws from its own
+    generator, so its samples are not attnlab's), and `topk` with `topp` together (attnlab keeps the top
+    k tokens inside the nucleus of the whole distribution; both runtimes take the nucleus of the top k
+    renormalised, which can keep fewer).
     """
     fairseq = decode.length_penalty == "fairseq"
     settings: dict[str, Any] = {"length_penalty": decode.alpha if fairseq else 0.0, "sampling": None}
@@ -73,9 +76,14 @@ def carried_decoding(decode: DecodeConfig) -> tuple[dict[str, Any], list[str]]:
                     "penalty, so its beams rank by raw log-probability (length penalty 0); a checkpoint "
                     "decoding with decode.length_penalty=fairseq carries its alpha")  # fmt: skip
     if decode.sampling:
-        settings["sampling"] = {"topk": decode.topk, "topp": decode.topp, "temperature": decode.temperature}
+        topk = 0 if decode.topk >= vocab_size else decode.topk
+        settings["sampling"] = {"topk": topk, "topp": decode.topp, "temperature": decode.temperature}
         lost.append(f"decode.seed={decode.seed}: the runtime samples with its own random generator, so "
                     "its samples differ from attnlab's")  # fmt: skip
+        if topk > 0 and decode.topp < 1:
+            lost.append(f"decode.topk={topk} with decode.topp={decode.topp} as attnlab combines them (the "
+                        "top k tokens inside the nucleus of the whole distribution): the runtime takes the "
+                        "nucleus of the renormalised top k, which can keep fewer tokens")  # fmt: skip
     return settings, lost
 
 
@@ -148,7 +156,7 @@ def export(translator: Translator, fmt: str, out: str | Path, quantization: str 
         raise ExportError(f"format={fmt}: {exc}") from None
     finally:
         shutil.rmtree(staging, ignore_errors=True)
-    for sentence in carried_decoding(translator.decode)[1]:
+    for sentence in carried_decoding(translator.decode, translator.model.config.tgt_vocab_size)[1]:
         log.warning("format=%s does not carry %s", fmt, sentence)
     return path
 
@@ -247,7 +255,7 @@ def write_hf(translator: Translator, out: Path) -> None:
     generation.suppress_tokens = [config.pad_id, config.bos_id]  # attnlab never generates them
     generation.num_beams = translator.decode.beam
     generation.min_length = translator.decode.min_len  # eos not before: counted as attnlab counts it
-    carried, _ = carried_decoding(translator.decode)
+    carried, lost = carried_decoding(translator.decode, config.tgt_vocab_size)
     if generation.num_beams > 1:  # (generate()'s validation refuses a length penalty without beams)
         generation.length_penalty = carried["length_penalty"]
     if carried["sampling"] is not None:  # top_k 0: generate() then keeps every token, as attnlab's 0 does
@@ -264,7 +272,7 @@ def write_hf(translator: Translator, out: Path) -> None:
     try:
         marian.save_pretrained(out)
         tokenizer.save_pretrained(out)
-        marker = {"format": "hf", "not_carried": carried_decoding(translator.decode)[1]}
+        marker = {"format": "hf", "not_carried": lost}
         (out / SETTINGS_FILE).write_text(json.dumps(marker, indent=2) + "\n", encoding="utf-8")
     finally:
         if shown:
@@ -283,7 +291,7 @@ def write_ctranslate2(translator: Translator, out: Path, quantization: str) -> N
     model_dir.rmdir()
     config = translator.model.config
     decode = translator.decode
-    carried, lost = carried_decoding(decode)
+    carried, lost = carried_decoding(decode, config.tgt_vocab_size)
     settings = {
         "format": "ctranslate2",
         "ctranslate2_version": ctranslate2.__version__,
