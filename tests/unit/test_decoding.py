@@ -31,13 +31,18 @@ class EosAtSourceLength(Transformer):
         self.fed: list[Tensor] = []
 
     def decode(
-        self, tgt: Tensor, memory: Tensor, src_mask: Tensor, *, cache: KVCache | None = None, **kw: Any
+        self, tgt: Tensor, memory: Tensor, src_mask: Tensor | None, *, cache: KVCache | None = None, **kw: Any
     ):
         self.fed.append(tgt.clone())
         offset = 0 if cache is None else cache.length
         logits = super().decode(tgt, memory, src_mask, cache=cache, **kw).clone()  # (B, T, V)
         positions = offset + torch.arange(tgt.size(1))  # (T,)
-        stop = src_mask.sum(1, keepdim=True) - 1  # (B, 1)
+        lengths = (
+            memory.new_full((tgt.size(0), 1), memory.size(1))
+            if src_mask is None
+            else src_mask.sum(1, keepdim=True)
+        )
+        stop = lengths - 1  # (B, 1); no mask: no padding
         at_stop = positions[None, :] == stop if self.push > 0 else torch.ones_like(tgt, dtype=torch.bool)
         logits[..., EOS] += self.push * at_stop
         return logits

@@ -135,7 +135,7 @@ def test_padding_matters_when_unmasked() -> None:
 
 
 def cached_logits(
-    model: Transformer, tgt: Tensor, memory: Tensor, src_mask: Tensor, chunks: list[int]
+    model: Transformer, tgt: Tensor, memory: Tensor, src_mask: Tensor | None, chunks: list[int]
 ) -> Tensor:
     """Decode `tgt` through a fresh cache, `chunks[i]` positions per call; (B, T, V)."""
     cache, outputs, start = model.new_cache(), [], 0
@@ -157,6 +157,27 @@ def test_cached_decoding_equals_full_decode(pe: str, norm_first: bool) -> None:
         full = model.decode(tgt, memory, src_mask)
         stepwise = cached_logits(model, tgt, memory, src_mask, [1] * 6)
     torch.testing.assert_close(stepwise, full, rtol=1e-5, atol=1e-5)
+
+
+@pytest.mark.parametrize("need_weights", [False, True])
+def test_no_source_mask_is_an_unpadded_batch(need_weights: bool) -> None:
+    """`decode(..., src_mask=None)`, which searches pass for batches without padding (`decoder_mask`),
+    equals decoding with the all-True mask, cached one step at a time and in one pass; a padded batch keeps
+    its mask."""
+    from attnlab.decoding.search import decoder_mask
+
+    model = build()
+    src, tgt = ids(2, 5, seed=3), ids(2, 4, seed=4)
+    with torch.no_grad():
+        memory, src_mask = model.encode(src)
+        assert bool(src_mask.all()) and decoder_mask(src_mask) is None
+        masked = model.decode(tgt, memory, src_mask, need_weights=need_weights)
+        unmasked = model.decode(tgt, memory, None, need_weights=need_weights)
+        torch.testing.assert_close(unmasked, masked, rtol=1e-6, atol=1e-6)
+        stepwise = cached_logits(model, tgt, memory, None, [1] * 4)
+    torch.testing.assert_close(stepwise, masked[0] if need_weights else masked, rtol=1e-5, atol=1e-5)
+    padded_mask = model.encode(padded_source())[1]
+    assert decoder_mask(padded_mask) is padded_mask
 
 
 @pytest.mark.parametrize("chunks", [[2, 1, 1, 1, 1], [1, 2, 3], [3, 3]])

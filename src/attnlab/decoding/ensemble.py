@@ -73,7 +73,7 @@ class Ensemble(nn.Module):
         self,
         tgt: Tensor,
         memory: Tensor,
-        src_mask: Tensor,
+        src_mask: Tensor | None,
         *,
         cache: KVCache | None = None,
         need_weights: bool = False,

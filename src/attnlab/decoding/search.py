@@ -34,6 +34,13 @@ def ungenerable_ids(config: TransformerConfig, device: torch.device) -> Tensor:
     return torch.tensor(sorted({config.pad_id, config.bos_id, config.start_id}), device=device)
 
 
+def decoder_mask(src_mask: Tensor) -> Tensor | None:
+    """The source mask (B, S) a search's decoding steps take: None when no source has padding, so
+    cross-attention runs without a mask (the same outputs; 1.36 vs 1.41 ms a greedy step for one sentence
+    of the `small` model on a 2-core EPYC). One check per search, not per step."""
+    return None if bool(src_mask.all()) else src_mask
+
+
 def mask_ungenerable(scores: Tensor, never: Tensor, eos_id: int, length: int, min_len: int) -> Tensor:
     """Set to -inf, in place, the scores (N, V) of ids no decoder may output at this step: `never`
     (`ungenerable_ids`) always, eos while an output of `length` tokens (this one included) would be
@@ -145,6 +152,7 @@ def greedy_decode(
         raise ValueError(f"min_len={min_len} must be >= 1 (the length counts eos)")
     cfg = model.config
     memory, src_mask = model.encode(src)
+    src_mask = decoder_mask(src_mask)
     cache = model.new_cache() if use_cache else None
     batch = src.size(0)
     limits = max_output_lengths(src, cfg.pad_id, max_len_a, max_len_b, cfg.position_limit)  # (B,)
@@ -170,7 +178,8 @@ def greedy_decode(
             if keep.numel() == 0:
                 return out[:, : step + 1]
             alive, token, limits = alive[keep], token[keep], limits[keep]
-            memory, src_mask = memory.index_select(0, keep), src_mask.index_select(0, keep)
+            memory = memory.index_select(0, keep)
+            src_mask = None if src_mask is None else src_mask.index_select(0, keep)
             if cache is None:
                 prefix = prefix[keep]
             else:
@@ -314,11 +323,12 @@ def beam_search(
     device = next(model.parameters()).device
     src = src.to(device)
     batch, k, vocab = src.size(0), beam, cfg.tgt_vocab_size
-    memory, src_mask = model.encode(src)  # (B, S, D), (B, S)
-    source_mask = src_mask  # of the original batch, for the attention rows of finished hypotheses
+    memory, source_mask = model.encode(src)  # (B, S, D); (B, S) for the attention rows of finished hypotheses
+    src_mask = decoder_mask(source_mask)  # (B, S) or None, as the decoder takes it
     if not use_cache:  # the uncached decoder takes the memory once per beam
         expand = torch.arange(batch, device=device).repeat_interleave(k)  # (B·K,)
-        memory, src_mask = memory.index_select(0, expand), src_mask.index_select(0, expand)  # (B·K, S, ...)
+        memory = memory.index_select(0, expand)  # (B·K, S, D)
+        src_mask = None if src_mask is None else src_mask.index_select(0, expand)
     limits = max_output_lengths(src, cfg.pad_id, max_len_a, max_len_b, cfg.position_limit)  # (B,)
     limit_list = limits.tolist()
     cache = model.new_cache(beams=k) if use_cache else None
@@ -404,10 +414,12 @@ def beam_search(
             scores, flat, token, history = scores[sentences], flat[rows], token[rows], history[rows]
             history_lp = None if history_lp is None else history_lp[rows]
             attn = None if attn is None else attn[rows]
+            kept_rows = rows if cache is None else sentences
+            memory = memory[kept_rows]
+            src_mask = None if src_mask is None else src_mask[kept_rows]
             if cache is None:
-                memory, src_mask, start = memory[rows], src_mask[rows], start[rows]
+                start = start[rows]
             else:
-                memory, src_mask = memory[sentences], src_mask[sentences]
                 cache.reorder(flat, sentences)
         elif cache is not None:
             cache.reorder(flat)

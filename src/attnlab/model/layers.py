@@ -28,7 +28,8 @@ class FeedForward(nn.Module):
         self.w_2 = Linear(config.d_ff, config.d_model)
 
     def forward(self, x: Tensor) -> Tensor:
-        return self.w_2(self.dropout(self.activation(self.w_1(x))))  # (B, T, F) -> (B, T, D)
+        h = self.activation(self.w_1(x))  # (B, T, F)
+        return self.w_2(self.dropout(h) if self.training else h)  # (B, T, D); no call at all in eval
 
 
 class Residual(nn.Module):

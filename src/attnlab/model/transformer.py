@@ -35,7 +35,7 @@ class InputEmbedding(nn.Module):
         x = self.token(ids) * self.scale
         if self.positions is not None:
             x = x + self.positions(ids.size(1), offset, ids.device).to(x.dtype)
-        return self.dropout(x)
+        return self.dropout(x) if self.training else x
 
 
 class Encoder(nn.Module):
@@ -69,14 +69,15 @@ class Decoder(nn.Module):
         self,
         tgt: Tensor,
         memory: Tensor,
-        src_mask: Tensor,
+        src_mask: Tensor | None,
         *,
         cache: KVCache | None = None,
         need_weights: bool = False,
     ) -> tuple[Tensor, list[Tensor]]:
-        """tgt (B, T) ids -> hidden states (B, T, D) and per-layer cross-attention weights (B, H, T, S)."""
+        """tgt (B, T) ids -> hidden states (B, T, D) and per-layer cross-attention weights (B, H, T, S).
+        `src_mask` None: no source position is padding."""
         x = self.embed(tgt, offset=0 if cache is None else cache.length)
-        memory_mask = src_mask[:, None, None, :]  # (B, 1, 1, S)
+        memory_mask = None if src_mask is None else src_mask[:, None, None, :]  # (B, 1, 1, S)
         weights = []
         for i, layer in enumerate(self.layers):
             x, w = layer(
@@ -143,7 +144,7 @@ class Transformer(nn.Module):
         self,
         tgt: Tensor,
         memory: Tensor,
-        src_mask: Tensor,
+        src_mask: Tensor | None,
         *,
         cache: KVCache | None = None,
         need_weights: bool = False,
@@ -152,6 +153,9 @@ class Transformer(nn.Module):
 
         With a `cache`, `tgt` holds only the new positions (usually one) and the cache is updated in
         place. With `need_weights`, also returns each layer's cross-attention weights (B, H, T, S).
+        `src_mask` (B, S) is True at real source tokens; None says no source has padding (searches pass
+        None for such batches, `decoder_mask`: cross-attention then runs without a mask, the same
+        function, a little faster).
         """
         hidden, weights = self.decoder(tgt, memory, src_mask, cache=cache, need_weights=need_weights)
         logits = self.output(hidden)  # (B, T, V)
