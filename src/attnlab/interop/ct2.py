@@ -132,11 +132,12 @@ def _search_options(saved: dict[str, Any], beam: int | None, length_penalty: flo
                     sampling: bool | None) -> dict[str, Any]:  # fmt: skip
     """`translate_batch`'s beam, length penalty and sampling options: those given, else the saved ones
     (an export written before they were saved: length penalty 0, no sampling)."""
-    drawn = saved.get("sampling")
+    drawn = saved.get("sampling")  # the checkpoint's topk, topp and temperature, or None
     if sampling and drawn is None:
         raise ValueError("sampling=True: this export's checkpoint did not decode with decode.sampling=true, "
                          "so no topk, topp or temperature were saved; export such a checkpoint")  # fmt: skip
-    drawn = drawn if sampling is None or sampling else None
+    if sampling is False:  # search instead
+        drawn = None
     beam = saved["beam"] if beam is None else beam  # 1 when the checkpoint samples
     if drawn and beam > 1:
         raise ValueError(f"sampling draws one output per sentence, but beam={beam}: use beam=1, or "

@@ -148,15 +148,15 @@ def export(translator: Translator, fmt: str, out: str | Path, quantization: str 
     staging.chmod(0o777 & ~umask)  # a directory's usual permissions, not mkdtemp's private ones
     try:
         if fmt == "hf":
-            write_hf(translator, staging)
+            lost = write_hf(translator, staging)
         else:
-            write_ctranslate2(translator, staging, quantization)
+            lost = write_ctranslate2(translator, staging, quantization)
         _move_into_place(staging, path)
     except ValueError as exc:  # to_marian's and the tokenizer's: name what the format cannot express
         raise ExportError(f"format={fmt}: {exc}") from None
     finally:
         shutil.rmtree(staging, ignore_errors=True)
-    for sentence in carried_decoding(translator.decode, translator.model.config.tgt_vocab_size)[1]:
+    for sentence in lost:
         log.warning("format=%s does not carry %s", fmt, sentence)
     return path
 
@@ -236,8 +236,9 @@ def hf_tokenizer(tokenizer: SubwordTokenizer, eos_id: int) -> Any:
     )  # fmt: skip
 
 
-def write_hf(translator: Translator, out: Path) -> None:
-    """Write the MarianMT directory of `format=hf` into the existing directory `out`."""
+def write_hf(translator: Translator, out: Path) -> list[str]:
+    """Write the MarianMT directory of `format=hf` into the existing directory `out`; returns what of the
+    decoding settings it does not carry (`carried_decoding`)."""
     config = translator.model.config
     if translator.src_tokenizer.to_json() != translator.tgt_tokenizer.to_json():
         raise ValueError(
@@ -277,10 +278,12 @@ def write_hf(translator: Translator, out: Path) -> None:
     finally:
         if shown:
             hf_logging.enable_progress_bar()
+    return lost
 
 
-def write_ctranslate2(translator: Translator, out: Path, quantization: str) -> None:
-    """Write the CTranslate2 model of `format=ctranslate2` (and attnlab's files beside it) into `out`."""
+def write_ctranslate2(translator: Translator, out: Path, quantization: str) -> list[str]:
+    """Write the CTranslate2 model of `format=ctranslate2` (and attnlab's files beside it) into `out`;
+    returns what of the decoding settings it does not carry (`carried_decoding`)."""
     import ctranslate2
 
     converter = _MarianIdsConverter(_marian(translator))
@@ -306,6 +309,7 @@ def write_ctranslate2(translator: Translator, out: Path, quantization: str) -> N
     (out / SETTINGS_FILE).write_text(json.dumps(settings, indent=2) + "\n", encoding="utf-8")
     (out / SOURCE_TOKENIZER_FILE).write_text(translator.src_tokenizer.to_json(), encoding="utf-8")
     (out / TARGET_TOKENIZER_FILE).write_text(translator.tgt_tokenizer.to_json(), encoding="utf-8")
+    return lost
 
 
 def _ids_converter_class() -> type:
