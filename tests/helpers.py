@@ -62,15 +62,22 @@ def require_shared_data(path: Path = SHARED_DATA) -> Path:
     pytest.skip(reason)
 
 
-def compose_train(overrides: list[str], output_dir: Path, *, hydra_node: bool = False) -> DictConfig:
-    """Compose `conf/train.yaml` with `overrides`, writing the run into `output_dir`."""
+def compose_app(name: str, overrides: list[str], *, hydra_node: bool = False) -> DictConfig:
+    """Compose `conf/<name>.yaml` (`train`, `eval`, `export`, ...) with `overrides`, as its command would."""
     register_resolvers()
     with initialize_config_dir(version_base="1.3", config_dir=str(config_dir()), job_name="test"):
-        return compose(
-            "train",
-            overrides=[f"paths.output_dir={output_dir}", "trainer.enable_progress_bar=false", *overrides],
-            return_hydra_config=hydra_node,
-        )
+        return compose(name, overrides=list(overrides), return_hydra_config=hydra_node)
+
+
+def compose_train(overrides: list[str], output_dir: Path, *, hydra_node: bool = False) -> DictConfig:
+    """Compose `conf/train.yaml` with `overrides`, writing the run into `output_dir`."""
+    overrides = [f"paths.output_dir={output_dir}", "trainer.enable_progress_bar=false", *overrides]
+    return compose_app("train", overrides, hydra_node=hydra_node)
+
+
+def compose_eval(overrides: list[str], output_dir: Path) -> DictConfig:
+    """Compose `conf/eval.yaml` with `overrides`, writing into `output_dir`."""
+    return compose_app("eval", [f"paths.output_dir={output_dir}", *overrides])
 
 
 UPSTREAM = {"train": "train", "val": "val", "test2016": "test_2016_flickr"}

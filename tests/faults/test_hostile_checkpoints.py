@@ -32,9 +32,8 @@ from typing import Any
 
 import pytest
 import torch
-from hydra import compose, initialize_config_dir
 
-from attnlab.cli.app import config_dir, register_resolvers
+from attnlab.cli.app import config_dir
 from attnlab.cli.eval import evaluate_checkpoint
 from attnlab.cli.translate import main as translate_main
 from attnlab.inference.translator import Translator, resolve_checkpoints
@@ -42,7 +41,7 @@ from attnlab.runs.checkpoint import BUNDLE_KEY, CheckpointError, read_averaged, 
 from attnlab.training.module import TranslationModule
 from attnlab.training.pipeline import train
 from attnlab.typed import ConfigError
-from helpers import compose_train, write_corpus
+from helpers import compose_eval, compose_train, write_corpus
 
 SPLITS = (("train", "train", 200), ("valid", "val", 16), ("test", "test2016", 16))
 HOSTILE_CLASS = "logging.FileHandler"  # builds a file handler: creates the file named `filename`
@@ -133,12 +132,6 @@ def write_hostile(kind: str, plain: dict[str, Any], path: Path, marker: Path) ->
     else:
         path.write_bytes(pickle.dumps({"epoch": 0, "state_dict": Touch(marker)}))
     return CODE_CASES[kind]
-
-
-def compose_eval(overrides: list[str], output_dir: Path) -> Any:
-    register_resolvers()
-    with initialize_config_dir(version_base="1.3", config_dir=str(config_dir()), job_name="test"):
-        return compose("eval", overrides=[f"paths.output_dir={output_dir}", *overrides])
 
 
 def assert_refused(exc: BaseException, message: str, path: Path) -> None:

@@ -21,16 +21,14 @@ from typing import Any
 import pytest
 import torch
 import yaml
-from hydra import compose, initialize_config_dir
 
-from attnlab.cli.app import config_dir, register_resolvers
 from attnlab.cli.compare import main as compare_main
 from attnlab.cli.eval import evaluate_checkpoint
 from attnlab.cli.translate import main as translate_main
 from attnlab.runs.checkpoint import BUNDLE_KEY
 from attnlab.training.pipeline import train
 from attnlab.typed import ConfigError
-from helpers import compose_train, require_shared_data, write_corpus
+from helpers import compose_eval, compose_train, require_shared_data, write_corpus
 
 SPLITS = (("train", "train", 300), ("valid", "val", 30), ("test", "test2016", 20))
 OLD = b"an earlier translation\nthat must survive\n" * 40  # 1640 bytes
@@ -261,10 +259,7 @@ def test_compare_out_to_a_fifo_writes_the_table_into_it(sweep: Path, tmp_path: P
 
 
 def eval_config(trained: dict[str, Any], out: Path, *overrides: str) -> Any:
-    register_resolvers()
-    with initialize_config_dir(version_base="1.3", config_dir=str(config_dir()), job_name="test"):
-        overrides = (f"paths.output_dir={out}", f"ckpt_path={trained['ckpt']}", *overrides)
-        return compose("eval", overrides=list(overrides))
+    return compose_eval([f"ckpt_path={trained['ckpt']}", *overrides], out)
 
 
 def test_a_failing_eval_leaves_earlier_hypotheses_references_and_results(

@@ -24,7 +24,7 @@ from attnlab.io import FileLock
 from attnlab.runs.layout import RUN_LOCK
 from attnlab.training.pipeline import train
 from attnlab.typed import ConfigError
-from helpers import compose_train
+from helpers import compose_app, compose_train
 from runs import RUN, TESTS
 
 WORDS = ["ein", "mann", "frau", "hund", "katze", "spielt", "läuft", "im", "park", "mit", "ball", "und"]
@@ -147,19 +147,15 @@ def test_attnlab_eval_without_ckpt_path_says_what_is_required(tmp_path: Path) ->
 
 
 def test_attnlab_export_of_a_list_of_checkpoints_says_it_exports_one_model(tmp_path: Path) -> None:
-    from hydra import compose, initialize_config_dir
-
-    from attnlab.cli.app import config_dir, register_resolvers
     from attnlab.cli.export import export_checkpoint
 
-    register_resolvers()
     files = [tmp_path / "a.ckpt", tmp_path / "b.ckpt"]
     for file in files:
         file.write_bytes(b"never read")
-    with initialize_config_dir(version_base="1.3", config_dir=str(config_dir()), job_name="test"):
-        listed = f"ckpt_path=[{files[0]},{files[1]}]"
-        cfg = compose("export", overrides=[f"paths.output_dir={tmp_path}", listed, "format=ctranslate2",
-                                           f"out={tmp_path / 'out'}"])  # fmt: skip
+    listed = f"ckpt_path=[{files[0]},{files[1]}]"
+    cfg = compose_app(
+        "export", [f"paths.output_dir={tmp_path}", listed, "format=ctranslate2", f"out={tmp_path / 'out'}"]
+    )
     with pytest.raises(ConfigError) as caught:
         export_checkpoint(cfg)
     assert "ckpt_path is a list of 2 checkpoints, but attnlab-export writes one model" in str(caught.value)

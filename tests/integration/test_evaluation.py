@@ -14,10 +14,8 @@ from typing import Any
 
 import pytest
 import torch
-from hydra import compose, initialize_config_dir
 from omegaconf import OmegaConf
 
-from attnlab.cli.app import config_dir, register_resolvers
 from attnlab.cli.eval import evaluate_checkpoint
 from attnlab.cli.translate import main as translate_main
 from attnlab.inference.translator import Translator, decode_settings, resolve_checkpoints
@@ -26,7 +24,7 @@ from attnlab.runs.checkpoint import CheckpointError, kept_checkpoints, read_chec
 from attnlab.training.experiment import validate
 from attnlab.training.module import TranslationModule
 from attnlab.typed import ConfigError
-from helpers import lines
+from helpers import compose_eval, lines
 
 
 @pytest.fixture(scope="module")
@@ -46,12 +44,6 @@ def assert_translates(hypotheses: list[str], refs: list[str]) -> None:
     assert len(hypotheses) == len(refs) and all(hypotheses)
     assert len(set(hypotheses)) == len(hypotheses)
     assert sum(h == r for h, r in zip(hypotheses, refs, strict=True)) >= len(refs) // 2
-
-
-def compose_eval(overrides: list[str], output_dir: Path) -> Any:
-    register_resolvers()
-    with initialize_config_dir(version_base="1.3", config_dir=str(config_dir()), job_name="test"):
-        return compose("eval", overrides=[f"paths.output_dir={output_dir}", *overrides])
 
 
 def test_monitor_resolves_to_val_bleu_checked_on_decoding_epochs(text_run: dict[str, Any]) -> None:

@@ -13,6 +13,8 @@ from typing import Any
 
 import pytest
 
+from helpers import compose_app
+
 pytest.importorskip("transformers", reason='needs the [interop] extra: pip install -e ".[interop]"')
 
 pytestmark = pytest.mark.usefixtures("one_torch_thread")
@@ -30,23 +32,22 @@ def attnlab_export(*args: str, env: dict[str, str] | None = None):
     return subprocess.run(command, capture_output=True, text=True, env=environment, timeout=600)
 
 
-def export_in_process(*args: str) -> str | Path:
+def export_in_process(*args: str) -> Path:
     """`attnlab-export`'s work (`export_checkpoint`) in this process, on `conf/export.yaml` composed with
-    `args`: the directory written, or the message of the ConfigError the CLI would print after
-    "attnlab-export: " (`test_bad_requests_are_refused_naming_the_fix` checks that path once)."""
-    from hydra import compose, initialize_config_dir
-
-    from attnlab.cli.app import config_dir, register_resolvers
+    `args`: the directory written."""
     from attnlab.cli.export import export_checkpoint
+
+    return export_checkpoint(compose_app("export", list(args)))
+
+
+def refusal(*args: str) -> str:
+    """The message of the ConfigError `export_in_process(*args)` must raise: what the CLI prints after
+    "attnlab-export: " (`test_bad_requests_are_refused_naming_the_fix` checks that path once)."""
     from attnlab.typed import ConfigError
 
-    register_resolvers()
-    with initialize_config_dir(version_base="1.3", config_dir=str(config_dir()), job_name="test"):
-        cfg = compose("export", overrides=list(args))
-    try:
-        return export_checkpoint(cfg)
-    except ConfigError as exc:
-        return str(exc)
+    with pytest.raises(ConfigError) as refused:
+        export_in_process(*args)
+    return str(refused.value)
 
 
 @pytest.fixture(scope="module")
@@ -186,22 +187,22 @@ def test_bad_requests_are_refused_naming_the_fix(
     kept = tmp_path / "kept"
     kept.mkdir()
     (kept / "notes.txt").write_text("mine")
-    refused = export_in_process(run, "format=hf", f"out={kept}", logs)
+    refused = refusal(run, "format=hf", f"out={kept}", logs)
     assert "exists and is not empty" in refused and "overwrite=true" in refused
     assert [p.name for p in kept.iterdir()] == ["notes.txt"]  # nothing lost, nothing added
 
     run_dir = Path(translating_run["dir"])
     before = sorted(p.relative_to(run_dir) for p in run_dir.rglob("*"))
-    refused = export_in_process(run, "format=hf", f"out={run_dir}", "overwrite=true", logs)
+    refused = refusal(run, "format=hf", f"out={run_dir}", "overwrite=true", logs)
     assert "is not an earlier export" in refused  # a run is never replaced
     assert sorted(p.relative_to(run_dir) for p in run_dir.rglob("*")) == before  # the run is intact
 
-    refused = export_in_process(run, "format=hf", "quantization=int8", f"out={tmp_path / 'y'}", logs)
+    refused = refusal(run, "format=hf", "quantization=int8", f"out={tmp_path / 'y'}", logs)
     assert "quantization=int8 applies to format=ctranslate2" in refused
 
     with monkeypatch.context() as hidden:
         hidden.setitem(sys.modules, "ctranslate2", None)  # as if it were not installed
-        refused = export_in_process(run, "format=ctranslate2", f"out={tmp_path / 'z'}", logs)
+        refused = refusal(run, "format=ctranslate2", f"out={tmp_path / 'z'}", logs)
     assert 'needs the ctranslate2 package: pip install "attnlab[export]"' in refused
     assert not (tmp_path / "z").exists()
     assert not [p for p in tmp_path.iterdir() if p.name.startswith(".")]  # no staging directory left
@@ -219,7 +220,7 @@ def test_bad_requests_are_refused_naming_the_fix(
     learned = type(trained)(Transformer(config.with_vocab(vocab, vocab)), trained.src_tokenizer,
                             trained.tgt_tokenizer, DecodeConfig())  # fmt: skip
     # overwrite=true replaces only an earlier export: a directory of the user's own is never removed.
-    refused = export_in_process(run, "format=hf", f"out={kept}", "overwrite=true", logs)
+    refused = refusal(run, "format=hf", f"out={kept}", "overwrite=true", logs)
     assert "is not an earlier export (it has no attnlab_export.json)" in refused
     assert [p.name for p in kept.iterdir()] == ["notes.txt"]
 

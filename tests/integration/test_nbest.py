@@ -21,7 +21,7 @@ from attnlab.inference.nbest import NBest
 from attnlab.inference.translator import Translator, resolve_checkpoints
 from attnlab.runs.layout import RunDir
 from attnlab.typed import ConfigError
-from helpers import lines
+from helpers import compose_eval, lines
 
 pytestmark = pytest.mark.usefixtures("one_torch_thread")
 
@@ -41,16 +41,6 @@ def with_decode(translator: Translator, **settings: Any) -> Translator:
     """The same model and tokenizers with other decoding settings."""
     decode = dataclasses.replace(translator.decode, **settings)
     return Translator(translator.model, translator.src_tokenizer, translator.tgt_tokenizer, decode)
-
-
-def compose_eval(overrides: list[str], output_dir: Path) -> Any:
-    from hydra import compose, initialize_config_dir
-
-    from attnlab.cli.app import config_dir, register_resolvers
-
-    register_resolvers()
-    with initialize_config_dir(version_base="1.3", config_dir=str(config_dir()), job_name="test"):
-        return compose("eval", overrides=[f"paths.output_dir={output_dir}", *overrides])
 
 
 def forced_log_probs(translator: Translator, source: str, ids: list[int]) -> list[float]:

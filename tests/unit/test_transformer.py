@@ -369,6 +369,27 @@ def test_dropout_only_in_training() -> None:
         assert not torch.allclose(model(src, tgt), reference)
 
 
+def test_embedding_and_activation_dropout_act_in_training_only() -> None:
+    """Each dropout on its own: the embedding's (`dropout`) and the FFN's (`activation_dropout`) zero
+    and rescale in training, and are the identity in eval."""
+    model = build(dropout=0.5, activation_dropout=0.5)
+    tokens, x = ids(2, 5), torch.randn(2, 5, model.config.d_model)
+    embed, ffn = model.encoder.embed, model.encoder.layers[0].ffn
+    with torch.no_grad():
+        plain = embed.token(tokens) * embed.scale + embed.positions(5, 0, tokens.device)
+        hidden = ffn.activation(ffn.w_1(x))
+        torch.testing.assert_close(embed(tokens), plain)
+        torch.testing.assert_close(ffn(x), ffn.w_2(hidden))
+        model.train()
+        dropped = embed(tokens)
+        assert bool((dropped == 0).any()) and torch.allclose(dropped[dropped != 0], 2 * plain[dropped != 0])
+        assert not torch.allclose(ffn(x), ffn.w_2(hidden))
+        torch.manual_seed(1)
+        mask = torch.empty_like(hidden).bernoulli_(0.5)  # what F.dropout draws with this seed
+        torch.manual_seed(1)
+        torch.testing.assert_close(ffn(x), ffn.w_2(hidden * mask * 2))
+
+
 # ---------------------------------------------------------------------------------------------------------
 # Cross-attention weights through the model
 
