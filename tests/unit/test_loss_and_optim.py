@@ -153,6 +153,17 @@ def test_output_layer_loss_ignores_padding_rows_and_gives_them_no_gradient() -> 
     torch.testing.assert_close(again, loss.detach())
 
 
+def test_output_layer_loss_refuses_a_second_backward_instead_of_doubling_its_scale() -> None:
+    """backward scales the saved gradients in place: a retained graph's second backward must fail
+    (autograd's check on modified saved tensors), never return gradients scaled twice."""
+    hidden, output, target = output_layer_case(bias=False)
+    hidden.requires_grad_()
+    loss, _, _ = output_layer_loss(hidden, output, target, epsilon=0.1, ignore_index=PAD)
+    (loss * 0.5).backward(retain_graph=True)
+    with pytest.raises(RuntimeError, match="modified by an inplace operation"):
+        (loss * 0.5).backward()
+
+
 def test_output_layer_loss_without_grad_mode_keeps_no_gradient_state() -> None:
     hidden, output, target = output_layer_case(bias=False)
     expected = label_smoothed_nll_loss(output(hidden), target, epsilon=0.1, ignore_index=PAD)
