@@ -12,6 +12,7 @@ from torch import Tensor, nn
 from attnlab.model.attention import MultiHeadAttention
 from attnlab.model.cache import LayerKV
 from attnlab.model.config import TransformerConfig
+from attnlab.model.dropout import Dropout
 from attnlab.model.linear import Linear
 
 ACTIVATIONS: dict[str, Callable[[], nn.Module]] = {"relu": nn.ReLU, "gelu": nn.GELU, "silu": nn.SiLU}
@@ -24,7 +25,7 @@ class FeedForward(nn.Module):
         super().__init__()
         self.w_1 = Linear(config.d_model, config.d_ff)
         self.activation = ACTIVATIONS[config.activation]()
-        self.dropout = nn.Dropout(config.activation_dropout)
+        self.dropout = Dropout(config.activation_dropout)
         self.w_2 = Linear(config.d_ff, config.d_model)
 
     def forward(self, x: Tensor) -> Tensor:
@@ -42,7 +43,7 @@ class Residual(nn.Module):
     def __init__(self, config: TransformerConfig) -> None:
         super().__init__()
         self.norm = nn.LayerNorm(config.d_model, eps=config.layer_norm_eps)
-        self.dropout = nn.Dropout(config.dropout)
+        self.dropout = Dropout(config.dropout)
         self.norm_first = config.norm_first
 
     def forward(self, x: Tensor, sublayer: Callable[[Tensor], Tensor]) -> Tensor:

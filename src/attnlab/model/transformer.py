@@ -13,6 +13,7 @@ from torch import Tensor, nn
 
 from attnlab.model.cache import KVCache
 from attnlab.model.config import TransformerConfig
+from attnlab.model.dropout import Dropout
 from attnlab.model.layers import DecoderLayer, EncoderLayer
 from attnlab.model.linear import Linear
 from attnlab.model.positional import build_positional_encoding
@@ -28,7 +29,7 @@ class InputEmbedding(nn.Module):
         self.positions = build_positional_encoding(
             config.pe, d_model=config.d_model, max_positions=config.max_positions, layout=config.pe_layout
         )
-        self.dropout = nn.Dropout(config.dropout)
+        self.dropout = Dropout(config.dropout)
 
     def forward(self, ids: Tensor, offset: int = 0) -> Tensor:
         """ids (B, L) -> (B, L, D); `offset` is the position of ids[:, 0] (for incremental decoding)."""

@@ -1,0 +1,67 @@
+"""Dropout (§5.4) with masks drawn from 16-bit random numbers on the CPU.
+
+`nn.Dropout` on the CPU draws one Bernoulli number per element through MKL (`bernoulli_`, then a float
+noise tensor divided by 1 - p), which took 5% of a `base` training step and more of a `small` one
+(docs/benchmarks.md). `Dropout` here draws 32 random bits per *two* elements from torch's default
+generator (`random_` on int32: 31 uniform bits, the low 16 and the high 15 read as two numbers) and
+keeps an element when its number clears a threshold: the mask costs a quarter of `bernoulli_`'s time.
+
+Choices, each visible in the numbers:
+- The drop probability is rounded to a multiple of 2⁻¹⁵: `effective_p(p) = round(p · 32768) / 32768`
+  (0.1 → 0.1000061, 0.3 → 0.2999878; at most 1.5·10⁻⁵ away). Kept values are scaled by
+  1 / (1 - effective_p), so the expectation is exactly the input's.
+- The masks come from torch's default CPU generator, like every other random number of a run: a seed
+  gives the same masks, and exact resume restores them with the generator state. They are a different
+  stream from `nn.Dropout`'s, so a run with dropout is not the same run as with `nn.Dropout` (the same
+  distribution of runs, not the same numbers).
+- Off the CPU (CUDA's fused dropout kernel is already fast) and under `torch.compile` (whose own random
+  numbers are fused into the graph) this is `F.dropout`.
+"""
+
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+from torch import Tensor, nn
+
+from attnlab.model.linear import _compiling
+
+_LEVELS = 1 << 15
+
+
+def effective_p(p: float) -> float:
+    """The drop probability `Dropout(p)` applies on the CPU: p rounded to a multiple of 2⁻¹⁵."""
+    return round(p * _LEVELS) / _LEVELS
+
+
+def keep_mask(x: Tensor, p: float) -> Tensor:
+    """A bool tensor shaped like `x`, each element True with probability 1 - effective_p(p), independently.
+
+    Element 2i reads the low 16 bits of the i-th 31-bit draw as a signed number (uniform over
+    [-32768, 32767]), element 2i + 1 its high 15 bits (uniform over [0, 32767]); each is kept when it is
+    at least the point below which a share effective_p(p) of its range lies.
+    """
+    k = round(p * _LEVELS)
+    n = x.numel()
+    bits = torch.empty((n + 1) // 2, dtype=torch.int32, device=x.device).random_()
+    thresholds = torch.tensor([2 * k - _LEVELS, k], dtype=torch.int16, device=x.device)
+    return (bits.view(torch.int16).view(-1, 2) >= thresholds).view(-1)[:n].view(x.shape)
+
+
+def dropout(x: Tensor, p: float, training: bool = True) -> Tensor:
+    """`F.dropout(x, p, training)` with `keep_mask`'s masks on the CPU (see the module docstring)."""
+    if not training or p == 0.0:
+        return x
+    if x.device.type != "cpu" or _compiling():
+        return F.dropout(x, p, training)
+    k = round(p * _LEVELS)
+    if k == _LEVELS:
+        return x * 0.0
+    return x * (keep_mask(x, p) * (_LEVELS / (_LEVELS - k))).to(x.dtype)
+
+
+class Dropout(nn.Dropout):
+    """`nn.Dropout` (same arguments, no parameters, the identity in eval) drawing `keep_mask`'s masks."""
+
+    def forward(self, x: Tensor) -> Tensor:
+        return dropout(x, self.p, self.training)
