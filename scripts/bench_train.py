@@ -35,6 +35,11 @@ matrix-multiply FLOPs (`attnlab.model.flops.training_flops`: encoder weights × 
 output weights × target tokens, plus attention, ×3 for forward and backward) per second over the float32
 matmul rate measured in this process (a 2048² matmul, timed after every round; the median). Peak memory: each
 model's maximum resident set size over 3 steps in a fresh process (`--memory-of`).
+
+The C heap: `--allocator keep` (the default) sets glibc's malloc as `attnlab-train` does by default
+(`attnlab.training.allocator`: freed memory stays in the process instead of being faulted in again every
+step), once for the whole process and so for every model alike, and for the memory processes too;
+`--allocator system` leaves glibc's own settings.
 """
 
 from __future__ import annotations
@@ -231,11 +236,11 @@ def make_step(framework: str, model: Any, size: str, loss_of: str = "framework")
     return step
 
 
-def peak_memory(framework: str, size: str, threads: int, loss_of: str) -> tuple[float, float]:
+def peak_memory(framework: str, size: str, threads: int, loss_of: str, allocator: str) -> tuple[float, float]:
     """(peak resident set, its growth during the steps) in MB of a fresh process that builds the model
     and runs 3 training steps."""
     command = [sys.executable, __file__, "--memory-of", framework, "--sizes", size, "--threads", str(threads),
-               "--loss", loss_of]  # fmt: skip
+               "--loss", loss_of, "--allocator", allocator]  # fmt: skip
     out = subprocess.run(command, capture_output=True, text=True, check=True)
     peak, growth = map(float, out.stdout.strip().splitlines()[-1].split())
     return peak, growth
@@ -261,8 +266,9 @@ def interval(pairs: list[tuple[float, float]], seed: int = 0) -> tuple[float, fl
 
 def bench(
     size: str, repeats: int, warmup: int, threads: int, memory: bool, loss_of: str,
-    frameworks: tuple[str, ...] = DEFAULT_FRAMEWORKS,
+    frameworks: tuple[str, ...] = DEFAULT_FRAMEWORKS, allocator: str = "keep",
 ) -> dict[str, Any]:  # fmt: skip
+    """One size's rounds; `allocator` is passed to the memory processes (this one is set by `main`)."""
     import torch
 
     from attnlab.model.flops import matmul_rate, training_flops
@@ -296,7 +302,7 @@ def bench(
         median = statistics.median(times[f])
         result["models"][f] = {
             "median_s": median, "tokens_per_s": tokens / median, "mfu": flops / median / peak,
-            "peak_rss_mb": peak_memory(f, size, threads, loss_of) if memory else None,
+            "peak_rss_mb": peak_memory(f, size, threads, loss_of, allocator) if memory else None,
         }  # fmt: skip
     for other in frameworks[1:]:
         result[f"speedup_vs_{other}"] = interval(list(zip(times["attnlab"], times[other], strict=True)))
@@ -368,8 +374,18 @@ def main(argv: list[str] | None = None) -> None:
         default=list(DEFAULT_FRAMEWORKS),
         help="the models compared, attnlab among them (default: attnlab marian torch; fairseq when named)",
     )
+    parser.add_argument(
+        "--allocator",
+        choices=["keep", "system"],
+        default="keep",
+        help="glibc's malloc settings for the whole process, so for every model of the run: keep (what "
+        "attnlab-train sets by default: freed memory stays for the next step) or system (glibc's own)",
+    )
     parser.add_argument("--memory-of", choices=FRAMEWORKS, help=argparse.SUPPRESS)
     args = parser.parse_args(argv)
+    from attnlab.training.allocator import configure_allocator  # torch-free
+
+    configure_allocator(args.allocator)
     frameworks = frameworks_of(parser, [args.memory_of] if args.memory_of else args.frameworks,
                                compared=not args.memory_of)  # fmt: skip
     if args.memory_of:
@@ -385,8 +401,8 @@ def main(argv: list[str] | None = None) -> None:
     if args.quick:
         args.sizes, args.repeats, args.warmup = ["tiny"], 2, 1
     memory = not args.no_memory
-    results = [bench(size, args.repeats, args.warmup, args.threads, memory, args.loss, frameworks)
-               for size in args.sizes]  # fmt: skip
+    results = [bench(size, args.repeats, args.warmup, args.threads, memory, args.loss, frameworks,
+                     args.allocator) for size in args.sizes]  # fmt: skip
     text = table(results)
     rates = ", ".join(f"{r['size']} {r['matmul_gflops']:.1f}" for r in results)
     print(

@@ -19,6 +19,7 @@ from omegaconf import OmegaConf
 
 from attnlab.data import SyntheticData
 from attnlab.optim import OptimConfig
+from attnlab.training.allocator import glibc
 from attnlab.training.module import TranslationModule
 from attnlab.training.pipeline import train
 from attnlab.typed import ConfigError
@@ -160,6 +161,8 @@ def test_manifest_records_code_packages_hardware_data_and_a_finished_status(tiny
     assert manifest["git"]["commit"] is None or len(manifest["git"]["commit"]) == 40
     assert manifest["data"]["spec"] == "SyntheticData" and manifest["data"]["settings"]["n_train"] == 512
     assert isinstance(manifest["command"], list)
+    # allocator=keep, the default, applied before the data and model were built (on glibc)
+    assert manifest["allocator"] == {"mode": "keep", "glibc_options_set": glibc() is not None}
 
 
 def test_a_failed_run_is_recorded_as_failed_in_its_manifest(tmp_path: Path) -> None:

@@ -19,6 +19,7 @@ from attnlab.decoding import DecodeConfig
 from attnlab.metrics import MetricsConfig
 from attnlab.model.config import TransformerConfig
 from attnlab.optim import OptimConfig
+from attnlab.training.allocator import check_mode
 from attnlab.typed import RESERVED_KEYS, ConfigError, build_from, did_you_mean, is_int, reject_unknown_keys
 
 # Trainer counts that must be positive integers (True: null is allowed too).
@@ -165,6 +166,10 @@ def _check_top_level(cfg: DictConfig) -> None:
     test = cfg.get("test", True)
     if not isinstance(test, bool):
         raise ConfigError(f"test={test!r} must be true or false")
+    try:
+        check_mode(cfg.get("allocator", "keep"))
+    except ValueError as exc:
+        raise ConfigError(str(exc)) from None
     _check_init_from(cfg)
 
 

@@ -35,6 +35,7 @@ from omegaconf import DictConfig, OmegaConf
 from attnlab.io import atomic_write_bytes
 from attnlab.runs.layout import RunDir
 from attnlab.runs.manifest import Manifest, data_identity, task_overrides
+from attnlab.training.allocator import configure_allocator
 from attnlab.training.experiment import Experiment, check_constructor_keys, resolve_monitor, validate
 from attnlab.training.resume import (
     check_checkpoint_fits,
@@ -182,6 +183,8 @@ def _train_and_evaluate(plan: RunPlan, manifest: Manifest | None) -> dict[str, f
     write_results."""
     import lightning as L
 
+    mode = plan.cfg.get("allocator", "keep")
+    _record(manifest, allocator={"mode": mode, "glibc_options_set": configure_allocator(mode)})
     if plan.cfg.get("seed") is not None:
         L.seed_everything(plan.cfg.seed, workers=True)
     datamodule = build_data(plan)
