@@ -34,7 +34,9 @@ bootstrap interval over the rounds (pairs from the same round). Model FLOPs util
 matrix-multiply FLOPs (`attnlab.model.flops.training_flops`: encoder weights × source tokens, decoder and
 output weights × target tokens, plus attention, ×3 for forward and backward) per second over the float32
 matmul rate measured in this process (a 2048² matmul, timed after every round; the median). Peak memory: each
-model's maximum resident set size over 3 steps in a fresh process (`--memory-of`).
+model's maximum resident set size over 3 steps in a fresh process (`--memory-of`), and in that process the
+page faults of a step (the mean of steps 2 and 3): pages the C heap gave back to the system and the next
+step maps and zeroes again (see `--allocator`).
 
 The C heap: `--allocator keep` (the default) sets glibc's malloc as `attnlab-train` does by default
 (`attnlab.training.allocator`: freed memory stays in the process instead of being faulted in again every
@@ -236,14 +238,17 @@ def make_step(framework: str, model: Any, size: str, loss_of: str = "framework")
     return step
 
 
-def peak_memory(framework: str, size: str, threads: int, loss_of: str, allocator: str) -> tuple[float, float]:
+def peak_memory(
+    framework: str, size: str, threads: int, loss_of: str, allocator: str
+) -> tuple[float, float, float]:
     """(peak resident set, its growth during the steps) in MB of a fresh process that builds the model
-    and runs 3 training steps."""
+    and runs 3 training steps, and the page faults (minor: pages the kernel maps and zeroes) of each of
+    the last two steps, on average: memory the C heap handed back and the next step touched again."""
     command = [sys.executable, __file__, "--memory-of", framework, "--sizes", size, "--threads", str(threads),
                "--loss", loss_of, "--allocator", allocator]  # fmt: skip
     out = subprocess.run(command, capture_output=True, text=True, check=True)
-    peak, growth = map(float, out.stdout.strip().splitlines()[-1].split())
-    return peak, growth
+    peak, growth, faults = map(float, out.stdout.strip().splitlines()[-1].split())
+    return peak, growth, faults
 
 
 def _status_mb(field: str) -> float:
@@ -302,8 +307,11 @@ def bench(
         median = statistics.median(times[f])
         result["models"][f] = {
             "median_s": median, "tokens_per_s": tokens / median, "mfu": flops / median / peak,
-            "peak_rss_mb": peak_memory(f, size, threads, loss_of, allocator) if memory else None,
+            "peak_rss_mb": None,
         }  # fmt: skip
+        if memory:
+            rss, growth, faults = peak_memory(f, size, threads, loss_of, allocator)
+            result["models"][f].update(peak_rss_mb=[rss, growth], page_faults_per_step=faults)
     for other in frameworks[1:]:
         result[f"speedup_vs_{other}"] = interval(list(zip(times["attnlab"], times[other], strict=True)))
     return result
@@ -312,8 +320,8 @@ def bench(
 def table(results: list[dict[str, Any]]) -> str:
     lines = [
         "| size | model | params | step (median) | target tokens/s | MFU | peak RSS (+ in the steps) "
-        "| attnlab speed-up [95% CI] |",
-        "|---|---|---|---|---|---|---|---|",
+        "| attnlab speed-up [95% CI] | page faults a step |",
+        "|---|---|---|---|---|---|---|---|---|",
     ]
     for r in results:
         for f, m in r["models"].items():
@@ -326,10 +334,12 @@ def table(results: list[dict[str, Any]]) -> str:
             if f != "attnlab":
                 ratio, low, high = r[f"speedup_vs_{f}"]
                 speedup = f"{ratio:.3f}× [{low:.3f}, {high:.3f}]"
+            faults = "" if m.get("page_faults_per_step") is None else f"{m['page_faults_per_step']:,.0f}"
             name = NAMES[f]
             step = f"{m['median_s'] * 1000:.0f} ms"
             lines.append(f"| {r['size']} | {name} | {r['params'] / 1e6:.1f}M | {step} | "
-                         f"{m['tokens_per_s']:,.0f} | {m['mfu']:.1%} | {rss} | {speedup} |")  # fmt: skip
+                         f"{m['tokens_per_s']:,.0f} | {m['mfu']:.1%} | {rss} | {speedup} | "
+                         f"{faults} |")  # fmt: skip
     return "\n".join(lines) + "\n"
 
 
@@ -393,10 +403,15 @@ def main(argv: list[str] | None = None) -> None:
 
         torch.set_num_threads(args.threads)
         step = make_step(args.memory_of, build(args.memory_of, args.sizes[0]), args.sizes[0], args.loss)
+        import resource
+
         before = _status_mb("VmRSS")  # imports, model, optimizer and batch in place
-        for _ in range(3):
+        step()  # the first step faults in what the steps need
+        faults = resource.getrusage(resource.RUSAGE_SELF).ru_minflt
+        for _ in range(2):
             step()
-        print(_status_mb("VmHWM"), _status_mb("VmHWM") - before)
+        faults = (resource.getrusage(resource.RUSAGE_SELF).ru_minflt - faults) / 2
+        print(_status_mb("VmHWM"), _status_mb("VmHWM") - before, faults)
         return
     if args.quick:
         args.sizes, args.repeats, args.warmup = ["tiny"], 2, 1

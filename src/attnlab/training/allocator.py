@@ -4,8 +4,8 @@ Every training step frees and reallocates the same few hundred MB of activations
 temporaries. With glibc's defaults, a freed block above the mmap threshold (at most 32 MiB, raised
 dynamically) is unmapped, and free memory at the top of the heap beyond the trim threshold is returned
 to the system: the next step maps those pages again, and the kernel zeroes each one on its first touch.
-On a `base` step that was about 9,000 page faults and 7% of the step's time (docs/benchmarks.md), the
-same share for MarianMT's step in the same process.
+On `scripts/bench_train.py`'s `base` step that was about 14,000 page faults a step (12,000 at `small`;
+MarianMT's base step 2,400), and none with `keep` (docs/benchmarks.md, "The C heap").
 
 `allocator=keep` (the default of `attnlab-train`, conf/train.yaml) raises the trim threshold to 2 GiB and
 fixes the mmap threshold at glibc's 32 MiB maximum, so freed memory stays in the process and is reused.
