@@ -34,9 +34,9 @@ bootstrap interval over the rounds (pairs from the same round). Model FLOPs util
 matrix-multiply FLOPs (`attnlab.model.flops.training_flops`: encoder weights × source tokens, decoder and
 output weights × target tokens, plus attention, ×3 for forward and backward) per second over the float32
 matmul rate measured in this process (a 2048² matmul, timed after every round; the median). Peak memory: each
-model's maximum resident set size over 3 steps in a fresh process (`--memory-of`), and in that process the
-page faults of a step (the mean of steps 2 and 3): pages the C heap gave back to the system and the next
-step maps and zeroes again (see `--allocator`).
+model's maximum resident set size over 5 steps in a fresh process (`--memory-of`), and in that process the
+page faults of a step (the mean of steps 4 and 5, once the heap has grown to what the steps need): pages
+the C heap gave back to the system and the next step maps and zeroes again (see `--allocator`).
 
 The C heap: `--allocator keep` (the default) sets glibc's malloc as `attnlab-train` does by default
 (`attnlab.training.allocator`: freed memory stays in the process instead of being faulted in again every
@@ -242,7 +242,7 @@ def peak_memory(
     framework: str, size: str, threads: int, loss_of: str, allocator: str
 ) -> tuple[float, float, float]:
     """(peak resident set, its growth during the steps) in MB of a fresh process that builds the model
-    and runs 3 training steps, and the page faults (minor: pages the kernel maps and zeroes) of each of
+    and runs 5 training steps, and the page faults (minor: pages the kernel maps and zeroes) of each of
     the last two steps, on average: memory the C heap handed back and the next step touched again."""
     command = [sys.executable, __file__, "--memory-of", framework, "--sizes", size, "--threads", str(threads),
                "--loss", loss_of, "--allocator", allocator]  # fmt: skip
@@ -406,7 +406,8 @@ def main(argv: list[str] | None = None) -> None:
         import resource
 
         before = _status_mb("VmRSS")  # imports, model, optimizer and batch in place
-        step()  # the first step faults in what the steps need
+        for _ in range(3):  # the heap grows to what the steps need
+            step()
         faults = resource.getrusage(resource.RUSAGE_SELF).ru_minflt
         for _ in range(2):
             step()
