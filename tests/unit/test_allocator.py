@@ -10,6 +10,8 @@ import pytest
 
 from attnlab.training.allocator import check_mode, configure_allocator, glibc
 
+HAS_MALLINFO2 = glibc() is not None and hasattr(glibc(), "mallinfo2")  # the probe's counters
+
 # Ten 16 MB blocks (the size of a base step's larger activations) allocated, written and freed in a fresh
 # process; glibc's own counters say where they lived: in mmapped regions (`hblkhd`) or the heap (`arena`).
 PROBE = """
@@ -38,7 +40,7 @@ def where_blocks_live(mode: str) -> tuple[bool, int, int, int]:
     return applied == "True", int(mapped), int(heap_held), int(heap_freed)
 
 
-@pytest.mark.skipif(glibc() is None, reason="the malloc options are glibc's")
+@pytest.mark.skipif(not HAS_MALLINFO2, reason="glibc's malloc options and its mallinfo2 (glibc 2.33+)")
 def test_keep_serves_step_sized_blocks_from_the_heap_and_keeps_them_after_free() -> None:
     applied, mapped, heap_held, heap_freed = where_blocks_live("system")
     assert not applied and mapped >= 150 and heap_held < 16  # glibc's defaults: each block its own mapping
@@ -51,3 +53,19 @@ def test_an_unknown_mode_is_refused_with_the_choices() -> None:
     with pytest.raises(ValueError, match="allocator='tcmalloc' is not an allocator setting: use keep"):
         configure_allocator("tcmalloc")
     assert check_mode("system") == "system"
+
+
+@pytest.mark.skipif(glibc() is None, reason="the malloc options are glibc's")
+def test_system_after_keep_in_one_process_reports_the_options_still_set_and_warns() -> None:
+    """glibc cannot restore its own thresholds: a `system` run after a `keep` one in the same process (the
+    jobs of an in-process sweep) is told the options are in force, with a warning, and never records
+    glibc's settings it does not have."""
+    code = (
+        "import logging; logging.basicConfig(); "
+        "from attnlab.training.allocator import configure_allocator as c; "
+        "print(c('system'), c('keep'), c('system'))"
+    )
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
+    assert out.stdout.split() == ["False", "True", "True"]
+    assert "allocator=system: an earlier run in this process set glibc's malloc options" in out.stderr
+    assert "hydra/launcher=local" in out.stderr

@@ -94,3 +94,10 @@ def test_the_output_and_gradient_keep_the_input_dtype(dtype: torch.dtype) -> Non
     out = dropout(x, 0.1)
     out.sum().backward()
     assert out.dtype == dtype and x.grad is not None and x.grad.dtype == dtype
+
+
+@pytest.mark.parametrize("p", [-0.1, 1.5])
+def test_a_probability_outside_0_and_1_is_refused(p: float) -> None:
+    """As F.dropout: int16 thresholds would otherwise wrap around (1.5 gave -2 for every element)."""
+    with pytest.raises(ValueError, match="between 0 and 1"):
+        dropout(torch.ones(4), p)

@@ -4,12 +4,14 @@
 noise tensor divided by 1 - p), which took 5% of a `base` training step and more of a `small` one
 (docs/benchmarks.md). `Dropout` here draws 32 random bits per *two* elements from torch's default
 generator (`random_` on int32: 31 uniform bits, the low 16 and the high 15 read as two numbers) and
-keeps an element when its number clears a threshold: the mask costs a quarter of `bernoulli_`'s time.
+keeps an element when its number clears a threshold: the mask costs a third of `bernoulli_`'s time
+(docs/benchmarks.md).
 
 Choices, each visible in the numbers:
 - The drop probability is rounded to a multiple of 2⁻¹⁵: `effective_p(p) = round(p · 32768) / 32768`
   (0.1 → 0.1000061, 0.3 → 0.2999878; at most 1.5·10⁻⁵ away). Kept values are scaled by
-  1 / (1 - effective_p), so the expectation is exactly the input's.
+  1 / (1 - effective_p), so the expectation is the input's (in float32; in bfloat16 the scale is rounded
+  to the input's precision first, as `F.dropout` does too: 1.109375 for 0.1).
 - The masks come from torch's default CPU generator, like every other random number of a run: a seed
   gives the same masks, and exact resume restores them with the generator state. They are a different
   stream from `nn.Dropout`'s, so a run with dropout is not the same run as with `nn.Dropout` (the same
@@ -55,6 +57,8 @@ def keep_mask(x: Tensor, p: float) -> Tensor:
 
 def dropout(x: Tensor, p: float, training: bool = True) -> Tensor:
     """`F.dropout(x, p, training)` with `keep_mask`'s masks on the CPU (see the module docstring)."""
+    if not 0.0 <= p <= 1.0:
+        raise ValueError(f"dropout probability has to be between 0 and 1, but got {p}")
     if not training or p == 0.0:
         return x
     if x.device.type != "cpu" or _compiling():
@@ -66,7 +70,8 @@ def dropout(x: Tensor, p: float, training: bool = True) -> Tensor:
 
 
 class Dropout(nn.Dropout):
-    """`nn.Dropout` (same arguments, no parameters, the identity in eval) drawing `keep_mask`'s masks."""
+    """`nn.Dropout` (same arguments, no parameters, the identity in eval) drawing `keep_mask`'s masks;
+    `inplace` is accepted and ignored (the output is always a new tensor)."""
 
     def forward(self, x: Tensor) -> Tensor:
         return dropout(x, self.p, self.training)

@@ -160,9 +160,9 @@ class _OutputLayerLoss(torch.autograd.Function):
     def backward(  # type: ignore[override]
         ctx: torch.autograd.function.FunctionCtx, grad_loss: Tensor, _grad_nll: Tensor | None
     ) -> tuple[Tensor | None, ...]:
-        # The saved gradients are this Function's own buffers, used once: scaled in place (a fresh (V, D)
-        # product and its page faults were 4% of a base step). A second backward through the same graph
-        # (retain_graph=True) then fails autograd's check that saved tensors were not modified.
+        # The saved gradients are this Function's own buffers, used once: scaled in place instead of into
+        # fresh copies (the (V, D) output-layer gradient among them). A second backward through the same
+        # graph (retain_graph=True) then fails autograd's check that saved tensors were not modified.
         saved = ctx.saved_tensors
         grads = tuple(
             None if g is None else g.mul_(grad_loss).to(dtype)
