@@ -22,6 +22,8 @@ Choices, each visible in the numbers:
 
 from __future__ import annotations
 
+import sys
+
 import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
@@ -29,11 +31,18 @@ from torch import Tensor, nn
 from attnlab.model.linear import _compiling
 
 _LEVELS = 1 << 15
+# the column of a (pairs, 2) int16 view of int32 draws that holds each draw's low 16 bits
+_LOW = 0 if sys.byteorder == "little" else 1
+
+
+def _level(p: float) -> int:
+    """p in units of 2⁻¹⁵, rounded: the drop probability is `_level(p) / 2¹⁵`."""
+    return round(p * _LEVELS)
 
 
 def effective_p(p: float) -> float:
     """The drop probability `Dropout(p)` applies on the CPU: p rounded to a multiple of 2⁻¹⁵."""
-    return round(p * _LEVELS) / _LEVELS
+    return _level(p) / _LEVELS
 
 
 def keep_mask(x: Tensor, p: float) -> Tensor:
@@ -41,17 +50,19 @@ def keep_mask(x: Tensor, p: float) -> Tensor:
 
     Element 2i reads the low 16 bits of the i-th 31-bit draw as a signed number (uniform over
     [-32768, 32767]), element 2i + 1 its high 15 bits (uniform over [0, 32767]); each is kept when it is
-    at least the point below which a share effective_p(p) of its range lies.
+    at least the point below which a share effective_p(p) of its range lies. (That is the little-endian
+    layout; on a big-endian machine the int16 view puts the high bits first, and each column is compared
+    with its own half's threshold all the same.)
     """
-    k = round(p * _LEVELS)
+    k = _level(p)
     n = x.numel()
     pairs = (n + 1) // 2
     halves = torch.empty(pairs, dtype=torch.int32, device=x.device).random_().view(torch.int16).view(-1, 2)
     # one comparison per half into the two columns of the mask: 2-4x faster than one comparison
     # broadcasting a (2,) threshold over the (pairs, 2) view, whose inner loop is 2 elements long
     mask = torch.empty(pairs, 2, dtype=torch.bool, device=x.device)
-    torch.ge(halves[:, 0], 2 * k - _LEVELS, out=mask[:, 0])
-    torch.ge(halves[:, 1], k, out=mask[:, 1])
+    torch.ge(halves[:, _LOW], 2 * k - _LEVELS, out=mask[:, _LOW])
+    torch.ge(halves[:, 1 - _LOW], k, out=mask[:, 1 - _LOW])
     return mask.view(-1)[:n].view(x.shape)
 
 
@@ -63,7 +74,7 @@ def dropout(x: Tensor, p: float, training: bool = True) -> Tensor:
         return x
     if x.device.type != "cpu" or _compiling():
         return F.dropout(x, p, training)
-    k = round(p * _LEVELS)
+    k = _level(p)
     if k == _LEVELS:
         return x * 0.0
     return x * (keep_mask(x, p) * (_LEVELS / (_LEVELS - k))).to(x.dtype)
