@@ -278,3 +278,35 @@ def test_the_ensemble_api_checks_vocabularies_and_needs_a_list(run: dict[str, An
     with pytest.raises(CheckpointError, match=r"ensemble=true needs a list of checkpoints"):
         resolve_checkpoints(run["best"], ensemble=True)
     assert resolve_checkpoints([run["best"], run["dir"]], ensemble=True) == [run["best"], run["best"]]
+
+
+# --- the CPU decoding step --------------------------------------------------------------------------------
+
+
+def test_the_cpu_decoding_step_translates_as_the_modules(
+    run: dict[str, Any], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """`attnlab.decoding.step.StepDecoder` (what CPU searches run) gives the translating model's
+    validation set the same greedy and beam outputs, one sentence at a time and in one padded batch,
+    as `Transformer.decode` over its `KVCache`."""
+    from attnlab.decoding.step import StepDecoder
+
+    translator = Translator.from_checkpoints([run["best"]])
+    model = translator.model.eval()
+    batch = source_ids(translator, run["sources"])
+    singles = [source_ids(translator, [line]) for line in run["sources"][:8]]
+
+    def outputs() -> list[list[list[int]]]:
+        found = []
+        for beam in (1, 3):
+            settings = DecodeConfig(**{**translator.decode.to_dict(), "beam": beam})
+            found.append(translate(model, batch, settings))
+            found.append([translate(model, src, settings)[0] for src in singles])
+        return found
+
+    stepped = outputs()
+    monkeypatch.setattr(StepDecoder, "applies", staticmethod(lambda *args, **kwargs: False))
+    by_modules = outputs()
+    assert stepped == by_modules
+    hypotheses = [translator.tgt_tokenizer.decode(row) for row in stepped[2]]  # beam 3, the batch
+    assert corpus_bleu(hypotheses, run["refs"]).score >= 60

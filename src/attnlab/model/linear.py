@@ -53,18 +53,37 @@ def project(x: Tensor, *layers: nn.Linear) -> tuple[Tensor, ...]:
     """
     if torch.is_grad_enabled() or x.device.type != "cpu" or _compiling():
         return tuple(F.linear(x, layer.weight, layer.bias) for layer in layers)
-    flat = x.reshape(-1, x.size(-1))
-    rows_first = not 1 < flat.size(0) <= 16
-    weight, bias = _packed(layers, rows_first)
-    if rows_first:
-        out = torch.mm(flat, weight) if bias is None else torch.addmm(bias, flat, weight)
-    else:
-        out = torch.mm(weight, flat.t()) if bias is None else torch.addmm(bias[:, None], weight, flat.t())
-        out = out.t().contiguous()
+    out = Product(*layers)(x.reshape(-1, x.size(-1)))
     out = out.view(*x.shape[:-1], out.size(-1))
     if len(layers) == 1:
         return (out,)
     return out.split([layer.out_features for layer in layers], dim=-1)
+
+
+class Product:
+    """`project`'s CPU inference product of rows (N, in) with the layers' concatenated weights, as one
+    (N, Σ out) result, with the weights looked up once per layout instead of once per call: a decoding
+    loop (`attnlab.decoding.step`) holds one per layer group for the length of a search.
+
+    Only for inference (no autograd) on the CPU, as `project` uses it; the layout follows N on each call.
+    """
+
+    __slots__ = ("_layouts", "layers")
+
+    def __init__(self, *layers: nn.Linear) -> None:
+        self.layers = layers
+        self._layouts: dict[bool, tuple[Tensor, Tensor | None]] = {}
+
+    def __call__(self, flat: Tensor) -> Tensor:
+        rows_first = not 1 < flat.size(0) <= 16
+        packed = self._layouts.get(rows_first)
+        if packed is None:
+            packed = self._layouts[rows_first] = _packed(self.layers, rows_first)
+        weight, bias = packed
+        if rows_first:
+            return torch.mm(flat, weight) if bias is None else torch.addmm(bias, flat, weight)
+        out = torch.mm(weight, flat.t()) if bias is None else torch.addmm(bias[:, None], weight, flat.t())
+        return out.t().contiguous()
 
 
 def _packed(layers: tuple[nn.Linear, ...], transposed: bool) -> tuple[Tensor, Tensor | None]:

@@ -1,0 +1,218 @@
+"""The decoder's incremental step for CPU inference, as plain tensor operations over the model's own
+weights: what greedy and beam search run on the CPU instead of `Transformer.decode` with a `KVCache`.
+
+Why: a decoding step computes little per operator (one query row per sentence and beam), so on the CPU
+its time goes to operator calls, module dispatch and the cache's per-step concatenation as much as to
+arithmetic. `StepDecoder` computes the same function with about half the operator calls:
+self-attention keys and values are written into buffers preallocated for the search's length (no
+concatenation, no copy of the prefix), cross-attention keys and values are projected once and stored in
+the layout the step multiplies with, attention is three batched products (scores with the mask and the
+scale in one `baddbmm`, softmax, values), and each linear layer group is one `attnlab.model.linear.Product`
+whose weights are looked up once per search. Single sentences decode about 1.7-2x faster than through the
+modules (docs/benchmarks.md).
+
+The same function, not the same bits: attention is computed in another order than
+`F.scaled_dot_product_attention`, so logits differ from `Transformer.decode`'s by float rounding
+(`tests/unit/test_step_decoder.py` holds them to 1e-5 and the outputs to equality on a translating model).
+The searches use it only where `StepDecoder.applies`: CPU, eval mode, no autograd, not under
+`torch.compile`, and no attention weights asked for (the module path returns them).
+
+Notation: `B` sentences, `K` beams per sentence, `N` = B·K decoder rows (sentence-major: row b·K + j is
+beam j of sentence b), `H` heads, `Dh` head width, `S` source length, `L` positions the buffers hold.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable
+
+import torch
+import torch.nn.functional as F
+from torch import Tensor
+
+from attnlab.model.linear import Product, _compiling
+from attnlab.model.transformer import Transformer
+
+_ACTIVATIONS: dict[str, Callable[[Tensor], Tensor]] = {"relu": F.relu, "gelu": F.gelu, "silu": F.silu}
+
+
+class _Layer:
+    """One decoder layer's weights as products, its norms, and its per-search state."""
+
+    __slots__ = ("cross_keys", "cross_out", "cross_q", "cross_values", "ffn_in", "ffn_out", "keys", "norms",
+                 "qkv", "self_out", "spares", "values")  # fmt: skip
+
+    def __init__(self, layer: torch.nn.Module) -> None:
+        sa, ca = layer.self_attn, layer.cross_attn
+        self.qkv = Product(sa.w_q, sa.w_k, sa.w_v)
+        self.self_out = Product(sa.w_o)
+        self.cross_q = Product(ca.w_q)
+        self.cross_out = Product(ca.w_o)
+        self.ffn_in = Product(layer.ffn.w_1)
+        self.ffn_out = Product(layer.ffn.w_2)
+        blocks = (layer.self_attn_block, layer.cross_attn_block, layer.ffn_block)
+        self.norms = [(block.norm.weight, block.norm.bias, block.norm.eps) for block in blocks]
+        self.spares: dict[str, Tensor] = {}  # "keys"/"values": the buffer `reorder` copies into next
+
+
+class StepDecoder:
+    """Incremental decoding for B sentences × K beams over their encoder output.
+
+    Args:
+        model: The Transformer (`applies(model, memory)` must hold).
+        memory: Encoder output (B, S, D).
+        src_mask: (B, S), True at real source tokens; None: no padding.
+        beams: K decoder rows per sentence.
+        capacity: The most positions the search may need (its longest output). Buffers for
+            min(capacity, 32) positions are allocated first and doubled when full, so memory follows the
+            outputs' real length, as `KVCache`'s does, within a factor of 2.
+
+    Call it with the newest token of each row (N, 1) to get the logits (N, 1, V); `reorder` follows
+    surviving beams and drops finished sentences, as `KVCache.reorder` does.
+    """
+
+    def __init__(
+        self,
+        model: Transformer,
+        memory: Tensor,
+        src_mask: Tensor | None,
+        *,
+        beams: int = 1,
+        capacity: int = 32,
+    ) -> None:
+        capacity = max(1, min(capacity, 32))
+        cfg = model.config
+        self.heads, self.d_head = cfg.n_heads, cfg.head_dim
+        self.inner = self.heads * self.d_head
+        self.beams = beams
+        self.scale = 1.0 / math.sqrt(self.d_head)
+        self.norm_first = cfg.norm_first
+        self.activation = _ACTIVATIONS[cfg.activation]
+        embed = model.decoder.embed
+        self.token, self.embed_scale = embed.token.weight, embed.scale
+        self._encodings = embed.positions  # the position encoding module, or None
+        self._position_limit = cfg.position_limit  # a learned table's size, None if unbounded
+        self.positions = None  # (L, D) encodings of the positions the buffers hold
+        self.final_norm = model.decoder.norm
+        self.output = Product(model.output)
+        self.length = 0
+        batch, source = memory.shape[:2]
+        rows, h, dh = batch * beams, self.heads, self.d_head
+        flat_memory = memory.reshape(batch * source, -1)
+        self.layers = [_Layer(layer) for layer in model.decoder.layers]
+        for layer, module in zip(self.layers, model.decoder.layers, strict=True):
+            kv = Product(module.cross_attn.w_k, module.cross_attn.w_v)(flat_memory)  # (B·S, 2·H·Dh)
+            k, v = kv.view(batch, source, 2, h, dh).unbind(2)  # (B, S, H, Dh) each
+            layer.cross_keys = k.permute(0, 2, 3, 1).reshape(batch * h, dh, source)  # (B·H, Dh, S)
+            layer.cross_values = v.transpose(1, 2).reshape(batch * h, source, dh)  # (B·H, S, Dh)
+            layer.keys = memory.new_empty(rows * h, capacity, dh)  # (N·H, L, Dh)
+            layer.values = memory.new_empty(rows * h, capacity, dh)  # (N·H, L, Dh)
+        self._position_table(capacity, memory)
+        self.bias = None  # (B·H, 1, S): 0 where a source position may be attended, -inf at padding
+        if src_mask is not None:
+            bias = torch.zeros(src_mask.shape, dtype=memory.dtype, device=memory.device)
+            bias = bias.masked_fill_(~src_mask, -math.inf)  # (B, S)
+            self.bias = bias[:, None, None, :].expand(batch, h, 1, source).reshape(batch * h, 1, source)
+
+    @staticmethod
+    def applies(model: Transformer, memory: Tensor, need_weights: bool = False) -> bool:
+        """Whether a search may decode with a `StepDecoder`: CPU inference in eval mode, no attention
+        weights wanted, and the model's `decode` is `Transformer.decode` (a subclass that changes it is
+        decoded through it). Otherwise the searches run `Transformer.decode` with its `KVCache`."""
+        return not (
+            need_weights
+            or model.training
+            or memory.device.type != "cpu"
+            or torch.is_grad_enabled()
+            or _compiling()
+            or type(model).decode is not Transformer.decode
+        )
+
+    def _norm(self, x: Tensor, norm: tuple[Tensor, Tensor, float]) -> Tensor:
+        return torch.layer_norm(x, x.shape[-1:], norm[0], norm[1], norm[2])
+
+    def _add(self, x: Tensor, h: Tensor, norm: tuple[Tensor, Tensor, float]) -> Tensor:
+        """The residual connection around a sublayer's output h: x + h (pre-norm), or LayerNorm(x + h)."""
+        return x + h if self.norm_first else self._norm(h.add_(x), norm)
+
+    def _position_table(self, capacity: int, like: Tensor) -> None:
+        if self._encodings is not None:  # a learned table has no positions past its size: neither do searches
+            limit = capacity if self._position_limit is None else min(capacity, self._position_limit)
+            self.positions = self._encodings(limit, 0, like.device).to(like.dtype)  # (L, D)
+
+    def _grow(self) -> None:
+        self._position_table(2 * self.layers[0].keys.size(1), self.layers[0].keys)
+        for layer in self.layers:
+            for name in ("keys", "values"):
+                old = getattr(layer, name)  # (N·H, L, Dh)
+                new = old.new_empty(old.size(0), 2 * old.size(1), old.size(2))
+                new.narrow(1, 0, self.length).copy_(old.narrow(1, 0, self.length))
+                setattr(layer, name, new)
+            layer.spares = {}
+
+    def __call__(self, tokens: Tensor) -> Tensor:
+        """Logits (N, 1, V) of the next token after each row's `tokens` (N, 1), its newest token."""
+        t = self.length
+        if t == self.layers[0].keys.size(1):
+            self._grow()
+        rows, h, dh, inner = tokens.size(0), self.heads, self.d_head, self.inner
+        x = self.token.index_select(0, tokens.view(-1)) * self.embed_scale  # (N, D)
+        if self.positions is not None:
+            x = x + self.positions[t]
+        k, first = self.beams, self.norm_first
+        for layer in self.layers:
+            # self-attention over this row's positions so far, this step's keys and values written in place
+            h_in = self._norm(x, layer.norms[0]) if first else x
+            qkv = layer.qkv(h_in)  # (N, 3·H·Dh)
+            layer.keys.select(1, t).copy_(qkv.narrow(1, inner, inner).reshape(rows * h, dh))
+            layer.values.select(1, t).copy_(qkv.narrow(1, 2 * inner, inner).reshape(rows * h, dh))
+            q = qkv.narrow(1, 0, inner).reshape(rows * h, 1, dh)
+            keys = layer.keys.narrow(1, 0, t + 1).transpose(1, 2)  # (N·H, Dh, t+1)
+            scores = torch.bmm(q, keys).mul_(self.scale).softmax(dim=-1)  # (N·H, 1, t+1)
+            out = torch.bmm(scores, layer.values.narrow(1, 0, t + 1)).view(rows, inner)  # (N·H, 1, Dh)
+            x = self._add(x, layer.self_out(out), layer.norms[0])
+            # cross-attention: the K beams of a sentence are its K queries, (B·H, K, Dh)
+            h_in = self._norm(x, layer.norms[1]) if first else x
+            q = layer.cross_q(h_in)
+            q = q.view(rows * h, 1, dh) if k == 1 else q.view(-1, k, h, dh).transpose(1, 2).reshape(-1, k, dh)
+            if self.bias is None:
+                scores = torch.bmm(q, layer.cross_keys).mul_(self.scale)  # (B·H, K, S)
+            else:
+                scores = torch.baddbmm(self.bias, q, layer.cross_keys, alpha=self.scale)
+            out = torch.bmm(scores.softmax(dim=-1), layer.cross_values)  # (B·H, K, Dh)
+            out = out.view(-1, h, k, dh).transpose(1, 2) if k > 1 else out
+            out = out.reshape(rows, inner)
+            x = self._add(x, layer.cross_out(out), layer.norms[1])
+            # position-wise feed-forward
+            h_in = self._norm(x, layer.norms[2]) if first else x
+            x = self._add(x, layer.ffn_out(self.activation(layer.ffn_in(h_in))), layer.norms[2])
+        if self.final_norm is not None:
+            x = self.final_norm(x)
+        self.length = t + 1
+        return self.output(x)[:, None]  # (N, 1, V)
+
+    def reorder(self, rows: Tensor, sentences: Tensor | None = None) -> None:
+        """Keep decoder rows `rows` (N',) and, when given, sentences `sentences` (B',) (as `KVCache`)."""
+        h, t = self.heads, self.length
+        n = rows.numel() * h
+        for layer in self.layers:  # the t positions written so far, copied into the layer's other buffer
+            for name in ("keys", "values"):
+                buffer, spare = getattr(layer, name), layer.spares.get(name)  # (N·H, L, Dh), (≥ N'·H, L, Dh)
+                if spare is None or spare.size(0) < n or spare.size(1) != buffer.size(1):
+                    spare = buffer.new_empty(n, *buffer.shape[1:])
+                kept = spare[:n]
+                out = kept.view(-1, h, *buffer.shape[1:]).narrow(2, 0, t)  # (N', H, t, Dh)
+                torch.index_select(buffer.view(-1, h, *buffer.shape[1:]).narrow(2, 0, t), 0, rows, out=out)
+                layer.spares[name] = buffer
+                setattr(layer, name, kept)
+            if sentences is not None:
+                for name in ("cross_keys", "cross_values"):
+                    value = getattr(layer, name)
+                    grouped = value.view(-1, h, *value.shape[1:])
+                    setattr(layer, name, grouped.index_select(0, sentences).view(-1, *value.shape[1:]))
+        if sentences is not None and self.bias is not None:
+            self.bias = (
+                self.bias.view(-1, h, 1, self.bias.size(-1))
+                .index_select(0, sentences)
+                .view(-1, 1, self.bias.size(-1))
+            )

@@ -1,0 +1,145 @@
+"""The CPU decoding step (`attnlab.decoding.step.StepDecoder`) computes `Transformer.decode` over a
+`KVCache`: the same logits step by step, through reordered beams, dropped sentences and grown buffers,
+for every architecture choice it reads; the searches use it where it applies and nowhere else."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pytest
+import torch
+
+from attnlab.decoding.search import beam_search, greedy_decode
+from attnlab.decoding.step import StepDecoder
+from attnlab.model.transformer import Transformer
+from helpers import random_source, tiny_config
+
+VARIANTS = [
+    {},
+    {"norm_first": True, "pe": "learned", "tie": "none"},
+    {"activation": "gelu", "output_bias": True, "d_head": 12, "scale_embeddings": False},
+    {"activation": "silu", "pe": "none", "n_decoder_layers": 3},
+]
+
+
+def build(seed: int = 0, **overrides: Any) -> Transformer:
+    torch.manual_seed(seed)
+    return Transformer(tiny_config(**overrides)).eval()
+
+
+@torch.inference_mode()
+def both_paths(model: Transformer, src: torch.Tensor, beams: int, capacity: int, padded: bool) -> None:
+    """Decode 6 steps of random tokens both ways, reordering rows after step 2 (beams follow parents,
+    one repeated) and dropping the first sentence after step 4; every step's logits must agree."""
+    memory, src_mask = model.encode(src)
+    src_mask = src_mask if padded else None
+    batch = src.size(0)
+    steps = StepDecoder(model, memory, src_mask, beams=beams, capacity=capacity)
+    cache = model.new_cache(beams=beams)
+    gen = torch.Generator().manual_seed(1)
+    rows = batch * beams
+    for step in range(6):
+        tokens = torch.randint(3, model.config.tgt_vocab_size, (rows, 1), generator=gen)
+        want = model.decode(tokens, memory, src_mask, cache=cache)  # (N, 1, V)
+        got = steps(tokens)
+        assert got.shape == want.shape
+        torch.testing.assert_close(got, want, rtol=1e-5, atol=1e-5, msg=f"step {step}")
+        if step == 2:  # beams follow parents within their sentence, one parent twice
+            parents = torch.arange(rows).view(-1, beams)
+            parents[:, -1] = parents[:, 0]
+            flat = parents.flip(1).reshape(-1)
+            cache.reorder(flat)
+            steps.reorder(flat)
+        if step == 4 and memory.size(0) > 1:  # the first sentence leaves
+            sentences = torch.arange(1, memory.size(0))
+            flat = (sentences[:, None] * beams + torch.arange(beams)).view(-1)
+            cache.reorder(flat, sentences)
+            steps.reorder(flat, sentences)
+            memory = memory[sentences]
+            src_mask = None if src_mask is None else src_mask[sentences]
+            rows = flat.numel()
+    assert steps.length == cache.length == 6
+
+
+@pytest.mark.parametrize("overrides", VARIANTS, ids=str)
+@pytest.mark.parametrize("beams", [1, 3])
+def test_step_logits_equal_the_modules(overrides: dict[str, Any], beams: int) -> None:
+    model = build(**overrides)
+    both_paths(model, random_source([7, 3, 5]), beams, capacity=8, padded=True)
+
+
+@pytest.mark.parametrize("batch", [1, 20])  # 1 row (x @ W), 20 rows and 60 rows of beams: each layout
+def test_without_padding_and_with_grown_buffers(batch: int) -> None:
+    model = build()
+    src = random_source([6] * batch)
+    both_paths(model, src, beams=1, capacity=2, padded=False)  # 6 steps in buffers of 2: grown twice
+    both_paths(model, src, beams=3, capacity=1, padded=False)
+
+
+def test_a_padded_source_position_gets_no_attention() -> None:
+    model = build()
+    src = random_source([5, 2])
+    with torch.inference_mode():
+        memory, mask = model.encode(src)
+        base = StepDecoder(model, memory, mask)(torch.tensor([[1], [1]]))
+        memory[1, 4] += 100.0  # a pad position of sentence 1 (its length is 2 + eos)
+        changed = StepDecoder(model, memory, mask)(torch.tensor([[1], [1]]))
+        memory[0, 4] += 100.0  # a real position of sentence 0
+        moved = StepDecoder(model, memory, mask)(torch.tensor([[1], [1]]))
+    torch.testing.assert_close(changed, base)
+    assert not torch.allclose(moved[0], base[0])
+
+
+class Shifted(Transformer):
+    """A subclass whose decode differs from Transformer.decode: searches must go through it."""
+
+    def decode(self, *args: Any, **kwargs: Any):
+        return super().decode(*args, **kwargs) + 0.0
+
+
+def test_applies_only_to_cpu_inference_of_the_plain_decode() -> None:
+    model = build()
+    memory = torch.zeros(1, 2, model.config.d_model)
+    with torch.inference_mode():
+        assert StepDecoder.applies(model, memory)
+        assert not StepDecoder.applies(model, memory, need_weights=True)
+        assert not StepDecoder.applies(model.train(), memory)
+        model.eval()
+        torch.manual_seed(0)
+        assert not StepDecoder.applies(Shifted(tiny_config()).eval(), memory)
+    with torch.no_grad():
+        assert StepDecoder.applies(model, memory)
+    assert not StepDecoder.applies(model, memory)  # autograd on
+
+
+def count_steps(monkeypatch: pytest.MonkeyPatch) -> list[int]:
+    calls = [0]
+    call = StepDecoder.__call__
+
+    def counted(self: StepDecoder, tokens: torch.Tensor) -> torch.Tensor:
+        calls[0] += 1
+        return call(self, tokens)
+
+    monkeypatch.setattr(StepDecoder, "__call__", counted)
+    return calls
+
+
+def test_searches_decode_through_it_and_match_the_module_path(monkeypatch: pytest.MonkeyPatch) -> None:
+    model = build(seed=3)
+    src = random_source([7, 3, 5, 1], seed=4)
+    calls = count_steps(monkeypatch)
+    greedy = greedy_decode(model, src, max_len_a=1.0, max_len_b=4)
+    beams = beam_search(model, src, beam=3, alpha=0.6, max_len_a=1.0, max_len_b=4, n_best=3)
+    assert calls[0] > 0
+    searched = calls[0]
+    beam_search(model, src, beam=3, need_attention=True)  # the modules give the weights
+    greedy_decode(model, src, use_cache=False)
+    greedy_decode(model.train(), src)  # dropout lives in the modules
+    model.eval()
+    assert calls[0] == searched
+    monkeypatch.setattr(StepDecoder, "applies", staticmethod(lambda *args, **kwargs: False))
+    assert torch.equal(greedy_decode(model, src, max_len_a=1.0, max_len_b=4), greedy)
+    by_modules = beam_search(model, src, beam=3, alpha=0.6, max_len_a=1.0, max_len_b=4, n_best=3)
+    for ours, theirs in zip(beams, by_modules, strict=True):
+        assert [h.tokens for h in ours] == [h.tokens for h in theirs]
+        assert [h.score for h in ours] == pytest.approx([h.score for h in theirs], abs=1e-4)
