@@ -18,7 +18,7 @@ VARIANTS = [
     {},
     {"norm_first": True, "pe": "learned", "tie": "none"},
     {"activation": "gelu", "output_bias": True, "d_head": 12, "scale_embeddings": False},
-    {"activation": "silu", "pe": "none", "n_decoder_layers": 3},
+    {"activation": "silu", "pe": "none", "n_decoder_layers": 3, "layer_norm_eps": 0.1},
 ]
 
 
@@ -97,6 +97,21 @@ class Shifted(Transformer):
         return super().decode(*args, **kwargs) + 0.0
 
 
+class Wrapped(torch.nn.Module):
+    """A wrapper forwarding attribute reads to the model, as `torch.compile`'s module does: its class has
+    no `decode`. Searches decode it through the wrapped model's `decode`, on the module path."""
+
+    def __init__(self, model: Transformer) -> None:
+        super().__init__()
+        self.model = model
+
+    def __getattr__(self, name: str) -> Any:
+        try:
+            return super().__getattr__(name)
+        except AttributeError:
+            return getattr(self.model, name)
+
+
 def test_applies_only_to_cpu_inference_of_the_plain_decode() -> None:
     model = build()
     memory = torch.zeros(1, 2, model.config.d_model)
@@ -107,6 +122,7 @@ def test_applies_only_to_cpu_inference_of_the_plain_decode() -> None:
         model.eval()
         torch.manual_seed(0)
         assert not StepDecoder.applies(Shifted(tiny_config()).eval(), memory)
+        assert not StepDecoder.applies(Wrapped(model).eval(), memory)
     with torch.no_grad():
         assert StepDecoder.applies(model, memory)
     assert not StepDecoder.applies(model, memory)  # autograd on
@@ -143,3 +159,40 @@ def test_searches_decode_through_it_and_match_the_module_path(monkeypatch: pytes
     for ours, theirs in zip(beams, by_modules, strict=True):
         assert [h.tokens for h in ours] == [h.tokens for h in theirs]
         assert [h.score for h in ours] == pytest.approx([h.score for h in theirs], abs=1e-4)
+
+
+def test_a_learned_position_table_is_decoded_to_its_last_position(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Outputs forced to the table's 20 positions: the buffers grow past 16 and the positions stop at 20."""
+    model = build(pe="learned", max_positions=20)
+    src = random_source([5, 3])
+    greedy = greedy_decode(model, src, max_len_b=100, min_len=100)
+    beams = beam_search(model, src, beam=2, max_len_b=100, min_len=100)
+    assert greedy.size(1) == 20 and all(len(hyps[0].tokens) == 20 for hyps in beams)
+    monkeypatch.setattr(StepDecoder, "applies", staticmethod(lambda *args, **kwargs: False))
+    assert torch.equal(greedy_decode(model, src, max_len_b=100, min_len=100), greedy)
+    by_modules = beam_search(model, src, beam=2, max_len_b=100, min_len=100)
+    assert [h[0].tokens for h in beams] == [h[0].tokens for h in by_modules]
+
+
+def test_a_source_of_padding_only_gets_the_modules_finite_logits() -> None:
+    model = build()
+    src = random_source([4, 2])
+    src[1] = 0  # no real token, not even eos
+    with torch.inference_mode():
+        memory, mask = model.encode(src)
+        tokens = torch.tensor([[1], [1]])
+        got = StepDecoder(model, memory, mask)(tokens)
+        want = model.decode(tokens, memory, mask, cache=model.new_cache())
+    assert got.isfinite().all()
+    torch.testing.assert_close(got, want, rtol=1e-5, atol=1e-5)
+
+
+def test_sampling_draws_the_same_tokens_through_either_path(monkeypatch: pytest.MonkeyPatch) -> None:
+    from attnlab.decoding.search import Sampling
+
+    model = build(seed=5)
+    src = random_source([6, 4, 2], seed=6)
+    sample = Sampling(topk=5, topp=0.9, temperature=1.5, seed=7)
+    drawn = greedy_decode(model, src, sample=sample)
+    monkeypatch.setattr(StepDecoder, "applies", staticmethod(lambda *args, **kwargs: False))
+    assert torch.equal(greedy_decode(model, src, sample=sample), drawn)

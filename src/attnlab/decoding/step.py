@@ -4,12 +4,12 @@ weights: what greedy and beam search run on the CPU instead of `Transformer.deco
 Why: a decoding step computes little per operator (one query row per sentence and beam), so on the CPU
 its time goes to operator calls, module dispatch and the cache's per-step concatenation as much as to
 arithmetic. `StepDecoder` computes the same function with about half the operator calls:
-self-attention keys and values are written into buffers preallocated for the search's length (no
-concatenation, no copy of the prefix), cross-attention keys and values are projected once and stored in
+self-attention keys and values are written in place into preallocated buffers, doubled when full (no
+per-step concatenation), cross-attention keys and values are projected once and stored in
 the layout the step multiplies with, attention is three batched products (scores with the mask and the
 scale in one `baddbmm`, softmax, values), and each linear layer group is one `attnlab.model.linear.Product`
-whose weights are looked up once per search. Single sentences decode about 1.7-2x faster than through the
-modules (docs/benchmarks.md).
+whose weights are looked up once per search. Single sentences decode faster than through the modules,
+batches of 64 about as fast or a little faster (measured: docs/benchmarks.md, "Decoding").
 
 The same function, not the same bits: attention is computed in another order than
 `F.scaled_dot_product_attention`, so logits differ from `Transformer.decode`'s by float rounding
@@ -40,7 +40,7 @@ class _Layer:
     """One decoder layer's weights as products, its norms, and its per-search state."""
 
     __slots__ = ("cross_keys", "cross_out", "cross_q", "cross_values", "ffn_in", "ffn_out", "keys", "norms",
-                 "qkv", "self_out", "spares", "values")  # fmt: skip
+                 "qkv", "self_out", "values")  # fmt: skip
 
     def __init__(self, layer: torch.nn.Module) -> None:
         sa, ca = layer.self_attn, layer.cross_attn
@@ -52,7 +52,6 @@ class _Layer:
         self.ffn_out = Product(layer.ffn.w_2)
         blocks = (layer.self_attn_block, layer.cross_attn_block, layer.ffn_block)
         self.norms = [(block.norm.weight, block.norm.bias, block.norm.eps) for block in blocks]
-        self.spares: dict[str, Tensor] = {}  # "keys"/"values": the buffer `reorder` copies into next
 
 
 class StepDecoder:
@@ -64,8 +63,8 @@ class StepDecoder:
         src_mask: (B, S), True at real source tokens; None: no padding.
         beams: K decoder rows per sentence.
         capacity: The most positions the search may need (its longest output). Buffers for
-            min(capacity, 32) positions are allocated first and doubled when full, so memory follows the
-            outputs' real length, as `KVCache`'s does, within a factor of 2.
+            min(capacity, 16) positions are allocated first and doubled when full: they hold at most
+            max(16, 2·T) positions after T steps, where a `KVCache` holds T.
 
     Call it with the newest token of each row (N, 1) to get the logits (N, 1, V); `reorder` follows
     surviving beams and drops finished sentences, as `KVCache.reorder` does.
@@ -80,7 +79,7 @@ class StepDecoder:
         beams: int = 1,
         capacity: int = 32,
     ) -> None:
-        capacity = max(1, min(capacity, 32))
+        capacity = max(1, min(capacity, 16))
         cfg = model.config
         self.heads, self.d_head = cfg.n_heads, cfg.head_dim
         self.inner = self.heads * self.d_head
@@ -110,21 +109,30 @@ class StepDecoder:
         self._position_table(capacity, memory)
         self.bias = None  # (B·H, 1, S): 0 where a source position may be attended, -inf at padding
         if src_mask is not None:
+            # A source of padding only (no real token) gets cross-attention output 0, as from the modules'
+            # fused attention, instead of a softmax over nothing but -inf (NaN): it attends evenly to
+            # values set to 0.
+            empty = ~src_mask.any(dim=1)  # (B,)
+            if bool(empty.any()):
+                for layer in self.layers:
+                    layer.cross_values.view(batch, h, source, dh)[empty] = 0.0
             bias = torch.zeros(src_mask.shape, dtype=memory.dtype, device=memory.device)
-            bias = bias.masked_fill_(~src_mask, -math.inf)  # (B, S)
+            bias = bias.masked_fill_(~src_mask & ~empty[:, None], -math.inf)  # (B, S)
             self.bias = bias[:, None, None, :].expand(batch, h, 1, source).reshape(batch * h, 1, source)
 
     @staticmethod
     def applies(model: Transformer, memory: Tensor, need_weights: bool = False) -> bool:
         """Whether a search may decode with a `StepDecoder`: CPU inference in eval mode, no attention
-        weights wanted, and the model's `decode` is `Transformer.decode` (a subclass that changes it is
-        decoded through it). Otherwise the searches run `Transformer.decode` with its `KVCache`."""
+        weights wanted, and the model a `Transformer` whose `decode` is `Transformer.decode` (a subclass
+        that changes it is decoded through it; so are wrappers such as `torch.compile`'s). Otherwise the
+        searches run the model's `decode` with its `KVCache`."""
         return not (
             need_weights
             or model.training
             or memory.device.type != "cpu"
             or torch.is_grad_enabled()
             or _compiling()
+            or not isinstance(model, Transformer)
             or type(model).decode is not Transformer.decode
         )
 
@@ -133,7 +141,7 @@ class StepDecoder:
 
     def _add(self, x: Tensor, h: Tensor, norm: tuple[Tensor, Tensor, float]) -> Tensor:
         """The residual connection around a sublayer's output h: x + h (pre-norm), or LayerNorm(x + h)."""
-        return x + h if self.norm_first else self._norm(h.add_(x), norm)
+        return x + h if self.norm_first else self._norm(x + h, norm)
 
     def _position_table(self, capacity: int, like: Tensor) -> None:
         if self._encodings is not None:  # a learned table has no positions past its size: neither do searches
@@ -148,7 +156,6 @@ class StepDecoder:
                 new = old.new_empty(old.size(0), 2 * old.size(1), old.size(2))
                 new.narrow(1, 0, self.length).copy_(old.narrow(1, 0, self.length))
                 setattr(layer, name, new)
-            layer.spares = {}
 
     def __call__(self, tokens: Tensor) -> Tensor:
         """Logits (N, 1, V) of the next token after each row's `tokens` (N, 1), its newest token."""
@@ -194,17 +201,13 @@ class StepDecoder:
     def reorder(self, rows: Tensor, sentences: Tensor | None = None) -> None:
         """Keep decoder rows `rows` (N',) and, when given, sentences `sentences` (B',) (as `KVCache`)."""
         h, t = self.heads, self.length
-        n = rows.numel() * h
-        for layer in self.layers:  # the t positions written so far, copied into the layer's other buffer
+        for layer in self.layers:  # only the t positions written so far are copied
             for name in ("keys", "values"):
-                buffer, spare = getattr(layer, name), layer.spares.get(name)  # (N·H, L, Dh), (≥ N'·H, L, Dh)
-                if spare is None or spare.size(0) < n or spare.size(1) != buffer.size(1):
-                    spare = buffer.new_empty(n, *buffer.shape[1:])
-                kept = spare[:n]
-                out = kept.view(-1, h, *buffer.shape[1:]).narrow(2, 0, t)  # (N', H, t, Dh)
-                torch.index_select(buffer.view(-1, h, *buffer.shape[1:]).narrow(2, 0, t), 0, rows, out=out)
-                layer.spares[name] = buffer
-                setattr(layer, name, kept)
+                buffer = getattr(layer, name)  # (N·H, L, Dh)
+                grouped = buffer.view(-1, h, *buffer.shape[1:])  # (N, H, L, Dh)
+                kept = grouped.new_empty(rows.numel(), *grouped.shape[1:])  # (N', H, L, Dh)
+                torch.index_select(grouped.narrow(2, 0, t), 0, rows, out=kept.narrow(2, 0, t))
+                setattr(layer, name, kept.view(-1, *buffer.shape[1:]))
             if sentences is not None:
                 for name in ("cross_keys", "cross_values"):
                     value = getattr(layer, name)
