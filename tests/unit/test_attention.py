@@ -190,6 +190,15 @@ def test_weights_are_distributions_with_masked_keys_zero(name: str) -> None:
     assert bool((weights[keep] > 0).all())
 
 
+def test_a_query_that_may_attend_nowhere_gets_zeros_as_from_torch() -> None:
+    gen = torch.Generator().manual_seed(4)
+    q, k, v = (torch.randn(2, H, 3, D // H, generator=gen) for _ in range(3))
+    mask = torch.tensor([[True, True, False], [False] * 3])[:, None, None, :]  # source 1: padding only
+    out, weights = scaled_dot_product_attention(q, k, v, mask)
+    torch.testing.assert_close(out, F.scaled_dot_product_attention(q, k, v, attn_mask=mask))
+    assert out.isfinite().all() and torch.equal(weights[1], torch.zeros_like(weights[1]))
+
+
 @pytest.mark.parametrize("mask_kind", ["none", "padding", "causal", "full-bool"])
 def test_sdpa_function_matches_torch(mask_kind: str) -> None:
     gen = torch.Generator().manual_seed(3)

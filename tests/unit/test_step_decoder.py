@@ -196,3 +196,21 @@ def test_sampling_draws_the_same_tokens_through_either_path(monkeypatch: pytest.
     drawn = greedy_decode(model, src, sample=sample)
     monkeypatch.setattr(StepDecoder, "applies", staticmethod(lambda *args, **kwargs: False))
     assert torch.equal(greedy_decode(model, src, sample=sample), drawn)
+
+
+def test_a_source_of_padding_only_in_a_large_batch_decodes_without_harming_the_others() -> None:
+    """40 sentences (the modules' explicit attention path from 32 rows on) with one of padding only:
+    finite encoder output, and the other sentences decode as they do without it."""
+    from attnlab.decoding import DecodeConfig
+    from attnlab.decoding.search import translate
+
+    model = build()
+    src = random_source([5, 3, 4, 2] * 10)
+    src[1] = 0
+    with torch.inference_mode():
+        assert model.encode(src)[0].isfinite().all()
+    for beam in (1, 2):
+        settings = DecodeConfig(beam=beam, max_len_b=6)
+        rows = translate(model, src, settings)
+        others = translate(model, torch.cat([src[:1], src[2:]]), settings)
+        assert rows[:1] + rows[2:] == others

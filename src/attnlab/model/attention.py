@@ -32,12 +32,16 @@ def scaled_dot_product_attention(
         dropout: Dropout probability on the weights.
 
     Returns:
-        The output (B, H, T, Dh) and the attention weights (B, H, T, S).
+        The output (B, H, T, Dh) and the attention weights (B, H, T, S). A query the mask lets attend
+        nowhere (a source of padding only) gets weights and output 0, as from
+        `F.scaled_dot_product_attention`, instead of a softmax over nothing but -inf (NaN).
     """
     scores = q @ k.transpose(-2, -1) / math.sqrt(q.size(-1))  # (B, H, T, S)
     if mask is not None:
         scores = scores.masked_fill(~mask, float("-inf"))
     weights = scores.softmax(dim=-1)
+    if mask is not None:
+        weights = weights.masked_fill(~mask.any(dim=-1, keepdim=True), 0.0)
     if dropout > 0.0:
         weights = F.dropout(weights, p=dropout)
     return weights @ v, weights
