@@ -3,13 +3,14 @@ weights: what greedy and beam search run on the CPU instead of `Transformer.deco
 
 Why: a decoding step computes little per operator (one query row per sentence and beam), so on the CPU
 its time goes to operator calls, module dispatch and the cache's per-step concatenation as much as to
-arithmetic. `StepDecoder` computes the same function with about half the operator calls:
-self-attention keys and values are written in place into preallocated buffers, doubled when full (no
-per-step concatenation), cross-attention keys and values are projected once and stored in
-the layout the step multiplies with, attention is three batched products (scores with the mask and the
-scale in one `baddbmm`, softmax, values), and each linear layer group is one `attnlab.model.linear.Product`
-whose weights are looked up once per search. Single sentences decode faster than through the modules,
-batches of 64 about as fast or a little faster (measured: docs/benchmarks.md, "Decoding").
+arithmetic. `StepDecoder` computes the same function without module calls and with fewer, cheaper
+operator calls (11-14% fewer in a greedy step at batch 1; docs/benchmarks.md): self-attention keys and
+values are written in place into preallocated buffers, doubled when full (no per-step concatenation);
+cross-attention keys and values are projected once and stored in the layout the step multiplies with;
+attention is three batched products (scores with the mask and the scale in one `baddbmm`, softmax,
+values); each linear layer group is one `attnlab.model.linear.Product` whose weights are looked up once
+per search. Single sentences decode faster than through the modules, batches of 64 about as fast or a
+little faster (measured: docs/benchmarks.md, "Decoding").
 
 The same function, not the same bits: attention is computed in another order than
 `F.scaled_dot_product_attention`, so logits differ from `Transformer.decode`'s by float rounding
