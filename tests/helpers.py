@@ -176,3 +176,19 @@ def init_from(checkpoint: Path) -> list[str]:
 def lines(path: Path) -> list[str]:
     """The lines of a text file (UTF-8, without their newlines)."""
     return path.read_text("utf-8").splitlines()
+
+
+def count_steps(monkeypatch: pytest.MonkeyPatch) -> list[int]:
+    """Count calls of `attnlab.decoding.step.StepDecoder` (the CPU decoding step) from here on: the
+    returned one-element list holds the count."""
+    from attnlab.decoding.step import StepDecoder
+
+    calls = [0]
+    call = StepDecoder.__call__
+
+    def counted(self: StepDecoder, tokens: Tensor) -> Tensor:
+        calls[0] += 1
+        return call(self, tokens)
+
+    monkeypatch.setattr(StepDecoder, "__call__", counted)
+    return calls

@@ -28,7 +28,7 @@ from attnlab.metrics import corpus_bleu
 from attnlab.runs.checkpoint import CheckpointError
 from attnlab.runs.results import decoding_summary
 from attnlab.typed import ConfigError
-from helpers import lines
+from helpers import count_steps, lines
 
 
 def compose_eval(overrides: list[str], output_dir: Path) -> Any:
@@ -304,7 +304,9 @@ def test_the_cpu_decoding_step_translates_as_the_modules(
             found.append([translate(model, src, settings)[0] for src in singles])
         return found
 
+    calls = count_steps(monkeypatch)
     stepped = outputs()
+    assert calls[0] > 0  # the translating model decodes through the step
     monkeypatch.setattr(StepDecoder, "applies", staticmethod(lambda *args, **kwargs: False))
     by_modules = outputs()
     assert stepped == by_modules

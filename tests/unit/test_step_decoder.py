@@ -12,7 +12,7 @@ import torch
 from attnlab.decoding.search import beam_search, greedy_decode
 from attnlab.decoding.step import StepDecoder
 from attnlab.model.transformer import Transformer
-from helpers import random_source, tiny_config
+from helpers import count_steps, random_source, tiny_config
 
 VARIANTS = [
     {},
@@ -126,18 +126,6 @@ def test_applies_only_to_cpu_inference_of_the_plain_decode() -> None:
     with torch.no_grad():
         assert StepDecoder.applies(model, memory)
     assert not StepDecoder.applies(model, memory)  # autograd on
-
-
-def count_steps(monkeypatch: pytest.MonkeyPatch) -> list[int]:
-    calls = [0]
-    call = StepDecoder.__call__
-
-    def counted(self: StepDecoder, tokens: torch.Tensor) -> torch.Tensor:
-        calls[0] += 1
-        return call(self, tokens)
-
-    monkeypatch.setattr(StepDecoder, "__call__", counted)
-    return calls
 
 
 def test_searches_decode_through_it_and_match_the_module_path(monkeypatch: pytest.MonkeyPatch) -> None:

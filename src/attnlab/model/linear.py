@@ -53,7 +53,9 @@ def project(x: Tensor, *layers: nn.Linear) -> tuple[Tensor, ...]:
     """
     if torch.is_grad_enabled() or x.device.type != "cpu" or _compiling():
         return tuple(F.linear(x, layer.weight, layer.bias) for layer in layers)
-    out = Product(*layers)(x.reshape(-1, x.size(-1)))
+    flat = x.reshape(-1, x.size(-1))
+    rows_first = _rows_first(flat)
+    out = _multiply(flat, *_packed(layers, rows_first), rows_first)
     out = out.view(*x.shape[:-1], out.size(-1))
     if len(layers) == 1:
         return (out,)
@@ -75,15 +77,24 @@ class Product:
         self._layouts: dict[bool, tuple[Tensor, Tensor | None]] = {}
 
     def __call__(self, flat: Tensor) -> Tensor:
-        rows_first = not 1 < flat.size(0) <= 16
+        rows_first = _rows_first(flat)
         packed = self._layouts.get(rows_first)
         if packed is None:
             packed = self._layouts[rows_first] = _packed(self.layers, rows_first)
-        weight, bias = packed
-        if rows_first:
-            return torch.mm(flat, weight) if bias is None else torch.addmm(bias, flat, weight)
-        out = torch.mm(weight, flat.t()) if bias is None else torch.addmm(bias[:, None], weight, flat.t())
-        return out.t().contiguous()
+        return _multiply(flat, *packed, rows_first)
+
+
+def _rows_first(flat: Tensor) -> bool:
+    """Whether rows (N, in) are multiplied as x @ W (in, out): 1 row or more than 16 (see `project`)."""
+    return not 1 < flat.size(0) <= 16
+
+
+def _multiply(flat: Tensor, weight: Tensor, bias: Tensor | None, rows_first: bool) -> Tensor:
+    """(N, Σ out) = flat Wᵀ + b with the weight in `_packed`'s layout for `rows_first`."""
+    if rows_first:
+        return torch.mm(flat, weight) if bias is None else torch.addmm(bias, flat, weight)
+    out = torch.mm(weight, flat.t()) if bias is None else torch.addmm(bias[:, None], weight, flat.t())
+    return out.t().contiguous()
 
 
 def _packed(layers: tuple[nn.Linear, ...], transposed: bool) -> tuple[Tensor, Tensor | None]:
