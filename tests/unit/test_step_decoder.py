@@ -120,6 +120,12 @@ def test_applies_only_to_cpu_inference_of_the_plain_decode() -> None:
         assert not StepDecoder.applies(model, memory, need_weights=True)
         assert not StepDecoder.applies(model.train(), memory)
         model.eval()
+        model.decoder.layers[-1].ffn.dropout.train()  # one decoder module with dropout on: the modules
+        assert not StepDecoder.applies(model, memory)
+        model.decoder.layers[-1].ffn.dropout.eval()
+        model.encoder.train()  # the step does not run the encoder
+        assert StepDecoder.applies(model, memory)
+        model.eval()
         torch.manual_seed(0)
         assert not StepDecoder.applies(Shifted(tiny_config()).eval(), memory)
         assert not StepDecoder.applies(Wrapped(model).eval(), memory)

@@ -29,11 +29,14 @@ from collections.abc import Callable
 
 import torch
 import torch.nn.functional as F
-from torch import Tensor
+from torch import Tensor, nn
 
 from attnlab.model.linear import Product, _compiling
 from attnlab.model.transformer import Transformer
 
+# modules whose training flag changes nothing they compute (any other decoder module in training mode
+# may mean dropout, which the step does not have)
+_STATELESS = (nn.Embedding, nn.Linear, nn.LayerNorm)
 _ACTIVATIONS: dict[str, Callable[[Tensor], Tensor]] = {"relu": F.relu, "gelu": F.gelu, "silu": F.silu}
 
 
@@ -123,10 +126,12 @@ class StepDecoder:
 
     @staticmethod
     def applies(model: Transformer, memory: Tensor, need_weights: bool = False) -> bool:
-        """Whether a search may decode with a `StepDecoder`: CPU inference in eval mode, no attention
-        weights wanted, and the model a `Transformer` whose `decode` is `Transformer.decode` (a subclass
-        that changes it is decoded through it; so are wrappers such as `torch.compile`'s). Otherwise the
-        searches run the model's `decode` with its `KVCache`."""
+        """Whether a search may decode with a `StepDecoder`: CPU inference in eval mode (the model and
+        every module of its decoder but those that act alike in both modes, such as the embedding table
+        shared with a training encoder: the step has no dropout), no attention weights wanted, and the
+        model a `Transformer` whose `decode` is `Transformer.decode` (a subclass that changes it is
+        decoded through it; so are wrappers such as `torch.compile`'s). Otherwise the searches run the
+        model's `decode` with its `KVCache`."""
         return not (
             need_weights
             or model.training
@@ -135,6 +140,7 @@ class StepDecoder:
             or _compiling()
             or not isinstance(model, Transformer)
             or type(model).decode is not Transformer.decode
+            or any(m.training and not isinstance(m, _STATELESS) for m in model.decoder.modules())
         )
 
     def _norm(self, x: Tensor, norm: tuple[Tensor, Tensor, float]) -> Tensor:
