@@ -153,6 +153,17 @@ def test_output_layer_loss_ignores_padding_rows_and_gives_them_no_gradient() -> 
     torch.testing.assert_close(again, loss.detach())
 
 
+def test_output_layer_loss_of_no_rows_gives_zero_gradients() -> None:
+    """An empty batch of rows (no chunk runs): loss 0 and zero gradients of the output layer's shape."""
+    hidden, output, target = output_layer_case(bias=True)
+    hidden = hidden.reshape(-1, hidden.size(-1))[:0].detach().requires_grad_()
+    loss, nll, n = output_layer_loss(hidden, output, target.flatten()[:0], epsilon=0.1, ignore_index=PAD)
+    loss.backward()
+    assert float(loss.detach()) == 0.0 and float(nll) == 0.0 and int(n) == 0
+    assert output.weight.grad.shape == output.weight.shape and not output.weight.grad.any()
+    assert output.bias.grad is not None and not output.bias.grad.any()
+
+
 def test_output_layer_loss_refuses_a_second_backward_instead_of_doubling_its_scale() -> None:
     """backward scales the saved gradients in place: a retained graph's second backward must fail
     (autograd's check on modified saved tensors), never return gradients scaled twice."""

@@ -120,7 +120,7 @@ class _OutputLayerLoss(torch.autograd.Function):
             w = weight.to(compute)
             b = None if bias is None else bias.to(compute)
             grad_h = torch.empty_like(h_all) if wants[0] else None
-            grad_w = torch.zeros_like(weight, dtype=torch.float32) if wants[1] else None
+            grad_w = None  # (V, D) in float32: the first chunk's product, then the others added to it
             grad_b = None if b is None or not wants[2] else torch.zeros_like(bias, dtype=torch.float32)
             loss = hidden.new_zeros((), dtype=torch.float32)
             nll = hidden.new_zeros((), dtype=torch.float32)
@@ -144,13 +144,17 @@ class _OutputLayerLoss(torch.autograd.Function):
                 grad_c = grad.to(compute)
                 if grad_h is not None:
                     torch.mm(grad_c, w, out=grad_h[start : start + chunk_rows])
-                if grad_w is not None:
-                    if compute == torch.float32:
+                if wants[1]:
+                    if grad_w is None:  # no zero-filled (V, D) buffer to add the first product to
+                        grad_w = torch.mm(grad_c.t(), h).to(torch.float32)
+                    elif compute == torch.float32:
                         grad_w.addmm_(grad_c.t(), h)
                     else:
                         grad_w.add_(torch.mm(grad_c.t(), h))
                 if grad_b is not None:
                     grad_b.add_(grad.sum(0))
+        if wants[1] and grad_w is None:  # no rows
+            grad_w = torch.zeros_like(weight, dtype=torch.float32)
         ctx.save_for_backward(grad_h, grad_w, grad_b)
         ctx.dtypes = (hidden.dtype, weight.dtype, None if bias is None else bias.dtype)
         ctx.mark_non_differentiable(nll)
