@@ -40,7 +40,7 @@ speed-up (median and range of the per-run ratios) and how many outputs are ident
 op by op (`torch.profiler`: self time of each aten op over one run, its share of the profiled run's wall
 time, calls; "outside ops" is the wall time no op accounts for: Python and dispatch), next to
 CTranslate2's float32 wall time on the same batches (its Python wheel has no op profiler) and that time
-over attnlab's matrix products (`addmm`, `mm`, `bmm`) alone.
+over attnlab's matrix products (`attnlab.model.flops.MATMUL_OPS`: `mm`, `addmm`, `bmm`, `baddbmm`) alone.
 """
 
 from __future__ import annotations
@@ -61,6 +61,7 @@ from attnlab.inference.translator import Translator, pick_device, resolve_checkp
 from attnlab.io import atomic_write_bytes
 from attnlab.metrics import corpus_bleu
 from attnlab.model.config import TransformerConfig
+from attnlab.model.flops import MATMUL_OPS
 from attnlab.model.transformer import Transformer
 
 
@@ -355,9 +356,6 @@ def ct2_decode(engine, ids: list[list[int]], beam: int, batch_size: int):
     return time.perf_counter() - started, outputs
 
 
-MATMULS = ("aten::addmm", "aten::mm", "aten::bmm")
-
-
 def profile_against_ctranslate2(model: Transformer, engine, ids: list[list[int]], beam: int, repeats: int):
     """Print attnlab's op profile of one decode of `ids` at batch 64 and CTranslate2's wall time on them."""
     from torch.profiler import ProfilerActivity, profile
@@ -368,7 +366,7 @@ def profile_against_ctranslate2(model: Transformer, engine, ids: list[list[int]]
         wall = attnlab_decode(model, ids, beam, 64)[0]
     ops = sorted(prof.key_averages(), key=lambda e: -e.self_cpu_time_total)
     inside = sum(e.self_cpu_time_total for e in ops) / 1e6
-    matmuls = sum(e.self_cpu_time_total for e in ops if e.key in MATMULS) / 1e6
+    matmuls = sum(e.self_cpu_time_total for e in ops if e.key in MATMUL_OPS) / 1e6
     search = "greedy" if beam == 1 else f"beam {beam}"
     print(f"\n{search}, batch 64, {len(ids)} sentences: attnlab {plain:.3f} s (median of {repeats}; profiled "
           f"{wall:.3f} s), CTranslate2 float32 {theirs:.3f} s = {theirs / matmuls:.2f}x attnlab's matrix "

@@ -38,6 +38,14 @@ model's maximum resident set size over 5 steps in a fresh process (`--memory-of`
 page faults of a step (the mean of steps 4 and 5, once the heap has grown to what the steps need): pages
 the C heap gave back to the system and the next step maps and zeroes again (see `--allocator`).
 
+`--profile`: after the timed rounds, where each model's step time goes (`torch.profiler`, `--profile-rounds`
+interleaved rounds of one step per model; self time of each aten op, per step) in groups: the matrix
+products (`attnlab.model.flops.MATMUL_OPS`), the fused attention kernels and the fused AdamW, which every
+model here runs alike on the same shapes; dropout's random numbers; every other op; and outside any op
+(Python, autograd and dispatch). With it the ceiling: attnlab's speed-up over each other model if attnlab
+spent no time at all outside those three shared groups (the other model's profiled step over attnlab's
+time in them), the most any saving outside the shared kernels can give.
+
 The C heap: `--allocator keep` (the default) sets glibc's malloc as `attnlab-train` does by default
 (`attnlab.training.allocator`: freed memory stays in the process instead of being faulted in again every
 step), once for the whole process and so for every model alike, and for the memory processes too;
@@ -238,6 +246,69 @@ def make_step(framework: str, model: Any, size: str, loss_of: str = "framework")
     return step
 
 
+# the profile's groups (`--profile`), by aten operator; the first three every model runs alike
+SHARED = ("matrix products", "attention kernels", "optimizer")
+GROUPS = (*SHARED, "dropout randomness", "other ops", "outside ops")
+
+
+def op_group(name: str) -> str:
+    """The profile group of one aten operator (one of `GROUPS` but "outside ops")."""
+    from attnlab.model.flops import MATMUL_OPS
+
+    if name in MATMUL_OPS:
+        return "matrix products"
+    if "scaled_dot_product" in name:  # the fused kernels, forward and backward
+        return "attention kernels"
+    if name.startswith("aten::_fused_adam"):
+        return "optimizer"
+    if name in ("aten::bernoulli_", "aten::random_", "aten::uniform_", "aten::native_dropout"):
+        return "dropout randomness"
+    return "other ops"
+
+
+def profile_steps(steps: dict[str, Any], rounds: int) -> dict[str, dict[str, float]]:
+    """Per model, seconds a step in each of `GROUPS` and in all ("step"), over `rounds` interleaved rounds
+    of one profiled step per model."""
+    from torch.profiler import ProfilerActivity, profile
+
+    names = list(steps)
+    totals = {f: dict.fromkeys(("step", *GROUPS), 0.0) for f in names}
+    for r in range(rounds):
+        for f in names[r % len(names) :] + names[: r % len(names)]:
+            with profile(activities=[ProfilerActivity.CPU]) as prof:
+                start = time.perf_counter()
+                steps[f]()
+                wall = time.perf_counter() - start
+            totals[f]["step"] += wall
+            inside = 0.0
+            for event in prof.key_averages():
+                if event.key.startswith("aten::"):  # not Python-level ranges (optimizer.step, autograd nodes)
+                    seconds = event.self_cpu_time_total / 1e6
+                    totals[f][op_group(event.key)] += seconds
+                    inside += seconds
+            totals[f]["outside ops"] += wall - inside
+    return {f: {k: v / rounds for k, v in group.items()} for f, group in totals.items()}
+
+
+def profile_table(results: list[dict[str, Any]]) -> str:
+    """The `--profile` table: each group's share of each model's profiled step, and attnlab's ceiling."""
+    lines = [
+        "| size | model | profiled step | " + " | ".join(GROUPS) + " | attnlab's ceiling |",
+        "|---|---|---|" + "---|" * len(GROUPS) + "---|",
+    ]
+    for r in results:
+        shares = r.get("profile")
+        if not shares:
+            continue
+        shared = sum(shares["attnlab"][g] for g in SHARED)
+        for f, group in shares.items():
+            cells = [f"{group[g] * 1000:.0f} ms ({group[g] / group['step']:.1%})" for g in GROUPS]
+            ceiling = "" if f == "attnlab" else f"{group['step'] / shared:.3f}×"
+            step = f"{group['step'] * 1000:.0f} ms"
+            lines.append(f"| {r['size']} | {NAMES[f]} | {step} | {' | '.join(cells)} | {ceiling} |")
+    return "\n".join(lines) + "\n"
+
+
 def peak_memory(
     framework: str, size: str, threads: int, loss_of: str, allocator: str
 ) -> tuple[float, float, float]:
@@ -271,7 +342,7 @@ def interval(pairs: list[tuple[float, float]], seed: int = 0) -> tuple[float, fl
 
 def bench(
     size: str, repeats: int, warmup: int, threads: int, memory: bool, loss_of: str,
-    frameworks: tuple[str, ...] = DEFAULT_FRAMEWORKS, allocator: str = "keep",
+    frameworks: tuple[str, ...] = DEFAULT_FRAMEWORKS, allocator: str = "keep", profile_rounds: int = 0,
 ) -> dict[str, Any]:  # fmt: skip
     """One size's rounds; `allocator` is passed to the memory processes (this one is set by `main`)."""
     import torch
@@ -314,6 +385,8 @@ def bench(
             result["models"][f].update(peak_rss_mb=[rss, growth], page_faults_per_step=faults)
     for other in frameworks[1:]:
         result[f"speedup_vs_{other}"] = interval(list(zip(times["attnlab"], times[other], strict=True)))
+    if profile_rounds:
+        result["profile"] = profile_steps(steps, profile_rounds)
     return result
 
 
@@ -391,6 +464,12 @@ def main(argv: list[str] | None = None) -> None:
         help="glibc's malloc settings for the whole process, so for every model of the run: keep (what "
         "attnlab-train sets by default: freed memory stays for the next step) or system (glibc's own)",
     )
+    parser.add_argument(
+        "--profile",
+        action="store_true",
+        help="also where each step's time goes, by op group, and attnlab's ceiling (module docstring)",
+    )
+    parser.add_argument("--profile-rounds", type=int, default=3, help="profiled rounds with --profile")
     parser.add_argument("--memory-of", choices=FRAMEWORKS, help=argparse.SUPPRESS)
     args = parser.parse_args(argv)
     from attnlab.training.allocator import configure_allocator  # torch-free
@@ -417,9 +496,14 @@ def main(argv: list[str] | None = None) -> None:
     if args.quick:
         args.sizes, args.repeats, args.warmup = ["tiny"], 2, 1
     memory = not args.no_memory
+    if args.profile_rounds < 1:
+        parser.error(f"--profile-rounds {args.profile_rounds}: give at least 1")
+    profile_rounds = args.profile_rounds if args.profile else 0
     results = [bench(size, args.repeats, args.warmup, args.threads, memory, args.loss, frameworks,
-                     args.allocator) for size in args.sizes]  # fmt: skip
+                     args.allocator, profile_rounds) for size in args.sizes]  # fmt: skip
     text = table(results)
+    if args.profile:
+        text += "\n" + profile_table(results)
     rates = ", ".join(f"{r['size']} {r['matmul_gflops']:.1f}" for r in results)
     print(
         f"float32 matmul rate measured here (median over the rounds): {rates} GFLOP/s, {args.threads} threads"

@@ -106,6 +106,34 @@ def test_bench_train_frameworks_picks_the_models_and_names_what_is_missing(
         assert fairseq == attnlab
 
 
+def test_bench_train_profile_splits_each_step_into_groups_and_bounds_the_speed_up(tmp_path: Path) -> None:
+    """--profile: every model's profiled step split into the groups (they add up to the step), attnlab's
+    ceiling = the other's step over attnlab's time in the kernels all share, and the groups by op name."""
+    bench = load("bench_train")
+    assert bench.op_group("aten::addmm_") == bench.op_group("aten::baddbmm") == "matrix products"
+    assert bench.op_group("aten::_scaled_dot_product_flash_attention_for_cpu_backward") == "attention kernels"
+    assert bench.op_group("aten::_fused_adamw_") == "optimizer"
+    assert bench.op_group("aten::bernoulli_") == bench.op_group("aten::random_") == "dropout randomness"
+    assert bench.op_group("aten::native_layer_norm") == bench.op_group("aten::ge") == "other ops"
+    out = tmp_path / "t.md"
+    bench.main(["--quick", "--no-memory", "--frameworks", "attnlab", "torch", "--profile", "--profile-rounds",
+                "2", "--out", str(out)])  # fmt: skip
+    (result,) = json.loads(Path(str(out) + ".json").read_text())
+    profile = result["profile"]
+    assert list(profile) == ["attnlab", "torch"]
+    for groups in profile.values():
+        assert set(groups) == {"step", *bench.GROUPS}
+        assert sum(groups[g] for g in bench.GROUPS) == pytest.approx(groups["step"], rel=1e-9)
+        assert groups["matrix products"] > 0 and groups["attention kernels"] > 0 and groups["optimizer"] > 0
+        assert groups["outside ops"] > 0  # Python and autograd between the ops
+    shared = sum(profile["attnlab"][g] for g in bench.SHARED)
+    rows = [line.split("|") for line in out.read_text().splitlines() if line.startswith("| tiny")]
+    profiled = [r for r in rows if len(r) > 11]  # the profile table's rows (the timing table has 9 cells)
+    assert [r[2].strip() for r in profiled] == ["attnlab", "nn.Transformer"]
+    assert profiled[0][-2].strip() == ""
+    assert profiled[1][-2].strip() == f"{profile['torch']['step'] / shared:.3f}×"
+
+
 def test_bench_decode_compares_with_marian_generate(
     shared_data: Path, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
 ) -> None:

@@ -43,6 +43,11 @@ def forward_flops(config: TransformerConfig, batch: int, src_len: int, tgt_len: 
     return encoder + decoder + output
 
 
+# the aten operators of the matrix products these counts are for (self time under `torch.profiler`; the
+# in-place forms accumulate into an existing result, as the fused loss's weight gradient does)
+MATMUL_OPS = frozenset({"aten::mm", "aten::addmm", "aten::addmm_", "aten::bmm", "aten::baddbmm"})
+
+
 def training_flops(config: TransformerConfig, batch: int, src_len: int, tgt_len: int) -> int:
     """Forward and backward: 3 × `forward_flops`."""
     return 3 * forward_flops(config, batch, src_len, tgt_len)
