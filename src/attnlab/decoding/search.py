@@ -15,7 +15,7 @@ import torch
 from torch import Tensor
 
 from attnlab.decoding.settings import DecodeConfig
-from attnlab.decoding.step import StepDecoder
+from attnlab.decoding.step import decoding_step
 from attnlab.model.config import TransformerConfig
 from attnlab.model.transformer import Transformer
 
@@ -157,21 +157,14 @@ def greedy_decode(
     batch = src.size(0)
     limits = max_output_lengths(src, cfg.pad_id, max_len_a, max_len_b, cfg.position_limit)  # (B,)
     out = torch.full((batch, int(limits.max())), cfg.pad_id, dtype=torch.long, device=src.device)
-    steps = None  # the CPU decoding step (attnlab.decoding.step), or None: the model's modules
-    if use_cache and StepDecoder.applies(model, memory):
-        steps = StepDecoder(model, memory, src_mask, capacity=out.size(1))
-    cache = steps if steps is not None else model.new_cache() if use_cache else None
+    decoder = decoding_step(model, memory, src_mask, capacity=out.size(1), use_cache=use_cache)
     alive = torch.arange(batch, device=src.device)  # the sentence each decoder row belongs to
     token = torch.full((batch, 1), cfg.start_id, dtype=torch.long, device=src.device)
     prefix = token
     never = ungenerable_ids(cfg, src.device)
     generators = None if sample is None else sample.generators(src, cfg.pad_id)  # one per sentence
     for step in range(out.size(1)):
-        if steps is not None:
-            logits = steps(token)  # (B', 1, V)
-        else:
-            fed = token if use_cache else prefix
-            logits = model.decode(fed, memory, src_mask, cache=cache)  # (B', 1 | t, V)
+        logits = decoder(token if use_cache else prefix)  # (B', 1 | t, V)
         scores = mask_ungenerable(logits[:, -1].float(), never, cfg.eos_id, step + 1, min_len)  # (B', V)
         if generators is None:
             token = scores.argmax(dim=-1, keepdim=True)  # (B', 1)
@@ -186,13 +179,9 @@ def greedy_decode(
             if keep.numel() == 0:
                 return out[:, : step + 1]
             alive, token, limits = alive[keep], token[keep], limits[keep]
-            if steps is None:  # the step decoder keeps its own cross-attention keys, values and mask
-                memory = memory.index_select(0, keep)
-                src_mask = None if src_mask is None else src_mask.index_select(0, keep)
-            if cache is None:
+            if not use_cache:
                 prefix = prefix[keep]
-            else:
-                cache.reorder(keep, keep)
+            decoder.reorder(keep, keep)
     return out
 
 
@@ -333,17 +322,10 @@ def beam_search(
     src = src.to(device)
     batch, k, vocab = src.size(0), beam, cfg.tgt_vocab_size
     memory, source_mask = model.encode(src)  # (B, S, D); (B, S) for the attention rows of finished hypotheses
-    src_mask = decoder_mask(source_mask)  # (B, S) or None, as the decoder takes it
-    if not use_cache:  # the uncached decoder takes the memory once per beam
-        expand = torch.arange(batch, device=device).repeat_interleave(k)  # (B·K,)
-        memory = memory.index_select(0, expand)  # (B·K, S, D)
-        src_mask = None if src_mask is None else src_mask.index_select(0, expand)
     limits = max_output_lengths(src, cfg.pad_id, max_len_a, max_len_b, cfg.position_limit)  # (B,)
     limit_list = limits.tolist()
-    steps = None  # the CPU decoding step (attnlab.decoding.step), or None: the model's modules
-    if use_cache and StepDecoder.applies(model, memory, need_attention):
-        steps = StepDecoder(model, memory, src_mask, beams=k, capacity=int(limits.max()))
-    cache = steps if steps is not None else model.new_cache(beams=k) if use_cache else None
+    decoder = decoding_step(model, memory, decoder_mask(source_mask), beams=k, capacity=int(limits.max()),
+                            use_cache=use_cache, need_weights=need_attention)  # fmt: skip
     token = torch.full((batch * k, 1), cfg.start_id, dtype=torch.long, device=device)
     start = token
     history = torch.empty(batch * k, 0, dtype=torch.long, device=device)  # (B·K, T) outputs so far
@@ -374,10 +356,7 @@ def beam_search(
         length = step + 1  # output length of this step's candidates, eos included
         live = len(alive)
         fed = token if use_cache else torch.cat([start, history], dim=1)  # (B'·K, 1 | T+1)
-        if steps is not None:
-            out = steps(token)  # (B'·K, 1, V)
-        else:
-            out = model.decode(fed, memory, src_mask, cache=cache, need_weights=need_attention)
+        out = decoder(fed)
         logits, weights = out if need_attention else (out, None)
         lprobs = logits[:, -1].float().log_softmax(dim=-1)  # (B'·K, V)
         mask_ungenerable(lprobs, never, cfg.eos_id, length, min_len)
@@ -429,16 +408,11 @@ def beam_search(
             scores, flat, token, history = scores[sentences], flat[rows], token[rows], history[rows]
             history_lp = None if history_lp is None else history_lp[rows]
             attn = None if attn is None else attn[rows]
-            if steps is None:  # the step decoder keeps its own cross-attention keys, values and mask
-                kept_rows = rows if cache is None else sentences
-                memory = memory[kept_rows]
-                src_mask = None if src_mask is None else src_mask[kept_rows]
-            if cache is None:
+            if not use_cache:
                 start = start[rows]
-            else:
-                cache.reorder(flat, sentences)
-        elif cache is not None:
-            cache.reorder(flat)
+            decoder.reorder(flat, sentences)
+        else:
+            decoder.reorder(flat)
     return [sentence.hyps[:n_best] for sentence in kept]
 
 

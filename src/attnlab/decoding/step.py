@@ -16,7 +16,9 @@ The same function, not the same bits: attention is computed in another order tha
 `F.scaled_dot_product_attention`, so logits differ from `Transformer.decode`'s by float rounding
 (`tests/unit/test_step_decoder.py` holds them to 1e-5 and the outputs to equality on a translating model).
 The searches use it only where `StepDecoder.applies`: CPU, eval mode, no autograd, not under
-`torch.compile`, and no attention weights asked for (the module path returns them).
+`torch.compile`, and no attention weights asked for (the module path returns them). Elsewhere they run
+`ModuleStep`, the model's own `decode` behind the same interface; `decoding_step` picks one of the two, so
+each search is written once for both.
 
 Notation: `B` sentences, `K` beams per sentence, `N` = B·K decoder rows (sentence-major: row b·K + j is
 beam j of sentence b), `H` heads, `Dh` head width, `S` source length, `L` positions the buffers hold.
@@ -226,3 +228,65 @@ class StepDecoder:
                 .index_select(0, sentences)
                 .view(-1, 1, self.bias.size(-1))
             )
+
+
+class ModuleStep:
+    """The searches' decoding step through the model's modules: `model.decode` over a `KVCache`, or with
+    `use_cache=False` over the whole prefix at every step, with `StepDecoder`'s interface (call, then
+    `reorder`), so that a search is written once for both. It also keeps the encoder output and source
+    mask the modules read, and drops a finished sentence's rows from them.
+
+    Call it with the newest token of each row (N, 1), or the whole prefix (N, t) when uncached, to get the
+    logits (N, 1 | t, V), and with `need_weights` also each layer's cross-attention weights.
+    """
+
+    def __init__(
+        self,
+        model: Transformer,
+        memory: Tensor,
+        src_mask: Tensor | None,
+        *,
+        beams: int = 1,
+        use_cache: bool = True,
+        need_weights: bool = False,
+    ) -> None:
+        self.model, self.beams = model, beams
+        self.cache = model.new_cache(beams=beams) if use_cache else None
+        # only asked for when wanted: a subclass's `decode` need not take the argument
+        self.options = {"need_weights": True} if need_weights else {}
+        if self.cache is None and beams > 1:  # the uncached decoder takes the memory once per beam
+            memory = memory.repeat_interleave(beams, dim=0)  # (N, S, D)
+            src_mask = None if src_mask is None else src_mask.repeat_interleave(beams, dim=0)
+        self.memory, self.src_mask = memory, src_mask
+
+    def __call__(self, fed: Tensor) -> Tensor | tuple[Tensor, list[Tensor]]:
+        return self.model.decode(fed, self.memory, self.src_mask, cache=self.cache, **self.options)
+
+    def reorder(self, rows: Tensor, sentences: Tensor | None = None) -> None:
+        """Keep decoder rows `rows` (N',) and, when given, sentences `sentences` (B',) (as `KVCache`)."""
+        if sentences is not None:  # the memory is one row per sentence, or per beam when uncached
+            kept = sentences
+            if self.cache is None and self.beams > 1:
+                beams = torch.arange(self.beams, device=sentences.device)
+                kept = (sentences[:, None] * self.beams + beams).view(-1)  # (B'·K,)
+            self.memory = self.memory.index_select(0, kept)
+            self.src_mask = None if self.src_mask is None else self.src_mask.index_select(0, kept)
+        if self.cache is not None:
+            self.cache.reorder(rows, sentences)
+
+
+def decoding_step(
+    model: Transformer,
+    memory: Tensor,
+    src_mask: Tensor | None,
+    *,
+    beams: int = 1,
+    capacity: int = 32,
+    use_cache: bool = True,
+    need_weights: bool = False,
+) -> StepDecoder | ModuleStep:
+    """The step a search decodes with: a `StepDecoder` where it `applies` (and the cache is used),
+    otherwise the model's modules (`ModuleStep`). Both are called once per step and reordered after it."""
+    if use_cache and StepDecoder.applies(model, memory, need_weights):
+        return StepDecoder(model, memory, src_mask, beams=beams, capacity=capacity)
+    return ModuleStep(model, memory, src_mask, beams=beams, use_cache=use_cache, need_weights=need_weights)
