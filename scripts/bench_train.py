@@ -43,8 +43,10 @@ interleaved rounds of one step per model; self time of each aten op, per step) i
 products (`attnlab.model.flops.MATMUL_OPS`), the fused attention kernels and the fused AdamW, which every
 model here runs alike on the same shapes; dropout's random numbers; every other op; and outside any op
 (Python, autograd and dispatch). With it the ceiling: attnlab's speed-up over each other model if attnlab
-spent no time at all outside those three shared groups (the other model's profiled step over attnlab's
-time in them), the most any saving outside the shared kernels can give.
+spent no time at all outside those three shared groups, the most any saving outside the shared kernels can
+give: the other model's median step over attnlab's median step times the shared groups' share of
+attnlab's profiled steps (the timed medians, not the few profiled steps, whose times vary more from one
+step to the next than the models differ).
 
 The C heap: `--allocator keep` (the default) sets glibc's malloc as `attnlab-train` does by default
 (`attnlab.training.allocator`: freed memory stays in the process instead of being faulted in again every
@@ -290,6 +292,11 @@ def profile_steps(steps: dict[str, Any], rounds: int) -> dict[str, dict[str, flo
     return {f: {k: v / rounds for k, v in group.items()} for f, group in totals.items()}
 
 
+def shared_share(groups: dict[str, float]) -> float:
+    """The share of a profiled step spent in the kernels every model runs alike (`SHARED`)."""
+    return sum(groups[g] for g in SHARED) / groups["step"]
+
+
 def profile_table(results: list[dict[str, Any]]) -> str:
     """The `--profile` table: each group's share of each model's profiled step, and attnlab's ceiling."""
     lines = [
@@ -300,10 +307,12 @@ def profile_table(results: list[dict[str, Any]]) -> str:
         shares = r.get("profile")
         if not shares:
             continue
-        shared = sum(shares["attnlab"][g] for g in SHARED)
+        # attnlab's step time in the shared kernels: its median step (the timed rounds) × their share of
+        # its profiled steps (single profiled steps vary too much to be compared with each other's)
+        shared = r["models"]["attnlab"]["median_s"] * shared_share(shares["attnlab"])
         for f, group in shares.items():
             cells = [f"{group[g] * 1000:.0f} ms ({group[g] / group['step']:.1%})" for g in GROUPS]
-            ceiling = "" if f == "attnlab" else f"{group['step'] / shared:.3f}×"
+            ceiling = "" if f == "attnlab" else f"{r['models'][f]['median_s'] / shared:.3f}×"
             step = f"{group['step'] * 1000:.0f} ms"
             lines.append(f"| {r['size']} | {NAMES[f]} | {step} | {' | '.join(cells)} | {ceiling} |")
     return "\n".join(lines) + "\n"
@@ -469,7 +478,7 @@ def main(argv: list[str] | None = None) -> None:
         action="store_true",
         help="also where each step's time goes, by op group, and attnlab's ceiling (module docstring)",
     )
-    parser.add_argument("--profile-rounds", type=int, default=3, help="profiled rounds with --profile")
+    parser.add_argument("--profile-rounds", type=int, default=5, help="profiled rounds with --profile")
     parser.add_argument("--memory-of", choices=FRAMEWORKS, help=argparse.SUPPRESS)
     args = parser.parse_args(argv)
     from attnlab.training.allocator import configure_allocator  # torch-free

@@ -108,7 +108,7 @@ def test_bench_train_frameworks_picks_the_models_and_names_what_is_missing(
 
 def test_bench_train_profile_splits_each_step_into_groups_and_bounds_the_speed_up(tmp_path: Path) -> None:
     """--profile: every model's profiled step split into the groups (they add up to the step), attnlab's
-    ceiling = the other's step over attnlab's time in the kernels all share, and the groups by op name."""
+    ceiling = the other's median step over attnlab's time in the kernels all share, and the op groups."""
     bench = load("bench_train")
     assert bench.op_group("aten::addmm_") == bench.op_group("aten::baddbmm") == "matrix products"
     assert bench.op_group("aten::_scaled_dot_product_flash_attention_for_cpu_backward") == "attention kernels"
@@ -126,12 +126,14 @@ def test_bench_train_profile_splits_each_step_into_groups_and_bounds_the_speed_u
         assert sum(groups[g] for g in bench.GROUPS) == pytest.approx(groups["step"], rel=1e-9)
         assert groups["matrix products"] > 0 and groups["attention kernels"] > 0 and groups["optimizer"] > 0
         assert groups["outside ops"] > 0  # Python and autograd between the ops
-    shared = sum(profile["attnlab"][g] for g in bench.SHARED)
+    attnlab_shared = result["models"]["attnlab"]["median_s"] * bench.shared_share(profile["attnlab"])
+    shares = profile["attnlab"]
+    assert bench.shared_share(shares) == pytest.approx(sum(shares[g] for g in bench.SHARED) / shares["step"])
     rows = [line.split("|") for line in out.read_text().splitlines() if line.startswith("| tiny")]
     profiled = [r for r in rows if len(r) > 11]  # the profile table's rows (the timing table has 9 cells)
     assert [r[2].strip() for r in profiled] == ["attnlab", "nn.Transformer"]
     assert profiled[0][-2].strip() == ""
-    assert profiled[1][-2].strip() == f"{profile['torch']['step'] / shared:.3f}×"
+    assert profiled[1][-2].strip() == f"{result['models']['torch']['median_s'] / attnlab_shared:.3f}×"
 
 
 def test_bench_decode_compares_with_marian_generate(
