@@ -320,6 +320,21 @@ def test_uncached_decoding_equals_cached_decoding(seed: int) -> None:
     torch.testing.assert_close(greedy_decode(model, src), greedy_decode(model, src, use_cache=False))
 
 
+def test_uncached_decoding_equals_cached_decoding_as_sentences_leave_one_by_one() -> None:
+    """eos at each source's length: the three sentences finish at steps 3, 5 and 8, and the uncached
+    decoder's per-beam memory rows must follow the ones that stay."""
+    model = build(seed=1, at_length=True)
+    src = source([2, 7, 4], seed=1)
+    cached = beam_search(model, src, beam=3, n_best=3, need_token_scores=True)
+    uncached = beam_search(model, src, beam=3, n_best=3, need_token_scores=True, use_cache=False)
+    assert [len(hyps[0].tokens) for hyps in cached] == [3, 8, 5]
+    for hyps, others in zip(cached, uncached, strict=True):
+        assert [h.tokens for h in hyps] == [h.tokens for h in others]
+        assert [h.score for h in hyps] == pytest.approx([h.score for h in others], abs=1e-4)
+    steered = build(seed=1, eos_bias=-1e4)  # no eos: every sentence runs to its own length limit
+    assert torch.equal(greedy_decode(steered, src), greedy_decode(steered, src, use_cache=False))
+
+
 @pytest.mark.parametrize(
     ("penalty", "alpha"), [("gnmt", 0.6), ("gnmt", 2.0), ("fairseq", 1.0), ("fairseq", 2.0)]
 )

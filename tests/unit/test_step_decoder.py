@@ -120,9 +120,6 @@ def test_applies_only_to_cpu_inference_of_the_plain_decode() -> None:
         assert not StepDecoder.applies(model, memory, need_weights=True)
         assert not StepDecoder.applies(model.train(), memory)
         model.eval()
-        model.decoder.layers[-1].ffn.dropout.train()  # one decoder module with dropout on: the modules
-        assert not StepDecoder.applies(model, memory)
-        model.decoder.layers[-1].ffn.dropout.eval()
         model.encoder.train()  # the step does not run the encoder
         assert StepDecoder.applies(model, memory)
         model.eval()
@@ -132,6 +129,46 @@ def test_applies_only_to_cpu_inference_of_the_plain_decode() -> None:
     with torch.no_grad():
         assert StepDecoder.applies(model, memory)
     assert not StepDecoder.applies(model, memory)  # autograd on
+
+
+def test_a_decoder_layer_in_training_mode_keeps_its_dropout_on_the_module_path() -> None:
+    """The model in eval mode, one decoder layer in training mode: its dropout runs (two seeds, two
+    results), which the step does not have, so the searches take the modules."""
+    model = build(dropout=0.3).eval()
+    model.decoder.layers[-1].train()
+    src = random_source([5, 3], seed=1)
+    with torch.inference_mode():
+        memory, mask = model.encode(src)
+        assert not StepDecoder.applies(model, memory)
+        prefix = torch.tensor([[1, 7], [1, 9]])
+        torch.manual_seed(1)
+        first = model.decode(prefix, memory, mask)
+        torch.manual_seed(2)
+        assert not torch.equal(first, model.decode(prefix, memory, mask))
+        model.decoder.layers[-1].eval()
+        assert StepDecoder.applies(model, memory)
+
+
+class OldStyle(Transformer):
+    """A model of its own kind as greedy search has always called it: `decode` without `need_weights`,
+    `new_cache` without `beams` (beam search passes both)."""
+
+    def decode(self, tgt: torch.Tensor, memory: torch.Tensor, src_mask: Any, *, cache: Any = None) -> Any:
+        return super().decode(tgt, memory, src_mask, cache=cache)
+
+    def new_cache(self) -> Any:  # type: ignore[override]
+        return super().new_cache()
+
+
+def test_the_module_path_calls_a_model_as_before() -> None:
+    torch.manual_seed(0)
+    model = OldStyle(tiny_config()).eval()
+    plain = Transformer(tiny_config()).eval()
+    plain.load_state_dict(model.state_dict())
+    src = random_source([6, 2, 4], seed=2)
+    with torch.inference_mode():
+        got = greedy_decode(model, src, max_len_a=1.0, max_len_b=4)
+        assert torch.equal(got, greedy_decode(plain, src, max_len_a=1.0, max_len_b=4, use_cache=False))
 
 
 def test_searches_decode_through_it_and_match_the_module_path(monkeypatch: pytest.MonkeyPatch) -> None:

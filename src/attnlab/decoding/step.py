@@ -36,8 +36,8 @@ from torch import Tensor, nn
 from attnlab.model.linear import Product, _compiling
 from attnlab.model.transformer import Transformer
 
-# modules whose training flag changes nothing they compute (any other decoder module in training mode
-# may mean dropout, which the step does not have)
+# modules whose training flag changes nothing they compute; any other decoder module in training mode
+# keeps the searches on the modules, which may then run dropout (`StepDecoder.applies`)
 _STATELESS = (nn.Embedding, nn.Linear, nn.LayerNorm)
 _ACTIVATIONS: dict[str, Callable[[Tensor], Tensor]] = {"relu": F.relu, "gelu": F.gelu, "silu": F.silu}
 
@@ -128,12 +128,14 @@ class StepDecoder:
 
     @staticmethod
     def applies(model: Transformer, memory: Tensor, need_weights: bool = False) -> bool:
-        """Whether a search may decode with a `StepDecoder`: CPU inference in eval mode (the model and
-        every module of its decoder but those that act alike in both modes, such as the embedding table
-        shared with a training encoder: the step has no dropout), no attention weights wanted, and the
-        model a `Transformer` whose `decode` is `Transformer.decode` (a subclass that changes it is
-        decoded through it; so are wrappers such as `torch.compile`'s). Otherwise the searches run the
-        model's `decode` with its `KVCache`."""
+        """Whether a search may decode with a `StepDecoder`: CPU inference in eval mode, no attention
+        weights wanted, and the model a `Transformer` whose `decode` is `Transformer.decode` (a subclass
+        that changes it is decoded through it; so are wrappers such as `torch.compile`'s). Eval mode means
+        the model and every module of its decoder except embedding tables, linear layers and LayerNorms
+        (whose flag changes nothing: the table may be shared with an encoder in training): the step has
+        no dropout, and a decoder module left in training mode may run some, so it keeps the modules
+        even where its dropout would not run after all. Otherwise the searches run the model's `decode`
+        with its `KVCache`."""
         return not (
             need_weights
             or model.training
@@ -237,7 +239,10 @@ class ModuleStep:
     mask the modules read, and drops a finished sentence's rows from them.
 
     Call it with the newest token of each row (N, 1), or the whole prefix (N, t) when uncached, to get the
-    logits (N, 1 | t, V), and with `need_weights` also each layer's cross-attention weights.
+    logits (N, 1 | t, V), and with `need_weights` also each layer's cross-attention weights. The model is
+    called as the searches always called it, so that models of its own kind (`Ensemble`, subclasses) need
+    no more: `need_weights` only when given (None: left to `decode`'s default) and `new_cache()` without
+    arguments for one beam.
     """
 
     def __init__(
@@ -248,12 +253,13 @@ class ModuleStep:
         *,
         beams: int = 1,
         use_cache: bool = True,
-        need_weights: bool = False,
+        need_weights: bool | None = None,
     ) -> None:
         self.model, self.beams = model, beams
-        self.cache = model.new_cache(beams=beams) if use_cache else None
-        # only asked for when wanted: a subclass's `decode` need not take the argument
-        self.options = {"need_weights": True} if need_weights else {}
+        self.cache = None
+        if use_cache:
+            self.cache = model.new_cache(beams=beams) if beams > 1 else model.new_cache()
+        self.options = {} if need_weights is None else {"need_weights": need_weights}
         if self.cache is None and beams > 1:  # the uncached decoder takes the memory once per beam
             memory = memory.repeat_interleave(beams, dim=0)  # (N, S, D)
             src_mask = None if src_mask is None else src_mask.repeat_interleave(beams, dim=0)
@@ -283,10 +289,11 @@ def decoding_step(
     beams: int = 1,
     capacity: int = 32,
     use_cache: bool = True,
-    need_weights: bool = False,
+    need_weights: bool | None = None,
 ) -> StepDecoder | ModuleStep:
     """The step a search decodes with: a `StepDecoder` where it `applies` (and the cache is used),
-    otherwise the model's modules (`ModuleStep`). Both are called once per step and reordered after it."""
-    if use_cache and StepDecoder.applies(model, memory, need_weights):
+    otherwise the model's modules (`ModuleStep`; `need_weights` as there). Both are called once per step
+    and reordered after it."""
+    if use_cache and StepDecoder.applies(model, memory, bool(need_weights)):
         return StepDecoder(model, memory, src_mask, beams=beams, capacity=capacity)
     return ModuleStep(model, memory, src_mask, beams=beams, use_cache=use_cache, need_weights=need_weights)
