@@ -40,13 +40,15 @@ the C heap gave back to the system and the next step maps and zeroes again (see 
 
 `--profile`: after the timed rounds, where each model's step time goes (`torch.profiler`, `--profile-rounds`
 interleaved rounds of one step per model; self time of each aten op, per step) in groups: the matrix
-products (`attnlab.model.flops.MATMUL_OPS`), the fused attention kernels and the fused AdamW, which every
-model here runs alike on the same shapes; dropout's random numbers; every other op; and outside any op
-(Python, autograd and dispatch). With it the ceiling: attnlab's speed-up over each other model if attnlab
-spent no time at all outside those three shared groups, the most any saving outside the shared kernels can
-give: the other model's median step over attnlab's median step times the shared groups' share of
-attnlab's profiled steps (the timed medians, not the few profiled steps, whose times vary more from one
-step to the next than the models differ).
+products (`attnlab.model.flops.MATMUL_OPS`), the fused attention kernels and the fused AdamW, which attnlab,
+MarianMT and fairseq run alike on the same shapes (`nn.Transformer`'s attention takes PyTorch's unfused
+path: its products count as matrix products, its softmax as other ops); dropout's random numbers; every
+other op; and outside any op (Python, autograd, dispatch, the profiler's own overhead and the self time of
+Python-level ranges such as the optimizer's step). With it the ceiling: attnlab's speed-up over each other
+model if attnlab spent no time at all outside those three shared groups, the most any saving outside the
+shared kernels can give: the other model's median step over attnlab's median step times the shared
+groups' share of attnlab's profiled steps (the timed medians, not the few profiled steps, whose times vary
+more from one step to the next than the models differ).
 
 The C heap: `--allocator keep` (the default) sets glibc's malloc as `attnlab-train` does by default
 (`attnlab.training.allocator`: freed memory stays in the process instead of being faulted in again every
@@ -248,7 +250,8 @@ def make_step(framework: str, model: Any, size: str, loss_of: str = "framework")
     return step
 
 
-# the profile's groups (`--profile`), by aten operator; the first three every model runs alike
+# the profile's groups (`--profile`), by aten operator; the first three attnlab, MarianMT and fairseq run
+# alike
 SHARED = ("matrix products", "attention kernels", "optimizer")
 GROUPS = (*SHARED, "dropout randomness", "other ops", "outside ops")
 
@@ -293,7 +296,7 @@ def profile_steps(steps: dict[str, Any], rounds: int) -> dict[str, dict[str, flo
 
 
 def shared_share(groups: dict[str, float]) -> float:
-    """The share of a profiled step spent in the kernels every model runs alike (`SHARED`)."""
+    """The share of a profiled step spent in the shared kernels (`SHARED`)."""
     return sum(groups[g] for g in SHARED) / groups["step"]
 
 
