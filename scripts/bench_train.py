@@ -66,6 +66,7 @@ import statistics
 import subprocess
 import sys
 import time
+from pathlib import Path
 from typing import Any
 
 SIZES = {  # d_model, heads, d_ff, layers per stack, vocabulary, (batch, source length, target length)
@@ -521,11 +522,13 @@ def main(argv: list[str] | None = None) -> None:
         f"float32 matmul rate measured here (median over the rounds): {rates} GFLOP/s, {args.threads} threads"
     )
     print(text)
-    if args.out:
-        with open(args.out, "w", encoding="utf-8") as f:
-            f.write(text)
-        with open(args.out + ".json", "w", encoding="utf-8") as f:
-            json.dump(results, f, indent=1)
+    if args.out:  # the table and its raw numbers together: an interrupted write leaves both as they were
+        from attnlab.io import atomic_write_files
+
+        atomic_write_files({
+            Path(args.out): text.encode("utf-8"),
+            Path(args.out + ".json"): json.dumps(results, indent=1).encode("utf-8"),
+        })  # fmt: skip
 
 
 if __name__ == "__main__":
