@@ -335,24 +335,56 @@ def test_uncached_decoding_equals_cached_decoding_as_sentences_leave_one_by_one(
     assert torch.equal(greedy_decode(steered, src), greedy_decode(steered, src, use_cache=False))
 
 
+@pytest.mark.parametrize("n_best", [1, 2, 3])
 @pytest.mark.parametrize(
-    ("penalty", "alpha"), [("gnmt", 0.6), ("gnmt", 2.0), ("fairseq", 1.0), ("fairseq", 2.0)]
+    ("penalty", "alpha"), [("gnmt", 0.0), ("gnmt", 0.6), ("gnmt", 2.0), ("fairseq", 1.0), ("fairseq", 2.0)]
 )
 def test_the_early_stop_never_changes_the_outputs(
-    penalty: str, alpha: float, monkeypatch: pytest.MonkeyPatch
+    penalty: str, alpha: float, n_best: int, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    """`_Kept.is_done`'s bound is safe for both penalties: stopping a sentence early gives the n-best a
-    search to its length limit gives."""
+    """`_Kept.is_done`'s bound is safe for both penalties and any n_best: stopping a sentence once its
+    n_best best finished hypotheses cannot be beaten gives the n-best a search to its length limit gives
+    (the same tokens; the scores up to float rounding, since sentences leave the batch at other steps)."""
     from attnlab.decoding import search
 
     cases = [(build(seed=seed, eos_bias=bias), source([3, 6, 2], seed=seed)) for seed in (0, 4)
              for bias in (-1.0, 1.5)]  # fmt: skip
-    early = [beam_search(m, s, beam=3, n_best=3, alpha=alpha, penalty=penalty) for m, s in cases]
+
+    def run() -> list[list[Hypothesis]]:
+        found = [beam_search(m, s, beam=3, n_best=n_best, alpha=alpha, penalty=penalty) for m, s in cases]
+        return [hs for r in found for hs in r]
+
+    early = run()
     monkeypatch.setattr(search._Kept, "is_done", lambda self, best, max_len: False)
-    full = [beam_search(m, s, beam=3, n_best=3, alpha=alpha, penalty=penalty) for m, s in cases]
-    assert [[[h.tokens for h in hs] for hs in r] for r in early] == [
-        [[h.tokens for h in hs] for hs in r] for r in full
-    ]
+    full = run()
+    assert [[h.tokens for h in hs] for hs in early] == [[h.tokens for h in hs] for hs in full]
+    assert [h.score for hs in early for h in hs] == pytest.approx([h.score for hs in full for h in hs])
+
+
+@pytest.mark.parametrize(("penalty", "alpha"), [("gnmt", 0.0), ("gnmt", 0.6), ("fairseq", 1.0)])
+def test_fewer_hypotheses_than_beams_stop_sooner_with_the_same_best(penalty: str, alpha: float) -> None:
+    """With n_best < K a sentence ends once its n_best best finished hypotheses are final, not once K
+    are finished: the search takes fewer decoder steps and returns the hypotheses a search for all K
+    (n_best=K) ranks first."""
+    cases = [(build(seed=seed, eos_bias=bias), source([3, 6, 2, 5], seed=seed)) for seed in (0, 4)
+             for bias in (0.5, 1.5)]  # fmt: skip
+    steps = {1: 0, 4: 0}
+    for model, src in cases:
+        found = {}
+        for n_best in (1, 4):
+            decode = model.decode
+
+            def counted(*args: Any, _decode=decode, _n=n_best, **kw: Any) -> Any:
+                steps[_n] += 1
+                return _decode(*args, **kw)
+
+            model.decode = counted  # an instance attribute: the searches call model.decode
+            found[n_best] = beam_search(model, src, beam=4, n_best=n_best, alpha=alpha, penalty=penalty)
+            del model.decode
+        for few, every in zip(found[1], found[4], strict=True):
+            assert [h.tokens for h in few] == [h.tokens for h in every[:1]]
+            assert few[0].score == pytest.approx(every[0].score)
+    assert steps[1] < steps[4]
 
 
 def test_an_ensemble_of_models_of_different_sizes_decodes_the_same_with_and_without_the_cache() -> None:
