@@ -36,7 +36,9 @@ one sentence at a time (`--latency-sentences`), `--threads` threads on both side
 same fixed length limit (60 tokens), reporting sentences/s (medians of `--repeats` interleaved runs), the
 speed-up (median and range of the per-run ratios) and how many outputs are identical to attnlab's. With
 `--quick` on the random model every float32 output must be identical (exit status 1 otherwise), as for
-`--marian`. With `--profile` as well, then, for greedy and beam 5 at batch 64: where attnlab's time goes,
+`--marian`. It also prints the matrix-product backends CTranslate2 reports when it loads its first model
+(it takes oneDNN's SGEMM on non-Intel CPUs unless `CT2_USE_MKL=1`; attnlab runs PyTorch's MKL).
+With `--profile` as well, then, for greedy and beam 5 at batch 64: where attnlab's time goes,
 op by op (`torch.profiler`: self time of each aten op over one run, its share of the profiled run's wall
 time, calls; "outside ops" is the wall time no op accounts for: Python and dispatch), next to
 CTranslate2's float32 wall time on the same batches (its Python wheel has no op profiler) and that time
@@ -47,9 +49,12 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import statistics
 import time
+from collections.abc import Callable
 from pathlib import Path
+from typing import Any
 
 import torch
 
@@ -342,6 +347,39 @@ def compare_with_marian(translator: Translator, args: argparse.Namespace) -> Non
         )
 
 
+def ct2_gemm_backends(load: Callable[[], Any]) -> tuple[Any, str]:
+    """(load(), the matrix-product backends CTranslate2 reports): `load` loads the process's first
+    CTranslate2 model, when CTranslate2 logs its system configuration (at info level, on the C++ side's
+    stderr, which is captured here and passed on without those lines). CTranslate2 picks its SGEMM
+    backend by CPU vendor (MKL on Intel, oneDNN elsewhere; CT2_USE_MKL overrides), so the comparison says
+    which one ran."""
+    import logging
+    import re
+    import sys
+    import tempfile
+
+    import ctranslate2
+
+    level = ctranslate2.get_log_level()
+    sys.stderr.flush()
+    saved = os.dup(2)
+    with tempfile.TemporaryFile() as log:
+        os.dup2(log.fileno(), 2)
+        ctranslate2.set_log_level(logging.INFO)
+        try:
+            loaded = load()
+        finally:
+            ctranslate2.set_log_level(level)
+            os.dup2(saved, 2)
+            os.close(saved)
+        log.seek(0)
+        text = log.read().decode("utf-8", errors="replace")
+    lines = text.splitlines()
+    sys.stderr.write("".join(f"{line}\n" for line in lines if "[ctranslate2]" not in line))
+    found = [re.search(r"- (\w+) backend: (.+)$", line) for line in lines]
+    return loaded, "; ".join(f"{m.group(1)} {m.group(2)}" for m in found if m) or "not reported"
+
+
 def ct2_decode(engine, ids: list[list[int]], beam: int, batch_size: int):
     """(seconds, output ids) of CTranslate2 on the same length-sorted batches and settings as
     `attnlab_decode`."""
@@ -399,11 +437,13 @@ def compare_with_ctranslate2(translator: Translator, args: argparse.Namespace) -
     print("|---|---|---|---|---|---|---|")
     differing: list[str] = []
     with tempfile.TemporaryDirectory() as tmp:
-        engines = {
-            weights: CT2Translator(export(translator, "ctranslate2", Path(tmp) / weights, quantization),
-                                   intra_threads=args.threads)
-            for weights, quantization in (("float32", "none"), ("int8", "int8"))
-        }  # fmt: skip
+        paths = {weights: export(translator, "ctranslate2", Path(tmp) / weights, quantization)
+                 for weights, quantization in (("float32", "none"), ("int8", "int8"))}  # fmt: skip
+        engines, backends = ct2_gemm_backends(
+            lambda: {
+                weights: CT2Translator(path, intra_threads=args.threads) for weights, path in paths.items()
+            }
+        )
         for beam in (1, 5):
             for batch_size, subset in ((64, ids), (1, ids[: args.latency_sentences])):
                 for weights, engine in engines.items():
@@ -427,6 +467,9 @@ def compare_with_ctranslate2(translator: Translator, args: argparse.Namespace) -
                     if same != n and weights == "float32":
                         differing.append(f"{search} at batch {batch_size}: {same}/{n} identical")
         print("\nspeed-up: attnlab's seconds / CTranslate2's (above 1: CTranslate2 is faster)")
+        blas = "MKL" if torch.backends.mkl.is_available() else "BLAS"
+        print(f"CTranslate2's matrix products (its log): {backends}; attnlab's: PyTorch's {blas} "
+              "(CTranslate2 takes MKL on Intel CPUs or with CT2_USE_MKL=1, else oneDNN)")  # fmt: skip
         if args.profile:
             for beam in (1, 5):
                 profile_against_ctranslate2(model, engines["float32"], ids, beam, args.repeats)

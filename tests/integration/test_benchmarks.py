@@ -195,6 +195,7 @@ def test_bench_decode_compares_with_ctranslate2_float32_and_int8(
         if row[3].strip() == "float32":
             assert row[7].strip() == f"{n}/{n} (100.0%)", row
         assert float(row[5]) > 0 and row[6].strip().endswith("]")  # a rate and a ratio range per row
+    assert "CTranslate2's matrix products (its log): " in out
     # --profile: per search, attnlab's op table, whose shares (with the time outside ops) add up to the wall
     profiles = out.split("\n\ngreedy, batch 64")[1].split("\n\nbeam 5, batch 64")
     assert len(profiles) == 2 and all("CTranslate2 float32" in p for p in profiles)
@@ -203,6 +204,28 @@ def test_bench_decode_compares_with_ctranslate2_float32_and_int8(
         names = [r[1].strip() for r in table]
         assert "aten::addmm" in names and names[-2:] == ["other ops", "outside ops (Python, dispatch)"]
         assert sum(float(r[3].strip().rstrip("%")) for r in table) == pytest.approx(100.0, abs=0.5)
+
+
+def test_bench_decode_reads_ctranslate2s_gemm_backends_from_its_log(
+    capfd: pytest.CaptureFixture[str],
+) -> None:
+    """CTranslate2 logs its backends from C++ on file descriptor 2 when it loads its first model: the
+    helper captures them around the load, returns what it returned, and passes every other line on."""
+    pytest.importorskip("ctranslate2", reason="CTranslate2 needs the [export] extra")
+    import os
+
+    def first_model() -> str:
+        os.write(
+            2,
+            b"[2026-12-05 02:09:55.185] [ctranslate2] [thread 1] [info]  - SGEMM backend: DNNL (packed: "
+            b"false)\nan export warning\n[ctranslate2] [info]  - GEMM_S8 backend: MKL (packed: true)\n",
+        )
+        return "loaded"
+
+    loaded, backends = load("bench_decode").ct2_gemm_backends(first_model)
+    assert (loaded, backends) == ("loaded", "SGEMM DNNL (packed: false); GEMM_S8 MKL (packed: true)")
+    assert capfd.readouterr().err == "an export warning\n"
+    assert load("bench_decode").ct2_gemm_backends(lambda: 1) == (1, "not reported")
 
 
 def test_bench_epoch_quick_compares_token_batches_with_padded_sentence_batches(
