@@ -349,10 +349,11 @@ def compare_with_marian(translator: Translator, args: argparse.Namespace) -> Non
 
 def ct2_gemm_backends(load: Callable[[], Any]) -> tuple[Any, str]:
     """(load(), the matrix-product backends CTranslate2 reports): `load` loads the process's first
-    CTranslate2 model, when CTranslate2 logs its system configuration (at info level, on the C++ side's
-    stderr, which is captured here and passed on without those lines). CTranslate2 picks its SGEMM
-    backend by CPU vendor (MKL on Intel, oneDNN elsewhere; CT2_USE_MKL overrides), so the comparison says
-    which one ran."""
+    CTranslate2 model, when CTranslate2 logs its system configuration once (at info level, from C++ on
+    file descriptor 2). That descriptor is captured around `load`; everything written to it is passed on
+    afterwards, also when `load` raises, except the info lines turned on here. After an earlier load in
+    the process CTranslate2 logs nothing more: "not reported". CTranslate2 picks its x86 SGEMM backend by
+    CPU vendor (MKL on Intel, oneDNN elsewhere; CT2_USE_MKL overrides), so the comparison says which ran."""
     import logging
     import re
     import sys
@@ -361,22 +362,25 @@ def ct2_gemm_backends(load: Callable[[], Any]) -> tuple[Any, str]:
     import ctranslate2
 
     level = ctranslate2.get_log_level()
-    sys.stderr.flush()
-    saved = os.dup(2)
+    lines: list[str] = []
     with tempfile.TemporaryFile() as log:
+        sys.stderr.flush()
+        saved = os.dup(2)
         os.dup2(log.fileno(), 2)
         ctranslate2.set_log_level(logging.INFO)
         try:
             loaded = load()
         finally:
             ctranslate2.set_log_level(level)
+            sys.stderr.flush()
             os.dup2(saved, 2)
             os.close(saved)
-        log.seek(0)
-        text = log.read().decode("utf-8", errors="replace")
-    lines = text.splitlines()
-    sys.stderr.write("".join(f"{line}\n" for line in lines if "[ctranslate2]" not in line))
-    found = [re.search(r"- (\w+) backend: (.+)$", line) for line in lines]
+            log.seek(0)
+            lines = log.read().decode("utf-8", errors="replace").splitlines()
+            turned_on = [line for line in lines if "[ctranslate2]" in line and "[info]" in line]
+            sys.stderr.write("".join(f"{line}\n" for line in lines if line not in turned_on))
+            sys.stderr.flush()
+    found = [re.search(r"- (\w+) backend: (.+)$", line) for line in turned_on]
     return loaded, "; ".join(f"{m.group(1)} {m.group(2)}" for m in found if m) or "not reported"
 
 

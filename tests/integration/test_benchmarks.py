@@ -209,23 +209,47 @@ def test_bench_decode_compares_with_ctranslate2_float32_and_int8(
 def test_bench_decode_reads_ctranslate2s_gemm_backends_from_its_log(
     capfd: pytest.CaptureFixture[str],
 ) -> None:
-    """CTranslate2 logs its backends from C++ on file descriptor 2 when it loads its first model: the
-    helper captures them around the load, returns what it returned, and passes every other line on."""
-    pytest.importorskip("ctranslate2", reason="CTranslate2 needs the [export] extra")
+    """CTranslate2 logs its backends from C++ on file descriptor 2, at info level, when it loads its first
+    model: the helper turns that level on around the load, captures the lines, returns what the load
+    returned, passes every other line on (CTranslate2's warnings too), and restores the level and the
+    descriptor, also when the load fails."""
+    ctranslate2 = pytest.importorskip("ctranslate2", reason="CTranslate2 needs the [export] extra")
+    import logging
     import os
 
-    def first_model() -> str:
-        os.write(
-            2,
-            b"[2026-12-05 02:09:55.185] [ctranslate2] [thread 1] [info]  - SGEMM backend: DNNL (packed: "
-            b"false)\nan export warning\n[ctranslate2] [info]  - GEMM_S8 backend: MKL (packed: true)\n",
-        )
+    helper = load("bench_decode").ct2_gemm_backends
+    before = ctranslate2.get_log_level()
+
+    def first_model() -> str:  # writes what CTranslate2 writes at the level it is set to
+        lines = [
+            b"[ctranslate2] [thread 1] [warning] int8 is not efficiently supported",
+            b"an export warning",
+        ]
+        if ctranslate2.get_log_level() == logging.INFO:
+            lines[1:1] = [
+                b"[02:09:55.185] [ctranslate2] [thread 1] [info]  - SGEMM backend: DNNL (packed: false)",
+                b"[ctranslate2] [info]  - GEMM_S8 backend: MKL (packed: true)",
+            ]
+        os.write(2, b"\n".join(lines) + b"\n")
         return "loaded"
 
-    loaded, backends = load("bench_decode").ct2_gemm_backends(first_model)
+    loaded, backends = helper(first_model)
     assert (loaded, backends) == ("loaded", "SGEMM DNNL (packed: false); GEMM_S8 MKL (packed: true)")
-    assert capfd.readouterr().err == "an export warning\n"
-    assert load("bench_decode").ct2_gemm_backends(lambda: 1) == (1, "not reported")
+    assert capfd.readouterr().err == (
+        "[ctranslate2] [thread 1] [warning] int8 is not efficiently supported\nan export warning\n"
+    )
+    assert ctranslate2.get_log_level() == before
+    assert helper(lambda: 1) == (1, "not reported")
+
+    def failing() -> None:
+        os.write(2, b"terminate: the model is broken\n")
+        raise RuntimeError("no model")
+
+    with pytest.raises(RuntimeError, match="no model"):
+        helper(failing)
+    os.write(2, b"after\n")  # the descriptor is stderr again
+    assert capfd.readouterr().err == "terminate: the model is broken\nafter\n"
+    assert ctranslate2.get_log_level() == before
 
 
 def test_bench_epoch_quick_compares_token_batches_with_padded_sentence_batches(

@@ -335,6 +335,27 @@ def test_uncached_decoding_equals_cached_decoding_as_sentences_leave_one_by_one(
     assert torch.equal(greedy_decode(steered, src), greedy_decode(steered, src, use_cache=False))
 
 
+def test_a_sentence_is_done_once_no_live_beam_can_beat_its_n_best() -> None:
+    """`_Kept.is_done` with hand-made hypotheses: done once the `needed`-th best finished hypothesis
+    outranks the best a live beam can still reach (its score now; with α > 0 over lp(max_len)), however
+    many of the K are finished; never with fewer than `needed`."""
+    from attnlab.decoding.search import _Kept
+
+    kept = _Kept(beam=4, alpha=0.0, penalty="gnmt", needed=2)
+    kept.add([5, EOS], -1.0, None, [])
+    assert not kept.is_done(-100.0, 10)  # one of the two needed
+    for score in (-5.0, -2.0):
+        kept.add([5, 6, EOS], score, None, [])
+    assert [h.normalized for h in kept.hyps] == [-1.0, -2.0, -5.0]
+    assert kept.is_done(-3.0, 10)  # three of K=4 finished, but the best two are final
+    assert not kept.is_done(-2.0, 10) and not kept.is_done(-1.5, 10)
+    fairseq = _Kept(beam=4, alpha=1.0, penalty="fairseq", needed=2)
+    for score in (-2.0, -4.0):
+        fairseq.add([5, EOS], score, None, [])  # normalized -1 and -2 (score / length)
+    assert not fairseq.is_done(-7.0, 4)  # a live beam could still reach -7 / 4 = -1.75 > -2
+    assert fairseq.is_done(-8.0, 4) and fairseq.is_done(-9.0, 4)  # -2 (a tie ranks after) and -2.25
+
+
 @pytest.mark.parametrize("n_best", [1, 2, 3])
 @pytest.mark.parametrize(
     ("penalty", "alpha"), [("gnmt", 0.0), ("gnmt", 0.6), ("gnmt", 2.0), ("fairseq", 1.0), ("fairseq", 2.0)]
