@@ -192,6 +192,42 @@ def test_searches_decode_through_it_and_match_the_module_path(monkeypatch: pytes
         assert [h.score for h in ours] == pytest.approx([h.score for h in theirs], abs=1e-4)
 
 
+@pytest.mark.parametrize(("vocab", "first_rows"), [(None, 3), (7, 12)])
+def test_beam_search_decodes_its_first_step_on_one_row_per_sentence(
+    vocab: int | None, first_rows: int, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """At step 0 only a sentence's first beam is live: the step decodes that row alone and the first
+    reorder makes the K beams (`StepDecoder.narrow_start`), with the outputs and scores of the modules,
+    which decode all K rows, n-best lists and token scores included. A vocabulary smaller than the 2K
+    candidates a step keeps (7 < 8) decodes all K rows from the start."""
+    model = build(seed=5) if vocab is None else build(seed=5, src_vocab_size=vocab, tgt_vocab_size=vocab)
+    src = random_source([6, 2, 4], vocab=model.config.src_vocab_size, seed=6)
+    rows: list[int] = []
+    call = StepDecoder.__call__
+
+    def counted(self: StepDecoder, tokens: torch.Tensor) -> torch.Tensor:
+        rows.append(tokens.size(0))
+        return call(self, tokens)
+
+    monkeypatch.setattr(StepDecoder, "__call__", counted)
+    settings = {
+        "beam": 4,
+        "alpha": 0.6,
+        "max_len_a": 1.0,
+        "max_len_b": 5,
+        "n_best": 4,
+        "need_token_scores": True,
+    }
+    ours = beam_search(model, src, **settings)
+    assert rows[:2] == [first_rows, 3 * 4]  # one row per sentence (or K), then K
+    monkeypatch.setattr(StepDecoder, "applies", staticmethod(lambda *args, **kwargs: False))
+    theirs = beam_search(model, src, **settings)
+    for a, b in zip(ours, theirs, strict=True):
+        assert [h.tokens for h in a] == [h.tokens for h in b]
+        assert [h.score for h in a] == pytest.approx([h.score for h in b], abs=1e-4)
+        assert [h.token_scores for h in a] == [pytest.approx(h.token_scores, abs=1e-4) for h in b]
+
+
 def test_a_learned_position_table_is_decoded_to_its_last_position(monkeypatch: pytest.MonkeyPatch) -> None:
     """Outputs forced to the table's 20 positions: the buffers grow past 16 and the positions stop at 20."""
     model = build(pe="learned", max_positions=20)

@@ -288,7 +288,8 @@ def beam_search(
     values (they are the sentence's K queries, see `KVCache`); after each step the self-attention cache
     is reordered to follow the surviving beams, and sentences that are done leave the batch. At step 0
     only the first beam of each sentence is live (the others score -inf), so the initial beams are
-    distinct. Each step scores every extension `score(y_<t) + log p(y_t | y_<t, x)`, keeps the top 2K of
+    distinct; the CPU step (`StepDecoder.narrow_start`) decodes only that row, as CTranslate2 does.
+    Each step scores every extension `score(y_<t) + log p(y_t | y_<t, x)`, keeps the top 2K of
     the K·V candidates per sentence; an eos candidate ranked in the top K becomes a finished hypothesis
     (its length counts the eos), the best K other candidates are the next beams. Pad and the start/bos
     ids are never generated, eos not before `min_len`. A sentence stops at its length limit a·|S| + b
@@ -296,9 +297,9 @@ def beam_search(
     finished without eos, or earlier once no live beam can beat its `n_best` best finished hypotheses
     (`_Kept.is_done`): those are then final, so stopping there returns what running on would. With the
     default `n_best=1` a sentence ends as soon as its best finished hypothesis outranks every live beam
-    (CTranslate2 does so without a length penalty), not once K hypotheses are finished (fairseq, Hugging
-    Face's `generate`): at beam 5 that decoded test2016 1.2× faster with the same outputs
-    (docs/benchmarks.md).
+    (CTranslate2 stops on a similar rule without a length penalty), not once K hypotheses are finished
+    (fairseq, Hugging Face's `generate`): at beam 5 that decoded test2016 1.2× faster with the same
+    outputs (docs/benchmarks.md).
 
     Long because it reads top-down as one loop: encode, then per step score, select, finish, reorder the
     cache and drop done sentences; split into functions, the tensors of one step would travel as a dozen
@@ -333,15 +334,18 @@ def beam_search(
     limit_list = limits.tolist()
     decoder = decoding_step(model, memory, decoder_mask(source_mask), beams=k, capacity=int(limits.max()),
                             use_cache=use_cache, need_weights=need_attention)  # fmt: skip
-    token = torch.full((batch * k, 1), cfg.start_id, dtype=torch.long, device=device)
+    # Step 0 has one live beam per sentence: where the step can (`narrow_start`; CTranslate2 does the same
+    # on the CPU), only that row is decoded and the first reorder makes the K beams from it.
+    width = 1 if decoder.narrow_start and 2 * k <= vocab else k  # decoder rows per sentence this step
+    token = torch.full((batch * width, 1), cfg.start_id, dtype=torch.long, device=device)
     start = token
-    history = torch.empty(batch * k, 0, dtype=torch.long, device=device)  # (B·K, T) outputs so far
+    history = torch.empty(batch * width, 0, dtype=torch.long, device=device)  # (B·K, T) outputs so far
     history_lp = None  # (B·K, T) their log-probabilities, when asked
     if need_token_scores:
-        history_lp = torch.empty(batch * k, 0, device=device)
+        history_lp = torch.empty(batch * width, 0, device=device)
     attn = None  # (B·K, T, S) cross-attention of the outputs so far, when asked
     if need_attention:
-        attn = torch.empty(batch * k, 0, src.size(1), device=device, dtype=memory.dtype)
+        attn = torch.empty(batch * width, 0, src.size(1), device=device, dtype=memory.dtype)
     scores = torch.zeros(batch, k, device=device)
     scores[:, 1:] = -math.inf  # step 0: one live beam per sentence
     kept = [_Kept(k, alpha, penalty, n_best) for _ in range(batch)]
@@ -367,13 +371,14 @@ def beam_search(
         logits, weights = out if need_attention else (out, None)
         lprobs = logits[:, -1].float().log_softmax(dim=-1)  # (B'·K, V)
         mask_ungenerable(lprobs, never, cfg.eos_id, length, min_len)
-        cand = scores[:, :, None] + lprobs.view(live, k, vocab)  # (B', K, V)
-        top_scores, top_idx = cand.view(live, k * vocab).topk(2 * k, dim=1)  # (B', 2K)
+        cand = scores[:, :width, None] + lprobs.view(live, width, vocab)  # (B', K, V)
+        top_scores, top_idx = cand.view(live, width * vocab).topk(2 * k, dim=1)  # (B', 2K)
         top_beam, top_token = top_idx // vocab, top_idx % vocab  # (B', 2K)
         top_lp = None  # (B', 2K) the new tokens' log-probs, when asked
         if history_lp is not None:
-            top_lp = lprobs.view(live, k * vocab).gather(1, top_idx)
-        parent = torch.arange(live, device=device)[:, None] * k + top_beam  # (B', 2K) rows of B'·K
+            top_lp = lprobs.view(live, width * vocab).gather(1, top_idx)
+        parent = torch.arange(live, device=device)[:, None] * width + top_beam  # (B', 2K) rows of B'·K
+        width = k
         step_attn = None if weights is None else weights[-1].mean(dim=1)[:, -1:]  # (B'·K, 1, S)
 
         is_eos = top_token == cfg.eos_id  # (B', 2K)

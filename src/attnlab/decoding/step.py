@@ -73,8 +73,12 @@ class StepDecoder:
             max(16, 2·T) positions after T steps, where a `KVCache` holds T.
 
     Call it with the newest token of each row (N, 1) to get the logits (N, 1, V); `reorder` follows
-    surviving beams and drops finished sentences, as `KVCache.reorder` does.
+    surviving beams and drops finished sentences, as `KVCache.reorder` does. The first call may also take
+    one row per sentence (B, 1) (`narrow_start`): beam search's first step, where only the first beam of
+    each sentence is live; the first `reorder` then makes the K beams from those rows.
     """
+
+    narrow_start = True  # the first call may take one row per sentence (see above)
 
     def __init__(
         self,
@@ -89,7 +93,6 @@ class StepDecoder:
         cfg = model.config
         self.heads, self.d_head = cfg.n_heads, cfg.head_dim
         self.inner = self.heads * self.d_head
-        self.beams = beams
         self.scale = 1.0 / math.sqrt(self.d_head)
         self.norm_first = cfg.norm_first
         self.activation = _ACTIVATIONS[cfg.activation]
@@ -177,17 +180,21 @@ class StepDecoder:
         x = self.token.index_select(0, tokens.view(-1)) * self.embed_scale  # (N, D)
         if self.positions is not None:
             x = x + self.positions[t]
-        k, first = self.beams, self.norm_first
+        k = rows * h // self.layers[0].cross_keys.size(0)  # rows per sentence: K, or 1 at a narrow start
+        narrow, first = rows * h != self.layers[0].keys.size(0), self.norm_first
         for layer in self.layers:
             # self-attention over this row's positions so far, this step's keys and values written in place
+            keys, values = layer.keys, layer.values  # (N·H, L, Dh)
+            if narrow:  # one row per sentence: the buffers' first B rows
+                keys, values = keys.narrow(0, 0, rows * h), values.narrow(0, 0, rows * h)
             h_in = self._norm(x, layer.norms[0]) if first else x
             qkv = layer.qkv(h_in)  # (N, 3·H·Dh)
-            layer.keys.select(1, t).copy_(qkv.narrow(1, inner, inner).reshape(rows * h, dh))
-            layer.values.select(1, t).copy_(qkv.narrow(1, 2 * inner, inner).reshape(rows * h, dh))
+            keys.select(1, t).copy_(qkv.narrow(1, inner, inner).reshape(rows * h, dh))
+            values.select(1, t).copy_(qkv.narrow(1, 2 * inner, inner).reshape(rows * h, dh))
             q = qkv.narrow(1, 0, inner).reshape(rows * h, 1, dh)
-            keys = layer.keys.narrow(1, 0, t + 1).transpose(1, 2)  # (N·H, Dh, t+1)
+            keys = keys.narrow(1, 0, t + 1).transpose(1, 2)  # (N·H, Dh, t+1)
             scores = torch.bmm(q, keys).mul_(self.scale).softmax(dim=-1)  # (N·H, 1, t+1)
-            out = torch.bmm(scores, layer.values.narrow(1, 0, t + 1)).view(rows, inner)  # (N·H, 1, Dh)
+            out = torch.bmm(scores, values.narrow(1, 0, t + 1)).view(rows, inner)  # (N·H, 1, Dh)
             x = self._add(x, layer.self_out(out), layer.norms[0])
             # cross-attention: the K beams of a sentence are its K queries, (B·H, K, Dh)
             h_in = self._norm(x, layer.norms[1]) if first else x
@@ -210,7 +217,8 @@ class StepDecoder:
         return self.output(x)[:, None]  # (N, 1, V)
 
     def reorder(self, rows: Tensor, sentences: Tensor | None = None) -> None:
-        """Keep decoder rows `rows` (N',) and, when given, sentences `sentences` (B',) (as `KVCache`)."""
+        """Keep decoder rows `rows` (N',) and, when given, sentences `sentences` (B',) (as `KVCache`); after
+        a narrow first call, `rows` index its B rows and make the N' = B'·K rows of the beams."""
         h, t = self.heads, self.length
         for layer in self.layers:  # only the t positions written so far are copied
             for name in ("keys", "values"):
@@ -244,6 +252,8 @@ class ModuleStep:
     no more: `need_weights` only when given (None: left to `decode`'s default) and `new_cache()` without
     arguments for one beam.
     """
+
+    narrow_start = False  # every call takes K rows per sentence (`StepDecoder.narrow_start`)
 
     def __init__(
         self,
