@@ -192,14 +192,26 @@ def test_searches_decode_through_it_and_match_the_module_path(monkeypatch: pytes
         assert [h.score for h in ours] == pytest.approx([h.score for h in theirs], abs=1e-4)
 
 
-@pytest.mark.parametrize(("vocab", "first_rows"), [(None, 3), (7, 12)])
+@pytest.mark.parametrize(
+    ("vocab", "limits", "first_rows", "second_rows"),
+    [
+        (None, {}, 3, 12),
+        (7, {}, 12, 12),  # 7 ids < 2K = 8 candidates: K rows from the start
+        (8, {"min_len": 2}, 3, 12),  # exactly 2K ids, eos barred: candidates at -inf kept too
+        (None, {"max_len_a": 0.5, "max_len_b": -1}, 3, 4),  # two sentences end at step 0 (limit 1)
+    ],
+)
 def test_beam_search_decodes_its_first_step_on_one_row_per_sentence(
-    vocab: int | None, first_rows: int, monkeypatch: pytest.MonkeyPatch
+    vocab: int | None,
+    limits: dict[str, Any],
+    first_rows: int,
+    second_rows: int,
+    monkeypatch: pytest.MonkeyPatch,
 ) -> None:
     """At step 0 only a sentence's first beam is live: the step decodes that row alone and the first
     reorder makes the K beams (`StepDecoder.narrow_start`), with the outputs and scores of the modules,
-    which decode all K rows, n-best lists and token scores included. A vocabulary smaller than the 2K
-    candidates a step keeps (7 < 8) decodes all K rows from the start."""
+    which decode all K rows, n-best lists and token scores included; also where a sentence ends at step
+    0. A vocabulary smaller than the 2K candidates a step keeps decodes all K rows from the start."""
     model = build(seed=5) if vocab is None else build(seed=5, src_vocab_size=vocab, tgt_vocab_size=vocab)
     src = random_source([6, 2, 4], vocab=model.config.src_vocab_size, seed=6)
     rows: list[int] = []
@@ -218,14 +230,29 @@ def test_beam_search_decodes_its_first_step_on_one_row_per_sentence(
         "n_best": 4,
         "need_token_scores": True,
     }
+    settings.update(limits)
     ours = beam_search(model, src, **settings)
-    assert rows[:2] == [first_rows, 3 * 4]  # one row per sentence (or K), then K
+    assert rows[:2] == [first_rows, second_rows]  # one row per sentence (or K), then K per live sentence
     monkeypatch.setattr(StepDecoder, "applies", staticmethod(lambda *args, **kwargs: False))
     theirs = beam_search(model, src, **settings)
     for a, b in zip(ours, theirs, strict=True):
         assert [h.tokens for h in a] == [h.tokens for h in b]
         assert [h.score for h in a] == pytest.approx([h.score for h in b], abs=1e-4)
         assert [h.token_scores for h in a] == [pytest.approx(h.token_scores, abs=1e-4) for h in b]
+
+
+def test_only_a_first_step_takes_one_row_per_sentence() -> None:
+    """Fewer rows than sentences × beams anywhere else is an error naming the counts, not logits read
+    from other sentences' rows."""
+    model = build(seed=2)
+    with torch.inference_mode():
+        memory, _ = model.encode(random_source([3, 4], seed=1))
+        step = StepDecoder(model, memory, None, beams=3)
+        step(torch.full((6, 1), 5))
+        with pytest.raises(ValueError, match=r"2 decoder rows at step 1 for 2 sentences × 3 beams: give 6"):
+            step(torch.full((2, 1), 5))
+        with pytest.raises(ValueError, match=r"4 decoder rows at step 0 for 2 sentences × 3 beams"):
+            StepDecoder(model, memory, None, beams=3)(torch.full((4, 1), 5))
 
 
 def test_a_learned_position_table_is_decoded_to_its_last_position(monkeypatch: pytest.MonkeyPatch) -> None:

@@ -288,9 +288,11 @@ def beam_search(
     values (they are the sentence's K queries, see `KVCache`); after each step the self-attention cache
     is reordered to follow the surviving beams, and sentences that are done leave the batch. At step 0
     only the first beam of each sentence is live (the others score -inf), so the initial beams are
-    distinct; the CPU step (`StepDecoder.narrow_start`) decodes only that row, as CTranslate2 does.
+    distinct; the CPU step (`StepDecoder.narrow_start`) decodes only that row where the vocabulary holds
+    the 2K candidates a step keeps, as CTranslate2 does. (W below: decoder rows per sentence, K, or 1 at
+    such a first step.)
     Each step scores every extension `score(y_<t) + log p(y_t | y_<t, x)`, keeps the top 2K of
-    the K·V candidates per sentence; an eos candidate ranked in the top K becomes a finished hypothesis
+    the W·V candidates per sentence; an eos candidate ranked in the top K becomes a finished hypothesis
     (its length counts the eos), the best K other candidates are the next beams. Pad and the start/bos
     ids are never generated, eos not before `min_len`. A sentence stops at its length limit a·|S| + b
     (`max_output_lengths`; at most the model's `position_limit`), where its live beams are
@@ -339,11 +341,11 @@ def beam_search(
     width = 1 if decoder.narrow_start and 2 * k <= vocab else k  # decoder rows per sentence this step
     token = torch.full((batch * width, 1), cfg.start_id, dtype=torch.long, device=device)
     start = token
-    history = torch.empty(batch * width, 0, dtype=torch.long, device=device)  # (B·K, T) outputs so far
-    history_lp = None  # (B·K, T) their log-probabilities, when asked
+    history = torch.empty(batch * width, 0, dtype=torch.long, device=device)  # (B·W, T) outputs so far
+    history_lp = None  # (B·W, T) their log-probabilities, when asked
     if need_token_scores:
         history_lp = torch.empty(batch * width, 0, device=device)
-    attn = None  # (B·K, T, S) cross-attention of the outputs so far, when asked
+    attn = None  # (B·W, T, S) cross-attention of the outputs so far, when asked
     if need_attention:
         attn = torch.empty(batch * width, 0, src.size(1), device=device, dtype=memory.dtype)
     scores = torch.zeros(batch, k, device=device)
@@ -366,20 +368,20 @@ def beam_search(
     for step in range(int(limits.max())):
         length = step + 1  # output length of this step's candidates, eos included
         live = len(alive)
-        fed = token if use_cache else torch.cat([start, history], dim=1)  # (B'·K, 1 | T+1)
+        fed = token if use_cache else torch.cat([start, history], dim=1)  # (B'·W, 1 | T+1)
         out = decoder(fed)
         logits, weights = out if need_attention else (out, None)
-        lprobs = logits[:, -1].float().log_softmax(dim=-1)  # (B'·K, V)
+        lprobs = logits[:, -1].float().log_softmax(dim=-1)  # (B'·W, V)
         mask_ungenerable(lprobs, never, cfg.eos_id, length, min_len)
-        cand = scores[:, :width, None] + lprobs.view(live, width, vocab)  # (B', K, V)
+        cand = scores[:, :width, None] + lprobs.view(live, width, vocab)  # (B', W, V)
         top_scores, top_idx = cand.view(live, width * vocab).topk(2 * k, dim=1)  # (B', 2K)
         top_beam, top_token = top_idx // vocab, top_idx % vocab  # (B', 2K)
         top_lp = None  # (B', 2K) the new tokens' log-probs, when asked
         if history_lp is not None:
             top_lp = lprobs.view(live, width * vocab).gather(1, top_idx)
-        parent = torch.arange(live, device=device)[:, None] * width + top_beam  # (B', 2K) rows of B'·K
+        parent = torch.arange(live, device=device)[:, None] * width + top_beam  # (B', 2K) rows of B'·W
         width = k
-        step_attn = None if weights is None else weights[-1].mean(dim=1)[:, -1:]  # (B'·K, 1, S)
+        step_attn = None if weights is None else weights[-1].mean(dim=1)[:, -1:]  # (B'·W, 1, S)
 
         is_eos = top_token == cfg.eos_id  # (B', 2K)
         for i, eos_row in enumerate(is_eos[:, :k].tolist()):  # only eos ranked in the top K finishes

@@ -93,6 +93,7 @@ class StepDecoder:
         cfg = model.config
         self.heads, self.d_head = cfg.n_heads, cfg.head_dim
         self.inner = self.heads * self.d_head
+        self.beams = beams
         self.scale = 1.0 / math.sqrt(self.d_head)
         self.norm_first = cfg.norm_first
         self.activation = _ACTIVATIONS[cfg.activation]
@@ -180,8 +181,16 @@ class StepDecoder:
         x = self.token.index_select(0, tokens.view(-1)) * self.embed_scale  # (N, D)
         if self.positions is not None:
             x = x + self.positions[t]
-        k = rows * h // self.layers[0].cross_keys.size(0)  # rows per sentence: K, or 1 at a narrow start
-        narrow, first = rows * h != self.layers[0].keys.size(0), self.norm_first
+        k, first = self.beams, self.norm_first
+        narrow = rows * h != self.layers[0].keys.size(0)
+        if narrow:  # only a first call may take one row per sentence (`narrow_start`)
+            sentences = self.layers[0].cross_keys.size(0) // h
+            if t != 0 or rows != sentences:
+                raise ValueError(
+                    f"{rows} decoder rows at step {t} for {sentences} sentences × {k} beams: "
+                    f"give {sentences * k}, or {sentences} (one per sentence) at the first step only"
+                )
+            k = 1
         for layer in self.layers:
             # self-attention over this row's positions so far, this step's keys and values written in place
             keys, values = layer.keys, layer.values  # (N·H, L, Dh)
