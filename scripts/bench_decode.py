@@ -351,7 +351,8 @@ def ct2_gemm_backends(load: Callable[[], Any]) -> tuple[Any, str]:
     """(load(), the matrix-product backends CTranslate2 reports): `load` loads the process's first
     CTranslate2 model, when CTranslate2 logs its system configuration once (at info level, from C++ on
     file descriptor 2). That descriptor is captured around `load`; everything written to it is passed on
-    afterwards, also when `load` raises, except the info lines turned on here. After an earlier load in
+    afterwards, also when `load` raises, except the info lines turned on here (all of it when the level
+    was info already, e.g. with CT2_VERBOSE=1). After an earlier load in
     the process CTranslate2 logs nothing more: "not reported". CTranslate2 picks its x86 SGEMM backend by
     CPU vendor (MKL on Intel, oneDNN elsewhere; CT2_USE_MKL overrides), so the comparison says which ran."""
     import logging
@@ -362,7 +363,6 @@ def ct2_gemm_backends(load: Callable[[], Any]) -> tuple[Any, str]:
     import ctranslate2
 
     level = ctranslate2.get_log_level()
-    lines: list[str] = []
     with tempfile.TemporaryFile() as log:
         sys.stderr.flush()
         saved = os.dup(2)
@@ -377,10 +377,11 @@ def ct2_gemm_backends(load: Callable[[], Any]) -> tuple[Any, str]:
             os.close(saved)
             log.seek(0)
             lines = log.read().decode("utf-8", errors="replace").splitlines()
-            turned_on = [line for line in lines if "[ctranslate2]" in line and "[info]" in line]
-            sys.stderr.write("".join(f"{line}\n" for line in lines if line not in turned_on))
+            info = [line for line in lines if "[ctranslate2]" in line and "[info]" in line]
+            shown = lines if level <= logging.INFO else [line for line in lines if line not in info]
+            sys.stderr.write("".join(f"{line}\n" for line in shown))
             sys.stderr.flush()
-    found = [re.search(r"- (\w+) backend: (.+)$", line) for line in turned_on]
+    found = [re.search(r"- (\w+) backend: (.+)$", line) for line in info]
     return loaded, "; ".join(f"{m.group(1)} {m.group(2)}" for m in found if m) or "not reported"
 
 

@@ -240,6 +240,12 @@ def test_bench_decode_reads_ctranslate2s_gemm_backends_from_its_log(
     )
     assert ctranslate2.get_log_level() == before
     assert helper(lambda: 1) == (1, "not reported")
+    ctranslate2.set_log_level(logging.INFO)  # asked for already (CT2_VERBOSE=1): nothing is kept back
+    try:
+        assert helper(first_model)[1] == "SGEMM DNNL (packed: false); GEMM_S8 MKL (packed: true)"
+        assert capfd.readouterr().err.count("\n") == 4
+    finally:
+        ctranslate2.set_log_level(before)
 
     def failing() -> None:
         os.write(2, b"terminate: the model is broken\n")
