@@ -37,22 +37,26 @@ same fixed length limit (60 tokens), reporting sentences/s (medians of `--repeat
 speed-up (median and range of the per-run ratios) and how many outputs are identical to attnlab's. With
 `--quick` on the random model every float32 output must be identical (exit status 1 otherwise), as for
 `--marian`. It also prints the matrix-product backends CTranslate2 reports when it loads its first model
-(it takes oneDNN's SGEMM on non-Intel CPUs unless `CT2_USE_MKL=1`; attnlab runs PyTorch's MKL).
+(it takes oneDNN's SGEMM on non-Intel CPUs unless `CT2_USE_MKL=1`) and attnlab's (`attnlab.model.gemm`:
+oneDNN's SGEMM for its linear layers where installed, `ATTNLAB_GEMM=torch` for PyTorch's MKL; every
+comparison prints which).
 With `--profile` as well, then, for greedy and beam 5 at batch 64: where attnlab's time goes,
 op by op (`torch.profiler`: self time of each aten op over one run, its share of the profiled run's wall
-time, calls; "outside ops" is the wall time no op accounts for: Python and dispatch), next to
-CTranslate2's float32 wall time on the same batches (its Python wheel has no op profiler) and that time
-over attnlab's matrix products (`attnlab.model.flops.MATMUL_OPS`: `mm`, `addmm`, `bmm`, `baddbmm`) alone.
+time, calls; oneDNN's products, which are no aten op, as `attnlab::onednn_sgemm`; "outside ops" is the wall
+time no op accounts for: Python and dispatch), next to CTranslate2's float32 wall time on the same batches
+(its Python wheel has no op profiler) and that time over attnlab's matrix products
+(`attnlab.model.flops.MATMUL_OPS`: `mm`, `addmm`, `bmm`, `baddbmm`, and `attnlab::onednn_sgemm`) alone.
 """
 
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import os
 import statistics
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -65,6 +69,7 @@ from attnlab.decoding.search import translate
 from attnlab.inference.translator import Translator, pick_device, resolve_checkpoints
 from attnlab.io import atomic_write_bytes
 from attnlab.metrics import corpus_bleu
+from attnlab.model import gemm
 from attnlab.model.config import TransformerConfig
 from attnlab.model.flops import MATMUL_OPS
 from attnlab.model.transformer import Transformer
@@ -302,7 +307,10 @@ def compare_with_marian(translator: Translator, args: argparse.Namespace) -> Non
     sources = (args.root / "test2016.de").read_text(encoding="utf-8").split("\n")[: args.sentences]
     ids = [[*row, model.config.eos_id] for row in translator.src_tokenizer.encode_batch(sources)]
     name = f"checkpoint {args.ckpt}" if args.ckpt else "random model=small"
-    print(f"model: {name}, {len(ids)} test2016 sentences, {args.threads} threads, length penalty 0\n")
+    print(
+        f"model: {name}, {len(ids)} test2016 sentences, {args.threads} threads, length penalty 0; "
+        f"attnlab's linear layers multiply with {attnlab_products()}\n"
+    )
     print(f"| search | batch | attnlab sentences/s | MarianMT sentences/s | speed-up (median [min, max] of "
           f"{args.repeats}) | identical outputs |")  # fmt: skip
     print("|---|---|---|---|---|---|")
@@ -399,17 +407,44 @@ def ct2_decode(engine, ids: list[list[int]], beam: int, batch_size: int):
     return time.perf_counter() - started, outputs
 
 
+ONEDNN_OP = "attnlab::onednn_sgemm"  # oneDNN's products in the profile (a ctypes call, no aten op)
+
+
+@contextlib.contextmanager
+def onednn_products_profiled() -> Iterator[None]:
+    """Within: each of `attnlab.model.gemm`'s products is a profiler range named `ONEDNN_OP` (its self time
+    is the product's; the bias copy inside it stays an aten op of its own)."""
+    real = gemm.linear
+
+    def ranged(flat, weight, bias):
+        with torch.profiler.record_function(ONEDNN_OP):
+            return real(flat, weight, bias)
+
+    gemm.linear = ranged
+    try:
+        yield
+    finally:
+        gemm.linear = real
+
+
+def attnlab_products() -> str:
+    """What attnlab's linear layers multiply with at inference (`attnlab.model.gemm`)."""
+    if gemm.available():
+        return gemm.backend()
+    return "PyTorch's " + ("MKL" if torch.backends.mkl.is_available() else "BLAS")
+
+
 def profile_against_ctranslate2(model: Transformer, engine, ids: list[list[int]], beam: int, repeats: int):
     """Print attnlab's op profile of one decode of `ids` at batch 64 and CTranslate2's wall time on them."""
     from torch.profiler import ProfilerActivity, profile
 
     plain = statistics.median(attnlab_decode(model, ids, beam, 64)[0] for _ in range(repeats))
     theirs = statistics.median(ct2_decode(engine, ids, beam, 64)[0] for _ in range(repeats))
-    with profile(activities=[ProfilerActivity.CPU]) as prof:
+    with profile(activities=[ProfilerActivity.CPU]) as prof, onednn_products_profiled():
         wall = attnlab_decode(model, ids, beam, 64)[0]
     ops = sorted(prof.key_averages(), key=lambda e: -e.self_cpu_time_total)
     inside = sum(e.self_cpu_time_total for e in ops) / 1e6
-    matmuls = sum(e.self_cpu_time_total for e in ops if e.key in MATMUL_OPS) / 1e6
+    matmuls = sum(e.self_cpu_time_total for e in ops if e.key in (*MATMUL_OPS, ONEDNN_OP)) / 1e6
     search = "greedy" if beam == 1 else f"beam {beam}"
     print(f"\n{search}, batch 64, {len(ids)} sentences: attnlab {plain:.3f} s (median of {repeats}; profiled "
           f"{wall:.3f} s), CTranslate2 float32 {theirs:.3f} s = {theirs / matmuls:.2f}x attnlab's matrix "
@@ -472,8 +507,7 @@ def compare_with_ctranslate2(translator: Translator, args: argparse.Namespace) -
                     if same != n and weights == "float32":
                         differing.append(f"{search} at batch {batch_size}: {same}/{n} identical")
         print("\nspeed-up: attnlab's seconds / CTranslate2's (above 1: CTranslate2 is faster)")
-        blas = "MKL" if torch.backends.mkl.is_available() else "BLAS"
-        print(f"CTranslate2's matrix products (its log): {backends}; attnlab's: PyTorch's {blas} "
+        print(f"CTranslate2's matrix products (its log): {backends}; attnlab's: {attnlab_products()} "
               "(CTranslate2 takes MKL on Intel CPUs or with CT2_USE_MKL=1, else oneDNN)")  # fmt: skip
         if args.profile:
             for beam in (1, 5):

@@ -11,6 +11,8 @@ from pathlib import Path
 import pytest
 import torch
 
+from attnlab.model import gemm
+
 SCRIPTS = Path(__file__).resolve().parents[2] / "scripts"
 
 
@@ -196,13 +198,17 @@ def test_bench_decode_compares_with_ctranslate2_float32_and_int8(
             assert row[7].strip() == f"{n}/{n} (100.0%)", row
         assert float(row[5]) > 0 and row[6].strip().endswith("]")  # a rate and a ratio range per row
     assert "CTranslate2's matrix products (its log): " in out
+    products = gemm.backend() if gemm.available() else "PyTorch's MKL"
+    assert f"; attnlab's: {products} (" in out
     # --profile: per search, attnlab's op table, whose shares (with the time outside ops) add up to the wall
     profiles = out.split("\n\ngreedy, batch 64")[1].split("\n\nbeam 5, batch 64")
     assert len(profiles) == 2 and all("CTranslate2 float32" in p for p in profiles)
     for profile in profiles:
         table = [line.split("|") for line in profile.splitlines() if line.startswith("| ") and "%" in line]
         names = [r[1].strip() for r in table]
-        assert "aten::addmm" in names and names[-2:] == ["other ops", "outside ops (Python, dispatch)"]
+        # the linear layers' products: oneDNN's (a profiler range of their own) where installed
+        assert ("attnlab::onednn_sgemm" if gemm.available() else "aten::addmm") in names
+        assert names[-2:] == ["other ops", "outside ops (Python, dispatch)"]
         assert sum(float(r[3].strip().rstrip("%")) for r in table) == pytest.approx(100.0, abs=0.5)
 
 

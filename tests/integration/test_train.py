@@ -18,6 +18,7 @@ import torch
 from omegaconf import OmegaConf
 
 from attnlab.data import SyntheticData
+from attnlab.model import gemm
 from attnlab.optim import OptimConfig
 from attnlab.training.allocator import glibc
 from attnlab.training.module import TranslationModule
@@ -158,6 +159,7 @@ def test_manifest_records_code_packages_hardware_data_and_a_finished_status(tiny
     assert manifest["packages"]["torch"] == metadata.version("torch")
     assert manifest["packages"]["lightning"] and manifest["packages"]["sacrebleu"]
     assert manifest["hardware"]["cpu_count"] >= 1
+    assert manifest["hardware"]["inference_gemm"] == gemm.backend()  # what validation multiplied with
     assert manifest["git"]["commit"] is None or len(manifest["git"]["commit"]) == 40
     assert manifest["data"]["spec"] == "SyntheticData" and manifest["data"]["settings"]["n_train"] == 512
     assert isinstance(manifest["command"], list)

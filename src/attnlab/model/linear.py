@@ -1,8 +1,9 @@
 """Linear layers, y = x Wᵀ + b, with a fast path for inference on the CPU.
 
 Training runs `F.linear` on the weight (out, in), exactly as `nn.Linear` does. Without autograd on the
-CPU (decoding, validation), `project` picks the operand layout MKL is fastest with for the number of
-rows (one per sentence and beam in a decoding step; see `project`) and, for several layers reading the
+CPU (decoding, validation), products run on oneDNN's GEMM where installed (`attnlab.model.gemm`), and
+otherwise `project` picks the operand layout MKL is fastest with for the number of rows (one per sentence
+and beam in a decoding step; see `project`); for several layers reading the
 same input (W_q, W_k, W_v of self-attention), multiplies once by their concatenated weights: one wide
 product reads memory better than three narrow ones. Measured on a 2-core EPYC: 8000 × 256 output
 projection, one row, x @ W (in, out) 0.8 ms vs F.linear 1.9 ms (weights not in cache). The copies are
@@ -19,6 +20,8 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 from torch.optim.optimizer import register_optimizer_step_post_hook
+
+from attnlab.model import gemm
 
 # first layer of a group -> {(layout, layer ids): (weights' versions and storages, concatenated weight, bias)}
 _PACKED: weakref.WeakKeyDictionary[nn.Linear, dict[tuple, tuple[tuple, Tensor, Tensor | None]]]
@@ -49,12 +52,14 @@ def project(x: Tensor, *layers: nn.Linear) -> tuple[Tensor, ...]:
     product with the layers' weights concatenated (cached), its result split per layer (views): for one
     row, x (1, in) @ W (in, Σ out); for 2–16 rows (the beams of one sentence), (W (Σ out, in) @ xᵀ)ᵀ,
     which MKL streams without packing the weight — 2.2× faster than either layout of x Wᵀ for 5 rows of
-    the 8000 × 256 output projection; for more rows, x @ W (in, Σ out).
+    the 8000 × 256 output projection; for more rows, x @ W (in, Σ out). Float32 products of at least
+    `gemm.MIN_PRODUCT` multiply-adds run on oneDNN where `attnlab.model.gemm` loads it, as x @ W (in, Σ out)
+    for any number of rows.
     """
     if torch.is_grad_enabled() or x.device.type != "cpu" or _compiling():
         return tuple(F.linear(x, layer.weight, layer.bias) for layer in layers)
     flat = x.reshape(-1, x.size(-1))
-    rows_first = _rows_first(flat)
+    rows_first = _rows_first(flat, sum(layer.out_features for layer in layers))
     out = _multiply(flat, *_packed(layers, rows_first), rows_first)
     out = out.view(*x.shape[:-1], out.size(-1))
     if len(layers) == 1:
@@ -70,28 +75,33 @@ class Product:
     Only for inference (no autograd) on the CPU, as `project` uses it; the layout follows N on each call.
     """
 
-    __slots__ = ("_layouts", "layers")
+    __slots__ = ("_layouts", "layers", "outputs")
 
     def __init__(self, *layers: nn.Linear) -> None:
         self.layers = layers
+        self.outputs = sum(layer.out_features for layer in layers)  # Σ out
         self._layouts: dict[bool, tuple[Tensor, Tensor | None]] = {}
 
     def __call__(self, flat: Tensor) -> Tensor:
-        rows_first = _rows_first(flat)
+        rows_first = _rows_first(flat, self.outputs)
         packed = self._layouts.get(rows_first)
         if packed is None:
             packed = self._layouts[rows_first] = _packed(self.layers, rows_first)
         return _multiply(flat, *packed, rows_first)
 
 
-def _rows_first(flat: Tensor) -> bool:
-    """Whether rows (N, in) are multiplied as x @ W (in, out): 1 row or more than 16 (see `project`)."""
-    return not 1 < flat.size(0) <= 16
+def _rows_first(flat: Tensor, outputs: int) -> bool:
+    """Whether rows (N, in) are multiplied by a weight of `outputs` rows as x @ W (in, out): 1 row or more
+    than 16 (see `project`), and any number of rows for a product oneDNN takes (`attnlab.model.gemm`),
+    fastest in that layout at every row count."""
+    return not 1 < flat.size(0) <= 16 or gemm.takes(flat.size(0), flat.size(1), outputs, flat.dtype)
 
 
 def _multiply(flat: Tensor, weight: Tensor, bias: Tensor | None, rows_first: bool) -> Tensor:
     """(N, Σ out) = flat Wᵀ + b with the weight in `_packed`'s layout for `rows_first`."""
     if rows_first:
+        if gemm.applies(flat, weight):
+            return gemm.linear(flat, weight, bias)
         return torch.mm(flat, weight) if bias is None else torch.addmm(bias, flat, weight)
     out = torch.mm(weight, flat.t()) if bias is None else torch.addmm(bias[:, None], weight, flat.t())
     return out.t().contiguous()

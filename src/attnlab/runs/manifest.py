@@ -58,8 +58,11 @@ def package_versions() -> dict[str, str | None]:
 
 
 def hardware() -> dict[str, Any]:
-    """The machine: OS, CPU, core count, torch threads and GPUs."""
+    """The machine: OS, CPU, core count, torch threads, GPUs, and the library of CPU inference products
+    (`attnlab.model.gemm`: its float rounding is that of decoding and validation on the CPU)."""
     import torch
+
+    from attnlab.model.gemm import backend as inference_gemm
 
     gpus = [torch.cuda.get_device_name(i) for i in range(torch.cuda.device_count())]
     return {
@@ -68,6 +71,7 @@ def hardware() -> dict[str, Any]:
         "processor": platform.processor() or None,
         "cpu_count": os.cpu_count(),
         "torch_threads": torch.get_num_threads(),
+        "inference_gemm": inference_gemm(),
         "gpus": gpus,
         "hostname": platform.node(),
     }

@@ -1,0 +1,155 @@
+"""oneDNN's single-precision matrix product (`dnnl_sgemm`) for the CPU inference products of
+`attnlab.model.linear` (decoding, validation, the encoder in translation), where it is faster than the
+MKL products torch runs.
+
+Why: on the machine the benchmarks run on (AMD EPYC, AVX2, 2 threads) MKL takes a generic code path on
+non-Intel CPUs; oneDNN's own GEMM kernels ran the decoder's products 1.2-3× faster at 1-64 rows (the
+(64, 256) × (256, 5000) output projection 1.4×, five rows 3×) and as fast at 320, and made greedy decoding of
+test2016 at batch 64 1.24-1.26× faster with the same outputs (docs/benchmarks.md, "Decoding"). This is the
+library CTranslate2 multiplies with on such CPUs. Not measured on Intel CPUs, where MKL runs its own code
+path (CTranslate2 takes MKL there): compare with `ATTNLAB_GEMM=torch` on yours.
+
+Where from: the `onednn-cpu-gomp` wheel (Linux x86-64, a dependency there), the oneDNN build that runs its
+threads on the GNU OpenMP runtime torch's CPU wheels ship, so both share one thread pool. The library is
+looked up only among that installed package's own files, never on a search path. oneDNN takes as many
+threads as torch's ops (`torch.get_num_threads()` sets the calling thread's OpenMP count first).
+
+`ATTNLAB_GEMM` (read once per process): `auto` (default) uses oneDNN where the package is installed and the
+CPU has AVX2, torch's products otherwise; `onednn` requires it (an error says why it cannot load); `torch`
+never uses it. Training (autograd) and every non-CPU or non-float32 product always run torch's.
+
+The same function, not the same bits: oneDNN sums in another order than MKL, so products differ by float
+rounding (relative ~1e-7, as between MKL's own layouts); `backend()` names the one in use and run
+manifests record it (`hardware()["inference_gemm"]`).
+"""
+
+from __future__ import annotations
+
+import ctypes
+import functools
+import os
+from importlib import metadata
+
+import torch
+from torch import Tensor
+
+from attnlab.typed import ConfigError
+
+ENV = "ATTNLAB_GEMM"
+CHOICES = ("auto", "onednn", "torch")
+DISTRIBUTION = "onednn-cpu-gomp"
+_RUNTIME_OMP = 2  # dnnl_version_t.cpu_runtime of an OpenMP build (oneDNN's DNNL_RUNTIME_OMP)
+_ISA_AVX2 = 0x7  # the bits of dnnl_cpu_isa_avx2; every later x86 ISA includes them
+# The smallest product (multiply-adds) oneDNN takes. Below it a call's fixed cost (ctypes, oneDNN's dispatch,
+# the bias copy) outweighs the faster kernels: single-sentence greedy decoding, whose products are one row
+# through 256 × 256 to 256 × 768 layers, ran at 1.05× torch's speed with 2^18, 0.98× with 2^17 and 0.95× with
+# every product on oneDNN; beam 5's 5-row products (327,680 and up) gain 1.12-1.16× (docs/benchmarks.md).
+MIN_PRODUCT = 1 << 18
+
+
+class _Version(ctypes.Structure):
+    _fields_ = [("major", ctypes.c_int), ("minor", ctypes.c_int), ("patch", ctypes.c_int),
+                ("hash", ctypes.c_char_p), ("cpu_runtime", ctypes.c_uint),
+                ("gpu_runtime", ctypes.c_uint)]  # fmt: skip
+
+
+class GemmUnavailable(ConfigError):
+    """`ATTNLAB_GEMM` is not a choice, or `onednn` where oneDNN cannot be used (the commands print it as a
+    config error)."""
+
+
+class _OneDNN:
+    def __init__(self, path: str) -> None:
+        lib = ctypes.CDLL(path, mode=ctypes.RTLD_LOCAL)
+        version_of = lib.dnnl_version
+        version_of.restype = ctypes.POINTER(_Version)
+        v = version_of().contents
+        if v.cpu_runtime != _RUNTIME_OMP:
+            raise GemmUnavailable(f"{path} is not an OpenMP build of oneDNN (runtime {v.cpu_runtime})")
+        lib.dnnl_get_effective_cpu_isa.restype = ctypes.c_int
+        if lib.dnnl_get_effective_cpu_isa() & _ISA_AVX2 != _ISA_AVX2:
+            raise GemmUnavailable("this CPU has no AVX2, where oneDNN's GEMM is not faster than MKL's")
+        self.name = f"oneDNN {v.major}.{v.minor}.{v.patch} sgemm"
+        i64, f32, ptr = ctypes.c_int64, ctypes.c_float, ctypes.c_void_p
+        self.sgemm = lib.dnnl_sgemm
+        char = ctypes.c_char
+        self.sgemm.argtypes = [char, char, i64, i64, i64, f32, ptr, i64, ptr, i64, f32, ptr, i64]
+        self.sgemm.restype = ctypes.c_int
+
+
+def _library_path() -> str:
+    try:
+        dist = metadata.distribution(DISTRIBUTION)
+    except metadata.PackageNotFoundError:
+        raise GemmUnavailable(f"{DISTRIBUTION} is not installed (pip install {DISTRIBUTION})") from None
+    for file in dist.files or ():
+        if file.name == "libdnnl.so.3":
+            return str(dist.locate_file(file))
+    raise GemmUnavailable(f"{DISTRIBUTION} {dist.version} installed no libdnnl.so.3")
+
+
+@functools.cache
+def _onednn() -> _OneDNN | None:
+    """The loaded library per `ATTNLAB_GEMM`, or None for torch's products (cached for the process)."""
+    choice = os.environ.get(ENV, "auto").strip().lower() or "auto"
+    if choice not in CHOICES:
+        raise GemmUnavailable(f"{ENV}={choice!r}: expected one of {', '.join(CHOICES)}")
+    if choice == "torch":
+        return None
+    try:
+        return _OneDNN(_library_path())
+    except (GemmUnavailable, OSError, AttributeError) as error:
+        if choice == "onednn":
+            raise GemmUnavailable(f"{ENV}=onednn, but oneDNN cannot be used: {error}") from error
+        return None
+
+
+def backend() -> str:
+    """The inference products in use: "oneDNN <version> sgemm" or "torch"."""
+    library = _onednn()
+    return "torch" if library is None else library.name
+
+
+def available() -> bool:
+    """Whether CPU float32 inference products of `MIN_PRODUCT` or more run on oneDNN (`ATTNLAB_GEMM`)."""
+    return _onednn() is not None
+
+
+def takes(rows: int, inner: int, outer: int, dtype: torch.dtype) -> bool:
+    """Whether a CPU product (rows, inner) × (inner, outer) of `dtype` runs on oneDNN: oneDNN in use,
+    float32, and at least `MIN_PRODUCT` multiply-adds (below, a call's fixed cost outweighs its kernels)."""
+    return dtype == torch.float32 and rows * inner * outer >= MIN_PRODUCT and _onednn() is not None
+
+
+def applies(flat: Tensor, weight: Tensor) -> bool:
+    """Whether `linear(flat, weight, ...)` may run: `takes` the product, on contiguous 2-d CPU tensors."""
+    return (
+        flat.dim() == 2
+        and weight.dim() == 2
+        and flat.size(1) == weight.size(0)
+        and weight.dtype == flat.dtype
+        and takes(flat.size(0), flat.size(1), weight.size(1), flat.dtype)
+        and flat.device.type == "cpu"
+        and weight.device.type == "cpu"
+        and flat.is_contiguous()
+        and weight.is_contiguous()
+    )
+
+
+def linear(flat: Tensor, weight: Tensor, bias: Tensor | None) -> Tensor:
+    """flat (M, K) @ weight (K, N) + bias (N,), as a new (M, N) tensor, by `dnnl_sgemm` (`applies` must
+    hold). Nothing it is given is written to."""
+    library = _onednn()
+    m, k = flat.shape
+    n = weight.size(1)
+    out = flat.new_empty(m, n)
+    beta = 0.0
+    if bias is not None:  # C = bias, then C += A·B: the bias is copied in first, never written to
+        out.copy_(bias.expand(m, n))
+        beta = 1.0
+    torch.get_num_threads()  # sets this thread's OpenMP thread count to torch's, for oneDNN to follow
+    status = library.sgemm(b"N", b"N", m, n, k, 1.0, flat.data_ptr(), k, weight.data_ptr(), n, beta,
+                           out.data_ptr(), n)  # fmt: skip
+    if status != 0:
+        raise RuntimeError(f"dnnl_sgemm failed with status {status} for ({m}, {k}) × ({k}, {n})")
+    return out

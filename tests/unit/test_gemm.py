@@ -1,0 +1,167 @@
+"""oneDNN's GEMM for CPU inference products (`attnlab.model.gemm`): loaded from its package, equal to torch's
+products within float rounding, writing nothing it is given, following torch's thread count, chosen by
+`ATTNLAB_GEMM`, and what the decoding step really multiplies with."""
+
+from __future__ import annotations
+
+import ctypes
+import os
+import platform
+import sys
+import threading
+from collections.abc import Iterator
+
+import pytest
+import torch
+import torch.nn.functional as F
+
+from attnlab.decoding.search import greedy_decode
+from attnlab.model import gemm
+from attnlab.model import linear as linear_module
+from attnlab.model.linear import Linear, project
+from attnlab.model.transformer import Transformer
+from attnlab.runs.manifest import hardware
+from helpers import random_source, tiny_config
+
+# where the package is a dependency (pyproject.toml), CI must have it; elsewhere these tests skip
+SUPPORTED = sys.platform == "linux" and platform.machine() == "x86_64"
+
+
+@pytest.fixture
+def choose(monkeypatch: pytest.MonkeyPatch) -> Iterator:
+    """Set `ATTNLAB_GEMM` (None: unset) and reload the choice; the process's own choice is restored after."""
+
+    def set_choice(value: str | None) -> None:
+        if value is None:
+            monkeypatch.delenv(gemm.ENV, raising=False)
+        else:
+            monkeypatch.setenv(gemm.ENV, value)
+        gemm._onednn.cache_clear()
+
+    yield set_choice
+    monkeypatch.undo()
+    gemm._onednn.cache_clear()
+
+
+@pytest.fixture
+def onednn(choose) -> None:
+    if not SUPPORTED and os.environ.get("CI") != "true":
+        pytest.skip("onednn-cpu-gomp is a dependency on Linux x86-64 only")
+    choose("onednn")
+
+
+def test_onednn_is_loaded_from_its_package_where_it_is_a_dependency(choose) -> None:
+    choose(None)
+    if not SUPPORTED:
+        assert gemm.backend() in ("torch",) or gemm.backend().startswith("oneDNN ")
+        return
+    assert gemm.backend().startswith("oneDNN 3."), gemm.backend()
+    assert gemm.available()
+    assert hardware()["inference_gemm"] == gemm.backend()
+
+
+@pytest.mark.parametrize("rows", [1, 5, 64, 320])
+@pytest.mark.parametrize("with_bias", [True, False])
+def test_onednn_products_equal_torchs_and_write_nothing_they_are_given(
+    onednn, rows: int, with_bias: bool
+) -> None:
+    torch.manual_seed(rows)
+    x, weight = torch.randn(rows, 256), torch.randn(256, 1100)  # one row: 281,600 ≥ MIN_PRODUCT
+    bias = torch.randn(1100) if with_bias else None
+    given = [t.clone() for t in (x, weight, bias) if t is not None]
+    assert gemm.applies(x, weight)
+    out = gemm.linear(x, weight, bias)
+    want = x @ weight if bias is None else torch.addmm(bias, x, weight)
+    torch.testing.assert_close(out, want, rtol=1e-5, atol=1e-4)  # sums of 256 products of size ~1
+    for before, after in zip(given, [t for t in (x, weight, bias) if t is not None], strict=True):
+        assert torch.equal(before, after)  # with one row, the bias broadcast to (1, N) is the bias itself
+    assert out.data_ptr() not in {t.data_ptr() for t in (x, weight, bias) if t is not None}
+
+
+def test_onednn_takes_torchs_thread_count_in_every_thread(onednn) -> None:
+    gomp = ctypes.CDLL("libgomp.so.1")  # the OpenMP runtime torch's CPU wheel loaded
+    threads = torch.get_num_threads()
+    seen: list[int] = []
+
+    def multiply() -> None:
+        gemm.linear(torch.randn(4, 8), torch.randn(8, 4), None)
+        seen.append(gomp.omp_get_max_threads())
+
+    torch.set_num_threads(1)
+    try:
+        worker = threading.Thread(target=multiply)  # a new thread starts at OpenMP's default count
+        worker.start()
+        worker.join()
+    finally:
+        torch.set_num_threads(threads)
+    assert seen == [1]
+
+
+def test_only_float32_contiguous_cpu_products_of_min_product_go_to_onednn(onednn) -> None:
+    rows, inner = 4, 256
+    outer = gemm.MIN_PRODUCT // (rows * inner)  # exactly MIN_PRODUCT multiply-adds
+    x, weight = torch.randn(rows, inner), torch.randn(inner, outer)
+    assert gemm.applies(x, weight)
+    assert not gemm.applies(x[:, :-1].contiguous(), weight[:-1])  # one multiply-add per output fewer
+    assert not gemm.applies(x.double(), weight.double())
+    assert not gemm.applies(x.bfloat16(), weight.bfloat16())
+    assert not gemm.applies(torch.randn(inner, rows).t(), weight)  # not contiguous
+    assert not gemm.applies(x, torch.randn(inner + 1, outer))  # inner sizes differ
+    assert not gemm.takes(0, inner, 10**9, torch.float32)
+
+
+def test_the_decoding_step_multiplies_on_onednn_and_with_attnlab_gemm_torch_never(
+    choose, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    if not SUPPORTED and os.environ.get("CI") != "true":
+        pytest.skip("onednn-cpu-gomp is a dependency on Linux x86-64 only")
+    torch.manual_seed(0)
+    model = Transformer(tiny_config()).eval()
+    src = random_source([5, 3])
+    calls: list[tuple[int, ...]] = []
+    real = gemm.linear
+
+    def counted(flat, weight, bias):
+        calls.append((*flat.shape, weight.size(1)))
+        return real(flat, weight, bias)
+
+    monkeypatch.setattr(gemm, "linear", counted)
+    monkeypatch.setattr(gemm, "MIN_PRODUCT", 1)  # the tiny model's products are all small
+    outputs = {}
+    for choice in ("onednn", "torch"):
+        choose(choice)
+        calls.clear()
+        with torch.inference_mode():
+            outputs[choice] = greedy_decode(model, src, max_len_b=6)
+        outputs[choice + " calls"] = list(calls)
+    assert outputs["torch calls"] == []
+    vocab = model.config.tgt_vocab_size
+    assert (2, model.config.d_model, vocab) in outputs["onednn calls"]  # the output projection of 2 rows
+    assert torch.equal(outputs["onednn"], outputs["torch"])
+
+
+def test_rows_take_the_oneDNN_layout_at_every_count_and_mkls_layouts_without_it(choose, onednn) -> None:
+    five, outputs = torch.randn(5, 256), 1024  # 1,310,720 multiply-adds
+    assert linear_module._rows_first(five, outputs)
+    assert not linear_module._rows_first(five, 8)  # too small for oneDNN: MKL's layout for 2-16 rows
+    assert not linear_module._rows_first(five.double(), outputs)
+    choose("torch")
+    assert not linear_module._rows_first(five, outputs)
+    assert linear_module._rows_first(torch.randn(17, 256), outputs)
+    layer = Linear(256, outputs)
+    with torch.inference_mode():
+        torch.testing.assert_close(project(five, layer)[0], F.linear(five, layer.weight, layer.bias))
+
+
+def test_attnlab_gemm_choices_and_their_errors(choose, monkeypatch: pytest.MonkeyPatch) -> None:
+    choose("torch")
+    assert gemm.backend() == "torch" and not gemm.available()
+    choose("fast")
+    with pytest.raises(gemm.GemmUnavailable, match=r"ATTNLAB_GEMM='fast': expected one of auto, onednn, tor"):
+        gemm.backend()
+    monkeypatch.setattr(gemm, "DISTRIBUTION", "onednn-not-installed")
+    choose("onednn")
+    with pytest.raises(gemm.GemmUnavailable, match=r"onednn-not-installed is not installed \(pip install"):
+        gemm.backend()
+    choose("auto")
+    assert gemm.backend() == "torch"  # auto falls back without the package
