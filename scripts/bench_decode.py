@@ -36,7 +36,9 @@ one sentence at a time (`--latency-sentences`), `--threads` threads on both side
 same fixed length limit (60 tokens), reporting sentences/s (medians of `--repeats` interleaved runs), the
 speed-up (median and range of the per-run ratios) and how many outputs are identical to attnlab's. With
 `--quick` on the random model every float32 output must be identical (exit status 1 otherwise), as for
-`--marian`. It also prints the matrix-product backends CTranslate2 reports when it loads its first model
+`--marian`. CTranslate2 decodes in a process of its own (`CT2Process`: a CTranslate2 run slowed later attnlab
+runs in the same process), on request, alternating with attnlab's runs. It also prints the matrix-product
+backends CTranslate2 reports when it loads its first model
 (it takes oneDNN's SGEMM on non-Intel CPUs unless `CT2_USE_MKL=1`) and attnlab's (`attnlab.model.gemm`:
 oneDNN's SGEMM for its linear layers where installed, `ATTNLAB_GEMM=torch` for PyTorch's MKL; every
 comparison prints which).
@@ -150,6 +152,9 @@ def main() -> None:
         help="instead: peak RSS of attnlab-translate streaming N sentences (test2016 repeated), per N",
     )  # fmt: skip
     parser.add_argument("--memory-child", nargs=2, metavar=("INPUT", "BEAM"), help=argparse.SUPPRESS)
+    parser.add_argument(
+        "--ct2-worker", nargs=2, type=Path, metavar=("FLOAT32", "INT8"), help=argparse.SUPPRESS
+    )
     parser.add_argument("--json", type=Path, help="also write the default mode's numbers to this JSON file")
     args = parser.parse_args()
     if args.profile and not args.ctranslate2:
@@ -157,6 +162,9 @@ def main() -> None:
     torch.set_num_threads(args.threads)
     if args.memory_child:
         translate_in_this_process(args)
+        return
+    if args.ct2_worker:
+        serve_ctranslate2(args)
         return
     if args.memory:
         streaming_memory(args)
@@ -407,6 +415,69 @@ def ct2_decode(engine, ids: list[list[int]], beam: int, batch_size: int):
     return time.perf_counter() - started, outputs
 
 
+def serve_ctranslate2(args: argparse.Namespace) -> None:
+    """(--ct2-worker child) Load the float32 and int8 CTranslate2 models, write their backends as a JSON line,
+    then answer each JSON request line on stdin ({"weights", "ids", "beam", "batch_size"}) with a JSON line
+    {"seconds", "outputs"} of `ct2_decode`, timed here."""
+    import sys
+
+    from attnlab.interop.ct2 import CT2Translator
+
+    paths = dict(zip(("float32", "int8"), args.ct2_worker, strict=True))
+    engines, backends = ct2_gemm_backends(
+        lambda: {weights: CT2Translator(path, intra_threads=args.threads) for weights, path in paths.items()}
+    )
+    print(json.dumps({"backends": backends}), flush=True)
+    for line in sys.stdin:
+        request = json.loads(line)
+        seconds, outputs = ct2_decode(engines[request["weights"]], request["ids"], request["beam"],
+                                      request["batch_size"])  # fmt: skip
+        print(
+            json.dumps({"seconds": seconds, "outputs": [list(map(int, row)) for row in outputs]}), flush=True
+        )
+
+
+class CT2Process:
+    """CTranslate2 in a process of its own (`serve_ctranslate2`), decoding on request: a CTranslate2 run
+    leaves the process it ran in slower for attnlab afterwards (greedy at batch 64: 2-16% in four runs of a
+    throwaway script, against none after an attnlab run of the same length), so the two engines do not
+    share one. Requests alternate with attnlab's runs, never overlap them; the seconds are measured in the
+    worker, around `ct2_decode` only."""
+
+    def __init__(self, paths: dict[str, Path], threads: int, root: Path) -> None:
+        import subprocess
+        import sys
+
+        command = [sys.executable, __file__, "--root", str(root), "--threads", str(threads),
+                   "--ct2-worker", str(paths["float32"]), str(paths["int8"])]  # fmt: skip
+        self.process = subprocess.Popen(command, stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
+        self.backends = self._answer()["backends"]
+
+    def _answer(self) -> dict[str, Any]:
+        line = self.process.stdout.readline()
+        if not line:
+            raise RuntimeError(
+                f"the CTranslate2 worker exited with status {self.process.wait()} (its errors above)"
+            )
+        return json.loads(line)
+
+    def decode(self, weights: str, ids: list[list[int]], beam: int, batch_size: int):
+        """(seconds, output ids) of `ct2_decode` on the `weights` model in the worker."""
+        request = {"weights": weights, "ids": ids, "beam": beam, "batch_size": batch_size}
+        self.process.stdin.write(json.dumps(request) + "\n")
+        self.process.stdin.flush()
+        answer = self._answer()
+        return answer["seconds"], answer["outputs"]
+
+    def __enter__(self) -> CT2Process:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        """End the worker: its input closes, and it exits after its current request."""
+        self.process.stdin.close()
+        self.process.wait(timeout=60)
+
+
 ONEDNN_OP = "attnlab::onednn_sgemm"  # oneDNN's products in the profile (a ctypes call, no aten op)
 
 
@@ -434,12 +505,14 @@ def attnlab_products() -> str:
     return "PyTorch's " + ("MKL" if torch.backends.mkl.is_available() else "BLAS")
 
 
-def profile_against_ctranslate2(model: Transformer, engine, ids: list[list[int]], beam: int, repeats: int):
+def profile_against_ctranslate2(
+    model: Transformer, ct2: CT2Process, ids: list[list[int]], beam: int, repeats: int
+) -> None:
     """Print attnlab's op profile of one decode of `ids` at batch 64 and CTranslate2's wall time on them."""
     from torch.profiler import ProfilerActivity, profile
 
     plain = statistics.median(attnlab_decode(model, ids, beam, 64)[0] for _ in range(repeats))
-    theirs = statistics.median(ct2_decode(engine, ids, beam, 64)[0] for _ in range(repeats))
+    theirs = statistics.median(ct2.decode("float32", ids, beam, 64)[0] for _ in range(repeats))
     with profile(activities=[ProfilerActivity.CPU]) as prof, onednn_products_profiled():
         wall = attnlab_decode(model, ids, beam, 64)[0]
     ops = sorted(prof.key_averages(), key=lambda e: -e.self_cpu_time_total)
@@ -461,10 +534,38 @@ def profile_against_ctranslate2(model: Transformer, engine, ids: list[list[int]]
     print(f"| outside ops (Python, dispatch) | {outside * 1e3:.1f} ms | {outside / wall:.1%} | |")
 
 
+def ct2_table(model: Transformer, ct2: CT2Process, ids: list[list[int]], args: argparse.Namespace) -> list:
+    """Print the comparison's rows (each search, batch size and CTranslate2 weights, `--repeats` runs
+    interleaved); return where float32 outputs differ."""
+    differing: list[str] = []
+    for beam in (1, 5):
+        for batch_size, subset in ((64, ids), (1, ids[: args.latency_sentences])):
+            for weights in ("float32", "int8"):
+                ct2.decode(weights, subset[:2], beam, batch_size)  # warm-up
+                attnlab_decode(model, subset[:2], beam, batch_size)
+                times: dict[str, list[float]] = {"attnlab": [], "ct2": []}
+                for _ in range(args.repeats):  # interleaved, so that machine noise hits both alike
+                    ours_s, ours = attnlab_decode(model, subset, beam, batch_size)
+                    theirs_s, theirs = ct2.decode(weights, subset, beam, batch_size)
+                    times["attnlab"].append(ours_s)
+                    times["ct2"].append(theirs_s)
+                ratios = sorted(a / c for a, c in zip(times["attnlab"], times["ct2"], strict=True))
+                same = sum(a == b for a, b in zip(ours, theirs, strict=True))
+                search, n = ("greedy" if beam == 1 else f"beam {beam}"), len(subset)
+                ours_rate = n / statistics.median(times["attnlab"])
+                theirs_rate = n / statistics.median(times["ct2"])
+                spread = f" [{ratios[0]:.2f}, {ratios[-1]:.2f}]" if len(ratios) > 1 else ""
+                ratio = f"{statistics.median(ratios):.2f}x{spread}"
+                print(f"| {search} | {batch_size} | {weights} | {ours_rate:.1f} | {theirs_rate:.1f} | "
+                      f"{ratio} | {same}/{n} ({same / n:.1%}) |")  # fmt: skip
+                if same != n and weights == "float32":
+                    differing.append(f"{search} at batch {batch_size}: {same}/{n} identical")
+    return differing
+
+
 def compare_with_ctranslate2(translator: Translator, args: argparse.Namespace) -> None:
     import tempfile
 
-    from attnlab.interop.ct2 import CT2Translator
     from attnlab.interop.export import export
 
     model = translator.model.eval().cpu()
@@ -475,43 +576,17 @@ def compare_with_ctranslate2(translator: Translator, args: argparse.Namespace) -
     print(f"| search | batch | CTranslate2 weights | attnlab sentences/s | CTranslate2 sentences/s | "
           f"speed-up (median [min, max] of {args.repeats}) | identical outputs |")  # fmt: skip
     print("|---|---|---|---|---|---|---|")
-    differing: list[str] = []
     with tempfile.TemporaryDirectory() as tmp:
         paths = {weights: export(translator, "ctranslate2", Path(tmp) / weights, quantization)
                  for weights, quantization in (("float32", "none"), ("int8", "int8"))}  # fmt: skip
-        engines, backends = ct2_gemm_backends(
-            lambda: {
-                weights: CT2Translator(path, intra_threads=args.threads) for weights, path in paths.items()
-            }
-        )
-        for beam in (1, 5):
-            for batch_size, subset in ((64, ids), (1, ids[: args.latency_sentences])):
-                for weights, engine in engines.items():
-                    ct2_decode(engine, subset[:2], beam, batch_size)  # warm-up
-                    attnlab_decode(model, subset[:2], beam, batch_size)
-                    times: dict[str, list[float]] = {"attnlab": [], "ct2": []}
-                    for _ in range(args.repeats):  # interleaved, so that machine noise hits both alike
-                        ours_s, ours = attnlab_decode(model, subset, beam, batch_size)
-                        theirs_s, theirs = ct2_decode(engine, subset, beam, batch_size)
-                        times["attnlab"].append(ours_s)
-                        times["ct2"].append(theirs_s)
-                    ratios = sorted(a / c for a, c in zip(times["attnlab"], times["ct2"], strict=True))
-                    same = sum(a == b for a, b in zip(ours, theirs, strict=True))
-                    search, n = ("greedy" if beam == 1 else f"beam {beam}"), len(subset)
-                    ours_rate = n / statistics.median(times["attnlab"])
-                    theirs_rate = n / statistics.median(times["ct2"])
-                    spread = f" [{ratios[0]:.2f}, {ratios[-1]:.2f}]" if len(ratios) > 1 else ""
-                    ratio = f"{statistics.median(ratios):.2f}x{spread}"
-                    print(f"| {search} | {batch_size} | {weights} | {ours_rate:.1f} | {theirs_rate:.1f} | "
-                          f"{ratio} | {same}/{n} ({same / n:.1%}) |")  # fmt: skip
-                    if same != n and weights == "float32":
-                        differing.append(f"{search} at batch {batch_size}: {same}/{n} identical")
-        print("\nspeed-up: attnlab's seconds / CTranslate2's (above 1: CTranslate2 is faster)")
-        print(f"CTranslate2's matrix products (its log): {backends}; attnlab's: {attnlab_products()} "
-              "(CTranslate2 takes MKL on Intel CPUs or with CT2_USE_MKL=1, else oneDNN)")  # fmt: skip
-        if args.profile:
-            for beam in (1, 5):
-                profile_against_ctranslate2(model, engines["float32"], ids, beam, args.repeats)
+        with CT2Process(paths, args.threads, args.root) as ct2:
+            differing = ct2_table(model, ct2, ids, args)
+            print("\nspeed-up: attnlab's seconds / CTranslate2's (above 1: CTranslate2 is faster)")
+            print(f"CTranslate2's matrix products (its log): {ct2.backends}; attnlab's: {attnlab_products()} "
+                  "(CTranslate2 takes MKL on Intel CPUs or with CT2_USE_MKL=1, else oneDNN)")  # fmt: skip
+            if args.profile:
+                for beam in (1, 5):
+                    profile_against_ctranslate2(model, ct2, ids, beam, args.repeats)
     if args.quick and not args.ckpt and differing:  # the seeded random model: see the module docstring
         raise SystemExit(
             "bench_decode.py --ctranslate2 --quick: attnlab's and CTranslate2's float32 outputs differ on "

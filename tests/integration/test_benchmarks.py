@@ -197,7 +197,8 @@ def test_bench_decode_compares_with_ctranslate2_float32_and_int8(
         if row[3].strip() == "float32":
             assert row[7].strip() == f"{n}/{n} (100.0%)", row
         assert float(row[5]) > 0 and row[6].strip().endswith("]")  # a rate and a ratio range per row
-    assert "CTranslate2's matrix products (its log): " in out
+    # read from the log of CTranslate2's first model load, in the fresh process it decodes in
+    assert re.search(r"CTranslate2's matrix products \(its log\): SGEMM \w+ \(packed: (true|false)\)", out)
     products = gemm.backend() if gemm.available() else "PyTorch's MKL"
     assert f"; attnlab's: {products} (" in out
     # --profile: per search, attnlab's op table, whose shares (with the time outside ops) add up to the wall
@@ -210,6 +211,16 @@ def test_bench_decode_compares_with_ctranslate2_float32_and_int8(
         assert ("attnlab::onednn_sgemm" if gemm.available() else "aten::addmm") in names
         assert names[-2:] == ["other ops", "outside ops (Python, dispatch)"]
         assert sum(float(r[3].strip().rstrip("%")) for r in table) == pytest.approx(100.0, abs=0.5)
+
+
+def test_bench_decode_says_when_its_ctranslate2_process_cannot_decode(tmp_path: Path) -> None:
+    """CTranslate2 decodes in a worker process of its own: one that exits (here: no model to load) is an
+    error naming its exit status, not a hang or an empty table."""
+    pytest.importorskip("ctranslate2", reason="CTranslate2 needs the [export] extra")
+    bench = load("bench_decode")
+    missing = {"float32": tmp_path / "float32", "int8": tmp_path / "int8"}
+    with pytest.raises(RuntimeError, match=r"the CTranslate2 worker exited with status [1-9]"):
+        bench.CT2Process(missing, 1, tmp_path)
 
 
 def test_bench_decode_reads_ctranslate2s_gemm_backends_from_its_log(
