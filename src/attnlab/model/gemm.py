@@ -4,8 +4,9 @@ MKL products torch runs.
 
 Why: on the machine the benchmarks run on (AMD EPYC, AVX2, 2 threads) MKL takes a generic code path on
 non-Intel CPUs; oneDNN's own GEMM kernels ran the decoder's products 1.2-3× faster at 1-64 rows (the
-(64, 256) × (256, 5000) output projection 1.4×, five rows 3×) and as fast at 320, and made greedy decoding of
-test2016 at batch 64 1.24-1.26× faster with the same outputs (docs/benchmarks.md, "Decoding"). This is the
+(64, 256) × (256, 5000) output projection 1.4×, five rows 3×) and 0.96-1.5× at 320, and made greedy
+decoding of test2016 at batch 64 1.13-1.33× faster with the same outputs (docs/benchmarks.md,
+"Decoding"). This is the
 library CTranslate2 multiplies with on such CPUs. Not measured on Intel CPUs, where MKL runs its own code
 path (CTranslate2 takes MKL there): compare with `ATTNLAB_GEMM=torch` on yours.
 
@@ -42,8 +43,8 @@ _RUNTIME_OMP = 2  # dnnl_version_t.cpu_runtime of an OpenMP build (oneDNN's DNNL
 _ISA_AVX2 = 0x7  # the bits of dnnl_cpu_isa_avx2; every later x86 ISA includes them
 # The smallest product (multiply-adds) oneDNN takes. Below it a call's fixed cost (ctypes, oneDNN's dispatch,
 # the bias copy) outweighs the faster kernels: single-sentence greedy decoding, whose products are one row
-# through 256 × 256 to 256 × 768 layers, ran at 1.05× torch's speed with 2^18, 0.98× with 2^17 and 0.95× with
-# every product on oneDNN; beam 5's 5-row products (327,680 and up) gain 1.12-1.16× (docs/benchmarks.md).
+# through 256 × 256 to 256 × 768 layers, ran at 1.05× torch's speed with 2^18, 0.98-1.01× with 2^17 and 0.95×
+# with every product on oneDNN; single-sentence beam 5 at 1.12× with 2^18 (docs/benchmarks.md, "Decoding").
 MIN_PRODUCT = 1 << 18
 
 
