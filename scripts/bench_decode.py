@@ -439,8 +439,8 @@ def serve_ctranslate2(args: argparse.Namespace) -> None:
 
 class CT2Process:
     """CTranslate2 in a process of its own (`serve_ctranslate2`), decoding on request: a CTranslate2 run
-    leaves the process it ran in slower for attnlab afterwards (greedy at batch 64: 2-16% in four runs of a
-    throwaway script, against none after an attnlab run of the same length), so the two engines do not
+    leaves the process it ran in slower for attnlab afterwards (greedy at batch 64: medians +2% to +18% in
+    four runs of a throwaway script, +1-2% after an attnlab run instead), so the two engines do not
     share one. Requests alternate with attnlab's runs, never overlap them; the seconds are measured in the
     worker, around `ct2_decode` only."""
 
@@ -451,7 +451,11 @@ class CT2Process:
         command = [sys.executable, __file__, "--root", str(root), "--threads", str(threads),
                    "--ct2-worker", str(paths["float32"]), str(paths["int8"])]  # fmt: skip
         self.process = subprocess.Popen(command, stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
-        self.backends = self._answer()["backends"]
+        try:
+            self.backends = self._answer()["backends"]
+        except BaseException:
+            self._end(failed=True)
+            raise
 
     def _answer(self) -> dict[str, Any]:
         line = self.process.stdout.readline()
@@ -459,7 +463,10 @@ class CT2Process:
             raise RuntimeError(
                 f"the CTranslate2 worker exited with status {self.process.wait()} (its errors above)"
             )
-        return json.loads(line)
+        try:
+            return json.loads(line)
+        except json.JSONDecodeError:
+            raise RuntimeError(f"the CTranslate2 worker wrote no answer but {line[:200]!r}") from None
 
     def decode(self, weights: str, ids: list[list[int]], beam: int, batch_size: int):
         """(seconds, output ids) of `ct2_decode` on the `weights` model in the worker."""
@@ -472,10 +479,20 @@ class CT2Process:
     def __enter__(self) -> CT2Process:
         return self
 
-    def __exit__(self, *exc: object) -> None:
-        """End the worker: its input closes, and it exits after its current request."""
+    def __exit__(self, kind: type | None, *exc: object) -> None:
+        self._end(failed=kind is not None)
+
+    def _end(self, failed: bool) -> None:
+        """Close the worker's input, where it exits; killed when it has not within 60 s, or 5 s after a
+        failure here (it may be blocked writing an answer no one reads)."""
+        import subprocess
+
         self.process.stdin.close()
-        self.process.wait(timeout=60)
+        try:
+            self.process.wait(timeout=5 if failed else 60)
+        except subprocess.TimeoutExpired:
+            self.process.kill()
+            self.process.wait()
 
 
 ONEDNN_OP = "attnlab::onednn_sgemm"  # oneDNN's products in the profile (a ctypes call, no aten op)

@@ -97,6 +97,22 @@ def test_onednn_takes_torchs_thread_count_in_every_thread(onednn) -> None:
     assert seen == [1]
 
 
+def test_onednn_runs_on_torchs_openmp_runtime_or_is_not_used(onednn) -> None:
+    threads = torch.get_num_threads()
+    assert gemm._shares_torchs_threads(gemm._onednn().max_threads)
+    assert not gemm._shares_torchs_threads(lambda: threads)  # another runtime: it ignores torch's count
+    assert torch.get_num_threads() == threads
+
+
+def test_cpu_autocast_keeps_torchs_lower_precision_products(onednn, monkeypatch: pytest.MonkeyPatch) -> None:
+    calls = []
+    monkeypatch.setattr(gemm, "linear", lambda *args: calls.append(args))
+    layer, x = Linear(256, 1100), torch.randn(5, 256)
+    with torch.inference_mode(), torch.autocast("cpu", dtype=torch.bfloat16):
+        out = project(x, layer)[0]
+    assert out.dtype == torch.bfloat16 and calls == []
+
+
 def test_only_float32_contiguous_cpu_products_of_min_product_go_to_onednn(onednn) -> None:
     rows, inner = 4, 256
     outer = gemm.MIN_PRODUCT // (rows * inner)  # exactly MIN_PRODUCT multiply-adds
@@ -106,6 +122,9 @@ def test_only_float32_contiguous_cpu_products_of_min_product_go_to_onednn(onednn
     assert not gemm.applies(x.double(), weight.double())
     assert not gemm.applies(x.bfloat16(), weight.bfloat16())
     assert not gemm.applies(torch.randn(inner, rows).t(), weight)  # not contiguous
+    assert not gemm.applies(x, torch.randn(outer, inner).t())
+    assert not gemm.applies(x, weight.double())  # the operands' dtypes differ
+    assert not gemm.applies(torch._neg_view(x), weight)  # memory holding -x
     assert not gemm.applies(x, torch.randn(inner + 1, outer))  # inner sizes differ
     assert not gemm.takes(0, inner, 10**9, torch.float32)
 
@@ -165,3 +184,18 @@ def test_attnlab_gemm_choices_and_their_errors(choose, monkeypatch: pytest.Monke
         gemm.backend()
     choose("auto")
     assert gemm.backend() == "torch"  # auto falls back without the package
+
+
+def test_a_library_that_does_not_load_is_an_error_under_onednn_and_skipped_under_auto(
+    choose, monkeypatch: pytest.MonkeyPatch, tmp_path
+) -> None:
+    broken = tmp_path / "libdnnl.so.3"
+    broken.write_bytes(b"not a shared library")
+    monkeypatch.setattr(gemm, "_library_path", lambda: str(broken))
+    choose("onednn")
+    with pytest.raises(
+        gemm.GemmUnavailable, match=r"ATTNLAB_GEMM=onednn, but oneDNN cannot be used: .*libdnnl"
+    ):
+        gemm.backend()
+    choose("auto")
+    assert gemm.backend() == "torch"

@@ -17,7 +17,9 @@ threads as torch's ops (`torch.get_num_threads()` sets the calling thread's Open
 
 `ATTNLAB_GEMM` (read once per process): `auto` (default) uses oneDNN where the package is installed and the
 CPU has AVX2, torch's products otherwise; `onednn` requires it (an error says why it cannot load); `torch`
-never uses it. Training (autograd) and every non-CPU or non-float32 product always run torch's.
+never uses it. Training (autograd), CPU autocast, and every non-CPU or non-float32 product always run
+torch's. At its first use, the library must prove it runs on torch's OpenMP runtime (it follows a change of
+torch's thread count), or it is not used.
 
 The same function, not the same bits: oneDNN sums in another order than MKL, so products differ by float
 rounding (relative ~1e-7, as between MKL's own layouts); `backend()` names the one in use and run
@@ -29,6 +31,7 @@ from __future__ import annotations
 import ctypes
 import functools
 import os
+from collections.abc import Callable
 from importlib import metadata
 
 import torch
@@ -70,12 +73,29 @@ class _OneDNN:
         lib.dnnl_get_effective_cpu_isa.restype = ctypes.c_int
         if lib.dnnl_get_effective_cpu_isa() & _ISA_AVX2 != _ISA_AVX2:
             raise GemmUnavailable("this CPU has no AVX2, where oneDNN's GEMM is not faster than MKL's")
+        self.max_threads = lib.omp_get_max_threads  # of the OpenMP runtime oneDNN runs on
+        if not _shares_torchs_threads(self.max_threads):
+            raise GemmUnavailable(
+                f"{path} runs on an OpenMP runtime other than torch's, whose thread count it would not follow"
+            )
         self.name = f"oneDNN {v.major}.{v.minor}.{v.patch} sgemm"
         i64, f32, ptr = ctypes.c_int64, ctypes.c_float, ctypes.c_void_p
         self.sgemm = lib.dnnl_sgemm
         char = ctypes.c_char
         self.sgemm.argtypes = [char, char, i64, i64, i64, f32, ptr, i64, ptr, i64, f32, ptr, i64]
         self.sgemm.restype = ctypes.c_int
+
+
+def _shares_torchs_threads(max_threads: Callable[[], int]) -> bool:
+    """Whether `max_threads` (the `omp_get_max_threads` oneDNN binds to) reads the OpenMP runtime torch sets:
+    it must follow a change of torch's thread count. torch's count is restored."""
+    threads = torch.get_num_threads()
+    probe = threads + 1 if threads < 2 else threads - 1
+    try:
+        torch.set_num_threads(probe)
+        return max_threads() == probe
+    finally:
+        torch.set_num_threads(threads)
 
 
 def _library_path() -> str:
@@ -118,8 +138,21 @@ def available() -> bool:
 
 def takes(rows: int, inner: int, outer: int, dtype: torch.dtype) -> bool:
     """Whether a CPU product (rows, inner) × (inner, outer) of `dtype` runs on oneDNN: oneDNN in use,
-    float32, and at least `MIN_PRODUCT` multiply-adds (below, a call's fixed cost outweighs its kernels)."""
-    return dtype == torch.float32 and rows * inner * outer >= MIN_PRODUCT and _onednn() is not None
+    float32, no CPU autocast (whose products torch runs in its lower precision), and at least
+    `MIN_PRODUCT` multiply-adds (below, a call's fixed cost outweighs its kernels)."""
+    return (
+        _onednn() is not None
+        and dtype == torch.float32
+        and rows * inner * outer >= MIN_PRODUCT
+        and not _cpu_autocast()
+    )
+
+
+def _cpu_autocast() -> bool:
+    try:
+        return torch.is_autocast_enabled("cpu")
+    except TypeError:  # torch < 2.4
+        return torch.is_autocast_cpu_enabled()
 
 
 def applies(flat: Tensor, weight: Tensor) -> bool:
@@ -134,6 +167,7 @@ def applies(flat: Tensor, weight: Tensor) -> bool:
         and weight.device.type == "cpu"
         and flat.is_contiguous()
         and weight.is_contiguous()
+        and not (flat.is_neg() or weight.is_neg())  # a lazily negated view's memory holds the other sign
     )
 
 
