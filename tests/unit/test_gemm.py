@@ -4,7 +4,6 @@ products within float rounding, writing nothing it is given, following torch's t
 
 from __future__ import annotations
 
-import ctypes
 import os
 import platform
 import sys
@@ -78,23 +77,25 @@ def test_onednn_products_equal_torchs_and_write_nothing_they_are_given(
     assert out.data_ptr() not in {t.data_ptr() for t in (x, weight, bias) if t is not None}
 
 
-def test_onednn_takes_torchs_thread_count_in_every_thread(onednn) -> None:
-    gomp = ctypes.CDLL("libgomp.so.1")  # the OpenMP runtime torch's CPU wheel loaded
-    threads = torch.get_num_threads()
+def test_onednn_takes_torchs_thread_count_in_every_thread(onednn, monkeypatch: pytest.MonkeyPatch) -> None:
+    library = gemm._onednn()
+    real = library.sgemm
     seen: list[int] = []
 
-    def multiply() -> None:
-        gemm.linear(torch.randn(4, 8), torch.randn(8, 4), None)
-        seen.append(gomp.omp_get_max_threads())
+    def sgemm(*args):  # the OpenMP thread count oneDNN sees when it is called
+        seen.append(library.max_threads())
+        return real(*args)
 
-    torch.set_num_threads(1)
+    monkeypatch.setattr(library, "sgemm", sgemm)
+    threads = torch.get_num_threads()
+    torch.set_num_threads(3)  # a count OpenMP's default (the CPUs, or OMP_NUM_THREADS) is unlikely to be
     try:
-        worker = threading.Thread(target=multiply)  # a new thread starts at OpenMP's default count
-        worker.start()
+        worker = threading.Thread(target=gemm.linear, args=(torch.randn(4, 8), torch.randn(8, 4), None))
+        worker.start()  # a new thread starts at OpenMP's default count
         worker.join()
     finally:
         torch.set_num_threads(threads)
-    assert seen == [1]
+    assert seen == [3]
 
 
 def test_onednn_runs_on_torchs_openmp_runtime_or_is_not_used(onednn) -> None:
