@@ -430,3 +430,34 @@ def test_an_ensemble_of_models_of_different_sizes_decodes_the_same_with_and_with
         each = [m.decode(start, *m.encode(src))[:, -1].log_softmax(-1) for m in members]
         expected = (each[0].exp() + each[1].exp()).div(2).log()
     torch.testing.assert_close(combined, expected, atol=1e-5, rtol=1e-5)
+
+
+class _KeepsItsLogits(Transformer):
+    """A model whose `decode` keeps what it returns, with a copy taken at the time (searches run its
+    `decode` through the modules, not the CPU step)."""
+
+    def decode(self, *args: Any, **kwargs: Any) -> Any:
+        out = super().decode(*args, **kwargs)
+        logits = out[0] if isinstance(out, tuple) else out
+        self.returned.append((logits, logits.clone()))
+        return out
+
+
+@pytest.mark.parametrize("need_token_scores", [False, True])
+def test_beam_search_writes_only_into_logits_of_its_own_step(need_token_scores: bool) -> None:
+    """The CPU step's logits become the log-probs and candidate scores in place; a model's own logits
+    are left as it returned them, and both give the same search."""
+    torch.manual_seed(0)
+    model = _KeepsItsLogits(tiny_config()).eval()
+    model.returned = []
+    src = random_source([5, 3, 4])
+    plain = Transformer(tiny_config()).eval()
+    plain.load_state_dict(model.state_dict())
+    options = {"beam": 3, "need_token_scores": need_token_scores}
+    with torch.inference_mode():
+        kept = beam_search(model, src, **options)
+        stepped = beam_search(plain, src, **options)  # the CPU step
+    assert model.returned and all(torch.equal(logits, copy) for logits, copy in model.returned)
+    for ours, theirs in zip(kept, stepped, strict=True):
+        assert [h.tokens for h in ours] == [h.tokens for h in theirs]
+        assert [h.score for h in ours] == pytest.approx([h.score for h in theirs], abs=1e-5)
