@@ -15,7 +15,7 @@ import torch
 from torch import Tensor
 
 from attnlab.decoding.settings import DecodeConfig
-from attnlab.decoding.step import StepDecoder, decoding_step
+from attnlab.decoding.step import decoding_step
 from attnlab.model.config import TransformerConfig
 from attnlab.model.transformer import Transformer
 
@@ -336,7 +336,6 @@ def beam_search(
     limit_list = limits.tolist()
     decoder = decoding_step(model, memory, decoder_mask(source_mask), beams=k, capacity=int(limits.max()),
                             use_cache=use_cache, need_weights=need_attention)  # fmt: skip
-    owned = isinstance(decoder, StepDecoder)  # its logits are new tensors no one else holds
     # Step 0 has one live beam per sentence: where the step can (`narrow_start`; CTranslate2 does the same
     # on the CPU), only that row is decoded and the first reorder makes the K beams from it.
     width = 1 if decoder.narrow_start and 2 * k <= vocab else k  # decoder rows per sentence this step
@@ -376,7 +375,7 @@ def beam_search(
         # Over the CPU step's own logits, the log-probs and then the candidates' scores are written in
         # place (the same kernels, the same values): two (B'·W, V) allocations fewer a step, 4-8% of beam
         # 5's time at batch 1 and 64 (docs/benchmarks.md). The modules' logits are the model's to keep.
-        if owned and last.dtype == torch.float32 and last.is_contiguous():
+        if decoder.fresh_logits and last.dtype == torch.float32 and last.is_contiguous():
             lprobs = torch.ops.aten._log_softmax.out(last, -1, False, out=last)
         else:
             lprobs = last.float().log_softmax(dim=-1)

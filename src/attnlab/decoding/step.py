@@ -79,6 +79,7 @@ class StepDecoder:
     """
 
     narrow_start = True  # the first call may take one row per sentence (see above)
+    fresh_logits = True  # each call's logits are a new tensor no one else holds: a search may write into them
 
     def __init__(
         self,
@@ -263,6 +264,7 @@ class ModuleStep:
     """
 
     narrow_start = False  # every call takes K rows per sentence (`StepDecoder.narrow_start`)
+    fresh_logits = False  # the logits are the model's (`StepDecoder.fresh_logits`)
 
     def __init__(
         self,

@@ -12,7 +12,8 @@ path (CTranslate2 takes MKL there): compare with `ATTNLAB_GEMM=torch` on yours.
 
 Where from: the `onednn-cpu-gomp` wheel (Linux x86-64, a dependency there), the oneDNN build that runs its
 threads on the GNU OpenMP runtime torch's CPU wheels ship, so both share one thread pool. The library is
-looked up only among that installed package's own files, never on a search path. oneDNN takes as many
+looked up only among that installed package's own files, never on a search path, and only when the package
+lies in the interpreter's site-packages. oneDNN takes as many
 threads as torch's ops (`torch.get_num_threads()` sets the calling thread's OpenMP count first).
 
 `ATTNLAB_GEMM` (read once per process): `auto` (default) uses oneDNN where the package is installed and the
@@ -31,8 +32,11 @@ from __future__ import annotations
 import ctypes
 import functools
 import os
+import site
+import sysconfig
 from collections.abc import Callable
 from importlib import metadata
+from pathlib import Path
 
 import torch
 from torch import Tensor
@@ -98,11 +102,22 @@ def _shares_torchs_threads(max_threads: Callable[[], int]) -> bool:
         torch.set_num_threads(threads)
 
 
+def _site_directories() -> set[Path]:
+    """Where the interpreter installs packages: a distribution found elsewhere (a `.dist-info` folder in the
+    working directory, say) is no installed package, and its library is never loaded."""
+    paths = sysconfig.get_paths()
+    found = [*site.getsitepackages(), site.getusersitepackages(), paths["purelib"], paths["platlib"]]
+    return {Path(p).resolve() for p in found}
+
+
 def _library_path() -> str:
     try:
         dist = metadata.distribution(DISTRIBUTION)
     except metadata.PackageNotFoundError:
         raise GemmUnavailable(f"{DISTRIBUTION} is not installed (pip install {DISTRIBUTION})") from None
+    where = Path(dist.locate_file("")).resolve()
+    if where not in _site_directories():
+        raise GemmUnavailable(f"{DISTRIBUTION} was found in {where}, outside the interpreter's site-packages")
     for file in dist.files or ():
         if file.name == "libdnnl.so.3":
             return str(dist.locate_file(file))
