@@ -132,6 +132,39 @@ def test_output_layer_loss_equals_the_logits_path(chunk_rows: int | None, bias: 
     assert fused[3].abs().sum() > 0 and fused[4].abs().sum() > 0
 
 
+@pytest.mark.parametrize("scale", [30.0, 300.0])
+def test_output_layer_loss_is_exact_where_the_targets_probability_underflows(scale: float) -> None:
+    """Large logits: targets with log-probabilities far below float32's smallest probability (about
+    -104), and confident rows. The loss reads logsumexp off the largest probability (at least 1/V), so it
+    stays finite and equal to the log_softmax path; one read off the target's own probability would give
+    inf here."""
+    hidden, output, target = output_layer_case(bias=True)
+    hidden = hidden * scale
+    logits = output(hidden).detach().flatten(0, 1)
+    lprobs = logits.log_softmax(-1).gather(1, target.flatten()[:, None])
+    assert lprobs.min() < -200 if scale > 100 else lprobs.min() < -110  # underflows as a probability
+    expected = loss_and_grads_of(hidden, output, target, fused=False)
+    got = loss_and_grads_of(hidden, output, target, fused=True, chunk_rows=5)
+    assert all(bool(torch.isfinite(g).all()) for g in got)
+    for g, want in zip(got, expected, strict=True):
+        torch.testing.assert_close(g, want, rtol=1e-5, atol=1e-4)
+
+
+def loss_and_grads_of(
+    hidden: Tensor, output: torch.nn.Linear, target: Tensor, *, fused: bool, chunk_rows: int | None = None
+) -> list[Tensor]:
+    output.zero_grad(set_to_none=True)
+    hidden = hidden.detach().requires_grad_()
+    if fused:
+        loss, nll, _ = output_layer_loss(
+            hidden, output, target, epsilon=0.1, ignore_index=PAD, chunk_rows=chunk_rows
+        )
+    else:
+        loss, nll, _ = label_smoothed_nll_loss(output(hidden), target, epsilon=0.1, ignore_index=PAD)
+    loss.backward()
+    return [loss.detach(), nll.detach(), hidden.grad, output.weight.grad, output.bias.grad]
+
+
 def test_output_layer_loss_refuses_mismatched_rows_and_empty_chunks() -> None:
     hidden, output, target = output_layer_case(bias=False)
     with pytest.raises(ValueError, match="21 hidden rows but 20 targets"):
