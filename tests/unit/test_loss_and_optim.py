@@ -150,6 +150,26 @@ def test_output_layer_loss_is_exact_where_the_targets_probability_underflows(sca
         torch.testing.assert_close(g, want, rtol=1e-5, atol=1e-4)
 
 
+def test_output_layer_loss_compiles_as_one_graph() -> None:
+    """Under torch.compile(fullgraph=True) the loss traces whole (no question about the data, such as
+    whether a chunk has padding) and gives the eager loss and gradients."""
+    torch._dynamo.reset()
+    hidden, output, target = output_layer_case(bias=True)
+    expected = loss_and_grads_of(hidden, output, target, fused=True, chunk_rows=5)
+
+    def loss_of(h: Tensor) -> Tensor:
+        return output_layer_loss(h, output, target, epsilon=0.1, ignore_index=PAD, chunk_rows=5)[0]
+
+    compiled = torch.compile(loss_of, backend="aot_eager", fullgraph=True)
+    output.zero_grad(set_to_none=True)
+    h = hidden.detach().requires_grad_()
+    loss = compiled(h)
+    loss.backward()
+    for got, want in zip((loss.detach(), h.grad, output.weight.grad, output.bias.grad),
+                         (expected[0], *expected[2:]), strict=True):  # fmt: skip
+        torch.testing.assert_close(got, want, rtol=1e-5, atol=1e-6)
+
+
 def loss_and_grads_of(
     hidden: Tensor, output: torch.nn.Linear, target: Tensor, *, fused: bool, chunk_rows: int | None = None
 ) -> list[Tensor]:

@@ -22,6 +22,8 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
+from attnlab.model.linear import _compiling
+
 # Elements of one chunk's logits: 4M (16 MB in float32) on the CPU, where a chunk should stay in the last
 # level cache (chunks of 256-2048 rows timed at vocabulary 8000: 512 fastest for 4096 rows, 256 for 1024),
 # 64M on accelerators.
@@ -139,7 +141,8 @@ class _OutputLayerLoss(torch.autograd.Function):
                 # -log p_t = lse - z_t and -mean(log p) = lse - mean(z), with lse the row's logsumexp. The
                 # softmax is written over the logits, and lse read off it: the largest probability is
                 # exp(max z - lse), so lse = max z - log(max p), with max p >= 1/V (no underflow, where the
-                # target's own probability can underflow).
+                # target's own probability can underflow). Rounding is at the logits' magnitude: for rows
+                # shifted by 1e3, the smoothing term's error is about 1e-4 (4e-6 through log_softmax).
                 z_t = z.gather(1, t).squeeze(1)
                 z_mean = z.mean(dim=-1)
                 z_max = z.amax(dim=-1)
@@ -152,9 +155,14 @@ class _OutputLayerLoss(torch.autograd.Function):
                 if not any(wants):
                     continue
                 # d loss_row / d logits = softmax - smoothed target, for kept rows (zero for padding; on the
-                # CPU the rows are multiplied by the mask only when the chunk has padding)
+                # CPU the rows are multiplied by the mask only when the chunk has padding, a question about
+                # the data that a graph under torch.compile cannot ask)
                 grad = probs.sub_(epsilon / vocab)
-                if grad.device.type != "cpu" or not bool(keep[start : start + chunk_rows].all()):
+                if (
+                    grad.device.type != "cpu"
+                    or _compiling()
+                    or not bool(keep[start : start + chunk_rows].all())
+                ):
                     grad.mul_(kept[:, None])
                 grad.scatter_add_(1, t, (kept * -(1.0 - epsilon))[:, None])
                 grad_c = grad.to(compute)
