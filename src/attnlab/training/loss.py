@@ -103,6 +103,25 @@ def output_layer_loss(
     return loss_sum, nll_sum, keep.sum()
 
 
+def _rows_loss(logits: Tensor, target: Tensor) -> tuple[Tensor, Tensor, Tensor]:
+    """-log p_t, -mean(log p) and the softmax p (float32, written over `logits`, or over their float32 copy
+    under autocast) of logits (r, V) with targets (r, 1).
+
+    -log p_t = lse - z_t and -mean(log p) = lse - mean(z), with lse the row's logsumexp, read off the
+    softmax: the largest probability is exp(max z - lse), so lse = max z - log(max p), with max p >= 1/V
+    (no underflow, where the target's own probability can underflow). Rounding is at the logits'
+    magnitude: for rows shifted by 1e3, the smoothing term's error is about 1e-4 (4e-6 through
+    log_softmax).
+    """
+    z = logits.float()
+    z_t = z.gather(1, target).squeeze(1)
+    z_mean = z.mean(dim=-1)
+    z_max = z.amax(dim=-1)
+    probs = torch.ops.aten._softmax.out(z, -1, False, out=z)
+    lse = z_max - probs.amax(dim=-1).log()
+    return lse - z_t, lse - z_mean, probs
+
+
 class _OutputLayerLoss(torch.autograd.Function):
     """Loss and NLL sums of the output layer over chunks of rows; gradients computed in the forward."""
 
@@ -136,20 +155,7 @@ class _OutputLayerLoss(torch.autograd.Function):
                 t = target[start : start + chunk_rows, None]  # (r, 1)
                 kept = keep[start : start + chunk_rows].float()  # (r,)
                 logits = torch.mm(h, w.t()) if b is None else torch.addmm(b, h, w.t())  # (r, V)
-                z = logits.float()  # this chunk's own buffer (a float32 copy under autocast)
-                del logits
-                # -log p_t = lse - z_t and -mean(log p) = lse - mean(z), with lse the row's logsumexp. The
-                # softmax is written over the logits, and lse read off it: the largest probability is
-                # exp(max z - lse), so lse = max z - log(max p), with max p >= 1/V (no underflow, where the
-                # target's own probability can underflow). Rounding is at the logits' magnitude: for rows
-                # shifted by 1e3, the smoothing term's error is about 1e-4 (4e-6 through log_softmax).
-                z_t = z.gather(1, t).squeeze(1)
-                z_mean = z.mean(dim=-1)
-                z_max = z.amax(dim=-1)
-                probs = torch.ops.aten._softmax.out(z, -1, False, out=z)
-                lse = z_max - probs.amax(dim=-1).log()
-                row_nll = lse - z_t
-                row_smooth = lse - z_mean
+                row_nll, row_smooth, probs = _rows_loss(logits, t)
                 nll = nll + (row_nll * kept).sum()
                 loss = loss + (((1.0 - epsilon) * row_nll + epsilon * row_smooth) * kept).sum()
                 if not any(wants):
@@ -158,11 +164,12 @@ class _OutputLayerLoss(torch.autograd.Function):
                 # CPU the rows are multiplied by the mask only when the chunk has padding, a question about
                 # the data that a graph under torch.compile cannot ask)
                 grad = probs.sub_(epsilon / vocab)
-                if (
+                mask_rows = (
                     grad.device.type != "cpu"
                     or _compiling()
                     or not bool(keep[start : start + chunk_rows].all())
-                ):
+                )
+                if mask_rows:
                     grad.mul_(kept[:, None])
                 grad.scatter_add_(1, t, (kept * -(1.0 - epsilon))[:, None])
                 grad_c = grad.to(compute)
