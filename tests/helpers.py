@@ -192,3 +192,14 @@ def count_steps(monkeypatch: pytest.MonkeyPatch) -> list[int]:
 
     monkeypatch.setattr(StepDecoder, "__call__", counted)
     return calls
+
+
+def forced_log_probs(translator: Any, source: str, ids: list[int]) -> list[float]:
+    """Each token's log-probability under the model given the source and the tokens before it, in one
+    teacher-forced pass (no cache, no beam search); `translator` an `attnlab.inference.Translator`."""
+    model, cfg = translator.model, translator.model.config
+    src = torch.tensor([translator._source_ids([source])[0]])
+    tgt = torch.tensor([[cfg.start_id, *ids[:-1]]])
+    with torch.no_grad():
+        lprobs = model(src, tgt).float().log_softmax(dim=-1)[0]  # (T, V)
+    return lprobs.gather(1, torch.tensor(ids)[:, None]).squeeze(1).tolist()

@@ -13,7 +13,7 @@ from typing import Any
 
 import pytest
 
-from helpers import compose_app
+from helpers import compose_app, forced_log_probs
 
 pytest.importorskip("transformers", reason='needs the [interop] extra: pip install -e ".[interop]"')
 
@@ -238,18 +238,6 @@ def test_bad_requests_are_refused_naming_the_fix(
     assert not [p for p in tmp_path.iterdir() if p.name.startswith(".")]
 
 
-def fairseq_normalized(model: Any, src: list[int], out: list[int], alpha: float = 1.0) -> float:
-    """attnlab's model's log-probability of output ids `out` (eos appended) for source ids `src`, over
-    fairseq's length penalty |Y|^α (eos counted)."""
-    import torch
-
-    tokens = [model.config.start_id, *out, model.config.eos_id]
-    with torch.no_grad():
-        logits = model(torch.tensor([src]), torch.tensor([tokens[:-1]]))
-    lprobs = logits.log_softmax(-1)[0].gather(1, torch.tensor(tokens[1:])[:, None])
-    return float(lprobs.sum()) / (len(tokens) - 1) ** alpha
-
-
 def test_ctranslate2_carries_a_fairseq_length_penalty(
     translating_run: dict[str, Any], tmp_path: Path
 ) -> None:
@@ -270,18 +258,22 @@ def test_ctranslate2_carries_a_fairseq_length_penalty(
         engines[alpha] = CT2Translator(exported, intra_threads=1)
         assert engines[alpha].settings["decode"]["length_penalty"] == alpha
         assert engines[alpha].settings["not_carried"] == []
-    model, eos = ours[1.0].model, ours[1.0].model.config.eos_id
+    eos = ours[1.0].model.config.eos_id
+
+    def normalized(line: str, out: list[int]) -> float:  # fairseq's |Y|^α, eos counted (α 1)
+        return sum(forced_log_probs(ours[1.0], line, [*out, eos])) / (len(out) + 1)
+
     sources = engines[1.0].source_ids(lines)
-    differ = 0
     theirs = engines[1.0].translate_ids(sources)
-    for src, nbest, out in zip(sources, ours[1.0].nbest(lines), theirs, strict=True):
+    differ = 0
+    for line, nbest, out in zip(lines, ours[1.0].nbest(lines), theirs, strict=True):
         best = nbest.hypotheses[0]  # its ids end in eos when it produced one
         ended = best.ids[-1:] == [eos]
         if ended:  # the score the search ranked it by
-            assert best.normalized == pytest.approx(fairseq_normalized(model, src, best.ids[:-1]), abs=1e-4)
+            assert best.normalized == pytest.approx(normalized(line, best.ids[:-1]), abs=1e-4)
         if out != best.ids[: len(best.ids) - ended]:
             differ += 1
-            assert best.normalized > fairseq_normalized(model, src, out), (best.text, out)
+            assert best.normalized > normalized(line, out), (best.text, out)
     assert differ <= len(lines) // 20, f"{differ} of {len(lines)} outputs differ"
     saved, zero = engines[30.0].translate(lines), engines[30.0].translate(lines, length_penalty=0.0)
     assert saved == engines[30.0].translate(lines, length_penalty=30.0) and saved != zero

@@ -21,7 +21,7 @@ from attnlab.inference.nbest import NBest
 from attnlab.inference.translator import Translator, resolve_checkpoints
 from attnlab.runs.layout import RunDir
 from attnlab.typed import ConfigError
-from helpers import compose_eval, lines
+from helpers import compose_eval, forced_log_probs, lines
 
 pytestmark = pytest.mark.usefixtures("one_torch_thread")
 
@@ -41,17 +41,6 @@ def with_decode(translator: Translator, **settings: Any) -> Translator:
     """The same model and tokenizers with other decoding settings."""
     decode = dataclasses.replace(translator.decode, **settings)
     return Translator(translator.model, translator.src_tokenizer, translator.tgt_tokenizer, decode)
-
-
-def forced_log_probs(translator: Translator, source: str, ids: list[int]) -> list[float]:
-    """Each token's log-probability under the model given the source and the tokens before it, in one
-    teacher-forced pass (no cache, no beam search)."""
-    model, cfg = translator.model, translator.model.config
-    src = torch.tensor([translator._source_ids([source])[0]])
-    tgt = torch.tensor([[cfg.start_id, *ids[:-1]]])
-    with torch.no_grad():
-        lprobs = model(src, tgt).float().log_softmax(dim=-1)[0]  # (T, V)
-    return lprobs.gather(1, torch.tensor(ids)[:, None]).squeeze(1).tolist()
 
 
 def test_nbest_lists_are_distinct_sorted_and_start_with_the_1best(
