@@ -127,6 +127,24 @@ def test_only_float32_contiguous_cpu_products_of_min_product_go_to_onednn(onednn
     assert not gemm.applies(torch._neg_view(x), weight)  # memory holding -x
     assert not gemm.applies(x, torch.randn(inner + 1, outer))  # inner sizes differ
     assert not gemm.takes(0, inner, 10**9, torch.float32)
+    bias = torch.randn(outer)
+    assert gemm.applies(x, weight, bias)
+    assert not gemm.applies(x, weight, bias.double())  # never cast: torch's product refuses it
+    assert not gemm.applies(x, weight, bias[:-1])
+    assert not gemm.applies(x, weight, bias[None])
+
+
+def test_a_bias_of_another_dtype_is_refused_as_torch_refuses_it(onednn) -> None:
+    """Inference products must not succeed where torch's training-path product raises: a float64 bias on a
+    float32 layer is an error in both, not silently cast."""
+    layer = Linear(256, 1100)
+    layer.bias = torch.nn.Parameter(layer.bias.detach().double())
+    x = torch.randn(64, 256)
+    with pytest.raises(RuntimeError) as torchs:
+        F.linear(x, layer.weight, layer.bias)
+    with torch.inference_mode(), pytest.raises(RuntimeError) as ours:
+        project(x, layer)
+    assert "Double" in str(torchs.value) and "Double" in str(ours.value), (torchs.value, ours.value)
 
 
 def test_the_decoding_step_multiplies_on_onednn_and_with_attnlab_gemm_torch_never(

@@ -170,8 +170,10 @@ def _cpu_autocast() -> bool:
         return torch.is_autocast_cpu_enabled()
 
 
-def applies(flat: Tensor, weight: Tensor) -> bool:
-    """Whether `linear(flat, weight, ...)` may run: `takes` the product, on contiguous 2-d CPU tensors."""
+def applies(flat: Tensor, weight: Tensor, bias: Tensor | None = None) -> bool:
+    """Whether `linear(flat, weight, bias)` may run: `takes` the product, on contiguous 2-d CPU tensors,
+    with no bias or a 1-d CPU bias of the product's dtype and width. Anything else goes to torch's
+    product, which computes it or raises its own error (a bias of another dtype is not cast)."""
     return (
         flat.dim() == 2
         and weight.dim() == 2
@@ -183,12 +185,17 @@ def applies(flat: Tensor, weight: Tensor) -> bool:
         and flat.is_contiguous()
         and weight.is_contiguous()
         and not (flat.is_neg() or weight.is_neg())  # a lazily negated view's memory holds the other sign
-    )
+        and (
+            bias is None
+            or (bias.dim() == 1 and bias.size(0) == weight.size(1) and bias.dtype == flat.dtype
+                and bias.device.type == "cpu")
+        )
+    )  # fmt: skip
 
 
 def linear(flat: Tensor, weight: Tensor, bias: Tensor | None) -> Tensor:
-    """flat (M, K) @ weight (K, N) + bias (N,), as a new (M, N) tensor, by `dnnl_sgemm` (`applies` must
-    hold). Nothing it is given is written to."""
+    """flat (M, K) @ weight (K, N) + bias (N,), as a new (M, N) tensor, by `dnnl_sgemm` (`applies(flat,
+    weight, bias)` must hold). Nothing it is given is written to."""
     library = _onednn()
     m, k = flat.shape
     n = weight.size(1)

@@ -100,7 +100,7 @@ def _rows_first(flat: Tensor, outputs: int) -> bool:
 def _multiply(flat: Tensor, weight: Tensor, bias: Tensor | None, rows_first: bool) -> Tensor:
     """(N, Σ out) = flat Wᵀ + b with the weight in `_packed`'s layout for `rows_first`."""
     if rows_first:
-        if gemm.applies(flat, weight):
+        if gemm.applies(flat, weight, bias):
             return gemm.linear(flat, weight, bias)
         return torch.mm(flat, weight) if bias is None else torch.addmm(bias, flat, weight)
     out = torch.mm(weight, flat.t()) if bias is None else torch.addmm(bias[:, None], weight, flat.t())
