@@ -107,6 +107,25 @@ def _multiply(flat: Tensor, weight: Tensor, bias: Tensor | None, rows_first: boo
     return out.t().contiguous()
 
 
+def _check_packable(layers: tuple[nn.Linear, ...], params: list[Tensor]) -> None:
+    """The layers of an inference product need one dtype and (out,) biases: `torch.cat` would otherwise
+    promote a bias or weight of another dtype where each layer's own `F.linear` raises (or fail obscurely
+    on a 0-d bias, which `F.linear` broadcasts: refused here with the same clear error)."""
+    odd = len({p.dtype for p in params}) > 1 or any(
+        layer.bias is not None and tuple(layer.bias.shape) != (layer.out_features,) for layer in layers
+    )
+    if odd:
+        found = ", ".join(
+            f"weight {tuple(layer.weight.shape)} {layer.weight.dtype}"
+            + ("" if layer.bias is None else f", bias {tuple(layer.bias.shape)} {layer.bias.dtype}")
+            for layer in layers
+        )
+        raise RuntimeError(
+            f"the linear layers of an inference product need weights and biases of one dtype and biases of "
+            f"shape (out_features,); got: {found}. Give every layer's parameters one dtype (module.to(dtype))"
+        )
+
+
 def _packed(layers: tuple[nn.Linear, ...], transposed: bool) -> tuple[Tensor, Tensor | None]:
     """The layers' weights concatenated, (in, Σ out) if `transposed` else (Σ out, in), and biases."""
     if len(layers) == 1 and not transposed:
@@ -122,6 +141,7 @@ def _packed(layers: tuple[nn.Linear, ...], transposed: bool) -> tuple[Tensor, Te
     cached = group.get(key)
     if cached is not None and cached[0] == state:
         return cached[1], cached[2]
+    _check_packable(layers, params)
     with torch.inference_mode(False), torch.no_grad():  # ordinary tensors, usable outside inference mode
         weight = torch.cat([layer.weight for layer in layers])  # (Σ out, in)
         weight = weight.t().contiguous() if transposed else weight
