@@ -130,10 +130,11 @@ def test_only_float32_contiguous_cpu_products_of_min_product_go_to_onednn(onednn
     bias = torch.randn(outer)
     assert gemm.applies(x, weight, bias)
     assert not gemm.applies(x, weight, bias.double())  # never cast: torch's product refuses it
-    assert not gemm.applies(x, weight, bias[:-1])
-    assert not gemm.applies(x, weight, bias[None])
-    assert not gemm.applies(x, weight, bias[:, None])  # as wide as the product, but 2-d
-    assert not gemm.applies(x, weight, bias.to("meta"))
+    for wrong in (bias[:-1], bias[:, None], bias.to("meta")):  # torch's product refuses these too
+        with pytest.raises((RuntimeError, NotImplementedError)):
+            gemm.linear(x, weight, wrong)
+        with pytest.raises((RuntimeError, NotImplementedError)):
+            torch.addmm(wrong, x, weight)
 
 
 @pytest.mark.parametrize("rows", [1, 5, 64])
