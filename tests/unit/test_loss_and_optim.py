@@ -253,6 +253,37 @@ def test_output_layer_loss_under_bf16_autocast_matches_the_logits_path() -> None
     torch.testing.assert_close(loss, expected.detach(), rtol=2e-2, atol=0.0)
 
 
+def test_under_autocast_a_chunks_lower_precision_logits_are_freed_before_its_softmax(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """Only one (r, V) logits buffer per chunk: the bf16 product is copied to float32 and dropped, not kept
+    alive beside the float32 softmax (which on an accelerator's 64M-element chunks is 128 MB more)."""
+    import weakref
+
+    from attnlab.training import loss as loss_module
+
+    products: list[weakref.ref] = []
+    alive_at_softmax: list[bool] = []
+    real_addmm, real_rows_loss = torch.addmm, loss_module._rows_loss
+
+    def addmm(*args: Any, **kwargs: Any) -> Tensor:
+        out = real_addmm(*args, **kwargs)
+        products.append(weakref.ref(out))
+        return out
+
+    def rows_loss(z: Tensor, target: Tensor) -> tuple[Tensor, Tensor, Tensor]:
+        alive_at_softmax.append(products[-1]() is not None)
+        return real_rows_loss(z, target)
+
+    monkeypatch.setattr(torch, "addmm", addmm)
+    monkeypatch.setattr(loss_module, "_rows_loss", rows_loss)
+    hidden, output, target = output_layer_case(bias=True)  # with a bias: the logits come from addmm
+    hidden.requires_grad_()
+    with torch.autocast("cpu", dtype=torch.bfloat16):
+        output_layer_loss(hidden, output, target, epsilon=0.1, ignore_index=PAD, chunk_rows=4)
+    assert alive_at_softmax and not any(alive_at_softmax)
+
+
 def test_training_module_loss_equals_the_logits_path() -> None:
     config = tiny_config()
     module = TranslationModule(config, OptimConfig()).eval()  # no dropout: both paths see the same model

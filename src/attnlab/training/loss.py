@@ -103,9 +103,9 @@ def output_layer_loss(
     return loss_sum, nll_sum, keep.sum()
 
 
-def _rows_loss(logits: Tensor, target: Tensor) -> tuple[Tensor, Tensor, Tensor]:
-    """-log p_t, -mean(log p) and the softmax p (float32, written over `logits`, or over their float32 copy
-    under autocast) of logits (r, V) with targets (r, 1).
+def _rows_loss(z: Tensor, target: Tensor) -> tuple[Tensor, Tensor, Tensor]:
+    """-log p_t, -mean(log p) and the softmax p, written over `z`, of float32 logits z (r, V) with targets
+    (r, 1).
 
     -log p_t = lse - z_t and -mean(log p) = lse - mean(z), with lse the row's logsumexp, read off the
     softmax: the largest probability is exp(max z - lse), so lse = max z - log(max p), with max p >= 1/V
@@ -113,7 +113,6 @@ def _rows_loss(logits: Tensor, target: Tensor) -> tuple[Tensor, Tensor, Tensor]:
     magnitude: for rows shifted by 1e3, the smoothing term's error is about 1e-4 (4e-6 through
     log_softmax).
     """
-    z = logits.float()
     z_t = z.gather(1, target).squeeze(1)
     z_mean = z.mean(dim=-1)
     z_max = z.amax(dim=-1)
@@ -154,8 +153,10 @@ class _OutputLayerLoss(torch.autograd.Function):
                 h = h_all[start : start + chunk_rows]  # (r, D)
                 t = target[start : start + chunk_rows, None]  # (r, 1)
                 kept = keep[start : start + chunk_rows].float()  # (r,)
-                logits = torch.mm(h, w.t()) if b is None else torch.addmm(b, h, w.t())  # (r, V)
-                row_nll, row_smooth, probs = _rows_loss(logits, t)
+                # (r, V) float32, this chunk's own buffer: under autocast the lower-precision product is a
+                # temporary, freed once copied, so no two (r, V) logits buffers are alive at once
+                z = (torch.mm(h, w.t()) if b is None else torch.addmm(b, h, w.t())).float()
+                row_nll, row_smooth, probs = _rows_loss(z, t)
                 nll = nll + (row_nll * kept).sum()
                 loss = loss + (((1.0 - epsilon) * row_nll + epsilon * row_smooth) * kept).sum()
                 if not any(wants):
