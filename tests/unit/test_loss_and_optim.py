@@ -256,23 +256,29 @@ def test_output_layer_loss_under_bf16_autocast_matches_the_logits_path() -> None
 def test_under_autocast_a_chunks_lower_precision_logits_are_freed_before_its_softmax(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
-    """Only one (r, V) logits buffer per chunk: the bf16 product is copied to float32 and dropped, not kept
-    alive beside the float32 softmax (which on an accelerator's 64M-element chunks is 128 MB more)."""
+    """Only one (r, V) logits buffer at a time: the bf16 product is copied to float32 and dropped, not kept
+    alive beside the float32 softmax (on an accelerator's 64M-element chunks 128 MB more), and the previous
+    chunk's float32 buffer is gone before the next chunk's product (256 MB more)."""
     import weakref
 
     from attnlab.training import loss as loss_module
 
     products: list[weakref.ref] = []
+    chunks: list[weakref.ref] = []  # each chunk's float32 logits, overwritten by its softmax and gradient
     alive_at_softmax: list[bool] = []
+    previous_alive_at_product: list[bool] = []
     real_addmm, real_rows_loss = torch.addmm, loss_module._rows_loss
 
     def addmm(*args: Any, **kwargs: Any) -> Tensor:
+        if chunks:
+            previous_alive_at_product.append(chunks[-1]() is not None)
         out = real_addmm(*args, **kwargs)
         products.append(weakref.ref(out))
         return out
 
     def rows_loss(z: Tensor, target: Tensor) -> tuple[Tensor, Tensor, Tensor]:
         alive_at_softmax.append(products[-1]() is not None)
+        chunks.append(weakref.ref(z))
         return real_rows_loss(z, target)
 
     monkeypatch.setattr(torch, "addmm", addmm)
@@ -282,6 +288,8 @@ def test_under_autocast_a_chunks_lower_precision_logits_are_freed_before_its_sof
     with torch.autocast("cpu", dtype=torch.bfloat16):
         output_layer_loss(hidden, output, target, epsilon=0.1, ignore_index=PAD, chunk_rows=4)
     assert alive_at_softmax and not any(alive_at_softmax)
+    # nor is the previous chunk's float32 buffer alive while the next chunk's product is made
+    assert len(previous_alive_at_product) == len(chunks) - 1 > 0 and not any(previous_alive_at_product)
 
 
 def test_training_module_loss_equals_the_logits_path() -> None:

@@ -150,6 +150,7 @@ class _OutputLayerLoss(torch.autograd.Function):
             nll = hidden.new_zeros((), dtype=torch.float32)
             vocab = w.size(0)
             for start in range(0, h_all.size(0), chunk_rows):
+                z = probs = grad = grad_c = None  # the previous chunk's (r, V) buffers: freed here
                 h = h_all[start : start + chunk_rows]  # (r, D)
                 t = target[start : start + chunk_rows, None]  # (r, 1)
                 kept = keep[start : start + chunk_rows].float()  # (r,)
