@@ -125,7 +125,12 @@ def test_only_float32_contiguous_cpu_products_of_min_product_go_to_onednn(onednn
     assert not gemm.applies(x, torch.randn(outer, inner).t())
     assert not gemm.applies(x, weight.double())  # the operands' dtypes differ
     assert not gemm.applies(torch._neg_view(x), weight)  # memory holding -x
+    assert not gemm.applies(x, torch._neg_view(weight))
     assert not gemm.applies(x, torch.randn(inner + 1, outer))  # inner sizes differ
+    assert not gemm.applies(torch.randn(rows, inner, inner), weight)  # 2-d operands only
+    assert not gemm.applies(x, torch.randn(inner, outer, 1))
+    assert not gemm.applies(x.to("meta"), weight)  # CPU operands only
+    assert not gemm.applies(x, weight.to("meta"))
     assert not gemm.takes(0, inner, 10**9, torch.float32)
     bias = torch.randn(outer)
     assert gemm.applies(x, weight, bias)

@@ -174,16 +174,19 @@ def applies(flat: Tensor, weight: Tensor, bias: Tensor | None = None) -> bool:
     """Whether `linear(flat, weight, bias)` may run: `takes` the product, on contiguous 2-d CPU tensors,
     with no bias or one of the product's dtype (never cast: torch's product, which gets anything else,
     raises its own error). A bias of another shape or device fails in `linear` as in torch's product; only
-    the dtype is checked here, as this runs on every decoding product: shape and device checks as well made
-    a call 5.1 instead of 3.7 µs (a 5-row product by 256 × 768 took 36 µs), the dtype check alone 3.8 µs."""
+    the dtype is checked here, as this runs on every decoding product (a 5-row product by 256 × 768 takes
+    about 36 µs): shape and device checks as well made a call 5.1 instead of 3.7 µs. Reading each shape
+    once and `is_cpu` instead of `device.type` took the call from 3.7 to 1.8 µs (timeit, one row by
+    256 × 1024 with a bias)."""
+    shape, weight_shape = flat.shape, weight.shape
     return (
-        flat.dim() == 2
-        and weight.dim() == 2
-        and flat.size(1) == weight.size(0)
+        len(shape) == 2
+        and len(weight_shape) == 2
+        and shape[1] == weight_shape[0]
         and weight.dtype == flat.dtype
-        and takes(flat.size(0), flat.size(1), weight.size(1), flat.dtype)
-        and flat.device.type == "cpu"
-        and weight.device.type == "cpu"
+        and takes(shape[0], shape[1], weight_shape[1], flat.dtype)
+        and flat.is_cpu
+        and weight.is_cpu
         and flat.is_contiguous()
         and weight.is_contiguous()
         and not (flat.is_neg() or weight.is_neg())  # a lazily negated view's memory holds the other sign
