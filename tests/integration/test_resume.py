@@ -78,6 +78,27 @@ def test_a_run_stopped_by_sigterm_saves_and_resumes_to_the_same_weights(
     assert records[1].summary["val/loss"] == {"min": pytest.approx(best)}  # the end of the run
 
 
+def test_a_signal_inside_a_gradient_accumulation_saves_after_its_optimizer_step(tmp_path: Path) -> None:
+    """With 2 batches a step, the signal sent at the end of step 2 is seen at the end of the next batch,
+    inside step 3's accumulation, whose first batch's gradients no checkpoint holds: the save waits for
+    the end of step 3, and the resumed run ends as the uninterrupted one, bitwise."""
+    accumulate = ["trainer.accumulate_grad_batches=2"]  # 5 steps an epoch: checkpoints at steps 4 and 8
+    reference = attnlab_train(tmp_path / "reference", *accumulate)
+    assert reference.returncode == 0, reference.stderr[-3000:]
+    run_dir = tmp_path / "run"
+    kill = ["+callbacks.kill._target_=probes.SignalAt", "+callbacks.kill.step=2",
+            f"+callbacks.kill.signum={int(signal.SIGTERM)}"]  # fmt: skip
+    stopped = attnlab_train(run_dir, *accumulate, *kill)
+    assert stopped.returncode == 128 + signal.SIGTERM, stopped.stderr[-3000:]
+    assert "SIGTERM at step 3" in json.loads((run_dir / "manifest.json").read_text())["error"]
+    saved = torch.load(run_dir / "checkpoints" / "last.ckpt", weights_only=True)
+    assert saved["global_step"] == 3
+    assert saved["loops"]["fit_loop"]["epoch_loop.batch_progress"]["total"]["processed"] == 6  # 3 steps × 2
+    resumed = attnlab_train(run_dir, *accumulate, "resume=true")
+    assert resumed.returncode == 0, resumed.stderr[-3000:]
+    assert_same_training(run_dir, tmp_path / "reference")
+
+
 def test_sigusr1_under_slurm_saves_requeues_and_resumes(resume_reference: Path, tmp_path: Path) -> None:
     """Lightning's SLURM auto-requeue path, with a stand-in `scontrol` on PATH that records its call."""
     bin_dir, calls = tmp_path / "bin", tmp_path / "scontrol_calls.txt"

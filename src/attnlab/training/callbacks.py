@@ -196,8 +196,11 @@ class Preemption(L.Callback):
     only sets a flag; the checkpoint is written at the end of the training step, where Lightning's own
     step checkpoints are written and where model, optimizer, schedule, data position and random states
     are consistent, to `dirpath/filename.ckpt` (the run's last.ckpt); `resume=true` continues from it
-    exactly. Training then stops with `Preempted` (exit status 128 + the signal number). Under DDP the
-    ranks agree on stopping (a signal that reached any rank stops all) and all take part in the save.
+    exactly. With gradient accumulation, that is the end of the batch that completes the optimizer step:
+    a signal inside an accumulation waits for the rest of it, whose gradients a checkpoint does not hold
+    (as `LastCheckpoint` never saves inside one). Training then stops with `Preempted` (exit status 128 +
+    the signal number). Under DDP the ranks agree on stopping (a signal that reached any rank stops all)
+    and all take part in the save.
 
     While training runs, this callback's handlers replace Lightning's SIGTERM handler (which would stop
     training at the end of the step without a checkpoint) and whatever handled SIGUSR1. A SIGUSR1 handler
@@ -214,6 +217,7 @@ class Preemption(L.Callback):
         self.dirpath, self.filename = dirpath, filename
         self._received: int | None = None
         self._previous: dict[int, Any] = {}
+        self._step_at_batch_start = -1
 
     def _on_signal(self, signum: int, frame: Any) -> None:
         self._received = signum
@@ -230,9 +234,16 @@ class Preemption(L.Callback):
             signal.signal(signum, handler if handler is not None else signal.SIG_DFL)
         self._previous = {}
 
+    def on_train_batch_start(
+        self, trainer: L.Trainer, pl_module: L.LightningModule, batch: Any, batch_idx: int
+    ) -> None:
+        self._step_at_batch_start = trainer.global_step
+
     def on_train_batch_end(
         self, trainer: L.Trainer, pl_module: L.LightningModule, outputs: Any, batch: Any, batch_idx: int
     ) -> None:
+        if trainer.global_step == self._step_at_batch_start:  # inside an accumulation: save after its step
+            return
         local = self._received
         if not trainer.strategy.reduce_boolean_decision(local is not None, all=False):
             return
