@@ -9,7 +9,7 @@ import torch
 from torch import Tensor
 
 from attnlab.decoding import DecodeConfig
-from attnlab.decoding.search import greedy_decode, translate
+from attnlab.decoding.search import MAX_OUTPUT_TOKENS, greedy_decode, max_output_lengths, translate
 from attnlab.model.cache import KVCache
 from attnlab.model.transformer import Transformer
 from helpers import random_source, tiny_config
@@ -160,6 +160,22 @@ def test_output_length_is_capped_per_sentence_at_a_times_source_plus_b(a: float,
     assert not (out == EOS).any()
     stopping = build(EosAtSourceLength)
     assert greedy_decode(stopping, src, max_len_a=a, max_len_b=b).size(1) <= max(caps)
+
+
+def test_the_length_limit_is_python_float_arithmetic_and_bounded() -> None:
+    """a · |S| + b as Python (and the CTranslate2 export) computes it: in float32, 1.3 · 90 + 10 came out
+    126. A huge a stops at the model's position limit, or at MAX_OUTPUT_TOKENS without one, instead of
+    overflowing int64 (which made every limit 1 for a = inf, an allocation error for a = 1e18)."""
+    src = torch.full((3, 91), 7)
+    src[0, 90:] = PAD  # |S| = 90
+    src[1, 3:] = PAD  # |S| = 3
+    assert max_output_lengths(src, PAD, 1.3, 10).tolist() == [int(1.3 * 90 + 10), int(1.3 * 3 + 10), 128]
+    assert max_output_lengths(src, PAD, 1e18, 10).tolist() == [MAX_OUTPUT_TOKENS] * 3
+    assert max_output_lengths(src, PAD, 1e18, 10, limit=64).tolist() == [64] * 3
+    out = greedy_decode(build(), source([3, 2]), max_len_a=1e18, max_len_b=0)
+    assert 1 <= out.size(1) <= MAX_OUTPUT_TOKENS
+    with pytest.raises(ValueError, match=r"max_len_a=inf must be >= 0 and finite"):
+        DecodeConfig(max_len_a=float("inf"))
 
 
 def test_first_fed_token_is_decoder_start_id() -> None:

@@ -47,8 +47,11 @@ def test_a_sentence_samples_the_same_alone_as_inside_a_batch_in_any_order() -> N
     assert sampled(m, src[reverse], seed=7, temperature=1.5) == [together[i] for i in reverse.tolist()]
 
 
-@pytest.mark.parametrize("settings", [{"topk": 1}, {"topp": 1e-6}, {"temperature": 1e-4}],
-                         ids=["topk=1", "topp=1e-6", "temperature=1e-4"])  # fmt: skip
+@pytest.mark.parametrize(
+    "settings",
+    [{"topk": 1}, {"topp": 1e-6}, {"temperature": 1e-4}, {"temperature": 1e-308}],  # 1e-308: no overflow
+    ids=["topk=1", "topp=1e-6", "temperature=1e-4", "temperature=1e-308"],
+)
 def test_degenerate_sampling_is_greedy(settings: dict[str, Any]) -> None:
     for seed in (0, 2):
         m, src = model(seed), sources(seed)

@@ -19,15 +19,20 @@ from attnlab.decoding.step import decoding_step
 from attnlab.model.config import TransformerConfig
 from attnlab.model.transformer import Transformer
 
+MAX_OUTPUT_TOKENS = 4096  # the longest output of a model without a position limit (sinusoidal encodings)
+
 
 def max_output_lengths(src: Tensor, pad_id: int, a: float, b: int, limit: int | None = None) -> Tensor:
-    """Longest output allowed for each sentence (B,): a · |S| + b, |S| its non-pad source length, and
-    at most `limit` (a model's `TransformerConfig.position_limit`: each decoder input needs a position).
+    """Longest output allowed for each sentence (B,): a · |S| + b rounded down, |S| its non-pad source
+    length, at least 1 and at most `limit` (a model's `TransformerConfig.position_limit`: each decoder
+    input needs a position), or `MAX_OUTPUT_TOKENS` for a model without one.
 
-    Per sentence, so that a sentence decodes the same alone as inside a padded batch.
+    Per sentence, so that a sentence decodes the same alone as inside a padded batch. In float64, as
+    Python computes `int(a * len + b)` (`attnlab.interop.ct2` groups sentences by it): float32 came out
+    one token off for some a and |S| (a = 1.3, |S| = 90: 126 instead of 127).
     """
-    lengths = (a * (src != pad_id).sum(dim=1) + b).long()
-    return lengths.clamp(min=1) if limit is None else lengths.clamp(min=1, max=limit)
+    lengths = (src != pad_id).sum(dim=1).double() * a + b
+    return lengths.clamp(min=1, max=MAX_OUTPUT_TOKENS if limit is None else limit).long()
 
 
 def ungenerable_ids(config: TransformerConfig, device: torch.device) -> Tensor:
@@ -98,7 +103,9 @@ class Sampling:
         probable tokens and to the nucleus of mass `topp` (ties ranked in id order, so `topk=1` keeps
         `argmax`'s token), by inverse transform of one uniform draw over the kept tokens in id order:
         a draw does not hinge on how near-equal probabilities happen to sort."""
-        probs = (scores.double() / self.temperature).softmax(dim=-1)  # (N, V)
+        scores = scores.double()
+        # shifted first: a tiny temperature would otherwise overflow finite scores to inf (softmax: NaN)
+        probs = ((scores - scores.amax(dim=-1, keepdim=True)) / self.temperature).softmax(dim=-1)  # (N, V)
         if self.topk > 0 or self.topp < 1:
             sorted_probs, order = probs.sort(dim=-1, descending=True, stable=True)  # (N, V)
             ranked = torch.ones_like(sorted_probs, dtype=torch.bool)

@@ -124,7 +124,8 @@ class DecodeConfig:
             self.max_tokens is None or self.max_tokens > 0, f"max_tokens={self.max_tokens} must be positive"
         )
         require(0 <= self.alpha < math.inf, f"alpha={self.alpha} must be >= 0 and finite (0: none)")
-        require(self.max_len_a >= 0, f"max_len_a={self.max_len_a} must be >= 0 (output limit a·|S| + b)")
+        require(0 <= self.max_len_a < math.inf, f"max_len_a={self.max_len_a} must be >= 0 and finite (output "
+                "limit a·|S| + b)")  # fmt: skip
         require(self.max_len_b >= 0, f"max_len_b={self.max_len_b} must be >= 0 (output limit a·|S| + b)")
         require(
             self.max_source_tokens is None or self.max_source_tokens >= 2,
