@@ -111,6 +111,18 @@ def test_resolve_checkpoints(tmp_path: Path) -> None:
         resolve_checkpoints(None)
 
 
+def test_a_run_with_several_best_checkpoints_is_refused_not_picked_by_name(tmp_path: Path) -> None:
+    """callbacks.model_checkpoint.save_top_k=2 keeps two best-*.ckpt: the later name (epoch999 after
+    epoch1000, in text order) is not the better score, so the run directory alone is refused."""
+    run = tmp_path / "run"
+    touch(run / "checkpoints", "best-epoch999-step10.ckpt", "best-epoch1000-step11.ckpt", "last.ckpt")
+    with pytest.raises(CheckpointError, match=r"2 best checkpoints \(best-epoch1000-step11.ckpt, "
+                       r"best-epoch999-step10.ckpt\).*ckpt_path=<file>"):  # fmt: skip
+        resolve_checkpoints(run)
+    chosen = run / "checkpoints" / "best-epoch999-step10.ckpt"
+    assert resolve_checkpoints(chosen) == [chosen]
+
+
 def test_decode_overrides_replace_only_the_values_given() -> None:
     saved = DecodeConfig(beam=4, alpha=1.0).to_dict()
     assert decode_settings(saved, {"beam": None, "alpha": 0.6}) == DecodeConfig(beam=4, alpha=0.6)

@@ -469,8 +469,9 @@ def resolve_checkpoints(
     - with `ensemble`, a list: each entry a file, or a run directory standing for its best checkpoint;
       the models of the ensemble (`Translator.from_checkpoints(..., ensemble=True)`);
     - a file: that file, or with `average_last=N` the last N epoch checkpoints of its run (averaged);
-    - a run directory (or its `checkpoints/`): its best checkpoint `best-*.ckpt`, or with
-      `average_last=N` its last N epoch checkpoints.
+    - a run directory (or its `checkpoints/`): its best checkpoint `best-*.ckpt` (an error where a run
+      kept several, `callbacks.model_checkpoint.save_top_k` > 1), or with `average_last=N` its last N
+      epoch checkpoints.
 
     Raises:
         CheckpointError: Nothing usable at `ckpt_path`, a list without `ensemble` (or `ensemble` without
@@ -517,8 +518,15 @@ def _one_checkpoint(ckpt_path: str | Path, average_last: int) -> list[Path]:
         return [path]
     for directory in (path / CHECKPOINTS_DIR, path):
         best = sorted(directory.glob("best-*.ckpt"))
+        if len(best) > 1:  # save_top_k > 1 keeps several: their names do not say which scored best
+            names = ", ".join(p.name for p in best)
+            raise CheckpointError(
+                f"{directory} holds {len(best)} best checkpoints ({names}), and their names do not say which "
+                "scored best: give the one to use as ckpt_path=<file> (the run's log and metrics name its "
+                "best epoch), or average_last=N to average the last N epoch checkpoints"
+            )
         if best:
-            return [best[-1]]
+            return best
     raise CheckpointError(
         f"no best-*.ckpt under {path}: give a checkpoint file as ckpt_path, or average_last=N to average "
         "the run's last epoch checkpoints"
