@@ -339,10 +339,14 @@ class PairedResult:
 
 
 def paired_bootstrap(
-    baseline: Sequence[str], system: Sequence[str], references: Sequence[str], n_samples: int = 1000
+    baseline: Sequence[str],
+    system: Sequence[str],
+    references: Sequence[str],
+    n_samples: int = 1000,
+    tokenize: BleuTokenize = "13a",
 ) -> PairedResult:
     """sacreBLEU's paired bootstrap resampling test of `system` against `baseline` (Koehn, 2004), the
-    same computation as `sacrebleu REF -i BASELINE SYSTEM --paired-bs -m bleu` (13a, cased).
+    same computation as `sacrebleu REF -i BASELINE SYSTEM --paired-bs -m bleu --tokenize TOKENIZE` (cased).
 
     Raises:
         ScoringError: See `check_detokenized` (for either system).
@@ -352,7 +356,7 @@ def paired_bootstrap(
     check_detokenized(baseline, references)
     check_detokenized(system, references)
     test = PairedTest([("baseline", list(baseline)), ("system", list(system))],
-                      {"BLEU": _bleu(references)}, references=None, test_type="bs",
+                      {"BLEU": _bleu(references, tokenize)}, references=None, test_type="bs",
                       n_samples=n_samples)  # fmt: skip
     _, scores = test()
     base, other = scores["BLEU"]

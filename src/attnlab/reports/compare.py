@@ -216,12 +216,15 @@ def summarize(runs: Sequence[Run], baseline: str | None = None) -> tuple[list[Gr
 
 
 def _lines(path: Path) -> list[str] | None:
-    return path.read_text(encoding="utf-8").split("\n")[:-1] if path.is_file() else None
+    """The lines of a run's saved hypotheses or references, split at "\\n" only, as they were written (a
+    lone "\\r" inside a line, kept from the data, is no line end: `read_text` would split there)."""
+    return path.read_bytes().decode("utf-8").split("\n")[:-1] if path.is_file() else None
 
 
 def paired_tests(baseline: Sequence[Run], runs: Sequence[Run], n_samples: int = 1000) -> dict[str, list]:
     """Per test set, `[(seed, p-value)]` of sacreBLEU's paired bootstrap of each run against the baseline
-    run with the same seed, on the same sentences (hypotheses and references saved by the runs)."""
+    run with the same seed, on the same sentences (hypotheses and references saved by the runs), with the
+    BLEU tokenizer both runs scored with (none where they differ)."""
     from attnlab.metrics import paired_bootstrap
 
     by_seed = {r.config.get("seed"): r for r in baseline}
@@ -236,7 +239,13 @@ def paired_tests(baseline: Sequence[Run], runs: Sequence[Run], n_samples: int = 
             base_hyps = _lines(base.files.hypotheses_dir / name)
             if refs is None or base_hyps is None or refs != _lines(base.files.references_dir / name):
                 continue  # not the same test sentences: no paired test
-            result = paired_bootstrap(base_hyps, _lines(hyp_file), refs, n_samples=n_samples)
+            tokenize = _bleu_tokenizer(run)  # as the run scored its BLEU; the baseline's must agree
+            if _bleu_tokenizer(base) != tokenize:
+                log.warning("no paired test of %s against %s: their BLEU was scored with the %s and %s "
+                            "tokenizers", run.path, base.path, tokenize, _bleu_tokenizer(base))  # fmt: skip
+                continue
+            hyps = _lines(hyp_file)
+            result = paired_bootstrap(base_hyps, hyps, refs, n_samples=n_samples, tokenize=tokenize)
             out.setdefault(hyp_file.stem, []).append((run.config.get("seed"), result.p_value))
     return out
 
