@@ -146,6 +146,24 @@ def test_attnlab_eval_scores_chosen_sets_with_other_decoding_settings(
     assert results["averaged"] is False and results["checkpoints"] == [str(best.resolve())]
 
 
+def test_attnlab_eval_refuses_data_in_other_languages_and_sets_that_score_nothing(
+    text_run: dict[str, Any], tmp_path: Path
+) -> None:
+    """A de->en model scored on en->de references gave BLEU near 0 and exit 0, recorded as target
+    language en; `sets=[]` scored nothing with exit 0; `sets=val` split the name into letters."""
+    best = next((text_run["dir"] / "checkpoints").glob("best-*.ckpt"))
+    files = [o for o in text_run["data"] if o.startswith("data")]
+    swapped = [o.replace("src_lang=de", "src_lang=en") if "src_lang" in o else o for o in files]
+    swapped = [o.replace("tgt_lang=en", "tgt_lang=de") if "tgt_lang" in o else o for o in swapped]
+    with pytest.raises(ConfigError, match=r"src_lang='en', but the model was trained to translate de -> en"):
+        evaluate_checkpoint(compose_eval([f"ckpt_path={best}", *swapped, "sets=[val]"], tmp_path / "a"))
+    with pytest.raises(ConfigError, match=r"sets=\[\] scores nothing"):
+        evaluate_checkpoint(compose_eval([f"ckpt_path={best}", "sets=[]"], tmp_path / "b"))
+    results = evaluate_checkpoint(compose_eval([f"ckpt_path={best}", *files, "sets=val", "decode.beam=1"],
+                                               tmp_path / "c"))  # fmt: skip
+    assert list(results["sets"]) == ["val"] and results["target_lang"] == "en"
+
+
 def test_results_hold_ter_and_bleu_as_the_chosen_tokenizer_splits_it(
     text_run: dict[str, Any], tmp_path: Path
 ) -> None:

@@ -60,16 +60,55 @@ def evaluate_checkpoint(cfg: DictConfig) -> dict[str, Any]:
         translator.metrics = metrics_settings(translator.metrics, overrides)  # before anything is decoded
         if cfg.get("data") is not None:
             spec = build_node(cfg.data, "data")
+            check_languages(translator.data, spec)
         elif translator.data is not None:
             spec = data_spec(translator.data, paths[0])  # its class by name, never by import
         else:
             raise ConfigError(f"{paths[0]} holds no data settings: select the data, e.g. data=multi30k")
-        names = list(cfg.sets) if cfg.get("sets") is not None else spec.test_split_names()
+        names = split_names(cfg.get("sets"), spec)
         sets = spec.load(names)
     except (CheckpointError, DataError, ValueError) as exc:
         raise ConfigError(str(exc)) from None
     output_dir = Path(cfg.paths.output_dir)
     return evaluate(translator, sets, output_dir, checkpoints=paths)
+
+
+PLACEHOLDER_LANGS = ("src", "tgt")  # `data=files` suffixes of corpora named train.src / train.tgt
+
+
+def check_languages(saved: dict[str, Any] | None, spec: Any) -> None:
+    """Refuse data given to `attnlab-eval` in other languages than the model was trained on (a model
+    trained de→en scored on en→de or de→fr references): the scores would mean nothing. The placeholder
+    suffixes `src`/`tgt` of `data=files` match any language.
+
+    Raises:
+        ConfigError: A language differs, naming both and the fix.
+    """
+    trained = {key: (saved or {}).get(key) for key in ("src_lang", "tgt_lang")}
+    for key, was in trained.items():
+        given = getattr(spec, key, None)
+        known = all(isinstance(v, str) and v and v not in PLACEHOLDER_LANGS for v in (was, given))
+        if known and given != was:
+            raise ConfigError(
+                f"data.{key}={given!r}, but the model was trained to translate {trained['src_lang']} -> "
+                f"{trained['tgt_lang']}: give data of those languages (data.src_lang={trained['src_lang']} "
+                f"data.tgt_lang={trained['tgt_lang']})"
+            )
+
+
+def split_names(sets: Any, spec: Any) -> list[str]:
+    """The splits `sets=` names (a single name is one split), or the data's test splits when null.
+
+    Raises:
+        ConfigError: An empty list (nothing would be scored).
+    """
+    if sets is None:
+        return list(spec.test_split_names())
+    names = [str(sets)] if isinstance(sets, str) else [str(name) for name in sets]
+    if not names:
+        raise ConfigError("sets=[] scores nothing: name the splits (e.g. sets=[test2016]) or leave sets=null "
+                          "for the data's test sets")  # fmt: skip
+    return names
 
 
 @hydra.main(version_base="1.3", config_path=str(config_dir()), config_name="eval")
