@@ -6,7 +6,7 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from attnlab.model.linear import Linear, project
+from attnlab.model.linear import Linear, forget_packed, project
 
 
 def layers(*shapes: tuple[int, int], bias: bool = True) -> list[Linear]:
@@ -74,3 +74,55 @@ def test_cached_weights_follow_an_optimizer_step(options: dict[str, bool]) -> No
             got = project(x, *group)
         for out, layer in zip(got, group, strict=True):
             torch.testing.assert_close(out, F.linear(x, layer.weight, layer.bias))
+
+
+def test_weights_computed_by_pruning_or_a_parametrization_are_not_cached() -> None:
+    """Pruning makes `weight` an attribute recomputed from `weight_orig` and a mask, a parametrization a
+    property: the cache, keyed on the registered parameters, kept the weight of the first product."""
+    from torch.nn.utils import parametrize, prune
+
+    class Negated(torch.nn.Module):
+        def forward(self, weight: torch.Tensor) -> torch.Tensor:
+            return -weight
+
+    group = layers((8, 4), (8, 4))
+    x = torch.randn(1, 8)
+
+    def check() -> None:
+        with torch.no_grad():
+            got = project(x, *group)
+        for out, layer in zip(got, group, strict=True):
+            torch.testing.assert_close(out, F.linear(x, layer.weight, layer.bias))
+
+    check()
+    prune.l1_unstructured(group[0], "weight", amount=0.5)
+    check()
+    parametrize.register_parametrization(group[1], "weight", Negated())
+    check()
+    with torch.no_grad():
+        group[1].parametrizations.weight.original.mul_(3.0)
+    check()
+
+
+def test_parameters_made_under_inference_mode_multiply_without_the_cache() -> None:
+    """Inference tensors have no version counter for the cache to key on: they run F.linear."""
+    with torch.inference_mode():
+        group = layers((8, 4), (8, 4))
+        x = torch.randn(1, 8)
+        got = project(x, *group)
+        group[0].weight.mul_(2.0)  # allowed in inference mode, and seen
+        again = project(x, *group)
+    torch.testing.assert_close(got[1], F.linear(x, group[1].weight, group[1].bias))
+    torch.testing.assert_close(again[0], F.linear(x, group[0].weight, group[0].bias))
+
+
+def test_writes_through_data_are_seen_after_forget_packed() -> None:
+    """`.data` writes bypass the version counter (the module docstring): `forget_packed` drops the copies."""
+    group = layers((8, 4), (8, 4))
+    x = torch.randn(1, 8)
+    with torch.no_grad():
+        project(x, *group)
+        group[0].weight.data.copy_(torch.randn(4, 8))
+        forget_packed()
+        got = project(x, *group)
+    torch.testing.assert_close(got[0], F.linear(x, group[0].weight, group[0].bias))

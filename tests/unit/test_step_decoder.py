@@ -308,3 +308,33 @@ def test_a_source_of_padding_only_in_a_large_batch_decodes_without_harming_the_o
         rows = translate(model, src, settings)
         others = translate(model, torch.cat([src[:1], src[2:]]), settings)
         assert rows[:1] + rows[2:] == others
+
+
+def test_a_decoder_with_hooks_or_computed_weights_is_decoded_through_its_modules() -> None:
+    """The step reads weights and calls no module: after pruning the output layer (a forward pre-hook
+    recomputes its weight) a model decoded before decoded with its unpruned weight. Such models, and
+    those with any forward hook or a parametrization, decode through their modules, which run them."""
+    from torch.nn.utils import parametrize, prune
+
+    src = random_source([7, 4, 9], seed=3)
+    warm, cold = build(), build()
+    with torch.inference_mode():
+        assert StepDecoder.applies(warm, warm.encode(src)[0])
+        greedy_decode(warm, src)
+    for model in (warm, cold):
+        prune.l1_unstructured(model.output, "weight", amount=0.7)
+    with torch.inference_mode():
+        assert not StepDecoder.applies(warm, warm.encode(src)[0])
+        assert torch.equal(greedy_decode(warm, src), greedy_decode(cold, src))
+        assert torch.equal(greedy_decode(warm, src), greedy_decode(cold, src, use_cache=False))
+    seen = []
+    hooked = build()
+    handle = hooked.decoder.layers[0].register_forward_hook(lambda *args: seen.append(1))
+    with torch.inference_mode():
+        assert not StepDecoder.applies(hooked, hooked.encode(src)[0])
+        greedy_decode(hooked, src)
+    assert seen  # the user's hook ran
+    handle.remove()
+    parametrize.register_parametrization(hooked.decoder.layers[1].ffn.w_1, "weight", torch.nn.Identity())
+    with torch.inference_mode():
+        assert not StepDecoder.applies(hooked, hooked.encode(src)[0])

@@ -10,6 +10,12 @@ projection, one row, x @ W (in, out) 0.8 ms vs F.linear 1.9 ms (weights not in c
 cached per layer group and rebuilt when a weight changes (its version counter or storage) and after every
 optimizer step (torch's fused Adam updates parameters in place without bumping their version counters),
 so they cost up to one extra copy of the linear weights while a model is used for inference.
+
+What the cache cannot see: a write through a parameter's `.data` (`p.data.copy_(...)`), which bypasses the
+version counter PyTorch tracks in-place changes with (autograd does not see it either). After such
+writes, call `forget_packed()` before decoding again. Layers whose weight or bias is computed rather
+than a registered parameter (pruning, `torch.nn.utils.parametrize`) and parameters made under
+`torch.inference_mode()` (which have no version counter) are never packed: they run `F.linear`.
 """
 
 from __future__ import annotations
@@ -28,12 +34,23 @@ _PACKED: weakref.WeakKeyDictionary[nn.Linear, dict[tuple, tuple[tuple, Tensor, T
 _PACKED = weakref.WeakKeyDictionary()
 
 
-def _forget_packed(*_: object) -> None:
-    """After any torch optimizer's step: the cached copies may be stale (see the module docstring)."""
+def forget_packed(*_: object) -> None:
+    """Drop every cached copy of concatenated or transposed weights: the next inference product copies the
+    layers' weights again. Called after any torch optimizer's step; call it after changing weights
+    through `.data` (see the module docstring)."""
     _PACKED.clear()
 
 
-register_optimizer_step_post_hook(_forget_packed)
+register_optimizer_step_post_hook(forget_packed)
+
+
+def packable(layer: nn.Linear) -> bool:
+    """Whether `layer`'s weight and bias are its own registered parameters (not computed by pruning or a
+    parametrization) and have version counters (not made under inference mode): what the cache keys on."""
+    params = layer._parameters
+    weight = params.get("weight")
+    return weight is not None and "bias" in params and not weight.is_inference()
+
 
 _compiling = getattr(torch.compiler, "is_compiling", lambda: False)  # torch >= 2.3
 
@@ -48,7 +65,8 @@ class Linear(nn.Linear):
 def project(x: Tensor, *layers: nn.Linear) -> tuple[Tensor, ...]:
     """x (..., in) through each of `layers` (all reading x): one output (..., out_i) per layer.
 
-    With autograd, under `torch.compile` or off the CPU: `F.linear` per layer. Otherwise one matrix
+    With autograd, under `torch.compile`, off the CPU or for a layer that is not `packable`: `F.linear`
+    per layer. Otherwise one matrix
     product with the layers' weights concatenated (cached), its result split per layer (views): for one
     row, x (1, in) @ W (in, Σ out); for 2–16 rows (the beams of one sentence), (W (Σ out, in) @ xᵀ)ᵀ,
     which MKL streams without packing the weight — 2.2× faster than either layout of x Wᵀ for 5 rows of
@@ -56,7 +74,7 @@ def project(x: Tensor, *layers: nn.Linear) -> tuple[Tensor, ...]:
     `gemm.MIN_PRODUCT` multiply-adds run on oneDNN where `attnlab.model.gemm` loads it, as x @ W (in, Σ out)
     for any number of rows.
     """
-    if torch.is_grad_enabled() or x.device.type != "cpu" or _compiling():
+    if torch.is_grad_enabled() or x.device.type != "cpu" or _compiling() or not all(map(packable, layers)):
         return tuple(F.linear(x, layer.weight, layer.bias) for layer in layers)
     flat = x.reshape(-1, x.size(-1))
     rows_first = _rows_first(flat, sum(layer.out_features for layer in layers))
@@ -72,7 +90,8 @@ class Product:
     (N, Σ out) result, with the weights looked up once per layout instead of once per call: a decoding
     loop (`attnlab.decoding.step`) holds one per layer group for the length of a search.
 
-    Only for inference (no autograd) on the CPU, as `project` uses it; the layout follows N on each call.
+    Only for inference (no autograd) on the CPU, of `packable` layers, as `project` uses it; the layout
+    follows N on each call.
     """
 
     __slots__ = ("_layouts", "layers", "outputs")
