@@ -38,15 +38,20 @@ def test_training_path_is_f_linear_with_gradients() -> None:
     assert layer.weight.grad is not None and x.grad is not None
 
 
+def assert_products_follow(x: torch.Tensor, group: list[Linear]) -> None:
+    """The inference products of `group` equal each layer's F.linear with its weights as they are now."""
+    with torch.no_grad():
+        got = project(x, *group)
+    for out, layer in zip(got, group, strict=True):
+        torch.testing.assert_close(out, F.linear(x, layer.weight, layer.bias))
+
+
 def test_cached_weights_follow_every_change_of_the_weights() -> None:
     group = layers((8, 4), (8, 4))
     x = torch.randn(1, 8)  # one row: the cached (in, out) copy
 
     def check() -> None:
-        with torch.no_grad():
-            got = project(x, *group)
-        for out, layer in zip(got, group, strict=True):
-            torch.testing.assert_close(out, F.linear(x, layer.weight, layer.bias))
+        assert_products_follow(x, group)
 
     check()
     with torch.no_grad():
@@ -89,10 +94,7 @@ def test_weights_computed_by_pruning_or_a_parametrization_are_not_cached() -> No
     x = torch.randn(1, 8)
 
     def check() -> None:
-        with torch.no_grad():
-            got = project(x, *group)
-        for out, layer in zip(got, group, strict=True):
-            torch.testing.assert_close(out, F.linear(x, layer.weight, layer.bias))
+        assert_products_follow(x, group)
 
     check()
     prune.l1_unstructured(group[0], "weight", amount=0.5)
