@@ -151,13 +151,28 @@ def test_sampling_overrides_a_checkpoint_saved_with_a_validation_beam() -> None:
     saved = DecodeConfig(beam=4, val_beam=3).to_dict()
     sampled = decode_settings(saved, {"sampling": True, "beam": 1, "temperature": 0.5})
     assert (sampled.sampling, sampled.beam, sampled.val_beam, sampled.temperature) == (True, 1, 1, 0.5)
-    with pytest.raises(ValueError, match=r"val_beam=2 but sampling=true"):  # given: checked as given
-        decode_settings(saved, {"sampling": True, "beam": 1, "val_beam": 2})
+    for key, value in (("val_beam", 2), ("val_subset", 5), ("every_n_epochs", 2)):  # recorded, never used
+        with pytest.raises(ValueError, match=rf"decode\.{key} sets training's validation decodes"):
+            decode_settings(saved, {"sampling": True, "beam": 1, key: value})
     assert decode_settings(saved, {"beam": 2}).val_beam == 3  # without sampling: as saved
     sampling = sampled.to_dict()
     with pytest.raises(ValueError, match=r"beam=5 but sampling=true .*or decode\.sampling=false to search"):
         decode_settings(sampling, {"beam": 5})
-    assert decode_settings(sampling, {"beam": 5, "sampling": False, "temperature": 1.0}).beam == 5
+    searched = decode_settings(sampling, {"beam": 5, "sampling": False})  # the saved 0.5 goes with sampling
+    assert (searched.beam, searched.temperature, searched.topk, searched.topp) == (5, 1.0, 0, 1.0)
+    with pytest.raises(ValueError, match=r"temperature=0\.7 is a sampling setting"):  # given: checked
+        decode_settings(sampling, {"beam": 5, "sampling": False, "temperature": 0.7})
+
+
+def test_a_device_that_cannot_be_used_is_named() -> None:
+    from attnlab.inference.translator import pick_device
+
+    assert pick_device("cpu") == torch.device("cpu")
+    with pytest.raises(ValueError, match=r"device='gpu' is not a device: use auto, cpu, cuda or cuda:N"):
+        pick_device("gpu")
+    if not torch.cuda.is_available():
+        with pytest.raises(ValueError, match=r"device=cuda:1, but torch finds no CUDA GPU here"):
+            pick_device("cuda:1")
 
 
 def test_saved_nbest_and_alignment_settings_are_not_kept_by_the_commands() -> None:

@@ -59,10 +59,20 @@ log = logging.getLogger(__name__)
 
 
 def pick_device(device: str) -> torch.device:
-    """`auto`: the first CUDA GPU when there is one, else the CPU; otherwise `device` as given."""
+    """`auto`: the first CUDA GPU when there is one, else the CPU; otherwise `device` as given.
+
+    Raises:
+        ValueError: `device` names no device (`gpu`), or a CUDA device where torch has none.
+    """
     if device == "auto":
         return torch.device("cuda" if torch.cuda.is_available() else "cpu")
-    return torch.device(device)
+    try:
+        chosen = torch.device(device)
+    except RuntimeError:
+        raise ValueError(f"device={device!r} is not a device: use auto, cpu, cuda or cuda:N") from None
+    if chosen.type == "cuda" and not torch.cuda.is_available():
+        raise ValueError(f"device={device}, but torch finds no CUDA GPU here: use device=cpu (or auto)")
+    return chosen
 
 
 class Translator:
@@ -561,6 +571,9 @@ def metrics_settings(saved: MetricsConfig, overrides: dict[str, Any] | None) -> 
     return metrics
 
 
+TRAINING_ONLY_DECODE = {"val_subset", "val_beam", "every_n_epochs"}  # DecodeConfig fields of validation
+
+
 def decode_settings(saved: dict[str, Any], overrides: dict[str, Any] | None) -> DecodeConfig:
     """The decoding settings saved in a checkpoint with the non-null `overrides` applied.
 
@@ -568,7 +581,9 @@ def decode_settings(saved: dict[str, Any], overrides: dict[str, Any] | None) -> 
     override of `length_penalty` to the other penalty without `alpha` takes that penalty's default α
     (0.6 for gnmt, 1.0 for fairseq), not the α saved for the other one. An
     override turning `sampling` on sets the saved `val_beam` (training's validation beam, unused outside
-    training, and not a key of attnlab-eval or attnlab-translate) to 1 unless it is given too. The saved
+    training) to 1; one turning it off drops the saved `topk`, `topp` and `temperature` (for their
+    defaults) unless they are given too. Training's validation settings (`TRAINING_ONLY_DECODE`) are
+    refused as overrides: nothing here would use them. The saved
     `nbest`, `nbest_format` and `print_alignment` are not kept (a run trained with them would otherwise
     make every later attnlab-translate write n-best lists, with no override to turn them off: null keeps
     a saved value): n-best lists and alignments come only when, and as, the overrides ask for them.
@@ -577,12 +592,19 @@ def decode_settings(saved: dict[str, Any], overrides: dict[str, Any] | None) -> 
         ValueError: An override is not a `DecodeConfig` field or has a bad value.
     """
     chosen = _chosen(DecodeConfig, overrides, "decode", "decoding")
+    validation = sorted(TRAINING_ONLY_DECODE & set(chosen))
+    if validation:
+        raise ValueError(f"decode.{validation[0]} sets training's validation decodes, which attnlab-eval and "
+                         "attnlab-translate do not run: leave it out (sets=[val] scores the validation "
+                         "set)")  # fmt: skip
     fields = {f.name for f in dataclasses.fields(DecodeConfig)}
     if "lenpen" in chosen:
         fields -= {"alpha", "length_penalty"}
     elif chosen.get("length_penalty", saved.get("length_penalty")) != saved.get("length_penalty", "gnmt"):
         fields -= {"alpha"}  # another penalty without its alpha: that penalty's default, not the saved one
-    if chosen.get("sampling") is True and "val_beam" not in chosen:
+    if chosen.get("sampling") is True:
         chosen["val_beam"] = 1
+    if chosen.get("sampling") is False:  # the saved sampling settings go with it, unless given again
+        fields -= {"topk", "topp", "temperature"}
     fields -= {"nbest", "print_alignment", "nbest_format"}  # what this command writes, asked for here only
     return DecodeConfig(**{**{k: v for k, v in saved.items() if k in fields}, **chosen})
