@@ -93,7 +93,6 @@ CASES = [
     Case(["decode.max_len_a=-1"], E, "decode.max_len_a=-1", "must be >= 0"),
     Case(["decode.max_len_a=inf"], E, "decode.max_len_a=inf", "must be >= 0 and finite"),
     Case(["decode.max_len_b=-5"], E, "decode.max_len_b=-5", "must be >= 0"),
-    Case(["decode.max_len_a=0", "decode.max_len_b=5", "decode.min_len=6"], E, "min_len=6", "could end"),
     Case(["decode.max_tokens=0"], E, "decode.max_tokens=0", "must be positive"),
     Case(["decode.batch_size=0"], E, "decode.batch_size=0", "must be positive"),
     # --- data: batching, vocabulary, where the text is -------------------------------------------------

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import warnings
 from typing import Any
 
 import pytest
@@ -176,6 +177,17 @@ def test_the_length_limit_is_python_float_arithmetic_and_bounded() -> None:
     assert 1 <= out.size(1) <= MAX_OUTPUT_TOKENS
     with pytest.raises(ValueError, match=r"max_len_a=inf must be >= 0 and finite"):
         DecodeConfig(max_len_a=float("inf"))
+
+
+def test_a_min_len_no_output_may_reach_is_warned_about() -> None:
+    """max_len_a=0 limits every output to max_len_b tokens: a longer min_len cannot end with eos. A warning,
+    not an error: a checkpoint saved with it must still load for an override to fix it."""
+    with pytest.warns(UserWarning, match=r"min_len=6 is longer than every output may be"):
+        DecodeConfig(max_len_a=0.0, max_len_b=5, min_len=6)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        DecodeConfig(max_len_a=0.0, max_len_b=5, min_len=5)
+        DecodeConfig(max_len_a=0.1, max_len_b=5, min_len=6)  # a long source may reach it
 
 
 def test_first_fed_token_is_decoder_start_id() -> None:

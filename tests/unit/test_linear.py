@@ -128,3 +128,10 @@ def test_writes_through_data_are_seen_after_forget_packed() -> None:
         forget_packed()
         got = project(x, *group)
     torch.testing.assert_close(got[0], F.linear(x, group[0].weight, group[0].bias))
+
+
+def test_a_bias_made_under_inference_mode_multiplies_without_the_cache() -> None:
+    group = layers((8, 4), (8, 4))
+    with torch.inference_mode():
+        group[1].bias = torch.nn.Parameter(torch.randn(4))
+    assert_products_follow(torch.randn(1, 8), group)

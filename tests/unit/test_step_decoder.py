@@ -338,3 +338,21 @@ def test_a_decoder_with_hooks_or_computed_weights_is_decoded_through_its_modules
     parametrize.register_parametrization(hooked.decoder.layers[1].ffn.w_1, "weight", torch.nn.Identity())
     with torch.inference_mode():
         assert not StepDecoder.applies(hooked, hooked.encode(src)[0])
+
+
+def test_a_linear_layer_of_a_users_class_is_decoded_through_its_modules() -> None:
+    """A LoRA-style subclass adds to its product in `forward`, which the step, reading `weight`, would
+    skip: a decoder holding modules of classes from outside attnlab and torch.nn keeps its modules."""
+    from attnlab.model.linear import Linear
+
+    class WithDelta(Linear):
+        def forward(self, x: torch.Tensor) -> torch.Tensor:
+            return super().forward(x) + 0.5
+
+    model, src = build(), random_source([7, 4, 9], seed=3)
+    old = model.decoder.layers[0].ffn.w_1
+    model.decoder.layers[0].ffn.w_1 = WithDelta(old.in_features, old.out_features)
+    model.decoder.layers[0].ffn.w_1.load_state_dict(old.state_dict())
+    with torch.inference_mode():
+        assert not StepDecoder.applies(model, model.encode(src)[0])
+        assert torch.equal(greedy_decode(model, src), greedy_decode(model, src, use_cache=False))

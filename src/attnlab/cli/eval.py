@@ -13,7 +13,7 @@ from pathlib import Path
 from typing import Any
 
 import hydra
-from omegaconf import DictConfig, OmegaConf
+from omegaconf import DictConfig, ListConfig, OmegaConf
 
 from attnlab.cli.app import config_dir, register_resolvers
 from attnlab.runs.layout import RunDir
@@ -78,8 +78,10 @@ PLACEHOLDER_LANGS = ("src", "tgt")  # `data=files` suffixes of corpora named tra
 
 def check_languages(saved: dict[str, Any] | None, spec: Any) -> None:
     """Refuse data given to `attnlab-eval` in other languages than the model was trained on (a model
-    trained de→en scored on en→de or de→fr references): the scores would mean nothing. The placeholder
-    suffixes `src`/`tgt` of `data=files` match any language.
+    trained de→en scored on en→de or de→fr references): the scores would mean nothing. Only values that
+    are language codes are compared, by their language subtag and in any case (`de_DE` is `DE` is `de`);
+    anything else (the placeholder suffixes `src`/`tgt` of `data=files`, column names such as `source`)
+    matches any language.
 
     Raises:
         ConfigError: A language differs, naming both and the fix.
@@ -87,13 +89,22 @@ def check_languages(saved: dict[str, Any] | None, spec: Any) -> None:
     trained = {key: (saved or {}).get(key) for key in ("src_lang", "tgt_lang")}
     for key, was in trained.items():
         given = getattr(spec, key, None)
-        known = all(isinstance(v, str) and v and v not in PLACEHOLDER_LANGS for v in (was, given))
-        if known and given != was:
+        codes = [_language(value) for value in (was, given)]
+        if None not in codes and codes[0] != codes[1]:
             raise ConfigError(
                 f"data.{key}={given!r}, but the model was trained to translate {trained['src_lang']} -> "
                 f"{trained['tgt_lang']}: give data of those languages (data.src_lang={trained['src_lang']} "
                 f"data.tgt_lang={trained['tgt_lang']})"
             )
+
+
+def _language(value: Any) -> str | None:
+    """The language subtag of a language code (`de_DE`, `en-US`, `DE` -> de, en, de); None for anything
+    that is not one (`src`, `source`, a column name)."""
+    if not isinstance(value, str) or value.lower() in PLACEHOLDER_LANGS:
+        return None
+    primary = value.replace("-", "_").split("_")[0].lower()
+    return primary if primary.isalpha() and 2 <= len(primary) <= 3 else None
 
 
 def split_names(sets: Any, spec: Any) -> list[str]:
@@ -104,7 +115,7 @@ def split_names(sets: Any, spec: Any) -> list[str]:
     """
     if sets is None:
         return list(spec.test_split_names())
-    names = [str(sets)] if isinstance(sets, str) else [str(name) for name in sets]
+    names = [str(name) for name in sets] if isinstance(sets, (list, tuple, ListConfig)) else [str(sets)]
     if not names:
         raise ConfigError("sets=[] scores nothing: name the splits (e.g. sets=[test2016]) or leave sets=null "
                           "for the data's test sets")  # fmt: skip

@@ -27,12 +27,13 @@ def max_output_lengths(src: Tensor, pad_id: int, a: float, b: int, limit: int | 
     length, at least 1 and at most `limit` (a model's `TransformerConfig.position_limit`: each decoder
     input needs a position), or `MAX_OUTPUT_TOKENS` for a model without one.
 
-    Per sentence, so that a sentence decodes the same alone as inside a padded batch. In float64, as
-    Python computes `int(a * len + b)` (`attnlab.interop.ct2` groups sentences by it): float32 came out
-    one token off for some a and |S| (a = 1.3, |S| = 90: 126 instead of 127).
+    Per sentence, so that a sentence decodes the same alone as inside a padded batch. In float64 on the
+    CPU (MPS has no float64), as Python computes `int(a * len + b)`, which `attnlab.interop.ct2` groups
+    sentences by (it has no cap): float32 came out one token off for some a and |S| (a = 1.3, |S| = 90:
+    126 instead of 127).
     """
-    lengths = (src != pad_id).sum(dim=1).double() * a + b
-    return lengths.clamp(min=1, max=MAX_OUTPUT_TOKENS if limit is None else limit).long()
+    lengths = (src != pad_id).sum(dim=1).to("cpu", torch.float64) * a + b
+    return lengths.clamp(min=1, max=MAX_OUTPUT_TOKENS if limit is None else limit).long().to(src.device)
 
 
 def ungenerable_ids(config: TransformerConfig, device: torch.device) -> Tensor:

@@ -35,7 +35,8 @@ class DecodeConfig:
             `gnmt`, 1.0 for `fairseq` (`DEFAULT_ALPHA`; the value used is what is saved and reported).
         max_len_a: Output length limit a in a · |S| + b.
         max_len_b: Output length limit b.
-        min_len: Shortest output (eos included); with max_len_a = 0, at most max(1, max_len_b).
+        min_len: Shortest output (eos included); with max_len_a = 0, more than max(1, max_len_b) is
+            warned about (no output could end with eos).
         every_n_epochs: During training, decode the validation set and log `val/bleu` and `val/chrf`
             every n epochs (0: never). Needs a corpus with a tokenizer (not `data=synthetic`).
         val_beam: Beam size of those validation decodes (1 = greedy, the fast default).
@@ -127,11 +128,10 @@ class DecodeConfig:
         require(0 <= self.max_len_a < math.inf, f"max_len_a={self.max_len_a} must be >= 0 and finite (output "
                 "limit a·|S| + b)")  # fmt: skip
         require(self.max_len_b >= 0, f"max_len_b={self.max_len_b} must be >= 0 (output limit a·|S| + b)")
-        require(
-            self.max_len_a > 0 or self.min_len <= max(1, self.max_len_b),
-            f"min_len={self.min_len} is longer than every output may be (max_len_a=0: at most max_len_b="
-            f"{self.max_len_b} tokens): no output could end with eos; lower min_len or raise max_len_b",
-        )
+        if self.max_len_a == 0 and self.min_len > max(1, self.max_len_b):  # a warning: checkpoints keep it
+            warnings.warn(f"min_len={self.min_len} is longer than every output may be (max_len_a=0: at most "
+                          f"max_len_b={self.max_len_b} tokens): no output can end with eos; lower min_len or "
+                          "raise max_len_b", UserWarning, stacklevel=3)  # fmt: skip
         require(
             self.max_source_tokens is None or self.max_source_tokens >= 2,
             f"max_source_tokens={self.max_source_tokens} must be >= 2 (a token and eos) or null (the "

@@ -41,6 +41,7 @@ from attnlab.model.transformer import Transformer
 # keeps the searches on the modules, which may then run dropout (`StepDecoder.applies`)
 _STATELESS = (nn.Embedding, nn.Linear, nn.LayerNorm)
 _ACTIVATIONS: dict[str, Callable[[Tensor], Tensor]] = {"relu": F.relu, "gelu": F.gelu, "silu": F.silu}
+_OWN_MODULES = ("attnlab.", "torch.nn.")  # where the classes the step may stand in for are defined
 # every module's forward hooks (`nn.modules.module.register_module_forward_pre_hook` / `_hook`)
 _global_hooks = {"pre": getattr(_module, "_global_forward_pre_hooks", None),
                  "post": getattr(_module, "_global_forward_hooks", None)}  # fmt: skip
@@ -66,7 +67,8 @@ class _Layer:
 
 def _reads_plain_weights(model: Transformer) -> bool:
     """Whether the step, which reads the decoder's and the output layer's weights without calling their
-    modules, computes what the modules would: each in eval mode (but for modules whose flag changes
+    modules, computes what the modules would: each of a class of attnlab or torch.nn (a user's subclass,
+    a LoRA layer say, may compute something else), in eval mode (but for modules whose flag changes
     nothing, `_STATELESS`), no forward hooks (global or on a module: pruning recomputes a weight in one),
     no parametrizations, and linear layers the product cache can follow (`linear.packable`). One pass
     over the modules per search (67 µs for a 3-layer decoder, where the training flags alone took 54)."""
@@ -74,6 +76,8 @@ def _reads_plain_weights(model: Transformer) -> bool:
         return False
     for module in (*model.decoder.modules(), model.output):
         if module._forward_pre_hooks or module._forward_hooks or "parametrizations" in module._modules:
+            return False
+        if not type(module).__module__.startswith(_OWN_MODULES):  # a user's class may compute otherwise
             return False
         if module.training and not isinstance(module, _STATELESS):
             return False

@@ -571,7 +571,7 @@ def metrics_settings(saved: MetricsConfig, overrides: dict[str, Any] | None) -> 
     return metrics
 
 
-TRAINING_ONLY_DECODE = {"val_subset", "val_beam", "every_n_epochs"}  # DecodeConfig fields of validation
+TRAINING_ONLY_DECODE = {"val_subset", "val_beam", "every_n_epochs", "probe_sentences"}  # validation's
 
 
 def decode_settings(saved: dict[str, Any], overrides: dict[str, Any] | None) -> DecodeConfig:

@@ -48,8 +48,13 @@ def packable(layer: nn.Linear) -> bool:
     """Whether `layer`'s weight and bias are its own registered parameters (not computed by pruning or a
     parametrization) and have version counters (not made under inference mode): what the cache keys on."""
     params = layer._parameters
-    weight = params.get("weight")
-    return weight is not None and "bias" in params and not weight.is_inference()
+    weight, bias = params.get("weight"), params.get("bias")
+    return (
+        weight is not None
+        and "bias" in params
+        and not weight.is_inference()
+        and (bias is None or not bias.is_inference())
+    )
 
 
 _compiling = getattr(torch.compiler, "is_compiling", lambda: False)  # torch >= 2.3
