@@ -162,6 +162,10 @@ def test_attnlab_eval_refuses_data_in_other_languages_and_sets_that_score_nothin
     results = evaluate_checkpoint(compose_eval([f"ckpt_path={best}", *files, "sets=val", "decode.beam=1"],
                                                tmp_path / "c"))  # fmt: skip
     assert list(results["sets"]) == ["val"] and results["target_lang"] == "en"
+    assert results["sets"]["val"]["unfinished"] == 0  # every translation ended with eos
+    cut = evaluate_checkpoint(compose_eval([f"ckpt_path={best}", "sets=[val]", "decode.beam=1",
+                                            "decode.min_len=500"], tmp_path / "d"))  # fmt: skip
+    assert cut["sets"]["val"]["unfinished"] == cut["sets"]["val"]["sentences"] == 40  # all cut at a·|S|+b
 
 
 def test_results_hold_ter_and_bleu_as_the_chosen_tokenizer_splits_it(

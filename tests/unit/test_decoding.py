@@ -190,6 +190,19 @@ def test_a_min_len_no_output_may_reach_is_warned_about() -> None:
         DecodeConfig(max_len_a=0.1, max_len_b=5, min_len=6)  # a long source may reach it
 
 
+@pytest.mark.parametrize("beam", [1, 3])
+def test_translate_reports_the_outputs_that_ran_to_their_limit_without_eos(beam: int) -> None:
+    src = source([4, 2, 3])
+    with pytest.warns(UserWarning, match="min_len=9 is longer"):  # eos is never allowed: all run to b = 3
+        settings = DecodeConfig(beam=beam, max_len_a=0.0, max_len_b=3, min_len=9)
+    unfinished: list[int] = []
+    outputs = translate(build(), src, settings, unfinished=unfinished)
+    assert unfinished == [0, 1, 2] and [len(row) for row in outputs] == [3, 3, 3]
+    unfinished = []
+    translate(build(EosAtSourceLength), src, DecodeConfig(beam=1), unfinished=unfinished)  # all end with eos
+    assert unfinished == []
+
+
 def test_first_fed_token_is_decoder_start_id() -> None:
     model = build(EosAtSourceLength, decoder_start_id=PAD)
     assert model.config.start_id == PAD

@@ -455,11 +455,13 @@ def translate(
     beam: int | None = None,
     *,
     use_cache: bool = True,
+    unfinished: list[int] | None = None,
 ) -> list[list[int]]:
     """The best output ids of each sentence under the decoding settings `config`, eos and padding
     removed: `greedy_decode` when the beam is 1 (drawing tokens with `config.sampling`, `Sampling`), else
     `beam_search` with `config.alpha` and `config.length_penalty`; both honour
-    `config.min_len`, `config.max_len_a` and `config.max_len_b`.
+    `config.min_len`, `config.max_len_a` and `config.max_len_b`. Given a list `unfinished`, the indices of
+    the sentences whose output ran to its length limit without eos are appended to it.
 
     Args:
         model: The Transformer (call `.eval()` first).
@@ -480,6 +482,8 @@ def translate(
         best = beam_search(model, src, beam=beam, alpha=config.alpha, penalty=config.length_penalty,
                            **limits, use_cache=use_cache)  # fmt: skip
         rows = [hyps[0].tokens for hyps in best]
+    if unfinished is not None:
+        unfinished.extend(i for i, row in enumerate(rows) if cfg.eos_id not in row)
     return [row[: row.index(cfg.eos_id)] if cfg.eos_id in row else [t for t in row if t != cfg.pad_id]
             for row in rows]  # fmt: skip
 

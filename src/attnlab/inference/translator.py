@@ -103,6 +103,7 @@ class Translator:
         self.data = data
         self.metrics = metrics or MetricsConfig()
         self.truncated = 0  # sources cut to fit a learned position table
+        self.unfinished = 0  # translations that ran to their length limit without eos (`translate`)
 
     @property
     def ensemble(self) -> bool:
@@ -236,12 +237,17 @@ class Translator:
 
     def translate(self, lines: Sequence[str]) -> list[str]:
         """Detokenized translations of `lines`, in their order. A line without source tokens (empty or
-        whitespace only) translates to an empty line, without decoding."""
+        whitespace only) translates to an empty line, without decoding. Translations that ran to their
+        length limit without eos are counted in `self.unfinished`."""
         out = [""] * len(lines)
-        for i, row in self._decoded(
-            self._source_ids(lines), lambda src: translate(self.model, src, self.decode)
-        ):
+        unfinished: list[int] = []
+
+        def decode(src: torch.Tensor) -> list[list[int]]:
+            return translate(self.model, src, self.decode, unfinished=unfinished)
+
+        for i, row in self._decoded(self._source_ids(lines), decode):
             out[i] = self.tgt_tokenizer.decode(row)
+        self.unfinished += len(unfinished)
         return out
 
     def nbest(
@@ -391,7 +397,8 @@ def score_sets(
         null when the model is no ensemble), `target_lang` (`Translator.target_lang`; null when unknown,
         and then English Moses rules tokenize for `bleu_tok_compound`, with a warning), and
         `truncated_sources` when sources were cut to `Translator.source_limit` (each set's count is
-        logged as a warning). With
+        logged as a warning), and per set `unfinished`, how many translations ran to their length limit
+        without eos (`Translator.unfinished`; a warning when any did; not counted for n-best lists). With
         `decode.nbest` or `decode.print_alignment` (`DecodeConfig.writes_nbest`), each set's n-best
         lists (`Translator.nbest`, with the references) too, named under `nbest` in its results; its
         hypotheses and scores are then those of their first hypotheses (one decode gives both).
@@ -415,16 +422,14 @@ def score_sets(
         "sets": {},
     }
     for name, (sources, references) in sets.items():
-        started, truncated = time.perf_counter(), translator.truncated
+        started, truncated, unfinished = time.perf_counter(), translator.truncated, translator.unfinished
         if translator.decode.writes_nbest:
             nbest_of[name] = translator.nbest(list(sources), references=list(references))
             hypotheses = [n.best for n in nbest_of[name]]
         else:
             hypotheses = translator.translate(list(sources))
         seconds = time.perf_counter() - started
-        if translator.truncated > truncated:
-            log.warning("%s: %d sources were cut to %s", name, translator.truncated - truncated,
-                        translator.source_limit()[1])  # fmt: skip
+        unfinished = _warn_of_cuts(translator, name, len(hypotheses), truncated, unfinished)
         hypotheses_of[name], references_of[name] = hypotheses, list(references)
         sources_of[name] = list(sources)
         scores = score_all(hypotheses, list(references), translator.metrics)
@@ -445,6 +450,8 @@ def score_sets(
             "sources": f"{SOURCES_DIR}/{name}.txt",  # for reports by source length
             "decode_seconds": round(seconds, 3),
         }
+        if not translator.decode.writes_nbest:  # counted by `Translator.translate`
+            results["sets"][name]["unfinished"] = unfinished
         if name in nbest_of:
             results["sets"][name]["nbest"] = nbest_file(name, nbest_format)
         log.info("%s: BLEU %.2f chrF %.2f TER %.2f (%d sentences, %.1f s; %s); the paper's tokenized BLEU "
@@ -455,6 +462,21 @@ def score_sets(
         results["truncated_sources"] = translator.truncated
     results.update(copy.deepcopy(extra or {}))
     return Evaluation(results, hypotheses_of, references_of, sources_of, nbest_of, nbest_format)
+
+
+def _warn_of_cuts(translator: Translator, name: str, count: int, truncated: int, unfinished: int) -> int:
+    """Log the sources of set `name` cut to the source limit and its `count` translations that ran to their
+    length limit without eos, from the translator's counts before it (`truncated`, `unfinished`); returns
+    the latter's number."""
+    if translator.truncated > truncated:
+        log.warning("%s: %d sources were cut to %s", name, translator.truncated - truncated,
+                    translator.source_limit()[1])  # fmt: skip
+    cut, decode = translator.unfinished - unfinished, translator.decode
+    if cut:
+        log.warning("%s: %d of %d translations ran to their length limit without eos (decode.max_len_a=%s, "
+                    "max_len_b=%s, min_len=%s)", name, cut, count, decode.max_len_a, decode.max_len_b,
+                    decode.min_len)  # fmt: skip
+    return cut
 
 
 def evaluate(
