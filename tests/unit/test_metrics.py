@@ -309,7 +309,8 @@ def test_score_sets_records_the_tokenized_bleu_in_the_target_language(
     class FixedTranslator(Translator):
         def __init__(self, data: dict | None, metrics: MetricsConfig | None = None) -> None:
             # no model: `translate` looks the output up
-            self.model, self.data, self.decode, self.truncated = None, data, DecodeConfig(), 0
+            self.model, self.data, self.decode = None, data, DecodeConfig()
+            self.truncated = self.unfinished = 0
             self.metrics = metrics or MetricsConfig()
 
         def translate(self, lines: list[str]) -> list[str]:
