@@ -482,10 +482,11 @@ def translate(
         best = beam_search(model, src, beam=beam, alpha=config.alpha, penalty=config.length_penalty,
                            **limits, use_cache=use_cache)  # fmt: skip
         rows = [hyps[0].tokens for hyps in best]
+    ended = [cfg.eos_id in row for row in rows]
     if unfinished is not None:
-        unfinished.extend(i for i, row in enumerate(rows) if cfg.eos_id not in row)
-    return [row[: row.index(cfg.eos_id)] if cfg.eos_id in row else [t for t in row if t != cfg.pad_id]
-            for row in rows]  # fmt: skip
+        unfinished.extend(i for i, done in enumerate(ended) if not done)
+    return [row[: row.index(cfg.eos_id)] if done else [t for t in row if t != cfg.pad_id]
+            for row, done in zip(rows, ended, strict=True)]  # fmt: skip
 
 
 def nbest_decode(

@@ -233,17 +233,17 @@ def paired_tests(baseline: Sequence[Run], runs: Sequence[Run], n_samples: int = 
         base = by_seed.get(run.config.get("seed"))
         if base is None:
             continue
+        tokenize, base_tokenize = _bleu_tokenizer(run), _bleu_tokenizer(base)  # as each scored its BLEU
+        if tokenize != base_tokenize:
+            log.warning("no paired test of %s against %s: their BLEU was scored with the %s and %s "
+                        "tokenizers", run.path, base.path, tokenize, base_tokenize)  # fmt: skip
+            continue
         for hyp_file in sorted(run.files.hypotheses_dir.glob("*.txt")):
             name = hyp_file.name
             refs = _lines(run.files.references_dir / name)
             base_hyps = _lines(base.files.hypotheses_dir / name)
             if refs is None or base_hyps is None or refs != _lines(base.files.references_dir / name):
                 continue  # not the same test sentences: no paired test
-            tokenize = _bleu_tokenizer(run)  # as the run scored its BLEU; the baseline's must agree
-            if _bleu_tokenizer(base) != tokenize:
-                log.warning("no paired test of %s against %s: their BLEU was scored with the %s and %s "
-                            "tokenizers", run.path, base.path, tokenize, _bleu_tokenizer(base))  # fmt: skip
-                continue
             hyps = _lines(hyp_file)
             result = paired_bootstrap(base_hyps, hyps, refs, n_samples=n_samples, tokenize=tokenize)
             out.setdefault(hyp_file.stem, []).append((run.config.get("seed"), result.p_value))

@@ -77,7 +77,24 @@ class AveragingCheckpoints(ModelCheckpoint):
         )
 
 
-class LastCheckpoint(ModelCheckpoint):
+class _StepEnds(L.Callback):
+    """Tells whether the training batch just ended completed an optimizer step (`_ended_a_step`): with
+    gradient accumulation most batches do not, and their accumulated gradients are in no checkpoint, so
+    a save there would not resume exactly."""
+
+    _step_at_batch_start = -1
+
+    def on_train_batch_start(
+        self, trainer: L.Trainer, pl_module: L.LightningModule, batch: Any, batch_idx: int
+    ) -> None:
+        self._step_at_batch_start = trainer.global_step
+
+    def _ended_a_step(self, trainer: L.Trainer) -> bool:
+        """In `on_train_batch_end`: whether this batch ended with an optimizer step."""
+        return trainer.global_step != self._step_at_batch_start
+
+
+class LastCheckpoint(_StepEnds, ModelCheckpoint):
     """`last.ckpt`: the latest training state, which `resume=true` continues from.
 
     Written at the end of every validation (by default once per epoch, `trainer.check_val_every_n_epoch`;
@@ -123,22 +140,16 @@ class LastCheckpoint(ModelCheckpoint):
         )
         self.every_n_minutes = every_n_minutes
         self._since: float | None = None  # when training (re)started or last.ckpt was last written
-        self._step_at_batch_start = -1
         self._stepped = True  # whether the last training batch ended with an optimizer step
 
     def on_train_start(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
         super().on_train_start(trainer, pl_module)
         self._since = time.monotonic()
 
-    def on_train_batch_start(
-        self, trainer: L.Trainer, pl_module: L.LightningModule, batch: Any, batch_idx: int
-    ) -> None:
-        self._step_at_batch_start = trainer.global_step
-
     def on_train_batch_end(
         self, trainer: L.Trainer, pl_module: L.LightningModule, outputs: Any, batch: Any, batch_idx: int
     ) -> None:
-        self._stepped = trainer.global_step != self._step_at_batch_start
+        self._stepped = self._ended_a_step(trainer)
         if not self._stepped:  # inside an accumulation: nothing a checkpoint could resume exactly
             return
         super().on_train_batch_end(trainer, pl_module, outputs, batch, batch_idx)  # every N steps
@@ -188,7 +199,7 @@ class Preempted(SystemExit):
         return self.message
 
 
-class Preemption(L.Callback):
+class Preemption(_StepEnds):
     """On SIGTERM or SIGUSR1, save a checkpoint at the end of the current training step and stop.
 
     Clusters announce the end of a job with a signal: SLURM sends SIGTERM before killing a job (and
@@ -217,7 +228,6 @@ class Preemption(L.Callback):
         self.dirpath, self.filename = dirpath, filename
         self._received: int | None = None
         self._previous: dict[int, Any] = {}
-        self._step_at_batch_start = -1
 
     def _on_signal(self, signum: int, frame: Any) -> None:
         self._received = signum
@@ -234,15 +244,10 @@ class Preemption(L.Callback):
             signal.signal(signum, handler if handler is not None else signal.SIG_DFL)
         self._previous = {}
 
-    def on_train_batch_start(
-        self, trainer: L.Trainer, pl_module: L.LightningModule, batch: Any, batch_idx: int
-    ) -> None:
-        self._step_at_batch_start = trainer.global_step
-
     def on_train_batch_end(
         self, trainer: L.Trainer, pl_module: L.LightningModule, outputs: Any, batch: Any, batch_idx: int
     ) -> None:
-        if trainer.global_step == self._step_at_batch_start:  # inside an accumulation: save after its step
+        if not self._ended_a_step(trainer):  # inside an accumulation: save after its step
             return
         local = self._received
         if not trainer.strategy.reduce_boolean_decision(local is not None, all=False):
