@@ -1,14 +1,18 @@
 """Relative paths mean the same files from any working directory: a relative `data.dir` is resolved
 against the directory the command starts in, and gives the same data (same prepared-cache key and
-tokenizers) as the absolute path; a relative checkpoint path finds the same checkpoint."""
+tokenizers) as the absolute path; a relative checkpoint path finds the same checkpoint. A checkpoint
+holds its data paths absolute, so evaluating it reads the files it was trained on from any directory."""
 
 from __future__ import annotations
 
 import os
 from pathlib import Path
+from types import SimpleNamespace
 
 import pytest
 
+from attnlab.data import FilesData, HFData, Multi30kData
+from attnlab.runs.checkpoint import bundle, data_spec
 from attnlab.runs.manifest import data_identity
 from attnlab.training.experiment import validate
 from attnlab.typed import ConfigError
@@ -39,3 +43,51 @@ def test_a_relative_data_dir_gives_the_same_data_from_any_working_directory(
         assert absolute[key] == from_project[key] == from_elsewhere[key], key
     with pytest.raises(ConfigError, match=r"data\.dir=corpus does not exist or is not a directory"):
         validate(compose_train(["data=files", "data.dir=corpus", "model=tiny"], tmp_path / "run3"))
+
+
+def saved_data(spec: object) -> dict:
+    """The data settings a checkpoint of a run with `spec` holds (as `on_save_checkpoint` writes them)."""
+    return bundle(SimpleNamespace(spec=spec, src_tokenizer=None, tgt_tokenizer=None))["data"]
+
+
+def test_a_checkpoint_reads_the_data_it_was_trained_on_from_any_working_directory(
+    shared_data: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """attnlab-eval builds the data from the checkpoint: relative paths saved as given would name other
+    files (or none) from another directory, and the scores would be of other references."""
+    corpus = write_corpus(shared_data, tmp_path / "project" / "corpus", SPLITS)
+    (tmp_path / "elsewhere" / "corpus").mkdir(parents=True)  # a same-named directory, not the data
+    monkeypatch.chdir(tmp_path / "project")
+    overrides = ["data=files", "data.dir=corpus", "data.cache_dir=cache", "data.src_lang=de", "model=tiny"]
+    spec = validate(compose_train([*overrides, "data.tgt_lang=en"], tmp_path / "run")).data
+    trained_on, test_text = spec.files(), spec.load(["test"])
+    saved = saved_data(spec)
+    assert Path(saved["dir"]) == corpus and Path(saved["cache_dir"]) == tmp_path / "project" / "cache"
+    monkeypatch.chdir(tmp_path / "elsewhere")
+    rebuilt = data_spec(saved, "run.ckpt")
+    assert rebuilt.files() == trained_on
+    assert rebuilt.load(["test"]) == test_text
+
+
+def test_prefixes_and_dataset_paths_are_saved_absolute(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """`data=files` without `dir` (the prefixes are paths), Multi30k's `root`, a local Hugging Face
+    dataset and its local data files; hub names and remote files stay as they are."""
+    (tmp_path / "c").mkdir()
+    (tmp_path / "ds").mkdir()
+    (tmp_path / "train.json").write_text("{}\n", "utf-8")
+    monkeypatch.chdir(tmp_path)
+    prefixes = FilesData(train="c/train", valid="./c/valid", test=("c/x/../test",), tokenizer_path="t")
+    files = saved_data(prefixes)
+    assert (files["train"], files["valid"]) == (str(tmp_path / "c" / "train"), str(tmp_path / "c" / "valid"))
+    assert files["test"] == (str(tmp_path / "c" / "test"),) and files["tokenizer_path"] == str(tmp_path / "t")
+    assert files["dir"] is None and files["cache_dir"] is None
+    assert saved_data(Multi30kData(root="c"))["root"] == str(tmp_path / "c")
+    remote = "https://example.org/test.json"
+    hf = saved_data(HFData(name="ds", data_files={"train": "train.json", "test": remote}))
+    assert hf["name"] == str(tmp_path / "ds") and hf["data_files"] == {"train": str(tmp_path / "train.json"),
+                                                                        "test": remote}  # fmt: skip
+    assert saved_data(HFData(name="bentrevett/multi30k"))["name"] == "bentrevett/multi30k"
+    monkeypatch.chdir(tmp_path / "c")
+    assert data_spec(files, "run.ckpt").test_split_names() == ["test"]

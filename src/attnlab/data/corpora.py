@@ -15,6 +15,7 @@ from __future__ import annotations
 import dataclasses
 import functools
 import itertools
+import os
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -181,6 +182,12 @@ def _check_splits(splits: Sequence[str] | None, available: list[str]) -> list[st
     return list(splits)
 
 
+def _absolute(value: str | None) -> str | None:
+    """A path setting made absolute against the working directory (`~` expanded, `..` folded, symlinks
+    kept, so a prefix keeps its file name); None stays None."""
+    return None if value is None else os.path.abspath(os.path.expanduser(value))
+
+
 def _require_directory(name: str, value: str | None, holding: str) -> None:
     """A directory setting, when set, must exist (relative paths: from the working directory)."""
     if value is not None:
@@ -279,6 +286,14 @@ class CorpusData:
 
         return Path(self.cache_dir).expanduser().resolve() if self.cache_dir else default_cache_dir()
 
+    def absolute_paths(self) -> dict[str, Any]:
+        """The settings naming local files or directories, made absolute against the working directory
+        (which is what reading them resolves relative ones against). A checkpoint holds its data
+        settings with these (`attnlab.runs.checkpoint.data_settings`), so `attnlab-eval` reads the files
+        the model was trained and tested on from any working directory."""
+        names = ("cache_dir", "tokenizer_path", "src_tokenizer_path", "tgt_tokenizer_path")
+        return {name: _absolute(getattr(self, name)) for name in names}
+
     def tokenizer_files(self) -> tuple[Path, Path] | None:
         """The (source, target) tokenizer files to load instead of training tokenizers (one file twice
         with `joint_vocab`), or None (relative paths: from the working directory)."""
@@ -372,6 +387,9 @@ class Multi30kData(CorpusData):
         _require_directory("root", self.root, "the gunzipped Multi30k files (train.de, val.de, test2016.de, "
                            "...), or set root=null to download them")  # fmt: skip
 
+    def absolute_paths(self) -> dict[str, Any]:
+        return {**super().absolute_paths(), "root": _absolute(self.root)}
+
     def files(self) -> dict[str, tuple[Path, Path]]:
         from attnlab.data.download import multi30k_paths
 
@@ -415,6 +433,12 @@ class FilesData(CorpusData):
         for name in names:
             require(name not in ("train", "val"), f"test={list(self.test)} names a test set {name!r}, "
                     "like a training or validation split: rename the files")  # fmt: skip
+
+    def absolute_paths(self) -> dict[str, Any]:
+        if self.dir is not None:  # prefixes are relative to it
+            return {**super().absolute_paths(), "dir": _absolute(self.dir)}
+        prefixes = {"train": _absolute(self.train), "valid": _absolute(self.valid)}
+        return {**super().absolute_paths(), **prefixes, "test": tuple(_absolute(p) for p in self.test)}
 
     def _pair(self, prefix: str) -> tuple[Path, Path]:
         base = Path(self.dir) / prefix if self.dir else Path(prefix)
@@ -460,6 +484,18 @@ class HFData(CorpusData):
         for name in self.test_splits:
             require(name not in ("train", "val"), f"test_splits={list(self.test_splits)} names a test "
                     f"split {name!r}, which clashes with the training/validation split names")  # fmt: skip
+
+    def absolute_paths(self) -> dict[str, Any]:
+        """As `CorpusData.absolute_paths`, with `name` when it is a local directory and each `data_files`
+        entry that is a local file (hub names, builders and remote files stay as they are)."""
+        local = Path(self.name).expanduser()
+        paths = {**super().absolute_paths(), "name": _absolute(self.name) if local.is_dir() else self.name}
+        if self.data_files is not None:
+            paths["data_files"] = {
+                split: _absolute(file) if Path(file).expanduser().is_file() else file
+                for split, file in self.data_files.items()
+            }
+        return paths
 
     def _dataset(self) -> Any:
         try:

@@ -77,12 +77,15 @@ class CheckpointError(ValueError):
 
 
 def data_settings(datamodule: Any) -> dict[str, Any] | None:
-    """A data module's data settings as a checkpoint holds them (`_target_` and the spec's fields; None
-    for a data module without a spec)."""
+    """A data module's data settings as a checkpoint holds them (`_target_` and the spec's fields, with
+    its local paths absolute: `absolute_paths` of `attnlab.data.corpora.CorpusData`); None for a data
+    module without a spec."""
     spec = getattr(datamodule, "spec", None)
     if not dataclasses.is_dataclass(spec):
         return None
-    return {"_target_": f"{type(spec).__module__}.{type(spec).__qualname__}", **dataclasses.asdict(spec)}
+    paths = spec.absolute_paths() if hasattr(spec, "absolute_paths") else {}
+    target = f"{type(spec).__module__}.{type(spec).__qualname__}"
+    return {"_target_": target, **dataclasses.asdict(spec), **paths}
 
 
 def bundle(datamodule: Any) -> dict[str, Any]:
