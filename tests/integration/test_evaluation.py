@@ -18,7 +18,7 @@ from omegaconf import OmegaConf
 
 from attnlab.cli.eval import evaluate_checkpoint
 from attnlab.cli.translate import main as translate_main
-from attnlab.inference.translator import Translator, decode_settings, resolve_checkpoints
+from attnlab.inference.translator import Translator, resolve_checkpoints
 from attnlab.metrics import MetricsConfig, corpus_bleu, corpus_ter
 from attnlab.runs.checkpoint import CheckpointError, kept_checkpoints, read_checkpoint
 from attnlab.training.experiment import validate
@@ -287,8 +287,7 @@ def test_attnlab_translate_command_streams_stdin_to_stdout(text_run: dict[str, A
         command, input=text, capture_output=True, text=True, env=env, timeout=120, check=False
     )
     assert done.returncode == 0, done.stderr
-    translator = Translator.from_checkpoints([best])
-    translator.decode = decode_settings(translator.decode.to_dict(), {"beam": 2})  # the saved beam is 3
+    translator = Translator.from_checkpoints([best], decode_overrides={"beam": 2})  # the saved beam is 3
     assert done.stdout.splitlines() == translator.translate(sources)
     assert_translates(done.stdout.splitlines(), references(text_run, "test2"))
 
@@ -347,6 +346,33 @@ def test_bad_checkpoints_get_clear_errors(text_run: dict[str, Any], tmp_path: Pa
     with pytest.raises(SystemExit, match="beam_size"):
         translate_main([f"ckpt_path={text_run['dir']}", "decode.beam_size=3"])
     assert [p.name for p in kept_checkpoints(text_run["dir"])] == ["epoch028.ckpt", "epoch029.ckpt"]
+
+
+def test_a_saved_decoding_setting_this_version_refuses_is_replaced_by_an_override(
+    text_run: dict[str, Any], tmp_path: Path
+) -> None:
+    """Older versions saved `decode.max_len_a=inf` (it decoded 1-token outputs); it is refused now. The
+    checkpoint is refused naming the setting and the fix, and loads with the setting given: overrides
+    apply before the saved settings are checked."""
+    checkpoint = torch.load(next((text_run["dir"] / "checkpoints").glob("best-*.ckpt")), weights_only=True)
+    checkpoint["hyper_parameters"]["decode"]["max_len_a"] = float("inf")
+    old = tmp_path / "old.ckpt"
+    torch.save(checkpoint, old)
+    wanted = [f"ckpt_path={old}", "sets=[val]", "decode.beam=1"]
+    with pytest.raises(
+        ConfigError, match=r"old\.ckpt holds decode settings .*max_len_a=inf .*decode\.<name>="
+    ):
+        evaluate_checkpoint(compose_eval(wanted, tmp_path / "refused"))
+    with pytest.raises(SystemExit, match=r"max_len_a=inf"):
+        translate_main([f"ckpt_path={old}", f"input={tmp_path / 'none'}"])
+    results = evaluate_checkpoint(compose_eval([*wanted, "decode.max_len_a=1.2"], tmp_path / "fixed"))
+    hypotheses = lines(tmp_path / "fixed" / "hypotheses" / "val.txt")
+    assert_translates(hypotheses, references(text_run, "valid"))
+    assert results["decode"]["max_len_a"] == 1.2 and results["sets"]["val"]["unfinished"] == 0
+    (tmp_path / "val.de").write_text("\n".join(lines(text_run["corpus"] / "valid.de")) + "\n", "utf-8")
+    translate_main([f"ckpt_path={old}", "decode.max_len_a=1.2", "decode.beam=1",
+                    f"input={tmp_path / 'val.de'}", f"output={tmp_path / 'val.en'}"])  # fmt: skip
+    assert lines(tmp_path / "val.en") == hypotheses
 
 
 def test_translate_reports_a_missing_input_file(text_run: dict[str, Any], tmp_path: Path) -> None:

@@ -40,7 +40,6 @@ def evaluate_checkpoint(cfg: DictConfig) -> dict[str, Any]:
     from attnlab.data.download import DataError
     from attnlab.inference.translator import (
         Translator,
-        decode_settings,
         evaluate,
         metrics_settings,
         resolve_checkpoints,
@@ -54,8 +53,10 @@ def evaluate_checkpoint(cfg: DictConfig) -> dict[str, Any]:
         ensemble = bool(cfg.get("ensemble") or False)
         paths = resolve_checkpoints(ckpt_path, int(cfg.get("average_last") or 0), ensemble)
         device = str(cfg.get("device", "auto"))
-        translator = Translator.from_checkpoints(paths, device=device, ensemble=ensemble)
-        translator.decode = decode_settings(translator.decode.to_dict(), OmegaConf.to_container(cfg.decode))
+        decode = OmegaConf.to_container(cfg.decode)  # applied before the saved settings are checked
+        translator = Translator.from_checkpoints(
+            paths, device=device, ensemble=ensemble, decode_overrides=decode
+        )
         overrides = OmegaConf.to_container(cfg.metrics) if cfg.get("metrics") is not None else None
         translator.metrics = metrics_settings(translator.metrics, overrides)  # before anything is decoded
         if cfg.get("data") is not None:

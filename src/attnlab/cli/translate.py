@@ -139,13 +139,12 @@ def load_translator(settings: dict[str, Any]) -> Translator:
         attnlab.runs.checkpoint.CheckpointError: No usable checkpoint there.
         ValueError: A bad decoding setting.
     """
-    from attnlab.inference.translator import Translator, decode_settings, resolve_checkpoints
+    from attnlab.inference.translator import Translator, resolve_checkpoints
 
     ensemble = bool(settings["ensemble"])
     paths = resolve_checkpoints(settings["ckpt_path"], int(settings["average_last"] or 0), ensemble)
-    translator = Translator.from_checkpoints(paths, device=str(settings["device"]), ensemble=ensemble)
-    translator.decode = decode_settings(translator.decode.to_dict(), settings["decode"])
-    return translator
+    device, decode = str(settings["device"]), settings["decode"]  # applied before the saved ones are checked
+    return Translator.from_checkpoints(paths, device=device, ensemble=ensemble, decode_overrides=decode)
 
 
 def translate_stream(translator: Translator, source: Iterable[str], sink: IO[str], chunk_lines: int) -> int:

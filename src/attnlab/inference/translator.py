@@ -118,6 +118,7 @@ class Translator:
         device: str = "cpu",
         *,
         ensemble: bool = False,
+        decode_overrides: dict[str, Any] | None = None,
     ) -> Translator:
         """A translator from one checkpoint, from the average of several (same model and tokenizers), or
         with `ensemble=True` from an `Ensemble` of them (each its own model, combined at every decoding
@@ -125,12 +126,19 @@ class Translator:
 
         `decode` defaults to the decoding settings saved in the (first) checkpoint, and the scoring and
         data settings are the first one's too (`MetricsConfig()` for a checkpoint without them).
+        `decode_overrides` (the `decode.*` of attnlab-eval and attnlab-translate) are applied to the saved
+        settings as `decode_settings` applies them, before they are checked: a saved value that this
+        version refuses can be replaced.
 
         Raises:
             attnlab.runs.checkpoint.CheckpointError: A checkpoint is missing, damaged, not from attnlab-train,
                 or refused (`attnlab.runs.checkpoint.read_checkpoint`: nothing in a checkpoint runs), or
                 ensembled checkpoints have different tokenizers (named).
+            ValueError: A bad decoding override.
         """
+        if decode is not None and decode_overrides is not None:
+            raise ValueError("give the decoding settings (decode) or overrides of the saved ones, not both")
+        decode = decode or decode_overrides  # type: ignore[assignment] (the overrides: see `_decode`)
         if not ensemble:
             return cls._from_checkpoint(read_averaged(paths), paths, decode, device)
         if not paths:
@@ -156,7 +164,11 @@ class Translator:
 
     @classmethod
     def _from_checkpoint(
-        cls, checkpoint: dict[str, Any], paths: Sequence[str | Path], decode: DecodeConfig | None, device: str
+        cls,
+        checkpoint: dict[str, Any],
+        paths: Sequence[str | Path],
+        decode: DecodeConfig | dict[str, Any] | None,
+        device: str,
     ) -> Translator:
         """The translator of one checkpoint's content (read from `paths`, several when averaged)."""
         bundle = checkpoint[BUNDLE_KEY]
@@ -184,7 +196,7 @@ class Translator:
         return cls(
             model,
             *tokenizers,
-            decode or saved_settings(checkpoint, "decode", paths[0]),
+            decode if isinstance(decode, DecodeConfig) else _decode(checkpoint, paths[0], decode),
             data=data,
             metrics=saved_settings(checkpoint, "metrics", paths[0]),
         )
@@ -591,6 +603,25 @@ def metrics_settings(saved: MetricsConfig, overrides: dict[str, Any] | None) -> 
     except ValueError as exc:
         raise ValueError(f"metrics.{exc}") from None
     return metrics
+
+
+def _decode(checkpoint: dict[str, Any], path: str | Path, overrides: dict[str, Any] | None) -> DecodeConfig:
+    """A checkpoint's decoding settings with `overrides` (`decode_settings`) applied before they are checked.
+
+    Raises:
+        attnlab.runs.checkpoint.CheckpointError: The saved settings hold a value this version refuses, and
+            no override replaces it (named, with the fix).
+        ValueError: A bad override.
+    """
+    saved = checkpoint["hyper_parameters"].get("decode")
+    fields = {f.name for f in dataclasses.fields(DecodeConfig)}
+    if overrides is None or not isinstance(saved, dict) or not set(saved) <= fields:
+        return saved_settings(checkpoint, "decode", path)  # (what it refuses: a damaged entry, unknown keys)
+    try:
+        return decode_settings(saved, overrides)
+    except (ValueError, TypeError):
+        saved_settings(checkpoint, "decode", path)  # the saved settings' fault: named as theirs
+        raise
 
 
 TRAINING_ONLY_DECODE = {"val_subset", "val_beam", "every_n_epochs", "probe_sentences"}  # validation's

@@ -270,7 +270,8 @@ def saved_settings(checkpoint: dict[str, Any], key: str, path: str | Path) -> An
     try:
         return build_from(SETTINGS[key], values, key)
     except ConfigError as exc:
-        raise CheckpointError(f"{path} holds {key} settings this version cannot use: {exc}") from None
+        fix = f"; replace it with {key}.<name>=<value>" if key in ("decode", "metrics") else ""
+        raise CheckpointError(f"{path} holds {key} settings this version cannot use: {exc}{fix}") from None
 
 
 LAYER_KEY = re.compile(r"^(encoder|decoder)\.layers\.(\d+)\.")
