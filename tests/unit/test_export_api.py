@@ -114,6 +114,42 @@ def test_min_len_means_the_same_in_both_formats(tmp_path: Path) -> None:
         assert tokenizer.batch_decode(generated, skip_special_tokens=True) == ours.translate(lines)
 
 
+def test_outputs_long_as_the_settings_allow_decode_the_same_in_the_exports(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    """A model that never prefers eos. Saved settings allowing outputs longer than its 1024 positions
+    (a·|S|+b = 5000, above `MAX_OUTPUT_TOKENS`): both exports encode enough positions, and attnlab and
+    CTranslate2 stop at the cap (CTranslate2 failed at position 1024). A call asking more of an export
+    made for shorter outputs stops at its positions, with a warning."""
+    pytest.importorskip("ctranslate2", reason='needs the [export] extra: pip install -e ".[export]"')
+    from attnlab.data.batching import pad
+    from attnlab.decoding.search import MAX_OUTPUT_TOKENS, translate
+    from attnlab.interop.ct2 import CT2Translator
+
+    joint = SubwordTokenizer.train(GERMAN + ENGLISH, model="bpe", vocab_size=80)
+    torch.manual_seed(0)
+    config = TransformerConfig(d_model=16, n_heads=2, d_ff=32, n_encoder_layers=1, n_decoder_layers=1,
+                               output_bias=True)  # fmt: skip
+    model = Transformer(config.with_vocab(joint.vocab_size, joint.vocab_size))
+    with torch.no_grad():
+        model.output.bias[config.eos_id] = -50.0
+    ours = Translator(model, joint, joint, DecodeConfig(beam=1, alpha=0.0, max_len_a=0.0, max_len_b=5000))
+    ids = ours._source_ids(["Zwei Hunde."])
+    assert [len(row) for row in translate(model, pad(ids, config.pad_id), ours.decode)] == [MAX_OUTPUT_TOKENS]
+    engine = CT2Translator(export(ours, "ctranslate2", tmp_path / "ct2"), intra_threads=1)
+    assert [len(row) for row in engine.translate_ids(ids)] == [MAX_OUTPUT_TOKENS]
+    hf = export(ours, "hf", tmp_path / "hf")
+    assert json.loads((hf / "config.json").read_text())["max_position_embeddings"] == MAX_OUTPUT_TOKENS
+    assert json.loads((hf / "generation_config.json").read_text())["max_length"] == MAX_OUTPUT_TOKENS + 1
+
+    ours.decode = DecodeConfig(beam=1, alpha=0.0, max_len_a=0.0, max_len_b=8)
+    short = CT2Translator(export(ours, "ctranslate2", tmp_path / "short"), intra_threads=1)
+    assert short.settings["positions"] == config.max_positions == 1024
+    with caplog.at_level(logging.WARNING, logger="attnlab.interop.ct2"):
+        assert [len(row) for row in short.translate_ids(ids, max_len_b=5000)] == [1024]
+    assert "allow outputs of up to 4096 tokens, but this export encodes 1024 positions" in caplog.text
+
+
 @pytest.mark.parametrize(
     "penalty,alpha,saved",
     [("fairseq", 1.5, 1.5), ("fairseq", None, 1.0), ("gnmt", 0.6, 0.0), ("gnmt", 0.0, 0.0)],

@@ -28,12 +28,24 @@ def max_output_lengths(src: Tensor, pad_id: int, a: float, b: int, limit: int | 
     input needs a position), or `MAX_OUTPUT_TOKENS` for a model without one.
 
     Per sentence, so that a sentence decodes the same alone as inside a padded batch. In float64 on the
-    CPU (MPS has no float64), as Python computes `int(a * len + b)`, which `attnlab.interop.ct2` groups
-    sentences by (it has no cap): float32 came out one token off for some a and |S| (a = 1.3, |S| = 90:
-    126 instead of 127).
+    CPU (MPS has no float64), as Python computes `int(a * len + b)` (`max_output_length`, which
+    `attnlab.interop.ct2` groups sentences by): float32 came out one token off for some a and |S| (a = 1.3,
+    |S| = 90: 126 instead of 127).
     """
     lengths = (src != pad_id).sum(dim=1).to("cpu", torch.float64) * a + b
-    return lengths.clamp(min=1, max=MAX_OUTPUT_TOKENS if limit is None else limit).long().to(src.device)
+    return lengths.clamp(min=1, max=output_cap(limit)).long().to(src.device)
+
+
+def output_cap(limit: int | None) -> int:
+    """The longest output of a model with position limit `limit` (`TransformerConfig.position_limit`):
+    `limit`, or `MAX_OUTPUT_TOKENS` when it has none."""
+    return MAX_OUTPUT_TOKENS if limit is None else limit
+
+
+def max_output_length(source_length: int, a: float, b: int, limit: int | None = None) -> int:
+    """`max_output_lengths` of one source of `source_length` tokens (eos included), as a Python int: the
+    same arithmetic (Python floats are float64) for the exports, which decode outside PyTorch."""
+    return min(max(1, int(a * source_length + b)), output_cap(limit))
 
 
 def ungenerable_ids(config: TransformerConfig, device: torch.device) -> Tensor:

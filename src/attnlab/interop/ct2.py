@@ -24,6 +24,7 @@ draws from its own random generator, so the samples are not attnlab's and not re
 from __future__ import annotations
 
 import json
+import logging
 from collections import defaultdict
 from collections.abc import Sequence
 from pathlib import Path
@@ -31,6 +32,7 @@ from typing import Any
 
 from attnlab.data.batching import cut_source
 from attnlab.data.tokenizer import SubwordTokenizer
+from attnlab.decoding.search import MAX_OUTPUT_TOKENS, max_output_length
 from attnlab.interop.export import (
     EXPORT_EXTRA,
     SETTINGS_FILE,
@@ -38,6 +40,16 @@ from attnlab.interop.export import (
     TARGET_TOKENIZER_FILE,
     ExportError,
 )
+
+log = logging.getLogger(__name__)
+
+
+def _capped(groups: dict[int, list[int]], cap: int) -> dict[int, list[int]]:
+    """Sentences grouped by output limit, each limit lowered to `cap`."""
+    capped: dict[int, list[int]] = defaultdict(list)
+    for limit, members in groups.items():
+        capped[min(limit, cap)].extend(members)
+    return capped
 
 
 class CT2Translator:
@@ -105,7 +117,13 @@ class CT2Translator:
         pad, bos, eos = (self.settings[k] for k in ("pad_id", "bos_id", "eos_id"))
         groups: dict[int, list[int]] = defaultdict(list)  # output limit -> sentences
         for i, row in enumerate(ids):
-            groups[max(1, int(a * len(row) + b))].append(i)
+            groups[max_output_length(len(row), a, b)].append(i)
+        positions = self.settings.get("positions", MAX_OUTPUT_TOKENS)  # (older exports: not recorded)
+        if max(groups, default=0) > positions:
+            log.warning("max_len_a=%s, max_len_b=%s allow outputs of up to %d tokens, but this export "
+                        "encodes %d positions: its outputs stop there (attnlab's would not)", a, b,
+                        max(groups), positions)  # fmt: skip
+            groups = _capped(groups, positions)
         out: list[list[int]] = [[] for _ in ids]
         for limit, members in groups.items():  # CTranslate2's lengths: eos counted in the max, not the min
             results = self.translator.translate_batch(

@@ -15,6 +15,11 @@
   translates text with them. `quantization=int8|float16` stores the weights so (CTranslate2's
   quantization); `none` keeps float32.
 
+Both formats encode `exported_positions` positions (MarianMT's sinusoids are a table; by default the
+model's `max_positions`, 1024): every source and output the exported settings allow fits. `CT2Translator`
+stops outputs at that many tokens (and warns) where a call's own `max_len_a`/`max_len_b` would allow
+longer ones, which attnlab decodes up to `attnlab.decoding.search.MAX_OUTPUT_TOKENS`.
+
 `export` writes into a fresh hidden directory beside `out` and renames it into place once complete, so a
 failed export leaves nothing half-written, and an existing non-empty `out` is replaced only with
 `overwrite=True` (after the new export is complete).
@@ -31,6 +36,7 @@ from importlib.util import find_spec
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from attnlab.decoding.search import max_output_length
 from attnlab.interop.marian import to_marian
 
 if TYPE_CHECKING:
@@ -177,9 +183,18 @@ def _move_into_place(staging: Path, path: Path) -> None:
     shutil.rmtree(old, ignore_errors=True)  # only once the new export is in place
 
 
+def exported_positions(translator: Translator) -> int:
+    """The positions an export encodes. MarianMT's sinusoids are a table (attnlab computes them for any
+    position): the model's `max_positions`, or more where the source limit or the longest output of the
+    exported decoding settings (a·limit+b, at most `MAX_OUTPUT_TOKENS`) needs more."""
+    config, decode = translator.model.config, translator.decode
+    limit = translator.source_limit()[0]
+    return max(config.max_positions, limit, max_output_length(limit, decode.max_len_a, decode.max_len_b))
+
+
 def _marian(translator: Translator) -> Any:
     try:
-        return to_marian(translator.model.eval())  # its weights are copied into a new CPU model
+        return to_marian(translator.model.eval(), exported_positions(translator))  # copied to a CPU model
     except ValueError as exc:  # what MarianMT cannot hold: name what an exportable model is trained with
         raise ValueError(
             f"{exc}. Both formats go through MarianMT, which holds the paper's post-norm model with "
@@ -265,7 +280,8 @@ def write_hf(translator: Translator, out: Path) -> list[str]:
         generation.top_k, generation.top_p = sampling["topk"], sampling["topp"]
         generation.temperature = sampling["temperature"]
     limit, _ = translator.source_limit()
-    generation.max_length = int(translator.decode.max_len_a * limit + translator.decode.max_len_b) + 1
+    longest = max_output_length(limit, translator.decode.max_len_a, translator.decode.max_len_b, None)
+    generation.max_length = longest + 1  # the start id counted (no position limit: sinusoidal only)
     from transformers.utils import logging as hf_logging
 
     shown = hf_logging.is_progress_bar_enabled()
@@ -302,6 +318,7 @@ def write_ctranslate2(translator: Translator, out: Path, quantization: str) -> l
         "pad_id": config.pad_id, "bos_id": config.bos_id, "eos_id": config.eos_id,
         "start_id": config.start_id,
         "max_source_tokens": translator.source_limit()[0],
+        "positions": exported_positions(translator),
         "decode": {"beam": decode.beam, "max_len_a": decode.max_len_a, "max_len_b": decode.max_len_b,
                    "min_len": decode.min_len, "batch_size": decode.batch_size, **carried},
         "not_carried": lost,

@@ -115,8 +115,9 @@ def from_marian(marian_model: Any) -> Transformer:
     return model.eval()
 
 
-def marian_config(config: TransformerConfig) -> Any:
-    """The `MarianConfig` of an attnlab config in Marian's form (see the module docstring).
+def marian_config(config: TransformerConfig, positions: int | None = None) -> Any:
+    """The `MarianConfig` of an attnlab config in Marian's form (see the module docstring), with a table
+    of `positions` sinusoids (default `config.max_positions`; Marian can encode no longer sequence).
 
     Raises:
         ValueError: naming the attnlab option Marian cannot express.
@@ -138,7 +139,7 @@ def marian_config(config: TransformerConfig) -> Any:
         encoder_ffn_dim=config.d_ff, decoder_ffn_dim=config.d_ff, dropout=config.dropout,
         attention_dropout=config.attention_dropout, activation_dropout=config.activation_dropout,
         activation_function={"silu": "swish", "relu": "relu", "gelu": "gelu"}[config.activation],
-        max_position_embeddings=config.max_positions, scale_embedding=config.scale_embeddings,
+        max_position_embeddings=positions or config.max_positions, scale_embedding=config.scale_embeddings,
         share_encoder_decoder_embeddings=config.tie == "all", tie_word_embeddings=True,
         pad_token_id=config.pad_id, eos_token_id=config.eos_id, forced_eos_token_id=config.eos_id,
         decoder_start_token_id=config.start_id, bos_token_id=None,
@@ -170,8 +171,9 @@ def _in_split_order(config: TransformerConfig, state: dict[str, Any]) -> dict[st
     return out
 
 
-def to_marian(model: Transformer) -> Any:
-    """A `MarianMTModel` (eval mode) computing the same function as an attnlab `Transformer`.
+def to_marian(model: Transformer, positions: int | None = None) -> Any:
+    """A `MarianMTModel` (eval mode) computing the same function as an attnlab `Transformer`, for sequences
+    of up to `positions` tokens (`marian_config`).
 
     A model with the paper's interleaved sinusoids is converted with its model dimension permuted into
     Marian's split layout (`split_order`), which changes no output; a model without output bias gets a zero
@@ -181,7 +183,7 @@ def to_marian(model: Transformer) -> Any:
     from transformers import MarianMTModel
 
     config = model.config
-    marian = MarianMTModel(marian_config(config)).eval()
+    marian = MarianMTModel(marian_config(config, positions)).eval()
     ours = model.state_dict()
     if config.pe_layout == "interleaved":
         ours = _in_split_order(config, ours)
