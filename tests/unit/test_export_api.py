@@ -80,6 +80,18 @@ def test_hf_export_of_a_greedy_checkpoint_generates_attnlab_outputs(tmp_path: Pa
     assert generated.size(1) == 1 + 8  # the start id and max_len_b tokens: no eos forced or generated
 
 
+def eos_biased_model(joint: SubwordTokenizer, eos_bias: float) -> Transformer:
+    """A small random model whose output bias adds `eos_bias` to eos at every step (50: always eos first;
+    -50: never eos)."""
+    torch.manual_seed(0)
+    config = TransformerConfig(d_model=32, n_heads=4, d_ff=64, n_encoder_layers=2, n_decoder_layers=2,
+                               output_bias=True)  # fmt: skip
+    model = Transformer(config.with_vocab(joint.vocab_size, joint.vocab_size))
+    with torch.no_grad():
+        model.output.bias[config.eos_id] = eos_bias
+    return model
+
+
 def test_min_len_means_the_same_in_both_formats(tmp_path: Path) -> None:
     """A model whose every step prefers eos: the outputs are exactly `min_len` long, eos included, in
     attnlab, CTranslate2 (greedy and beam) and generate()."""
@@ -91,12 +103,8 @@ def test_min_len_means_the_same_in_both_formats(tmp_path: Path) -> None:
     from attnlab.interop.ct2 import CT2Translator
 
     joint = SubwordTokenizer.train(GERMAN + ENGLISH, model="bpe", vocab_size=80)
-    torch.manual_seed(0)
-    config = TransformerConfig(d_model=32, n_heads=4, d_ff=64, n_encoder_layers=2, n_decoder_layers=2,
-                               output_bias=True)  # fmt: skip
-    model = Transformer(config.with_vocab(joint.vocab_size, joint.vocab_size))
-    with torch.no_grad():
-        model.output.bias[config.eos_id] = 50.0
+    model = eos_biased_model(joint, 50.0)
+    config = model.config
     lines = ["Zwei Hunde spielen."]
     for min_len in (1, 4):
         ours = Translator(model, joint, joint, DecodeConfig(beam=1, alpha=0.0, min_len=min_len))
@@ -127,12 +135,8 @@ def test_outputs_long_as_the_settings_allow_decode_the_same_in_the_exports(
     from attnlab.interop.ct2 import CT2Translator
 
     joint = SubwordTokenizer.train(GERMAN + ENGLISH, model="bpe", vocab_size=80)
-    torch.manual_seed(0)
-    config = TransformerConfig(d_model=16, n_heads=2, d_ff=32, n_encoder_layers=1, n_decoder_layers=1,
-                               output_bias=True)  # fmt: skip
-    model = Transformer(config.with_vocab(joint.vocab_size, joint.vocab_size))
-    with torch.no_grad():
-        model.output.bias[config.eos_id] = -50.0
+    model = eos_biased_model(joint, -50.0)
+    config = model.config
     ours = Translator(model, joint, joint, DecodeConfig(beam=1, alpha=0.0, max_len_a=0.0, max_len_b=5000))
     ids = ours._source_ids(["Zwei Hunde."])
     assert [len(row) for row in translate(model, pad(ids, config.pad_id), ours.decode)] == [MAX_OUTPUT_TOKENS]
