@@ -21,6 +21,7 @@ import pytest
 import torch
 
 from attnlab.data.batching import TokenBatchSampler
+from attnlab.inference.translator import resolve_checkpoints
 from attnlab.training.pipeline import train
 from attnlab.typed import ConfigError
 from helpers import compose_train, require_shared_data, write_corpus
@@ -241,6 +242,28 @@ def test_a_finished_run_given_more_steps_trains_them_exactly(
     # the same losses in the same order; Lightning numbers the logged steps after a max_steps
     # resumption from an epoch's end one higher (it replays that epoch's end)
     assert list(step_losses(run_dir).values()) == list(step_losses(resume_reference).values())
+
+
+def test_an_epoch_replayed_after_a_crash_between_its_best_and_last_saves_keeps_one_best_checkpoint(
+    one_epoch: Path, resume_reference: Path, tmp_path: Path
+) -> None:
+    """A run directory copied elsewhere and resumed replaces its old best checkpoint with the next one
+    (the checkpoint callback's state named the old directory and was dropped: both stayed). A run that
+    died after its second epoch's best checkpoint was written but before that epoch's last.ckpt: resumed
+    from the first epoch's last.ckpt, it replays the epoch and saves the same best checkpoint again. It
+    replaces the file; Lightning's default added `-v1` beside it. A run directory with two best
+    checkpoints cannot be evaluated."""
+    run_dir = tmp_path / "run"
+    shutil.copytree(one_epoch, run_dir)
+    first_last = (run_dir / "checkpoints" / "last.ckpt").read_bytes()
+    resume(run_dir, DEFAULT, "trainer.max_epochs=2")
+    best = sorted(p.name for p in (run_dir / "checkpoints").glob("best-*.ckpt"))
+    assert best == ["best-epoch001-step20.ckpt"]  # (the synthetic task's val loss falls in epoch 2)
+    (run_dir / "checkpoints" / "last.ckpt").write_bytes(first_last)  # the second epoch's never came
+    resume(run_dir, DEFAULT, "trainer.max_epochs=2")
+    assert sorted(p.name for p in (run_dir / "checkpoints").glob("best-*.ckpt")) == best
+    assert resolve_checkpoints(run_dir) == [run_dir / "checkpoints" / best[0]]
+    assert_same_training(run_dir, resume_reference)
 
 
 def test_an_epoch_cut_by_limit_train_batches_continues_with_the_next_epoch(tmp_path: Path) -> None:

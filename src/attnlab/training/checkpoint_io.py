@@ -75,9 +75,12 @@ def trusted_callback_states(checkpoint: dict[str, Any], path: Path, own_run: boo
     A checkpoint of another run (`ckpt_path=`, `own_run=False`) starts a new run: none of its callback
     states is loaded, so its `ModelCheckpoint` state (best score, best and top-k files) cannot choose
     which file the final evaluation scores or which file Lightning deletes, nor its `EarlyStopping`
-    state stop this run. The run's own `last.ckpt` keeps them, except a `ModelCheckpoint` state naming
-    a file outside the directory the checkpoint lies in (the run's `checkpoints/`; a run directory
-    moved since): that state is dropped, with a warning, and the callback starts afresh.
+    state stop this run. The run's own `last.ckpt` keeps them. A `ModelCheckpoint` state of a run
+    directory moved since names files in its old `checkpoints/` (its `dirpath`): where each of them is in
+    the directory the checkpoint now lies in, the state follows the move (`_relocated`), so the best score
+    and the files Lightning replaces stay the run's (dropped, its old best checkpoint stayed beside the
+    next one, and a run directory with two cannot be evaluated). A state naming any other file outside
+    that directory is dropped, with a warning, and the callback starts afresh.
     """
     states = checkpoint.get("callbacks")
     if not isinstance(states, dict) or not states:
@@ -90,13 +93,40 @@ def trusted_callback_states(checkpoint: dict[str, Any], path: Path, own_run: boo
         if not isinstance(state, dict) or "best_model_path" not in state:
             continue  # not a ModelCheckpoint state
         outside = [f for f in _named_files(state) if f != "" and f is not None and not _inside(f, directory)]
-        if outside:
+        if outside and _relocated(state, outside, directory):
+            log.info("%s: the checkpoint callback state %s follows its run directory from %s", path, key,
+                     Path(outside[0]).parent)  # fmt: skip
+        elif outside:
             log.warning(
                 "%s: the checkpoint callback state %s names %r, outside %s; it was not loaded (the "
                 "callback starts afresh: best checkpoint and scores from the epochs trained from here)",
                 path, key, outside[0], directory,
             )  # fmt: skip
             del states[key]
+
+
+def _relocated(state: dict[str, Any], outside: list[Any], directory: Path) -> bool:
+    """Move (in place) the files of a `ModelCheckpoint` state to `directory` when every file named
+    outside it is a file of the state's own `dirpath` whose name is a file in `directory` (a run directory
+    moved or copied since); returns whether it did."""
+    old = state.get("dirpath")
+    if not isinstance(old, str) or not old:
+        return False
+
+    def moved(file: Any) -> Any:  # the file of that name in `directory`, for a file of `old`
+        if isinstance(file, str) and Path(file).parent == Path(old):
+            return str(directory / Path(file).name)
+        return file
+
+    if not all(moved(file) != file and Path(moved(file)).is_file() for file in outside):
+        return False
+    for key in CHECKPOINT_PATHS:
+        if key in state:
+            state[key] = moved(state[key])
+    if isinstance(state.get("best_k_models"), dict):
+        state["best_k_models"] = {moved(file): score for file, score in state["best_k_models"].items()}
+    state["dirpath"] = str(directory)
+    return True
 
 
 def _inside(file: Any, directory: Path) -> bool:
