@@ -20,6 +20,7 @@ from attnlab.decoding import DecodeConfig
 from attnlab.decoding.search import beam_search, translate
 from attnlab.inference.translator import Translator, evaluate
 from attnlab.model.transformer import Transformer
+from attnlab.runs.checkpoint import CheckpointError
 from attnlab.training.pipeline import train
 from helpers import compose_train, random_source, require_shared_data, tiny_config, write_corpus
 
@@ -233,3 +234,68 @@ def test_a_huge_line_in_the_validation_and_test_sets_is_cut_in_training(
     results = json.loads((tmp_path / "run" / "results.json").read_text())
     assert results["metrics"]["data/truncated/val"] == 1.0
     assert results["sets"]["test"]["sentences"] == SPLITS[2][2] + 1
+
+
+DROPPED = object()
+
+
+def saved_with(ckpt: Path, out: Path, decode: dict[str, Any] | None = None, **changes: Any) -> Path:
+    """A copy of `ckpt` whose saved decoding settings are `decode` (None: none at all) or have `changes`
+    (`DROPPED`: the key removed, as a version before it was saved)."""
+    checkpoint = torch.load(ckpt, weights_only=True)
+    saved = checkpoint["hyper_parameters"]["decode"]
+    for key, value in changes.items():
+        saved.pop(key) if value is DROPPED else saved.__setitem__(key, value)
+    if decode is None and not changes:
+        del checkpoint["hyper_parameters"]["decode"]
+    torch.save(checkpoint, out)
+    return out
+
+
+def test_overrides_of_older_checkpoints_mean_what_they_meant(trained: dict[str, Any], tmp_path: Path) -> None:
+    """A checkpoint of before `alpha` saved `lenpen` (the GNMT alpha): `decode.alpha` and
+    `decode.length_penalty` replace it, as they did before overrides were applied before the check. A
+    checkpoint without decoding settings takes the overrides over the defaults."""
+    old = saved_with(
+        trained["ckpt"], tmp_path / "old.ckpt", lenpen=0.8, alpha=DROPPED, length_penalty=DROPPED
+    )
+    with pytest.warns(FutureWarning):
+        assert Translator.from_checkpoints([old], decode_overrides={}).decode.alpha == 0.8
+    with pytest.warns(FutureWarning):
+        assert Translator.from_checkpoints([old], decode_overrides={"alpha": 1.0}).decode.alpha == 1.0
+    with pytest.warns(FutureWarning):
+        fairseq = Translator.from_checkpoints([old], decode_overrides={"length_penalty": "fairseq"}).decode
+    assert (fairseq.length_penalty, fairseq.alpha) == ("fairseq", 1.0)
+    none = saved_with(trained["ckpt"], tmp_path / "none.ckpt")
+    assert Translator.from_checkpoints([none], decode_overrides={"beam": 1}).decode.beam == 1
+
+
+def test_a_bad_override_is_named_as_the_override_even_over_a_refused_saved_value(
+    trained: dict[str, Any], tmp_path: Path
+) -> None:
+    refused = saved_with(trained["ckpt"], tmp_path / "inf.ckpt", max_len_a=float("inf"))
+    with pytest.raises(ValueError, match=r"max_len_a=-1\.0 must be >= 0") as info:
+        Translator.from_checkpoints([refused], decode_overrides={"max_len_a": -1.0})
+    assert not isinstance(info.value, CheckpointError)
+    with pytest.raises(CheckpointError, match=r"inf\.ckpt holds decode settings .*max_len_a=inf"):
+        Translator.from_checkpoints([refused], decode_overrides={"beam": 1})
+
+
+def test_an_ensemble_decodes_with_the_first_checkpoints_settings_and_the_overrides(
+    trained: dict[str, Any], tmp_path: Path
+) -> None:
+    """The other members' saved settings are not used, so overrides that fit the first's are not refused
+    for theirs (the second has beam 2, the first beam 3: nbest 3 fits)."""
+    first = saved_with(trained["ckpt"], tmp_path / "beam3.ckpt", beam=3)
+    paths = [first, trained["ckpt"]]
+    ensemble = Translator.from_checkpoints(paths, ensemble=True, decode_overrides={"nbest": 3})
+    assert (ensemble.decode.beam, ensemble.decode.nbest) == (3, 3)
+
+
+def test_translate_with_decode_null_writes_no_saved_nbest(
+    trained: dict[str, Any], tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    saved = saved_with(trained["ckpt"], tmp_path / "nbest.ckpt", nbest=2)
+    (tmp_path / "in.de").write_text(trained["sources"][0] + "\n", "utf-8")
+    translate_main([f"ckpt_path={saved}", "decode=null", f"input={tmp_path / 'in.de'}", "device=cpu"])
+    assert not capsys.readouterr().out.startswith("{")

@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import os
 from pathlib import Path
-from types import SimpleNamespace
+from typing import Any
 
 import pytest
 
@@ -45,9 +45,22 @@ def test_a_relative_data_dir_gives_the_same_data_from_any_working_directory(
         validate(compose_train(["data=files", "data.dir=corpus", "model=tiny"], tmp_path / "run3"))
 
 
-def saved_data(spec: object) -> dict:
+def saved_data(spec: Any) -> dict:
     """The data settings a checkpoint of a run with `spec` holds (as `on_save_checkpoint` writes them)."""
-    return bundle(SimpleNamespace(spec=spec, src_tokenizer=None, tgt_tokenizer=None))["data"]
+    return bundle(spec.datamodule())["data"]
+
+
+def test_checkpoints_save_the_paths_of_where_the_run_started_even_once_it_is_gone(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The paths are resolved when the data module is built: a checkpoint saved after the directory the
+    run started in was removed still holds them (resolving them then failed the save)."""
+    (tmp_path / "start" / "corpus").mkdir(parents=True)
+    monkeypatch.chdir(tmp_path / "start")
+    datamodule = FilesData(dir="corpus").datamodule()
+    (tmp_path / "start" / "corpus").rmdir()
+    (tmp_path / "start").rmdir()
+    assert bundle(datamodule)["data"]["dir"] == str(tmp_path / "start" / "corpus")
 
 
 def test_a_checkpoint_reads_the_data_it_was_trained_on_from_any_working_directory(
@@ -81,13 +94,73 @@ def test_prefixes_and_dataset_paths_are_saved_absolute(
     prefixes = FilesData(train="c/train", valid="./c/valid", test=("c/x/../test",), tokenizer_path="t")
     files = saved_data(prefixes)
     assert (files["train"], files["valid"]) == (str(tmp_path / "c" / "train"), str(tmp_path / "c" / "valid"))
-    assert files["test"] == (str(tmp_path / "c" / "test"),) and files["tokenizer_path"] == str(tmp_path / "t")
+    assert files["test"] == (str(tmp_path / "c" / "x" / ".." / "test"),)  # `..` left to the OS (symlinks)
+    assert files["tokenizer_path"] == str(tmp_path / "t")
     assert files["dir"] is None and files["cache_dir"] is None
     assert saved_data(Multi30kData(root="c"))["root"] == str(tmp_path / "c")
     remote = "https://example.org/test.json"
+    data_files = {"train": "train.json", "valid": "v/*.json", "test": remote}
+    hf = saved_data(HFData(name="json", data_files=data_files))  # a packaged builder: from the working dir
+    assert hf["name"] == "json"
+    glob = str(tmp_path / "v" / "*.json")
+    assert hf["data_files"] == {"train": str(tmp_path / "train.json"), "valid": glob, "test": remote}
     hf = saved_data(HFData(name="ds", data_files={"train": "train.json", "test": remote}))
-    assert hf["name"] == str(tmp_path / "ds") and hf["data_files"] == {"train": str(tmp_path / "train.json"),
-                                                                        "test": remote}  # fmt: skip
+    assert hf["name"] == str(tmp_path / "ds")  # a directory's data files are relative to it: kept
+    assert hf["data_files"] == {"train": "train.json", "test": remote}
     assert saved_data(HFData(name="bentrevett/multi30k"))["name"] == "bentrevett/multi30k"
     monkeypatch.chdir(tmp_path / "c")
     assert data_spec(files, "run.ckpt").test_split_names() == ["test"]
+
+
+def test_a_path_through_a_symlink_and_dotdot_is_saved_as_it_is_read(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """`link/..` is the parent of the link's target for the OS (and `Path.resolve`, which reading uses),
+    not the directory holding the link: folding `..` away would save other files (here: decoys)."""
+    for tag, corpus in (("real", tmp_path / "real" / "corpus"), ("decoy", tmp_path / "project" / "corpus")):
+        corpus.mkdir(parents=True)
+        for name in ("train", "valid", "test"):
+            for lang in ("de", "en"):
+                (corpus / f"{name}.{lang}").write_text(f"{tag} {name}\n", "utf-8")
+    (tmp_path / "real" / "sub").mkdir()
+    (tmp_path / "project" / "link").symlink_to(tmp_path / "real" / "sub")
+    monkeypatch.chdir(tmp_path / "project")
+    specs = [FilesData(dir="link/../corpus"), FilesData(train="link/../corpus/train",
+             valid="link/../corpus/valid", test=("link/../corpus/test",))]  # fmt: skip
+    for spec in specs:
+        assert spec.load(["test"])["test"] == (["real test"], ["real test"])
+        saved = saved_data(spec)
+        monkeypatch.chdir(tmp_path)
+        assert data_spec(saved, "run.ckpt").load(["test"]) == {"test": (["real test"], ["real test"])}
+        monkeypatch.chdir(tmp_path / "project")
+
+
+def test_a_builder_named_like_a_directory_keeps_reading_its_data_files(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """`load_dataset("json", data_files=...)` uses the packaged json builder even where a directory
+    `json` exists, reading the files from the working directory; a dataset directory's relative data files
+    are its own, not same-named files of the working directory."""
+    pytest.importorskip("datasets", reason='needs the [hf] extra: pip install -e ".[hf]"')
+    import json
+
+    def rows(path: Path, tag: str) -> None:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_text(json.dumps({"translation": {"de": f"{tag} de", "en": f"{tag} en"}}) + "\n", "utf-8")
+
+    for split in ("train", "validation", "test"):
+        rows(tmp_path / "data" / f"{split}.jsonl", "builder")
+        rows(tmp_path / "ds" / f"{split}.jsonl", "directory")
+        rows(tmp_path / f"{split}.jsonl", "decoy")
+    (tmp_path / "json").mkdir()  # notes beside the data, no dataset
+    monkeypatch.chdir(tmp_path)
+    globbed = {split: f"data/{split}*.jsonl" for split in ("train", "validation", "test")}
+    own = {split: f"{split}.jsonl" for split in ("train", "validation", "test")}
+    specs = {
+        "builder": HFData(name="json", data_files=globbed),
+        "directory": HFData(name="ds", data_files=own),
+    }
+    for tag, spec in specs.items():
+        text = ([f"{tag} de"], [f"{tag} en"])
+        assert spec.load(["test"])["test"] == text
+        assert data_spec(saved_data(spec), "run.ckpt").load(["test"]) == {"test": text}

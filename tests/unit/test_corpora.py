@@ -1129,3 +1129,94 @@ def test_hf_splits_are_read_batch_by_batch_never_as_whole_columns(
     )
     assert spec.load(["test"])["test"] == hf_rows("test", HF_SIZES["test"])
     check_served(spec, HF_SIZES)
+
+
+@pytest.mark.parametrize(
+    "overrides",
+    [{"valid_split": "other"}, {"train_split": "other"}, {"test_splits": ("other",)}],
+)
+def test_hf_split_choice_is_part_of_the_cache_key(
+    tmp_path: Path, hf_datasets: Any, overrides: dict[str, Any]
+) -> None:
+    splits = {split: hf_datasets.Dataset.from_dict(dict(zip(("de", "en"), hf_rows(split, n), strict=True)))
+              for split, n in {**HF_SIZES, "other": 7}.items()}  # fmt: skip
+    hf_datasets.DatasetDict(splits).save_to_disk(str(tmp_path / "hfds"))
+    default = hf_spec(str(tmp_path / "hfds"), tmp_path)
+    chosen = hf_spec(str(tmp_path / "hfds"), tmp_path, **overrides)
+    prepare(default)
+    assert prepared_dir(chosen) != prepared_dir(default)
+    served = prepare(chosen)
+    name = "test" if "test_splits" not in overrides else "other"
+    split = {"valid_split": "val", "train_split": "train", "test_splits": name}[next(iter(overrides))]
+    assert split in served.splits and len(served.splits[split]) == 7
+
+
+def test_a_tokenizer_file_with_ids_beyond_its_size_is_refused(corpus: Path, tmp_path: Path) -> None:
+    from tokenizers import Tokenizer, decoders, models, pre_tokenizers
+
+    words = {word: 65536 + k for k, word in enumerate(dict.fromkeys(DE + EN))}  # 65536 would wrap to <pad>
+    vocab = {**{token: i for i, token in enumerate(SPECIAL_TOKENS)}, **{"▁" + w: i for w, i in words.items()}}
+    tokenizer = Tokenizer(models.WordLevel(vocab, unk_token="<unk>"))
+    tokenizer.pre_tokenizer, tokenizer.decoder = pre_tokenizers.Metaspace(), decoders.Metaspace()
+    tokenizer.save(str(tmp_path / "gaps.json"))
+    spec = files_spec(corpus, tmp_path, tokenizer_path=str(tmp_path / "gaps.json"))
+    with pytest.raises(DataError, match=r"gaps\.json: tokenizer has \d+ entries but ids up to \d+"):
+        prepare(spec)
+    assert not prepared_dir(spec).exists()
+
+
+@pytest.mark.parametrize("split", ["train", "test"])
+def test_hf_rows_without_text_are_named(tmp_path: Path, hf_datasets: Any, split: str) -> None:
+    splits = {}
+    for name, n in HF_SIZES.items():
+        de, en = hf_rows(name, n)
+        if name == split:
+            en[3] = None
+        splits[name] = hf_datasets.Dataset.from_dict({"de": de, "en": en})
+    hf_datasets.DatasetDict(splits).save_to_disk(str(tmp_path / "hfds"))
+    spec = hf_spec(str(tmp_path / "hfds"), tmp_path)
+    with pytest.raises(DataError, match=f"row 3 of split '{split}' of .* has en=None, not text"):
+        prepare(spec)
+
+
+def test_a_full_disk_while_preparing_is_a_data_error_naming_the_cache(
+    corpus: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    def full(self: Any, values: np.ndarray) -> None:
+        raise OSError(28, "No space left on device")
+
+    monkeypatch.setattr(prepare_module._ArrayWriter, "append", full)
+    spec = files_spec(corpus, tmp_path)
+    with pytest.raises(DataError, match=r"cannot write the prepared data into .*prepared \(No space left on "
+                       r"device\).*data\.cache_dir"):  # fmt: skip
+        prepare(spec)
+    assert not prepared_dir(spec).exists() and not leftovers(prepared_dir(spec).parent)
+
+
+@pytest.mark.parametrize("block_bytes", [corpora.BLOCK_BYTES, 3])
+def test_a_file_with_cr_line_endings_is_refused_not_read_as_one_line(
+    corpus: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch, block_bytes: int
+) -> None:
+    for lang in ("de", "en"):  # both sides of the test set saved with classic Mac line endings
+        path = corpus / f"test.{lang}"
+        path.write_bytes(path.read_bytes().replace(b"\n", b"\r"))
+    monkeypatch.setattr(corpora, "BLOCK_BYTES", block_bytes)
+    with pytest.raises(
+        DataError, match=r"test\.de has no line feed but 15 carriage returns: .*CR line endings"
+    ):
+        read_lines(corpus / "test.de")
+    with pytest.raises(DataError, match="CR line endings"):
+        prepare(files_spec(corpus, tmp_path))
+
+
+def test_pairs_dropped_by_the_filters_are_reported_when_the_cache_is_loaded(
+    corpus: Path, tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    spec = files_spec(corpus, tmp_path, max_source_tokens=6)
+    setup_datamodule(spec)  # builds
+    caplog.clear()
+    with caplog.at_level("WARNING", logger="attnlab.data.datamodule"):
+        dm = setup_datamodule(spec)  # loads the cached preparation
+    dropped = dm.stats["dropped_filter"]["source_too_long"]
+    assert dropped > 0
+    assert f"the length filters dropped {dropped} of the 200 training lines" in caplog.text

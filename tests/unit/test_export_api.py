@@ -154,6 +154,36 @@ def test_outputs_long_as_the_settings_allow_decode_the_same_in_the_exports(
     assert "allow outputs of up to 4096 tokens, but this export encodes 1024 positions" in caplog.text
 
 
+def test_an_export_from_before_positions_were_recorded_stops_at_its_table(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    """Exports written before `positions` was recorded hold the model's 1024 sinusoids: a call allowing
+    longer outputs stops there with the warning (CTranslate2 raised at position 1024), also with a
+    min_len past it (CTranslate2 refuses a minimum above the maximum). A finite max_len_a whose a·|S|
+    overflows exports as attnlab decodes it: capped."""
+    pytest.importorskip("ctranslate2", reason='needs the [export] extra: pip install -e ".[export]"')
+    from attnlab.decoding.search import MAX_OUTPUT_TOKENS
+    from attnlab.interop.ct2 import CT2Translator
+    from attnlab.interop.export import SETTINGS_FILE
+
+    joint = SubwordTokenizer.train(GERMAN + ENGLISH, model="bpe", vocab_size=80)
+    ours = Translator(eos_biased_model(joint, -50.0), joint, joint,
+                      DecodeConfig(beam=1, alpha=0.0, max_len_a=0.0, max_len_b=8))  # fmt: skip
+    ids = ours._source_ids(["Zwei Hunde."])
+    path = export(ours, "ctranslate2", tmp_path / "ct2")
+    settings = json.loads((path / SETTINGS_FILE).read_text())
+    del settings["positions"]
+    (path / SETTINGS_FILE).write_text(json.dumps(settings))
+    old = CT2Translator(path, intra_threads=1)
+    with caplog.at_level(logging.WARNING, logger="attnlab.interop.ct2"):
+        assert [len(row) for row in old.translate_ids(ids, max_len_b=2000)] == [1024]
+        assert [len(row) for row in old.translate_ids(ids, max_len_b=2000, min_len=1500)] == [1024]
+    assert "this export encodes 1024 positions" in caplog.text
+    ours.decode = DecodeConfig(beam=1, alpha=0.0, max_len_a=1e308, max_len_b=8)
+    hf = export(ours, "hf", tmp_path / "hf")
+    assert json.loads((hf / "generation_config.json").read_text())["max_length"] == MAX_OUTPUT_TOKENS + 1
+
+
 @pytest.mark.parametrize(
     "penalty,alpha,saved",
     [("fairseq", 1.5, 1.5), ("fairseq", None, 1.0), ("gnmt", 0.6, 0.0), ("gnmt", 0.0, 0.0)],

@@ -53,7 +53,7 @@ def evaluate_checkpoint(cfg: DictConfig) -> dict[str, Any]:
         ensemble = bool(cfg.get("ensemble") or False)
         paths = resolve_checkpoints(ckpt_path, int(cfg.get("average_last") or 0), ensemble)
         device = str(cfg.get("device", "auto"))
-        decode = OmegaConf.to_container(cfg.decode)  # applied before the saved settings are checked
+        decode = OmegaConf.to_container(cfg.decode) if cfg.get("decode") is not None else {}  # checked after
         translator = Translator.from_checkpoints(
             paths, device=device, ensemble=ensemble, decode_overrides=decode
         )

@@ -143,7 +143,8 @@ def load_translator(settings: dict[str, Any]) -> Translator:
 
     ensemble = bool(settings["ensemble"])
     paths = resolve_checkpoints(settings["ckpt_path"], int(settings["average_last"] or 0), ensemble)
-    device, decode = str(settings["device"]), settings["decode"]  # applied before the saved ones are checked
+    device = str(settings["device"])
+    decode = settings["decode"] or {}  # applied before the saved ones are checked (decode=null: none)
     return Translator.from_checkpoints(paths, device=device, ensemble=ensemble, decode_overrides=decode)
 
 

@@ -15,7 +15,6 @@ from __future__ import annotations
 import dataclasses
 import functools
 import itertools
-import os
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -82,6 +81,12 @@ def _decoded_blocks(file: IO[bytes], path: Path) -> Iterator[list[str]]:
             lines = text.split("\n")
             if lines[-1] == "":  # what follows the final newline of `data`
                 lines.pop()
+            elif lines_before == 0 and len(lines) == 1 and "\r" in text.rstrip("\r"):
+                raise DataError(
+                    f"{path} has no line feed but {text.count(chr(13))} carriage returns: "
+                    "it uses CR line endings (classic Mac OS), which would make the whole file one line; "
+                    "convert them to \"\\n\" (e.g. tr '\\r' '\\n')"
+                )
             lines_before += len(lines)
             encoding = "utf-8"
             if "\r" in text:
@@ -183,9 +188,28 @@ def _check_splits(splits: Sequence[str] | None, available: list[str]) -> list[st
 
 
 def _absolute(value: str | None) -> str | None:
-    """A path setting made absolute against the working directory (`~` expanded, `..` folded, symlinks
-    kept, so a prefix keeps its file name); None stays None."""
-    return None if value is None else os.path.abspath(os.path.expanduser(value))
+    """A path setting made absolute against the working directory (`~` expanded, symlinks kept, so a
+    prefix keeps its file name); None stays None. `..` is kept, not folded: the OS resolves `link/..` to
+    the parent of the link's target, which is what reading the setting (`Path.resolve`) finds."""
+    if value is None:
+        return None
+    path = Path(value).expanduser()
+    return str(path if path.is_absolute() else Path.cwd() / path)
+
+
+def _remote(value: str) -> bool:
+    """A URL-like data file (`https://...`, `hf://...`, `s3://...`): never relative to a directory."""
+    return "://" in value
+
+
+def _hf_builders() -> frozenset[str]:
+    """The packaged `datasets` builders (`json`, `csv`, ...), which `load_dataset` picks before a local
+    directory of the same name."""
+    try:
+        from datasets.packaged_modules import _PACKAGED_DATASETS_MODULES
+    except ImportError:  # no datasets: nothing can read the data either
+        return frozenset({"json", "csv", "parquet", "text", "arrow", "pandas"})
+    return frozenset(_PACKAGED_DATASETS_MODULES)
 
 
 def _require_directory(name: str, value: str | None, holding: str) -> None:
@@ -486,14 +510,19 @@ class HFData(CorpusData):
                     f"split {name!r}, which clashes with the training/validation split names")  # fmt: skip
 
     def absolute_paths(self) -> dict[str, Any]:
-        """As `CorpusData.absolute_paths`, with `name` when it is a local directory and each `data_files`
-        entry that is a local file (hub names, builders and remote files stay as they are)."""
+        """As `CorpusData.absolute_paths`, with `name` when it is a local directory `datasets` reads (not a
+        packaged builder's name such as `json`, which `load_dataset` picks before a directory of that name)
+        and, for a packaged builder, each `data_files` entry but remote ones (globs too). A directory's and
+        a hub repository's data files are relative to it and stay as they are, as do hub names."""
         local = Path(self.name).expanduser()
-        paths = {**super().absolute_paths(), "name": _absolute(self.name) if local.is_dir() else self.name}
-        if self.data_files is not None:
-            paths["data_files"] = {
-                split: _absolute(file) if Path(file).expanduser().is_file() else file
-                for split, file in self.data_files.items()
+        saved = local.is_dir() and (local / "dataset_dict.json").is_file()  # `_dataset`: load_from_disk
+        builder = not saved and self.name in _hf_builders()  # picked before a directory of its name
+        paths = {**super().absolute_paths()}
+        if local.is_dir() and not builder:
+            paths["name"] = _absolute(self.name)
+        if self.data_files is not None and builder:  # a builder's: relative to the working directory
+            paths["data_files"] = {  # (a directory's or hub repository's: relative to it, kept)
+                split: file if _remote(file) else _absolute(file) for split, file in self.data_files.items()
             }
         return paths
 
@@ -520,21 +549,37 @@ class HFData(CorpusData):
         for lang in (self.src_lang, self.tgt_lang):
             self._check_column(rows, lang, split)
         translation = "translation" in rows.column_names
+        start = 0
         for batch in rows.iter(batch_size=chunk_lines):
             if translation:
                 pairs = batch["translation"]
-                yield [pair[self.src_lang] for pair in pairs], [pair[self.tgt_lang] for pair in pairs]
+                src = [pair.get(self.src_lang) if pair else None for pair in pairs]
+                tgt = [pair.get(self.tgt_lang) if pair else None for pair in pairs]
             else:
-                yield list(batch[self.src_lang]), list(batch[self.tgt_lang])
+                src, tgt = list(batch[self.src_lang]), list(batch[self.tgt_lang])
+            for lang, side in ((self.src_lang, src), (self.tgt_lang, tgt)):
+                bad = next((k for k, text in enumerate(side) if not isinstance(text, str)), None)
+                if bad is not None:
+                    raise DataError(
+                        f"row {start + bad} of split {split!r} of {self.name} has {lang}={side[bad]!r}, not "
+                        "text: drop or fill such rows (Dataset.filter) and save the dataset again"
+                    )
+            start += len(src)
+            yield src, tgt
 
     def readers(self) -> dict[str, Reader]:
-        wanted = {"train": self.train_split, "val": self.valid_split, **{s: s for s in self.test_splits}}
         dataset = self._dataset()
-        return {name: functools.partial(self._read, dataset, split) for name, split in wanted.items()}
+        return {name: functools.partial(self._read, dataset, split) for name, split in self._wanted().items()}
 
     def test_split_names(self) -> list[str]:
         return list(self.test_splits)
 
+    def _wanted(self) -> dict[str, str]:
+        """Split name here -> the dataset's split it is read from."""
+        return {"train": self.train_split, "val": self.valid_split, **{s: s for s in self.test_splits}}
+
     def fingerprint_inputs(self) -> list[Any]:
         dataset = self._dataset()
-        return [self.name, self.config, self.data_files, {s: d._fingerprint for s, d in dataset.items()}]
+        fingerprints = {s: d._fingerprint for s, d in dataset.items()}
+        # Which dataset split serves which of ours is part of the key: `valid_split=test` reads other text.
+        return [self.name, self.config, self.data_files, fingerprints, self._wanted()]

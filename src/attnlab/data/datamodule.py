@@ -362,6 +362,9 @@ class CorpusDataModule(ParallelDataModule):
             seed=spec.seed,
         )
         self.spec = spec
+        # The spec's local paths made absolute here, where the run starts (its checkpoints save them, and
+        # the working directory may be gone by then): `CorpusData.absolute_paths`.
+        self.absolute_paths = spec.absolute_paths()
         self.prepared: Prepared | None = None
         self.truncated: dict[str, int] = {}
         self._cut: dict[str, np.ndarray] = {}  # per split: which of its examples were cut (`_cut_sources`)
@@ -382,6 +385,14 @@ class CorpusDataModule(ParallelDataModule):
             self.tgt_tokenizer.vocab_size,
         )
         self.stats = prepared.stats
+        dropped = self.stats.get("dropped_filter") or {}
+        if dropped:  # said on every run, a cached preparation's too, not only when it was built
+            log.warning(
+                "the length filters dropped %d of the %d training lines (%s); %d training pairs are left",
+                sum(dropped.values()), self.stats.get("train_lines", 0),
+                ", ".join(f"{reason}: {n}" for reason, n in dropped.items()),
+                self.stats.get("train_examples", 0),
+            )  # fmt: skip
         self.splits = {name: Examples(split, self.eos_id) for name, split in prepared.splits.items()}
         self.references = {name: split.raw_tgt for name, split in prepared.splits.items() if name != "train"}
         self.test_sets = [name for name in prepared.splits if name not in ("train", "val")]

@@ -42,6 +42,7 @@ with a warning naming it; so is one whose arrays disagree.
 from __future__ import annotations
 
 import collections
+import errno
 import hashlib
 import itertools
 import json
@@ -658,8 +659,16 @@ def prepare(spec: CorpusData) -> Prepared:
         except DamagedPreparedData as exc:  # rebuilt below, unless another process already did
             log.debug("%s", exc)
             recheck = _damage
-    with building(target, damaged=recheck) as tmp:
-        if tmp is not None:
-            log.info("preparing %s into %s", type(spec).__name__, target)
-            _build(spec, spec.readers(), tmp)
+    try:
+        with building(target, damaged=recheck) as tmp:
+            if tmp is not None:
+                log.info("preparing %s into %s", type(spec).__name__, target)
+                _build(spec, spec.readers(), tmp)
+    except OSError as exc:
+        if exc.errno not in (errno.ENOSPC, errno.EDQUOT, errno.EROFS):
+            raise
+        raise DataError(
+            f"cannot write the prepared data into {target.parent} ({exc.strerror}); nothing was kept. Free "
+            "space there, or set data.cache_dir to a writable directory with room for it"
+        ) from exc
     return _timed_load(target)

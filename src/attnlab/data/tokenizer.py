@@ -189,6 +189,13 @@ class HuggingFaceTokenizer(SubwordTokenizer):
                 raise ValueError(
                     f"tokenizer has {token!r} at id {tokenizer.token_to_id(token)}, expected {expected}"
                 )
+        # Ids are stored, embedded and sized by `vocab_size`: they must be exactly 0 .. vocab_size - 1.
+        size, top = tokenizer.get_vocab_size(), max(tokenizer.get_vocab(with_added_tokens=True).values())
+        if top != size - 1:
+            raise ValueError(
+                f"tokenizer has {size} entries but ids up to {top}: its ids must run 0 .. {size - 1} "
+                "without gaps (renumber its vocabulary)"
+            )
         self.tokenizer = tokenizer
 
     @classmethod

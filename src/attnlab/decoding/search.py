@@ -45,7 +45,7 @@ def output_cap(limit: int | None) -> int:
 def max_output_length(source_length: int, a: float, b: int, limit: int | None = None) -> int:
     """`max_output_lengths` of one source of `source_length` tokens (eos included), as a Python int: the
     same arithmetic (Python floats are float64) for the exports, which decode outside PyTorch."""
-    return min(max(1, int(a * source_length + b)), output_cap(limit))
+    return int(min(max(1.0, a * source_length + b), output_cap(limit)))  # (a·|S| may overflow to inf)
 
 
 def ungenerable_ids(config: TransformerConfig, device: torch.device) -> Tensor:

@@ -143,7 +143,10 @@ class Translator:
             return cls._from_checkpoint(read_averaged(paths), paths, decode, device)
         if not paths:
             raise CheckpointError("an ensemble needs at least one checkpoint")
-        members = [cls._from_checkpoint(read_averaged([path]), [path], decode, device) for path in paths]
+        members: list[Translator] = []
+        for path in paths:  # the decoding settings are the first one's (with the overrides), as is the rest
+            chosen = members[0].decode if members else decode
+            members.append(cls._from_checkpoint(read_averaged([path]), [path], chosen, device))
         first = members[0]
         for path, member in zip(paths[1:], members[1:], strict=True):
             for side in ("src", "tgt"):
@@ -606,22 +609,36 @@ def metrics_settings(saved: MetricsConfig, overrides: dict[str, Any] | None) -> 
 
 
 def _decode(checkpoint: dict[str, Any], path: str | Path, overrides: dict[str, Any] | None) -> DecodeConfig:
-    """A checkpoint's decoding settings with `overrides` (`decode_settings`) applied before they are checked.
+    """A checkpoint's decoding settings with `overrides` applied (`decode_settings`).
+
+    Saved settings this version accepts are read as `saved_settings` reads them (a key an older version
+    did not save takes its default, an older `lenpen` becomes `alpha`) and the overrides applied to them.
+    Saved settings it refuses (an older version's `max_len_a=inf`) are merged with the overrides as saved,
+    and the result is checked: an override can replace the refused value.
 
     Raises:
         attnlab.runs.checkpoint.CheckpointError: The saved settings hold a value this version refuses, and
             no override replaces it (named, with the fix).
         ValueError: A bad override.
     """
-    saved = checkpoint["hyper_parameters"].get("decode")
-    fields = {f.name for f in dataclasses.fields(DecodeConfig)}
-    if overrides is None or not isinstance(saved, dict) or not set(saved) <= fields:
-        return saved_settings(checkpoint, "decode", path)  # (what it refuses: a damaged entry, unknown keys)
+    if overrides is None:
+        return saved_settings(checkpoint, "decode", path)
     try:
-        return decode_settings(saved, overrides)
-    except (ValueError, TypeError):
-        saved_settings(checkpoint, "decode", path)  # the saved settings' fault: named as theirs
-        raise
+        saved = saved_settings(checkpoint, "decode", path)
+    except CheckpointError as refused:
+        raw = checkpoint["hyper_parameters"].get("decode")
+        if not isinstance(raw, dict) or not set(raw) <= {f.name for f in dataclasses.fields(DecodeConfig)}:
+            raise  # damaged, or keys this version does not know: nothing to replace
+        try:
+            return decode_settings(raw, overrides)
+        except (ValueError, TypeError) as exc:
+            try:
+                decode_settings({}, overrides)
+            except (ValueError, TypeError) as alone:
+                if str(alone) == str(exc):
+                    raise exc from None  # the override is refused whatever was saved: its error
+            raise CheckpointError(f"{refused}; replace it with decode.<name>=<value>") from None
+    return decode_settings(saved.to_dict(), overrides)
 
 
 TRAINING_ONLY_DECODE = {"val_subset", "val_beam", "every_n_epochs", "probe_sentences"}  # validation's

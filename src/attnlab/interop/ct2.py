@@ -32,7 +32,7 @@ from typing import Any
 
 from attnlab.data.batching import cut_source
 from attnlab.data.tokenizer import SubwordTokenizer
-from attnlab.decoding.search import MAX_OUTPUT_TOKENS, max_output_length
+from attnlab.decoding.search import max_output_length
 from attnlab.interop.export import (
     EXPORT_EXTRA,
     SETTINGS_FILE,
@@ -42,6 +42,9 @@ from attnlab.interop.export import (
 )
 
 log = logging.getLogger(__name__)
+# The positions of an export written before they were recorded (`positions` of its settings): its MarianMT
+# table held the model's `max_positions`, 1024 unless the model was trained with another.
+OLDER_EXPORT_POSITIONS = 1024
 
 
 def _capped(groups: dict[int, list[int]], cap: int) -> dict[int, list[int]]:
@@ -118,7 +121,7 @@ class CT2Translator:
         groups: dict[int, list[int]] = defaultdict(list)  # output limit -> sentences
         for i, row in enumerate(ids):
             groups[max_output_length(len(row), a, b)].append(i)
-        positions = self.settings.get("positions", MAX_OUTPUT_TOKENS)  # (older exports: not recorded)
+        positions = self.settings.get("positions", OLDER_EXPORT_POSITIONS)  # (older exports: not recorded)
         if max(groups, default=0) > positions:
             log.warning("max_len_a=%s, max_len_b=%s allow outputs of up to %d tokens, but this export "
                         "encodes %d positions: its outputs stop there (attnlab's would not)", a, b,
@@ -128,7 +131,7 @@ class CT2Translator:
         for limit, members in groups.items():  # CTranslate2's lengths: eos counted in the max, not the min
             results = self.translator.translate_batch(
                 [[str(t) for t in ids[i]] for i in members], max_batch_size=batch_size, **search,
-                max_decoding_length=limit, min_decoding_length=min_len - 1, max_input_length=0,
+                max_decoding_length=limit, min_decoding_length=min(min_len - 1, limit), max_input_length=0,
                 suppress_sequences=[[str(pad)], [str(bos)]], end_token=str(eos),
             )  # fmt: skip
             for i, result in zip(members, results, strict=True):

@@ -78,12 +78,12 @@ class CheckpointError(ValueError):
 
 def data_settings(datamodule: Any) -> dict[str, Any] | None:
     """A data module's data settings as a checkpoint holds them (`_target_` and the spec's fields, with
-    its local paths absolute: `absolute_paths` of `attnlab.data.corpora.CorpusData`); None for a data
-    module without a spec."""
+    its local paths absolute: the data module's `absolute_paths`, from `CorpusData.absolute_paths` when
+    it was built); None for a data module without a spec."""
     spec = getattr(datamodule, "spec", None)
     if not dataclasses.is_dataclass(spec):
         return None
-    paths = spec.absolute_paths() if hasattr(spec, "absolute_paths") else {}
+    paths = getattr(datamodule, "absolute_paths", None) or {}  # (resolved when the data module was built)
     target = f"{type(spec).__module__}.{type(spec).__qualname__}"
     return {"_target_": target, **dataclasses.asdict(spec), **paths}
 
@@ -270,8 +270,7 @@ def saved_settings(checkpoint: dict[str, Any], key: str, path: str | Path) -> An
     try:
         return build_from(SETTINGS[key], values, key)
     except ConfigError as exc:
-        fix = f"; replace it with {key}.<name>=<value>" if key in ("decode", "metrics") else ""
-        raise CheckpointError(f"{path} holds {key} settings this version cannot use: {exc}{fix}") from None
+        raise CheckpointError(f"{path} holds {key} settings this version cannot use: {exc}") from None
 
 
 LAYER_KEY = re.compile(r"^(encoder|decoder)\.layers\.(\d+)\.")
