@@ -15,7 +15,7 @@ from typing import Any
 
 import pytest
 
-from attnlab.data import cache
+from attnlab.data import cache, download
 from attnlab.data.cache import building, file_sha256, fingerprint
 from attnlab.data.download import (
     MULTI30K_COMMIT,
@@ -119,6 +119,23 @@ def test_payload_that_is_not_gzip_is_rejected(mirror: Mirror, tmp_path: Path) ->
     dest = tmp_path / "out" / "train.de"
     with pytest.raises(DataError, match=r"not a valid gzip file.*data\.root="):
         fetch_gzipped(f"{mirror.base_url}/train.de.gz", dest, MULTI30K_SHA256["train.de"])
+    assert not dest.parent.exists() or os.listdir(dest.parent) == []
+
+
+@pytest.mark.parametrize("bomb", [True, False])
+def test_a_payload_larger_than_any_multi30k_file_is_refused_unread(
+    mirror: Mirror, tmp_path: Path, bomb: bool
+) -> None:
+    """A gzip bomb (64 MB of zeros in 64 KB) is inflated only up to `MAX_FILE_BYTES`, and a download
+    larger than that is not read further: both are refused before the checksum, writing nothing."""
+    big = download.MAX_FILE_BYTES + (1 << 20)
+    payload = gzip.compress(bytes(2 * big), 9) if bomb else os.urandom(big)
+    assert (len(payload) < 1 << 20) if bomb else len(payload) > download.MAX_FILE_BYTES
+    mirror.file("val.de").write_bytes(payload)
+    dest = tmp_path / "out" / "val.de"
+    what = "unpacks to" if bomb else "is"
+    with pytest.raises(DataError, match=rf"val\.de\.gz {what} more than 32 MB.*mirror is wrong"):
+        fetch_gzipped(f"{mirror.base_url}/val.de.gz", dest, MULTI30K_SHA256["val.de"])
     assert not dest.parent.exists() or os.listdir(dest.parent) == []
 
 

@@ -23,6 +23,7 @@ from __future__ import annotations
 import gzip
 import hashlib
 import http.client
+import io
 import logging
 import urllib.error
 import urllib.request
@@ -63,6 +64,11 @@ _OFFLINE_FIX = (
 )
 
 
+# The most a Multi30k file may take, gzipped as downloaded or gunzipped (the largest, train.fr, is 2.1 MB):
+# a wrong mirror's payload, or a gzip bomb, is refused before it fills the memory.
+MAX_FILE_BYTES = 32 << 20
+
+
 class DataError(RuntimeError):
     """A corpus file is missing, unreachable or not the expected bytes; the message names it and the fix."""
 
@@ -71,7 +77,10 @@ def _download(url: str, timeout: float) -> bytes:
     request = urllib.request.Request(url, headers={"User-Agent": f"attnlab/{__version__}"})
     try:
         with urllib.request.urlopen(request, timeout=timeout) as response:
-            return response.read()
+            payload = response.read(MAX_FILE_BYTES + 1)
+        if len(payload) > MAX_FILE_BYTES:
+            raise _too_large(url, "is")
+        return payload
     except urllib.error.HTTPError as exc:
         reason = f"HTTP {exc.code} {exc.reason}"
         exc.close()
@@ -80,6 +89,14 @@ def _download(url: str, timeout: float) -> bytes:
     except (TimeoutError, OSError, http.client.HTTPException) as exc:
         reason = f"{type(exc).__name__}: {exc}"
     raise DataError(f"could not download {url} ({reason}). If this machine is offline, {_OFFLINE_FIX}.")
+
+
+def _too_large(url: str, what: str) -> DataError:
+    return DataError(
+        f"{url} {what} more than {MAX_FILE_BYTES >> 20} MB, and no Multi30k file is that large: the mirror "
+        f"is wrong; nothing was written. Set data.base_url to a mirror of the official files, or "
+        f"{_OFFLINE_FIX}."
+    )
 
 
 def fetch_gzipped(url: str, dest: Path, sha256: str, *, timeout: float = 60.0) -> Path:
@@ -103,12 +120,15 @@ def fetch_gzipped(url: str, dest: Path, sha256: str, *, timeout: float = 60.0) -
     """
     compressed = _download(url, timeout)
     try:
-        data = gzip.decompress(compressed)
+        with gzip.GzipFile(fileobj=io.BytesIO(compressed)) as file:
+            data = file.read(MAX_FILE_BYTES + 1)  # (at most that much of a gzip bomb is inflated)
     except (OSError, EOFError, zlib.error) as exc:
         raise DataError(
             f"{url} is not a valid gzip file ({exc}): the mirror is wrong or the download was corrupted; "
             f"nothing was written to {dest}. Retry, or {_OFFLINE_FIX}."
         ) from exc
+    if len(data) > MAX_FILE_BYTES:
+        raise _too_large(url, "unpacks to")
     actual = hashlib.sha256(data).hexdigest()
     if actual != sha256:
         raise DataError(
