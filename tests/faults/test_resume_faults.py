@@ -22,6 +22,7 @@ import torch
 
 from attnlab.data.batching import TokenBatchSampler
 from attnlab.inference.translator import resolve_checkpoints
+from attnlab.training.checkpoint_io import trusted_callback_states
 from attnlab.training.pipeline import train
 from attnlab.typed import ConfigError
 from helpers import compose_train, require_shared_data, write_corpus
@@ -264,6 +265,37 @@ def test_an_epoch_replayed_after_a_crash_between_its_best_and_last_saves_keeps_o
     assert sorted(p.name for p in (run_dir / "checkpoints").glob("best-*.ckpt")) == best
     assert resolve_checkpoints(run_dir) == [run_dir / "checkpoints" / best[0]]
     assert_same_training(run_dir, resume_reference)
+
+
+def test_callback_states_follow_a_moved_run_directory_into_checkpoints_and_its_subdirectories(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    """The best-checkpoint state and the averaging one (`checkpoints/epochs/`) of a run directory moved
+    since name files of the old place: each follows to the file of its name in the new place. A state
+    naming a file the new place lacks, or one outside its own `dirpath`, is dropped with a warning."""
+    old, new = tmp_path / "old" / "checkpoints", tmp_path / "new" / "checkpoints"
+    for name in ("best-epoch001-step20.ckpt", "epochs/epoch000.ckpt", "epochs/epoch001.ckpt"):
+        (new / name).parent.mkdir(parents=True, exist_ok=True)
+        (new / name).write_bytes(b"")
+    best = {"dirpath": str(old), "best_model_path": f"{old}/best-epoch001-step20.ckpt",
+            "best_k_models": {f"{old}/best-epoch001-step20.ckpt": 1.0}, "kth_best_model_path": "",
+            "last_model_path": ""}  # fmt: skip
+    epochs = {"dirpath": f"{old}/epochs", "best_model_path": f"{old}/epochs/epoch001.ckpt",
+              "best_k_models": {f"{old}/epochs/epoch000.ckpt": 0, f"{old}/epochs/epoch001.ckpt": 1},
+              "kth_best_model_path": f"{old}/epochs/epoch000.ckpt", "last_model_path": ""}  # fmt: skip
+    lacking = {**best, "best_model_path": f"{old}/best-epoch002-step30.ckpt"}
+    foreign = {**best, "best_model_path": str(tmp_path / "other" / "best-epoch001-step20.ckpt")}
+    checkpoint = {"callbacks": {"best": best, "epochs": epochs, "lacking": lacking, "foreign": foreign}}
+    with caplog.at_level("WARNING", logger="attnlab.training.checkpoint_io"):
+        trusted_callback_states(checkpoint, new / "last.ckpt", own_run=True)
+    assert sorted(checkpoint["callbacks"]) == ["best", "epochs"]
+    assert best["dirpath"] == str(new) and best["best_model_path"] == str(new / "best-epoch001-step20.ckpt")
+    assert list(best["best_k_models"]) == [str(new / "best-epoch001-step20.ckpt")]
+    assert epochs["dirpath"] == str(new / "epochs") and epochs["kth_best_model_path"] == str(
+        new / "epochs" / "epoch000.ckpt"
+    )
+    assert list(epochs["best_k_models"]) == [str(new / "epochs" / f"epoch00{k}.ckpt") for k in (0, 1)]
+    assert caplog.text.count("the callback starts afresh") == 2
 
 
 def test_an_epoch_cut_by_limit_train_batches_continues_with_the_next_epoch(tmp_path: Path) -> None:

@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import errno
 import logging
+from collections.abc import Callable
 from pathlib import Path
 from typing import IO, Any
 
@@ -106,27 +107,33 @@ def trusted_callback_states(checkpoint: dict[str, Any], path: Path, own_run: boo
 
 
 def _relocated(state: dict[str, Any], outside: list[Any], directory: Path) -> bool:
-    """Move (in place) the files of a `ModelCheckpoint` state to `directory` when every file named
-    outside it is a file of the state's own `dirpath` whose name is a file in `directory` (a run directory
-    moved or copied since); returns whether it did."""
+    """Move (in place) the files of a `ModelCheckpoint` state to `directory`, or to its subdirectory of the
+    name of the state's own `dirpath` (`epochs/`, `steps/`: `AveragingCheckpoints`), when every file it
+    names outside `directory` is a file of that `dirpath` whose name is a file there (a run directory moved
+    or copied since); returns whether it did."""
     old = state.get("dirpath")
     if not isinstance(old, str) or not old:
         return False
+    below = Path(old).name
+    for new in [directory, *([directory / below] if below not in ("", ".", "..") else [])]:
+        moved = _mover(Path(old), new)
+        if all(moved(file) != file and Path(moved(file)).is_file() for file in outside):
+            for key in CHECKPOINT_PATHS:
+                if key in state:
+                    state[key] = moved(state[key])
+            best_k = state.get("best_k_models")
+            if isinstance(best_k, dict):
+                state["best_k_models"] = {moved(file): score for file, score in best_k.items()}
+            state["dirpath"] = str(new)
+            return True
+    return False
 
-    def moved(file: Any) -> Any:  # the file of that name in `directory`, for a file of `old`
-        if isinstance(file, str) and Path(file).parent == Path(old):
-            return str(directory / Path(file).name)
-        return file
 
-    if not all(moved(file) != file and Path(moved(file)).is_file() for file in outside):
-        return False
-    for key in CHECKPOINT_PATHS:
-        if key in state:
-            state[key] = moved(state[key])
-    if isinstance(state.get("best_k_models"), dict):
-        state["best_k_models"] = {moved(file): score for file, score in state["best_k_models"].items()}
-    state["dirpath"] = str(directory)
-    return True
+def _mover(old: Path, new: Path) -> Callable[[Any], Any]:
+    """file -> the file of its name in `new` for a file of `old` (anything else unchanged)."""
+    return lambda file: (
+        str(new / Path(file).name) if isinstance(file, str) and Path(file).parent == old else file
+    )
 
 
 def _inside(file: Any, directory: Path) -> bool:
