@@ -267,6 +267,19 @@ def test_an_epoch_replayed_after_a_crash_between_its_best_and_last_saves_keeps_o
     assert_same_training(run_dir, resume_reference)
 
 
+def test_a_resumed_run_keeps_as_many_averaging_checkpoints_as_asked(tmp_path: Path) -> None:
+    """`average_last=1` keeps one epoch's weights (`checkpoints/epochs/`). last.ckpt was written before
+    the epoch's averaging checkpoint, so its record of them lacked that file, which a resumed run then
+    never replaced: every resumption left one more. Here the run directory is also moved in between."""
+    first, moved = tmp_path / "first", tmp_path / "moved"
+    averaging = [*IN_PROCESS, DEFAULT, "average_last=1"]
+    train(compose_train([*averaging, *final(first), "trainer.max_epochs=1"], first))
+    shutil.move(first, moved)
+    train(compose_train([*averaging, *final(moved), "trainer.max_epochs=2", "resume=true"], moved))
+    assert [p.name for p in (moved / "checkpoints" / "epochs").iterdir()] == ["epoch001.ckpt"]
+    assert len(list((moved / "checkpoints").glob("best-*.ckpt"))) == 1
+
+
 def test_callback_states_follow_a_moved_run_directory_into_checkpoints_and_its_subdirectories(
     tmp_path: Path, caplog: pytest.LogCaptureFixture
 ) -> None:

@@ -74,6 +74,7 @@ class AveragingCheckpoints(ModelCheckpoint):
             every_n_train_steps=every_n_steps,
             every_n_epochs=None if by_steps else 1,
             auto_insert_metric_name=False,
+            enable_version_counter=False,  # an epoch replayed after a crash writes over its file
         )
 
 
