@@ -146,8 +146,8 @@ def test_output_layer_loss_is_exact_where_the_targets_probability_underflows(sca
     expected = loss_and_grads_of(hidden, output, target, fused=False)
     got = loss_and_grads_of(hidden, output, target, fused=True, chunk_rows=5)
     assert all(bool(torch.isfinite(g).all()) for g in got)
-    for g, want in zip(got, expected, strict=True):
-        torch.testing.assert_close(g, want, rtol=1e-5, atol=1e-4)
+    for g, want in zip(got, expected, strict=True):  # (sums of terms near 30 in other orders: 2e-5 apart)
+        torch.testing.assert_close(g, want, rtol=1e-4, atol=1e-4)
 
 
 def test_output_layer_loss_compiles_as_one_graph() -> None:
@@ -183,6 +183,19 @@ def loss_and_grads_of(
         loss, nll, _ = label_smoothed_nll_loss(output(hidden), target, epsilon=0.1, ignore_index=PAD)
     loss.backward()
     return [loss.detach(), nll.detach(), hidden.grad, output.weight.grad, output.bias.grad]
+
+
+def test_padding_rows_never_reach_the_output_layer_on_the_cpu() -> None:
+    """Padding rows skip the output layer (they only added zeros): with NaN in their hidden states the
+    sums and gradients are those of the other rows, finite, and the padding rows' gradient is zero."""
+    hidden, output, target = output_layer_case(bias=True)
+    pad = target == PAD
+    expected = loss_and_grads_of(hidden, output, target, fused=True, chunk_rows=5)
+    got = loss_and_grads_of(hidden.masked_fill(pad[..., None], float("nan")), output, target, fused=True,
+                            chunk_rows=5)  # fmt: skip
+    for g, want in zip(got, expected, strict=True):
+        torch.testing.assert_close(g, want)
+    assert bool((got[2][pad] == 0).all())
 
 
 def test_output_layer_loss_refuses_mismatched_rows_and_empty_chunks() -> None:
