@@ -311,6 +311,62 @@ def test_callback_states_follow_a_moved_run_directory_into_checkpoints_and_its_s
     assert caplog.text.count("the callback starts afresh") == 2
 
 
+def test_a_moved_state_naming_a_file_out_of_the_run_through_a_symlink_is_dropped(tmp_path: Path) -> None:
+    """A hostile last.ckpt of a "moved" run names files of an old `dirpath` whose names, in the run's
+    checkpoints/, are symbolic links out of it (a link to a directory, `evil/`, or to a file): following
+    the move would let Lightning delete `evil/precious.txt` (a previous last.ckpt it replaces) or score
+    another run's checkpoint as the best. Such a state is dropped, as one naming the file directly is."""
+    victim = tmp_path / "victim"
+    victim.mkdir()
+    (victim / "precious.txt").write_text("not the run's")
+    (victim / "other.ckpt").write_bytes(b"")
+    old, new = tmp_path / "old" / "checkpoints", tmp_path / "new" / "checkpoints"
+    new.mkdir(parents=True)
+    (new / "evil").symlink_to(victim, target_is_directory=True)
+    (new / "best-epoch001-step20.ckpt").symlink_to(victim / "other.ckpt")
+    last = {"dirpath": f"{old}/evil", "best_model_path": f"{old}/evil/precious.txt", "best_k_models": {},
+            "kth_best_model_path": "", "last_model_path": ""}  # fmt: skip
+    best = {"dirpath": str(old), "best_model_path": f"{old}/best-epoch001-step20.ckpt",
+            "best_k_models": {f"{old}/best-epoch001-step20.ckpt": -1e9}, "kth_best_model_path": "",
+            "last_model_path": ""}  # fmt: skip
+    checkpoint = {"callbacks": {"last": last, "best": best}}
+    trusted_callback_states(checkpoint, new / "last.ckpt", own_run=True)
+    assert checkpoint["callbacks"] == {}
+
+
+def test_a_moved_state_follows_although_a_file_it_replaced_since_is_gone(tmp_path: Path) -> None:
+    """A last.ckpt written before the averaging callback's next save (mid-epoch, every_n_train_steps, or a
+    crash) names a file that save then deleted: the state still follows the move, or the files it names
+    that are there (step 6) are never deleted, and the run keeps more than `average_last`."""
+    old, new = tmp_path / "old" / "checkpoints", tmp_path / "new" / "checkpoints"
+    (new / "steps").mkdir(parents=True)
+    for step in (6, 9):  # step 3 was replaced by step 9 after last.ckpt (step 8) was written
+        (new / "steps" / f"step{step:08d}.ckpt").write_bytes(b"")
+    steps = {"dirpath": f"{old}/steps", "best_model_path": f"{old}/steps/step00000006.ckpt",
+             "best_k_models": {f"{old}/steps/step00000003.ckpt": 3, f"{old}/steps/step00000006.ckpt": 6},
+             "kth_best_model_path": f"{old}/steps/step00000003.ckpt", "last_model_path": ""}  # fmt: skip
+    checkpoint = {"callbacks": {"steps": steps}}
+    trusted_callback_states(checkpoint, new / "last.ckpt", own_run=True)
+    assert list(checkpoint["callbacks"]) == ["steps"]
+    assert steps["dirpath"] == str(new / "steps")
+    assert list(steps["best_k_models"]) == [str(new / "steps" / f"step0000000{k}.ckpt") for k in (3, 6)]
+
+
+def test_a_last_ckpt_written_every_n_steps_holds_the_tokens_of_its_steps(tmp_path: Path) -> None:
+    """last.ckpt of `every_n_train_steps` is written in the callbacks' `on_train_batch_end`, which
+    Lightning runs before the module's: it held the tokens of one step fewer than it counts as done,
+    and every resumption from it lost that step's tokens from `train/tokens_seen`."""
+    from attnlab.runs.checkpoint import RESUME_KEY
+    from runs import logged_rows
+
+    run_dir = tmp_path / "run"
+    train(compose_train([*IN_PROCESS, "trainer.max_epochs=1"], run_dir))  # last.ckpt at step 8
+    checkpoint = torch.load(run_dir / "checkpoints" / "last.ckpt", weights_only=True)
+    seen = [value for _, value in logged_rows(run_dir, "train/tokens_seen_step")]  # after steps 1, 2, ...
+    assert checkpoint["global_step"] == 8
+    assert checkpoint[RESUME_KEY]["tokens_seen"] == seen[7]
+
+
 def test_an_epoch_cut_by_limit_train_batches_continues_with_the_next_epoch(tmp_path: Path) -> None:
     """An epoch ends before the sampler's last batch: with a DataLoader worker, the batches drawn ahead
     at the resumption must already be the next epoch's."""

@@ -1193,13 +1193,14 @@ def test_a_full_disk_while_preparing_is_a_data_error_naming_the_cache(
     assert not prepared_dir(spec).exists() and not leftovers(prepared_dir(spec).parent)
 
 
+@pytest.mark.parametrize("final_lf", [False, True])
 @pytest.mark.parametrize("block_bytes", [corpora.BLOCK_BYTES, 3])
 def test_a_file_with_cr_line_endings_is_refused_not_read_as_one_line(
-    corpus: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch, block_bytes: int
+    corpus: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch, block_bytes: int, final_lf: bool
 ) -> None:
     for lang in ("de", "en"):  # both sides of the test set saved with classic Mac line endings
-        path = corpus / f"test.{lang}"
-        path.write_bytes(path.read_bytes().replace(b"\n", b"\r"))
+        path = corpus / f"test.{lang}"  # (final_lf: and a final "\n" added by a tool)
+        path.write_bytes(path.read_bytes().replace(b"\n", b"\r") + (b"\n" if final_lf else b""))
     monkeypatch.setattr(corpora, "BLOCK_BYTES", block_bytes)
     with pytest.raises(
         DataError, match=r"test\.de has no line feed but 15 carriage returns: .*CR line endings"

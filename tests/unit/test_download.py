@@ -139,6 +139,40 @@ def test_a_payload_larger_than_any_multi30k_file_is_refused_unread(
     assert not dest.parent.exists() or os.listdir(dest.parent) == []
 
 
+def test_a_transfer_cut_short_is_named_a_failed_download(tmp_path: Path) -> None:
+    """A connection dropped before the promised Content-Length is a failed download (retry), not a
+    wrong mirror or a corrupt file."""
+    import threading
+    from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+
+    body = gzip.compress(b"ein Hund\n" * 20000)
+
+    class Cut(BaseHTTPRequestHandler):
+        protocol_version = "HTTP/1.1"
+
+        def log_message(self, *args: Any) -> None:
+            pass
+
+        def do_GET(self) -> None:
+            self.send_response(200)
+            self.send_header("Content-Length", str(len(body)))
+            self.end_headers()
+            self.wfile.write(body[: len(body) // 2])
+            self.wfile.flush()
+            self.connection.shutdown(socket.SHUT_WR)
+
+    server = ThreadingHTTPServer(("127.0.0.1", 0), Cut)
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    try:
+        with pytest.raises(DataError, match=r"could not download .*IncompleteRead"):
+            fetch_gzipped(f"http://127.0.0.1:{server.server_port}/val.de.gz", tmp_path / "val.de",
+                          MULTI30K_SHA256["val.de"], timeout=10)  # fmt: skip
+    finally:
+        server.shutdown()
+        server.server_close()
+    assert not (tmp_path / "val.de").exists()
+
+
 def test_offline_names_the_url_and_data_root(closed_port: int, tmp_path: Path) -> None:
     base_url = f"http://127.0.0.1:{closed_port}/{MULTI30K_COMMIT}/data/task1/raw"
     url = f"{base_url}/train.de.gz"

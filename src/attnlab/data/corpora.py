@@ -81,7 +81,8 @@ def _decoded_blocks(file: IO[bytes], path: Path) -> Iterator[list[str]]:
             lines = text.split("\n")
             if lines[-1] == "":  # what follows the final newline of `data`
                 lines.pop()
-            elif lines_before == 0 and len(lines) == 1 and "\r" in text.rstrip("\r"):
+            # (one line with carriage returns inside: also when a tool added a final "\n" to such a file)
+            if lines_before == 0 and len(lines) == 1 and "\r" in lines[0].rstrip("\r"):
                 raise DataError(
                     f"{path} has no line feed but {text.count(chr(13))} carriage returns: "
                     "it uses CR line endings (classic Mac OS), which would make the whole file one line; "

@@ -78,6 +78,9 @@ def _download(url: str, timeout: float) -> bytes:
     try:
         with urllib.request.urlopen(request, timeout=timeout) as response:
             payload = response.read(MAX_FILE_BYTES + 1)
+            if len(payload) <= MAX_FILE_BYTES and getattr(response, "length", None):
+                # (read(n), unlike read(), returns what came when the connection drops early)
+                raise http.client.IncompleteRead(payload, response.length)
         if len(payload) > MAX_FILE_BYTES:
             raise _too_large(url, "is")
         return payload

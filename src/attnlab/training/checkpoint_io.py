@@ -109,15 +109,24 @@ def trusted_callback_states(checkpoint: dict[str, Any], path: Path, own_run: boo
 def _relocated(state: dict[str, Any], outside: list[Any], directory: Path) -> bool:
     """Move (in place) the files of a `ModelCheckpoint` state to `directory`, or to its subdirectory of the
     name of the state's own `dirpath` (`epochs/`, `steps/`: `AveragingCheckpoints`), when every file it
-    names outside `directory` is a file of that `dirpath` whose name is a file there (a run directory moved
-    or copied since); returns whether it did."""
+    names outside `directory` is a file of that `dirpath` whose name is in it (symbolic links resolved) and
+    its best file is there (a run directory moved or copied since); returns whether it did."""
     old = state.get("dirpath")
     if not isinstance(old, str) or not old:
         return False
     below = Path(old).name
     for new in [directory, *([directory / below] if below not in ("", ".", "..") else [])]:
         moved = _mover(Path(old), new)
-        if all(moved(file) != file and Path(moved(file)).is_file() for file in outside):
+        # Each a file of the run's, symbolic links resolved (a link in checkpoints/ could name any file).
+        # The best file must be there; the others may be gone: files the callback replaced after last.ckpt
+        # was written (a crashed or mid-epoch last.ckpt), which it would delete, and Lightning skips.
+        best = state.get("best_model_path")
+        present = (
+            [Path(moved(best)).is_file()]
+            if isinstance(best, str) and best
+            else [Path(moved(file)).is_file() for file in outside]
+        )
+        if any(present) and all(moved(file) != file and _inside(moved(file), directory) for file in outside):
             for key in CHECKPOINT_PATHS:
                 if key in state:
                     state[key] = moved(state[key])

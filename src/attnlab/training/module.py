@@ -137,6 +137,10 @@ class TranslationModule(L.LightningModule):
             self._step_tokens = 0
             return self._nonfinite(f"training loss is {value}", batch_idx)
         self._step_tokens = local_tokens * self.trainer.world_size
+        # Counted here, not in `on_train_batch_end`: Lightning runs the callbacks' `on_train_batch_end`
+        # (last.ckpt every N steps or minutes, preemption) before the module's, and their checkpoint, of a
+        # step it counts as done, must hold that step's tokens.
+        self._tokens_seen += self._step_tokens
         self._window_tokens += local_tokens
         self.log_dict(
             {"train/loss": loss, "train/nll": nll, "train/ppl": torch.exp(nll.detach())},
@@ -238,7 +242,6 @@ class TranslationModule(L.LightningModule):
     def on_train_batch_end(self, outputs: Any, batch: dict[str, Tensor], batch_idx: int) -> None:
         # Runs after backward and the optimizer step: the whole step is timed.
         elapsed = max(time.perf_counter() - self._step_started, 1e-9)
-        self._tokens_seen += self._step_tokens
         lr = self.optimizers().param_groups[0]["lr"]
         self.log_dict(
             {"train/lr": lr, "train/tokens_per_sec": self._step_tokens / elapsed}, on_step=True, on_epoch=True
