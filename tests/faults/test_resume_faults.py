@@ -367,6 +367,19 @@ def test_a_last_ckpt_written_every_n_steps_holds_the_tokens_of_its_steps(tmp_pat
     assert checkpoint[RESUME_KEY]["tokens_seen"] == seen[7]
 
 
+def test_without_a_best_checkpoint_the_final_evaluation_tests_the_final_weights(tmp_path: Path) -> None:
+    """`callbacks.model_checkpoint=null`: no checkpoint callback monitors the metric, and the final
+    evaluation tests the weights training ended with, not another callback's file (last.ckpt of step 8
+    of 10 here; which one depended on the callbacks' order)."""
+    run_dir = tmp_path / "run"
+    overrides = [*IN_PROCESS, "~callbacks.model_checkpoint", "~callbacks.averaging_checkpoints",
+                 "trainer.max_epochs=1", "test=true"]  # fmt: skip
+    metrics = train(compose_train([*overrides, "callbacks.last_checkpoint.every_n_train_steps=4"], run_dir))
+    assert saved_step(run_dir) == 8
+    assert json.loads((run_dir / "results.json").read_text())["checkpoints"] == []
+    assert "test/loss" in metrics
+
+
 def test_an_epoch_cut_by_limit_train_batches_continues_with_the_next_epoch(tmp_path: Path) -> None:
     """An epoch ends before the sampler's last batch: with a DataLoader worker, the batches drawn ahead
     at the resumption must already be the next epoch's."""

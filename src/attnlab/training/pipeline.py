@@ -509,11 +509,11 @@ def _tracked_runs(trainer: Any) -> list[Any]:
 
 
 def _monitor_checkpoint(cfg: DictConfig, trainer: Any) -> Any:
-    """The checkpoint callback of `cfg.monitor` (else the first one; None without any)."""
+    """The checkpoint callback of `cfg.monitor`; None without one (`callbacks.model_checkpoint=null`): the
+    final evaluation then tests the weights training ended with, not whichever checkpoint another
+    callback last wrote (last.ckpt every N steps can be older)."""
     metric = cfg.get("monitor", {}).get("metric")
-    callbacks = [
-        cb for cb in trainer.checkpoint_callbacks if cb.monitor == metric
-    ] or trainer.checkpoint_callbacks
+    callbacks = [cb for cb in trainer.checkpoint_callbacks if cb.monitor == metric]
     return callbacks[0] if callbacks else None
 
 
