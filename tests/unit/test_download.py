@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import gzip
 import multiprocessing
 import os
@@ -139,37 +140,72 @@ def test_a_payload_larger_than_any_multi30k_file_is_refused_unread(
     assert not dest.parent.exists() or os.listdir(dest.parent) == []
 
 
-def test_a_transfer_cut_short_is_named_a_failed_download(tmp_path: Path) -> None:
-    """A connection dropped before the promised Content-Length is a failed download (retry), not a
-    wrong mirror or a corrupt file."""
+@contextlib.contextmanager
+def serve_once(handler: Any) -> Iterator[str]:
+    """A loopback HTTP/1.1 server whose GET is `handler(request)`; yields its URL of val.de.gz."""
     import threading
     from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
-    body = gzip.compress(b"ein Hund\n" * 20000)
-
-    class Cut(BaseHTTPRequestHandler):
+    class Handler(BaseHTTPRequestHandler):
         protocol_version = "HTTP/1.1"
 
         def log_message(self, *args: Any) -> None:
             pass
 
         def do_GET(self) -> None:
-            self.send_response(200)
-            self.send_header("Content-Length", str(len(body)))
-            self.end_headers()
-            self.wfile.write(body[: len(body) // 2])
-            self.wfile.flush()
-            self.connection.shutdown(socket.SHUT_WR)
+            handler(self)
 
-    server = ThreadingHTTPServer(("127.0.0.1", 0), Cut)
+    server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+    server.daemon_threads = True
     threading.Thread(target=server.serve_forever, daemon=True).start()
     try:
-        with pytest.raises(DataError, match=r"could not download .*IncompleteRead"):
-            fetch_gzipped(f"http://127.0.0.1:{server.server_port}/val.de.gz", tmp_path / "val.de",
-                          MULTI30K_SHA256["val.de"], timeout=10)  # fmt: skip
+        yield f"http://127.0.0.1:{server.server_port}/val.de.gz"
     finally:
         server.shutdown()
         server.server_close()
+
+
+def test_a_transfer_cut_short_is_named_a_failed_download(tmp_path: Path) -> None:
+    """A connection dropped before the promised Content-Length is a failed download (retry), not a
+    wrong mirror or a corrupt file."""
+    body = gzip.compress(b"ein Hund\n" * 20000)
+
+    def cut(request: Any) -> None:
+        request.send_response(200)
+        request.send_header("Content-Length", str(len(body)))
+        request.end_headers()
+        request.wfile.write(body[: len(body) // 2])
+        request.wfile.flush()
+        request.connection.shutdown(socket.SHUT_WR)
+
+    failed = pytest.raises(DataError, match=r"could not download .*IncompleteRead")
+    with serve_once(cut) as url, failed:
+        fetch_gzipped(url, tmp_path / "val.de", MULTI30K_SHA256["val.de"], timeout=10)
+    assert not (tmp_path / "val.de").exists()
+
+
+def test_a_server_that_sends_a_byte_now_and_then_is_given_up_on(tmp_path: Path) -> None:
+    """Each read returns within the timeout, but the transfer would never end: it is given up after
+    `TOTAL_TIMEOUTS` times the timeout (before, never)."""
+    body = gzip.compress(b"ein Hund\n" * 20000)
+    stop = time.monotonic() + 30
+
+    def drip(request: Any) -> None:
+        request.send_response(200)
+        request.send_header("Content-Length", str(len(body)))
+        request.end_headers()
+        for byte in body:
+            if time.monotonic() > stop:
+                return
+            request.wfile.write(bytes([byte]))
+            request.wfile.flush()
+            time.sleep(0.02)
+
+    started = time.monotonic()
+    failed = pytest.raises(DataError, match=r"could not download .*TimeoutError: the transfer was not")
+    with serve_once(drip) as url, failed:
+        fetch_gzipped(url, tmp_path / "val.de", MULTI30K_SHA256["val.de"], timeout=0.2)
+    assert time.monotonic() - started < 10  # 2 s allowed (10 × 0.2 s)
     assert not (tmp_path / "val.de").exists()
 
 

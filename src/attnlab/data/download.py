@@ -25,11 +25,13 @@ import hashlib
 import http.client
 import io
 import logging
+import time
 import urllib.error
 import urllib.request
 import zlib
 from collections.abc import Sequence
 from pathlib import Path
+from typing import Any
 
 from attnlab import __version__
 from attnlab.data.cache import file_sha256
@@ -67,6 +69,9 @@ _OFFLINE_FIX = (
 # The most a Multi30k file may take, gzipped as downloaded or gunzipped (the largest, train.fr, is 2.1 MB):
 # a wrong mirror's payload, or a gzip bomb, is refused before it fills the memory.
 MAX_FILE_BYTES = 32 << 20
+# A transfer must be complete within this many times its per-read timeout (fetch_gzipped's default 60 s:
+# 10 minutes for at most 32 MB).
+TOTAL_TIMEOUTS = 10
 
 
 class DataError(RuntimeError):
@@ -77,7 +82,7 @@ def _download(url: str, timeout: float) -> bytes:
     request = urllib.request.Request(url, headers={"User-Agent": f"attnlab/{__version__}"})
     try:
         with urllib.request.urlopen(request, timeout=timeout) as response:
-            payload = response.read(MAX_FILE_BYTES + 1)
+            payload = _read_capped(response, time.monotonic() + TOTAL_TIMEOUTS * timeout)
             if len(payload) <= MAX_FILE_BYTES and getattr(response, "length", None):
                 # (read(n), unlike read(), returns what came when the connection drops early)
                 raise http.client.IncompleteRead(payload, response.length)
@@ -92,6 +97,26 @@ def _download(url: str, timeout: float) -> bytes:
     except (TimeoutError, OSError, http.client.HTTPException) as exc:
         reason = f"{type(exc).__name__}: {exc}"
     raise DataError(f"could not download {url} ({reason}). If this machine is offline, {_OFFLINE_FIX}.")
+
+
+def _read_capped(response: Any, deadline: float) -> bytes:
+    """The response's body, at most `MAX_FILE_BYTES` + 1 bytes of it, read by the piece as it comes, until
+    `deadline` (`time.monotonic()`): the socket's timeout bounds each read, not a server sending a byte
+    now and then.
+
+    Raises:
+        TimeoutError: The deadline passed.
+    """
+    pieces, size = [], 0
+    while size <= MAX_FILE_BYTES:
+        if time.monotonic() > deadline:
+            raise TimeoutError(f"the transfer was not complete after {TOTAL_TIMEOUTS} times the timeout")
+        piece = response.read1(1 << 16)
+        if not piece:
+            break
+        pieces.append(piece)
+        size += len(piece)
+    return b"".join(pieces)
 
 
 def _too_large(url: str, what: str) -> DataError:
@@ -112,7 +137,8 @@ def fetch_gzipped(url: str, dest: Path, sha256: str, *, timeout: float = 60.0) -
         url: Address of a ``.gz`` file.
         dest: Where the decompressed bytes go; parent directories are created.
         sha256: Expected hex SHA-256 of the decompressed bytes.
-        timeout: Seconds allowed for connecting and for each read.
+        timeout: Seconds allowed for connecting and for each read; the whole transfer gets
+            `TOTAL_TIMEOUTS` times as long.
 
     Returns:
         `dest`.
