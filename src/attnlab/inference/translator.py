@@ -126,9 +126,9 @@ class Translator:
 
         `decode` defaults to the decoding settings saved in the (first) checkpoint, and the scoring and
         data settings are the first one's too (`MetricsConfig()` for a checkpoint without them).
-        `decode_overrides` (the `decode.*` of attnlab-eval and attnlab-translate) are applied to the saved
-        settings as `decode_settings` applies them, before they are checked: a saved value that this
-        version refuses can be replaced.
+        `decode_overrides` (the `decode.*` of attnlab-eval and attnlab-translate) are applied to the first
+        checkpoint's saved settings as `decode_settings` applies them (`_decode`: a saved value this version
+        refuses can be replaced by one), and the other members of an ensemble take the result.
 
         Raises:
             attnlab.runs.checkpoint.CheckpointError: A checkpoint is missing, damaged, not from attnlab-train,
@@ -138,15 +138,15 @@ class Translator:
         """
         if decode is not None and decode_overrides is not None:
             raise ValueError("give the decoding settings (decode) or overrides of the saved ones, not both")
-        decode = decode or decode_overrides  # type: ignore[assignment] (the overrides: see `_decode`)
+        chosen = decode if decode is not None else decode_overrides  # settings, or overrides (`_decode`)
         if not ensemble:
-            return cls._from_checkpoint(read_averaged(paths), paths, decode, device)
+            return cls._from_checkpoint(read_averaged(paths), paths, chosen, device)
         if not paths:
             raise CheckpointError("an ensemble needs at least one checkpoint")
         members: list[Translator] = []
         for path in paths:  # the decoding settings are the first one's (with the overrides), as is the rest
-            chosen = members[0].decode if members else decode
             members.append(cls._from_checkpoint(read_averaged([path]), [path], chosen, device))
+            chosen = members[0].decode
         first = members[0]
         for path, member in zip(paths[1:], members[1:], strict=True):
             for side in ("src", "tgt"):
