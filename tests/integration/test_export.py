@@ -238,6 +238,25 @@ def test_bad_requests_are_refused_naming_the_fix(
     assert not [p for p in tmp_path.iterdir() if p.name.startswith(".")]
 
 
+def test_decode_overrides_choose_the_decoding_settings_an_export_carries(
+    translating_run: dict[str, Any], tmp_path: Path
+) -> None:
+    """`decode.*` replaces the checkpoint's decoding settings in the export, also a saved value this
+    version refuses (an older checkpoint's `max_len_a=inf`), of which no export could be made."""
+    import torch
+
+    checkpoint = torch.load(
+        next((translating_run["dir"] / "checkpoints").glob("best-*.ckpt")), weights_only=True
+    )
+    checkpoint["hyper_parameters"]["decode"]["max_len_a"] = float("inf")
+    torch.save(checkpoint, tmp_path / "old.ckpt")
+    asked = [f"ckpt_path={tmp_path / 'old.ckpt'}", "format=ctranslate2"]
+    assert "max_len_a=inf" in refusal(*asked, f"out={tmp_path / 'refused'}")
+    out = export_in_process(*asked, f"out={tmp_path / 'ct2'}", "decode.max_len_a=1.5", "decode.beam=2")
+    carried = json.loads((out / "attnlab_export.json").read_text())["decode"]
+    assert (carried["max_len_a"], carried["beam"]) == (1.5, 2)
+
+
 def test_ctranslate2_carries_a_fairseq_length_penalty(
     translating_run: dict[str, Any], tmp_path: Path
 ) -> None:

@@ -4,6 +4,7 @@
 Examples:
     attnlab-export ckpt_path=logs/train/runs/<run> format=hf out=exported/hf
     attnlab-export ckpt_path=logs/train/runs/<run> format=ctranslate2 quantization=int8 out=exported/ct2
+    attnlab-export ckpt_path=<run> format=ctranslate2 decode.beam=4 decode.max_len_b=50 out=exported/ct2
 """
 
 from __future__ import annotations
@@ -51,7 +52,8 @@ def export_checkpoint(cfg: DictConfig) -> Path:
         if inside:
             raise ConfigError(f"out={cfg.out} holds the checkpoint being exported ({inside[0]}): "
                               "replacing it would delete it; choose another directory")  # fmt: skip
-        translator = Translator.from_checkpoints(paths, device="cpu")
+        decode = OmegaConf.to_container(cfg.decode) if cfg.get("decode") is not None else {}
+        translator = Translator.from_checkpoints(paths, device="cpu", decode_overrides=decode)
         return export(translator, fmt, str(cfg.out), quantization, overwrite=bool(cfg.overwrite))
     except (CheckpointError, ValueError, OSError) as exc:  # OSError: out's directory is not writable
         raise ConfigError(str(exc)) from None
