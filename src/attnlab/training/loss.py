@@ -156,6 +156,7 @@ class _OutputLayerLoss(torch.autograd.Function):
             loss = hidden.new_zeros((), dtype=torch.float32)
             nll = hidden.new_zeros((), dtype=torch.float32)
             vocab = w.size(0)
+            mask_rows = device != "cpu" or _compiling()  # rows that may be padding (see the caller)
             for start in range(0, h_all.size(0), chunk_rows):
                 z = probs = grad = grad_c = None  # the previous chunk's (r, V) buffers: freed here
                 h = h_all[start : start + chunk_rows]  # (r, D)
@@ -170,14 +171,8 @@ class _OutputLayerLoss(torch.autograd.Function):
                 if not any(wants):
                     continue
                 # d loss_row / d logits = softmax - smoothed target, for kept rows (zero for padding; on the
-                # CPU the rows are multiplied by the mask only when the chunk has padding, a question about
-                # the data that a graph under torch.compile cannot ask)
+                # CPU outside torch.compile `output_layer_loss` has dropped the padding rows already)
                 grad = probs.sub_(epsilon / vocab)
-                mask_rows = (
-                    grad.device.type != "cpu"
-                    or _compiling()
-                    or not bool(keep[start : start + chunk_rows].all())
-                )
                 if mask_rows:
                     grad.mul_(kept[:, None])
                 grad.scatter_add_(1, t, (kept * -(1.0 - epsilon))[:, None])
