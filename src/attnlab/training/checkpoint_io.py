@@ -77,8 +77,9 @@ def trusted_callback_states(checkpoint: dict[str, Any], path: Path, own_run: boo
     states is loaded, so its `ModelCheckpoint` state (best score, best and top-k files) cannot choose
     which file the final evaluation scores or which file Lightning deletes, nor its `EarlyStopping`
     state stop this run. The run's own `last.ckpt` keeps them. A `ModelCheckpoint` state of a run
-    directory moved since names files in its old `checkpoints/` (its `dirpath`): where each of them is in
-    the directory the checkpoint now lies in, the state follows the move (`_relocated`), so the best score
+    directory moved since names files in its old `checkpoints/` (its `dirpath`): where their names lie
+    inside the directory the checkpoint now lies in and its best file is there, the state follows the
+    move (`_relocated`), so the best score
     and the files Lightning replaces stay the run's (dropped, its old best checkpoint stayed beside the
     next one, and a run directory with two cannot be evaluated). A state naming any other file outside
     that directory is dropped, with a warning, and the callback starts afresh.
