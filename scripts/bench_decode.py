@@ -152,9 +152,7 @@ def main() -> None:
         help="instead: peak RSS of attnlab-translate streaming N sentences (test2016 repeated), per N",
     )  # fmt: skip
     parser.add_argument("--memory-child", nargs=2, metavar=("INPUT", "BEAM"), help=argparse.SUPPRESS)
-    parser.add_argument(
-        "--ct2-worker", nargs=2, type=Path, metavar=("FLOAT32", "INT8"), help=argparse.SUPPRESS
-    )
+    parser.add_argument("--ct2-worker", type=Path, metavar="MODEL", help=argparse.SUPPRESS)
     parser.add_argument("--json", type=Path, help="also write the default mode's numbers to this JSON file")
     args = parser.parse_args()
     if args.profile and not args.ctranslate2:
@@ -416,40 +414,38 @@ def ct2_decode(engine, ids: list[list[int]], beam: int, batch_size: int):
 
 
 def serve_ctranslate2(args: argparse.Namespace) -> None:
-    """(--ct2-worker child) Load the float32 and int8 CTranslate2 models, write their backends as a JSON line,
-    then answer each JSON request line on stdin ({"weights", "ids", "beam", "batch_size"}) with a JSON line
-    {"seconds", "outputs"} of `ct2_decode`, timed here."""
+    """(--ct2-worker child) Load one CTranslate2 model, write its backends as a JSON line, then answer each
+    JSON request line on stdin ({"ids", "beam", "batch_size"}) with a JSON line {"seconds", "outputs"} of
+    `ct2_decode`, timed here."""
     import sys
 
     from attnlab.interop.ct2 import CT2Translator
 
-    paths = dict(zip(("float32", "int8"), args.ct2_worker, strict=True))
-    engines, backends = ct2_gemm_backends(
-        lambda: {weights: CT2Translator(path, intra_threads=args.threads) for weights, path in paths.items()}
-    )
+    engine, backends = ct2_gemm_backends(lambda: CT2Translator(args.ct2_worker, intra_threads=args.threads))
     print(json.dumps({"backends": backends}), flush=True)
     for line in sys.stdin:
         request = json.loads(line)
-        seconds, outputs = ct2_decode(engines[request["weights"]], request["ids"], request["beam"],
-                                      request["batch_size"])  # fmt: skip
+        seconds, outputs = ct2_decode(engine, request["ids"], request["beam"], request["batch_size"])
         print(
             json.dumps({"seconds": seconds, "outputs": [list(map(int, row)) for row in outputs]}), flush=True
         )
 
 
 class CT2Process:
-    """CTranslate2 in a process of its own (`serve_ctranslate2`), decoding on request: a CTranslate2 run
-    leaves the process it ran in slower for attnlab afterwards (greedy at batch 64: medians +2% to +18% in
-    four runs of a throwaway script, +1-2% after an attnlab run instead), so the two engines do not
-    share one. Requests alternate with attnlab's runs, never overlap them; the seconds are measured in the
-    worker, around `ct2_decode` only."""
+    """One CTranslate2 model in a process of its own (`serve_ctranslate2`), decoding on request: a
+    CTranslate2 run leaves the process it ran in slower for attnlab afterwards (greedy at batch 64: medians
+    +2% to +18% in four runs of a throwaway script, +1-2% after an attnlab run instead), so the two engines
+    do not share one; and a second CTranslate2 model loaded in a process slows the first (greedy at batch 64
+    on a 2-core Xeon: 1,035-1,092 sentences/s alone, 292-326 with the int8 model loaded beside it, also
+    after deleting it), so each model has its own. Requests alternate with attnlab's runs, never overlap
+    them; the seconds are measured in the worker, around `ct2_decode` only."""
 
-    def __init__(self, paths: dict[str, Path], threads: int, root: Path) -> None:
+    def __init__(self, path: Path, threads: int, root: Path) -> None:
         import subprocess
         import sys
 
         command = [sys.executable, __file__, "--root", str(root), "--threads", str(threads),
-                   "--ct2-worker", str(paths["float32"]), str(paths["int8"])]  # fmt: skip
+                   "--ct2-worker", str(path)]  # fmt: skip
         self.process = subprocess.Popen(command, stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
         try:
             self.backends = self._answer()["backends"]
@@ -468,9 +464,9 @@ class CT2Process:
         except json.JSONDecodeError:
             raise RuntimeError(f"the CTranslate2 worker wrote no answer but {line[:200]!r}") from None
 
-    def decode(self, weights: str, ids: list[list[int]], beam: int, batch_size: int):
-        """(seconds, output ids) of `ct2_decode` on the `weights` model in the worker."""
-        request = {"weights": weights, "ids": ids, "beam": beam, "batch_size": batch_size}
+    def decode(self, ids: list[list[int]], beam: int, batch_size: int):
+        """(seconds, output ids) of `ct2_decode` on the worker's model."""
+        request = {"ids": ids, "beam": beam, "batch_size": batch_size}
         self.process.stdin.write(json.dumps(request) + "\n")
         self.process.stdin.flush()
         answer = self._answer()
@@ -529,7 +525,7 @@ def profile_against_ctranslate2(
     from torch.profiler import ProfilerActivity, profile
 
     plain = statistics.median(attnlab_decode(model, ids, beam, 64)[0] for _ in range(repeats))
-    theirs = statistics.median(ct2.decode("float32", ids, beam, 64)[0] for _ in range(repeats))
+    theirs = statistics.median(ct2.decode(ids, beam, 64)[0] for _ in range(repeats))
     with profile(activities=[ProfilerActivity.CPU]) as prof, onednn_products_profiled():
         wall = attnlab_decode(model, ids, beam, 64)[0]
     ops = sorted(prof.key_averages(), key=lambda e: -e.self_cpu_time_total)
@@ -551,19 +547,21 @@ def profile_against_ctranslate2(
     print(f"| outside ops (Python, dispatch) | {outside * 1e3:.1f} ms | {outside / wall:.1%} | |")
 
 
-def ct2_table(model: Transformer, ct2: CT2Process, ids: list[list[int]], args: argparse.Namespace) -> list:
+def ct2_table(
+    model: Transformer, ct2: dict[str, CT2Process], ids: list[list[int]], args: argparse.Namespace
+) -> list:
     """Print the comparison's rows (each search, batch size and CTranslate2 weights, `--repeats` runs
-    interleaved); return where float32 outputs differ."""
+    interleaved; `ct2`: the process of each weights); return where float32 outputs differ."""
     differing: list[str] = []
     for beam in (1, 5):
         for batch_size, subset in ((64, ids), (1, ids[: args.latency_sentences])):
             for weights in ("float32", "int8"):
-                ct2.decode(weights, subset[:2], beam, batch_size)  # warm-up
+                ct2[weights].decode(subset[:2], beam, batch_size)  # warm-up
                 attnlab_decode(model, subset[:2], beam, batch_size)
                 times: dict[str, list[float]] = {"attnlab": [], "ct2": []}
                 for _ in range(args.repeats):  # interleaved, so that machine noise hits both alike
                     ours_s, ours = attnlab_decode(model, subset, beam, batch_size)
-                    theirs_s, theirs = ct2.decode(weights, subset, beam, batch_size)
+                    theirs_s, theirs = ct2[weights].decode(subset, beam, batch_size)
                     times["attnlab"].append(ours_s)
                     times["ct2"].append(theirs_s)
                 ratios = sorted(a / c for a, c in zip(times["attnlab"], times["ct2"], strict=True))
@@ -596,14 +594,18 @@ def compare_with_ctranslate2(translator: Translator, args: argparse.Namespace) -
     with tempfile.TemporaryDirectory() as tmp:
         paths = {weights: export(translator, "ctranslate2", Path(tmp) / weights, quantization)
                  for weights, quantization in (("float32", "none"), ("int8", "int8"))}  # fmt: skip
-        with CT2Process(paths, args.threads, args.root) as ct2:
+        with contextlib.ExitStack() as stack:
+            ct2 = {
+                w: stack.enter_context(CT2Process(path, args.threads, args.root)) for w, path in paths.items()
+            }
             differing = ct2_table(model, ct2, ids, args)
             print("\nspeed-up: attnlab's seconds / CTranslate2's (above 1: CTranslate2 is faster)")
-            print(f"CTranslate2's matrix products (its log): {ct2.backends}; attnlab's: {attnlab_products()} "
+            backends = "; ".join(f"{w}: {process.backends}" for w, process in ct2.items())
+            print(f"CTranslate2's matrix products (its log): {backends}; attnlab's: {attnlab_products()} "
                   "(CTranslate2 takes MKL on Intel CPUs or with CT2_USE_MKL=1, else oneDNN)")  # fmt: skip
             if args.profile:
                 for beam in (1, 5):
-                    profile_against_ctranslate2(model, ct2, ids, beam, args.repeats)
+                    profile_against_ctranslate2(model, ct2["float32"], ids, beam, args.repeats)
     if args.quick and not args.ckpt and differing:  # the seeded random model: see the module docstring
         raise SystemExit(
             "bench_decode.py --ctranslate2 --quick: attnlab's and CTranslate2's float32 outputs differ on "

@@ -43,19 +43,65 @@ def choose(monkeypatch: pytest.MonkeyPatch) -> Iterator:
 
 
 @pytest.fixture
+def intel(monkeypatch: pytest.MonkeyPatch) -> Iterator:
+    """Make the CPU Intel's (True) or another vendor's (False) for the GEMM choice and the layouts."""
+
+    def set_vendor(is_intel: bool) -> None:
+        monkeypatch.setattr(gemm, "intel_cpu", lambda: is_intel)
+        gemm._onednn.cache_clear()
+
+    yield set_vendor
+    monkeypatch.undo()
+    gemm._onednn.cache_clear()
+
+
+@pytest.fixture
 def onednn(choose) -> None:
     if not SUPPORTED and os.environ.get("CI") != "true":
         pytest.skip("onednn-cpu-gomp is a dependency on Linux x86-64 only")
     choose("onednn")
 
 
-def test_onednn_is_loaded_from_its_package_where_it_is_a_dependency(choose) -> None:
+def test_onednn_is_loaded_from_its_package_where_it_is_a_dependency(choose, intel) -> None:
     choose(None)
+    intel(False)
     if not SUPPORTED:
         pytest.skip("onednn-cpu-gomp is a dependency on Linux x86-64 only")
     assert gemm.backend().startswith("oneDNN 3."), gemm.backend()
     assert gemm.available()
     assert hardware()["inference_gemm"] == gemm.backend()
+
+
+def test_intel_cpus_keep_torchs_products_unless_onednn_is_asked_for(choose, intel) -> None:
+    """On Intel CPUs MKL runs its own kernels, faster than oneDNN's at decoding's row counts: `auto` keeps
+    torch's products there; `onednn` still loads oneDNN where it can."""
+    choose("auto")
+    intel(True)
+    assert gemm.backend() == "torch" and not gemm.available()
+    assert hardware()["inference_gemm"] == "torch"
+    if not SUPPORTED and os.environ.get("CI") != "true":
+        pytest.skip("onednn-cpu-gomp is a dependency on Linux x86-64 only")
+    choose("onednn")
+    assert gemm.backend().startswith("oneDNN 3."), gemm.backend()
+
+
+def test_the_cpu_vendor_is_read_from_cpuinfo(monkeypatch: pytest.MonkeyPatch, tmp_path) -> None:
+    amd = "processor\t: 0\nvendor_id\t: AuthenticAMD\ncpu family\t: 23\n\nprocessor\t: 1\n"
+    intel = "processor\t: 0\nvendor_id\t: GenuineIntel\nmodel name\t: Intel(R) Xeon(R) Processor\n"
+    assert gemm.vendor(amd.splitlines()) == "AuthenticAMD"
+    assert gemm.vendor(intel.splitlines()) == "GenuineIntel"
+    assert gemm.vendor(["processor\t: 0", "Features\t: fp asimd"]) is None  # an ARM CPU's lines
+    for text, is_intel in ((amd, False), (intel, True), ("", False)):
+        info = tmp_path / "cpuinfo"
+        info.write_text(text)
+        monkeypatch.setattr(gemm, "CPUINFO", info)
+        gemm.intel_cpu.cache_clear()
+        assert gemm.intel_cpu() is is_intel
+    monkeypatch.setattr(gemm, "CPUINFO", tmp_path / "missing")  # not Linux
+    gemm.intel_cpu.cache_clear()
+    assert gemm.intel_cpu() is False
+    monkeypatch.undo()
+    gemm.intel_cpu.cache_clear()
 
 
 @pytest.mark.parametrize("rows", [1, 5, 64, 320])
@@ -202,7 +248,10 @@ def test_the_decoding_step_multiplies_on_onednn_and_with_attnlab_gemm_torch_neve
     assert torch.equal(outputs["onednn"], outputs["torch"])
 
 
-def test_rows_take_the_oneDNN_layout_at_every_count_and_mkls_layouts_without_it(choose, onednn) -> None:
+def test_rows_take_the_oneDNN_layout_at_every_count_and_mkls_layouts_without_it(
+    choose, onednn, intel
+) -> None:
+    intel(False)
     five, outputs = torch.randn(5, 256), 1024  # 1,310,720 multiply-adds
     assert linear_module._rows_first(five, outputs)
     assert not linear_module._rows_first(five, 8)  # too small for oneDNN: MKL's layout for 2-16 rows
@@ -211,6 +260,12 @@ def test_rows_take_the_oneDNN_layout_at_every_count_and_mkls_layouts_without_it(
     assert not linear_module._rows_first(five, outputs)
     assert linear_module._rows_first(torch.randn(17, 256), outputs)
     layer = Linear(256, outputs)
+    with torch.inference_mode():
+        torch.testing.assert_close(project(five, layer)[0], F.linear(five, layer.weight, layer.bias))
+    intel(True)  # MKL's own kernels: rows first at every count, with or without oneDNN
+    for rows in (1, 2, 5, 16, 17):
+        assert linear_module._rows_first(torch.randn(rows, 256), 8)
+        assert linear_module._rows_first(torch.randn(rows, 256).double(), outputs)
     with torch.inference_mode():
         torch.testing.assert_close(project(five, layer)[0], F.linear(five, layer.weight, layer.bias))
 

@@ -7,8 +7,11 @@ non-Intel CPUs; oneDNN's own GEMM kernels ran the decoder's products 1.2-3× fas
 (64, 256) × (256, 5000) output projection 1.4×, five rows 3×) and 0.96-1.5× at 320, and made greedy
 decoding of test2016 at batch 64 1.13-1.33× faster with the same outputs (docs/benchmarks.md,
 "Decoding"). This is the
-library CTranslate2 multiplies with on such CPUs. Not measured on Intel CPUs, where MKL runs its own code
-path (CTranslate2 takes MKL there): compare with `ATTNLAB_GEMM=torch` on yours.
+library CTranslate2 multiplies with on such CPUs. On Intel CPUs MKL runs kernels of its own, and there
+torch's products are kept (`intel_cpu`): on a 2-core Intel Xeon (AVX-512) oneDNN ran the decoder's 1-16-row
+products at 0.5-0.9× the speed of MKL's x @ W (in, out) (but for the feed-forward layer's second, 1024
+wide), and MKL with that layout at every row count decoded test2016 1.00-1.12× as fast as oneDNN
+(docs/benchmarks.md, "On an Intel CPU").
 
 Where from: the `onednn-cpu-gomp` wheel (Linux x86-64, a dependency there), the oneDNN build that runs its
 threads on the GNU OpenMP runtime torch's CPU wheels ship, so both share one thread pool. The library is
@@ -17,10 +20,10 @@ lies in the interpreter's site-packages. oneDNN takes as many
 threads as torch's ops (`torch.get_num_threads()` sets the calling thread's OpenMP count first).
 
 `ATTNLAB_GEMM` (read once per process): `auto` (default) uses oneDNN where the package is installed and the
-CPU has AVX2, torch's products otherwise; `onednn` requires it (an error says why it cannot load); `torch`
-never uses it. Training (autograd), CPU autocast, and every non-CPU or non-float32 product always run
-torch's. At its first use, the library must prove it runs on torch's OpenMP runtime (it follows a change of
-torch's thread count), or it is not used.
+CPU has AVX2 and is not Intel's, torch's products otherwise; `onednn` requires it (an error says why it
+cannot load); `torch` never uses it. Training (autograd), CPU autocast, and every non-CPU or non-float32
+product always run torch's. At its first use, the library must prove it runs on torch's OpenMP runtime
+(it follows a change of torch's thread count), or it is not used.
 
 The same function, not the same bits: oneDNN sums in another order than MKL, so products differ by float
 rounding (relative ~1e-7, as between MKL's own layouts); `backend()` names the one in use and run
@@ -34,7 +37,7 @@ import functools
 import os
 import site
 import sysconfig
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from importlib import metadata
 from pathlib import Path
 
@@ -130,7 +133,7 @@ def _onednn() -> _OneDNN | None:
     choice = os.environ.get(ENV, "auto").strip().lower() or "auto"
     if choice not in CHOICES:
         raise GemmUnavailable(f"{ENV}={choice!r}: expected one of {', '.join(CHOICES)}")
-    if choice == "torch":
+    if choice == "torch" or (choice == "auto" and intel_cpu()):
         return None
     try:
         return _OneDNN(_library_path())
@@ -138,6 +141,31 @@ def _onednn() -> _OneDNN | None:
         if choice == "onednn":
             raise GemmUnavailable(f"{ENV}=onednn, but oneDNN cannot be used: {error}") from error
         return None
+
+
+CPUINFO = Path("/proc/cpuinfo")
+
+
+@functools.cache
+def intel_cpu() -> bool:
+    """Whether the CPU is Intel's (Linux's `/proc/cpuinfo` says `vendor_id: GenuineIntel`; False where it
+    cannot be read). There MKL, the library of torch's CPU products on x86, runs kernels of its own for the
+    CPU, faster than oneDNN's at decoding's row counts (module docstring): `ATTNLAB_GEMM=auto` keeps torch's
+    products, and `attnlab.model.linear` multiplies rows first at every row count."""
+    try:
+        with CPUINFO.open(encoding="utf-8", errors="replace") as info:
+            return vendor(info) == "GenuineIntel"
+    except OSError:
+        return False
+
+
+def vendor(cpuinfo: Iterable[str]) -> str | None:
+    """The first `vendor_id` of `/proc/cpuinfo`'s lines, or None without one."""
+    for line in cpuinfo:
+        key, colon, value = line.partition(":")
+        if colon and key.strip() == "vendor_id":
+            return value.strip()
+    return None
 
 
 def backend() -> str:

@@ -74,8 +74,9 @@ def project(x: Tensor, *layers: nn.Linear) -> tuple[Tensor, ...]:
     per layer. Otherwise one matrix
     product with the layers' weights concatenated (cached), its result split per layer (views): for one
     row, x (1, in) @ W (in, Σ out); for 2–16 rows (the beams of one sentence), (W (Σ out, in) @ xᵀ)ᵀ,
-    which MKL streams without packing the weight — 2.2× faster than either layout of x Wᵀ for 5 rows of
-    the 8000 × 256 output projection; for more rows, x @ W (in, Σ out). Float32 products of at least
+    which MKL streams without packing the weight on the AMD CPU it was measured on — 2.2× faster than
+    either layout of x Wᵀ for 5 rows of the 8000 × 256 output projection; for more rows, and for every row
+    count on Intel CPUs (`gemm.intel_cpu`), x @ W (in, Σ out). Float32 products of at least
     `gemm.MIN_PRODUCT` multiply-adds run on oneDNN where `attnlab.model.gemm` loads it, as x @ W (in, Σ out)
     for any number of rows.
     """
@@ -117,8 +118,14 @@ class Product:
 def _rows_first(flat: Tensor, outputs: int) -> bool:
     """Whether rows (N, in) are multiplied by a weight of `outputs` rows as x @ W (in, out): 1 row or more
     than 16 (see `project`), and any number of rows for a product oneDNN takes (`attnlab.model.gemm`),
-    fastest in that layout at every row count."""
-    return not 1 < flat.size(0) <= 16 or gemm.takes(flat.size(0), flat.size(1), outputs, flat.dtype)
+    fastest in that layout at every row count, or on an Intel CPU (`gemm.intel_cpu`), where MKL's own
+    kernels are fastest in it too (for 5 rows of 256 × 768, 147 GFLOP/s against 41 for (W xᵀ)ᵀ on a 2-core
+    Xeon; docs/benchmarks.md, "On an Intel CPU")."""
+    return (
+        not 1 < flat.size(0) <= 16
+        or gemm.intel_cpu()
+        or gemm.takes(flat.size(0), flat.size(1), outputs, flat.dtype)
+    )
 
 
 def _multiply(flat: Tensor, weight: Tensor, bias: Tensor | None, rows_first: bool) -> Tensor:
