@@ -346,3 +346,51 @@ def test_an_interrupted_overwrite_puts_the_earlier_export_back(
     monkeypatch.undo()
     assert {p.name: p.read_bytes() for p in out.iterdir()} == before
     assert sorted(p.name for p in tmp_path.iterdir()) == ["hf"]  # no staging or set-aside directory
+
+
+@pytest.mark.parametrize(
+    ("damage", "field", "wanted"),
+    [
+        (lambda s: s.update(positions="1024"), "positions is '1024'", "an integer of at least 1"),
+        (lambda s: s.update(positions=0), "positions is 0", "an integer of at least 1"),
+        (lambda s: s.update(pad_id=True), "pad_id is True", "an integer of at least 0"),
+        (lambda s: s.update(max_source_tokens=256.0), "max_source_tokens is 256.0", "an integer"),
+        (lambda s: s.pop("eos_id"), "eos_id is None", r"an integer \(it is missing\)"),
+        (lambda s: s.pop("decode"), "decode is None", "a JSON object"),
+        (lambda s: s["decode"].pop("beam"), "decode.beam is None", r"an integer \(it is missing\)"),
+        (lambda s: s["decode"].update(max_len_a=float("inf")), "decode.max_len_a is inf", "a finite number"),
+        (lambda s: s["decode"].update(max_len_a=float("nan")), "decode.max_len_a is nan", "a finite number"),
+        (lambda s: s["decode"].update(sampling={"topk": -1, "topp": 1, "temperature": 1}),
+         "decode.sampling.topk is -1", "an integer of at least 0"),
+        (lambda s: s["decode"].update(sampling=[]), r"decode.sampling is \[\]", "a JSON object"),
+    ],
+)  # fmt: skip
+def test_a_damaged_ctranslate2_settings_file_is_refused_naming_the_field(
+    tmp_path: Path, damage: Any, field: str, wanted: str
+) -> None:
+    """attnlab_export.json is the user's file: each field CT2Translator reads is checked when it loads, and a
+    damaged one is an ExportError naming it and the fix, not a KeyError or TypeError mid-translation."""
+    pytest.importorskip("ctranslate2", reason='needs the [export] extra: pip install -e ".[export]"')
+    from attnlab.interop.ct2 import CT2Translator
+    from attnlab.interop.export import SETTINGS_FILE
+
+    src, tgt = separate_vocabularies()
+    path = export(random_translator(src, tgt, tie="decoder"), "ctranslate2", tmp_path / "ct2")
+    settings = json.loads((path / SETTINGS_FILE).read_text())
+    assert CT2Translator(path, intra_threads=1).translate(["Ein Hund."])  # the undamaged file loads
+    damage(settings)
+    (path / SETTINGS_FILE).write_text(json.dumps(settings))
+    with pytest.raises(ExportError, match=rf"attnlab_export.json: {field}, not {wanted}.*attnlab-export"):
+        CT2Translator(path, intra_threads=1)
+
+
+def test_a_ctranslate2_settings_file_that_is_no_object_is_refused(tmp_path: Path) -> None:
+    pytest.importorskip("ctranslate2", reason='needs the [export] extra: pip install -e ".[export]"')
+    from attnlab.interop.ct2 import CT2Translator
+    from attnlab.interop.export import SETTINGS_FILE
+
+    src, tgt = separate_vocabularies()
+    path = export(random_translator(src, tgt, tie="decoder"), "ctranslate2", tmp_path / "ct2")
+    (path / SETTINGS_FILE).write_text("[1, 2]")
+    with pytest.raises(ExportError, match=r"attnlab_export.json: the file is \[1, 2\], not a JSON object"):
+        CT2Translator(path, intra_threads=1)

@@ -25,6 +25,7 @@ from __future__ import annotations
 
 import json
 import logging
+import math
 from collections import defaultdict
 from collections.abc import Sequence
 from pathlib import Path
@@ -47,6 +48,57 @@ log = logging.getLogger(__name__)
 OLDER_EXPORT_POSITIONS = 1024
 
 
+# attnlab_export.json's fields CT2Translator reads: (where, name, kind, smallest value, required); exports
+# written before `positions`, `length_penalty` and `sampling` were recorded lack them
+_INT, _NUMBER = "an integer", "a finite number"
+_FIELDS = (
+    ((), "pad_id", _INT, 0, True), ((), "bos_id", _INT, 0, True), ((), "eos_id", _INT, 0, True),
+    ((), "max_source_tokens", _INT, 1, True), ((), "positions", _INT, 1, False),
+    (("decode",), "beam", _INT, 1, True), (("decode",), "max_len_a", _NUMBER, 0, True),
+    (("decode",), "max_len_b", _INT, 0, True), (("decode",), "min_len", _INT, 0, True),
+    (("decode",), "batch_size", _INT, 1, True), (("decode",), "length_penalty", _NUMBER, 0, False),
+    (("decode", "sampling"), "topk", _INT, 0, True), (("decode", "sampling"), "topp", _NUMBER, 0, True),
+    (("decode", "sampling"), "temperature", _NUMBER, 0, True),
+)  # fmt: skip
+
+
+def checked_settings(settings: object, where: Path) -> None:
+    """An ExportError naming the field unless `settings` (attnlab_export.json, read from `where`) holds
+    every field `CT2Translator` reads, each a finite number of its kind no smaller than its least value:
+    the file is the user's, and a damaged one must not surface as a KeyError or TypeError mid-translation.
+    `decode.sampling` may be null (the checkpoint did not sample)."""
+    for parents, name, kind, least, required in _FIELDS:
+        node = settings
+        for depth, parent in enumerate(parents):
+            if not isinstance(node, dict):
+                _refuse(where, ".".join(parents[:depth]) or "the file", node, "a JSON object")
+            node = node.get(parent)
+        if parents == ("decode", "sampling") and node is None:
+            continue  # the checkpoint did not sample
+        if not isinstance(node, dict):
+            _refuse(where, ".".join(parents) or "the file", node, "a JSON object")
+        if name not in node:
+            if required:
+                _refuse(where, ".".join((*parents, name)), None, f"{kind} (it is missing)")
+            continue
+        value = node[name]
+        number = isinstance(value, int | float) and not isinstance(value, bool)
+        if (
+            not number
+            or (kind == _INT and not isinstance(value, int))
+            or not math.isfinite(value)
+            or value < least
+        ):
+            _refuse(where, ".".join((*parents, name)), value, f"{kind} of at least {least}")
+
+
+def _refuse(where: Path, field: str, value: object, wanted: str) -> None:
+    raise ExportError(
+        f"{where}: {field} is {value!r}, not {wanted}; the file is damaged or not attnlab's: export the "
+        "checkpoint again with attnlab-export format=ctranslate2"
+    )
+
+
 def _capped(groups: dict[int, list[int]], cap: int) -> dict[int, list[int]]:
     """Sentences grouped by output limit, each limit lowered to `cap`."""
     capped: dict[int, list[int]] = defaultdict(list)
@@ -66,7 +118,9 @@ class CT2Translator:
         ctranslate2_options: More keyword arguments for `ctranslate2.Translator`.
 
     Raises:
-        ExportError: `path` holds no attnlab CTranslate2 export, or ctranslate2 is not installed.
+        ExportError: `path` holds no attnlab CTranslate2 export, its `attnlab_export.json` lacks a field
+            translation reads or holds a value of the wrong kind (`checked_settings`), or ctranslate2 is
+            not installed.
     """
 
     def __init__(self, path: str | Path, device: str = "cpu", compute_type: str = "default",
@@ -88,6 +142,7 @@ class CT2Translator:
             raise ExportError(
                 f"{path} is not a directory written by attnlab-export format=ctranslate2 ({exc})"
             ) from None
+        checked_settings(self.settings, path / SETTINGS_FILE)
         self.translator = ctranslate2.Translator(
             str(path), device=device, compute_type=compute_type, intra_threads=intra_threads,
             **ctranslate2_options,
