@@ -36,11 +36,12 @@ one sentence at a time (`--latency-sentences`), `--threads` threads on both side
 same fixed length limit (60 tokens), reporting sentences/s (medians of `--repeats` interleaved runs), the
 speed-up (median and range of the per-run ratios) and how many outputs are identical to attnlab's. With
 `--quick` on the random model every float32 output must be identical (exit status 1 otherwise), as for
-`--marian`. CTranslate2 decodes in a process of its own (`CT2Process`: a CTranslate2 run slowed later attnlab
-runs in the same process), on request, alternating with attnlab's runs. It also prints the matrix-product
-backends CTranslate2 reports when it loads its first model
+`--marian`. Each CTranslate2 model decodes in a process of its own (`CT2Process`: a CTranslate2 run slowed
+later attnlab runs in the same process, a second model the first), on request, alternating with attnlab's
+runs. It also prints the matrix-product backends CTranslate2 reports when it loads each model
 (it takes oneDNN's SGEMM on non-Intel CPUs unless `CT2_USE_MKL=1`) and attnlab's (`attnlab.model.gemm`:
-oneDNN's SGEMM for its linear layers where installed, `ATTNLAB_GEMM=torch` for PyTorch's MKL; every
+oneDNN's SGEMM for its linear layers where installed on a non-Intel CPU, else or with `ATTNLAB_GEMM=torch`
+PyTorch's MKL; every
 comparison prints which).
 With `--profile` as well, then, for greedy and beam 5 at batch 64: where attnlab's time goes,
 op by op (`torch.profiler`: self time of each aten op over one run, its share of the profiled run's wall
@@ -489,6 +490,8 @@ class CT2Process:
         except subprocess.TimeoutExpired:
             self.process.kill()
             self.process.wait()
+        finally:
+            self.process.stdout.close()
 
 
 ONEDNN_OP = "attnlab::onednn_sgemm"  # oneDNN's products in the profile (a ctypes call, no aten op)

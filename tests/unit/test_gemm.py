@@ -91,17 +91,19 @@ def test_the_cpu_vendor_is_read_from_cpuinfo(monkeypatch: pytest.MonkeyPatch, tm
     assert gemm.vendor(amd.splitlines()) == "AuthenticAMD"
     assert gemm.vendor(intel.splitlines()) == "GenuineIntel"
     assert gemm.vendor(["processor\t: 0", "Features\t: fp asimd"]) is None  # an ARM CPU's lines
-    for text, is_intel in ((amd, False), (intel, True), ("", False)):
-        info = tmp_path / "cpuinfo"
-        info.write_text(text)
-        monkeypatch.setattr(gemm, "CPUINFO", info)
+    try:
+        for text, is_intel in ((amd, False), (intel, True), ("", False)):
+            info = tmp_path / "cpuinfo"
+            info.write_text(text)
+            monkeypatch.setattr(gemm, "CPUINFO", info)
+            gemm.intel_cpu.cache_clear()
+            assert gemm.intel_cpu() is is_intel
+        monkeypatch.setattr(gemm, "CPUINFO", tmp_path / "missing")  # not Linux
         gemm.intel_cpu.cache_clear()
-        assert gemm.intel_cpu() is is_intel
-    monkeypatch.setattr(gemm, "CPUINFO", tmp_path / "missing")  # not Linux
-    gemm.intel_cpu.cache_clear()
-    assert gemm.intel_cpu() is False
-    monkeypatch.undo()
-    gemm.intel_cpu.cache_clear()
+        assert gemm.intel_cpu() is False
+    finally:  # this machine's answer again, for the tests after this one
+        monkeypatch.undo()
+        gemm.intel_cpu.cache_clear()
 
 
 @pytest.mark.parametrize("rows", [1, 5, 64, 320])
@@ -270,7 +272,8 @@ def test_rows_take_the_oneDNN_layout_at_every_count_and_mkls_layouts_without_it(
         torch.testing.assert_close(project(five, layer)[0], F.linear(five, layer.weight, layer.bias))
 
 
-def test_attnlab_gemm_choices_and_their_errors(choose, monkeypatch: pytest.MonkeyPatch) -> None:
+def test_attnlab_gemm_choices_and_their_errors(choose, intel, monkeypatch: pytest.MonkeyPatch) -> None:
+    intel(False)  # on an Intel CPU `auto` never tries the package: its fallback would go untested
     choose("torch")
     assert gemm.backend() == "torch" and not gemm.available()
     choose("fast")
@@ -285,8 +288,9 @@ def test_attnlab_gemm_choices_and_their_errors(choose, monkeypatch: pytest.Monke
 
 
 def test_a_library_that_does_not_load_is_an_error_under_onednn_and_skipped_under_auto(
-    choose, monkeypatch: pytest.MonkeyPatch, tmp_path
+    choose, intel, monkeypatch: pytest.MonkeyPatch, tmp_path
 ) -> None:
+    intel(False)
     broken = tmp_path / "libdnnl.so.3"
     broken.write_bytes(b"not a shared library")
     monkeypatch.setattr(gemm, "_library_path", lambda: str(broken))
@@ -300,7 +304,7 @@ def test_a_library_that_does_not_load_is_an_error_under_onednn_and_skipped_under
 
 
 def test_a_distribution_outside_site_packages_is_never_loaded(
-    choose, monkeypatch: pytest.MonkeyPatch, tmp_path
+    choose, intel, monkeypatch: pytest.MonkeyPatch, tmp_path
 ) -> None:
     """A `.dist-info` folder in the working directory (on `sys.path` under `python -m`) names files of its
     own: their library must not be loaded in place of the installed package's."""
@@ -310,6 +314,7 @@ def test_a_distribution_outside_site_packages_is_never_loaded(
     (info / "RECORD").write_text("libdnnl.so.3,,\n")
     (tmp_path / "libdnnl.so.3").write_bytes(b"planted")
     monkeypatch.syspath_prepend(str(tmp_path))
+    intel(False)
     assert gemm.metadata.distribution(gemm.DISTRIBUTION).locate_file("") == tmp_path  # it is found first
     choose("onednn")
     with pytest.raises(gemm.GemmUnavailable, match=r"outside the interpreter's site-packages"):

@@ -51,11 +51,12 @@ OLDER_EXPORT_POSITIONS = 1024
 # attnlab_export.json's fields CT2Translator reads: (where, name, kind, smallest value, required); exports
 # written before `positions`, `length_penalty` and `sampling` were recorded lack them
 _INT, _NUMBER = "an integer", "a finite number"
+_MOST = 2**31 - 1  # CTranslate2 takes sizes as C++ integers: a larger one is pybind11's TypeError
 _FIELDS = (
     ((), "pad_id", _INT, 0, True), ((), "bos_id", _INT, 0, True), ((), "eos_id", _INT, 0, True),
     ((), "max_source_tokens", _INT, 1, True), ((), "positions", _INT, 1, False),
     (("decode",), "beam", _INT, 1, True), (("decode",), "max_len_a", _NUMBER, 0, True),
-    (("decode",), "max_len_b", _INT, 0, True), (("decode",), "min_len", _INT, 0, True),
+    (("decode",), "max_len_b", _INT, 0, True), (("decode",), "min_len", _INT, 1, True),
     (("decode",), "batch_size", _INT, 1, True), (("decode",), "length_penalty", _NUMBER, 0, False),
     (("decode", "sampling"), "topk", _INT, 0, True), (("decode", "sampling"), "topp", _NUMBER, 0, True),
     (("decode", "sampling"), "temperature", _NUMBER, 0, True),
@@ -79,22 +80,41 @@ def checked_settings(settings: object, where: Path) -> None:
             _refuse(where, ".".join(parents) or "the file", node, "a JSON object")
         if name not in node:
             if required:
-                _refuse(where, ".".join((*parents, name)), None, f"{kind} (it is missing)")
+                _refuse(where, ".".join((*parents, name)), None, kind)
             continue
         value = node[name]
         number = isinstance(value, int | float) and not isinstance(value, bool)
         if (
             not number
-            or (kind == _INT and not isinstance(value, int))
-            or not math.isfinite(value)
+            or (kind == _INT and not (isinstance(value, int) and value <= _MOST))  # (isfinite: OverflowError)
+            or not (isinstance(value, int) or math.isfinite(value))  # (an int past a float: OverflowError)
             or value < least
         ):
-            _refuse(where, ".".join((*parents, name)), value, f"{kind} of at least {least}")
+            most = f" and at most {_MOST}" if kind == _INT else ""
+            _refuse(where, ".".join((*parents, name)), value, f"{kind} of at least {least}{most}")
+    sampling = settings["decode"].get("sampling")  # (a dict: checked above)
+    if sampling is not None:
+        if not 0 < sampling["topp"] <= 1:
+            _refuse(where, "decode.sampling.topp", sampling["topp"], "a number in (0, 1]")
+        if sampling["temperature"] <= 0:
+            _refuse(where, "decode.sampling.temperature", sampling["temperature"], "a number above 0")
+        if settings["decode"]["beam"] != 1:
+            _refuse(where, "decode.beam", settings["decode"]["beam"], "1 (the checkpoint samples)")
+
+
+def checked_ids(settings: dict[str, Any], vocab_size: int, where: Path) -> None:
+    """An ExportError unless pad_id, bos_id and eos_id are ids of the exported vocabulary (CTranslate2
+    raises a ValueError mid-translation for a token it does not know)."""
+    for name in ("pad_id", "bos_id", "eos_id"):
+        if settings[name] >= vocab_size:
+            _refuse(where, name, settings[name], f"an id of the {vocab_size}-token vocabulary")
 
 
 def _refuse(where: Path, field: str, value: object, wanted: str) -> None:
+    """The ExportError for `field` (None: missing, or null)."""
+    found = "is missing (or null)" if value is None else f"is {value!r}"
     raise ExportError(
-        f"{where}: {field} is {value!r}, not {wanted}; the file is damaged or not attnlab's: export the "
+        f"{where}: {field} {found}, not {wanted}; the file is damaged or not attnlab's: export the "
         "checkpoint again with attnlab-export format=ctranslate2"
     )
 
@@ -138,11 +158,13 @@ class CT2Translator:
             self.tgt_tokenizer = SubwordTokenizer.from_json(
                 (path / TARGET_TOKENIZER_FILE).read_text(encoding="utf-8")
             )
-        except (OSError, ValueError) as exc:
+        except Exception as exc:  # the files are the user's: json's RecursionError, tokenizers' own errors
             raise ExportError(
                 f"{path} is not a directory written by attnlab-export format=ctranslate2 ({exc})"
             ) from None
         checked_settings(self.settings, path / SETTINGS_FILE)
+        vocab = min(self.src_tokenizer.vocab_size, self.tgt_tokenizer.vocab_size)
+        checked_ids(self.settings, vocab, path / SETTINGS_FILE)
         self.translator = ctranslate2.Translator(
             str(path), device=device, compute_type=compute_type, intra_threads=intra_threads,
             **ctranslate2_options,

@@ -120,7 +120,7 @@ def _rows_first(flat: Tensor, outputs: int) -> bool:
     than 16 (see `project`), and any number of rows for a product oneDNN takes (`attnlab.model.gemm`),
     fastest in that layout at every row count, or on an Intel CPU (`gemm.intel_cpu`), where MKL's own
     kernels are fastest in it too (for 5 rows of 256 × 768, 147 GFLOP/s against 41 for (W xᵀ)ᵀ on a 2-core
-    Xeon; docs/benchmarks.md, "On an Intel CPU")."""
+    Xeon; docs/benchmarks.md, "On an Intel CPU"; measured in float32, taken for every dtype)."""
     return (
         not 1 < flat.size(0) <= 16
         or gemm.intel_cpu()
