@@ -65,9 +65,11 @@ _FIELDS = (
 
 def checked_settings(settings: object, where: Path) -> None:
     """An ExportError naming the field unless `settings` (attnlab_export.json, read from `where`) holds
-    every field `CT2Translator` reads, each a finite number of its kind no smaller than its least value:
-    the file is the user's, and a damaged one must not surface as a KeyError or TypeError mid-translation.
-    `decode.sampling` may be null (the checkpoint did not sample)."""
+    every field `CT2Translator` reads, each a finite number of its kind no smaller than its least value
+    (integers at most 2^31-1, CTranslate2's C++ sizes), and sampling settings CTranslate2 takes (topp in
+    (0, 1], temperature above 0, beam 1): the file is the user's, and a damaged one must not surface as a
+    KeyError, TypeError or CTranslate2's ValueError mid-translation. `decode.sampling` may be null (the
+    checkpoint did not sample)."""
     for parents, name, kind, least, required in _FIELDS:
         node = settings
         for depth, parent in enumerate(parents):
