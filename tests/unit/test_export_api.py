@@ -405,3 +405,22 @@ def test_a_ctranslate2_settings_file_that_is_no_object_is_refused(tmp_path: Path
     (path / SETTINGS_FILE).write_text("[1, 2]")
     with pytest.raises(ExportError, match=r"attnlab_export.json: the file is \[1, 2\], not a JSON object"):
         CT2Translator(path, intra_threads=1)
+
+
+@pytest.mark.parametrize(
+    ("name", "text"),
+    [("attnlab_export.json", "[" * 100_000), ("attnlab_target_tokenizer.json", "{}")],  # too deep; no model
+)
+def test_unreadable_ctranslate2_export_files_are_an_export_error(
+    tmp_path: Path, name: str, text: str
+) -> None:
+    """A JSON file nested past Python's recursion limit, or a tokenizer file the tokenizers library
+    refuses with its own exception, is the ExportError naming the directory, not a bare exception."""
+    pytest.importorskip("ctranslate2", reason='needs the [export] extra: pip install -e ".[export]"')
+    from attnlab.interop.ct2 import CT2Translator
+
+    src, tgt = separate_vocabularies()
+    path = export(random_translator(src, tgt, tie="decoder"), "ctranslate2", tmp_path / "ct2")
+    (path / name).write_text(text)
+    with pytest.raises(ExportError, match=r"is not a directory written by attnlab-export format=ctranslate2"):
+        CT2Translator(path, intra_threads=1)
