@@ -424,3 +424,23 @@ def test_unreadable_ctranslate2_export_files_are_an_export_error(
     (path / name).write_text(text)
     with pytest.raises(ExportError, match=r"is not a directory written by attnlab-export format=ctranslate2"):
         CT2Translator(path, intra_threads=1)
+
+
+def test_an_export_whose_source_limit_grows_its_position_table_says_so(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    """MarianMT's sinusoids are a table as long as the longest source allowed: past attnlab's output cap
+    the export warns with its size and the setting that asks for it; an ordinary export says nothing."""
+    joint = SubwordTokenizer.train(GERMAN + ENGLISH, model="bpe", vocab_size=80)
+    ours = random_translator(joint, joint, tie="all")
+    with caplog.at_level(logging.WARNING, logger="attnlab.interop.export"):
+        export(ours, "hf", tmp_path / "ordinary")
+    assert "sinusoid positions" not in caplog.text
+    ours.decode = DecodeConfig(beam=1, alpha=0.0, max_len_a=0.0, max_len_b=8, max_source_tokens=6000)
+    with caplog.at_level(logging.WARNING, logger="attnlab.interop.export"):
+        hf = export(ours, "hf", tmp_path / "long")
+    assert json.loads((hf / "config.json").read_text())["max_position_embeddings"] == 6000
+    assert (
+        "the export holds 6000 sinusoid positions, 1 MB in each of the encoder's and decoder's tables, "
+        "because decode.max_source_tokens=6000 allows sources that long: lower it" in caplog.text
+    )

@@ -36,7 +36,7 @@ from importlib.util import find_spec
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from attnlab.decoding.search import max_output_length
+from attnlab.decoding.search import MAX_OUTPUT_TOKENS, max_output_length
 from attnlab.interop.marian import to_marian
 
 if TYPE_CHECKING:
@@ -193,8 +193,15 @@ def exported_positions(translator: Translator) -> int:
 
 
 def _marian(translator: Translator) -> Any:
+    positions = exported_positions(translator)
+    config = translator.model.config
+    if positions > max(MAX_OUTPUT_TOKENS, config.max_positions):  # a source limit past the output cap
+        size = positions * config.d_model * 4 / 2**20
+        log.warning("the export holds %d sinusoid positions, %.0f MB in each of the encoder's and decoder's "
+                    "tables, because %s allows sources that long: lower it for a smaller export", positions,
+                    size, translator.source_limit()[1])  # fmt: skip
     try:
-        return to_marian(translator.model.eval(), exported_positions(translator))  # copied to a CPU model
+        return to_marian(translator.model.eval(), positions)  # copied to a CPU model
     except ValueError as exc:  # what MarianMT cannot hold: name what an exportable model is trained with
         raise ValueError(
             f"{exc}. Both formats go through MarianMT, which holds the paper's post-norm model with "
