@@ -31,6 +31,12 @@ CHUNK_ELEMENTS = {"cpu": 1 << 22}
 DEFAULT_CHUNK_ELEMENTS = 1 << 26
 
 
+def _drops_padding(device_type: str) -> bool:
+    """Whether `output_layer_loss` drops padding rows before the output layer: on the CPU outside
+    torch.compile (a graph cannot take a data-dependent row count); elsewhere the loss masks them."""
+    return device_type == "cpu" and not _compiling()
+
+
 def label_smoothed_nll_loss(
     logits: Tensor, target: Tensor, *, epsilon: float, ignore_index: int
 ) -> tuple[Tensor, Tensor, Tensor]:
@@ -96,7 +102,7 @@ def output_layer_loss(
         raise ValueError(f"chunk_rows={chunk_rows} must be >= 1")
     keep = target != ignore_index
     count = keep.sum()
-    if hidden.device.type == "cpu" and not _compiling() and int(count) < keep.numel():
+    if _drops_padding(hidden.device.type) and int(count) < keep.numel():
         # Padding rows add nothing to the sums: on the CPU they skip the output layer (8% of Multi30k's
         # target positions in token batches, about 2% of a step: docs/benchmarks.md); their gradient is
         # zero through `index_select`'s backward. (Elsewhere the mask keeps shapes static.)
@@ -156,7 +162,7 @@ class _OutputLayerLoss(torch.autograd.Function):
             loss = hidden.new_zeros((), dtype=torch.float32)
             nll = hidden.new_zeros((), dtype=torch.float32)
             vocab = w.size(0)
-            mask_rows = device != "cpu" or _compiling()  # rows that may be padding (see the caller)
+            mask_rows = not _drops_padding(device)  # rows that may be padding
             for start in range(0, h_all.size(0), chunk_rows):
                 z = probs = grad = grad_c = None  # the previous chunk's (r, V) buffers: freed here
                 h = h_all[start : start + chunk_rows]  # (r, D)
