@@ -29,11 +29,12 @@ import math
 from collections import defaultdict
 from collections.abc import Sequence
 from pathlib import Path
-from typing import Any
+from typing import Any, NoReturn
 
 from attnlab.data.batching import cut_source
 from attnlab.data.tokenizer import SubwordTokenizer
 from attnlab.decoding.search import max_output_length
+from attnlab.decoding.settings import DecodeConfig
 from attnlab.interop.export import (
     EXPORT_EXTRA,
     SETTINGS_FILE,
@@ -41,6 +42,7 @@ from attnlab.interop.export import (
     TARGET_TOKENIZER_FILE,
     ExportError,
 )
+from attnlab.typed import is_int
 
 log = logging.getLogger(__name__)
 # The positions of an export written before they were recorded (`positions` of its settings): its MarianMT
@@ -48,60 +50,73 @@ log = logging.getLogger(__name__)
 OLDER_EXPORT_POSITIONS = 1024
 
 
-# attnlab_export.json's fields CT2Translator reads: (where, name, kind, smallest value, required); exports
-# written before `positions`, `length_penalty` and `sampling` were recorded lack them
-_INT, _NUMBER = "an integer", "a finite number"
+# attnlab_export.json's fields CT2Translator reads besides the decoding settings: (name, least value,
+# required); exports written before `positions` were recorded lack them
+_SIZES = (("pad_id", 0, True), ("bos_id", 0, True), ("eos_id", 0, True), ("max_source_tokens", 1, True),
+          ("positions", 1, False))  # fmt: skip
+_DECODE = ("beam", "max_len_a", "max_len_b", "min_len", "batch_size")  # `decode`'s, each a DecodeConfig field
+_SAMPLING = ("topk", "topp", "temperature")  # `decode.sampling`'s (null when the checkpoint did not sample)
 _MOST = 2**31 - 1  # CTranslate2 takes sizes as C++ integers: a larger one is pybind11's TypeError
-_FIELDS = (
-    ((), "pad_id", _INT, 0, True), ((), "bos_id", _INT, 0, True), ((), "eos_id", _INT, 0, True),
-    ((), "max_source_tokens", _INT, 1, True), ((), "positions", _INT, 1, False),
-    (("decode",), "beam", _INT, 1, True), (("decode",), "max_len_a", _NUMBER, 0, True),
-    (("decode",), "max_len_b", _INT, 0, True), (("decode",), "min_len", _INT, 1, True),
-    (("decode",), "batch_size", _INT, 1, True), (("decode",), "length_penalty", _NUMBER, 0, False),
-    (("decode", "sampling"), "topk", _INT, 0, True), (("decode", "sampling"), "topp", _NUMBER, 0, True),
-    (("decode", "sampling"), "temperature", _NUMBER, 0, True),
-)  # fmt: skip
 
 
 def checked_settings(settings: object, where: Path) -> None:
     """An ExportError naming the field unless `settings` (attnlab_export.json, read from `where`) holds
-    every field `CT2Translator` reads, each a finite number of its kind no smaller than its least value
-    (integers at most 2^31-1, CTranslate2's C++ sizes), and sampling settings CTranslate2 takes (topp in
-    (0, 1], temperature above 0, beam 1): the file is the user's, and a damaged one must not surface as a
-    KeyError, TypeError or CTranslate2's ValueError mid-translation. `decode.sampling` may be null (the
-    checkpoint did not sample)."""
-    for parents, name, kind, least, required in _FIELDS:
-        node = settings
-        for depth, parent in enumerate(parents):
-            if not isinstance(node, dict):
-                _refuse(where, ".".join(parents[:depth]) or "the file", node, "a JSON object")
-            node = node.get(parent)
-        if parents == ("decode", "sampling") and node is None:
-            continue  # the checkpoint did not sample
-        if not isinstance(node, dict):
-            _refuse(where, ".".join(parents) or "the file", node, "a JSON object")
-        if name not in node:
-            if required:
-                _refuse(where, ".".join((*parents, name)), None, kind)
-            continue
-        value = node[name]
-        number = isinstance(value, int | float) and not isinstance(value, bool)
-        if (
-            not number
-            or (kind == _INT and not (isinstance(value, int) and value <= _MOST))  # (isfinite: OverflowError)
-            or not (isinstance(value, int) or math.isfinite(value))  # (an int past a float: OverflowError)
-            or value < least
-        ):
-            most = f" and at most {_MOST}" if kind == _INT else ""
-            _refuse(where, ".".join((*parents, name)), value, f"{kind} of at least {least}{most}")
-    sampling = settings["decode"].get("sampling")  # (a dict: checked above)
-    if sampling is not None:
-        if not 0 < sampling["topp"] <= 1:
-            _refuse(where, "decode.sampling.topp", sampling["topp"], "a number in (0, 1]")
-        if sampling["temperature"] <= 0:
-            _refuse(where, "decode.sampling.temperature", sampling["temperature"], "a number above 0")
-        if settings["decode"]["beam"] != 1:
-            _refuse(where, "decode.beam", settings["decode"]["beam"], "1 (the checkpoint samples)")
+    every field `CT2Translator` reads with a value it can use: the file is the user's, and a damaged one
+    must not surface as a KeyError, TypeError or CTranslate2's ValueError mid-translation.
+
+    The decoding settings (`decode`'s beam, output limits, min_len, batch_size and, unless null, the
+    sampling node's topk, topp and temperature) are checked by building the `DecodeConfig` they came from,
+    so they obey attnlab's own rules (min_len at least 1, topp in (0, 1], beam 1 when sampling, ...);
+    what is CTranslate2's is checked here: the token ids and sizes, integers of at least their least value,
+    the optional `length_penalty` (its α, a finite number of at least 0), and every integer at most 2^31-1.
+    """
+    top = _object(settings, "the file", where)
+    for name, least, required in _SIZES:
+        if required or name in top:
+            value = _given(top, name, "", where)
+            if not (is_int(value) and least <= value <= _MOST):
+                _refuse(where, name, value, f"an integer of at least {least} and at most {_MOST}")
+    decode = _object(top.get("decode"), "decode", where)
+    given: dict[str, Any] = {name: _given(decode, name, "decode.", where) for name in _DECODE}
+    if decode.get("sampling") is not None:
+        sampling = _object(decode["sampling"], "decode.sampling", where)
+        given.update({name: _given(sampling, name, "decode.sampling.", where) for name in _SAMPLING})
+    for name, value in given.items():
+        if is_int(value) and value > _MOST:
+            _refuse(where, f"decode.{name}", value, f"a number of at most {_MOST}")
+    if "length_penalty" in decode:
+        value = _given(decode, "length_penalty", "decode.", where)
+        if not (_finite(value) and value >= 0):
+            _refuse(where, "decode.length_penalty", value, "a finite number of at least 0")
+    try:
+        DecodeConfig(**given, sampling="topk" in given)
+    except ValueError as exc:
+        raise ExportError(
+            f"{where}: decode holds settings attnlab does not decode with: {exc}; {_AGAIN}"
+        ) from None
+
+
+def _object(node: object, field: str, where: Path) -> dict[str, Any]:
+    if not isinstance(node, dict):
+        _refuse(where, field, node, "a JSON object")
+    return node
+
+
+def _given(node: dict[str, Any], name: str, parent: str, where: Path) -> Any:
+    """`node[name]`, refused when missing or null."""
+    if node.get(name) is None:
+        _refuse(where, parent + name, None, "")
+    return node[name]
+
+
+def _finite(value: object) -> bool:
+    """Whether `value` is a JSON number (not a bool) a float holds finitely (an int past 1.8e308 is not)."""
+    if not isinstance(value, int | float) or isinstance(value, bool):
+        return False
+    try:
+        return math.isfinite(value)
+    except OverflowError:
+        return False
 
 
 def checked_ids(settings: dict[str, Any], vocab_size: int, where: Path) -> None:
@@ -112,13 +127,15 @@ def checked_ids(settings: dict[str, Any], vocab_size: int, where: Path) -> None:
             _refuse(where, name, settings[name], f"an id of the {vocab_size}-token vocabulary")
 
 
-def _refuse(where: Path, field: str, value: object, wanted: str) -> None:
+def _refuse(where: Path, field: str, value: object, wanted: str) -> NoReturn:
     """The ExportError for `field` (None: missing, or null)."""
-    found = "is missing (or null)" if value is None else f"is {value!r}"
-    raise ExportError(
-        f"{where}: {field} {found}, not {wanted}; the file is damaged or not attnlab's: export the "
-        "checkpoint again with attnlab-export format=ctranslate2"
-    )
+    found = "is missing (or null)" if value is None else f"is {value!r}, not {wanted}"
+    raise ExportError(f"{where}: {field} {found}; {_AGAIN}")
+
+
+_AGAIN = (
+    "the file is damaged or not attnlab's: export the checkpoint again with attnlab-export format=ctranslate2"
+)
 
 
 def _capped(groups: dict[int, list[int]], cap: int) -> dict[int, list[int]]:
