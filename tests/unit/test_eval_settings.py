@@ -40,3 +40,23 @@ def test_sets_names_one_split_a_list_or_the_datas_test_sets() -> None:
     assert split_names(OmegaConf.create(["val", "test2016"]), spec) == ["val", "test2016"]
     with pytest.raises(ConfigError, match=r"sets=\[\] scores nothing"):
         split_names(OmegaConf.create([]), spec)
+
+
+@pytest.mark.parametrize(
+    ("config", "keys"), [("eval.yaml", "DECODE_TIME_KEYS"), ("export.yaml", "EXPORT_KEYS")]
+)
+def test_the_decode_keys_a_command_takes_are_decode_configs_listed_in_one_place(
+    config: str, keys: str
+) -> None:
+    """conf/eval.yaml's and conf/export.yaml's `decode` nodes (the overrides Hydra accepts) hold exactly the
+    DecodeConfig fields `attnlab.decoding.settings` names for them, all null, so a new decoding setting
+    cannot be left out of one command (attnlab-translate reads DECODE_TIME_KEYS itself)."""
+    from pathlib import Path
+
+    from attnlab.decoding import settings
+
+    node = OmegaConf.load(Path(__file__).resolve().parents[2] / "conf" / config).decode
+    assert sorted(node) == sorted(getattr(settings, keys))
+    assert all(value is None for value in node.values())
+    fields = [f.name for f in settings.dataclasses.fields(settings.DecodeConfig)]
+    assert set(settings.DECODE_TIME_KEYS) | set(settings.TRAINING_ONLY) == set(fields)

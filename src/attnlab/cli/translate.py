@@ -48,14 +48,12 @@ from typing import IO, TYPE_CHECKING, Any
 from omegaconf import OmegaConf
 from omegaconf.errors import OmegaConfBaseException
 
+from attnlab.decoding.settings import DECODE_TIME_KEYS
 from attnlab.io import atomic_writer, written_in_place
 
 if TYPE_CHECKING:
     from attnlab.inference.translator import Translator
 
-DECODE_KEYS = ("beam", "length_penalty", "alpha", "lenpen", "max_len_a", "max_len_b", "min_len", "batch_size",
-               "max_tokens", "max_source_tokens", "sampling", "topk", "topp", "temperature",
-               "seed", "nbest", "nbest_format", "print_alignment")  # fmt: skip
 DEFAULTS: dict[str, Any] = {
     "ckpt_path": None,
     "input": "-",
@@ -64,7 +62,7 @@ DEFAULTS: dict[str, Any] = {
     "ensemble": False,  # ckpt_path=[a,b,...]: their models combined at every step
     "device": "auto",
     "chunk_lines": None,  # null: CHUNK_LINES, or 1 when standard input is a terminal
-    "decode": dict.fromkeys(DECODE_KEYS),
+    "decode": dict.fromkeys(DECODE_TIME_KEYS),
 }
 
 
