@@ -358,6 +358,7 @@ def test_an_interrupted_overwrite_puts_the_earlier_export_back(
         (lambda s: s.update(max_source_tokens=256.0), "max_source_tokens is 256.0, not an integer"),
         (lambda s: s.pop("eos_id"), r"eos_id is missing \(or null\)"),
         (lambda s: s.update(eos_id=10**6), "eos_id is 1000000, not an id of the"),
+        (lambda s: s.update(eos_id=3), "eos_id is 3, not the end token of config.json beside it \\('2'\\)"),
         (lambda s: s.pop("decode"), r"decode is missing \(or null\)"),
         (lambda s: s.update(decode=[]), r"decode is \[\], not a JSON object"),
         (lambda s: s["decode"].pop("beam"), r"decode.beam is missing \(or null\)"),

@@ -127,6 +127,14 @@ def checked_ids(settings: dict[str, Any], vocab_size: int, where: Path) -> None:
             _refuse(where, name, settings[name], f"an id of the {vocab_size}-token vocabulary")
 
 
+def checked_eos(settings: dict[str, Any], model_config: object, where: Path) -> None:
+    """An ExportError unless eos_id is the end token of CTranslate2's `config.json` beside it (`model_config`,
+    read from the export): another id of the vocabulary would translate, wrongly, up to the length limit."""
+    token = model_config.get("eos_token") if isinstance(model_config, dict) else None
+    if str(settings["eos_id"]) != token:
+        _refuse(where, "eos_id", settings["eos_id"], f"the end token of config.json beside it ({token!r})")
+
+
 def _refuse(where: Path, field: str, value: object, wanted: str) -> NoReturn:
     """The ExportError for `field` (None: missing, or null)."""
     found = "is missing (or null)" if value is None else f"is {value!r}, not {wanted}"
@@ -158,8 +166,9 @@ class CT2Translator:
 
     Raises:
         ExportError: `path` holds no attnlab CTranslate2 export, its `attnlab_export.json` lacks a field
-            translation reads or holds a value of the wrong kind (`checked_settings`), or ctranslate2 is
-            not installed.
+            translation reads or holds a value of the wrong kind (`checked_settings`), an id outside the
+            vocabulary (`checked_ids`) or an end id other than CTranslate2's `config.json` (`checked_eos`),
+            or ctranslate2 is not installed.
     """
 
     def __init__(self, path: str | Path, device: str = "cpu", compute_type: str = "default",
@@ -171,6 +180,7 @@ class CT2Translator:
         path = Path(path)
         try:
             self.settings = json.loads((path / SETTINGS_FILE).read_text(encoding="utf-8"))
+            model_config = json.loads((path / "config.json").read_text(encoding="utf-8"))  # CTranslate2's
             self.src_tokenizer = SubwordTokenizer.from_json(
                 (path / SOURCE_TOKENIZER_FILE).read_text(encoding="utf-8")
             )
@@ -184,6 +194,7 @@ class CT2Translator:
         checked_settings(self.settings, path / SETTINGS_FILE)
         vocab = min(self.src_tokenizer.vocab_size, self.tgt_tokenizer.vocab_size)
         checked_ids(self.settings, vocab, path / SETTINGS_FILE)
+        checked_eos(self.settings, model_config, path / SETTINGS_FILE)
         self.translator = ctranslate2.Translator(
             str(path), device=device, compute_type=compute_type, intra_threads=intra_threads,
             **ctranslate2_options,
