@@ -50,6 +50,14 @@ shared kernels can give: the other model's median step over attnlab's median ste
 groups' share of attnlab's profiled steps (the timed medians, not the few profiled steps, whose times vary
 more from one step to the next than the models differ).
 
+`--products`: the profiler's split is not to be trusted for memory-bound ops on every machine (on a 2-core
+Xeon it put 27 ms on zeroing 16 MB that takes 2 ms alone). Without it: each model's step runs once with its
+matrix products (`attnlab.model.flops.MATMUL_OPS`) recorded, operands copied, and after the timed rounds
+the recorded products run alone, in the step's order, `--repeats` interleaved rounds (the median). A step's
+products alone are the part of it that no change outside the products can save, "the rest" (step minus
+products) all the others' work together: attention kernels, optimizer, dropout, normalisation, Python and
+autograd. attnlab's ceiling against another model is that model's median step over attnlab's products alone.
+
 The C heap: `--allocator keep` (the default) sets glibc's malloc as `attnlab-train` does by default
 (`attnlab.training.allocator`: freed memory stays in the process instead of being faulted in again every
 step), once for the whole process and so for every model alike, and for the memory processes too;
@@ -322,6 +330,70 @@ def profile_table(results: list[dict[str, Any]]) -> str:
     return "\n".join(lines) + "\n"
 
 
+def recorded_products(step: Any) -> list[tuple[Any, list[Any], dict[str, Any]]]:
+    """The matrix products (`attnlab.model.flops.MATMUL_OPS`) one call of `step` runs, in order, each with
+    copies of its operands (same shapes and strides; an operand read by several products copied once)."""
+    import torch
+    from torch.utils._python_dispatch import TorchDispatchMode
+
+    from attnlab.model.flops import MATMUL_OPS
+
+    products: list[tuple[Any, list[Any], dict[str, Any]]] = []
+    copies: dict[tuple, Any] = {}
+
+    def copy(value: Any) -> Any:
+        if not isinstance(value, torch.Tensor):
+            return value
+        key = (value.data_ptr(), value.storage_offset(), value.shape, value.stride())
+        if key not in copies:
+            copies[key] = value.detach().clone()
+        return copies[key]
+
+    class Recorder(TorchDispatchMode):
+        def __torch_dispatch__(self, func, types, args=(), kwargs=None):  # type: ignore[no-untyped-def]
+            kwargs = kwargs or {}
+            if func._schema.name in MATMUL_OPS:
+                products.append((func, [copy(a) for a in args], {k: copy(v) for k, v in kwargs.items()}))
+            return func(*args, **kwargs)
+
+    with Recorder():
+        step()
+    return products
+
+
+def time_products(steps: dict[str, Any], rounds: int) -> dict[str, float]:
+    """Per model, the median seconds its step's matrix products take run alone, one after the other as
+    the step runs them (`recorded_products`), over `rounds` interleaved rounds: the part of the step no
+    change outside the products can save."""
+    recorded = {f: recorded_products(step) for f, step in steps.items()}
+    names = list(steps)
+    times: dict[str, list[float]] = {f: [] for f in names}
+    for r in range(rounds):
+        for f in names[r % len(names) :] + names[: r % len(names)]:
+            start = time.perf_counter()
+            for func, args, kwargs in recorded[f]:
+                func(*args, **kwargs)
+            times[f].append(time.perf_counter() - start)
+    return {f: statistics.median(t) for f, t in times.items()}
+
+
+def products_table(results: list[dict[str, Any]]) -> str:
+    """The `--products` table: each model's step, its matrix products alone and the rest, and attnlab's
+    ceiling against each other model: its step over attnlab's products alone."""
+    lines = ["| size | model | step (median) | matrix products alone | the rest | attnlab's ceiling |",
+             "|---|---|---|---|---|---|"]  # fmt: skip
+    for r in results:
+        alone = r.get("products")
+        if not alone:
+            continue
+        for f, products in alone.items():
+            step = r["models"][f]["median_s"]
+            ceiling = "" if f == "attnlab" else f"{step / alone['attnlab']:.3f}×"
+            lines.append(f"| {r['size']} | {NAMES[f]} | {step * 1000:.0f} ms | {products * 1000:.0f} ms | "
+                         f"{(step - products) * 1000:.0f} ms | {ceiling} |")  # fmt: skip
+    return "\n".join(lines) + "\n"
+
+
 def peak_memory(
     framework: str, size: str, threads: int, loss_of: str, allocator: str
 ) -> tuple[float, float, float]:
@@ -356,6 +428,7 @@ def interval(pairs: list[tuple[float, float]], seed: int = 0) -> tuple[float, fl
 def bench(
     size: str, repeats: int, warmup: int, threads: int, memory: bool, loss_of: str,
     frameworks: tuple[str, ...] = DEFAULT_FRAMEWORKS, allocator: str = "keep", profile_rounds: int = 0,
+    product_rounds: int = 0,
 ) -> dict[str, Any]:  # fmt: skip
     """One size's rounds; `allocator` is passed to the memory processes (this one is set by `main`)."""
     import torch
@@ -400,6 +473,8 @@ def bench(
         result[f"speedup_vs_{other}"] = interval(list(zip(times["attnlab"], times[other], strict=True)))
     if profile_rounds:
         result["profile"] = profile_steps(steps, profile_rounds)
+    if product_rounds:
+        result["products"] = time_products(steps, product_rounds)
     return result
 
 
@@ -483,6 +558,11 @@ def main(argv: list[str] | None = None) -> None:
         help="also where each step's time goes, by op group, and attnlab's ceiling (module docstring)",
     )
     parser.add_argument("--profile-rounds", type=int, default=5, help="profiled rounds with --profile")
+    parser.add_argument(
+        "--products",
+        action="store_true",
+        help="also each step's matrix products timed alone, and attnlab's ceiling (module docstring)",
+    )
     parser.add_argument("--memory-of", choices=FRAMEWORKS, help=argparse.SUPPRESS)
     args = parser.parse_args(argv)
     from attnlab.training.allocator import configure_allocator  # torch-free
@@ -513,10 +593,13 @@ def main(argv: list[str] | None = None) -> None:
         parser.error(f"--profile-rounds {args.profile_rounds}: give at least 1")
     profile_rounds = args.profile_rounds if args.profile else 0
     results = [bench(size, args.repeats, args.warmup, args.threads, memory, args.loss, frameworks,
-                     args.allocator, profile_rounds) for size in args.sizes]  # fmt: skip
+                     args.allocator, profile_rounds, args.repeats if args.products else 0)
+               for size in args.sizes]  # fmt: skip
     text = table(results)
     if args.profile:
         text += "\n" + profile_table(results)
+    if args.products:
+        text += "\n" + products_table(results)
     rates = ", ".join(f"{r['size']} {r['matmul_gflops']:.1f}" for r in results)
     print(
         f"float32 matmul rate measured here (median over the rounds): {rates} GFLOP/s, {args.threads} threads"

@@ -138,6 +138,52 @@ def test_bench_train_profile_splits_each_step_into_groups_and_bounds_the_speed_u
     assert profiled[1][-2].strip() == f"{result['models']['torch']['median_s'] / attnlab_shared:.3f}×"
 
 
+def test_bench_train_products_times_each_steps_matrix_products_alone(tmp_path: Path) -> None:
+    """--products: the products recorded are the step's (their FLOPs are the step's matrix-multiply FLOPs),
+    replaying them runs those products, and the table's ceiling is the other's step over attnlab's
+    products alone."""
+    bench = load("bench_train")
+    torch.manual_seed(0)
+    model = bench.build("attnlab", "tiny")
+    step = bench.make_step("attnlab", model, "tiny")
+    products = bench.recorded_products(step)
+    assert {func._schema.name for func, _, _ in products} <= {"aten::mm", "aten::addmm"}
+    d, _, ff, layers, vocab, (batch, src_len, tgt_len) = bench.SIZES["tiny"]
+    flops = sum(2 * args[-2].shape[0] * args[-2].shape[1] * args[-1].shape[1] for _, args, _ in products)
+    # the linear layers' forward and backward products and the output layer's (attention runs in its fused
+    # kernels): 3 × (2 · weights · tokens), as the stacks and the output layer see them
+    encoder = layers * (4 * d * d + 2 * d * ff) * batch * src_len
+    decoder = layers * (8 * d * d + 2 * d * ff) * batch * tgt_len + d * vocab * batch * tgt_len
+    assert flops == 3 * 2 * (encoder + decoder)
+
+    from torch.utils._python_dispatch import TorchDispatchMode
+
+    class Count(TorchDispatchMode):
+        ran = 0
+
+        def __torch_dispatch__(self, func, types, args=(), kwargs=None):  # type: ignore[no-untyped-def]
+            Count.ran += func._schema.name in ("aten::mm", "aten::addmm")
+            return func(*args, **kwargs or {})
+
+    with Count():  # the step recorded once, then its products alone in each of 2 rounds
+        bench.time_products({"attnlab": step}, rounds=2)
+    assert Count.ran == 3 * len(products)
+    out = tmp_path / "t.md"
+    bench.main(
+        ["--quick", "--no-memory", "--frameworks", "attnlab", "torch", "--products", "--out", str(out)]
+    )
+    (result,) = json.loads(Path(str(out) + ".json").read_text())
+    alone = result["products"]
+    assert list(alone) == ["attnlab", "torch"]
+    for f, seconds in alone.items():
+        assert 0 < seconds < result["models"][f]["median_s"]  # a part of the step
+    rows = [line.split("|") for line in out.read_text().splitlines() if line.startswith("| tiny")]
+    split = [r for r in rows if len(r) == 8]  # the products table's rows (the timing table has 11 cells)
+    assert [r[2].strip() for r in split] == ["attnlab", "nn.Transformer"]
+    assert split[0][4].strip() == f"{alone['attnlab'] * 1000:.0f} ms" and split[0][6].strip() == ""
+    assert split[1][6].strip() == f"{result['models']['torch']['median_s'] / alone['attnlab']:.3f}×"
+
+
 def test_bench_decode_compares_with_marian_generate(
     shared_data: Path, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
 ) -> None:
