@@ -309,7 +309,8 @@ def write_ctranslate2(translator: Translator, out: Path, quantization: str) -> l
     returns what of the decoding settings it does not carry (`carried_decoding`)."""
     import ctranslate2
 
-    converter = _MarianIdsConverter(_marian(translator))
+    marian = _marian(translator)
+    converter = _MarianIdsConverter(marian)
     model_dir = out / ".model"
     converter.convert(str(model_dir), quantization=None if quantization == "none" else quantization)
     for item in model_dir.iterdir():
@@ -325,7 +326,7 @@ def write_ctranslate2(translator: Translator, out: Path, quantization: str) -> l
         "pad_id": config.pad_id, "bos_id": config.bos_id, "eos_id": config.eos_id,
         "start_id": config.start_id,
         "max_source_tokens": translator.source_limit()[0],
-        "positions": exported_positions(translator),
+        "positions": marian.config.max_position_embeddings,  # the table written
         "decode": {"beam": decode.beam, "max_len_a": decode.max_len_a, "max_len_b": decode.max_len_b,
                    "min_len": decode.min_len, "batch_size": decode.batch_size, **carried},
         "not_carried": lost,
