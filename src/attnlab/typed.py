@@ -48,7 +48,10 @@ def _coerce(value: Any, tp: Any) -> tuple[bool, Any]:
         return isinstance(value, int) and not isinstance(value, bool), value
     if tp is float:
         if isinstance(value, (int, float)) and not isinstance(value, bool):
-            return True, float(value)
+            try:
+                return True, float(value)
+            except OverflowError:  # an int past a float's range (about 1.8e308)
+                return False, value
         return False, value
     if tp is str:
         return isinstance(value, str), value

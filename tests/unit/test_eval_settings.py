@@ -60,3 +60,16 @@ def test_the_decode_keys_a_command_takes_are_decode_configs_listed_in_one_place(
     assert all(value is None for value in node.values())
     fields = [f.name for f in settings.dataclasses.fields(settings.DecodeConfig)]
     assert set(settings.DECODE_TIME_KEYS) | set(settings.TRAINING_ONLY) == set(fields)
+
+
+@pytest.mark.parametrize("value", [10**400, -(10**400)])
+def test_an_integer_past_a_floats_range_is_refused_as_a_bad_value_not_an_overflow(value: int) -> None:
+    """A float setting given an integer no float holds (a command line's 1 followed by 400 zeros) is the
+    ValueError naming the setting, as any other bad value, not Python's OverflowError from float()."""
+    from attnlab.decoding.settings import DecodeConfig
+    from attnlab.inference.translator import decode_settings
+
+    with pytest.raises(ValueError, match=r"max_len_a=-?1000+ is not valid: expected float"):
+        DecodeConfig(max_len_a=value)
+    with pytest.raises(ValueError, match=r"max_len_a=-?1000+ is not valid: expected float"):
+        decode_settings({}, {"max_len_a": value})
