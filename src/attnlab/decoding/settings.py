@@ -194,11 +194,12 @@ class DecodeConfig:
 
 # The settings only a training run reads (its validation decodes): not overridable after training.
 TRAINING_ONLY = ("every_n_epochs", "val_beam", "val_subset", "probe_sentences")
+# What a command writes beside its translations, only when asked for there: never kept from a checkpoint,
+# never carried by an export.
+NBEST_KEYS = ("nbest", "nbest_format", "print_alignment")
 # The `decode.*` keys attnlab-eval and attnlab-translate take over a checkpoint's saved settings, in
 # DecodeConfig's order (conf/eval.yaml lists them too; tested).
 DECODE_TIME_KEYS = tuple(f.name for f in dataclasses.fields(DecodeConfig) if f.name not in TRAINING_ONLY)
 # Those attnlab-export takes (conf/export.yaml; tested): an export carries no n-best lists or alignments,
 # and the deprecated `lenpen` is only read from older checkpoints and configs.
-EXPORT_KEYS = tuple(
-    k for k in DECODE_TIME_KEYS if k not in ("lenpen", "nbest", "nbest_format", "print_alignment")
-)
+EXPORT_KEYS = tuple(k for k in DECODE_TIME_KEYS if k not in ("lenpen", *NBEST_KEYS))

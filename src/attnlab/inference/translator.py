@@ -32,7 +32,7 @@ from attnlab.data.tokenizer import SubwordTokenizer
 from attnlab.decoding import DecodeConfig
 from attnlab.decoding.ensemble import Ensemble
 from attnlab.decoding.search import nbest_decode, translate
-from attnlab.decoding.settings import NBEST_FORMATS
+from attnlab.decoding.settings import NBEST_FORMATS, NBEST_KEYS, TRAINING_ONLY
 from attnlab.inference.nbest import NBest, candidate, nbest_text
 from attnlab.metrics import MetricsConfig, bleu_tok_compound, score_all
 from attnlab.model.transformer import Transformer
@@ -641,9 +641,6 @@ def _decode(checkpoint: dict[str, Any], path: str | Path, overrides: dict[str, A
     return decode_settings(saved.to_dict(), overrides)
 
 
-TRAINING_ONLY_DECODE = {"val_subset", "val_beam", "every_n_epochs", "probe_sentences"}  # validation's
-
-
 def decode_settings(saved: dict[str, Any], overrides: dict[str, Any] | None) -> DecodeConfig:
     """The decoding settings saved in a checkpoint with the non-null `overrides` applied.
 
@@ -652,7 +649,7 @@ def decode_settings(saved: dict[str, Any], overrides: dict[str, Any] | None) -> 
     (0.6 for gnmt, 1.0 for fairseq), not the α saved for the other one. An
     override turning `sampling` on sets the saved `val_beam` (training's validation beam, unused outside
     training) to 1; one turning it off drops the saved `topk`, `topp` and `temperature` (for their
-    defaults) unless they are given too. Training's validation settings (`TRAINING_ONLY_DECODE`) are
+    defaults) unless they are given too. Training's validation settings (`settings.TRAINING_ONLY`) are
     refused as overrides: nothing here would use them. The saved
     `nbest`, `nbest_format` and `print_alignment` are not kept (a run trained with them would otherwise
     make every later attnlab-translate write n-best lists, with no override to turn them off: null keeps
@@ -662,7 +659,7 @@ def decode_settings(saved: dict[str, Any], overrides: dict[str, Any] | None) -> 
         ValueError: An override is not a `DecodeConfig` field or has a bad value.
     """
     chosen = _chosen(DecodeConfig, overrides, "decode", "decoding")
-    validation = sorted(TRAINING_ONLY_DECODE & set(chosen))
+    validation = sorted(set(TRAINING_ONLY) & set(chosen))
     if validation:
         raise ValueError(f"decode.{validation[0]} sets training's validation decodes, which attnlab-eval and "
                          "attnlab-translate do not run: leave it out (sets=[val] scores the validation "
@@ -676,5 +673,5 @@ def decode_settings(saved: dict[str, Any], overrides: dict[str, Any] | None) -> 
         chosen["val_beam"] = 1
     if chosen.get("sampling") is False:  # the saved sampling settings go with it, unless given again
         fields -= {"topk", "topp", "temperature"}
-    fields -= {"nbest", "print_alignment", "nbest_format"}  # what this command writes, asked for here only
+    fields -= set(NBEST_KEYS)  # what this command writes, asked for here only
     return DecodeConfig(**{**{k: v for k, v in saved.items() if k in fields}, **chosen})
