@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import logging
+import warnings
 from pathlib import Path
 from typing import Any
 
@@ -363,14 +364,22 @@ def test_an_interrupted_overwrite_puts_the_earlier_export_back(
         (lambda s: s.update(decode=[]), r"decode is \[\], not a JSON object"),
         (lambda s: s["decode"].pop("beam"), r"decode.beam is missing \(or null\)"),
         (lambda s: s["decode"].update(beam="5"), "decode holds .*: beam='5' is not valid: expected"),
-        (lambda s: s["decode"].update(beam=2**70), f"decode.beam is {2**70}, not a number of at most 2147"),
-        (lambda s: s["decode"].update(max_len_a=10**400), "decode.max_len_a is 1000+, not a number of at"),
+        (lambda s: s["decode"].update(beam=2**70), f"decode.beam is {2**70}, not an integer of at most 2147"),
+        (lambda s: s["decode"].update(max_len_a=-(10**400)), "decode holds .*: max_len_a=-100+ is not"),
         (lambda s: s["decode"].update(max_len_a=float("inf")), "decode holds .*: max_len_a=inf must be >= 0"),
         (lambda s: s["decode"].update(max_len_a=float("nan")), "decode holds .*: max_len_a=nan must be >= 0"),
         (lambda s: s["decode"].update(min_len=0), "decode holds .*: min_len=0 must be positive"),
         (lambda s: s["decode"].update(length_penalty=-1), "decode.length_penalty is -1, not a finite number"),
         (lambda s: s["decode"].update(length_penalty=10**400), "decode.length_penalty is 1000+, not a"),
         (lambda s: s["decode"].update(sampling=[]), r"decode.sampling is \[\], not a JSON object"),
+        (lambda s: s["decode"].update(sampling={"topk": 2**31, "topp": 1, "temperature": 1}, beam=1),
+         "decode.sampling.topk is 2147483648, not an integer of at most"),
+        (lambda s: s["decode"].update(sampling={"topk": 10**6, "topp": 1, "temperature": 1}, beam=1),
+         "decode.sampling.topk is 1000000, not at most the .* tokens of the target vocabulary"),
+        (lambda s: s["decode"].update(sampling={"topk": 0, "topp": 1e-50, "temperature": 1}, beam=1),
+         "decode.sampling.topp is 1e-50, not a number that is not 0 in float32"),
+        (lambda s: s["decode"].update(sampling={"topk": 0, "topp": 3 * 10**9, "temperature": 1}, beam=1),
+         r"decode holds .*: topp=3000000000.0 must be in \(0, 1\]"),
         (lambda s: s["decode"].update(sampling={"topk": 0, "topp": 1}),
          r"decode.sampling.temperature is missing \(or null\)"),
         (lambda s: s["decode"].update(sampling={"topk": -1, "topp": 1, "temperature": 1}),
@@ -403,6 +412,54 @@ def test_a_damaged_ctranslate2_settings_file_is_refused_naming_the_field(
         ExportError, match=rf"attnlab_export.json: {message}.*; the file is damaged .*attnlab-export"
     ):
         CT2Translator(path, intra_threads=1)
+
+
+@pytest.mark.parametrize(
+    ("config", "message"),
+    [({"eos_token": 2}, "eos_token is 2, not CTranslate2's end token, a string"),
+     ([], r"eos_token is missing \(or null\)")],
+)  # fmt: skip
+def test_a_ctranslate2_config_without_a_string_end_token_is_refused_naming_it(
+    tmp_path: Path, config: Any, message: str
+) -> None:
+    """CTranslate2's config.json beside the settings is read for its end token: one that is no string is
+    an ExportError naming config.json, not blamed on attnlab_export.json's eos_id."""
+    pytest.importorskip("ctranslate2", reason='needs the [export] extra: pip install -e ".[export]"')
+    from attnlab.interop.ct2 import CT2Translator
+
+    src, tgt = separate_vocabularies()
+    path = export(random_translator(src, tgt, tie="decoder"), "ctranslate2", tmp_path / "ct2")
+    (path / "config.json").write_text(json.dumps(config))
+    with pytest.raises(ExportError, match=rf"ct2/config.json: {message}; the file is damaged"):
+        CT2Translator(path, intra_threads=1)
+
+
+def test_settings_decodeconfig_only_warns_about_load_quietly_and_a_huge_batch_size_translates(
+    tmp_path: Path,
+) -> None:
+    """An export is checked through DecodeConfig, which only warns about a min_len no output can reach:
+    such an export loads without a warning (it was exported so). A batch size far past the sentences
+    (2^31-1: CTranslate2 took it as room to reserve, std::bad_alloc) translates: it is capped at the number
+    of sentences, which changes no batch."""
+    pytest.importorskip("ctranslate2", reason='needs the [export] extra: pip install -e ".[export]"')
+    from attnlab.interop.ct2 import CT2Translator
+    from attnlab.interop.export import SETTINGS_FILE
+
+    src, tgt = separate_vocabularies()
+    path = export(random_translator(src, tgt, tie="decoder"), "ctranslate2", tmp_path / "ct2")
+    translator = CT2Translator(path, intra_threads=1)
+    expected = translator.translate(["Ein Hund.", "Zwei Hunde spielen im Schnee."])
+    settings = json.loads((path / SETTINGS_FILE).read_text())
+    unreachable = json.loads(json.dumps(settings))
+    unreachable["decode"].update(max_len_a=0, max_len_b=2, min_len=5)
+    (path / SETTINGS_FILE).write_text(json.dumps(unreachable))
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        CT2Translator(path, intra_threads=1)
+    settings["decode"]["batch_size"] = 2**31 - 1
+    (path / SETTINGS_FILE).write_text(json.dumps(settings))
+    huge = CT2Translator(path, intra_threads=1)
+    assert huge.translate(["Ein Hund.", "Zwei Hunde spielen im Schnee."]) == expected
 
 
 def test_a_ctranslate2_settings_file_that_is_no_object_is_refused(tmp_path: Path) -> None:

@@ -26,6 +26,8 @@ from __future__ import annotations
 import json
 import logging
 import math
+import struct
+import warnings
 from collections import defaultdict
 from collections.abc import Sequence
 from pathlib import Path
@@ -56,6 +58,7 @@ _SIZES = (("pad_id", 0, True), ("bos_id", 0, True), ("eos_id", 0, True), ("max_s
           ("positions", 1, False))  # fmt: skip
 _DECODE = ("beam", "max_len_a", "max_len_b", "min_len", "batch_size")  # `decode`'s, each a DecodeConfig field
 _SAMPLING = ("topk", "topp", "temperature")  # `decode.sampling`'s (null when the checkpoint did not sample)
+_WHOLE = ("beam", "max_len_b", "min_len", "batch_size", "topk")  # the integers among them
 _MOST = 2**31 - 1  # CTranslate2 takes sizes as C++ integers: a larger one is pybind11's TypeError
 
 
@@ -69,6 +72,7 @@ def checked_settings(settings: object, where: Path) -> None:
     so they obey attnlab's own rules (min_len at least 1, topp in (0, 1], beam 1 when sampling, ...);
     what is CTranslate2's is checked here: the token ids and sizes, integers of at least their least value,
     the optional `length_penalty` (its α, a finite number of at least 0), and every integer at most 2^31-1.
+    (`checked_ids` and `checked_eos` check what needs the tokenizers and CTranslate2's config.json.)
     """
     top = _object(settings, "the file", where)
     for name, least, required in _SIZES:
@@ -77,19 +81,22 @@ def checked_settings(settings: object, where: Path) -> None:
             if not (is_int(value) and least <= value <= _MOST):
                 _refuse(where, name, value, f"an integer of at least {least} and at most {_MOST}")
     decode = _object(top.get("decode"), "decode", where)
-    given: dict[str, Any] = {name: _given(decode, name, "decode.", where) for name in _DECODE}
+    given = {name: (f"decode.{name}", _given(decode, name, "decode.", where)) for name in _DECODE}
     if decode.get("sampling") is not None:
         sampling = _object(decode["sampling"], "decode.sampling", where)
-        given.update({name: _given(sampling, name, "decode.sampling.", where) for name in _SAMPLING})
-    for name, value in given.items():
-        if is_int(value) and value > _MOST:
-            _refuse(where, f"decode.{name}", value, f"a number of at most {_MOST}")
+        given.update({name: (f"decode.sampling.{name}", _given(sampling, name, "decode.sampling.", where))
+                      for name in _SAMPLING})  # fmt: skip
+    for name, (field, value) in given.items():
+        if name in _WHOLE and is_int(value) and value > _MOST:
+            _refuse(where, field, value, f"an integer of at most {_MOST}")
     if "length_penalty" in decode:
         value = _given(decode, "length_penalty", "decode.", where)
         if not (_finite(value) and value >= 0):
             _refuse(where, "decode.length_penalty", value, "a finite number of at least 0")
     try:
-        DecodeConfig(**given, sampling="topk" in given)
+        with warnings.catch_warnings():  # what DecodeConfig only warns about was exported as it is
+            warnings.simplefilter("ignore", UserWarning)
+            DecodeConfig(**{name: value for name, (_, value) in given.items()}, sampling="topk" in given)
     except ValueError as exc:
         raise ExportError(
             f"{where}: decode holds settings attnlab does not decode with: {exc}; {_AGAIN}"
@@ -119,18 +126,27 @@ def _finite(value: object) -> bool:
         return False
 
 
-def checked_ids(settings: dict[str, Any], vocab_size: int, where: Path) -> None:
-    """An ExportError unless pad_id, bos_id and eos_id are ids of the exported vocabulary (CTranslate2
-    raises a ValueError mid-translation for a token it does not know)."""
+def checked_ids(settings: dict[str, Any], vocab_size: int, target_size: int, where: Path) -> None:
+    """An ExportError unless pad_id, bos_id and eos_id are ids of the exported vocabulary (`vocab_size`, the
+    smaller of the two) and a sampling `topk` is at most the `target_size` tokens it draws among, and its
+    `topp` not 0 in float32: CTranslate2 raises a ValueError mid-translation for each."""
     for name in ("pad_id", "bos_id", "eos_id"):
         if settings[name] >= vocab_size:
             _refuse(where, name, settings[name], f"an id of the {vocab_size}-token vocabulary")
+    sampling = settings["decode"].get("sampling")
+    if sampling is not None and sampling["topk"] > target_size:
+        _refuse(where, "decode.sampling.topk", sampling["topk"],
+                f"at most the {target_size} tokens of the target vocabulary (0: all of them)")  # fmt: skip
+    if sampling is not None and struct.unpack("f", struct.pack("f", sampling["topp"]))[0] == 0:
+        _refuse(where, "decode.sampling.topp", sampling["topp"], "a number that is not 0 in float32")
 
 
 def checked_eos(settings: dict[str, Any], model_config: object, where: Path) -> None:
     """An ExportError unless eos_id is the end token of CTranslate2's `config.json` beside it (`model_config`,
     read from the export): another id of the vocabulary would translate, wrongly, up to the length limit."""
     token = model_config.get("eos_token") if isinstance(model_config, dict) else None
+    if not isinstance(token, str):
+        _refuse(where.with_name("config.json"), "eos_token", token, "CTranslate2's end token, a string")
     if str(settings["eos_id"]) != token:
         _refuse(where, "eos_id", settings["eos_id"], f"the end token of config.json beside it ({token!r})")
 
@@ -193,7 +209,7 @@ class CT2Translator:
             ) from None
         checked_settings(self.settings, path / SETTINGS_FILE)
         vocab = min(self.src_tokenizer.vocab_size, self.tgt_tokenizer.vocab_size)
-        checked_ids(self.settings, vocab, path / SETTINGS_FILE)
+        checked_ids(self.settings, vocab, self.tgt_tokenizer.vocab_size, path / SETTINGS_FILE)
         checked_eos(self.settings, model_config, path / SETTINGS_FILE)
         self.translator = ctranslate2.Translator(
             str(path), device=device, compute_type=compute_type, intra_threads=intra_threads,
@@ -236,9 +252,10 @@ class CT2Translator:
             groups = _capped(groups, positions)
         out: list[list[int]] = [[] for _ in ids]
         for limit, members in groups.items():  # CTranslate2's lengths: eos counted in the max, not the min
-            results = self.translator.translate_batch(
-                [[str(t) for t in ids[i]] for i in members], max_batch_size=batch_size, **search,
-                max_decoding_length=limit, min_decoding_length=min(min_len - 1, limit), max_input_length=0,
+            results = self.translator.translate_batch(  # (a batch size past the sentences: CTranslate2
+                [[str(t) for t in ids[i]] for i in members],  # reserves room for that many)
+                max_batch_size=min(batch_size, len(members)), **search, max_decoding_length=limit,
+                min_decoding_length=min(min_len - 1, limit), max_input_length=0,
                 suppress_sequences=[[str(pad)], [str(bos)]], end_token=str(eos),
             )  # fmt: skip
             for i, result in zip(members, results, strict=True):
