@@ -332,7 +332,8 @@ def profile_table(results: list[dict[str, Any]]) -> str:
 
 def recorded_products(step: Any) -> list[tuple[Any, list[Any], dict[str, Any]]]:
     """The matrix products (`attnlab.model.flops.MATMUL_OPS`) one call of `step` runs, in order, each with
-    copies of its operands (same shapes and strides; an operand read by several products copied once)."""
+    copies of its operands (same shapes and strides; operands of one address, shape and strides share a
+    copy)."""
     import torch
     from torch.utils._python_dispatch import TorchDispatchMode
 
@@ -521,7 +522,8 @@ def frameworks_of(parser: argparse.ArgumentParser, names: list[str], compared: b
     return tuple(f for f in FRAMEWORKS if f in names)
 
 
-def main(argv: list[str] | None = None) -> None:
+def arguments() -> argparse.ArgumentParser:
+    """The command line's options (the module docstring says what each measures)."""
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--sizes", nargs="+", default=["small", "base"], choices=list(SIZES))
     parser.add_argument("--repeats", type=int, default=7)
@@ -564,6 +566,11 @@ def main(argv: list[str] | None = None) -> None:
         help="also each step's matrix products timed alone, and attnlab's ceiling (module docstring)",
     )
     parser.add_argument("--memory-of", choices=FRAMEWORKS, help=argparse.SUPPRESS)
+    return parser
+
+
+def main(argv: list[str] | None = None) -> None:
+    parser = arguments()
     args = parser.parse_args(argv)
     from attnlab.training.allocator import configure_allocator  # torch-free
 
