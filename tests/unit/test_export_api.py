@@ -357,6 +357,8 @@ def test_an_interrupted_overwrite_puts_the_earlier_export_back(
         (lambda s: s.update(positions=10**400), f"positions is {10**400}, not an integer of"),
         (lambda s: s.update(pad_id=True), "pad_id is True, not an integer of at least 0"),
         (lambda s: s.update(max_source_tokens=256.0), "max_source_tokens is 256.0, not an integer"),
+        (lambda s: s.update(max_source_tokens=0), "max_source_tokens is 0, not an integer of at least 1"),
+        (lambda s: s.update(pad_id=-1), "pad_id is -1, not an integer of at least 0"),
         (lambda s: s.pop("eos_id"), r"eos_id is missing \(or null\)"),
         (lambda s: s.update(eos_id=10**6), "eos_id is 1000000, not an id of the"),
         (lambda s: s.update(eos_id=3), "eos_id is 3, not the end token of config.json beside it \\('2'\\)"),
