@@ -461,3 +461,37 @@ def test_beam_search_writes_only_into_logits_of_its_own_step(need_token_scores: 
     for ours, theirs in zip(kept, stepped, strict=True):
         assert [h.tokens for h in ours] == [h.tokens for h in theirs]
         assert [h.score for h in ours] == pytest.approx([h.score for h in theirs], abs=1e-5)
+
+
+def _candidate_scores(rows: int, width: int, seed: int) -> Tensor:
+    generator = torch.Generator().manual_seed(seed)
+    return torch.randn(rows, width, generator=generator).mul_(3).log_softmax(dim=1)  # distinct values
+
+
+@pytest.mark.parametrize(
+    ("case", "rows", "width"),
+    [("random", 64, 25_000), ("random", 1, 5 * 5003), ("one chunk", 8, 12_800), ("tail", 8, 12_837),
+     ("few finite", 4, 9_000), ("narrow", 16, 600)],
+)  # fmt: skip
+def test_top_candidates_are_topks_best_scores_and_columns(case: str, rows: int, width: int) -> None:
+    """Beam search's candidate selection: the same values and columns as `topk` (the scores have no exact
+    ties), with the row's best scores all in one chunk, in the columns past the last whole chunk, behind
+    -inf everywhere else, and in rows too narrow for chunks."""
+    from attnlab.decoding.search import _CHUNK, top_candidates
+
+    scores = _candidate_scores(rows, width, seed=width)
+    if case == "one chunk":  # every row's 10 best in the 5th chunk
+        scores[:, 5 * _CHUNK : 5 * _CHUNK + 10] += 100
+    if case == "tail":  # the best scores past the last whole chunk (width not a multiple of the chunk)
+        assert width % _CHUNK
+        scores[:, -(width % _CHUNK) :] += 100
+    if case == "few finite":  # 3 finite scores a row, fewer than the 10 asked for
+        finite = scores[:, [7, 4_000, 8_999]]
+        scores.fill_(-math.inf)
+        scores[:, [7, 4_000, 8_999]] = finite
+    values, columns = top_candidates(scores, 10)
+    expected = scores.topk(10, dim=1)
+    assert torch.equal(values, expected.values)
+    finite = values > -math.inf  # (which of several -inf columns comes first is topk's own order)
+    assert torch.equal(columns[finite], expected.indices[finite])
+    assert torch.equal(scores.gather(1, columns), values)

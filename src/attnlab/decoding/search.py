@@ -274,6 +274,37 @@ class _Kept:
         return best_live / length_penalty(max_len, self.alpha, self.penalty) <= worst
 
 
+# `top_candidates`' chunk width: 2.2× faster than `topk` for 64 × 25,000 candidates (0.51 vs 1.12 ms) and
+# 1.3× for 64 × 5,000 on a 2-core Xeon (docs/benchmarks.md); below `_CHUNKED_FROM` chunks per candidate
+# kept, `topk` itself
+_CHUNK = 64
+_CHUNKED_FROM = 4
+
+
+def top_candidates(scores: Tensor, n: int) -> tuple[Tensor, Tensor]:
+    """`scores.topk(n, dim=1)` of (R, N) scores: the n best of each row, best first, and their columns.
+
+    On the CPU, for rows of many candidates (beam search's K·V), as the n best of far fewer: each row's
+    columns are cut into chunks of `_CHUNK`, and only the n chunks with the highest maxima (and the
+    columns past the last whole chunk) can hold the row's n best. (An element outside them is below n
+    chunk maxima, n other elements: it is not among the n best.) The same values as `topk`, and the same
+    columns but where scores tie exactly (which of two equal scores ranks first is `topk`'s own choice
+    either way).
+    """
+    rows, width = scores.shape
+    chunks = width // _CHUNK
+    if scores.device.type != "cpu" or chunks < _CHUNKED_FROM * n:
+        return scores.topk(n, dim=1)
+    whole = chunks * _CHUNK
+    best = scores.narrow(1, 0, whole).view(rows, chunks, _CHUNK).amax(dim=2).topk(n, dim=1).indices  # (R, n)
+    columns = (best[:, :, None] * _CHUNK + torch.arange(_CHUNK, device=scores.device)).view(rows, -1)
+    if whole < width:  # the columns past the last whole chunk are candidates too
+        tail = torch.arange(whole, width, device=scores.device).expand(rows, width - whole)
+        columns = torch.cat([columns, tail], dim=1)
+    values, picked = scores.gather(1, columns).topk(n, dim=1)
+    return values, columns.gather(1, picked)
+
+
 def _check_beam_args(beam: int, alpha: float, penalty: str, min_len: int, n_best: int) -> None:
     if beam < 1:
         raise ValueError(f"beam={beam} must be >= 1")
@@ -404,7 +435,7 @@ def beam_search(
             cand = lprobs.view(live, width, vocab).add_(scores[:, :width, None])  # (B', W, V)
         else:
             cand = scores[:, :width, None] + lprobs.view(live, width, vocab)
-        top_scores, top_idx = cand.view(live, width * vocab).topk(2 * k, dim=1)  # (B', 2K)
+        top_scores, top_idx = top_candidates(cand.view(live, width * vocab), 2 * k)  # (B', 2K)
         top_beam, top_token = top_idx // vocab, top_idx % vocab  # (B', 2K)
         top_lp = None  # (B', 2K) the new tokens' log-probs, when asked
         if history_lp is not None:
