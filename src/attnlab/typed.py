@@ -74,6 +74,15 @@ def _coerce(value: Any, tp: Any) -> tuple[bool, Any]:
     return True, value
 
 
+def shown(value: Any, most: int = 48) -> str:
+    """`repr(value)` for an error message, its middle elided past `most` characters (an integer of 400
+    digits in a damaged file reads as its first and last digits and its length)."""
+    text = repr(value)
+    if len(text) <= most:
+        return text
+    return f"{text[: most // 2]}…{text[-8:]} ({len(text)} characters)"
+
+
 def check_fields(obj: Any) -> None:
     """Check (and coerce in place) every field of dataclass `obj` against its type annotation.
 
@@ -85,7 +94,9 @@ def check_fields(obj: Any) -> None:
         value = getattr(obj, field.name)
         ok, coerced = _coerce(value, hints[field.name])
         if not ok:
-            raise ValueError(f"{field.name}={value!r} is not valid: expected {_describe(hints[field.name])}")
+            raise ValueError(
+                f"{field.name}={shown(value)} is not valid: expected {_describe(hints[field.name])}"
+            )
         object.__setattr__(obj, field.name, coerced)
 
 

@@ -44,7 +44,7 @@ from attnlab.interop.export import (
     TARGET_TOKENIZER_FILE,
     ExportError,
 )
-from attnlab.typed import is_int
+from attnlab.typed import is_int, shown
 
 log = logging.getLogger(__name__)
 # The positions of an export written before they were recorded (`positions` of its settings): its MarianMT
@@ -153,7 +153,7 @@ def checked_eos(settings: dict[str, Any], model_config: object, where: Path) -> 
 
 def _refuse(where: Path, field: str, value: object, wanted: str) -> NoReturn:
     """The ExportError for `field` (None: missing, or null)."""
-    found = "is missing (or null)" if value is None else f"is {value!r}, not {wanted}"
+    found = "is missing (or null)" if value is None else f"is {shown(value)}, not {wanted}"
     raise ExportError(f"{where}: {field} {found}; {_AGAIN}")
 
 
