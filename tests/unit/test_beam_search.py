@@ -489,7 +489,20 @@ def test_top_candidates_are_topks_best_scores_and_columns(case: str, rows: int, 
         finite = scores[:, [7, 4_000, 8_999]]
         scores.fill_(-math.inf)
         scores[:, [7, 4_000, 8_999]] = finite
-    values, columns = top_candidates(scores, 10)
+    from torch.utils._python_dispatch import TorchDispatchMode
+
+    seen: list[int] = []  # the width of every row topk ranks
+
+    class Widths(TorchDispatchMode):
+        def __torch_dispatch__(self, func, types, args=(), kwargs=None):  # type: ignore[no-untyped-def]
+            if func is torch.ops.aten.topk.default:
+                seen.append(args[0].size(-1))
+            return func(*args, **(kwargs or {}))
+
+    with Widths():
+        values, columns = top_candidates(scores, 10)
+    # wide rows: topk over the chunks' maxima and the candidates in the best chunks, never the whole row
+    assert max(seen) == (width if case == "narrow" else 10 * _CHUNK + width % _CHUNK)
     expected = scores.topk(10, dim=1)
     assert torch.equal(values, expected.values)
     finite = values > -math.inf  # (which of several -inf columns comes first is topk's own order)

@@ -147,8 +147,8 @@ class DecodeConfig:
                         f"output per sentence: set decode.{name}=1 (sampling does not combine with beam "
                         "search), or decode.sampling=false to search")  # fmt: skip
         else:
-            unused = [f"{name}={getattr(self, name)}" for name, off in (("topk", 0), ("topp", 1.0),
-                      ("temperature", 1.0)) if getattr(self, name) != off]  # fmt: skip
+            unused = [f"{name}={getattr(self, name)}" for name in SAMPLING_KEYS
+                      if getattr(self, name) != _FIELD_DEFAULTS[name]]  # fmt: skip
             require(not unused, f"{unused[0] if unused else ''} is a sampling setting: set "
                     "decode.sampling=true to sample, or leave it at its default")  # fmt: skip
         require(self.probe_sentences >= 0, f"probe_sentences={self.probe_sentences} must be >= 0")
@@ -194,6 +194,8 @@ class DecodeConfig:
 
 # The settings only a training run reads (its validation decodes): not overridable after training.
 TRAINING_ONLY = ("every_n_epochs", "val_beam", "val_subset", "probe_sentences")
+# The settings that shape `sampling`'s draws (each at its default unless sampling).
+SAMPLING_KEYS = ("topk", "topp", "temperature")
 # What a command writes beside its translations, only when asked for there: never kept from a checkpoint,
 # never carried by an export.
 NBEST_KEYS = ("nbest", "nbest_format", "print_alignment")
@@ -203,3 +205,4 @@ DECODE_TIME_KEYS = tuple(f.name for f in dataclasses.fields(DecodeConfig) if f.n
 # Those attnlab-export takes (conf/export.yaml; tested): an export carries no n-best lists or alignments,
 # and the deprecated `lenpen` is only read from older checkpoints and configs.
 EXPORT_KEYS = tuple(k for k in DECODE_TIME_KEYS if k not in ("lenpen", *NBEST_KEYS))
+_FIELD_DEFAULTS = {f.name: f.default for f in dataclasses.fields(DecodeConfig)}  # (__post_init__'s)

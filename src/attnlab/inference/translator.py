@@ -32,7 +32,7 @@ from attnlab.data.tokenizer import SubwordTokenizer
 from attnlab.decoding import DecodeConfig
 from attnlab.decoding.ensemble import Ensemble
 from attnlab.decoding.search import nbest_decode, translate
-from attnlab.decoding.settings import NBEST_FORMATS, NBEST_KEYS, TRAINING_ONLY
+from attnlab.decoding.settings import NBEST_FORMATS, NBEST_KEYS, SAMPLING_KEYS, TRAINING_ONLY
 from attnlab.inference.nbest import NBest, candidate, nbest_text
 from attnlab.metrics import MetricsConfig, bleu_tok_compound, score_all
 from attnlab.model.transformer import Transformer
@@ -672,6 +672,6 @@ def decode_settings(saved: dict[str, Any], overrides: dict[str, Any] | None) -> 
     if chosen.get("sampling") is True:
         chosen["val_beam"] = 1
     if chosen.get("sampling") is False:  # the saved sampling settings go with it, unless given again
-        fields -= {"topk", "topp", "temperature"}
+        fields -= set(SAMPLING_KEYS)
     fields -= set(NBEST_KEYS)  # what this command writes, asked for here only
     return DecodeConfig(**{**{k: v for k, v in saved.items() if k in fields}, **chosen})

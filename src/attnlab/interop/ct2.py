@@ -27,6 +27,7 @@ import json
 import logging
 import math
 import struct
+import typing
 import warnings
 from collections import defaultdict
 from collections.abc import Sequence
@@ -36,9 +37,10 @@ from typing import Any, NoReturn
 from attnlab.data.batching import cut_source
 from attnlab.data.tokenizer import SubwordTokenizer
 from attnlab.decoding.search import max_output_length
-from attnlab.decoding.settings import DecodeConfig
+from attnlab.decoding.settings import SAMPLING_KEYS, DecodeConfig
 from attnlab.interop.export import (
     EXPORT_EXTRA,
+    EXPORTED_DECODE,
     SETTINGS_FILE,
     SOURCE_TOKENIZER_FILE,
     TARGET_TOKENIZER_FILE,
@@ -56,9 +58,8 @@ OLDER_EXPORT_POSITIONS = 1024
 # required); exports written before `positions` were recorded lack them
 _SIZES = (("pad_id", 0, True), ("bos_id", 0, True), ("eos_id", 0, True), ("max_source_tokens", 1, True),
           ("positions", 1, False))  # fmt: skip
-_DECODE = ("beam", "max_len_a", "max_len_b", "min_len", "batch_size")  # `decode`'s, each a DecodeConfig field
-_SAMPLING = ("topk", "topp", "temperature")  # `decode.sampling`'s (null when the checkpoint did not sample)
-_WHOLE = ("beam", "max_len_b", "min_len", "batch_size", "topk")  # the integers among them
+# DecodeConfig's integer fields: CTranslate2 takes them as C++ integers (`_MOST`)
+_WHOLE = {name for name, kind in typing.get_type_hints(DecodeConfig).items() if kind is int}
 _MOST = 2**31 - 1  # CTranslate2 takes sizes as C++ integers: a larger one is pybind11's TypeError
 
 
@@ -81,11 +82,11 @@ def checked_settings(settings: object, where: Path) -> None:
             if not (is_int(value) and least <= value <= _MOST):
                 _refuse(where, name, value, f"an integer of at least {least} and at most {_MOST}")
     decode = _object(top.get("decode"), "decode", where)
-    given = {name: (f"decode.{name}", _given(decode, name, "decode.", where)) for name in _DECODE}
+    given = {name: (f"decode.{name}", _given(decode, name, "decode.", where)) for name in EXPORTED_DECODE}
     if decode.get("sampling") is not None:
         sampling = _object(decode["sampling"], "decode.sampling", where)
         given.update({name: (f"decode.sampling.{name}", _given(sampling, name, "decode.sampling.", where))
-                      for name in _SAMPLING})  # fmt: skip
+                      for name in SAMPLING_KEYS})  # fmt: skip
     for name, (field, value) in given.items():
         if name in _WHOLE and is_int(value) and value > _MOST:
             _refuse(where, field, value, f"an integer of at most {_MOST}")
@@ -252,8 +253,8 @@ class CT2Translator:
             groups = _capped(groups, positions)
         out: list[list[int]] = [[] for _ in ids]
         for limit, members in groups.items():  # CTranslate2's lengths: eos counted in the max, not the min
-            results = self.translator.translate_batch(  # (a batch size past the sentences: CTranslate2
-                [[str(t) for t in ids[i]] for i in members],  # reserves room for that many)
+            results = self.translator.translate_batch(  # (a batch size far past the sentences made
+                [[str(t) for t in ids[i]] for i in members],  # CTranslate2 fail with std::bad_alloc)
                 max_batch_size=min(batch_size, len(members)), **search, max_decoding_length=limit,
                 min_decoding_length=min(min_len - 1, limit), max_input_length=0,
                 suppress_sequences=[[str(pad)], [str(bos)]], end_token=str(eos),

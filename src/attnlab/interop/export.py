@@ -61,6 +61,11 @@ class ExportError(ValueError):
     """An export that cannot be made; the message names the problem and the fix."""
 
 
+# The DecodeConfig fields a CTranslate2 export's `decode` node holds as they are (`carried_decoding` adds
+# the length penalty and the sampling settings); `CT2Translator` reads them back
+EXPORTED_DECODE = ("beam", "max_len_a", "max_len_b", "min_len", "batch_size")
+
+
 def carried_decoding(decode: DecodeConfig, vocab_size: int) -> tuple[dict[str, Any], list[str]]:
     """What of `decode` the exports carry, and what they cannot: (settings, what is not carried).
 
@@ -327,8 +332,7 @@ def write_ctranslate2(translator: Translator, out: Path, quantization: str) -> l
         "start_id": config.start_id,
         "max_source_tokens": translator.source_limit()[0],
         "positions": marian.config.max_position_embeddings,  # the table written
-        "decode": {"beam": decode.beam, "max_len_a": decode.max_len_a, "max_len_b": decode.max_len_b,
-                   "min_len": decode.min_len, "batch_size": decode.batch_size, **carried},
+        "decode": {**{name: getattr(decode, name) for name in EXPORTED_DECODE}, **carried},
         "not_carried": lost,
     }  # fmt: skip
     (out / SETTINGS_FILE).write_text(json.dumps(settings, indent=2) + "\n", encoding="utf-8")
