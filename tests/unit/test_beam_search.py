@@ -239,14 +239,25 @@ def test_min_len_and_generated_ids(min_len: int) -> None:
         assert any(len(h.tokens) < 3 for hyps in results for h in hyps)
 
 
-def test_forced_finish_at_the_length_limit_without_eos() -> None:
+@pytest.mark.parametrize(
+    ("lengths", "a", "b", "caps"),
+    [([2, 5], 1.0, 1, [4, 7]), ([2, 5, 3], 0.0, 4, [4, 4, 4])],
+    ids=["one-by-one", "together"],
+)
+def test_forced_finish_at_the_length_limit_without_eos(
+    lengths: list[int], a: float, b: int, caps: list[int]
+) -> None:
+    """Live beams finished at the length limit keep their own scores, also where several sentences
+    reach it at the same step."""
     model = build(seed=7, eos_bias=-1e4)  # eos never wins
-    src = source([2, 5], seed=7)
-    for hyps, cap in zip(
-        beam_search(model, src, beam=3, n_best=3, max_len_a=1.0, max_len_b=1), [4, 7], strict=True
-    ):
+    src = source(lengths, seed=7)
+    results = beam_search(model, src, beam=3, n_best=3, max_len_a=a, max_len_b=b)
+    for i, (hyps, cap) in enumerate(zip(results, caps, strict=True)):
         assert [len(h.tokens) for h in hyps] == [cap] * 3
         assert all(EOS not in h.tokens for h in hyps)
+        real = src[i : i + 1, : int((src[i] != PAD).sum())]
+        expected = teacher_forced_scores(model, real, [h.tokens for h in hyps]).tolist()
+        torch.testing.assert_close([h.score for h in hyps], expected, rtol=1e-4, atol=1e-4)
 
 
 @pytest.mark.parametrize(

@@ -406,12 +406,15 @@ def beam_search(
     alive = list(range(batch))  # the sentence of each group of K decoder rows; finished ones leave
     never = ungenerable_ids(cfg, device)
 
-    def finish(b: int, tokens: Tensor, ends: Tensor, attn_rows: Tensor | None, lp: Tensor | None) -> None:
-        """Hand sentence b's candidates `tokens` (n, T) with finite scores `ends` (n,) and token
-        log-probabilities `lp` (n, T; None: not tracked) to its kept list."""
-        token_scores = [[] for _ in range(len(ends))] if lp is None else lp.tolist()
-        candidates = zip(tokens.tolist(), ends.tolist(), token_scores, strict=True)
-        for r, (ids, score, row_lp) in enumerate(candidates):
+    def finish(owners: list[int], tokens: Tensor, ends: Tensor, attn_rows: Tensor | None,
+               lp: Tensor | None) -> None:  # fmt: skip
+        """Hand candidates `tokens` (n, T) with scores `ends` (n,) and token log-probabilities `lp` (n, T;
+        None: not tracked), in order, to the kept lists of their sentences `owners` (n,); candidates
+        scored -inf are dropped. One call a step for every sentence: a few tensor operations in all,
+        not per sentence."""
+        token_scores = [[] for _ in owners] if lp is None else lp.tolist()
+        candidates = zip(owners, tokens.tolist(), ends.tolist(), token_scores, strict=True)
+        for r, (b, ids, score, row_lp) in enumerate(candidates):
             if score > -math.inf:
                 a = None if attn_rows is None else attn_rows[r][:, source_mask[b]]  # (T, S_real)
                 kept[b].add(ids, score, a, row_lp)
@@ -445,14 +448,14 @@ def beam_search(
         step_attn = None if weights is None else weights[-1].mean(dim=1)[:, -1:]  # (B'·W, 1, S)
 
         is_eos = top_token == cfg.eos_id  # (B', 2K)
-        for i, eos_row in enumerate(is_eos[:, :k].tolist()):  # only eos ranked in the top K finishes
-            ranks = [r for r, e in enumerate(eos_row) if e]
-            if ranks:
-                rows = parent[i, ranks]
-                tokens = torch.cat([history[rows], top_token[i, ranks, None]], dim=1)  # (n, T+1)
-                a = None if attn is None else torch.cat([attn[rows], step_attn[rows]], dim=1)
-                lp = None if top_lp is None else torch.cat([history_lp[rows], top_lp[i, ranks, None]], dim=1)
-                finish(alive[i], tokens, top_scores[i, ranks], a, lp)
+        eos_at = is_eos[:, :k].nonzero()  # (E, 2): sentence and rank of each eos ranked in the top K
+        if eos_at.size(0):  # only eos ranked in the top K finishes
+            at, rank = eos_at.unbind(1)
+            rows = parent[at, rank]  # (E,)
+            tokens = torch.cat([history.index_select(0, rows), top_token[at, rank, None]], dim=1)  # (E, T+1)
+            a = None if attn is None else torch.cat([attn[rows], step_attn[rows]], dim=1)
+            lp = None if top_lp is None else torch.cat([history_lp[rows], top_lp[at, rank, None]], dim=1)
+            finish([alive[i] for i in at.tolist()], tokens, top_scores[at, rank], a, lp)
         # The K best non-eos candidates (at most K of the 2K are eos, one per beam) become the beams.
         order = is_eos.long() * (2 * k) + torch.arange(2 * k, device=device)  # (B', 2K)
         pick = order.topk(k, dim=1, largest=False).values  # (B', K) candidate ranks, best first
@@ -465,14 +468,15 @@ def beam_search(
         if attn is not None:
             attn = torch.cat([attn.index_select(0, flat), step_attn.index_select(0, flat)], dim=1)
         best_live = scores.max(dim=1).values.tolist()  # one host transfer for every sentence
+        ended = [i for i, b in enumerate(alive) if length >= limit_list[b]]
+        if ended:  # force-finish the live beams of sentences at their length limit, without eos
+            at = torch.tensor(ended, device=device)
+            rows = (at[:, None] * k + torch.arange(k, device=device)).view(-1)  # (E·K,)
+            lp = None if history_lp is None else history_lp[rows]
+            owners = [alive[i] for i in ended for _ in range(k)]
+            finish(owners, history[rows], scores[at].view(-1), None if attn is None else attn[rows], lp)
         for i, b in enumerate(alive):
-            if length >= limit_list[b]:  # force-finish the live beams, without eos
-                rows = torch.arange(i * k, (i + 1) * k, device=device)
-                lp = None if history_lp is None else history_lp[rows]
-                finish(b, history[rows], scores[i], None if attn is None else attn[rows], lp)
-                done[b] = True
-            else:
-                done[b] = kept[b].is_done(best_live[i], limit_list[b])
+            done[b] = length >= limit_list[b] or kept[b].is_done(best_live[i], limit_list[b])
         keep = [i for i, b in enumerate(alive) if not done[b]]
         if not keep:
             break
