@@ -227,8 +227,9 @@ class StepDecoder:
                 keys, values = keys.narrow(0, 0, rows * h), values.narrow(0, 0, rows * h)
             h_in = self._norm(x, layer.norms[0]) if first else x
             qkv = layer.qkv(h_in)  # (N, 3·H·Dh)
-            keys.select(1, t).copy_(qkv.narrow(1, inner, inner).reshape(rows * h, dh))
-            values.select(1, t).copy_(qkv.narrow(1, 2 * inner, inner).reshape(rows * h, dh))
+            # (N, H, Dh) views of this step's keys and values, copied once into position t
+            keys.view(rows, h, -1, dh).select(2, t).copy_(qkv.narrow(1, inner, inner).view(rows, h, dh))
+            values.view(rows, h, -1, dh).select(2, t).copy_(qkv.narrow(1, 2 * inner, inner).view(rows, h, dh))
             q = qkv.narrow(1, 0, inner).reshape(rows * h, 1, dh)
             keys = keys.narrow(1, 0, t + 1).transpose(1, 2)  # (N·H, Dh, t+1)
             scores = torch.bmm(q, keys).mul_(self.scale).softmax(dim=-1)  # (N·H, 1, t+1)
