@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import itertools
 import math
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -11,9 +12,17 @@ import torch
 from torch import Tensor
 
 from attnlab.decoding import DecodeConfig
-from attnlab.decoding.search import Hypothesis, beam_search, greedy_decode, length_penalty, translate
+from attnlab.decoding.search import (
+    Hypothesis,
+    available_memory,
+    beam_search,
+    greedy_decode,
+    length_penalty,
+    translate,
+)
 from attnlab.model.cache import KVCache
 from attnlab.model.transformer import Transformer
+from attnlab.typed import ConfigError
 from helpers import random_source, tiny_config
 
 PAD, BOS, EOS = 0, 1, 2
@@ -258,6 +267,40 @@ def test_forced_finish_at_the_length_limit_without_eos(
         real = src[i : i + 1, : int((src[i] != PAD).sum())]
         expected = teacher_forced_scores(model, real, [h.tokens for h in hyps]).tolist()
         torch.testing.assert_close([h.score for h in hyps], expected, rtol=1e-4, atol=1e-4)
+
+
+def test_a_beam_whose_step_cannot_fit_in_memory_is_refused_before_it_allocates() -> None:
+    """A legal but huge beam (2^31-1 beams of a 50-token vocabulary: 800 GiB of scores for two sentences)
+    is a ConfigError naming the beam and the fix, raised before anything is encoded or allocated; a beam
+    that fits decodes."""
+    if available_memory() is None:
+        pytest.skip("the memory available is known on Linux only (/proc/meminfo)")
+    model = build(seed=3)
+    src = source([3, 4], seed=3)
+    calls = []
+    model.encode = lambda *a: calls.append(a)  # type: ignore[method-assign]
+    with pytest.raises(
+        ConfigError,
+        match=r"beam=2147483647 for 2 sentence\(s\) needs 800\.0 GiB .* "
+        r"lower the beam \(decode.beam\)",
+    ):
+        beam_search(model, src, beam=2**31 - 1)
+    assert calls == []
+    with pytest.raises(ConfigError, match="beam=2147483647"):  # the same through translate's settings
+        translate(model, src, DecodeConfig(beam=2**31 - 1))
+    del model.encode
+    assert len(beam_search(model, src, beam=2, max_len_b=2)) == 2
+
+
+def test_available_memory_is_the_kernels_memavailable() -> None:
+    if not Path("/proc/meminfo").exists():
+        pytest.skip("Linux only")
+    fields = dict(line.split(":") for line in Path("/proc/meminfo").read_text().splitlines())
+    total = int(fields["MemTotal"].split()[0]) * 1024
+    reported = int(fields["MemAvailable"].split()[0]) * 1024  # in bytes, as the file's kB say
+    available = available_memory()
+    assert available is not None and 0 < available <= total
+    assert abs(available - reported) < 1 << 28  # read a moment apart
 
 
 @pytest.mark.parametrize(

@@ -20,6 +20,7 @@ from attnlab.inference.translator import Translator
 from attnlab.interop.export import ExportError, export
 from attnlab.model.config import TransformerConfig
 from attnlab.model.transformer import Transformer
+from attnlab.typed import ConfigError
 
 pytestmark = pytest.mark.usefixtures("one_torch_thread")
 
@@ -463,6 +464,30 @@ def test_settings_decodeconfig_only_warns_about_load_quietly_and_a_huge_batch_si
     (path / SETTINGS_FILE).write_text(json.dumps(settings))
     huge = CT2Translator(path, intra_threads=1)
     assert huge.translate(["Ein Hund.", "Zwei Hunde spielen im Schnee."]) == expected
+
+
+def test_an_exported_beam_whose_step_cannot_fit_in_memory_is_refused_before_ctranslate2_allocates(
+    tmp_path: Path,
+) -> None:
+    """A legal but huge decode.beam in an export (2^31-1) is refused, naming it and the fix, before
+    CTranslate2 tries to allocate its scores (which ended in the out-of-memory killer); the export still
+    translates with a beam given to `translate`."""
+    pytest.importorskip("ctranslate2", reason='needs the [export] extra: pip install -e ".[export]"')
+    from attnlab.interop.ct2 import CT2Translator
+    from attnlab.interop.export import SETTINGS_FILE
+
+    src, tgt = separate_vocabularies()
+    path = export(random_translator(src, tgt, tie="decoder"), "ctranslate2", tmp_path / "ct2")
+    lines = ["Ein Hund.", "Zwei Hunde spielen im Schnee."]
+    expected = CT2Translator(path, intra_threads=1).translate(lines, beam=2)
+    settings = json.loads((path / SETTINGS_FILE).read_text())
+    settings["decode"]["beam"] = 2**31 - 1
+    (path / SETTINGS_FILE).write_text(json.dumps(settings))
+    translator = CT2Translator(path, intra_threads=1)
+    refused = r"beam=2147483647 for 2 sentence\(s\) needs [\d,.]+ GiB .* translate with a smaller beam="
+    with pytest.raises(ConfigError, match=refused + r" or batch_size= \(this export's decode.beam is 214748"):
+        translator.translate(lines)
+    assert translator.translate(lines, beam=2) == expected
 
 
 def test_a_ctranslate2_settings_file_that_is_no_object_is_refused(tmp_path: Path) -> None:

@@ -18,6 +18,7 @@ from attnlab.decoding.settings import DecodeConfig
 from attnlab.decoding.step import decoding_step
 from attnlab.model.config import TransformerConfig
 from attnlab.model.transformer import Transformer
+from attnlab.typed import ConfigError
 
 MAX_OUTPUT_TOKENS = 4096  # the longest output of a model without a position limit (sinusoidal encodings)
 
@@ -305,6 +306,36 @@ def top_candidates(scores: Tensor, n: int) -> tuple[Tensor, Tensor]:
     return values, columns.gather(1, picked)
 
 
+def available_memory() -> int | None:
+    """Bytes of memory the kernel says processes can still take without swapping (`MemAvailable` of Linux's
+    `/proc/meminfo`), or None where it does not say (other systems)."""
+    try:
+        with open("/proc/meminfo", encoding="ascii") as info:
+            for line in info:
+                if line.startswith("MemAvailable:"):
+                    return int(line.split()[1]) * 1024  # kB
+    except (OSError, ValueError, IndexError):
+        return None
+    return None
+
+
+def check_beam_memory(sentences: int, beam: int, vocab: int, fix: str) -> None:
+    """A ConfigError unless one step's scores of a beam search on the CPU, sentences × beam rows of `vocab`
+    float32 numbers (the logits, which attnlab's search and CTranslate2's both hold), fit in the memory
+    `available_memory` reports now; `fix` is the message's advice. A legal but huge beam (10^6, 2^31-1,
+    say, in a config or an export) would otherwise allocate until the kernel's out-of-memory killer ends
+    this process or another one. Where the memory is not known, nothing is checked; an accelerator's
+    allocator raises its own out-of-memory error."""
+    available = available_memory()
+    needed = 4 * sentences * beam * vocab
+    if available is not None and needed > available:
+        raise ConfigError(
+            f"beam={beam} for {sentences} sentence(s) needs {needed / 2**30:,.1f} GiB for one step's scores "
+            f"alone ({sentences} × {beam} rows of {vocab} float32 scores), more than the "
+            f"{available / 2**30:,.1f} GiB of memory available: {fix}"
+        )
+
+
 def _check_beam_args(beam: int, alpha: float, penalty: str, min_len: int, n_best: int) -> None:
     if beam < 1:
         raise ValueError(f"beam={beam} must be >= 1")
@@ -382,6 +413,9 @@ def beam_search(
     device = next(model.parameters()).device
     src = src.to(device)
     batch, k, vocab = src.size(0), beam, cfg.tgt_vocab_size
+    if device.type == "cpu":
+        fix = "lower the beam (decode.beam), or decode fewer sentences at once (decode.batch_size, "
+        check_beam_memory(batch, k, vocab, fix + "decode.max_tokens)")
     memory, source_mask = model.encode(src)  # (B, S, D); (B, S) for the attention rows of finished hypotheses
     limits = max_output_lengths(src, cfg.pad_id, max_len_a, max_len_b, cfg.position_limit)  # (B,)
     limit_list = limits.tolist()

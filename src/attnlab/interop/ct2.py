@@ -36,7 +36,7 @@ from typing import Any, NoReturn
 
 from attnlab.data.batching import cut_source
 from attnlab.data.tokenizer import SubwordTokenizer
-from attnlab.decoding.search import max_output_length
+from attnlab.decoding.search import check_beam_memory, max_output_length
 from attnlab.decoding.settings import SAMPLING_KEYS, DecodeConfig
 from attnlab.interop.export import (
     EXPORT_EXTRA,
@@ -212,6 +212,7 @@ class CT2Translator:
         vocab = min(self.src_tokenizer.vocab_size, self.tgt_tokenizer.vocab_size)
         checked_ids(self.settings, vocab, self.tgt_tokenizer.vocab_size, path / SETTINGS_FILE)
         checked_eos(self.settings, model_config, path / SETTINGS_FILE)
+        self.device = device
         self.translator = ctranslate2.Translator(
             str(path), device=device, compute_type=compute_type, intra_threads=intra_threads,
             **ctranslate2_options,
@@ -253,9 +254,15 @@ class CT2Translator:
             groups = _capped(groups, positions)
         out: list[list[int]] = [[] for _ in ids]
         for limit, members in groups.items():  # CTranslate2's lengths: eos counted in the max, not the min
-            results = self.translator.translate_batch(  # (a batch size far past the sentences made
-                [[str(t) for t in ids[i]] for i in members],  # CTranslate2 fail with std::bad_alloc)
-                max_batch_size=min(batch_size, len(members)), **search, max_decoding_length=limit,
+            # a batch size far past the sentences made CTranslate2 fail with std::bad_alloc
+            at_once = min(batch_size, len(members))
+            if self.device == "cpu":
+                fix = (f"translate with a smaller beam= or batch_size= (this export's decode.beam is "
+                       f"{saved['beam']}, its decode.batch_size {saved['batch_size']})")  # fmt: skip
+                check_beam_memory(at_once, search["beam_size"], self.tgt_tokenizer.vocab_size, fix)
+            results = self.translator.translate_batch(
+                [[str(t) for t in ids[i]] for i in members],
+                max_batch_size=at_once, **search, max_decoding_length=limit,
                 min_decoding_length=min(min_len - 1, limit), max_input_length=0,
                 suppress_sequences=[[str(pad)], [str(bos)]], end_token=str(eos),
             )  # fmt: skip
