@@ -26,6 +26,7 @@ from attnlab.typed import ConfigError
 from helpers import random_source, tiny_config
 
 PAD, BOS, EOS = 0, 1, 2
+TRACES = {"need_token_scores": True, "need_attention": True}  # each hypothesis' token scores and attention
 
 
 class Steered(Transformer):
@@ -72,6 +73,21 @@ def teacher_forced_scores(model: Transformer, src: Tensor, seqs: list[list[int]]
     inputs = torch.cat([start, ys[:, :-1]], dim=1)  # (N, T)
     lprobs = model(src.expand(len(seqs), -1), inputs).log_softmax(dim=-1)  # (N, T, V)
     return lprobs.gather(2, ys[..., None]).squeeze(2).sum(dim=1)  # (N,)
+
+
+@torch.no_grad()
+def check_traces(model: Transformer, src: Tensor, hyps: list[Hypothesis]) -> None:
+    """Each hypothesis' token scores and attention (need_token_scores, need_attention) are its own tokens'
+    teacher-forced log-probabilities and last-layer cross-attention averaged over heads, for one
+    unpadded source (1, S)."""
+    for h in hyps:
+        ys = torch.tensor([h.tokens])  # (1, T)
+        inputs = torch.cat([torch.full((1, 1), model.config.start_id), ys[:, :-1]], dim=1)
+        memory, mask = model.encode(src)
+        logits, weights = model.decode(inputs, memory, mask, need_weights=True)
+        token_lp = logits.log_softmax(-1).gather(2, ys[..., None]).squeeze(2)[0]  # (T,)
+        torch.testing.assert_close(torch.tensor(h.token_scores), token_lp, rtol=1e-4, atol=1e-4)
+        torch.testing.assert_close(h.attention, weights[-1].mean(dim=1)[0], rtol=1e-4, atol=1e-4)
 
 
 def check_invariants(hyps: list[Hypothesis], min_len: int = 1) -> None:
@@ -137,10 +153,15 @@ def test_scores_equal_teacher_forced_log_probs(penalty: str, alpha: float) -> No
     results = beam_search(
         model, src, beam=4, alpha=alpha, penalty=penalty, n_best=4, max_len_a=1.0, max_len_b=2
     )
+    traced = beam_search(
+        model, src, beam=4, alpha=alpha, penalty=penalty, n_best=4, max_len_a=1.0, max_len_b=2, **TRACES
+    )
     for i, hyps in enumerate(results):
         assert len(hyps) == 4
         check_invariants(hyps)
         real = src[i : i + 1, : int((src[i] != PAD).sum())]
+        assert [h.tokens for h in traced[i]] == [h.tokens for h in hyps]
+        check_traces(model, real, traced[i])  # hypotheses ended by eos, and some at the length limit
         for h in hyps:
             expected = float(teacher_forced_scores(model, real, [h.tokens])[0])
             torch.testing.assert_close(h.score, expected, rtol=1e-4, atol=1e-4)
@@ -256,17 +277,30 @@ def test_min_len_and_generated_ids(min_len: int) -> None:
 def test_forced_finish_at_the_length_limit_without_eos(
     lengths: list[int], a: float, b: int, caps: list[int]
 ) -> None:
-    """Live beams finished at the length limit keep their own scores, also where several sentences
-    reach it at the same step."""
+    """Live beams finished at the length limit keep their own scores, token scores and attention, also
+    where several sentences reach it at the same step."""
     model = build(seed=7, eos_bias=-1e4)  # eos never wins
     src = source(lengths, seed=7)
     results = beam_search(model, src, beam=3, n_best=3, max_len_a=a, max_len_b=b)
+    traced = beam_search(model, src, beam=3, n_best=3, max_len_a=a, max_len_b=b, **TRACES)
     for i, (hyps, cap) in enumerate(zip(results, caps, strict=True)):
         assert [len(h.tokens) for h in hyps] == [cap] * 3
         assert all(EOS not in h.tokens for h in hyps)
         real = src[i : i + 1, : int((src[i] != PAD).sum())]
         expected = teacher_forced_scores(model, real, [h.tokens for h in hyps]).tolist()
         torch.testing.assert_close([h.score for h in hyps], expected, rtol=1e-4, atol=1e-4)
+        assert [h.tokens for h in traced[i]] == [h.tokens for h in hyps]
+        check_traces(model, real, traced[i])
+
+
+def test_candidates_scored_minus_infinity_are_never_returned() -> None:
+    """With a beam near the vocabulary's size, some of a step's top candidates score -inf (pad, bos and
+    start are never generated); they are dropped, not returned as hypotheses."""
+    torch.manual_seed(0)
+    model = Transformer(tiny_config(src_vocab_size=5, tgt_vocab_size=5)).eval()
+    (hyps,) = beam_search(model, random_source([3], 5, 0), beam=4, n_best=4, max_len_a=0.0, max_len_b=1)
+    assert hyps and all(math.isfinite(h.score) for h in hyps)
+    assert len(hyps) == 3  # the 5 ids less pad and bos (start is bos): 3 one-token outputs
 
 
 def test_a_beam_whose_step_cannot_fit_in_memory_is_refused_before_it_allocates() -> None:

@@ -444,8 +444,9 @@ def beam_search(
                lp: Tensor | None) -> None:  # fmt: skip
         """Hand candidates `tokens` (n, T) with scores `ends` (n,) and token log-probabilities `lp` (n, T;
         None: not tracked), in order, to the kept lists of their sentences `owners` (n,); candidates
-        scored -inf are dropped. One call a step for every sentence: a few tensor operations in all,
-        not per sentence."""
+        scored -inf are dropped. Called at most twice a step (eos candidates, then beams at their length
+        limit), each time for every sentence at once: the tensors are read back with one `tolist` each,
+        not per sentence (a hypothesis' attention rows, when asked, are still cut per hypothesis)."""
         token_scores = [[] for _ in owners] if lp is None else lp.tolist()
         candidates = zip(owners, tokens.tolist(), ends.tolist(), token_scores, strict=True)
         for r, (b, ids, score, row_lp) in enumerate(candidates):
@@ -482,7 +483,7 @@ def beam_search(
         step_attn = None if weights is None else weights[-1].mean(dim=1)[:, -1:]  # (B'·W, 1, S)
 
         is_eos = top_token == cfg.eos_id  # (B', 2K)
-        eos_at = is_eos[:, :k].nonzero()  # (E, 2): sentence and rank of each eos ranked in the top K
+        eos_at = is_eos[:, :k].nonzero()  # (E, 2): live row (of B') and rank of each eos in the top K
         if eos_at.size(0):  # only eos ranked in the top K finishes
             at, rank = eos_at.unbind(1)
             rows = parent[at, rank]  # (E,)
