@@ -16,6 +16,7 @@ from attnlab.decoding.search import (
     Hypothesis,
     available_memory,
     beam_search,
+    check_beam_memory,
     greedy_decode,
     length_penalty,
     translate,
@@ -303,38 +304,66 @@ def test_candidates_scored_minus_infinity_are_never_returned() -> None:
     assert len(hyps) == 3  # the 5 ids less pad and bos (start is bos): 3 one-token outputs
 
 
-def test_a_beam_whose_step_cannot_fit_in_memory_is_refused_before_it_allocates() -> None:
-    """A legal but huge beam (2^31-1 beams of a 50-token vocabulary: 800 GiB of scores for two sentences)
-    is a ConfigError naming the beam and the fix, raised before anything is encoded or allocated; a beam
-    that fits decodes."""
+def test_a_beam_whose_first_step_cannot_fit_in_memory_is_refused_before_it_allocates() -> None:
+    """A legal but huge beam (2^31-1) is a ConfigError naming the beam, the memory its first step needs at
+    least (every row's scores over the target vocabulary and its keys and values for the first positions
+    in every decoder layer) and the fix, raised before anything is encoded or allocated; a beam that fits
+    decodes."""
     if available_memory() is None:
         pytest.skip("the memory available is known on Linux only (/proc/meminfo)")
-    model = build(seed=3)
-    src = source([3, 4], seed=3)
+    torch.manual_seed(3)
+    cfg = tiny_config(src_vocab_size=50, tgt_vocab_size=70, tie="decoder")
+    model = Transformer(cfg).eval()
+    src = random_source([3, 4], 50, 3)  # length limits 1.2·|S| + 10: 14 and 16, so 16 buffered positions
+    row = 70 + 2 * cfg.n_decoder_layers * cfg.n_heads * cfg.head_dim * 16
+    gib = f"{4 * 2 * (2**31 - 1) * row / 2**30:,.1f}"
     calls = []
     model.encode = lambda *a: calls.append(a)  # type: ignore[method-assign]
-    with pytest.raises(
-        ConfigError,
-        match=r"beam=2147483647 for 2 sentence\(s\) needs 800\.0 GiB .* "
-        r"lower the beam \(decode.beam\)",
-    ):
+    with pytest.raises(ConfigError) as refused:
         beam_search(model, src, beam=2**31 - 1)
     assert calls == []
-    with pytest.raises(ConfigError, match="beam=2147483647"):  # the same through translate's settings
-        translate(model, src, DecodeConfig(beam=2**31 - 1))
+    assert str(refused.value).startswith(
+        f"beam=2147483647 for 2 sentence(s) needs at least {gib} GiB at its first step (2 × 2147483647 rows "
+        f"of {row} float32 numbers: the scores over the target vocabulary, and keys and values for 16 "
+        "positions)"
+    )
+    assert str(refused.value).endswith(
+        "lower the beam (decode.beam; decode.val_beam for validation in training), or decode fewer sentences "
+        "at once (decode.batch_size, decode.max_tokens)"
+    )
+    with pytest.raises(ConfigError, match=r"beam=2147483647 for 1 sentence\(s\) .*in training\)$"):
+        translate(model, src[:1], DecodeConfig(beam=2**31 - 1))  # through translate's settings; one sentence
     del model.encode
     assert len(beam_search(model, src, beam=2, max_len_b=2)) == 2
 
 
-def test_available_memory_is_the_kernels_memavailable() -> None:
+def test_the_memory_check_refuses_just_past_what_is_available_and_not_before() -> None:
+    available = available_memory()
+    if available is None:
+        pytest.skip("the memory available is known on Linux only")
+    fits, too_much = int(available * 0.8) // 4, int(available * 1.2) // 4  # float32 numbers
+    check_beam_memory(1, fits, 1, "test rows", "fix it")
+    with pytest.raises(ConfigError, match=r"beam=\d+ for 1 sentence\(s\) .*: test rows\), more .*: fix it$"):
+        check_beam_memory(1, too_much, 1, "test rows", "fix it")
+
+
+def test_available_memory_is_the_least_of_the_kernels_the_cgroups_and_ulimits() -> None:
     if not Path("/proc/meminfo").exists():
         pytest.skip("Linux only")
+    import resource
+
     fields = dict(line.split(":") for line in Path("/proc/meminfo").read_text().splitlines())
-    total = int(fields["MemTotal"].split()[0]) * 1024
     reported = int(fields["MemAvailable"].split()[0]) * 1024  # in bytes, as the file's kB say
     available = available_memory()
-    assert available is not None and 0 < available <= total
-    assert abs(available - reported) < 1 << 28  # read a moment apart
+    assert available is not None and 0 < available <= reported + (1 << 28)  # read a moment apart
+    soft, hard = resource.getrlimit(resource.RLIMIT_AS)
+    size = int(Path("/proc/self/statm").read_text().split()[0]) * resource.getpagesize()
+    resource.setrlimit(resource.RLIMIT_AS, (size + (1 << 30), hard))  # `ulimit -v`: 1 GiB more than now
+    try:
+        limited = available_memory()
+    finally:
+        resource.setrlimit(resource.RLIMIT_AS, (soft, hard))
+    assert limited is not None and (1 << 30) - (1 << 26) < limited <= 1 << 30
 
 
 @pytest.mark.parametrize(

@@ -469,9 +469,11 @@ def test_settings_decodeconfig_only_warns_about_load_quietly_and_a_huge_batch_si
 def test_an_exported_beam_whose_step_cannot_fit_in_memory_is_refused_before_ctranslate2_allocates(
     tmp_path: Path,
 ) -> None:
-    """A legal but huge decode.beam in an export (2^31-1) is refused, naming it and the fix, before
-    CTranslate2 tries to allocate its scores (which ended in the out-of-memory killer); the export still
-    translates with a beam given to `translate`."""
+    """A legal but huge beam (2^31-1), in the export's decode.beam or given to `translate`, is refused on
+    the CPU, naming it and the fix, before CTranslate2 tries to allocate its scores (which ended in the
+    out-of-memory killer): with `device="auto"` too, and counting the sentences CTranslate2 decodes at once
+    (a batch_size of 0 is no limit; `inter_threads` run batches side by side). The export still translates
+    with a beam given to `translate`."""
     pytest.importorskip("ctranslate2", reason='needs the [export] extra: pip install -e ".[export]"')
     from attnlab.interop.ct2 import CT2Translator
     from attnlab.interop.export import SETTINGS_FILE
@@ -479,15 +481,36 @@ def test_an_exported_beam_whose_step_cannot_fit_in_memory_is_refused_before_ctra
     src, tgt = separate_vocabularies()
     path = export(random_translator(src, tgt, tie="decoder"), "ctranslate2", tmp_path / "ct2")
     lines = ["Ein Hund.", "Zwei Hunde spielen im Schnee."]
-    expected = CT2Translator(path, intra_threads=1).translate(lines, beam=2)
+    engine = CT2Translator(path, intra_threads=1)
+    expected = engine.translate(lines, beam=2)
+    huge = 2**31 - 1
+    scores = (
+        rf"rows of {engine.tgt_tokenizer.vocab_size} float32 numbers: the scores over the target vocabulary"
+    )
+
+    def refused(sentences: int, fix: str) -> str:
+        return (
+            rf"^beam={huge} for {sentences} sentence\(s\) needs at least [\d,.]+ GiB .*{scores}\), .*: {fix}$"
+        )
+
+    with pytest.raises(ConfigError, match=refused(2, r"translate with a smaller beam= or batch_size=")):
+        engine.translate(lines, beam=huge)  # the caller's beam: no word of the export's
+    with pytest.raises(ConfigError, match=refused(1, r"translate with a smaller beam=")):
+        engine.translate(lines, beam=huge, batch_size=1)  # one sentence at a time
+    with pytest.raises(ConfigError, match=refused(2, r"translate with a smaller beam= or batch_size=")):
+        engine.translate(lines, beam=huge, batch_size=0)  # no limit: both at once
+    side_by_side = CT2Translator(path, intra_threads=1, inter_threads=2)
+    with pytest.raises(ConfigError, match=refused(2, r"translate with a smaller beam= or batch_size=")):
+        side_by_side.translate(lines, beam=huge, batch_size=1)
     settings = json.loads((path / SETTINGS_FILE).read_text())
-    settings["decode"]["beam"] = 2**31 - 1
+    settings["decode"]["beam"] = huge
     (path / SETTINGS_FILE).write_text(json.dumps(settings))
-    translator = CT2Translator(path, intra_threads=1)
-    refused = r"beam=2147483647 for 2 sentence\(s\) needs [\d,.]+ GiB .* translate with a smaller beam="
-    with pytest.raises(ConfigError, match=refused + r" or batch_size= \(this export's decode.beam is 214748"):
-        translator.translate(lines)
-    assert translator.translate(lines, beam=2) == expected
+    for device in ("cpu", "auto"):
+        translator = CT2Translator(path, device=device, intra_threads=1)
+        saved = rf"translate with a smaller beam= \(this export's decode.beam is {huge}\) or batch_size="
+        with pytest.raises(ConfigError, match=refused(2, saved)):
+            translator.translate(lines)
+        assert translator.translate(lines, beam=2) == expected
 
 
 def test_a_ctranslate2_settings_file_that_is_no_object_is_refused(tmp_path: Path) -> None:

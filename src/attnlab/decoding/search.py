@@ -10,6 +10,7 @@ from __future__ import annotations
 import hashlib
 import math
 from dataclasses import dataclass, field
+from pathlib import Path
 
 import torch
 from torch import Tensor
@@ -19,6 +20,11 @@ from attnlab.decoding.step import decoding_step
 from attnlab.model.config import TransformerConfig
 from attnlab.model.transformer import Transformer
 from attnlab.typed import ConfigError
+
+try:
+    import resource  # Unix only
+except ImportError:  # pragma: no cover
+    resource = None
 
 MAX_OUTPUT_TOKENS = 4096  # the longest output of a model without a position limit (sinusoidal encodings)
 
@@ -306,9 +312,8 @@ def top_candidates(scores: Tensor, n: int) -> tuple[Tensor, Tensor]:
     return values, columns.gather(1, picked)
 
 
-def available_memory() -> int | None:
-    """Bytes of memory the kernel says processes can still take without swapping (`MemAvailable` of Linux's
-    `/proc/meminfo`), or None where it does not say (other systems)."""
+def _meminfo_available() -> int | None:
+    """`MemAvailable` of Linux's `/proc/meminfo` in bytes, or None."""
     try:
         with open("/proc/meminfo", encoding="ascii") as info:
             for line in info:
@@ -319,21 +324,97 @@ def available_memory() -> int | None:
     return None
 
 
-def check_beam_memory(sentences: int, beam: int, vocab: int, fix: str) -> None:
-    """A ConfigError unless one step's scores of a beam search on the CPU, sentences × beam rows of `vocab`
-    float32 numbers (the logits, which attnlab's search and CTranslate2's both hold), fit in the memory
-    `available_memory` reports now; `fix` is the message's advice. A legal but huge beam (10^6, 2^31-1,
-    say, in a config or an export) would otherwise allocate until the kernel's out-of-memory killer ends
-    this process or another one. Where the memory is not known, nothing is checked; an accelerator's
-    allocator raises its own out-of-memory error."""
+def _cgroup_headroom() -> int | None:
+    """Bytes this process's memory cgroup may still take before its own out-of-memory killer fires (a
+    container's or a job scheduler's limit), or None where it has no limit: the limit less the usage, less
+    the inactive file cache the kernel reclaims first (as `docker stats` counts). cgroup v2 (`memory.max`,
+    `memory.current`) or v1 (`memory.limit_in_bytes`, `memory.usage_in_bytes`)."""
+    try:
+        with open("/proc/self/cgroup", encoding="ascii") as groups:
+            lines = [line.rstrip("\n").split(":", 2) for line in groups]
+        v1 = [path for _, names, path in lines if "memory" in names.split(",")]
+        if v1:
+            directory = Path("/sys/fs/cgroup/memory") / v1[0].lstrip("/")
+            files, inactive = ("memory.limit_in_bytes", "memory.usage_in_bytes"), "total_inactive_file"
+        else:
+            v2 = [path for number, _, path in lines if number == "0"]
+            if not v2:
+                return None
+            directory = Path("/sys/fs/cgroup") / v2[0].lstrip("/")
+            files, inactive = ("memory.max", "memory.current"), "inactive_file"
+        limit = (directory / files[0]).read_text().strip()
+        if limit == "max" or int(limit) >= 1 << 62:  # v1 writes "no limit" as a number near 2^63
+            return None
+        stat = dict(line.split() for line in (directory / "memory.stat").read_text().splitlines())
+        used = int((directory / files[1]).read_text()) - int(stat.get(inactive, 0))
+        return max(0, int(limit) - used)
+    except (OSError, ValueError):
+        return None
+
+
+def _address_space_headroom() -> int | None:
+    """Bytes of address space left under this process's `RLIMIT_AS` (`ulimit -v`), or None without one."""
+    if resource is None:
+        return None
+    try:
+        limit = resource.getrlimit(resource.RLIMIT_AS)[0]
+        if limit == resource.RLIM_INFINITY:
+            return None
+        with open("/proc/self/statm", encoding="ascii") as statm:
+            size = int(statm.read().split()[0]) * resource.getpagesize()
+        return max(0, limit - size)
+    except (OSError, ValueError, IndexError):
+        return None
+
+
+def available_memory() -> int | None:
+    """Bytes of memory this process can still take: the least of what the kernel reports available
+    (`MemAvailable`), its cgroup's headroom (`memory.max` less `memory.current`) and its address space
+    left under `ulimit -v`, those that are known; None where none is (other systems than Linux)."""
+    known = [
+        b for b in (_meminfo_available(), _cgroup_headroom(), _address_space_headroom()) if b is not None
+    ]
+    return min(known) if known else None
+
+
+def check_beam_memory(sentences: int, beam: int, row_floats: int, what: str, fix: str) -> None:
+    """A ConfigError unless a beam search's first step, `sentences` × `beam` rows of `row_floats` float32
+    numbers each (`what` says which), fits in `available_memory()`; `fix` is the message's advice.
+
+    A lower bound of what the search holds, so that it never refuses a search that would fit: a legal but
+    huge beam (10^6, 2^31-1, in a config or an export) is refused before anything is allocated, instead of
+    allocating until the out-of-memory killer ends this process or another one. A beam that passes may
+    still run out of memory later (buffers grow with the output). Where the memory is not known, nothing
+    is checked; an accelerator's allocator raises its own out-of-memory error.
+    """
     available = available_memory()
-    needed = 4 * sentences * beam * vocab
+    needed = 4 * sentences * beam * row_floats
     if available is not None and needed > available:
         raise ConfigError(
-            f"beam={beam} for {sentences} sentence(s) needs {needed / 2**30:,.1f} GiB for one step's scores "
-            f"alone ({sentences} × {beam} rows of {vocab} float32 scores), more than the "
-            f"{available / 2**30:,.1f} GiB of memory available: {fix}"
+            f"beam={beam} for {sentences} sentence(s) needs at least {needed / 2**30:,.1f} GiB at its first "
+            f"step ({sentences} × {beam} rows of {row_floats} float32 numbers: {what}), more than the "
+            f"{available / 2**30:,.1f} GiB of memory this process can take: {fix}"
         )
+
+
+def _first_step_floats(model: Transformer, capacity: int) -> tuple[int, str]:
+    """Float32 numbers per decoder row of a CPU beam search's first step (an ensemble's models summed):
+    the row's scores over the target vocabulary, and its self-attention keys and values for the first
+    min(capacity, 16) positions in every decoder layer (`StepDecoder`'s first buffers; the modules' cache
+    holds as many by its 16th step); and what they are."""
+    positions = min(capacity, 16)
+    floats = 0
+    for member in getattr(model, "models", [model]):
+        cfg = member.config
+        floats += cfg.tgt_vocab_size + 2 * cfg.n_decoder_layers * cfg.n_heads * cfg.head_dim * positions
+    return floats, f"the scores over the target vocabulary, and keys and values for {positions} positions"
+
+
+def _beam_fix(sentences: int) -> str:
+    more = (
+        "" if sentences == 1 else ", or decode fewer sentences at once (decode.batch_size, decode.max_tokens)"
+    )
+    return f"lower the beam (decode.beam; decode.val_beam for validation in training){more}"
 
 
 def _check_beam_args(beam: int, alpha: float, penalty: str, min_len: int, n_best: int) -> None:
@@ -413,11 +494,10 @@ def beam_search(
     device = next(model.parameters()).device
     src = src.to(device)
     batch, k, vocab = src.size(0), beam, cfg.tgt_vocab_size
-    if device.type == "cpu":
-        fix = "lower the beam (decode.beam), or decode fewer sentences at once (decode.batch_size, "
-        check_beam_memory(batch, k, vocab, fix + "decode.max_tokens)")
-    memory, source_mask = model.encode(src)  # (B, S, D); (B, S) for the attention rows of finished hypotheses
     limits = max_output_lengths(src, cfg.pad_id, max_len_a, max_len_b, cfg.position_limit)  # (B,)
+    if device.type == "cpu":
+        check_beam_memory(batch, k, *_first_step_floats(model, int(limits.max())), _beam_fix(batch))
+    memory, source_mask = model.encode(src)  # (B, S, D); (B, S) for the attention rows of finished hypotheses
     limit_list = limits.tolist()
     decoder = decoding_step(model, memory, decoder_mask(source_mask), beams=k, capacity=int(limits.max()),
                             use_cache=use_cache, need_weights=need_attention)  # fmt: skip

@@ -176,7 +176,7 @@ class CT2Translator:
 
     Args:
         path: The directory `attnlab-export format=ctranslate2` wrote.
-        device: `cpu` or `cuda` (CTranslate2's).
+        device: `cpu`, `cuda` or `auto` (CTranslate2's).
         compute_type: CTranslate2's compute type (`default`: as stored, e.g. int8 for `quantization=int8`).
         intra_threads: Threads per translation (0: CTranslate2's default).
         ctranslate2_options: More keyword arguments for `ctranslate2.Translator`.
@@ -212,7 +212,6 @@ class CT2Translator:
         vocab = min(self.src_tokenizer.vocab_size, self.tgt_tokenizer.vocab_size)
         checked_ids(self.settings, vocab, self.tgt_tokenizer.vocab_size, path / SETTINGS_FILE)
         checked_eos(self.settings, model_config, path / SETTINGS_FILE)
-        self.device = device
         self.translator = ctranslate2.Translator(
             str(path), device=device, compute_type=compute_type, intra_threads=intra_threads,
             **ctranslate2_options,
@@ -235,6 +234,8 @@ class CT2Translator:
 
         Raises:
             ValueError: `sampling` asked of an export whose checkpoint did not sample, or with beam > 1.
+            ConfigError: On the CPU, a beam whose first step's scores cannot fit in the memory this
+                process can take (`attnlab.decoding.search.check_beam_memory`), before CTranslate2 runs.
         """
         saved = self.settings["decode"]
         search = _search_options(saved, beam, length_penalty, sampling)
@@ -254,21 +255,34 @@ class CT2Translator:
             groups = _capped(groups, positions)
         out: list[list[int]] = [[] for _ in ids]
         for limit, members in groups.items():  # CTranslate2's lengths: eos counted in the max, not the min
-            # a batch size far past the sentences made CTranslate2 fail with std::bad_alloc
-            at_once = min(batch_size, len(members))
-            if self.device == "cpu":
-                fix = (f"translate with a smaller beam= or batch_size= (this export's decode.beam is "
-                       f"{saved['beam']}, its decode.batch_size {saved['batch_size']})")  # fmt: skip
-                check_beam_memory(at_once, search["beam_size"], self.tgt_tokenizer.vocab_size, fix)
+            # a batch size far past the sentences made CTranslate2 fail with std::bad_alloc; 0: no limit
+            at_once = len(members) if batch_size <= 0 else min(batch_size, len(members))
+            self._check_memory(at_once, len(members), search["beam_size"], beam is None)
             results = self.translator.translate_batch(
                 [[str(t) for t in ids[i]] for i in members],
-                max_batch_size=at_once, **search, max_decoding_length=limit,
+                max_batch_size=min(batch_size, len(members)), **search, max_decoding_length=limit,
                 min_decoding_length=min(min_len - 1, limit), max_input_length=0,
                 suppress_sequences=[[str(pad)], [str(bos)]], end_token=str(eos),
             )  # fmt: skip
             for i, result in zip(members, results, strict=True):
                 out[i] = [int(t) for t in result.hypotheses[0]]
         return out
+
+    def _check_memory(self, at_once: int, sentences: int, beam: int, saved_beam: bool) -> None:
+        """`check_beam_memory` for one `translate_batch` call on the CPU: batches of `at_once` of its
+        `sentences`, as many at a time as CTranslate2 has translators (`inter_threads`), each holding its
+        scores over the target vocabulary at the first step (its cache grows from empty, and the model's
+        sizes are not in the export)."""
+        if self.translator.device != "cpu":
+            return
+        batches = min(self.translator.num_translators, -(-sentences // at_once))  # run side by side
+        fix = "translate with a smaller beam="
+        if saved_beam:
+            fix += f" (this export's decode.beam is {self.settings['decode']['beam']})"
+        if at_once > 1 or batches > 1:
+            fix += " or batch_size="
+        check_beam_memory(at_once * batches, beam, self.tgt_tokenizer.vocab_size,
+                          "the scores over the target vocabulary", fix)  # fmt: skip
 
     def translate(self, lines: Sequence[str], **settings: Any) -> list[str]:
         """Detokenized translations of `lines` in their order (an empty line stays empty); `settings`
