@@ -367,6 +367,45 @@ def test_available_memory_is_the_least_of_the_kernels_the_cgroups_and_ulimits() 
 
 
 @pytest.mark.parametrize(
+    ("membership", "files", "headroom"),
+    [
+        ("0::/job\n", {"job/memory.max": "1000000", "job/memory.current": "700000"}, 400_000),
+        ("0::/job\n", {"job/memory.max": "max", "job/memory.current": "700000"}, None),
+        (
+            "4:memory:/box\n1:cpu:/\n0::/\n",
+            {"memory/box/memory.limit_in_bytes": "1000000", "memory/box/memory.usage_in_bytes": "900000"},
+            200_000,
+        ),
+        (
+            "4:memory:/box\n0::/\n",
+            {
+                "memory/box/memory.limit_in_bytes": "9223372036854771712",
+                "memory/box/memory.usage_in_bytes": "1",
+            },
+            None,
+        ),
+        ("1:cpu:/\n", {}, None),  # no memory controller
+    ],
+    ids=["v2", "v2-no-limit", "v1", "v1-no-limit", "none"],
+)
+def test_a_cgroups_headroom_is_its_limit_less_its_usage_but_inactive_file_cache(
+    tmp_path: Path, membership: str, files: dict[str, str], headroom: int | None
+) -> None:
+    """A container's or a scheduler's memory limit, from a cgroup tree laid out as the kernel does
+    (v2 `memory.max`/`memory.current`, v1 `memory.limit_in_bytes`/`memory.usage_in_bytes`): 100,000
+    bytes of inactive file cache in `memory.stat` count as free."""
+    from attnlab.decoding.search import _cgroup_headroom
+
+    (tmp_path / "cgroup").write_text(membership)
+    for name, text in files.items():
+        (tmp_path / "fs" / name).parent.mkdir(parents=True, exist_ok=True)
+        (tmp_path / "fs" / name).write_text(text)
+        key = "total_inactive_file" if "memory/" in name else "inactive_file"
+        (tmp_path / "fs" / name).with_name("memory.stat").write_text(f"{key} 100000\nactive_file 5\n")
+    assert _cgroup_headroom(tmp_path / "cgroup", tmp_path / "fs") == headroom
+
+
+@pytest.mark.parametrize(
     ("kwargs", "message"),
     [
         ({"beam": 0}, "beam=0"),

@@ -324,23 +324,25 @@ def _meminfo_available() -> int | None:
     return None
 
 
-def _cgroup_headroom() -> int | None:
+def _cgroup_headroom(
+    membership: Path = Path("/proc/self/cgroup"), root: Path = Path("/sys/fs/cgroup")
+) -> int | None:
     """Bytes this process's memory cgroup may still take before its own out-of-memory killer fires (a
     container's or a job scheduler's limit), or None where it has no limit: the limit less the usage, less
-    the inactive file cache the kernel reclaims first (as `docker stats` counts). cgroup v2 (`memory.max`,
-    `memory.current`) or v1 (`memory.limit_in_bytes`, `memory.usage_in_bytes`)."""
+    the inactive file cache the kernel reclaims first (as `docker stats` counts). cgroup v1
+    (`memory.limit_in_bytes`, `memory.usage_in_bytes` under `root`/memory) or v2 (`memory.max`,
+    `memory.current`), the cgroup read from `membership`."""
     try:
-        with open("/proc/self/cgroup", encoding="ascii") as groups:
-            lines = [line.rstrip("\n").split(":", 2) for line in groups]
+        lines = [line.split(":", 2) for line in membership.read_text(encoding="ascii").splitlines()]
         v1 = [path for _, names, path in lines if "memory" in names.split(",")]
         if v1:
-            directory = Path("/sys/fs/cgroup/memory") / v1[0].lstrip("/")
+            directory = root / "memory" / v1[0].lstrip("/")
             files, inactive = ("memory.limit_in_bytes", "memory.usage_in_bytes"), "total_inactive_file"
         else:
             v2 = [path for number, _, path in lines if number == "0"]
             if not v2:
                 return None
-            directory = Path("/sys/fs/cgroup") / v2[0].lstrip("/")
+            directory = root / v2[0].lstrip("/")
             files, inactive = ("memory.max", "memory.current"), "inactive_file"
         limit = (directory / files[0]).read_text().strip()
         if limit == "max" or int(limit) >= 1 << 62:  # v1 writes "no limit" as a number near 2^63
