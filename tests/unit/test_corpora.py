@@ -26,6 +26,7 @@ from attnlab.data.download import DataError
 from attnlab.data.prepare import EncodedSplit, Prepared, id_dtype, prepare, prepared_dir, sample_pairs
 from attnlab.data.text import normalize
 from attnlab.data.tokenizer import SPECIAL_TOKENS, HuggingFaceTokenizer, SubwordTokenizer
+from attnlab.runs.manifest import data_identity
 
 PAD, BOS, EOS, UNK = 0, 1, 2, 3
 DE_WORDS = "der die das ein eine Haus Hund Katze läuft schnell über Straße Mädchen spielt im Garten Fußball"
@@ -1221,3 +1222,12 @@ def test_pairs_dropped_by_the_filters_are_reported_when_the_cache_is_loaded(
     dropped = dm.stats["dropped_filter"]["source_too_long"]
     assert dropped > 0
     assert f"the length filters dropped {dropped} of the 200 training lines" in caplog.text
+    # and a run's manifest records them (`data_identity`, written as manifest.json's data)
+    pairs = data_identity(dm)["training_pairs"]
+    assert pairs == {
+        "lines": 200,
+        "dropped_empty": dm.stats["dropped_empty"],
+        "dropped_by_filter": {"source_too_long": dropped, **dm.stats["dropped_filter"]},
+        "kept": len(dm.splits["train"]),
+    }
+    assert pairs["lines"] - pairs["dropped_empty"] - sum(pairs["dropped_by_filter"].values()) == pairs["kept"]

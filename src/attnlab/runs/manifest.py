@@ -182,7 +182,9 @@ def task_overrides() -> list[str]:
 
 def data_identity(datamodule: Any) -> dict[str, Any]:
     """What identifies a run's data: the spec's class and settings, the prepared-data cache key (a hash
-    of the raw files and the preprocessing) and the SHA-256 of each tokenizer's JSON."""
+    of the raw files and the preprocessing), the SHA-256 of each tokenizer's JSON, and how many training
+    pairs the run trained on (`training_pairs`: the lines read, those dropped as empty and by each length
+    filter, and those kept; what the data module warns about on every run)."""
     spec = getattr(datamodule, "spec", None)
     identity: dict[str, Any] = {"spec": type(spec).__name__ if spec is not None else None}
     if dataclasses.is_dataclass(spec):
@@ -194,4 +196,12 @@ def data_identity(datamodule: Any) -> dict[str, Any]:
         tokenizer = getattr(datamodule, side, None)
         if tokenizer is not None:
             identity[f"{side}_sha256"] = text_sha256(tokenizer.to_json())
+    stats = getattr(datamodule, "stats", None) or {}
+    if "train_lines" in stats:
+        identity["training_pairs"] = {
+            "lines": stats["train_lines"],
+            "dropped_empty": stats.get("dropped_empty", 0),
+            "dropped_by_filter": dict(stats.get("dropped_filter") or {}),
+            "kept": stats.get("train_examples"),
+        }
     return identity
