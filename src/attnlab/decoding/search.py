@@ -379,6 +379,11 @@ def available_memory() -> int | None:
     return min(known) if known else None
 
 
+# A first step this small is not checked: reading the limits took 39 µs a call, and no process that runs
+# attnlab at all has less memory left than this
+_SURELY_FITS = 1 << 26  # 64 MiB
+
+
 def check_beam_memory(sentences: int, beam: int, row_floats: int, what: str, fix: str) -> None:
     """A ConfigError unless a beam search's first step, `sentences` × `beam` rows of `row_floats` float32
     numbers each (`what` says which), fits in `available_memory()`; `fix` is the message's advice.
@@ -389,8 +394,10 @@ def check_beam_memory(sentences: int, beam: int, row_floats: int, what: str, fix
     still run out of memory later (buffers grow with the output). Where the memory is not known, nothing
     is checked; an accelerator's allocator raises its own out-of-memory error.
     """
-    available = available_memory()
     needed = 4 * sentences * beam * row_floats
+    if needed <= _SURELY_FITS:  # no files read for the usual beams (beam search runs per batch)
+        return
+    available = available_memory()
     if available is not None and needed > available:
         raise ConfigError(
             f"beam={beam} for {sentences} sentence(s) needs at least {needed / 2**30:,.1f} GiB at its first "
@@ -497,11 +504,12 @@ def beam_search(
     src = src.to(device)
     batch, k, vocab = src.size(0), beam, cfg.tgt_vocab_size
     limits = max_output_lengths(src, cfg.pad_id, max_len_a, max_len_b, cfg.position_limit)  # (B,)
-    if device.type == "cpu":
-        check_beam_memory(batch, k, *_first_step_floats(model, int(limits.max())), _beam_fix(batch))
-    memory, source_mask = model.encode(src)  # (B, S, D); (B, S) for the attention rows of finished hypotheses
     limit_list = limits.tolist()
-    decoder = decoding_step(model, memory, decoder_mask(source_mask), beams=k, capacity=int(limits.max()),
+    longest = max(limit_list)
+    if device.type == "cpu":
+        check_beam_memory(batch, k, *_first_step_floats(model, longest), _beam_fix(batch))
+    memory, source_mask = model.encode(src)  # (B, S, D); (B, S) for the attention rows of finished hypotheses
+    decoder = decoding_step(model, memory, decoder_mask(source_mask), beams=k, capacity=longest,
                             use_cache=use_cache, need_weights=need_attention)  # fmt: skip
     # Step 0 has one live beam per sentence: where the step can (`narrow_start`; CTranslate2 does the same
     # on the CPU), only that row is decoded and the first reorder makes the K beams from it.
@@ -536,7 +544,7 @@ def beam_search(
                 a = None if attn_rows is None else attn_rows[r][:, source_mask[b]]  # (T, S_real)
                 kept[b].add(ids, score, a, row_lp)
 
-    for step in range(int(limits.max())):
+    for step in range(longest):
         length = step + 1  # output length of this step's candidates, eos included
         live = len(alive)
         fed = token if use_cache else torch.cat([start, history], dim=1)  # (B'·W, 1 | T+1)
