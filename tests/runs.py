@@ -7,9 +7,11 @@ from __future__ import annotations
 
 import csv
 import os
+import signal
 import subprocess
 import sys
 from pathlib import Path
+from typing import Any
 
 import torch
 
@@ -50,7 +52,22 @@ def attnlab_train(
         *extra,
     ]
     environment = {**os.environ, "PYTHONPATH": str(TESTS), **(env or {})}
-    return subprocess.run(command, capture_output=True, text=True, timeout=600, env=environment)
+    return run_all(command, env=environment)
+
+
+def run_all(command: list[str], timeout: float = 600, **kwargs: Any) -> subprocess.CompletedProcess:
+    """`subprocess.run(command, capture_output=True, text=True)`, in a process group of its own: past
+    `timeout` every process of the run is killed (a DDP run's other ranks, DataLoader workers and their
+    fork server too), not only the first, and none is left holding the output pipes."""
+    with subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                          start_new_session=True, **kwargs) as process:  # fmt: skip
+        try:
+            stdout, stderr = process.communicate(timeout=timeout)
+        except subprocess.TimeoutExpired:
+            os.killpg(process.pid, signal.SIGKILL)
+            stdout, stderr = process.communicate()
+            raise subprocess.TimeoutExpired(command, timeout, stdout, stderr) from None
+    return subprocess.CompletedProcess(command, process.returncode, stdout, stderr)
 
 
 def weights(run_dir: Path) -> dict[str, torch.Tensor]:

@@ -13,6 +13,7 @@ import random
 import socket
 import subprocess
 import sys
+import time
 from pathlib import Path
 from typing import Any, ClassVar
 
@@ -232,12 +233,14 @@ def test_a_failed_run_releases_its_run_directory(tmp_path: Path) -> None:
 
 
 def processes_of(run_dir: Path) -> list[int]:
-    """The live processes (not this one) whose command line names `run_dir`."""
-    found = []
+    """The live processes (not this one) whose environment names `run_dir` in `RUN_OF`: a run started
+    with it and every process it started (DataLoader workers come from a fork server, whose command line
+    is not the run's, but which inherits the run's environment)."""
+    found, entry = [], f"RUN_OF={run_dir}".encode()
     for proc in Path("/proc").iterdir():
         if proc.name.isdigit() and int(proc.name) != os.getpid():
             try:
-                if str(run_dir) in (proc / "cmdline").read_bytes().decode(errors="replace"):
+                if entry in (proc / "environ").read_bytes().split(b"\0"):
                     found.append(int(proc.name))
             except OSError:
                 continue
@@ -252,23 +255,24 @@ def open_files(pid: int) -> set[str]:
         return set()
 
 
-def test_resuming_a_killed_run_takes_over_its_stale_lock(tmp_path: Path) -> None:
-    """Killed with a DataLoader worker, which outlives it for a few seconds: the lock was the dead
-    process's alone, so resume=true right after the kill takes it over."""
+def test_resuming_a_killed_run_takes_over_its_stale_lock_and_its_worker_processes_end(tmp_path: Path) -> None:
+    """Killed (SIGKILL) while its DataLoader worker runs: the worker, the fork server it came from and the
+    server's resource tracker end by themselves, none of them holds the run's lock file (a flock is held as
+    long as any process has its descriptor), and resume=true right after the kill takes the lock over."""
     run_dir = tmp_path / "run"
     worker = [*SYNTHETIC, "data.num_workers=1"]
     kill = ["+callbacks.kill._target_=probes.SignalAt", "+callbacks.kill.step=2", "+callbacks.kill.signum=9"]
     command = [sys.executable, "-m", "attnlab.cli.train", *worker, f"hydra.run.dir={run_dir}", *kill]
+    env = {**os.environ, "PYTHONPATH": str(TESTS), "RUN_OF": str(run_dir)}  # `processes_of` finds them
     with open(tmp_path / "killed.log", "w") as log:  # not a pipe, which the worker would hold open
-        killed = subprocess.run(command, stdout=log, stderr=subprocess.STDOUT, timeout=300,
-                                env={**os.environ, "PYTHONPATH": str(TESTS)})  # fmt: skip
+        killed = subprocess.run(command, stdout=log, stderr=subprocess.STDOUT, timeout=300, env=env)
     assert killed.returncode == -9  # returns as soon as the main process died
-    # Its DataLoader worker is still alive (the case this test is about), and holds no descriptor of the
-    # lock file: a flock is held as long as any process has its descriptor.
-    workers = processes_of(run_dir)
-    assert workers, "no DataLoader worker of the killed run is alive any more: nothing is tested"
     lock = str((run_dir / RUN_LOCK).resolve())
-    assert not [pid for pid in workers if lock in open_files(pid)], "a worker holds the run lock"
+    assert not [pid for pid in processes_of(run_dir) if lock in open_files(pid)], "a process holds the lock"
+    deadline = time.monotonic() + 30  # `attnlab.data.examples.end_with`: at once; torch's own watch: 5 s
+    while (left := processes_of(run_dir)) and time.monotonic() < deadline:
+        time.sleep(0.1)
+    assert left == [], f"processes of the killed run still running: {left}"
     pid, host = (run_dir / RUN_LOCK).read_text().split()  # left behind by the dead process
     assert (int(pid), host) != (os.getpid(), socket.gethostname())
     train(compose_train([*worker, "resume=true", *while_running(run_dir)], run_dir))

@@ -5,7 +5,6 @@ from __future__ import annotations
 import csv
 import json
 import os
-import subprocess
 import sys
 from pathlib import Path
 from typing import Any
@@ -16,6 +15,7 @@ import torch
 from attnlab.inference.translator import Translator, decode_settings, evaluate, resolve_checkpoints
 from attnlab.metrics import corpus_bleu
 from helpers import init_from, lines
+from runs import run_all
 
 
 def mixed_corpus(corpus: Path, multi30k: Path, out: Path) -> Path:
@@ -54,7 +54,7 @@ def test_ddp_bleu_equals_a_single_process_evaluation_of_the_same_checkpoint(
         "trainer.enable_progress_bar=false", "logger=wandb",
         "+callbacks.final._target_=probes.SaveFinalWeights", f"+callbacks.final.dirpath={tmp_path / 'final'}",
     ]  # fmt: skip
-    done = subprocess.run(command, capture_output=True, text=True, timeout=600, env=env, cwd=tmp_path)
+    done = run_all(command, env=env, cwd=tmp_path)  # every rank killed at the timeout
     assert done.returncode == 0, done.stderr[-4000:]
     assert "GLOBAL_RANK: 1, MEMBER: 2/2" in done.stderr + done.stdout  # two processes really ran
     (run,) = (tmp_path / "logs" / "train" / "runs").iterdir()  # one run directory for both ranks

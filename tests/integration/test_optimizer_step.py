@@ -7,7 +7,6 @@ from __future__ import annotations
 import csv
 import json
 import os
-import subprocess
 import sys
 from pathlib import Path
 from typing import Any
@@ -24,6 +23,7 @@ from attnlab.training.experiment import validate
 from attnlab.training.module import TranslationModule
 from attnlab.training.pipeline import train
 from helpers import TEXT_SPLITS, compose_train, lines, tiny_config, write_corpus
+from runs import run_all
 
 TESTS = Path(__file__).resolve().parents[1]
 
@@ -123,7 +123,7 @@ def test_two_ddp_ranks_take_the_step_of_one_process_whose_batch_holds_both_ranks
     env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONPATH": str(TESTS)}
     command = [sys.executable, "-m", "attnlab.cli.train", *overrides, f"hydra.run.dir={run}",
                "trainer.enable_progress_bar=false"]  # fmt: skip
-    done = subprocess.run(command, capture_output=True, text=True, timeout=600, env=env, cwd=tmp_path)
+    done = run_all(command, env=env, cwd=tmp_path)  # every rank killed at the timeout
     assert done.returncode == 0, done.stderr[-4000:]
 
     # The same steps in one process: each batch joins what the two ranks trained on in that step.

@@ -7,7 +7,6 @@ from __future__ import annotations
 import json
 import math
 import os
-import subprocess
 import sys
 from pathlib import Path
 
@@ -20,6 +19,7 @@ from attnlab.runs.checkpoint import read_checkpoint
 from attnlab.training.module import NonFiniteError, TranslationModule
 from attnlab.training.pipeline import train
 from helpers import compose_train, write_corpus
+from runs import run_all
 
 pytestmark = pytest.mark.usefixtures("one_torch_thread")
 
@@ -186,7 +186,7 @@ def test_fsdp_cannot_train_on_cpus(tmp_path: Path) -> None:
         "data.n_train=64", "data.n_val=16", "data.n_test=16", "data.batch_size=8", "trainer.max_epochs=1",
         "logger=csv", "test=false", "trainer.enable_progress_bar=false", f"hydra.run.dir={run}",
     ]  # fmt: skip
-    done = subprocess.run(command, capture_output=True, text=True, timeout=600, env=env, cwd=tmp_path)
+    done = run_all(command, env=env, cwd=tmp_path)  # every rank killed at the timeout
     output = done.stdout + done.stderr
     assert done.returncode == 1, output[-4000:]
     assert "GLOBAL_RANK: 1, MEMBER: 2/2" in output  # the two processes started

@@ -2,10 +2,16 @@
 
 from __future__ import annotations
 
+import dataclasses
 import itertools
+import multiprocessing
+import os
 import random
 import re
+import threading
+import time
 from collections import Counter
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -247,6 +253,30 @@ def test_train_order_depends_only_on_the_seed() -> None:
     a, b = (rows(dm.train_dataloader()) for dm in same_data)
     assert Counter(a) == Counter(b)
     assert a != b
+
+
+def test_loader_workers_start_from_the_fork_server_and_serve_the_batches_of_a_loader_without_them() -> None:
+    """A run's process has threads when its loaders start workers (queue feeder threads, gloo's): a
+    worker forked from it inherits any lock one of them held, and one was seen to hang that way. Workers
+    are forked from the single-threaded fork server instead, so none is this process's child."""
+    data = SyntheticData(n_train=100, n_val=20, n_test=20, batch_size=8)
+    plain, with_worker = data.datamodule(), dataclasses.replace(data, num_workers=1).datamodule()
+    assert plain.worker_context is None
+    busy = threading.Thread(target=time.sleep, args=(2,), daemon=True)  # as a run's process has
+    busy.start()
+    for make in ("train_dataloader", "val_dataloader"):
+        loader = getattr(with_worker, make)()
+        assert loader.multiprocessing_context.get_start_method() == "forkserver"
+        batches = iter(loader)
+        first = next(batches)
+        workers = [p.pid for p in multiprocessing.active_children()]  # this loader's
+        assert workers, "no worker process is running"
+        for pid in workers:
+            status = Path(f"/proc/{pid}/status").read_text()
+            assert f"PPid:\t{os.getpid()}\n" not in status, f"worker {pid} was forked from this process"
+        listed = [{k: v.tolist() for k, v in batch.items()} for batch in (first, *batches)]
+        assert listed == [{k: v.tolist() for k, v in batch.items()} for batch in getattr(plain, make)()]
+        assert rows(loader) == rows(getattr(plain, make)())  # a second epoch too (persistent workers)
 
 
 @pytest.mark.parametrize("split", ["val", "test"])

@@ -12,130 +12,27 @@ dropping examples records limits and kept indices rather than new lists.
 
 from __future__ import annotations
 
+import functools
 import logging
-from typing import TYPE_CHECKING, Any, overload
+import os
+from typing import TYPE_CHECKING, Any
 
 import lightning as L
 import numpy as np
-from torch.utils.data import DataLoader, Dataset
+from torch.utils.data import DataLoader
 
-from attnlab.data.batching import Collator, Gathered, TokenBatchSampler, cut_source
+from attnlab.data.batching import Collator, TokenBatchSampler
 from attnlab.data.download import DataError
+from attnlab.data.examples import Examples, end_with, worker_context
 from attnlab.data.prepare import EncodedSplit, Prepared, prepare
 from attnlab.data.tokenizer import SPECIAL_IDS
 from attnlab.typed import ConfigError
 
 if TYPE_CHECKING:
-    from collections.abc import Iterator, Sequence
-
     from attnlab.data.corpora import CorpusData
     from attnlab.data.synthetic import SyntheticData
 
 log = logging.getLogger(__name__)
-
-Example = tuple[list[int], list[int], int]  # (source ids ending in eos, bare target ids, example index)
-
-
-class Examples(Dataset):
-    """The examples of an `EncodedSplit` as (source ids, target ids, example index) triples for the
-    `Collator`, each read from the split when asked for.
-
-    `keep` drops examples (the rest keep their example indices) and `cut` shortens them, both
-    without copying the split: kept indices and limits are recorded and applied in `__getitem__`.
-    Integer indices and slices work as on a list (a slice gives a list of triples).
-
-    Args:
-        split: The encoded examples.
-        eos_id: The id kept at the end of a cut source (`cut_source`).
-    """
-
-    def __init__(self, split: EncodedSplit, eos_id: int) -> None:
-        self.split, self.eos_id = split, eos_id
-        self.rows: np.ndarray | None = None  # the example indices served (None: all of them)
-        self.source_limit: int | None = None  # sources cut to this many ids, keeping eos
-        self.target_limit: int | None = None  # targets cut to this many ids
-
-    def __len__(self) -> int:
-        return len(self.split) if self.rows is None else len(self.rows)
-
-    @overload
-    def __getitem__(self, k: int) -> Example: ...
-    @overload
-    def __getitem__(self, k: slice) -> list[Example]: ...
-    def __getitem__(self, k: int | slice) -> Example | list[Example]:
-        if isinstance(k, slice):
-            return [self[j] for j in range(*k.indices(len(self)))]
-        if not -len(self) <= k < len(self):
-            raise IndexError(f"example {k} of {len(self)}")
-        k %= len(self)
-        i = k if self.rows is None else int(self.rows[k])
-        src, tgt = self.split.pair(i)
-        if self.source_limit is not None:
-            src = cut_source(src, self.source_limit, self.eos_id)
-        return src, tgt if self.target_limit is None else tgt[: self.target_limit], i
-
-    def __iter__(self) -> Iterator[Example]:
-        return (self[k] for k in range(len(self)))
-
-    def __getitems__(self, ks: Sequence[int]) -> Gathered:
-        """Examples `ks` at once, as the `Collator` takes them (the DataLoader asks for a batch's
-        examples this way): the same examples as `self[k]` for each k, read with array operations."""
-        index = np.asarray(ks, dtype=np.int64)
-        if len(index) and not (-len(self) <= index.min() and index.max() < len(self)):
-            raise IndexError(f"examples {index.min()}..{index.max()} of {len(self)}")
-        index %= max(len(self), 1)
-        if self.rows is not None:
-            index = self.rows[index]
-        src, src_lengths, tgt, tgt_lengths = self.split.gather(index)
-        if self.source_limit is not None:
-            cut = src_lengths > self.source_limit
-            if cut.any():  # `cut_source`: eos stays the last id
-                src_lengths = np.minimum(src_lengths, self.source_limit)
-                src[cut, self.source_limit - 1] = self.eos_id
-        if self.target_limit is not None:
-            tgt_lengths = np.minimum(tgt_lengths, self.target_limit)
-        return Gathered(src, src_lengths, tgt, tgt_lengths, index)
-
-    def _served(self, lengths: np.ndarray, limit: int | None) -> np.ndarray:
-        lengths = lengths if self.rows is None else lengths[self.rows]
-        return lengths if limit is None else np.minimum(lengths, limit)
-
-    def source_lengths(self) -> np.ndarray:
-        """Ids per served source (eos included), after any cut: (len(self),) int64."""
-        return self._served(self.split.src_lengths, self.source_limit)
-
-    def target_lengths(self) -> np.ndarray:
-        """Ids per served target, after any cut: (len(self),) int64."""
-        return self._served(self.split.tgt_lengths, self.target_limit)
-
-    def lengths(self) -> np.ndarray:
-        """Tokens per example as `TokenBatchSampler` counts them: max(source, target + 1)."""
-        return np.maximum(self.source_lengths(), self.target_lengths() + 1)
-
-    def keep(self, mask: np.ndarray) -> None:
-        """Serve only the examples where `mask` ((len(self),) bool) is True.
-
-        The served indices are int32 below 2^31 examples: 4 bytes per example in every rank and worker
-        process instead of 8."""
-        if self.rows is None:
-            rows = np.flatnonzero(mask)
-            self.rows = rows.astype(np.int32) if len(self.split) < 2**31 else rows
-        else:
-            self.rows = self.rows[mask]
-
-    def cut(self, source_limit: int, target_limit: int | None = None) -> np.ndarray:
-        """Cut sources to `source_limit` ids with `cut_source` (keeping eos) and with `target_limit`
-        targets to that many ids; returns which examples ((len(self),) bool) this cut shortens."""
-        cut = self.source_lengths() > source_limit
-        self.source_limit = min(
-            source_limit, source_limit if self.source_limit is None else self.source_limit
-        )
-        if target_limit is not None:
-            cut |= self.target_lengths() > target_limit
-            self.target_limit = min(
-                target_limit, target_limit if self.target_limit is None else self.target_limit
-            )
-        return cut
 
 
 class ParallelDataModule(L.LightningDataModule):
@@ -170,6 +67,8 @@ class ParallelDataModule(L.LightningDataModule):
         self.bucket = bucket
         self.pad_id, self.bos_id, self.eos_id, self.unk_id = (SPECIAL_IDS[k] for k in SPECIAL_IDS)
         self.collate = Collator(pad_id=self.pad_id, bos_id=self.bos_id, eos_id=self.eos_id)
+        # Started now (with workers), so that the fork server's imports overlap preparing data and model.
+        self.worker_context = worker_context() if num_workers > 0 else None
         self.src_vocab_size = self.tgt_vocab_size = 0
         self.splits: dict[str, Examples] = {}
         self.test_sets: list[str] = ["test"]
@@ -199,6 +98,8 @@ class ParallelDataModule(L.LightningDataModule):
             collate_fn=self.collate,
             num_workers=self.num_workers,
             persistent_workers=self.num_workers > 0,
+            multiprocessing_context=self.worker_context,
+            worker_init_fn=functools.partial(end_with, os.getpid()) if self.num_workers > 0 else None,
             # Worker seeds come from this generator, not the global one: starting an epoch's workers
             # never shifts the dropout stream, so a resumed run draws exactly what the original drew.
             generator=torch.Generator().manual_seed(self.seed),

@@ -186,7 +186,10 @@ def _train_and_evaluate(plan: RunPlan, manifest: Manifest | None) -> dict[str, f
     mode = plan.cfg.get("allocator", "keep")
     _record(manifest, allocator={"mode": mode, "glibc_options_set": configure_allocator(mode)})
     if plan.cfg.get("seed") is not None:
-        L.seed_everything(plan.cfg.seed, workers=True)
+        # Not `workers=True`: a DataLoader worker draws no random numbers (the sampler forms batches in this
+        # process; a worker reads and pads them), and its `worker_init_fn` is `attnlab.data.examples.end_with`
+        # (Lightning's seeding function in its place would make every worker import Lightning).
+        L.seed_everything(plan.cfg.seed, workers=False)
     datamodule = build_data(plan)
     _record(manifest, data=data_identity(datamodule))  # before the checks: a refused run names its data
     module = build_module(plan, fit_model_to_data(plan, datamodule))
