@@ -6,20 +6,25 @@ import dataclasses
 import itertools
 import multiprocessing
 import os
+import pickle
 import random
 import re
 import threading
 import time
 from collections import Counter
+from multiprocessing.reduction import ForkingPickler
 from pathlib import Path
 from typing import Any
 
+import numpy as np
 import pytest
 import torch
 from torch import Tensor
 
 from attnlab.data.batching import Collator, pad, restore_order
 from attnlab.data.datamodule import SyntheticDataModule
+from attnlab.data.examples import Examples
+from attnlab.data.prepare import EncodedSplit
 from attnlab.data.synthetic import SyntheticData
 from attnlab.data.tokenizer import SPECIAL_IDS
 
@@ -262,6 +267,9 @@ def test_loader_workers_start_from_the_fork_server_and_serve_the_batches_of_a_lo
     data = SyntheticData(n_train=100, n_val=20, n_test=20, batch_size=8)
     plain, with_worker = data.datamodule(), dataclasses.replace(data, num_workers=1).datamodule()
     assert plain.worker_context is None
+    for dm in (plain, with_worker):  # kept examples' indices go to the worker (`Examples.__getstate__`)
+        dm.setup()
+        dm.splits["train"].keep(np.arange(100) % 3 != 0)
     busy = threading.Thread(target=time.sleep, args=(2,), daemon=True)  # as a run's process has
     busy.start()
     for make in ("train_dataloader", "val_dataloader"):
@@ -277,6 +285,21 @@ def test_loader_workers_start_from_the_fork_server_and_serve_the_batches_of_a_lo
         listed = [{k: v.tolist() for k, v in batch.items()} for batch in (first, *batches)]
         assert listed == [{k: v.tolist() for k, v in batch.items()} for batch in getattr(plain, make)()]
         assert rows(loader) == rows(getattr(plain, make)())  # a second epoch too (persistent workers)
+
+
+def test_kept_examples_indices_reach_a_worker_through_shared_memory_not_as_a_copy() -> None:
+    """`ForkingPickler`, which sends a dataset to its DataLoader workers, carries the served indices (4
+    bytes an example) as a handle to shared memory: every worker maps one copy. A plain pickle holds them."""
+    split = EncodedSplit.from_pairs([([5, 2], [6])] * 200_000, vocab_size=10)
+    examples = Examples(split, eos_id=EOS)
+    examples.keep(np.arange(200_000) % 4 != 0)
+    expected = examples[:50]
+    forked, plain = ForkingPickler.dumps(examples), pickle.dumps(examples)
+    assert len(plain) - len(forked) >= examples.rows.nbytes == 600_000  # 150,000 int32 indices
+    for data in (forked, plain):
+        again = pickle.loads(data)
+        assert len(again) == 150_000 and again[:50] == expected and again[-1] == examples[-1]
+    assert examples[:50] == expected  # this process now reads the shared copy
 
 
 @pytest.mark.parametrize("split", ["val", "test"])

@@ -13,9 +13,10 @@ import select
 import threading
 import time
 from multiprocessing import forkserver
-from typing import TYPE_CHECKING, overload
+from typing import TYPE_CHECKING, Any, overload
 
 import numpy as np
+import torch
 from torch.utils.data import Dataset
 
 from attnlab.data.batching import Gathered, cut_source
@@ -44,6 +45,7 @@ class Examples(Dataset):
     def __init__(self, split: EncodedSplit, eos_id: int) -> None:
         self.split, self.eos_id = split, eos_id
         self.rows: np.ndarray | None = None  # the example indices served (None: all of them)
+        self._shared: torch.Tensor | None = None  # `rows` in shared memory, once pickled (`__getstate__`)
         self.source_limit: int | None = None  # sources cut to this many ids, keeping eos
         self.target_limit: int | None = None  # targets cut to this many ids
 
@@ -107,13 +109,33 @@ class Examples(Dataset):
     def keep(self, mask: np.ndarray) -> None:
         """Serve only the examples where `mask` ((len(self),) bool) is True.
 
-        The served indices are int32 below 2^31 examples: 4 bytes per example in every rank and worker
-        process instead of 8."""
+        The served indices are int32 below 2^31 examples: 4 bytes per example in every rank (and once for
+        all of a rank's DataLoader workers, `__getstate__`) instead of 8."""
         if self.rows is None:
             rows = np.flatnonzero(mask)
             self.rows = rows.astype(np.int32) if len(self.split) < 2**31 else rows
         else:
             self.rows = self.rows[mask]
+        self._shared = None
+
+    def __getstate__(self) -> dict[str, Any]:
+        """What a DataLoader worker gets: the served indices as a tensor in shared memory, which torch's
+        `ForkingPickler` reduction sends as a handle (this process then reads them there too), so that
+        every worker maps the same pages instead of holding a copy; the split's arrays travel by file name
+        (`EncodedSplit.__getstate__`). A plain pickle holds the indices' values."""
+        state = dict(self.__dict__, _shared=None)
+        if self.rows is not None:
+            if self._shared is None:
+                self._shared = torch.from_numpy(self.rows).share_memory_()
+                self.rows = self._shared.numpy()
+            state["rows"] = self._shared
+        return state
+
+    def __setstate__(self, state: dict[str, Any]) -> None:
+        rows = state["rows"]
+        if isinstance(rows, torch.Tensor):
+            state = dict(state, rows=rows.numpy(), _shared=rows)
+        self.__dict__.update(state)
 
     def cut(self, source_limit: int, target_limit: int | None = None) -> np.ndarray:
         """Cut sources to `source_limit` ids with `cut_source` (keeping eos) and with `target_limit`
