@@ -6,6 +6,7 @@ Kept apart from `helpers` so that importing the helpers does not import lightnin
 from __future__ import annotations
 
 import dataclasses
+import multiprocessing
 import os
 import time
 from pathlib import Path
@@ -179,6 +180,20 @@ class RecordPid(L.Callback):
     def setup(self, trainer: L.Trainer, pl_module: L.LightningModule, stage: str) -> None:
         Path(self.dirpath).mkdir(parents=True, exist_ok=True)
         (Path(self.dirpath) / f"pid_rank{trainer.global_rank}").write_text(str(os.getpid()))
+
+
+class RecordWorkers(L.Callback):
+    """Write the ids of this process's DataLoader workers (its `multiprocessing` children) to
+    `<dirpath>/workers` at the first training batch's end."""
+
+    def __init__(self, dirpath: str) -> None:
+        self.dirpath, self.done = dirpath, False
+
+    def on_train_batch_end(self, *args: Any) -> None:
+        if not self.done:
+            pids = [str(p.pid) for p in multiprocessing.active_children()]
+            (Path(self.dirpath) / "workers").write_text(" ".join(pids))
+            self.done = True
 
 
 class RecordAutocast(L.Callback):

@@ -57,8 +57,9 @@ def attnlab_train(
 
 def run_all(command: list[str], timeout: float = 600, **kwargs: Any) -> subprocess.CompletedProcess:
     """`subprocess.run(command, capture_output=True, text=True)`, in a process group of its own: past
-    `timeout` every process of the run is killed (a DDP run's other ranks, DataLoader workers and their
-    fork server too), not only the first, and none is left holding the output pipes."""
+    `timeout` (or on an exception here, such as Ctrl-C) every process of the run is killed (a DDP run's
+    other ranks, DataLoader workers and their fork server too), not only the first, and none is left
+    holding the output pipes."""
     with subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
                           start_new_session=True, **kwargs) as process:  # fmt: skip
         try:
@@ -67,6 +68,9 @@ def run_all(command: list[str], timeout: float = 600, **kwargs: Any) -> subproce
             os.killpg(process.pid, signal.SIGKILL)
             stdout, stderr = process.communicate()
             raise subprocess.TimeoutExpired(command, timeout, stdout, stderr) from None
+        except BaseException:  # Ctrl-C included: its own session keeps the terminal's SIGINT from the run
+            os.killpg(process.pid, signal.SIGKILL)
+            raise
     return subprocess.CompletedProcess(command, process.returncode, stdout, stderr)
 
 
@@ -96,3 +100,12 @@ def assert_same_training(run_dir: Path, reference: Path) -> None:
     for metric in ("val/loss", "params/total"):  # each validation and the parameter count, logged once
         rows = logged_rows(reference, metric)
         assert rows and logged_rows(run_dir, metric) == rows, (metric, rows, logged_rows(run_dir, metric))
+
+
+def running(pid: int) -> bool:
+    """Whether process `pid` exists and is not a zombie (dead, waiting to be reaped)."""
+    try:
+        status = Path(f"/proc/{pid}/status").read_text()
+    except OSError:
+        return False
+    return "\nState:\tZ" not in status

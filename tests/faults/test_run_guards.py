@@ -26,7 +26,7 @@ from attnlab.runs.layout import RUN_LOCK
 from attnlab.training.pipeline import train
 from attnlab.typed import ConfigError
 from helpers import compose_app, compose_train
-from runs import RUN, TESTS
+from runs import RUN, TESTS, running
 
 WORDS = ["ein", "mann", "frau", "hund", "katze", "spielt", "läuft", "im", "park", "mit", "ball", "und"]
 
@@ -261,7 +261,9 @@ def test_resuming_a_killed_run_takes_over_its_stale_lock_and_its_worker_processe
     long as any process has its descriptor), and resume=true right after the kill takes the lock over."""
     run_dir = tmp_path / "run"
     worker = [*SYNTHETIC, "data.num_workers=1"]
-    kill = ["+callbacks.kill._target_=probes.SignalAt", "+callbacks.kill.step=2", "+callbacks.kill.signum=9"]
+    kill = ["+callbacks.kill._target_=probes.SignalAt", "+callbacks.kill.step=2", "+callbacks.kill.signum=9",
+            "+callbacks.workers._target_=probes.RecordWorkers",
+            f"+callbacks.workers.dirpath={tmp_path}"]  # fmt: skip
     command = [sys.executable, "-m", "attnlab.cli.train", *worker, f"hydra.run.dir={run_dir}", *kill]
     env = {**os.environ, "PYTHONPATH": str(TESTS), "RUN_OF": str(run_dir)}  # `processes_of` finds them
     with open(tmp_path / "killed.log", "w") as log:  # not a pipe, which the worker would hold open
@@ -273,6 +275,8 @@ def test_resuming_a_killed_run_takes_over_its_stale_lock_and_its_worker_processe
     while (left := processes_of(run_dir)) and time.monotonic() < deadline:
         time.sleep(0.1)
     assert left == [], f"processes of the killed run still running: {left}"
+    workers = [int(pid) for pid in (tmp_path / "workers").read_text().split()]
+    assert len(workers) == 2 and not [pid for pid in workers if running(pid)]  # train's and val's
     pid, host = (run_dir / RUN_LOCK).read_text().split()  # left behind by the dead process
     assert (int(pid), host) != (os.getpid(), socket.gethostname())
     train(compose_train([*worker, "resume=true", *while_running(run_dir)], run_dir))

@@ -20,7 +20,7 @@ from typing import Any
 import pytest
 import torch
 
-from runs import RUN, assert_same_training, attnlab_train, final, logged_rows
+from runs import RUN, assert_same_training, attnlab_train, final, logged_rows, running
 
 
 def test_a_run_killed_with_sigkill_resumes_to_the_same_weights(
@@ -149,15 +149,6 @@ def test_resume_errors_name_the_fix(tmp_path: Path, resume_reference: Path) -> N
     assert (resume_reference / "config.yaml").read_bytes() == before  # nothing of the run was touched
 
 
-def _running(pid: int) -> bool:
-    """Whether process `pid` exists and is not a zombie (dead, waiting to be reaped)."""
-    try:
-        status = Path(f"/proc/{pid}/status").read_text()
-    except OSError:
-        return False
-    return "\nState:\tZ" not in status
-
-
 @pytest.fixture(scope="module")
 def ddp_resumption(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Any]:
     """Two-process runs (`trainer=ddp_cpu`, gloo) of `runs.RUN`: an uninterrupted one, and one whose rank 0
@@ -175,12 +166,12 @@ def ddp_resumption(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Any]:
     killed = attnlab_train(run_dir, *ddp, *kill, env=env)
     pids = [int((run_dir / f"pid_rank{rank}").read_text()) for rank in (0, 1)]
     deadline = time.monotonic() + 60
-    while (running := [pid for pid in pids if _running(pid)]) and time.monotonic() < deadline:
+    while (alive := [pid for pid in pids if running(pid)]) and time.monotonic() < deadline:
         time.sleep(0.2)
     manifest = json.loads((run_dir / "manifest.json").read_text())
     saved = torch.load(run_dir / "checkpoints" / "last.ckpt", weights_only=True)["global_step"]
     resumed = attnlab_train(run_dir, *ddp, "resume=auto", env=env)
-    return {"reference": reference, "run": run_dir, "killed": killed, "pids": pids, "running": running,
+    return {"reference": reference, "run": run_dir, "killed": killed, "pids": pids, "running": alive,
             "killed_manifest": manifest, "saved_step": saved, "resumed": resumed}  # fmt: skip
 
 

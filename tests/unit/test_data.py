@@ -12,6 +12,7 @@ import re
 import threading
 import time
 from collections import Counter
+from copy import deepcopy
 from multiprocessing.reduction import ForkingPickler
 from pathlib import Path
 from typing import Any
@@ -23,7 +24,7 @@ from torch import Tensor
 
 from attnlab.data.batching import Collator, pad, restore_order
 from attnlab.data.datamodule import SyntheticDataModule
-from attnlab.data.examples import Examples
+from attnlab.data.examples import Examples, worker_context
 from attnlab.data.prepare import EncodedSplit
 from attnlab.data.synthetic import SyntheticData
 from attnlab.data.tokenizer import SPECIAL_IDS
@@ -263,11 +264,12 @@ def test_train_order_depends_only_on_the_seed() -> None:
 def test_loader_workers_start_from_the_fork_server_and_serve_the_batches_of_a_loader_without_them() -> None:
     """A run's process has threads when its loaders start workers (queue feeder threads, gloo's): a
     worker forked from it inherits any lock one of them held, and one was seen to hang that way. Workers
-    are forked from the single-threaded fork server instead, so none is this process's child."""
+    are forked from the fork server instead, a process without those threads, so none is this process's
+    child."""
     data = SyntheticData(n_train=100, n_val=20, n_test=20, batch_size=8)
     plain, with_worker = data.datamodule(), dataclasses.replace(data, num_workers=1).datamodule()
-    assert plain.worker_context is None
-    for dm in (plain, with_worker):  # kept examples' indices go to the worker (`Examples.__getstate__`)
+    assert plain.train_dataloader().multiprocessing_context is None
+    for dm in (plain, with_worker):  # kept examples' indices go to the worker (`Examples.shared_rows`)
         dm.setup()
         dm.splits["train"].keep(np.arange(100) % 3 != 0)
     busy = threading.Thread(target=time.sleep, args=(2,), daemon=True)  # as a run's process has
@@ -289,17 +291,43 @@ def test_loader_workers_start_from_the_fork_server_and_serve_the_batches_of_a_lo
 
 def test_kept_examples_indices_reach_a_worker_through_shared_memory_not_as_a_copy() -> None:
     """`ForkingPickler`, which sends a dataset to its DataLoader workers, carries the served indices (4
-    bytes an example) as a handle to shared memory: every worker maps one copy. A plain pickle holds them."""
+    bytes an example) as a handle to shared memory: every worker maps one copy, which this process then
+    reads too. A plain pickle or a deepcopy holds the values and moves nothing into shared memory, and a
+    copy so made shares again safely."""
     split = EncodedSplit.from_pairs([([5, 2], [6])] * 200_000, vocab_size=10)
     examples = Examples(split, eos_id=EOS)
     examples.keep(np.arange(200_000) % 4 != 0)
     expected = examples[:50]
-    forked, plain = ForkingPickler.dumps(examples), pickle.dumps(examples)
-    assert len(plain) - len(forked) >= examples.rows.nbytes == 600_000  # 150,000 int32 indices
+    plain = pickle.dumps(examples)
+    assert examples._shared is None  # a plain pickle changed nothing
+    forked = ForkingPickler.dumps(examples)
+    assert examples.rows.nbytes == 600_000  # 150,000 int32 indices, which the handle replaces (< 1 KB)
+    assert len(forked) < len(plain) - 600_000 + 1_000
     for data in (forked, plain):
         again = pickle.loads(data)
         assert len(again) == 150_000 and again[:50] == expected and again[-1] == examples[-1]
-    assert examples[:50] == expected  # this process now reads the shared copy
+    assert examples[:50] == expected and examples._shared.is_shared()  # this process reads the shared copy
+    for copy in (pickle.loads(plain), deepcopy(examples)):  # each shares its own indices when sent on
+        ForkingPickler.dumps(copy)
+        filler = [np.full(150_000, -7, dtype=np.int32) for _ in range(20)]  # reuses any freed memory
+        assert copy[:50] == expected and copy[-1] == examples[-1] and len(filler) == 20
+
+
+def test_a_process_forked_after_the_fork_server_started_spawns_its_workers() -> None:
+    """The fork server belongs to the process that started it: a fork of that process (fork-based DDP after
+    an earlier run in the same process) spawns its workers instead of failing."""
+    assert worker_context().get_start_method() == "forkserver"  # started here, if it was not yet
+    read, write = os.pipe()
+    child = os.fork()
+    if child == 0:  # pragma: no cover (the child)
+        try:
+            os.write(write, worker_context().get_start_method().encode())
+        finally:
+            os._exit(0)
+    os.close(write)
+    os.waitpid(child, 0)
+    assert os.read(read, 100) == b"spawn"
+    os.close(read)
 
 
 @pytest.mark.parametrize("split", ["val", "test"])

@@ -67,8 +67,6 @@ class ParallelDataModule(L.LightningDataModule):
         self.bucket = bucket
         self.pad_id, self.bos_id, self.eos_id, self.unk_id = (SPECIAL_IDS[k] for k in SPECIAL_IDS)
         self.collate = Collator(pad_id=self.pad_id, bos_id=self.bos_id, eos_id=self.eos_id)
-        # Started now (with workers), so that the fork server's imports overlap preparing data and model.
-        self.worker_context = worker_context() if num_workers > 0 else None
         self.src_vocab_size = self.tgt_vocab_size = 0
         self.splits: dict[str, Examples] = {}
         self.test_sets: list[str] = ["test"]
@@ -98,7 +96,7 @@ class ParallelDataModule(L.LightningDataModule):
             collate_fn=self.collate,
             num_workers=self.num_workers,
             persistent_workers=self.num_workers > 0,
-            multiprocessing_context=self.worker_context,
+            multiprocessing_context=worker_context() if self.num_workers > 0 else None,
             worker_init_fn=functools.partial(end_with, os.getpid()) if self.num_workers > 0 else None,
             # Worker seeds come from this generator, not the global one: starting an epoch's workers
             # never shifts the dropout stream, so a resumed run draws exactly what the original drew.

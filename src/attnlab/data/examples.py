@@ -10,9 +10,11 @@ from __future__ import annotations
 import multiprocessing
 import os
 import select
+import sys
 import threading
 import time
 from multiprocessing import forkserver
+from multiprocessing.reduction import ForkingPickler
 from typing import TYPE_CHECKING, Any, overload
 
 import numpy as np
@@ -110,7 +112,7 @@ class Examples(Dataset):
         """Serve only the examples where `mask` ((len(self),) bool) is True.
 
         The served indices are int32 below 2^31 examples: 4 bytes per example in every rank (and once for
-        all of a rank's DataLoader workers, `__getstate__`) instead of 8."""
+        all of a rank's DataLoader workers, `shared_rows`) instead of 8."""
         if self.rows is None:
             rows = np.flatnonzero(mask)
             self.rows = rows.astype(np.int32) if len(self.split) < 2**31 else rows
@@ -119,23 +121,15 @@ class Examples(Dataset):
         self._shared = None
 
     def __getstate__(self) -> dict[str, Any]:
-        """What a DataLoader worker gets: the served indices as a tensor in shared memory, which torch's
-        `ForkingPickler` reduction sends as a handle (this process then reads them there too), so that
-        every worker maps the same pages instead of holding a copy; the split's arrays travel by file name
-        (`EncodedSplit.__getstate__`). A plain pickle holds the indices' values."""
-        state = dict(self.__dict__, _shared=None)
-        if self.rows is not None:
-            if self._shared is None:
-                self._shared = torch.from_numpy(self.rows).share_memory_()
-                self.rows = self._shared.numpy()
-            state["rows"] = self._shared
-        return state
+        return dict(self.__dict__, _shared=None)  # a plain pickle or deepcopy: the indices' values
 
-    def __setstate__(self, state: dict[str, Any]) -> None:
-        rows = state["rows"]
-        if isinstance(rows, torch.Tensor):
-            state = dict(state, rows=rows.numpy(), _shared=rows)
-        self.__dict__.update(state)
+    def shared_rows(self) -> torch.Tensor:
+        """The served indices as a tensor in shared memory (made once, until `keep` changes them), which
+        this process then reads too: what a DataLoader worker gets (`_reduce_for_worker`)."""
+        if self._shared is None:
+            self._shared = torch.from_numpy(self.rows).share_memory_()  # a copy: `rows` keeps its own memory
+            self.rows = self._shared.numpy()
+        return self._shared
 
     def cut(self, source_limit: int, target_limit: int | None = None) -> np.ndarray:
         """Cut sources to `source_limit` ids with `cut_source` (keeping eos) and with `target_limit`
@@ -154,23 +148,31 @@ class Examples(Dataset):
 
 def worker_context() -> multiprocessing.context.BaseContext | None:
     """How DataLoader workers start: forked from a fork server where the platform has one (Linux, macOS),
-    the platform's default elsewhere (spawn on Windows).
+    the platform's default elsewhere (spawn on Windows). Called by each loader, in the process that
+    iterates it; the server starts with the first.
 
     Not `fork` from the run's process: by the time a loader starts its workers that process has threads
     (the queue feeder thread of every loader already started: Lightning starts the training loader's
     workers when it counts the epoch's batches, before validation's; gloo's threads under DDP), and a
     forked copy inherits whatever lock one of them held at that instant. A DDP run's worker was seen to
-    hang that way before its first batch. The fork server is a single-threaded process started once per
-    process from a fresh interpreter; it imports the main module and this one, so a worker forked from
-    it starts without importing torch again. Its cost, as with `spawn`: a script that starts a run
-    with `num_workers > 0` needs the usual `if __name__ == "__main__":` guard. Memory-mapped splits
-    travel to workers as file names (`EncodedSplit.__getstate__`), so nothing large is copied."""
+    hang that way before its first batch. The fork server is a process of its own, started once per
+    process from a fresh interpreter, which has none of the run's threads; it imports this module and
+    the main module when that was run by name (`python -m`), so a worker forked from it starts without
+    importing torch again. As with `spawn`, each worker then runs the main module's top level as
+    `__mp_main__`: a script that starts a run with `num_workers > 0` needs the usual
+    `if __name__ == "__main__":` guard. A process forked from one that started a fork server (fork-based
+    DDP after an earlier run in the same process) cannot use that server: its workers are spawned.
+    Memory-mapped splits travel to workers as file names (`EncodedSplit.__getstate__`) and kept indices
+    through shared memory (`Examples.shared_rows`), so nothing large is copied."""
     if "forkserver" not in multiprocessing.get_all_start_methods():
         return None
-    context = multiprocessing.get_context("forkserver")
-    context.set_forkserver_preload(["__main__", __name__])  # no effect once the server runs
-    forkserver.ensure_running()  # returns at once: the server imports while the run goes on
-    return context
+    main = getattr(sys.modules["__main__"], "__spec__", None)
+    forkserver.set_forkserver_preload([__name__, *([main.name] if main is not None else [])])
+    try:
+        forkserver.ensure_running()
+    except ChildProcessError:  # the server is this process's parent's
+        return multiprocessing.get_context("spawn")
+    return multiprocessing.get_context("forkserver")
 
 
 def end_with(pid: int, worker_id: int) -> None:
@@ -191,7 +193,9 @@ def _exit_after(pid: int) -> None:
         while _running(pid):
             time.sleep(1.0)
     else:
-        select.select([handle], [], [])  # readable once `pid` has ended
+        readable = select.poll()
+        readable.register(handle, select.POLLIN)
+        readable.poll()  # readable once `pid` has ended
     os._exit(0)
 
 
@@ -203,3 +207,25 @@ def _running(pid: int) -> bool:
     except PermissionError:  # it exists, owned by another user
         return True
     return True
+
+
+def _reduce_for_worker(examples: Examples) -> tuple[Any, tuple[dict[str, Any]]]:
+    """How `ForkingPickler`, which sends a dataset to its DataLoader workers, pickles `Examples`: the
+    kept indices as a tensor in shared memory, which torch's reduction sends as a handle, so that every
+    worker maps one copy. Plain pickles and deepcopies hold the values (`Examples.__getstate__`)."""
+    state = examples.__getstate__()
+    if examples.rows is not None:
+        state["rows"] = examples.shared_rows()
+    return _rebuild, (state,)
+
+
+def _rebuild(state: dict[str, Any]) -> Examples:
+    examples = Examples.__new__(Examples)
+    rows = state["rows"]
+    if isinstance(rows, torch.Tensor):
+        state = dict(state, rows=rows.numpy(), _shared=rows)
+    examples.__dict__.update(state)
+    return examples
+
+
+ForkingPickler.register(Examples, _reduce_for_worker)
