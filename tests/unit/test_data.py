@@ -9,6 +9,7 @@ import os
 import pickle
 import random
 import re
+import signal
 import threading
 import time
 from collections import Counter
@@ -325,7 +326,13 @@ def test_a_process_forked_after_the_fork_server_started_spawns_its_workers() -> 
         finally:
             os._exit(0)
     os.close(write)
-    os.waitpid(child, 0)
+    deadline = time.monotonic() + 60  # a fork of this threaded process could hang: never wait for good
+    while os.waitpid(child, os.WNOHANG) == (0, 0):
+        if time.monotonic() > deadline:
+            os.kill(child, signal.SIGKILL)
+            os.waitpid(child, 0)
+            pytest.fail("the forked child did not end within 60 s")
+        time.sleep(0.02)
     assert os.read(read, 100) == b"spawn"
     os.close(read)
 
