@@ -10,7 +10,6 @@ import pickle
 import random
 import re
 import signal
-import threading
 import time
 from collections import Counter
 from copy import deepcopy
@@ -273,8 +272,6 @@ def test_loader_workers_start_from_the_fork_server_and_serve_the_batches_of_a_lo
     for dm in (plain, with_worker):  # kept examples' indices go to the worker (`Examples.shared_rows`)
         dm.setup()
         dm.splits["train"].keep(np.arange(100) % 3 != 0)
-    busy = threading.Thread(target=time.sleep, args=(2,), daemon=True)  # as a run's process has
-    busy.start()
     for make in ("train_dataloader", "val_dataloader"):
         loader = getattr(with_worker, make)()
         assert loader.multiprocessing_context.get_start_method() == "forkserver"

@@ -182,7 +182,9 @@ def end_with(pid: int, worker_id: int) -> None:
     torch's workers end when their parent process does, and a worker forked by the fork server
     (`worker_context`) has the server as its parent, which in turn waits for its workers: with the run's
     process killed (SIGKILL, the OOM killer) both lived on, holding the run's output pipes. A daemon thread
-    waits for `pid` (a pidfd on Linux 5.3+, else polled every second) and ends the worker."""
+    waits for `pid` and ends the worker. On Linux 5.3+ it waits on a pidfd, which wakes when `pid` ends even
+    before its parent reaps it. Elsewhere it polls every second, and there an ended but unreaped `pid` (a
+    zombie) still counts as running: the worker ends once the run's parent has reaped it."""
     threading.Thread(target=_exit_after, args=(pid,), name=f"end-with-{pid}", daemon=True).start()
 
 
@@ -205,7 +207,7 @@ def _running(pid: int) -> bool:
     except ProcessLookupError:
         return False
     except PermissionError:  # it exists, owned by another user
-        return True
+        pass
     return True
 
 
