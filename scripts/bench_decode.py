@@ -3,7 +3,7 @@
 Usage:
     python scripts/bench_decode.py --root ../shared/data/multi30k [--ckpt RUN_DIR_OR_CKPT]
         [--batch-sizes 1 16 64] [--sweep-sentences 200] [--threads 2] [--device cpu] [--marian]
-        [--ctranslate2] [--sentences N] [--quick]
+        [--ctranslate2] [--sentences N] [--quick] [--allocator keep|system]
 
 Without `--ckpt` the model is a randomly initialised `model=small` with the Multi30k tokenizer (its
 outputs run to the length limit: a worst case); with a trained checkpoint the outputs have natural
@@ -49,6 +49,11 @@ time, calls; oneDNN's products, which are no aten op, as `attnlab::onednn_sgemm`
 time no op accounts for: Python and dispatch), next to CTranslate2's float32 wall time on the same batches
 (its Python wheel has no op profiler) and that time over attnlab's matrix products
 (`attnlab.model.flops.MATMUL_OPS`: `mm`, `addmm`, `bmm`, `baddbmm`, and `attnlab::onednn_sgemm`) alone.
+
+The C heap: `--allocator keep` (the default) sets glibc's malloc as `attnlab-translate` and `attnlab-eval`
+do by default (`attnlab.training.allocator`: freed memory stays in the process instead of being faulted in
+again at the next decoding step), in this process and in each CTranslate2 worker, so for every engine
+compared alike (MarianMT runs in this process); `--allocator system` leaves glibc's own settings.
 """
 
 from __future__ import annotations
@@ -76,6 +81,7 @@ from attnlab.model import gemm
 from attnlab.model.config import TransformerConfig
 from attnlab.model.flops import MATMUL_OPS
 from attnlab.model.transformer import Transformer
+from attnlab.training.allocator import configure_allocator
 
 
 def load(args: argparse.Namespace) -> Translator:
@@ -155,7 +161,13 @@ def main() -> None:
     parser.add_argument("--memory-child", nargs=2, metavar=("INPUT", "BEAM"), help=argparse.SUPPRESS)
     parser.add_argument("--ct2-worker", type=Path, metavar="MODEL", help=argparse.SUPPRESS)
     parser.add_argument("--json", type=Path, help="also write the default mode's numbers to this JSON file")
+    parser.add_argument(
+        "--allocator", choices=["keep", "system"], default="keep",
+        help="glibc's malloc settings of this process and each CTranslate2 worker, so for every engine "
+        "alike: keep (what attnlab-translate and attnlab-eval set by default) or system (glibc's own)",
+    )  # fmt: skip
     args = parser.parse_args()
+    args.allocator_set = configure_allocator(args.allocator)  # whether glibc's options are in force
     if args.profile and not args.ctranslate2:
         parser.error("--profile profiles attnlab beside CTranslate2: give --ctranslate2 too")
     torch.set_num_threads(args.threads)
@@ -236,7 +248,7 @@ def translate_in_this_process(args: argparse.Namespace) -> None:
 
     source, beam = args.memory_child
     translate_main([f"ckpt_path={args.ckpt}", f"input={source}", "output=/dev/null", f"decode.beam={beam}",
-                    "chunk_lines=256", "device=cpu"])  # fmt: skip
+                    "chunk_lines=256", "device=cpu", f"allocator={args.allocator}"])  # fmt: skip
     print(f"peak_rss_mb {resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024:.0f}")
 
 
@@ -255,7 +267,8 @@ def streaming_memory(args: argparse.Namespace) -> None:
                 f.flush()
                 started = time.perf_counter()
                 command = [sys.executable, __file__, "--root", str(args.root), "--ckpt", args.ckpt,
-                           "--threads", str(args.threads), "--memory-child", f.name, str(beam)]  # fmt: skip
+                           "--threads", str(args.threads), "--allocator", args.allocator,
+                           "--memory-child", f.name, str(beam)]  # fmt: skip
                 done = subprocess.run(command, capture_output=True, text=True, check=True)
                 seconds = time.perf_counter() - started
             peak = done.stdout.split("peak_rss_mb")[-1].strip()
@@ -415,7 +428,8 @@ def ct2_decode(engine, ids: list[list[int]], beam: int, batch_size: int):
 
 
 def serve_ctranslate2(args: argparse.Namespace) -> None:
-    """(--ct2-worker child) Load one CTranslate2 model, write its backends as a JSON line, then answer each
+    """(--ct2-worker child) Load one CTranslate2 model, write its backends (and whether `--allocator keep`'s
+    options are in force here) as a JSON line, then answer each
     JSON request line on stdin ({"ids", "beam", "batch_size"}) with a JSON line {"seconds", "outputs"} of
     `ct2_decode`, timed here."""
     import sys
@@ -423,7 +437,7 @@ def serve_ctranslate2(args: argparse.Namespace) -> None:
     from attnlab.interop.ct2 import CT2Translator
 
     engine, backends = ct2_gemm_backends(lambda: CT2Translator(args.ct2_worker, intra_threads=args.threads))
-    print(json.dumps({"backends": backends}), flush=True)
+    print(json.dumps({"backends": backends, "allocator_set": args.allocator_set}), flush=True)
     for line in sys.stdin:
         request = json.loads(line)
         seconds, outputs = ct2_decode(engine, request["ids"], request["beam"], request["batch_size"])
@@ -441,15 +455,16 @@ class CT2Process:
     after deleting it), so each model has its own. Requests alternate with attnlab's runs, never overlap
     them; the seconds are measured in the worker, around `ct2_decode` only."""
 
-    def __init__(self, path: Path, threads: int, root: Path) -> None:
+    def __init__(self, path: Path, threads: int, root: Path, allocator: str) -> None:
         import subprocess
         import sys
 
         command = [sys.executable, __file__, "--root", str(root), "--threads", str(threads),
-                   "--ct2-worker", str(path)]  # fmt: skip
+                   "--allocator", allocator, "--ct2-worker", str(path)]  # fmt: skip
         self.process = subprocess.Popen(command, stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
         try:
-            self.backends = self._answer()["backends"]
+            loaded = self._answer()
+            self.backends, self.allocator_set = loaded["backends"], loaded["allocator_set"]
         except BaseException:
             self._end(failed=True)
             raise
@@ -598,14 +613,17 @@ def compare_with_ctranslate2(translator: Translator, args: argparse.Namespace) -
         paths = {weights: export(translator, "ctranslate2", Path(tmp) / weights, quantization)
                  for weights, quantization in (("float32", "none"), ("int8", "int8"))}  # fmt: skip
         with contextlib.ExitStack() as stack:
-            ct2 = {
-                w: stack.enter_context(CT2Process(path, args.threads, args.root)) for w, path in paths.items()
-            }
+            ct2 = {w: stack.enter_context(CT2Process(path, args.threads, args.root, args.allocator))
+                   for w, path in paths.items()}  # fmt: skip
             differing = ct2_table(model, ct2, ids, args)
             print("\nspeed-up: attnlab's seconds / CTranslate2's (above 1: CTranslate2 is faster)")
             backends = "; ".join(f"{w}: {process.backends}" for w, process in ct2.items())
             print(f"CTranslate2's matrix products (its log): {backends}; attnlab's: {attnlab_products()} "
                   "(CTranslate2 takes MKL on Intel CPUs or with CT2_USE_MKL=1, else oneDNN)")  # fmt: skip
+            said = {True: "yes", False: "no"}
+            workers = ", ".join(f"{w} worker {said[process.allocator_set]}" for w, process in ct2.items())
+            print(f"C heap: --allocator {args.allocator}; glibc's malloc options in force: attnlab's process "
+                  f"{said[args.allocator_set]}, {workers}")  # fmt: skip
             if args.profile:
                 for beam in (1, 5):
                     profile_against_ctranslate2(model, ct2["float32"], ids, beam, args.repeats)

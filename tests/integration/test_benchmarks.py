@@ -230,12 +230,14 @@ def test_bench_decode_compares_with_ctranslate2_float32_and_int8(
 ) -> None:
     """--ctranslate2 on the seeded random model=small (outputs run to the 60-token limit, so the limit means
     the same on both sides): every float32 output identical (the script exits naming the settings where
-    one is not), int8 reported beside it; the harness, not the speed."""
+    one is not), int8 reported beside it; the harness, not the speed. `--allocator system` reaches each
+    CTranslate2 worker, a fresh process: glibc's options are not set there (the default, keep, would set
+    them; this process may hold them from an earlier test, which glibc cannot undo)."""
     pytest.importorskip("ctranslate2", reason="CTranslate2 needs the [export] extra")
     import sys
 
     argv = ["bench_decode.py", "--root", str(shared_data / "multi30k"), "--ctranslate2", "--quick",
-            "--threads", "1", "--profile"]  # fmt: skip
+            "--threads", "1", "--profile", "--allocator", "system"]  # fmt: skip
     monkeypatch.setattr(sys, "argv", argv)
     load("bench_decode").main()
     out = capsys.readouterr().out
@@ -257,6 +259,8 @@ def test_bench_decode_compares_with_ctranslate2_float32_and_int8(
     )
     products = gemm.backend() if gemm.available() else "PyTorch's MKL"
     assert f"; attnlab's: {products} (" in out
+    heap = r"C heap: --allocator system; glibc's malloc options in force: attnlab's process (yes|no), "
+    assert re.search(heap + r"float32 worker no, int8 worker no\n", out)
     # --profile: per search, attnlab's op table, whose shares (with the time outside ops) add up to the wall
     profiles = out.split("\n\ngreedy, batch 64")[1].split("\n\nbeam 5, batch 64")
     assert len(profiles) == 2 and all("CTranslate2 float32" in p for p in profiles)
@@ -275,7 +279,7 @@ def test_bench_decode_says_when_its_ctranslate2_process_cannot_decode(tmp_path: 
     pytest.importorskip("ctranslate2", reason="CTranslate2 needs the [export] extra")
     bench = load("bench_decode")
     with pytest.raises(RuntimeError, match=r"the CTranslate2 worker exited with status [1-9]"):
-        bench.CT2Process(tmp_path / "float32", 1, tmp_path)
+        bench.CT2Process(tmp_path / "float32", 1, tmp_path, "keep")
 
 
 def test_bench_decode_reads_ctranslate2s_gemm_backends_from_its_log(

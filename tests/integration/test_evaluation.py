@@ -24,7 +24,7 @@ from attnlab.runs.checkpoint import CheckpointError, kept_checkpoints, read_chec
 from attnlab.training.experiment import validate
 from attnlab.training.module import TranslationModule
 from attnlab.typed import ConfigError
-from helpers import compose_eval, lines
+from helpers import HAS_MALLINFO2, HEAP_PROBE, compose_eval, heap_kept, lines
 
 
 @pytest.fixture(scope="module")
@@ -322,6 +322,30 @@ def test_attnlab_translate_at_a_terminal_answers_each_line_as_it_is_typed(text_r
     assert answers == expected and all(answers)
 
 
+@pytest.mark.skipif(not HAS_MALLINFO2, reason="glibc's malloc options and its mallinfo2 (glibc 2.33+)")
+def test_the_decoding_commands_keep_freed_memory_by_default(text_run: dict[str, Any], tmp_path: Path) -> None:
+    """`attnlab-translate` and `attnlab-eval` set `allocator=keep` unless told otherwise, as `attnlab-train`
+    does: after each, in a process of its own, blocks the size of a step's tensors come from the heap,
+    which keeps them when they are freed (glibc's own settings map and unmap each one)."""
+    (tmp_path / "in.de").write_text("\n".join(lines(text_run["corpus"] / "test2.de")) + "\n", "utf-8")
+    argv = [f"ckpt_path={text_run['dir']}", f"input={tmp_path / 'in.de'}", f"output={tmp_path / 'out.en'}"]
+    overrides = [f"ckpt_path={text_run['dir']}", "sets=[test2]", "device=cpu"]
+    scripts = {
+        "attnlab-translate": f"from attnlab.cli.translate import main\nmain({argv!r})\n",
+        "attnlab-eval": "from pathlib import Path\nfrom helpers import compose_eval\n"
+        "from attnlab.cli.eval import evaluate_checkpoint\n"
+        f"evaluate_checkpoint(compose_eval({overrides!r}, Path({str(tmp_path / 'eval')!r})))\n",
+    }
+    env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONPATH": str(Path(__file__).parents[1])}
+    for command, script in scripts.items():
+        done = subprocess.run([sys.executable, "-c", script + HEAP_PROBE], capture_output=True, text=True,
+                              env=env, timeout=180, check=False)  # fmt: skip
+        assert done.returncode == 0, done.stderr
+        mapped, heap_held, heap_freed = map(int, done.stdout.split()[-3:])
+        assert heap_kept(mapped, heap_held, heap_freed), (command, mapped, heap_held, heap_freed)
+    assert lines(tmp_path / "out.en") == lines(tmp_path / "eval" / "hypotheses" / "test2.txt")
+
+
 def test_bad_checkpoints_get_clear_errors(text_run: dict[str, Any], tmp_path: Path) -> None:
     damaged = tmp_path / "damaged.ckpt"
     damaged.write_bytes((text_run["dir"] / "checkpoints" / "last.ckpt").read_bytes()[:5000])
@@ -343,6 +367,13 @@ def test_bad_checkpoints_get_clear_errors(text_run: dict[str, Any], tmp_path: Pa
         )
     with pytest.raises(SystemExit, match="not key=value"):
         translate_main(["ckpt_path", "x"])
+    unknown = r"allocator='tcmalloc' is not an allocator setting: use keep .* or system"
+    with pytest.raises(SystemExit, match=unknown):
+        translate_main([f"ckpt_path={text_run['dir']}", "allocator=tcmalloc"])
+    with pytest.raises(ConfigError, match=unknown):
+        evaluate_checkpoint(
+            compose_eval([f"ckpt_path={text_run['dir']}", "allocator=tcmalloc"], tmp_path / "e")
+        )
     with pytest.raises(SystemExit, match="beam_size"):
         translate_main([f"ckpt_path={text_run['dir']}", "decode.beam_size=3"])
     assert [p.name for p in kept_checkpoints(text_run["dir"])] == ["epoch028.ckpt", "epoch029.ckpt"]

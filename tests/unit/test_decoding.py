@@ -58,6 +58,18 @@ class StopsAtOnce(Transformer):
         return logits
 
 
+class TiedBest(Transformer):
+    """A real Transformer whose logits are replaced by a row where ids 9 and 7 tie for the best score (eos
+    below them): greedy decoding must pick 7, the lower id, as `argmax` does."""
+
+    def decode(self, *args: Any, **kw: Any):
+        logits = super().decode(*args, **kw)
+        tied = torch.zeros_like(logits)
+        tied[..., [9, 7]] = 2.0
+        tied[..., EOS] = 1.0
+        return tied
+
+
 def build(cls: type[Transformer] = Transformer, seed: int = 0, **overrides: Any) -> Transformer:
     torch.manual_seed(seed)
     return cls(tiny_config(**overrides)).eval()
@@ -110,6 +122,11 @@ def test_greedy_equals_uncached_reference(cls: type[Transformer], overrides: dic
     expected = reference_greedy(model, src, 1.0, 4, start=BOS)
     assert torch.equal(out, expected)
     check_eos_then_pad(out)
+
+
+def test_a_tie_for_the_best_token_goes_to_the_lowest_id() -> None:
+    out = greedy_decode(build(TiedBest), source([4, 2]), max_len_a=0.0, max_len_b=3)
+    assert out.tolist() == [[7, 7, 7], [7, 7, 7]]
 
 
 def test_rows_stop_at_their_own_eos_and_pad_after() -> None:

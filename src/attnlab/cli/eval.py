@@ -18,6 +18,7 @@ from omegaconf import DictConfig, ListConfig, OmegaConf
 from attnlab.cli.app import config_dir, register_resolvers
 from attnlab.runs.layout import RunDir
 from attnlab.runs.results import decoding_summary, results_table
+from attnlab.training.allocator import configure_allocator
 from attnlab.training.experiment import build_node
 from attnlab.typed import ConfigError
 
@@ -47,6 +48,7 @@ def evaluate_checkpoint(cfg: DictConfig) -> dict[str, Any]:
     from attnlab.runs.checkpoint import CheckpointError, data_spec
 
     try:
+        configure_allocator(cfg.get("allocator", "keep"))
         ckpt_path = cfg.ckpt_path
         if OmegaConf.is_config(ckpt_path):  # a list of checkpoint files
             ckpt_path = OmegaConf.to_container(ckpt_path)

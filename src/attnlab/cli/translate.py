@@ -26,10 +26,16 @@ fairseq-generate's `S-i`/`H-i`/`D-i`/`P-i`/`A-i` lines (`decode.nbest_format=fai
 Usage (key=value arguments, like the other attnlab commands):
     attnlab-translate ckpt_path=<file.ckpt | run dir | [a,b,...] with ensemble=true> [input=-] [output=-]
                       [average_last=0] [ensemble=false]
-                      [device=auto] [chunk_lines=2048 (1 at a terminal)] [decode.beam=5 decode.alpha=0.6 ...]
+                      [device=auto] [chunk_lines=2048 (1 at a terminal)] [allocator=keep|system]
+                      [decode.beam=5 decode.alpha=0.6 ...]
                       [decode.max_source_tokens=N] [decode.sampling=true decode.beam=1 decode.topk=K
                       decode.topp=P decode.temperature=T decode.seed=S]
                       [decode.nbest=N] [decode.nbest_format=jsonl|fairseq] [decode.print_alignment=hard|soft]
+`allocator=keep` (the default, as for `attnlab-train`) sets glibc's malloc to keep freed memory in the
+process: a decoding step frees and reallocates its logits, candidates and cache buffers, which glibc's own
+settings may hand back to the system and fault in again, page by page (docs/benchmarks.md, "Decoding:
+attnlab vs CTranslate2"); `allocator=system` leaves glibc's settings (`attnlab.training.allocator`).
+
 Example:
     echo "Ein Mann fährt Fahrrad." | attnlab-translate ckpt_path=logs/train/runs/<run>
 """
@@ -50,6 +56,7 @@ from omegaconf.errors import OmegaConfBaseException
 
 from attnlab.decoding.settings import DECODE_TIME_KEYS
 from attnlab.io import atomic_writer, written_in_place
+from attnlab.training.allocator import configure_allocator
 
 if TYPE_CHECKING:
     from attnlab.inference.translator import Translator
@@ -62,6 +69,7 @@ DEFAULTS: dict[str, Any] = {
     "ensemble": False,  # ckpt_path=[a,b,...]: their models combined at every step
     "device": "auto",
     "chunk_lines": None,  # null: CHUNK_LINES, or 1 when standard input is a terminal
+    "allocator": "keep",  # glibc's malloc: keep freed memory for the next step (attnlab.training.allocator)
     "decode": dict.fromkeys(DECODE_TIME_KEYS),
 }
 
@@ -221,6 +229,10 @@ def main(argv: Sequence[str] | None = None) -> None:
     chunk_lines, output = chunk_size(settings), str(settings["output"])
     if chunk_lines < 1:
         raise SystemExit(f"attnlab-translate: chunk_lines={chunk_lines} must be >= 1")
+    try:
+        configure_allocator(settings["allocator"])
+    except ValueError as exc:
+        raise SystemExit(f"attnlab-translate: {exc}") from None
     from attnlab.runs.checkpoint import CheckpointError
 
     streaming = False

@@ -194,7 +194,9 @@ def greedy_decode(
         logits = decoder(token if use_cache else prefix)  # (B', 1 | t, V)
         scores = mask_ungenerable(logits[:, -1].float(), never, cfg.eos_id, step + 1, min_len)  # (B', V)
         if generators is None:
-            token = scores.argmax(dim=-1, keepdim=True)  # (B', 1)
+            # the first most probable id, as `argmax` (ties: the lowest id); `max` finds it 2.2x faster on
+            # the CPU (64 x 5,000 scores: 0.13 against 0.28 ms; docs/benchmarks.md)
+            token = scores.max(dim=-1, keepdim=True).indices  # (B', 1)
         else:
             token = sample.pick(scores, [generators[i] for i in alive.tolist()])  # (B', 1)
         out[alive, step] = token.squeeze(1)
