@@ -187,6 +187,7 @@ def main() -> None:
     translator = load(args)
     if args.marian:
         compare_with_marian(translator, args)
+        print(heap_line(args))  # MarianMT runs in this process
         return
     if args.ctranslate2:
         compare_with_ctranslate2(translator, args)
@@ -212,7 +213,8 @@ def main() -> None:
 
     loop = {"steps": steps, "cached_s": cached, "uncached_s": uncached}
     record = {"device": args.device, "threads": args.threads, "model": name, "parameters": n_params,
-              "step_loop": loop, "sweep": []}  # fmt: skip
+              "allocator": args.allocator, "allocator_set": args.allocator_set, "step_loop": loop,
+              "sweep": []}  # fmt: skip
     subset = ids[: args.sweep_sentences]
     print(f"| search | batch | cache | sentences/s | tokens/s | ({len(subset)} sentences of test2016) |")
     print("|---|---|---|---|---|---|")
@@ -234,10 +236,20 @@ def main() -> None:
     print(f"\ntest2016, {len(ids)} sentences, beam 5, batch 64, cached: {seconds:.1f} s "
           f"({len(ids) / seconds:.1f} sentences/s), BLEU {bleu.score:.2f}, "
           f"{translator.decode.length_penalty} alpha {translator.decode.alpha}")  # fmt: skip
+    print(heap_line(args))
     record["test2016"] = {"sentences": len(ids), "beam": 5, "batch": 64, "seconds": seconds,
                           "sentences_per_s": len(ids) / seconds, "bleu": bleu.score}  # fmt: skip
     if args.json:
         atomic_write_bytes(args.json, (json.dumps(record, indent=1) + "\n").encode("utf-8"))
+
+
+def heap_line(args: argparse.Namespace, workers: dict[str, bool] | None = None) -> str:
+    """Which `--allocator` this run asked for and where glibc's options are in force: this process (and,
+    given, each CTranslate2 worker by its weights)."""
+    said = {True: "yes", False: "no"}
+    where = [f"this process {said[args.allocator_set]}"]
+    where += [f"{weights} worker {said[kept]}" for weights, kept in (workers or {}).items()]
+    return f"C heap: --allocator {args.allocator}; glibc's malloc options in force: {', '.join(where)}"
 
 
 def translate_in_this_process(args: argparse.Namespace) -> None:
@@ -620,10 +632,7 @@ def compare_with_ctranslate2(translator: Translator, args: argparse.Namespace) -
             backends = "; ".join(f"{w}: {process.backends}" for w, process in ct2.items())
             print(f"CTranslate2's matrix products (its log): {backends}; attnlab's: {attnlab_products()} "
                   "(CTranslate2 takes MKL on Intel CPUs or with CT2_USE_MKL=1, else oneDNN)")  # fmt: skip
-            said = {True: "yes", False: "no"}
-            workers = ", ".join(f"{w} worker {said[process.allocator_set]}" for w, process in ct2.items())
-            print(f"C heap: --allocator {args.allocator}; glibc's malloc options in force: attnlab's process "
-                  f"{said[args.allocator_set]}, {workers}")  # fmt: skip
+            print(heap_line(args, {w: process.allocator_set for w, process in ct2.items()}))
             if args.profile:
                 for beam in (1, 5):
                     profile_against_ctranslate2(model, ct2["float32"], ids, beam, args.repeats)

@@ -22,7 +22,6 @@ from torch import Tensor
 from attnlab.cli.app import config_dir, register_resolvers
 from attnlab.data.download import MULTI30K_COMMIT
 from attnlab.model.config import TransformerConfig
-from attnlab.training.allocator import glibc
 
 TINY = {
     "src_vocab_size": 50,
@@ -74,37 +73,6 @@ def compose_train(overrides: list[str], output_dir: Path, *, hydra_node: bool = 
     """Compose `conf/train.yaml` with `overrides`, writing the run into `output_dir`."""
     overrides = [f"paths.output_dir={output_dir}", "trainer.enable_progress_bar=false", *overrides]
     return compose_app("train", overrides, hydra_node=hydra_node)
-
-
-# The end of a `python -c` script: where ten 16 MB blocks (the size of a base training step's larger
-# activations), allocated, written and freed here, lived. glibc's counters (mallinfo2, glibc 2.33+) tell
-# mmapped regions (`hblkhd`: glibc's own settings map a block that size and unmap it when freed) from the
-# heap (`arena`), which keeps them under `allocator=keep`. Prints "<MB mapped while held> <MB the heap grew
-# while held> <MB it still held after the free>".
-HEAP_PROBE = """
-import ctypes, torch
-FIELDS = ("arena", "ordblks", "smblks", "hblks", "hblkhd", "usmblks", "fsmblks", "uordblks", "fordblks",
-          "keepcost")  # struct mallinfo2
-class Info(ctypes.Structure):
-    _fields_ = [(name, ctypes.c_size_t) for name in FIELDS]
-libc = ctypes.CDLL(None)
-libc.mallinfo2.restype = Info
-heap_before = libc.mallinfo2().arena
-blocks = [torch.empty(4 << 20).fill_(1.0) for _ in range(10)]
-held = libc.mallinfo2()
-del blocks
-freed = libc.mallinfo2()
-print(held.hblkhd >> 20, (held.arena - heap_before) >> 20, (freed.arena - heap_before) >> 20)
-"""
-
-
-HAS_MALLINFO2 = glibc() is not None and hasattr(glibc(), "mallinfo2")  # HEAP_PROBE's counters
-
-
-def heap_kept(mapped: int, heap_held: int, heap_freed: int) -> bool:
-    """Whether `HEAP_PROBE`'s numbers say `allocator=keep`'s options are in force: the blocks came from
-    the heap, which kept them after the free."""
-    return mapped < 16 and heap_held >= 150 and heap_freed >= 150
 
 
 def compose_eval(overrides: list[str], output_dir: Path) -> DictConfig:

@@ -12,6 +12,7 @@ import pytest
 import torch
 
 from attnlab.model import gemm
+from attnlab.training.allocator import glibc
 
 SCRIPTS = Path(__file__).resolve().parents[2] / "scripts"
 
@@ -211,6 +212,8 @@ def test_bench_decode_compares_with_marian_generate(
         n = {"64": 6, "1": 2}[row.split("|")[2].strip()]  # every sentence compared: 6 at batch 64, 2 at 1
         assert row.split("|")[6].strip() == f"{n}/{n} (100.0%)", row  # and every output identical
     assert "greedy differences: 0;" in out
+    in_force = "yes" if glibc() is not None else "no"  # --allocator keep, the default, for MarianMT too
+    assert f"C heap: --allocator keep; glibc's malloc options in force: this process {in_force}\n" in out
 
 
 def test_bench_decode_profile_needs_ctranslate2(
@@ -259,7 +262,7 @@ def test_bench_decode_compares_with_ctranslate2_float32_and_int8(
     )
     products = gemm.backend() if gemm.available() else "PyTorch's MKL"
     assert f"; attnlab's: {products} (" in out
-    heap = r"C heap: --allocator system; glibc's malloc options in force: attnlab's process (yes|no), "
+    heap = r"C heap: --allocator system; glibc's malloc options in force: this process (yes|no), "
     assert re.search(heap + r"float32 worker no, int8 worker no\n", out)
     # --profile: per search, attnlab's op table, whose shares (with the time outside ops) add up to the wall
     profiles = out.split("\n\ngreedy, batch 64")[1].split("\n\nbeam 5, batch 64")
@@ -425,3 +428,4 @@ def test_bench_decode_quick_reports_cache_speed_up_and_every_setting(
     rows = [line for line in out.splitlines() if line.startswith(("| greedy", "| beam"))]
     assert len(rows) == 2 * 2 * 2  # greedy and beam 5, batch 1 and 4, cached and uncached
     assert "test2016, 12 sentences, beam 5" in out and "BLEU" in out
+    assert "C heap: --allocator keep; glibc's malloc options in force: this process " in out

@@ -18,7 +18,7 @@ from omegaconf import DictConfig, ListConfig, OmegaConf
 from attnlab.cli.app import config_dir, register_resolvers
 from attnlab.runs.layout import RunDir
 from attnlab.runs.results import decoding_summary, results_table
-from attnlab.training.allocator import configure_allocator
+from attnlab.training.allocator import check_mode, configure_allocator
 from attnlab.training.experiment import build_node
 from attnlab.typed import ConfigError
 
@@ -28,6 +28,9 @@ register_resolvers()
 
 def evaluate_checkpoint(cfg: DictConfig) -> dict[str, Any]:
     """Evaluate `cfg.ckpt_path` as `conf/eval.yaml` describes; returns what `results.json` holds.
+
+    `allocator` is checked here but applied by the `attnlab-eval` command: called from Python, this leaves
+    the process's malloc settings as they are (`attnlab.training.allocator.configure_allocator` sets them).
 
     Raises:
         ConfigError: A bad value (`ckpt_path` missing), or a checkpoint or data file that cannot be
@@ -48,7 +51,7 @@ def evaluate_checkpoint(cfg: DictConfig) -> dict[str, Any]:
     from attnlab.runs.checkpoint import CheckpointError, data_spec
 
     try:
-        configure_allocator(cfg.get("allocator", "keep"))
+        check_mode(cfg.get("allocator", "keep"))  # applied by the command (`_main`), not here
         ckpt_path = cfg.ckpt_path
         if OmegaConf.is_config(ckpt_path):  # a list of checkpoint files
             ckpt_path = OmegaConf.to_container(ckpt_path)
@@ -127,6 +130,10 @@ def split_names(sets: Any, spec: Any) -> list[str]:
 
 @hydra.main(version_base="1.3", config_path=str(config_dir()), config_name="eval")
 def _main(cfg: DictConfig) -> float | None:
+    try:
+        configure_allocator(cfg.get("allocator", "keep"))  # before anything is loaded
+    except ValueError as exc:  # an unknown value
+        raise SystemExit(f"attnlab-eval: {exc}") from None
     try:
         results = evaluate_checkpoint(cfg)
     except ConfigError as exc:

@@ -229,14 +229,11 @@ def main(argv: Sequence[str] | None = None) -> None:
     chunk_lines, output = chunk_size(settings), str(settings["output"])
     if chunk_lines < 1:
         raise SystemExit(f"attnlab-translate: chunk_lines={chunk_lines} must be >= 1")
-    try:
-        configure_allocator(settings["allocator"])
-    except ValueError as exc:
-        raise SystemExit(f"attnlab-translate: {exc}") from None
     from attnlab.runs.checkpoint import CheckpointError
 
     streaming = False
     try:
+        configure_allocator(settings["allocator"])  # ValueError for an unknown value, before any loading
         translator = load_translator(settings)  # the checkpoint first: nothing is opened before it
         with contextlib.ExitStack() as stack:
             name = str(settings["input"])

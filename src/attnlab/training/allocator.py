@@ -73,6 +73,12 @@ def configure_allocator(mode: str) -> bool:
     return _set_here
 
 
+def in_force() -> bool:
+    """Whether `keep`'s options have been set in this process (by `configure_allocator`): they then stay
+    for its life, whatever a later call asks."""
+    return _set_here
+
+
 def glibc() -> ctypes.CDLL | None:
     """This process's C library when it is glibc (Linux), else None."""
     if not sys.platform.startswith("linux"):
