@@ -358,7 +358,8 @@ def test_the_decoding_commands_keep_freed_memory_unless_told_otherwise(
         assert done.returncode == 0, done.stderr
         said = [line for line in done.stdout.splitlines() if line in ("True", "False")]
         assert said == expected[command], (command, done.stdout[-2000:])
-    assert "refused: attnlab-eval: allocator='tcmalloc' is not an allocator setting" in done.stdout
+        if command == "attnlab-eval":  # an unknown value refused before anything, keep's options unset
+            assert "refused: attnlab-eval: allocator='tcmalloc' is not an allocator setting" in done.stdout
     hypotheses = lines(tmp_path / "out.en")
     assert hypotheses == lines(tmp_path / "default" / "hypotheses" / "test2.txt")
     assert hypotheses == lines(tmp_path / "api" / "hypotheses" / "test2.txt")
