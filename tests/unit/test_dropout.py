@@ -33,17 +33,22 @@ def test_effective_p_is_p_rounded_to_a_multiple_of_2_to_the_minus_15() -> None:
     assert abs(effective_p(0.3) - 0.3) <= 2**-16
 
 
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
 @pytest.mark.parametrize("shape", [(3, 5), (2, 7, 9), (1,)])
-def test_kept_values_are_scaled_and_the_gradient_uses_the_same_mask(shape: tuple[int, ...]) -> None:
-    x = torch.randn(*shape, requires_grad=True)
+def test_kept_values_are_scaled_and_the_gradient_uses_the_same_mask(
+    shape: tuple[int, ...], dtype: torch.dtype
+) -> None:
+    """Bit for bit: x times the scale in the input's dtype where `keep_mask` keeps, 0 elsewhere (a run's
+    numbers must not change with how the mask is computed)."""
+    x = torch.randn(*shape).to(dtype).requires_grad_()
     torch.manual_seed(3)
     out = dropout(x, 0.4)
     torch.manual_seed(3)
     mask = keep_mask(x, 0.4)
-    scale = 1.0 / (1.0 - effective_p(0.4))
-    torch.testing.assert_close(out, torch.where(mask, x * scale, 0.0))
+    scale = torch.tensor(1.0 / (1.0 - effective_p(0.4))).to(dtype)  # float32 first, as F.dropout rounds it
+    assert torch.equal(out, torch.where(mask, x.detach() * scale, 0.0))
     out.sum().backward()
-    torch.testing.assert_close(x.grad, mask.float() * scale)
+    assert torch.equal(x.grad, torch.where(mask, scale, 0.0).to(dtype))
 
 
 def test_the_expectation_is_the_input() -> None:

@@ -54,13 +54,19 @@ def keep_mask(x: Tensor, p: float) -> Tensor:
     layout; on a big-endian machine the int16 view puts the high bits first, and each column is compared
     with its own half's threshold all the same.)
     """
+    return _draw(x, p, torch.bool)
+
+
+def _draw(x: Tensor, p: float, dtype: torch.dtype) -> Tensor:
+    """`keep_mask(x, p)` written as `dtype` (1 kept, 0 dropped): the same draws and comparisons whatever
+    the dtype, so a seed gives the same mask as bool or as the input's dtype."""
     k = _level(p)
     n = x.numel()
     pairs = (n + 1) // 2
     halves = torch.empty(pairs, dtype=torch.int32, device=x.device).random_().view(torch.int16).view(-1, 2)
     # one comparison per half into the two columns of the mask: 2-4x faster than one comparison
     # broadcasting a (2,) threshold over the (pairs, 2) view, whose inner loop is 2 elements long
-    mask = torch.empty(pairs, 2, dtype=torch.bool, device=x.device)
+    mask = torch.empty(pairs, 2, dtype=dtype, device=x.device)
     torch.ge(halves[:, _LOW], 2 * k - _LEVELS, out=mask[:, _LOW])
     torch.ge(halves[:, 1 - _LOW], k, out=mask[:, 1 - _LOW])
     return mask.view(-1)[:n].view(x.shape)
@@ -77,7 +83,10 @@ def dropout(x: Tensor, p: float, training: bool = True) -> Tensor:
     k = _level(p)
     if k == _LEVELS:
         return x * 0.0
-    return x * (keep_mask(x, p) * (_LEVELS / (_LEVELS - k))).to(x.dtype)
+    # the comparisons written straight into the input's dtype and scaled in place: no bool mask converted
+    # (in float32 and bfloat16 the same values as the bool mask times the float32 scale, converted; a
+    # `small` training step 1.006-1.009x faster, docs/benchmarks.md)
+    return x * _draw(x, p, x.dtype).mul_(_LEVELS / (_LEVELS - k))
 
 
 class Dropout(nn.Dropout):
