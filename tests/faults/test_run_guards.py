@@ -92,6 +92,23 @@ def test_an_empty_validation_or_test_split_is_refused_before_training(split: str
     assert_refused_before_training(tmp_path / "run")
 
 
+def test_an_empty_test_split_is_refused_only_when_the_run_tests(tmp_path: Path) -> None:
+    """README: an empty test set is refused before training with `test=true`; with `test=false` the run
+    never reads it, so it trains."""
+    sizes = {"train": 40, "valid": 4, "test": 0}
+    with pytest.raises(DataError) as caught:
+        train(compose_train([*corpus_run(tmp_path, sizes), "test=true"], tmp_path / "tested"))
+    assert f"split 'test' is empty ({tmp_path / 'corpus' / 'test.de'} and" in str(caught.value)
+    assert "set test=false to skip the final evaluation" in str(caught.value)
+    assert_refused_before_training(tmp_path / "tested")
+
+    run_dir = tmp_path / "untested"
+    train(compose_train([*corpus_run(tmp_path, sizes), "test=false", *while_running(run_dir)], run_dir))
+    assert "lock" in WhileRunning.seen  # fitting started
+    assert list((run_dir / "checkpoints").glob("*.ckpt"))
+    assert json.loads((run_dir / "manifest.json").read_text())["status"] == "finished"
+
+
 @pytest.mark.parametrize(("override", "message"), [
     ("+trainer.max_epoch=3", "trainer.max_epoch is not a parameter of "
      "lightning.pytorch.trainer.trainer.Trainer; did you mean trainer.max_epochs?"),

@@ -254,16 +254,19 @@ def test_attnlab_eval_and_translate_decode_an_ensemble(run: dict[str, Any], tmp_
 
 
 def test_an_ensemble_refuses_models_with_other_vocabularies(run: dict[str, Any], tmp_path: Path) -> None:
-    checkpoint = torch.load(run["best"], map_location="cpu", weights_only=True)
+    """Each side is checked: a checkpoint differing only in its source, or only in its target tokenizer,
+    is refused, naming that side."""
     other = SubwordTokenizer.train(lines(run["corpus"] / "train.en")[:120], model="bpe", vocab_size=300)
-    for side in ("src_tokenizer", "tgt_tokenizer"):
-        checkpoint["attnlab"][side] = other.to_json()
-    torch.save(checkpoint, tmp_path / "other.ckpt")
-    expected = f"{tmp_path / 'other.ckpt'} has another source tokenizer than {run['best']} (vocabularies of"
-    with pytest.raises(CheckpointError, match=re.escape(expected)):
-        Translator.from_checkpoints([run["best"], tmp_path / "other.ckpt"], ensemble=True)
+    for side, name in (("src", "source"), ("tgt", "target")):
+        checkpoint = torch.load(run["best"], map_location="cpu", weights_only=True)
+        checkpoint["attnlab"][f"{side}_tokenizer"] = other.to_json()
+        path = tmp_path / f"other_{side}.ckpt"
+        torch.save(checkpoint, path)
+        expected = f"{path} has another {name} tokenizer than {run['best']} (vocabularies of"
+        with pytest.raises(CheckpointError, match=re.escape(expected)):
+            Translator.from_checkpoints([run["best"], path], ensemble=True)
     with pytest.raises(ConfigError, match="must share their tokenizers and vocabularies"):
-        evaluate_checkpoint(compose_eval([f"ckpt_path=[{run['best']},{tmp_path / 'other.ckpt'}]",
+        evaluate_checkpoint(compose_eval([f"ckpt_path=[{run['best']},{tmp_path / 'other_tgt.ckpt'}]",
                                           "ensemble=true"], tmp_path / "e"))  # fmt: skip
 
 

@@ -278,9 +278,11 @@ def test_attnlab_translate_reads_a_file_and_writes_in_input_order(
 
 
 def test_attnlab_translate_command_streams_stdin_to_stdout(text_run: dict[str, Any]) -> None:
+    """Translations alone on standard output, log messages on standard error: a last source longer than
+    the checkpoint's source limit is cut, with a warning that must not land among the translations."""
     best = next((text_run["dir"] / "checkpoints").glob("best-*.ckpt"))
     sources = lines(text_run["corpus"] / "test2.de")
-    text = "\n".join(sources) + "\n"
+    text = "\n".join(sources) + "\n" + " ".join([sources[0]] * 60) + "\n"
     env = {**os.environ, "OMP_NUM_THREADS": "1"}
     command = [sys.executable, "-m", "attnlab.cli.translate", f"ckpt_path={best}", "decode.beam=2"]
     done = subprocess.run(
@@ -288,8 +290,10 @@ def test_attnlab_translate_command_streams_stdin_to_stdout(text_run: dict[str, A
     )
     assert done.returncode == 0, done.stderr
     translator = Translator.from_checkpoints([best], decode_overrides={"beam": 2})  # the saved beam is 3
-    assert done.stdout.splitlines() == translator.translate(sources)
-    assert_translates(done.stdout.splitlines(), references(text_run, "test2"))
+    *translated, cut = done.stdout.splitlines()
+    assert translated == translator.translate(sources) and "sources were cut" not in cut
+    assert_translates(translated, references(text_run, "test2"))
+    assert "WARNING" in done.stderr and "1 sources were cut to" in done.stderr
 
 
 def test_attnlab_translate_at_a_terminal_answers_each_line_as_it_is_typed(text_run: dict[str, Any]) -> None:

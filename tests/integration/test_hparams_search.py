@@ -26,13 +26,12 @@ def lookup(config: dict[str, Any], dotted: str) -> Any:
     return config
 
 
-@pytest.fixture(scope="module")
-def optuna_sweep(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Any]:
+def run_sweep(sweep_dir: Any, *extra: str) -> list[tuple[dict[str, Any], list[float] | None]]:
+    """Three tiny trials through attnlab-train's Hydra main; what Optuna's study was told of each."""
     from hydra.core.global_hydra import GlobalHydra
 
     from attnlab.cli.train import _main
 
-    sweep_dir = tmp_path_factory.mktemp("optuna") / "sweep"
     told: list[tuple[dict[str, Any], list[float] | None]] = []
     original_tell = optuna.study.Study.tell
 
@@ -46,7 +45,7 @@ def optuna_sweep(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Any]:
         "trainer.max_epochs=1",
         "logger=wandb", "optimized_metric=best/val/loss", "hydra.sweeper.direction=minimize",
         "hydra.sweeper.n_trials=3", f"hydra.sweep.dir={sweep_dir}", "trainer.enable_progress_bar=false",
-        "hydra/job_logging=none", "hydra/hydra_logging=none",
+        "hydra/job_logging=none", "hydra/hydra_logging=none", *extra,
     ]  # fmt: skip
     with pytest.MonkeyPatch.context() as patch:
         patch.setattr(optuna.study.Study, "tell", recording_tell)
@@ -57,7 +56,13 @@ def optuna_sweep(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Any]:
             _main()
         finally:
             GlobalHydra.instance().clear()
-    return {"dir": sweep_dir, "told": told}
+    return told
+
+
+@pytest.fixture(scope="module")
+def optuna_sweep(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Any]:
+    sweep_dir = tmp_path_factory.mktemp("optuna") / "sweep"
+    return {"dir": sweep_dir, "told": run_sweep(sweep_dir)}
 
 
 def test_trials_get_distinct_parameters_and_the_sweeper_receives_their_results(
@@ -95,3 +100,13 @@ def test_every_trial_is_its_own_wandb_run(optuna_sweep: dict[str, Any]) -> None:
         history = [row["val/loss"] for row in record.history if "val/loss" in row]
         final = json.loads((job / "results.json").read_text())["metrics"]["val/loss"]
         assert history == pytest.approx([final])
+
+
+def test_a_rerun_with_skip_done_tells_the_sweeper_the_finished_trials_results(
+    optuna_sweep: dict[str, Any], capsys: pytest.CaptureFixture[str]
+) -> None:
+    """The same seeded study again with `sweep.skip_done=true`: every trial's job has finished, so none
+    trains, and each returns the metric its results.json holds, as the first run told the study."""
+    again = run_sweep(optuna_sweep["dir"], "sweep.skip_done=true")
+    assert capsys.readouterr().out.count("already finished (sweep.skip_done=true): skipped") == 3
+    assert again == optuna_sweep["told"]

@@ -271,8 +271,9 @@ def test_invalid_nbest_settings_are_refused_naming_the_fix(
         DecodeConfig(nbest_format="xml")
     with pytest.raises(ValueError, match=r"print_alignment='yes': use hard, soft or null"):
         DecodeConfig(print_alignment="yes")
-    with pytest.raises(ValueError, match="n-best lists and alignments come from beam search"):
-        DecodeConfig(beam=1, val_beam=1, sampling=True, print_alignment="hard")
+    for asked in ({"print_alignment": "hard"}, {"nbest": 1}):
+        with pytest.raises(ValueError, match="n-best lists and alignments come from beam search"):
+            DecodeConfig(beam=1, val_beam=1, sampling=True, **asked)
     (tmp_path / "in.de").write_text("Ein Hund.\n", encoding="utf-8")
     (tmp_path / "out.en").write_text("kept\n", encoding="utf-8")
     for bad, message in (("decode.nbest=9", "nbest=9 must be between 1 and beam="),

@@ -36,6 +36,10 @@ def test_a_sweep_runs_every_job_records_failures_and_resumes_without_redoing_fin
     assert len(failed) == 2 and len(finished) == 2
     assert all("n_heads=3" in n for n in failed) and all("n_heads=4" in n for n in finished)
     assert all("n_heads=3 does not divide" in manifests[n]["error"] for n in failed)
+    for name, manifest in manifests.items():  # each job's own overrides, failed or not, to re-run it alone
+        heads, seed = ("3" if name in failed else "4"), name.split("seed=")[1].split(",")[0]
+        own = {"data=synthetic", f"model.n_heads={heads}", f"seed={seed}"}
+        assert own <= set(manifest["overrides"]), name
     assert all((jobs[n] / "results.json").is_file() for n in finished)
     stamps = {n: (jobs[n] / "results.json").stat().st_mtime_ns for n in finished}
 

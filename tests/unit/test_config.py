@@ -15,6 +15,7 @@ from hydra.utils import get_class, instantiate
 from omegaconf import DictConfig, OmegaConf
 
 from attnlab.cli.app import config_dir
+from attnlab.decoding import DecodeConfig
 from attnlab.model.config import TransformerConfig
 from attnlab.training.experiment import resolve_monitor, validate
 from attnlab.typed import ConfigError
@@ -92,6 +93,26 @@ def test_base_model_config_is_the_paper_default_and_lists_every_knob(tmp_path: P
     defaults = TransformerConfig().to_dict()
     assert set(node) == set(defaults) - {"src_vocab_size", "tgt_vocab_size"}
     assert all(node[k] == defaults[k] for k in node)
+
+
+def test_the_default_decode_config_is_decodeconfigs_defaults_and_lists_every_knob(tmp_path: Path) -> None:
+    """conf/decode/default.yaml and `DecodeConfig()` are the one default a run, attnlab-eval and a Python
+    caller get (e.g. `decode.seed` 0, which the README promises), key for key."""
+    cfg = compose_train([], tmp_path)
+    node = {k: v for k, v in OmegaConf.to_container(cfg.decode).items() if k != "_target_"}
+    defaults = {f.name: f.default for f in dataclasses.fields(DecodeConfig)}
+    assert set(node) == set(defaults)
+    assert {k: v for k, v in node.items() if v != defaults[k]} == {}
+    assert node["seed"] == 0
+
+
+@pytest.mark.parametrize(
+    ("name", "tokens"),
+    [("multi30k", 1024), ("files", 4096), ("hf", 4096), ("wmt14", 4096), ("wmt14_enfr", 4096)],
+)
+def test_token_batches_default_to_the_sizes_the_readme_gives(name: str, tokens: int, tmp_path: Path) -> None:
+    """README, "Batching": `data.max_tokens` is 1024 for Multi30k and 4096 for the other corpora."""
+    assert compose_train(option("data", name, tmp_path), tmp_path).data.max_tokens == tokens
 
 
 def test_base_with_a_37000_joint_vocabulary_has_63_082_496_parameters(tmp_path: Path) -> None:
@@ -384,8 +405,12 @@ def test_the_optuna_search_preset_composes(tmp_path: Path) -> None:
     cfg = compose_train(["hparams_search=optuna"], tmp_path, hydra_node=True)
     assert cfg.optimized_metric == "best/val/bleu" and cfg.hydra.sweeper.direction == "maximize"
     assert cfg.hydra.sweeper.storage is None  # an in-memory study
-    assert set(cfg.hydra.sweeper.params) == {"optim.peak_lr", "optim.warmup_steps", "model.dropout",
-                                             "optim.label_smoothing"}  # fmt: skip
+    assert dict(cfg.hydra.sweeper.params) == {  # the search space the README gives
+        "optim.peak_lr": "tag(log, interval(3e-4, 3e-3))",
+        "optim.warmup_steps": "choice(250, 500, 1000)",
+        "model.dropout": "choice(0.1, 0.2, 0.3)",
+        "optim.label_smoothing": "choice(0.0, 0.1, 0.2)",
+    }
 
 
 def test_multi_gpu_presets(tmp_path: Path) -> None:

@@ -871,6 +871,34 @@ def assert_rebuilt(spec: FilesData, reason: str, first: list[Any], caplog: pytes
     assert pairs(again.splits["train"]) == first
 
 
+def test_an_array_of_a_few_mib_is_hashed_whole_and_a_byte_changed_in_its_middle_rebuilds_it(
+    corpus: Path, tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    """README: every file up to 64 MiB is hashed in full (`FULL_HASH_BYTES`, not patched here), so a byte
+    changed in the middle of a 2.8 MB array, beyond its first and last MiB, is found and the data rebuilt."""
+    rng = np.random.default_rng(0)
+    lines = 10_000
+    for lang, words, length in (("de", DE, 140), ("en", EN, 3)):  # sources: 1.4M ids, 2.8 MB of uint16
+        chosen = np.asarray(words)[rng.integers(len(words), size=(lines, length))]
+        write_lines(corpus / f"train.{lang}", [" ".join(line) for line in chosen])
+    spec = files_spec(corpus, tmp_path, max_source_tokens=1000, tokenizer_sample=500)
+    first = pairs(prepare(spec).splits["train"])
+    assert len(first) == lines
+    name = "train.src.ids.npy"
+    path = prepared_dir(spec) / name
+    size = path.stat().st_size
+    assert 2 * prepare_module.EDGE_BYTES + (512 << 10) < size <= 64 << 20
+
+    data = bytearray(path.read_bytes())
+    data[size // 2] ^= 0xFF  # an id 1.4 MB into the array: outside its first and last MiB
+    path.unlink()  # a new file: the maps of the earlier load stay valid
+    path.write_bytes(data)
+    assert_rebuilt(spec, f"{name} differs from what was written (its SHA-256)", first, caplog)
+    assert path.read_bytes() != data
+    recorded = json.loads((prepared_dir(spec) / "checksums.json").read_text())["files"][name]
+    assert set(recorded) == {"size", "sha256"}
+
+
 @pytest.mark.parametrize(("side", "step"), [("src", 0), ("tgt", -1)])
 def test_offsets_that_do_not_increase_deep_in_a_large_array_are_found_and_rebuilt(
     corpus: Path,

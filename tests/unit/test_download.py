@@ -12,6 +12,7 @@ import time
 from collections import Counter
 from collections.abc import Iterator
 from pathlib import Path
+from types import SimpleNamespace
 from typing import Any
 
 import pytest
@@ -209,6 +210,64 @@ def test_a_server_that_sends_a_byte_now_and_then_is_given_up_on(tmp_path: Path) 
     assert not (tmp_path / "val.de").exists()
 
 
+def test_the_multi30k_download_allows_60_s_per_read_and_10_minutes_per_file(
+    gzipped: dict[str, bytes], tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """README: a read waits 60 s at most, and a file not complete within ten times that (10 minutes) is an
+    error. The Multi30k download passes no timeout: these are `fetch_gzipped`'s defaults. The timeout of
+    each connection is recorded as the real `socket.create_connection` makes it; the clock the download
+    reads (only that clock) jumps 599 s or 601 s while the first file's body is on its way, after the
+    download took its deadline, so nothing waits minutes."""
+    served = {upstream_path(name).rsplit("/", 1)[1]: data for name, data in gzipped.items()}
+    timeouts: list[float | None] = []
+    real_connect = socket.create_connection
+
+    def connect(*args: Any, **kwargs: Any) -> socket.socket:
+        sock = real_connect(*args, **kwargs)
+        timeouts.append(sock.gettimeout())  # what each read on this connection waits for
+        return sock
+
+    monkeypatch.setattr(socket, "create_connection", connect)
+    clock = {"reads": 0, "jump": 0.0, "by": 0.0}
+
+    def monotonic() -> float:
+        clock["reads"] += 1
+        return time.monotonic() + clock["jump"]
+
+    monkeypatch.setattr(download, "time", SimpleNamespace(monotonic=monotonic))
+
+    def late(request: Any) -> None:
+        body = served[request.path.rsplit("/", 1)[1]]
+        request.send_response(200)
+        request.send_header("Content-Length", str(len(body)))
+        request.end_headers()
+        request.wfile.flush()
+        if not clock["jump"]:  # the first file: the clock jumps once its download took its deadline and
+            waited = time.monotonic() + 10  # checked it before the first read, which waits for the body
+            while clock["reads"] < 2 and time.monotonic() < waited:
+                time.sleep(0.005)
+            clock["jump"] = clock["by"]
+        request.wfile.write(body)
+        request.wfile.flush()
+
+    for jump in (599.0, 601.0):
+        clock.update(reads=0, jump=0.0, by=jump)
+        timeouts.clear()
+        cache_dir = tmp_path / f"cache-{jump:g}"
+        with serve_once(late) as url:
+            base_url = url.rsplit("/", 1)[0]
+            if jump < 600:
+                paths = multi30k_paths(LANGS, root=None, cache_dir=cache_dir, base_url=base_url)
+                assert list(paths) == NAMES and all(path.is_file() for path in paths.values())
+            else:
+                expected = r"train\.de\.gz \(TimeoutError: the transfer was not complete after 10 times the"
+                with pytest.raises(DataError, match=expected):
+                    multi30k_paths(LANGS, root=None, cache_dir=cache_dir, base_url=base_url)
+                assert cache_files(cache_dir) <= {".lock"}
+        assert clock["jump"] == jump
+        assert timeouts and set(timeouts) == {60.0}
+
+
 def test_offline_names_the_url_and_data_root(closed_port: int, tmp_path: Path) -> None:
     base_url = f"http://127.0.0.1:{closed_port}/{MULTI30K_COMMIT}/data/task1/raw"
     url = f"{base_url}/train.de.gz"
@@ -267,6 +326,34 @@ def test_checksums_match_shared_sha256sums(shared_data: Path) -> None:
 
 
 # --- cache ---------------------------------------------------------------------------------------------
+
+
+def test_the_cache_root_is_attnlab_cache_dir_else_xdg_cache_home_else_home_cache(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """README: data.cache_dir defaults to $ATTNLAB_CACHE_DIR, else $XDG_CACHE_HOME/attnlab, else
+    ~/.cache/attnlab (an unset or empty variable counts as absent)."""
+    from attnlab.data.corpora import Multi30kData
+
+    monkeypatch.setenv("HOME", str(tmp_path / "home"))
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "xdg"))
+    monkeypatch.setenv("ATTNLAB_CACHE_DIR", str(tmp_path / "explicit"))
+    assert cache.default_cache_dir() == tmp_path / "explicit"
+    assert Multi30kData().cache_root() == tmp_path / "explicit"  # data.cache_dir=null
+
+    monkeypatch.delenv("ATTNLAB_CACHE_DIR")
+    assert cache.default_cache_dir() == tmp_path / "xdg" / "attnlab"
+    assert Multi30kData().cache_root() == tmp_path / "xdg" / "attnlab"
+    monkeypatch.setenv("ATTNLAB_CACHE_DIR", "")
+    assert cache.default_cache_dir() == tmp_path / "xdg" / "attnlab"
+
+    monkeypatch.delenv("XDG_CACHE_HOME")
+    assert cache.default_cache_dir() == tmp_path / "home" / ".cache" / "attnlab"
+    assert Multi30kData().cache_root() == tmp_path / "home" / ".cache" / "attnlab"
+    monkeypatch.setenv("XDG_CACHE_HOME", "")
+    assert cache.default_cache_dir() == tmp_path / "home" / ".cache" / "attnlab"
+
+    assert Multi30kData(cache_dir=str(tmp_path / "set")).cache_root() == tmp_path / "set"  # when set
 
 
 def test_fingerprint_is_stable_and_sensitive(tmp_path: Path) -> None:

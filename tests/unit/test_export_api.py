@@ -48,6 +48,7 @@ def test_ctranslate2_with_separate_source_and_target_vocabularies(tmp_path: Path
     src, tgt = separate_vocabularies()
     assert src.vocab_size != tgt.vocab_size
     ours = random_translator(src, tgt, tie="decoder")
+    (tmp_path / "ct2").mkdir()  # `out` may be new or an empty directory (here the latter)
     engine = CT2Translator(export(ours, "ctranslate2", tmp_path / "ct2"), intra_threads=1)
     lines = ["Zwei Männer fahren.", "Ein Hund liest.", "Schnee"]
     assert engine.translate(lines) == ours.translate(lines)

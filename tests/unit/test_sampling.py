@@ -35,6 +35,7 @@ def test_a_seed_reproduces_the_samples_and_other_seeds_differ() -> None:
     assert sampled(m, src, seed=3) == first
     assert sampled(m, src, seed=4) != first
     assert sampled(m, src, seed=3) != translate(m, src, DecodeConfig(beam=1, max_len_a=1.0, max_len_b=6))
+    assert sampled(m, src) == sampled(m, src, seed=0) != sampled(m, src, seed=1)  # the default seed is 0
 
 
 def test_a_sentence_samples_the_same_alone_as_inside_a_batch_in_any_order() -> None:
@@ -117,6 +118,7 @@ def test_samples_never_hold_pad_or_bos_nor_eos_before_min_len() -> None:
         ({"alpha": math.nan}, "alpha=nan must be >= 0 and finite"),
         ({"topk": 5}, "topk=5 is a sampling setting: set decode.sampling=true"),
         ({"temperature": 0.5}, "temperature=0.5 is a sampling setting"),
+        ({"topp": 0.9}, "topp=0.9 is a sampling setting: set decode.sampling=true"),
         ({"sampling": "yes", "beam": 1}, "sampling='yes' is not valid: expected bool"),
     ],
 )

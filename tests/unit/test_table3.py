@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import importlib.util
 import sys
 from pathlib import Path
@@ -56,6 +57,34 @@ def test_row_a_varies_heads_at_constant_compute(variant: str, tmp_path: Path) ->
 def test_row_b_has_smaller_keys(variant: str, tmp_path: Path) -> None:
     model = model_of(variant, tmp_path).model
     assert model.head_dim < model_of("base", tmp_path).model.head_dim
+
+
+# What each variant changes (README, "Table 3 as code"): exactly these settings and nothing else of the
+# model and optimiser; d_head None means h·d_k = d_model (row A at constant compute, C4-C5 at d_model/h).
+ROWS = {
+    "A1": {"n_heads": 1}, "A2": {"n_heads": 2}, "A3": {"n_heads": 8}, "A4": {"n_heads": 16},
+    "B1": {"d_head": 16}, "B2": {"d_head": 32},
+    "C1": {"n_encoder_layers": 1, "n_decoder_layers": 1},
+    "C2": {"n_encoder_layers": 2, "n_decoder_layers": 2},
+    "C3": {"n_encoder_layers": 6, "n_decoder_layers": 6},
+    "C4": {"d_model": 128}, "C5": {"d_model": 512}, "C6": {"d_ff": 512}, "C7": {"d_ff": 2048},
+    "D1": {"dropout": 0.0}, "D2": {"dropout": 0.2},
+    "D3": {"label_smoothing": 0.0}, "D4": {"label_smoothing": 0.2},
+    "E1": {"pe": "learned"}, "E2": {"pe": "none"},
+}  # fmt: skip
+
+
+def test_every_variant_changes_what_the_readme_says_and_nothing_else(tmp_path: Path) -> None:
+    assert set(ROWS) == set(VARIANTS) - {"base"}
+
+    def settings(variant: str) -> dict[str, object]:
+        experiment = model_of(variant, tmp_path)
+        return {**dataclasses.asdict(experiment.model), **dataclasses.asdict(experiment.optim)}
+
+    base = settings("base")
+    for variant, changes in ROWS.items():
+        found = settings(variant)
+        assert {k: v for k, v in found.items() if v != base[k]} == changes, variant
 
 
 def test_script_builds_one_resumable_multirun() -> None:

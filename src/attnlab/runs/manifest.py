@@ -144,8 +144,11 @@ class Manifest:
     @classmethod
     def failed(cls, run: RunDir, error: str) -> None:
         """Write a manifest saying the job failed with `error` (its first line), for a failure before its
-        run started (a config error): there is no other manifest to keep."""
-        cls(run, {"status": "failed", "error": error.splitlines()[0], "end_time": now()})._write()
+        run started (a config error): there is no other manifest to keep. It holds the job's own
+        overrides too, as a started run's does, so `attnlab-train <overrides>` re-runs the job alone."""
+        fields = {"status": "failed", "error": error.splitlines()[0], "end_time": now(),
+                  "overrides": task_overrides()}  # fmt: skip
+        cls(run, fields)._write()
 
     @property
     def fields(self) -> dict[str, Any]:
