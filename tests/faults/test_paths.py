@@ -5,6 +5,7 @@ holds its data paths absolute, so evaluating it reads the files it was trained o
 
 from __future__ import annotations
 
+import hashlib
 import os
 from pathlib import Path
 from typing import Any
@@ -26,7 +27,11 @@ def identity(data_dir: str, out: Path) -> dict:
     cfg = compose_train([*overrides, "data.vocab_size=200", "model=tiny"], out)
     datamodule = validate(cfg).data.datamodule()
     datamodule.setup()
-    return data_identity(datamodule)
+    found = data_identity(datamodule)
+    for side in ("src_tokenizer", "tgt_tokenizer"):  # the SHA-256 of each tokenizer's JSON
+        json_bytes = getattr(datamodule, side).to_json().encode("utf-8")
+        assert found[f"{side}_sha256"] == hashlib.sha256(json_bytes).hexdigest(), side
+    return found
 
 
 def test_a_relative_data_dir_gives_the_same_data_from_any_working_directory(

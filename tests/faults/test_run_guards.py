@@ -227,15 +227,21 @@ def test_a_second_process_in_a_running_run_directory_is_refused(tmp_path: Path) 
         pass
 
 
-def test_more_processes_than_validation_batches_is_refused_before_training(tmp_path: Path) -> None:
-    # Two DDP ranks and a 1-sentence validation set: one rank would have no validation batch. The
-    # refusal comes before `Trainer.fit` starts the second process, so this runs in-process.
+@pytest.mark.parametrize("split", ["train", "val", "test"])
+def test_more_processes_than_batches_of_a_split_is_refused_before_training(
+    split: str, tmp_path: Path
+) -> None:
+    # Two DDP ranks and a 1-sentence split: one rank would have no batch of it (no training batch, or
+    # none to validate or test while the other waits at the gather). The refusal comes before
+    # `Trainer.fit` starts the second process, so this runs in-process.
     run_dir = tmp_path / "run"
     with pytest.raises(DataError) as caught:
-        train(compose_train([*SYNTHETIC, "data.n_val=1", "trainer=ddp_cpu"], run_dir))
-    assert "split 'val' has 1 sentence pairs in 1 batches, fewer than the 2 processes of this run" in str(
-        caught.value
-    )
+        # the other splits big enough for two processes (batches of 8), and the test set checked (test=true)
+        sizes = {"data.batch_size": 8, "data.n_val": 16, "data.n_test": 16, f"data.n_{split}": 1}
+        overrides = [*SYNTHETIC, "test=true", *(f"{key}={value}" for key, value in sizes.items())]
+        train(compose_train([*overrides, "trainer=ddp_cpu"], run_dir))
+    expected = f"split '{split}' has 1 sentence pairs in 1 batches, fewer than the 2 processes of this run"
+    assert expected in str(caught.value)
     assert "Use fewer trainer.devices" in str(caught.value)
     assert_refused_before_training(run_dir)
 

@@ -127,7 +127,9 @@ def test_init_from_refuses_other_tokenizers_and_weights_that_do_not_fit(
     assert init_weights(module, same, str(path))["step"] == read_checkpoint(path)["global_step"]
 
     settings = module.model_config.to_dict()
-    regularised = TranslationModule(model={**settings, "dropout": 0.3, "attention_dropout": 0.1}, optim={})
+    rates = {"dropout": 0.3, "attention_dropout": 0.1, "activation_dropout": 0.2}  # every rate may differ
+    assert all(settings[name] != rate for name, rate in rates.items())
+    regularised = TranslationModule(model={**settings, **rates}, optim={})
     assert init_weights(regularised, same, str(path))["step"] == read_checkpoint(path)["global_step"]
     d_ff = module.model_config.d_ff
     wider = TranslationModule(model={**module.model_config.to_dict(), "d_ff": 2 * d_ff}, optim={})

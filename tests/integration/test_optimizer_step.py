@@ -9,11 +9,13 @@ import json
 import os
 import sys
 from pathlib import Path
+from types import SimpleNamespace
 from typing import Any
 
 import lightning as L
 import pytest
 import torch
+from omegaconf import OmegaConf
 from torch.utils.data import DataLoader
 
 from attnlab.data.batching import Collator
@@ -21,7 +23,7 @@ from attnlab.optim import OptimConfig
 from attnlab.runs.checkpoint import read_checkpoint
 from attnlab.training.experiment import validate
 from attnlab.training.module import TranslationModule
-from attnlab.training.pipeline import train
+from attnlab.training.pipeline import effective_batch, train
 from helpers import TEXT_SPLITS, compose_train, lines, tiny_config, write_corpus
 from runs import run_all
 
@@ -168,3 +170,16 @@ def test_gradient_clipping_is_applied_and_logged(tmp_path: Path) -> None:
     after = [float(r["train/grad_norm_clipped_step"]) for r in rows]
     assert len(rows) == 8 and min(before) > 0.25  # every step's gradient was larger than the limit
     assert after == pytest.approx([0.25] * len(rows), rel=1e-4)
+
+
+def test_the_effective_batch_counts_devices_nodes_and_accumulated_micro_batches() -> None:
+    """What the manifest and the start-up log say a step trains on: per-device batch × devices × nodes ×
+    accumulation (the schedules count optimizer steps)."""
+    trainer = SimpleNamespace(num_devices=2, num_nodes=3, accumulate_grad_batches=4)
+    tokens = effective_batch(OmegaConf.create({"data": {"max_tokens": 300}}), trainer)
+    assert tokens["per_optimizer_step"] == 300 * 2 * 3 * 4 and tokens["unit"] == "tokens"
+    assert tokens["formula"] == (
+        "300 tokens per device batch x 2 devices x 3 nodes x 4 accumulated = 7200 tokens per optimizer step"
+    )
+    sentences = effective_batch(OmegaConf.create({"data": {"max_tokens": None, "batch_size": 64}}), trainer)
+    assert (sentences["per_optimizer_step"], sentences["unit"]) == (64 * 24, "sentences")

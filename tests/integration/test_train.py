@@ -85,6 +85,13 @@ def test_logged_metrics(tiny_run: dict[str, Any]) -> None:
     assert by_epoch == [per_epoch, 2 * per_epoch]
     metrics = tiny_run["metrics"]
     assert math.isclose(metrics["val/ppl"], math.exp(metrics["val/nll"]), rel_tol=1e-4)
+    for when in ("step", "epoch"):  # train/ppl from the NLL, not from the label-smoothed train/loss
+        logged = [r for r in rows if r[f"train/ppl_{when}"]]
+        assert logged and all(
+            math.isclose(float(r[f"train/ppl_{when}"]), math.exp(float(r[f"train/nll_{when}"])), rel_tol=1e-4)
+            for r in logged
+        )
+        assert any(abs(float(r[f"train/loss_{when}"]) - float(r[f"train/nll_{when}"])) > 1e-2 for r in logged)
     assert 0.0 <= metrics["test/exact_match"] <= 1.0
 
 
@@ -164,6 +171,7 @@ def test_manifest_records_code_packages_hardware_data_and_a_finished_status(tiny
     assert manifest["git"]["commit"] is None or len(manifest["git"]["commit"]) == 40
     assert manifest["data"]["spec"] == "SyntheticData" and manifest["data"]["settings"]["n_train"] == 512
     assert isinstance(manifest["command"], list)
+    assert manifest["cwd"] == os.getcwd()  # where the run started (the tests' working directory)
     # allocator=keep, the default, applied before the data and model were built (on glibc)
     assert manifest["allocator"] == {"mode": "keep", "glibc_options_set": glibc() is not None}
 
@@ -236,6 +244,9 @@ def test_a_warmup_too_long_for_the_run_is_said_at_its_start_and_kept_in_the_mani
     assert half["peak_reached"] is True and half["warning"].startswith(
         "optim.warmup_steps=5 covers 62% of this run's 8 optimizer steps: lower optim.warmup_steps (e.g. 1)"
     )
+    exactly_half = OptimConfig(warmup_steps=4).warmup_facts(8)["warning"]  # "half the run or more"
+    assert exactly_half.startswith("optim.warmup_steps=4 covers 50% of this run's 8 optimizer steps")
+    assert OptimConfig(warmup_steps=4).warmup_facts(9)["warning"] is None  # under half
     linear = OptimConfig(schedule="linear", warmup_steps=5).warmup_facts(8)  # already linear: not offered
     assert linear["warning"] == (
         "optim.warmup_steps=5 covers 62% of this run's 8 optimizer steps: lower optim.warmup_steps (e.g. 1), "

@@ -40,7 +40,8 @@ def wandb_runs(
             ]  # fmt: skip
             run_dir = tmp / f"run{seed}"
             metrics = train(compose_train(overrides, run_dir))
-            env = {v: os.environ.get(v) for v in ("WANDB_DIR", "WANDB_DATA_DIR", "WANDB_CACHE_DIR")}
+            env = {v: os.environ.get(v) for v in ("WANDB_DIR", "WANDB_DATA_DIR", "WANDB_CACHE_DIR",
+                                                  "WANDB_CONFIG_DIR")}  # fmt: skip
             runs.append({"dir": run_dir, "metrics": metrics, "record": read_wandb_run(find_run_file(run_dir)),
                          "env": env, "corpus": translating_run["corpus"]})  # fmt: skip
     return runs
@@ -102,8 +103,9 @@ def test_seeds_of_one_setting_share_a_group_and_get_their_own_runs(wandb_runs: l
 def test_wandb_files_stay_inside_the_run_directory(wandb_runs: list[dict[str, Any]]) -> None:
     for run in wandb_runs:
         assert find_run_file(run["dir"]).is_relative_to(run["dir"] / "wandb")
+        assert len(run["env"]) == 4
         for value in run["env"].values():
-            assert Path(value).is_relative_to(run["dir"] / "wandb")
+            assert value is not None and Path(value).is_relative_to(run["dir"] / "wandb")
 
 
 def test_group_ignores_the_seed_and_paths_but_not_the_model() -> None:
@@ -163,12 +165,32 @@ def test_validation_scores_are_summarised_by_their_best_value(tmp_path: Path) ->
             patch.delenv(variable, raising=False)
         logger = WandbLogger(save_dir=str(tmp_path), project="attnlab-test")
         history = [(10.0, 4.0, 1.0), (30.0, 3.0, 2.0), (20.0, 3.5, 3.0)]  # the best epoch is not the last
-        for step, (bleu, loss, lr) in enumerate(history):
-            logger.log_metrics({"val/bleu": bleu, "val/loss": loss, "train/lr": lr}, step=step)
+        for step, (score, loss, lr) in enumerate(history):
+            values = {"val/bleu": score, "val/chrf": score + 1, "val/loss": loss, "val/nll": loss - 1,
+                      "val/ppl": loss + 10, "train/lr": lr}  # fmt: skip
+            logger.log_metrics(values, step=step)
         logger.experiment.finish()
     record = read_wandb_run(find_run_file(tmp_path))
-    assert SUMMARIES["val/bleu"] == "max" and SUMMARIES["val/loss"] == "min"
-    assert record.summary["val/bleu"] == {"max": 30.0}
-    assert record.summary["val/loss"] == {"min": 3.0}
+    assert SUMMARIES == {"val/bleu": "max", "val/chrf": "max", "val/loss": "min", "val/nll": "min",
+                         "val/ppl": "min"}  # fmt: skip
+    assert record.summary["val/bleu"] == {"max": 30.0} and record.summary["val/chrf"] == {"max": 31.0}
+    assert record.summary["val/loss"] == {"min": 3.0} and record.summary["val/nll"] == {"min": 2.0}
+    assert record.summary["val/ppl"] == {"min": 13.0}
     assert record.summary["train/lr"] == 3.0
     assert [row["val/bleu"] for row in record.history if "val/bleu" in row] == [10.0, 30.0, 20.0]
+
+
+def test_the_wandb_mode_environment_variable_wins_over_the_loggers_mode(tmp_path: Path) -> None:
+    """`WANDB_MODE=disabled` in the environment keeps a run configured `mode: offline` off W&B: nothing is
+    written."""
+    from attnlab.runs.wandb import WandbLogger
+
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setenv("WANDB_MODE", "disabled")
+        for variable in ("WANDB_DIR", "WANDB_DATA_DIR", "WANDB_CACHE_DIR", "WANDB_CONFIG_DIR"):
+            patch.delenv(variable, raising=False)
+        logger = WandbLogger(save_dir=str(tmp_path), project="attnlab-test", mode="offline")
+        logger.log_metrics({"val/bleu": 1.0}, step=0)
+        logger.experiment.finish()
+    assert not list((tmp_path / "wandb").rglob("*.wandb"))
+    assert not list((tmp_path / "wandb").glob("offline-run-*"))

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import dataclasses
 import inspect
+import os
 import re
 import subprocess
 import sys
@@ -317,6 +318,9 @@ def test_help_and_cfg_job_do_not_import_torch() -> None:
 def test_run_directories_never_collide(tmp_path: Path) -> None:
     dirs = {str(compose_train([], tmp_path, hydra_node=True).hydra.run.dir) for _ in range(5)}
     assert len(dirs) == 5
+    # <date>_<time>_<pid in hex>-<6 random hex digits>
+    pattern = rf"\d{{4}}-\d\d-\d\d_\d\d-\d\d-\d\d_{os.getpid():x}-[0-9a-f]{{6}}"
+    assert all(re.fullmatch(pattern, Path(path).name) for path in dirs), dirs
     cfg = compose_train([], tmp_path, hydra_node=True)
     assert cfg.hydra.run.dir == cfg.hydra.run.dir  # stable within one run
 

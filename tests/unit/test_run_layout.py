@@ -5,6 +5,8 @@ from __future__ import annotations
 
 import json
 import os
+import subprocess
+import sys
 from pathlib import Path
 from typing import Any
 
@@ -13,7 +15,7 @@ import pytest
 from attnlab.io import atomic_writer
 from attnlab.reports.compare import load_runs, varying_keys
 from attnlab.runs.layout import BOOKKEEPING, MANIFEST_FILE, RunDir, UnreadableRunFile, read_metrics_csv
-from attnlab.runs.manifest import Manifest
+from attnlab.runs.manifest import Manifest, git_state
 from attnlab.runs.wandb import config_group, run_name, wandb_names
 from attnlab.training.resume import check_same_experiment, csv_history
 from attnlab.typed import ConfigError
@@ -147,12 +149,15 @@ def test_the_manifest_is_one_object_written_on_every_change(tmp_path: Path) -> N
     assert again["status"] == "running" and "error" not in again and again["end_time"] is None
     assert again["start_time"] == first["start_time"] and again["wandb_run_id"] == "abc"
     assert [entry["checkpoint"] for entry in again["resumed"]] == [str(run.last_checkpoint)]
+    assert again["resumed"][0]["command"] == [sys.executable, *sys.argv]  # the command of the resumption
+    assert again["resumed"][0]["time"] >= first["end_time"]
     resumed.finish("finished")
     assert Manifest.read(run).get("status") == "finished" and "error" not in Manifest.read(run).fields
 
     Manifest.failed(RunDir(tmp_path / "new"), "ConfigError: model.pe='x'\nmore")
     failed = json.loads((tmp_path / "new" / MANIFEST_FILE).read_text())
     assert failed["status"] == "failed" and failed["error"] == "ConfigError: model.pe='x'"
+    assert failed["overrides"] == []  # none outside a Hydra app (a sweep's: tests/integration/test_sweep.py)
     run.manifest_file.write_text("[1]")
     with pytest.raises(UnreadableRunFile, match="it holds a JSON list, not an object"):
         Manifest.read(run)
@@ -205,3 +210,30 @@ def test_the_results_table_shows_ter_and_the_papers_bleu_beside_sacrebleu_when_t
     assert "BLEU tok+compound (paper)" in header
     assert test.split()[:6] == ["test", "2", "31.23", "55.00", "48.25", "33.46"]
     assert val.split()[4:6] == ["-", "-"]
+
+
+def test_git_state_names_the_checkouts_commit_and_whether_a_tracked_file_changed(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """What the manifest's `git` records: the commit of the checkout holding the code, dirty once a tracked
+    file differs from it (an untracked file does not count), and nulls outside a checkout."""
+    monkeypatch.setenv("GIT_CEILING_DIRECTORIES", str(tmp_path))  # no checkout above tmp_path counts
+    repo = tmp_path / "repo"
+    repo.mkdir()
+
+    def git(*args: str) -> str:
+        command = ["git", "-C", str(repo), "-c", "user.name=t", "-c", "user.email=t@example.org", *args]
+        return subprocess.run(command, capture_output=True, text=True, check=True).stdout.strip()
+
+    git("init", "-q")
+    (repo / "code.py").write_text("x = 1\n")
+    git("add", "code.py")
+    git("commit", "-q", "-m", "first")
+    assert git_state(repo) == {"commit": git("rev-parse", "HEAD"), "dirty": False}
+    assert len(git_state(repo)["commit"]) == 40
+    (repo / "notes.txt").write_text("untracked\n")
+    assert git_state(repo)["dirty"] is False
+    (repo / "code.py").write_text("x = 2\n")
+    assert git_state(repo)["dirty"] is True
+    (tmp_path / "elsewhere").mkdir()
+    assert git_state(tmp_path / "elsewhere") == {"commit": None, "dirty": None}

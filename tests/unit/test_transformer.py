@@ -466,3 +466,28 @@ def test_explicit_attention_for_many_decoding_rows_equals_the_fused_kernel() -> 
         steps = [model.decode(tgt[:, t : t + 1], memory, src_mask, cache=cache) for t in range(3)]
         full = model.decode(tgt, memory, src_mask)  # 10 queries per row: the fused kernel
     torch.testing.assert_close(torch.cat(steps, 1), full[:, :3], rtol=1e-5, atol=1e-5)
+
+
+@pytest.mark.parametrize("tie", ["all", "none"])
+def test_initialisation_is_xavier_uniform_with_zero_biases_and_normal_embeddings(tie: str) -> None:
+    """Every linear weight uniform in ±sqrt(6 / (fan_in + fan_out)) with Xavier's variance and a zero bias;
+    embeddings N(0, D^-0.5) with a zero pad row; a tied output projection is the embedding itself."""
+    torch.manual_seed(0)
+    config = TransformerConfig(d_model=128, n_heads=4, d_ff=256, n_encoder_layers=2, n_decoder_layers=2,
+                               tie=tie, output_bias=True).with_vocab(2000, 2000)  # fmt: skip
+    model = Transformer(config)
+    embeddings = [module for module in model.modules() if isinstance(module, nn.Embedding)]
+    linears = [module for module in model.modules() if isinstance(module, nn.Linear)]
+    for embedding in embeddings:
+        rows = torch.cat([embedding.weight[:PAD], embedding.weight[PAD + 1 :]])
+        assert torch.all(embedding.weight[PAD] == 0)
+        assert abs(rows.mean().item()) < 0.01 and rows.std().item() == pytest.approx(128**-0.5, rel=0.02)
+    for linear in linears:
+        assert linear.bias is None or torch.all(linear.bias == 0)
+        if tie == "all" and linear is model.output:
+            assert linear.weight is embeddings[0].weight
+            continue
+        fan_out, fan_in = linear.weight.shape
+        bound = math.sqrt(6 / (fan_in + fan_out))
+        assert linear.weight.abs().max().item() <= bound
+        assert linear.weight.std().item() == pytest.approx(bound / math.sqrt(3), rel=0.05)

@@ -12,7 +12,7 @@ import lightning as L
 import torch
 import torch.nn.functional as F
 from torch import Tensor
-from torchmetrics import SumMetric
+from torchmetrics import Metric, SumMetric
 
 from attnlab.data.batching import restore_order
 from attnlab.decoding import DecodeConfig
@@ -31,6 +31,25 @@ FUSED_ADAM_DEVICES = frozenset({"cpu", "cuda"})  # devices whose parameters get 
 
 class NonFiniteError(FloatingPointError):
     """A training loss or gradient is NaN or infinite (`optim.on_nonfinite=stop`)."""
+
+
+class Perplexity(Metric):
+    """exp(NLL summed over target tokens / their number): a batch's perplexity per step, and the epoch's
+    from all its tokens (not the mean of the steps' perplexities, which exceeds it), summed over ranks."""
+
+    full_state_update = False
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.add_state("nll", default=torch.tensor(0.0), dist_reduce_fx="sum")
+        self.add_state("tokens", default=torch.tensor(0.0), dist_reduce_fx="sum")
+
+    def update(self, nll_sum: Tensor, tokens: Tensor) -> None:
+        self.nll += nll_sum.detach().float()
+        self.tokens += tokens.float()
+
+    def compute(self) -> Tensor:
+        return torch.exp(self.nll / self.tokens.clamp(min=1))
 
 
 class TranslationModule(L.LightningModule):
@@ -78,6 +97,7 @@ class TranslationModule(L.LightningModule):
         self.sums = torch.nn.ModuleDict(
             {name: SumMetric() for name in ("loss", "nll", "tokens", "exact", "sentences")}
         )
+        self.train_ppl = Perplexity()
         self._tokens_seen = 0
         self._skipped = 0  # batches skipped for a non-finite loss or gradient (optim.on_nonfinite=skip)
         self._step_tokens = 0
@@ -142,8 +162,9 @@ class TranslationModule(L.LightningModule):
         # step it counts as done, must hold that step's tokens.
         self._tokens_seen += self._step_tokens
         self._window_tokens += local_tokens
+        self.train_ppl(nll_sum, n_tokens)  # the step's value; the epoch's from all its tokens
         self.log_dict(
-            {"train/loss": loss, "train/nll": nll, "train/ppl": torch.exp(nll.detach())},
+            {"train/loss": loss, "train/nll": nll, "train/ppl": self.train_ppl},
             on_step=True, on_epoch=True, prog_bar=True, batch_size=local_tokens,
         )  # fmt: skip
         # The sum, not the mean: the gradient is divided by the optimizer step's tokens over every rank
