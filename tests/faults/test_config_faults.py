@@ -53,7 +53,12 @@ CASES = [
     Case(["model.d_ff=-1"], E, "model.d_ff=-1", "must be positive"),
     Case(["model.n_encoder_layers=0"], E, "model.n_encoder_layers=0", "must be positive"),
     Case(["model.n_decoder_layers=-1"], E, "model.n_decoder_layers=-1", "must be positive"),
-    Case(["model.n_heads=3"], E, "model.n_heads=3", "choose n_heads that divides d_model"),
+    Case(
+        ["model.n_heads=3"],
+        E,
+        "model.n_heads=3",
+        "choose n_heads that divides d_model, or set d_head explicitly",
+    ),
     Case(["model.pe=rotary"], E, "model.pe='rotary'", "'sinusoidal' | 'learned' | 'none'"),
     Case(["model.pe_layout=zigzag"], E, "model.pe_layout='zigzag'", "'interleaved' | 'split'"),
     Case(["model.activation=tanh"], E, "model.activation='tanh'", "'relu' | 'gelu' | 'silu'"),

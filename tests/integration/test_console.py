@@ -4,6 +4,7 @@ job logging, Lightning's own handlers, W&B offline), its output written to a fil
 from __future__ import annotations
 
 import itertools
+import logging
 import os
 import pty
 import re
@@ -12,6 +13,7 @@ import sys
 from collections import Counter
 from collections.abc import Iterator
 from pathlib import Path
+from types import SimpleNamespace
 from typing import Any
 
 import pytest
@@ -194,3 +196,81 @@ def test_bad_progress_settings_are_refused(tmp_path: Path, override: str, error:
 
     with pytest.raises(ConfigError, match=re.escape(error)):
         validate(compose_train(["data=synthetic", "model=tiny", override], tmp_path))
+
+
+# --- ProgressLines on a stub trainer and a clock the test moves ----------------------------------------
+
+
+class Clock:
+    def __init__(self) -> None:
+        self.now = 0.0
+
+    def monotonic(self) -> float:
+        return self.now
+
+
+def progress_run(
+    monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture, lines: Any, events: list[tuple]
+) -> list[str]:
+    """Feed `lines` (a ProgressLines) a run: ("step", time, tokens seen) ends an optimizer step,
+    ("validate", start, end) a validation; returns the progress lines it logged."""
+    import torch
+
+    from attnlab.training import console
+
+    clock = Clock()
+    monkeypatch.setattr(console, "time", clock)
+    trainer = SimpleNamespace(is_global_zero=True, current_epoch=0, global_step=0, sanity_checking=False,
+                              callback_metrics={"train/loss_step": torch.tensor(2.0)},
+                              estimated_stepping_batches=100, max_epochs=1)  # fmt: skip
+    module = SimpleNamespace(tokens_seen=0)
+    with caplog.at_level(logging.INFO, logger=console.__name__):
+        caplog.clear()
+        lines.on_train_start(trainer, module)
+        for kind, first, second in events:
+            if kind == "validate":
+                clock.now = first
+                lines.on_validation_start(trainer, module)
+                clock.now = second
+                lines.on_validation_end(trainer, module)
+            else:
+                clock.now, module.tokens_seen = first, second
+                trainer.global_step += 1
+                lines.on_train_batch_end(trainer, module, None, None, trainer.global_step - 1)
+        return [r.getMessage() for r in caplog.records if r.getMessage().startswith("progress: ")]
+
+
+def test_progress_lines_default_to_every_30_seconds(tmp_path: Path) -> None:
+    from attnlab.training.console import ProgressLines
+
+    assert ProgressLines().every_n_seconds == 30.0 and ProgressLines().every_n_steps is None
+    assert compose_train([], tmp_path).progress.every_n_seconds == 30
+
+
+def test_progress_lines_come_at_whichever_period_ends_first_and_none_with_both_off(
+    monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
+) -> None:
+    from attnlab.training.console import ProgressLines
+
+    steps = [("step", t, 100 * i) for i, t in enumerate((5.0, 11.0, 12.0, 13.0, 14.0), start=1)]
+    by_seconds = progress_run(
+        monkeypatch, caplog, ProgressLines(every_n_seconds=10, every_n_steps=1000), steps
+    )
+    assert [line.split(" | ")[0] for line in by_seconds] == ["progress: step 2/100 (2%)"]  # at 11 s
+    by_steps = progress_run(monkeypatch, caplog, ProgressLines(every_n_seconds=1000, every_n_steps=2), steps)
+    assert [line.split(" | ")[0] for line in by_steps] == [
+        "progress: step 2/100 (2%)",
+        "progress: step 4/100 (4%)",
+    ]
+    off = ProgressLines(every_n_seconds=None, every_n_steps=None)
+    assert not off.is_enabled and progress_run(monkeypatch, caplog, off, steps) == []
+
+
+def test_progress_tokens_per_second_leave_validation_time_out(
+    monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
+) -> None:
+    from attnlab.training.console import ProgressLines
+
+    events = [("validate", 2.0, 8.0), ("step", 12.0, 600)]  # 600 tokens in 12 s, 6 of them validating
+    (line,) = progress_run(monkeypatch, caplog, ProgressLines(every_n_seconds=10), events)
+    assert "| 100 tgt tok/s |" in line

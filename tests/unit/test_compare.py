@@ -188,6 +188,46 @@ def test_plots_show_groups_with_intervals_curves_and_parameters(sweep: Path, tmp
     assert "validation_curves.png" in report([sweep], plots=tmp_path / "again")
 
 
+def test_without_a_baseline_the_first_group_is_it(sweep: Path) -> None:
+    groups, _ = summarize(load_runs([sweep]))
+    assert [g.name for g in groups] == ["model.pe=none", "model.pe=sinusoidal"]  # in the order found
+    assert groups[0].delta["test/test2016/bleu"] == 0.0
+    assert groups[1].delta["test/test2016/bleu"] == pytest.approx(32.0 - 22.0)
+    assert report([sweep]).splitlines()[2].startswith("| model.pe=none | 3 |")
+
+
+def test_tokens_per_second_and_the_test_metrics_of_data_without_text_are_columns(sweep: Path) -> None:
+    """Runs whose results hold test metrics but no decoded sets (data without text) get those metrics as
+    columns; tokens/s is a column whenever the runs logged it."""
+    for run in sweep.iterdir():
+        if (run / "results.json").is_file():
+            seed = int(run.name.split("seed=")[1])
+            metrics = {
+                "test/loss": 1.0 + seed,
+                "test/exact_match": 0.5,
+                "train/tokens_per_sec_epoch": 1000.0 * seed,
+            }
+            (run / "results.json").write_text(json.dumps({"sets": {}, "metrics": metrics}))
+    header = report([sweep]).splitlines()[0]
+    assert "test/exact_match" in header and "test/loss" in header and "train/tokens_per_sec_epoch" in header
+    assert "| model.pe=none | 3 | 0.50 ± 0.00 [±0.00] | +0.00 | 3.00 ± 1.00" in report([sweep])
+
+
+def test_validation_curves_plot_bleu_when_the_runs_logged_it(sweep: Path) -> None:
+    from attnlab.reports.plots import _validation_curves
+
+    for run in sweep.iterdir():
+        seed = int(run.name.split("seed=")[1])
+        rows = "".join(f",{10 * (e + 1)},{e},{4.0 - e},{20.0 + seed + e}\n" for e in range(2))
+        (run / "csv" / "metrics.csv").write_text(
+            f"params/total,step,epoch,val/loss,val/bleu\n1234.0,0,,,\n{rows}"
+        )
+    groups, _ = summarize(load_runs([sweep]))
+    axes = _validation_curves(groups).axes[0]
+    assert axes.get_ylabel() == "val/bleu"
+    assert list(axes.lines[0].get_ydata()) == [22.0, 23.0]  # group model.pe=none: seeds 1-3, mean per epoch
+
+
 def test_ter_is_a_column_when_the_runs_scored_it(sweep: Path) -> None:
     for run in sweep.iterdir():
         results_file = run / "results.json"

@@ -9,9 +9,11 @@ import re
 import subprocess
 import sys
 from pathlib import Path
+from typing import Any
 
 import lightning as L
 import pytest
+import yaml
 from hydra.utils import get_class, instantiate
 from omegaconf import DictConfig, OmegaConf
 
@@ -313,6 +315,31 @@ def test_help_and_cfg_job_do_not_import_torch() -> None:
     )
     out = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=120)
     assert "d_model: 32" in out.stdout and "TORCH_IMPORTED False" in out.stdout, out
+
+
+def test_your_own_configs_come_in_by_config_dir_or_the_search_path(tmp_path: Path) -> None:
+    """README, "Your own configs": an experiment under `--config-dir`, a model group option through
+    `hydra.searchpath`, both composed over the packaged configs (`--cfg job`: no torch import)."""
+    mine = tmp_path / "my_conf"
+    (mine / "experiment").mkdir(parents=True)
+    (mine / "model").mkdir()
+    (mine / "experiment" / "my_study.yaml").write_text(
+        "# @package _global_\ndefaults:\n  - override /model: small\nmodel:\n  pe: learned\n"
+    )
+    (mine / "model" / "my_model.yaml").write_text(
+        "defaults:\n  - base\n  - _self_\nd_model: 64\nn_heads: 2\n"
+    )
+
+    def job(*args: str) -> dict[str, Any]:
+        command = [sys.executable, "-m", "attnlab.cli.train", *args, "--cfg", "job"]
+        done = subprocess.run(command, capture_output=True, text=True, timeout=120, cwd=tmp_path)
+        assert done.returncode == 0, done.stderr
+        return yaml.safe_load(done.stdout)
+
+    study = job("--config-dir", "./my_conf", "experiment=my_study")["model"]
+    assert (study["pe"], study["d_model"], study["n_encoder_layers"]) == ("learned", 256, 3)  # small + diff
+    model = job(f"hydra.searchpath=[file://{mine}]", "model=my_model")["model"]
+    assert (model["d_model"], model["n_heads"], model["d_ff"]) == (64, 2, 2048)  # base's d_ff
 
 
 def test_run_directories_never_collide(tmp_path: Path) -> None:

@@ -1259,3 +1259,16 @@ def test_pairs_dropped_by_the_filters_are_reported_when_the_cache_is_loaded(
         "kept": len(dm.splits["train"]),
     }
     assert pairs["lines"] - pairs["dropped_empty"] - sum(pairs["dropped_by_filter"].values()) == pairs["kept"]
+
+
+def test_the_batch_order_follows_data_seed_not_the_runs_seed(corpus: Path, tmp_path: Path) -> None:
+    """A study's seeds (the run's `seed`, which seeds torch) leave the batches alone: `data.seed` alone
+    orders them, so runs that differ in seed only see the same batches in the same order."""
+    orders = []
+    for run_seed, data_seed in ((1, 1), (2, 1), (1, 2)):
+        torch.manual_seed(run_seed)
+        random.seed(run_seed)
+        np.random.seed(run_seed)
+        datamodule = setup_datamodule(files_spec(corpus, tmp_path, seed=data_seed))
+        orders.append(list(datamodule.train_dataloader().batch_sampler))
+    assert orders[0] == orders[1] != orders[2]

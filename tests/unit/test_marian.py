@@ -72,6 +72,26 @@ def test_converted_model_gives_the_same_logits(marian) -> None:
         torch.testing.assert_close(ours(src, tgt), theirs, atol=2e-5, rtol=1e-5)
 
 
+def test_a_model_without_shared_embeddings_converts_with_its_own_target_embedding() -> None:
+    """`share_encoder_decoder_embeddings=False`: the source embedding is the encoder's alone, the target
+    embedding the decoder's and the output layer's (`tie=decoder`), and the logits stay MarianMT's."""
+    config = transformers.MarianConfig(
+        vocab_size=60, d_model=32, encoder_layers=1, decoder_layers=1, encoder_attention_heads=4,
+        decoder_attention_heads=4, encoder_ffn_dim=64, decoder_ffn_dim=64, max_position_embeddings=64,
+        pad_token_id=PAD, eos_token_id=EOS, decoder_start_token_id=PAD, activation_function="swish",
+        share_encoder_decoder_embeddings=False, init_std=0.5,
+    )  # fmt: skip
+    torch.manual_seed(0)
+    theirs = transformers.MarianMTModel(config).eval()
+    ours = from_marian(theirs)
+    assert ours.config.tie == "decoder"
+    assert ours.encoder.embed.token.weight is not ours.decoder.embed.token.weight
+    src, tgt = batch()
+    with torch.no_grad():
+        expected = theirs(input_ids=src, attention_mask=src != PAD, decoder_input_ids=tgt).logits
+        torch.testing.assert_close(ours(src, tgt), expected, atol=2e-5, rtol=1e-5)
+
+
 def test_greedy_outputs_are_the_same(marian) -> None:
     ours = from_marian(marian)
     torch.manual_seed(1)
