@@ -3,7 +3,11 @@
 from __future__ import annotations
 
 import hashlib
+import os
 import re
+import subprocess
+import sys
+import tempfile
 from pathlib import Path
 
 import pytest
@@ -38,8 +42,45 @@ def test_missing_shared_data_skips_on_a_users_clone(tmp_path: Path, monkeypatch:
 
 def test_missing_shared_data_fails_under_ci(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setenv("CI", "true")
-    with pytest.raises(pytest.fail.Exception, match="CI must provide it"):
+    try:  # a skip must fail this test too, not skip it (pytest.raises would let a skip through)
         require_shared_data(tmp_path / "absent")
+    except BaseException as exc:  # pytest's outcomes (fail, skip) are BaseExceptions
+        outcome = exc
+    else:
+        outcome = None
+    assert isinstance(outcome, pytest.fail.Exception) and "CI must provide it" in str(outcome), outcome
+
+
+def test_the_test_session_keeps_its_caches_out_of_the_users(monkeypatch: pytest.MonkeyPatch) -> None:
+    """tests/conftest.py points ATTNLAB_CACHE_DIR at a fresh temporary directory for the session."""
+    cache = Path(os.environ["ATTNLAB_CACHE_DIR"])
+    assert cache.name.startswith("attnlab-test-cache-") and cache.parent == Path(tempfile.gettempdir())
+
+
+SCRIPTS = re.findall(r'^(attnlab-\w+) = "attnlab\.cli\.(\w+):main"$', (ROOT / "pyproject.toml").read_text(),
+                     re.M)  # fmt: skip
+
+
+@pytest.mark.parametrize(("script", "module"), SCRIPTS, ids=[s for s, _ in SCRIPTS])
+def test_every_commands_help_is_printed_without_importing_torch(script: str, module: str) -> None:
+    """README, Architecture: the modules a command loads first import torch and lightning only inside the
+    functions that need them, so `--help` stays fast."""
+    code = (
+        "import sys\n"
+        f"from attnlab.cli.{module} import main\n"
+        f"sys.argv = [{script!r}, '--help']\n"
+        "try:\n    main()\nexcept SystemExit:\n    pass\n"
+        "print('HEAVY', 'torch' in sys.modules, 'lightning' in sys.modules)\n"
+    )
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
+    help_text = done.stdout.split("HEAVY")[0]
+    assert "HEAVY False False" in done.stdout and len(help_text) > 200, done  # the help, then the check
+
+
+def test_the_inference_layer_needs_no_lightning() -> None:
+    code = "import sys\nimport attnlab.inference.translator\nprint('LIGHTNING', 'lightning' in sys.modules)\n"
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
+    assert "LIGHTNING False" in done.stdout, done
 
 
 def test_shared_multi30k_matches_its_checksums(shared_data: Path) -> None:

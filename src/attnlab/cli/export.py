@@ -15,7 +15,6 @@ import hydra
 from omegaconf import DictConfig, OmegaConf
 
 from attnlab.cli.app import config_dir, register_resolvers
-from attnlab.interop.export import check_request, export
 from attnlab.typed import ConfigError
 
 register_resolvers()
@@ -32,6 +31,7 @@ def export_checkpoint(cfg: DictConfig) -> Path:
         if OmegaConf.is_missing(cfg, key) or cfg.get(key) in (None, ""):
             raise ConfigError(f"{key}= is required (attnlab-export ckpt_path=<run> format=hf|ctranslate2 "
                               "out=<directory>)")  # fmt: skip
+    from attnlab.interop.export import check_request, export  # imports torch: not for --help or a bad key
     from attnlab.runs.checkpoint import CheckpointError
 
     ckpt_path = cfg.ckpt_path
