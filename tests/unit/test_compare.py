@@ -222,10 +222,14 @@ def test_validation_curves_plot_bleu_when_the_runs_logged_it(sweep: Path) -> Non
         (run / "csv" / "metrics.csv").write_text(
             f"params/total,step,epoch,val/loss,val/bleu\n1234.0,0,,,\n{rows}"
         )
+    import matplotlib.pyplot as plt
+
     groups, _ = summarize(load_runs([sweep]))
-    axes = _validation_curves(groups).axes[0]
+    figure = _validation_curves(groups)
+    axes = figure.axes[0]
     assert axes.get_ylabel() == "val/bleu"
     assert list(axes.lines[0].get_ydata()) == [22.0, 23.0]  # group model.pe=none: seeds 1-3, mean per epoch
+    plt.close(figure)
 
 
 def test_ter_is_a_column_when_the_runs_scored_it(sweep: Path) -> None:

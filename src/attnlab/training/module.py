@@ -34,8 +34,8 @@ class NonFiniteError(FloatingPointError):
 
 
 class Perplexity(Metric):
-    """exp(NLL summed over target tokens / their number): a batch's perplexity per step, and the epoch's
-    from all its tokens (not the mean of the steps' perplexities, which exceeds it), summed over ranks."""
+    """exp(NLL summed over target tokens / their number): `train/ppl_epoch`, the epoch's perplexity from
+    all its tokens over every rank (not the mean of the steps' perplexities, which exceeds it)."""
 
     full_state_update = False
 
@@ -162,11 +162,17 @@ class TranslationModule(L.LightningModule):
         # step it counts as done, must hold that step's tokens.
         self._tokens_seen += self._step_tokens
         self._window_tokens += local_tokens
-        self.train_ppl(nll_sum, n_tokens)  # the step's value; the epoch's from all its tokens
         self.log_dict(
-            {"train/loss": loss, "train/nll": nll, "train/ppl": self.train_ppl},
-            on_step=True, on_epoch=True, prog_bar=True, batch_size=local_tokens,
+            {"train/loss": loss, "train/nll": nll}, on_step=True, on_epoch=True, prog_bar=True,
+            batch_size=local_tokens,
         )  # fmt: skip
+        # perplexity: the step's exp(NLL), and the epoch's from all its tokens (`Perplexity`), under the
+        # names Lightning gives a value logged per step and per epoch
+        self.train_ppl.update(nll_sum, n_tokens)
+        self.log("train/ppl_step", torch.exp(nll.detach()), on_step=True, on_epoch=False, prog_bar=True,
+                 batch_size=local_tokens)  # fmt: skip
+        self.log("train/ppl_epoch", self.train_ppl, on_step=False, on_epoch=True, prog_bar=True,
+                 batch_size=local_tokens)  # fmt: skip
         # The sum, not the mean: the gradient is divided by the optimizer step's tokens over every rank
         # and micro-batch in `on_before_optimizer_step` (token-level normalisation, as fairseq does).
         return loss_sum
