@@ -17,7 +17,7 @@ from attnlab.runs.checkpoint import read_checkpoint
 from attnlab.training.pipeline import train
 from attnlab.typed import ConfigError
 from helpers import compose_train
-from runs import assert_same_training, attnlab_train
+from runs import assert_same_training, attnlab_train, final, logged_rows
 
 RUN = [
     "data=synthetic",
@@ -90,6 +90,43 @@ def test_skip_leaves_the_weights_untouched_by_the_bad_batch_and_trains_on(what: 
     more = [*overrides, "trainer.max_epochs=2", "optim.on_nonfinite=skip", "resume=true"]
     train(compose_train(more, tmp_path))
     assert torch.load(last, weights_only=True)["global_step"] == 20
+
+
+def test_skipped_steps_are_counted_per_epoch(tmp_path: Path) -> None:
+    """`train/skipped_steps` is each epoch's count of skipped batches, not the run's so far."""
+    second = [
+        "+callbacks.nan2._target_=probes.NonFiniteAt",
+        "+callbacks.nan2.step=15",
+        "+callbacks.nan2.what=loss",
+    ]
+    overrides = [o for o in RUN if not o.startswith("trainer.max_epochs=")]
+    skips = [*nonfinite_at(5, "loss"), *second, "optim.on_nonfinite=skip"]
+    train(compose_train([*overrides, "trainer.max_epochs=2", *skips], tmp_path))
+    assert logged_rows(tmp_path, "train/skipped_steps") == [(9, 1.0), (19, 1.0)]
+
+
+def test_a_run_preempted_inside_an_epoch_logs_that_epochs_values_as_an_uninterrupted_run(
+    tmp_path: Path,
+) -> None:
+    """SIGUSR1 at the end of step 6 of 10 (`Preemption` saves last.ckpt at the next step's end, 7, and
+    stops); resumed, the run
+    logs the epoch's values (`runs.EPOCH_VALUES`) and its skipped batch (step 3, before the stop) as the
+    uninterrupted run does: the sums before the stop come from the checkpoint."""
+    skip = ["optim.on_nonfinite=skip", "model.dropout=0.1"]
+    reference, run_dir = tmp_path / "reference", tmp_path / "run"
+    train(compose_train([*RUN, *skip, *nonfinite_at(3, "loss"), *final(reference)], reference))
+    stop = ["+callbacks.stop._target_=probes.SignalAt", "+callbacks.stop.step=6",
+            f"+callbacks.stop.signum={int(signal.SIGUSR1)}"]  # fmt: skip
+    with pytest.raises(SystemExit):
+        train(compose_train([*RUN, *skip, *nonfinite_at(3, "loss"), *stop, *final(run_dir)], run_dir))
+    assert read_checkpoint(run_dir / "checkpoints" / "last.ckpt")["global_step"] == 7  # inside the epoch
+    train(compose_train([*RUN, *skip, *final(run_dir), "resume=true"], run_dir))
+    assert_same_training(run_dir, reference)
+    assert (
+        logged_rows(run_dir, "train/skipped_steps")
+        == logged_rows(reference, "train/skipped_steps")
+        == [(9, 1.0)]
+    )
 
 
 def test_a_kill_in_the_middle_of_a_checkpoint_save_keeps_the_previous_one(

@@ -12,7 +12,7 @@ import lightning as L
 import torch
 import torch.nn.functional as F
 from torch import Tensor
-from torchmetrics import Metric, SumMetric
+from torchmetrics import SumMetric
 
 from attnlab.data.batching import restore_order
 from attnlab.decoding import DecodeConfig
@@ -22,6 +22,7 @@ from attnlab.model.config import TransformerConfig
 from attnlab.model.transformer import Transformer
 from attnlab.optim import OptimConfig
 from attnlab.runs.checkpoint import BUNDLE_KEY, RESUME_KEY, bundle, rng_states, set_rng_states
+from attnlab.training.epoch_metrics import AVERAGED, EpochMean, EpochState
 from attnlab.training.loss import output_layer_loss
 
 log = logging.getLogger(__name__)
@@ -33,35 +34,17 @@ class NonFiniteError(FloatingPointError):
     """A training loss or gradient is NaN or infinite (`optim.on_nonfinite=stop`)."""
 
 
-class Perplexity(Metric):
-    """exp(NLL summed over target tokens / their number): `train/ppl_epoch`, the epoch's perplexity from
-    all its tokens over every rank (not the mean of the steps' perplexities, which exceeds it)."""
-
-    full_state_update = False
-
-    def __init__(self) -> None:
-        super().__init__()
-        self.add_state("nll", default=torch.tensor(0.0), dist_reduce_fx="sum")
-        self.add_state("tokens", default=torch.tensor(0.0), dist_reduce_fx="sum")
-
-    def update(self, nll_sum: Tensor, tokens: Tensor) -> None:
-        self.nll += nll_sum.detach().float()
-        self.tokens += tokens.float()
-
-    def compute(self) -> Tensor:
-        return torch.exp(self.nll / self.tokens.clamp(min=1))
-
-
 class TranslationModule(L.LightningModule):
     """Trains a `Transformer` on batches from the data modules (`src`, `tgt_in`, `tgt_out`).
 
-    Logs per step and epoch `train/loss` (label-smoothed), `train/nll`, `train/ppl`, `train/lr`,
-    `train/tokens_per_sec` (non-padding target tokens over the whole step: forward, backward, optimizer,
-    summed over ranks), `train/tokens_seen`; per validation epoch `val/loss`, `val/nll`,
-    `val/ppl`, and every `decode.every_n_epochs` epochs `val/bleu` and `val/chrf` (detokenized
-    sacreBLEU on decoded validation sentences, corpora with a tokenizer only); on test `test/loss`,
-    `test/ppl` and `test/exact_match` (greedy decoding). Parameter counts go to the loggers at the start
-    of fitting.
+    Logs per step and epoch `train/loss` (label-smoothed), `train/nll`, `train/ppl`, `train/grad_norm`,
+    `train/lr`, `train/tokens_per_sec` (non-padding target tokens over the whole step: forward, backward,
+    optimizer, summed over ranks), `train/tokens_seen` (epoch values: `attnlab.training.epoch_metrics`,
+    kept in checkpoints); per epoch with skipped batches `train/skipped_steps`; per validation epoch
+    `val/loss`, `val/nll`, `val/ppl`, and every `decode.every_n_epochs` epochs `val/bleu` and `val/chrf`
+    (detokenized sacreBLEU on decoded validation sentences, corpora with a tokenizer only); on test
+    `test/loss`, `test/ppl` and `test/exact_match` (greedy decoding). Parameter counts go to the loggers
+    at the start of fitting.
 
     Args:
         model: The architecture (a `TransformerConfig` or its dict form, with vocabulary sizes set).
@@ -97,9 +80,14 @@ class TranslationModule(L.LightningModule):
         self.sums = torch.nn.ModuleDict(
             {name: SumMetric() for name in ("loss", "nll", "tokens", "exact", "sentences")}
         )
-        self.train_ppl = Perplexity()
+        # the averaged training metrics' running epoch sums (`attnlab.training.epoch_metrics`)
+        self.train_metrics = torch.nn.ModuleDict({name: EpochMean(exp=name == "ppl") for name in AVERAGED})
+        self._epoch_to_restore: EpochState | None = None  # a checkpoint's, until the first resumed batch
         self._tokens_seen = 0
         self._skipped = 0  # batches skipped for a non-finite loss or gradient (optim.on_nonfinite=skip)
+        self._epoch_skipped = 0  # ... in this epoch
+        self._batch_open = False  # between the module's on_train_batch_start and on_train_batch_end
+        self._batch_ended = False  # this batch's lr and tokens/s added to the epoch's sums
         self._step_tokens = 0
         self._window_tokens = 0  # this optimizer step's target tokens on this rank, over its micro-batches
         self._step_started = 0.0
@@ -141,18 +129,31 @@ class TranslationModule(L.LightningModule):
                 group["lr"] = rate
             scheduler._last_lr = rates
 
+    def on_train_epoch_start(self) -> None:
+        for metric in self.train_metrics.values():
+            metric.reset()
+        self._epoch_skipped = 0
+
     def on_train_batch_start(self, batch: dict[str, Tensor], batch_idx: int) -> None:
         if self._rng_to_restore is not None:  # resumed: the random streams continue where they were saved
             set_rng_states(self._rng_to_restore)
             self._rng_to_restore = None
+        saved, self._epoch_to_restore = self._epoch_to_restore, None
+        if saved is not None and saved.epoch == self.current_epoch:  # resumed inside the saved epoch
+            for name, (total, weight) in saved.sums.items():
+                self.train_metrics[name].reset()
+                self.train_metrics[name].update(total, weight)  # 0.0 + total: the sums as saved
+            self._epoch_skipped = saved.skipped
+        self._batch_open, self._batch_ended = True, False
         self._step_started = time.perf_counter()
 
     def training_step(self, batch: dict[str, Tensor], batch_idx: int) -> Tensor | None:
         loss_sum, nll_sum, n_tokens = self._loss(batch, self.optim_config.label_smoothing)
         n = n_tokens.clamp(min=1)
         loss, nll = loss_sum / n, nll_sum / n
-        tokens_and_loss = torch.stack([n_tokens.to(loss_sum.dtype), loss_sum.detach()]).tolist()  # one sync
-        local_tokens, value = int(tokens_and_loss[0]), tokens_and_loss[1]
+        sums = torch.stack([n_tokens.double(), loss_sum.detach().double(), nll_sum.detach().double()])
+        local_tokens, value, nll_value = sums.tolist()  # one sync
+        local_tokens = int(local_tokens)
         if not self._all_ranks(math.isfinite(value)):
             self._step_tokens = 0
             return self._nonfinite(f"training loss is {value}", batch_idx)
@@ -162,17 +163,12 @@ class TranslationModule(L.LightningModule):
         # step it counts as done, must hold that step's tokens.
         self._tokens_seen += self._step_tokens
         self._window_tokens += local_tokens
-        self.log_dict(
-            {"train/loss": loss, "train/nll": nll}, on_step=True, on_epoch=True, prog_bar=True,
-            batch_size=local_tokens,
-        )  # fmt: skip
-        # perplexity: the step's exp(NLL), and the epoch's from all its tokens (`Perplexity`), under the
-        # names Lightning gives a value logged per step and per epoch
-        self.train_ppl.update(nll_sum, n_tokens)
-        self.log("train/ppl_step", torch.exp(nll.detach()), on_step=True, on_epoch=False, prog_bar=True,
-                 batch_size=local_tokens)  # fmt: skip
-        self.log("train/ppl_epoch", self.train_ppl, on_step=False, on_epoch=True, prog_bar=True,
-                 batch_size=local_tokens)  # fmt: skip
+        # per step the batch's values; per epoch sums over all its tokens (on every rank) divided by their
+        # number: train/ppl_epoch is exp of the epoch's NLL, not the mean of the steps' perplexities
+        steps = {"loss": (value, loss), "nll": (nll_value, nll), "ppl": (nll_value, torch.exp(nll.detach()))}
+        for name, (total, step) in steps.items():
+            metric = self.train_metrics[name].step(total, local_tokens, step.detach())
+            self.log(f"train/{name}", metric, on_step=True, on_epoch=True, prog_bar=True)
         # The sum, not the mean: the gradient is divided by the optimizer step's tokens over every rank
         # and micro-batch in `on_before_optimizer_step` (token-level normalisation, as fairseq does).
         return loss_sum
@@ -210,7 +206,7 @@ class TranslationModule(L.LightningModule):
             optimizer.zero_grad(set_to_none=True)  # skip: parameters without gradients are not updated
             return
         if math.isfinite(norm_value):
-            self.log("train/grad_norm", norm_value, on_step=True, on_epoch=True)
+            self._log_mean("grad_norm", norm_value)
 
     def configure_gradient_clipping(
         self,
@@ -231,7 +227,12 @@ class TranslationModule(L.LightningModule):
         if self._sharded():
             norm = self.trainer.strategy.reduce(norm.square(), reduce_op="sum").sqrt()
         if bool(torch.isfinite(norm)):
-            self.log("train/grad_norm_clipped", float(norm), on_step=True, on_epoch=True)
+            self._log_mean("grad_norm_clipped", float(norm))
+
+    def _log_mean(self, name: str, value: float) -> None:
+        """Log `train/<name>` per step, and per epoch as the mean of the epoch's values."""
+        metric = self.train_metrics[name].step(value, 1.0, torch.tensor(value))
+        self.log(f"train/{name}", metric, on_step=True, on_epoch=True)
 
     @staticmethod
     def _local_norm(grads: list[Tensor]) -> Tensor:
@@ -263,17 +264,34 @@ class TranslationModule(L.LightningModule):
                 "such batches"
             )
         self._skipped += 1
+        self._epoch_skipped += 1
         log.warning("%s at %s: batch skipped (%d so far)", what, where, self._skipped)
-        self.log("train/skipped_steps", float(self._skipped), on_step=False, on_epoch=True, reduce_fx="max")
+
+    def _end_batch(self) -> None:
+        """Time the batch (forward, backward, optimizer step) and add its learning rate and tokens/s to the
+        epoch's sums, once: at the module's `on_train_batch_end`, or before, when a callback saves a
+        checkpoint at the end of the batch (Lightning runs the callbacks' hook first), so that the
+        checkpoint's sums hold the batch, as a resumed run, which starts after it, needs."""
+        if self._batch_ended:
+            return
+        elapsed = max(time.perf_counter() - self._step_started, 1e-9)
+        lr = self.optimizers().param_groups[0]["lr"]  # the schedule's rate for the next step
+        self.train_metrics["lr"].step(lr, 1.0, torch.tensor(lr))
+        tokens_per_sec = self._step_tokens / elapsed
+        self.train_metrics["tokens_per_sec"].step(tokens_per_sec, 1.0, torch.tensor(tokens_per_sec))
+        self._batch_ended = True
 
     def on_train_batch_end(self, outputs: Any, batch: dict[str, Tensor], batch_idx: int) -> None:
         # Runs after backward and the optimizer step: the whole step is timed.
-        elapsed = max(time.perf_counter() - self._step_started, 1e-9)
-        lr = self.optimizers().param_groups[0]["lr"]
-        self.log_dict(
-            {"train/lr": lr, "train/tokens_per_sec": self._step_tokens / elapsed}, on_step=True, on_epoch=True
-        )
+        self._end_batch()
+        for name in ("lr", "tokens_per_sec"):
+            self.log(f"train/{name}", self.train_metrics[name], on_step=True, on_epoch=True)
         self.log("train/tokens_seen", float(self._tokens_seen), on_step=True, on_epoch=True, reduce_fx="max")
+        self._batch_open = False
+
+    def on_train_epoch_end(self) -> None:
+        if self._epoch_skipped:
+            self.log("train/skipped_steps", float(self._epoch_skipped), on_step=False, on_epoch=True)
 
     # -- evaluation -----------------------------------------------------------------------------------
 
@@ -390,15 +408,26 @@ class TranslationModule(L.LightningModule):
     def on_save_checkpoint(self, checkpoint: dict[str, Any]) -> None:
         """Store what inference needs besides the weights (tokenizers as JSON, data settings), and what
         an exact resumption needs besides Lightning's state: every rank's random-number generator states
-        and the count of target tokens seen."""
+        and running epoch sums of the training metrics (`attnlab.training.epoch_metrics`), the count of
+        target tokens seen and of batches skipped."""
         checkpoint[BUNDLE_KEY] = bundle(getattr(self.trainer, "datamodule", None))
         states = rng_states()
-        resume: dict[str, Any] = {"rng": states, "tokens_seen": self._tokens_seen}
-        if self.trainer.world_size > 1:  # rank 0 writes the file: it keeps every rank's own streams
+        if self._batch_open:  # saved by a callback at the end of a batch: the sums hold the whole batch
+            self._end_batch()
+        epoch = self._epoch_state().to_dict()
+        resume: dict[str, Any] = {"rng": states, "epoch": epoch, "tokens_seen": self._tokens_seen,
+                                  "skipped": self._skipped}  # fmt: skip
+        if self.trainer.world_size > 1:  # rank 0 writes the file: it keeps every rank's own streams and sums
             ranks: list[Any] = [None] * self.trainer.world_size
-            torch.distributed.all_gather_object(ranks, states)  # (this hook runs on every rank)
-            resume["rng_ranks"] = ranks
+            torch.distributed.all_gather_object(ranks, (states, epoch))  # (this hook runs on every rank)
+            resume["rng_ranks"] = [rank[0] for rank in ranks]
+            resume["epoch_ranks"] = [rank[1] for rank in ranks]
         checkpoint[RESUME_KEY] = resume
+
+    def _epoch_state(self) -> EpochState:
+        """This rank's running sums of the current training epoch."""
+        sums = {name: metric.sums() for name, metric in self.train_metrics.items() if metric.update_count}
+        return EpochState(self.current_epoch, sums, self._epoch_skipped)
 
     @classmethod
     def load_from_checkpoint(  # type: ignore[override]
@@ -468,11 +497,24 @@ class TranslationModule(L.LightningModule):
         if state is None:  # a checkpoint from before exact resumption: weights and optimizer only
             return
         self._tokens_seen = int(state["tokens_seen"])
+        self._skipped = int(state.get("skipped", 0))
         # Applied at the first training step, after everything that runs between loading and training;
-        # under DDP each rank continues its own streams (dropout masks differ across ranks).
-        ranks = state.get("rng_ranks")
+        # under DDP each rank continues its own streams (dropout masks differ across ranks) and sums.
         rank = self._trainer.global_rank if self._trainer is not None else 0
+        ranks = state.get("rng_ranks")
         self._rng_to_restore = ranks[rank] if ranks and rank < len(ranks) else state["rng"]
+        ranks = state.get("epoch_ranks")
+        epoch = ranks[rank] if isinstance(ranks, list) and rank < len(ranks) else state.get("epoch")
+        self._epoch_to_restore = None
+        if epoch is not None:  # (checkpoints written before the epoch sums were saved have none)
+            try:
+                self._epoch_to_restore = EpochState.from_dict(epoch)
+            except ValueError as exc:
+                log.warning(
+                    "the checkpoint's running epoch sums are not readable (%s): the epoch values "
+                    "(train/*_epoch) of the epoch it continues will cover the steps after the resumption "
+                    "only", exc,
+                )  # fmt: skip
 
     # -- optimisation ---------------------------------------------------------------------------------
 

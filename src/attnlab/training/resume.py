@@ -12,8 +12,8 @@ LR schedule, step and epoch counters, the data sampler's position inside the epo
 generator states), so the resumed run reaches the same weights as one that was never interrupted.
 Its CSV history keeps the rows logged before the checkpoint's step (the parameter counts, which every
 fit logs when it starts, are logged once again), so it holds the rows of an uninterrupted run; its W&B
-run is the same run (same id) continued. Epoch averages of the interrupted epoch's training metrics
-(`train/*_epoch`) cover only the steps after the resumption.
+run is the same run (same id) continued. The interrupted epoch's training values (`train/*_epoch`) are
+an uninterrupted run's: the checkpoint holds their running sums (`attnlab.training.epoch_metrics`).
 """
 
 from __future__ import annotations
