@@ -606,27 +606,29 @@ def test_a_saved_learning_rate_does_not_steer_the_resumed_steps(
 
 
 @pytest.mark.parametrize(
-    "epoch",
-    [{"epoch": 0, "sums": {"loss": ["1.5", 10]}, "skipped": 0}, {"epoch": True, "sums": {}, "skipped": 0},
-     {"epoch": 0, "sums": {"loss": [float("nan"), 1.0]}, "skipped": 0}, "not a dict"],
+    "entries",
+    [{"epoch": {"epoch": 0, "sums": {"loss": ["1.5", 10]}, "skipped": 0}},
+     {"epoch": {"epoch": True, "sums": {}, "skipped": 0}},
+     {"epoch": {"epoch": 0, "sums": {"loss": [float("nan"), 1.0]}, "skipped": 0}}, {"epoch": "not a dict"},
+     {"skipped": "many"}],
 )  # fmt: skip
 def test_unreadable_epoch_sums_are_left_out_with_a_warning_and_steer_nothing(
-    epoch: Any, trained: dict[str, Any], tmp_path: Path, caplog: pytest.LogCaptureFixture
+    entries: dict[str, Any], trained: dict[str, Any], tmp_path: Path, caplog: pytest.LogCaptureFixture
 ) -> None:
     """The running epoch sums a checkpoint holds (for `train/*_epoch` after a resumption inside an epoch)
-    are plain numbers; anything else is named in a warning and left out, and the run resumes as from the
-    real checkpoint."""
+    and its count of skipped batches are plain numbers; sums that are not are named in a warning and left
+    out, a count that is not is taken as 0, and the run resumes as from the real checkpoint."""
     finals = []
-    for name, saved in (("real", None), ("odd", epoch)):
+    for name, changed in (("real", {}), ("odd", entries)):
         run = copy_run(trained, tmp_path / name)
-        if saved is not None:
+        if changed:
             last = run / "checkpoints" / "last.ckpt"
             checkpoint = torch.load(last, weights_only=True)
-            checkpoint["attnlab_resume"]["epoch"] = saved
+            checkpoint["attnlab_resume"].update(changed)
             torch.save(checkpoint, last)
         with caplog.at_level(logging.WARNING, logger="attnlab.training.module"):
             train(compose_train([*two_epochs_tested(trained), "test=false", "resume=true"], run))
         finals.append(read_checkpoint(run / "checkpoints" / "last.ckpt")["state_dict"])
         warned = "the checkpoint's running epoch sums are not readable" in caplog.text
-        assert warned == (saved is not None), caplog.text
+        assert warned == ("epoch" in changed), caplog.text
     assert all(torch.equal(finals[0][k], finals[1][k]) for k in finals[0])

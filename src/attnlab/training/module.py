@@ -497,7 +497,8 @@ class TranslationModule(L.LightningModule):
         if state is None:  # a checkpoint from before exact resumption: weights and optimizer only
             return
         self._tokens_seen = int(state["tokens_seen"])
-        self._skipped = int(state.get("skipped", 0))
+        skipped = state.get("skipped", 0)  # (a count the log messages report; a checkpoint is untrusted)
+        self._skipped = skipped if isinstance(skipped, int) and not isinstance(skipped, bool) else 0
         # Applied at the first training step, after everything that runs between loading and training;
         # under DDP each rank continues its own streams (dropout masks differ across ranks) and sums.
         rank = self._trainer.global_rank if self._trainer is not None else 0
