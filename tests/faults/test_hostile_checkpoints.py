@@ -12,7 +12,8 @@ Nor does checkpoint content steer a run: callback states claiming another file a
 (from another run's checkpoint, or naming files outside the run), model settings that would allocate far
 more than the weights hold, the FSDP strategy's own reader, and optimizer or schedule states that the
 run's settings do not build (refused naming the entry), or a saved learning rate (replaced by the
-schedule's).
+schedule's). Generator states and counts of the resumption state that attnlab-train does not write are
+refused before the run changes; epoch sums that are not numbers are left out with a warning.
 """
 
 from __future__ import annotations
@@ -632,3 +633,40 @@ def test_unreadable_epoch_sums_are_left_out_with_a_warning_and_steer_nothing(
         warned = "the checkpoint's running epoch sums are not readable" in caplog.text
         assert warned == ("epoch" in changed), caplog.text
     assert all(torch.equal(finals[0][k], finals[1][k]) for k in finals[0])
+
+
+def _python_state(state: dict[str, Any]) -> None:
+    state["rng"]["python"] = [3, [1, 2, 3], None]  # Python's generator has 625 words
+
+
+@pytest.mark.parametrize(
+    ("change", "named"),
+    [
+        (lambda state: state.update(tokens_seen="many"), "tokens_seen: 'many' is no count"),
+        (
+            lambda state: state.update(rng="seeded"),
+            "rng: 'seeded' holds no torch and python generator states",
+        ),
+        (lambda state: state["rng"].update(torch=torch.zeros(3, dtype=torch.uint8)), r"rng\.torch: no CPU"),
+        (_python_state, r"rng\.python: \[3, \[1, 2, 3\], None\] is no Python generator state"),
+        (lambda state: state["rng"].update(cuda="all"), r"rng\.cuda: 'all' is no list of CUDA generator"),
+        (lambda state: state.update(rng_ranks=[{"torch": 1}]), r"rng_ranks\[0\]: \{'torch': 1\} holds no"),
+    ],
+    ids=["tokens_seen", "rng", "torch", "python", "cuda", "rng_ranks"],
+)
+def test_a_resumption_state_not_as_written_is_refused_before_the_run_changes(
+    change: Callable[[dict[str, Any]], None], named: str, trained: dict[str, Any], tmp_path: Path
+) -> None:
+    """Generator states and counts that `attnlab-train` does not write would fail at the first step, with
+    the run started; they are refused before, naming the entry and the fix, and nothing of the run changes."""
+    run = copy_run(trained, tmp_path)
+    last = run / "checkpoints" / "last.ckpt"
+    checkpoint = torch.load(last, weights_only=True)
+    change(checkpoint["attnlab_resume"])
+    torch.save(checkpoint, last)
+    kept = {p: p.read_bytes() for p in run.rglob("*") if p.is_file()}
+    with pytest.raises(ConfigError, match=named) as caught:
+        train(compose_train([*two_epochs_tested(trained), "resume=true"], run))
+    assert "its resumption state (attnlab_resume) is not what attnlab-train writes" in str(caught.value)
+    assert "init_from=" in str(caught.value)
+    assert {p: p.read_bytes() for p in run.rglob("*") if p.is_file()} == kept

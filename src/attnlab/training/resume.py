@@ -117,6 +117,8 @@ def check_training_state(path: str | Path, module: Any, precision: Any = "32-tru
     `maximize`, AdamW's decoupling, ...) over the run's config, so the training would follow the file, not
     `config.yaml`; and moments of other shapes or types, not finite, missing or assigned to other
     parameters, or step counts that are not the run's, would fail, crash or silently change the steps.
+    Also refused: a resumption state (random-number generator states, tokens seen) that is not what
+    attnlab-train writes, which would fail at the first step, once the run has started.
 
     Args:
         path: The checkpoint to continue from (`resume` or `ckpt_path=`).
@@ -127,9 +129,9 @@ def check_training_state(path: str | Path, module: Any, precision: Any = "32-tru
 
     Raises:
         ConfigError: Naming the first entries that differ, and the fix: the settings the checkpoint was
-            trained with, or `init_from=` (its weights, a fresh optimizer).
+            trained with, another checkpoint, or `init_from=` (its weights, a fresh optimizer).
     """
-    from attnlab.runs.checkpoint import CheckpointError, read_checkpoint
+    from attnlab.runs.checkpoint import RESUME_KEY, CheckpointError, read_checkpoint
 
     try:
         checkpoint = read_checkpoint(path, mmap=True)
@@ -152,6 +154,65 @@ def check_training_state(path: str | Path, module: Any, precision: Any = "32-tru
             "continue it with the optim settings it was trained with, or start from its weights with a "
             "fresh optimizer (init_from=<the checkpoint> instead of ckpt_path)"
         )
+    problems = _resume_state_problems(checkpoint.get(RESUME_KEY))
+    if problems:
+        raise ConfigError(
+            f"{path}: its resumption state ({RESUME_KEY}) is not what attnlab-train writes "
+            f"({'; '.join(problems[:6])}): continue from another checkpoint, or start from its weights with "
+            "a fresh optimizer (init_from=<the checkpoint> instead of ckpt_path)"
+        )
+
+
+def _resume_state_problems(state: Any) -> list[str]:
+    """What in a checkpoint's resumption state (`RESUME_KEY`: random-number generator states, the count
+    of tokens seen) the resumed run could not take up: checked before training, where a bad entry would
+    otherwise fail at the first step, with the run started. (Its epoch sums are checked where they are
+    read: unreadable ones only cost the epoch values, `TranslationModule.on_load_checkpoint`.)"""
+    if state is None:  # a checkpoint from before exact resumption: weights and optimizer only
+        return []
+    if not isinstance(state, dict):
+        return [f"{_shown(state)} is no dict"]
+    problems = []
+    tokens = state.get("tokens_seen")
+    if type(tokens) is not int or tokens < 0:
+        problems.append(f"tokens_seen: {_shown(tokens)} is no count")
+    problems += _rng_problems(state.get("rng"), "rng")
+    ranks = state.get("rng_ranks")
+    if ranks is not None and not isinstance(ranks, list):
+        problems.append(f"rng_ranks: {_shown(ranks)} is no list")
+    for rank, states in enumerate(ranks if isinstance(ranks, list) else []):
+        problems += _rng_problems(states, f"rng_ranks[{rank}]")
+    return problems
+
+
+def _rng_problems(states: Any, where: str) -> list[str]:
+    """Whether `states` is what `attnlab.runs.checkpoint.rng_states` writes, tried on generators of
+    their own (the process's are not touched)."""
+    import random
+
+    import torch
+
+    if not isinstance(states, dict) or not {"torch", "python"} <= set(states):
+        return [f"{where}: {_shown(states)} holds no torch and python generator states"]
+    problems = []
+    try:
+        torch.Generator().set_state(states["torch"])
+    except (TypeError, RuntimeError, ValueError) as exc:
+        problems.append(f"{where}.torch: no CPU generator state ({str(exc).splitlines()[0][:80]})")
+    python = states["python"]
+    try:
+        version, internal, gauss = python
+        if type(version) is not int or not (gauss is None or type(gauss) is float):
+            raise TypeError("a version and gauss_next of other types")
+        random.Random().setstate((version, tuple(internal), gauss))
+    except (TypeError, ValueError) as exc:
+        problems.append(f"{where}.python: {_shown(python, 30)} is no Python generator state ({exc})")
+    cuda = states.get("cuda")
+    if cuda is not None and not (
+        isinstance(cuda, list) and all(isinstance(t, torch.Tensor) and t.dtype == torch.uint8 for t in cuda)
+    ):
+        problems.append(f"{where}.cuda: {_shown(cuda)} is no list of CUDA generator states")
+    return problems
 
 
 def _optimizer_problems(
