@@ -670,3 +670,19 @@ def test_a_resumption_state_not_as_written_is_refused_before_the_run_changes(
     assert "its resumption state (attnlab_resume) is not what attnlab-train writes" in str(caught.value)
     assert "init_from=" in str(caught.value)
     assert {p: p.read_bytes() for p in run.rglob("*") if p.is_file()} == kept
+
+
+def test_loading_a_module_for_inference_takes_an_odd_resumption_state_without_failing(
+    trained: dict[str, Any], tmp_path: Path
+) -> None:
+    """`TranslationModule.load_from_checkpoint` needs the weights only: counts and generator states that
+    are not attnlab-train's (refused before a resumption, above) do not stop it."""
+    checkpoint = torch.load(trained["last"], weights_only=True)
+    checkpoint["attnlab_resume"] = {"tokens_seen": "many", "skipped": [1], "rng_ranks": "x", "epoch": 5}
+    path = tmp_path / "odd.ckpt"
+    torch.save(checkpoint, path)
+    module = TranslationModule.load_from_checkpoint(path)
+    real = TranslationModule.load_from_checkpoint(trained["last"])
+    assert module.tokens_seen == 0 and real.tokens_seen > 0
+    ours, theirs = module.state_dict(), real.state_dict()
+    assert ours.keys() == theirs.keys() and all(torch.equal(ours[k], theirs[k]) for k in ours)

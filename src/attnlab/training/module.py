@@ -496,16 +496,16 @@ class TranslationModule(L.LightningModule):
         state = checkpoint.get(RESUME_KEY)
         if state is None:  # a checkpoint from before exact resumption: weights and optimizer only
             return
-        self._tokens_seen = int(state["tokens_seen"])
-        skipped = state.get("skipped", 0)  # (a count the log messages report; a checkpoint is untrusted)
-        self._skipped = skipped if isinstance(skipped, int) and not isinstance(skipped, bool) else 0
+        # A resumption's state is checked before training (`attnlab.training.resume.check_training_state`);
+        # what else loads a checkpoint (`load_from_checkpoint`: inference) takes its counts leniently.
+        tokens, skipped = state.get("tokens_seen", 0), state.get("skipped", 0)
+        self._tokens_seen = tokens if type(tokens) is int else 0
+        self._skipped = skipped if type(skipped) is int else 0  # (the count log messages report)
         # Applied at the first training step, after everything that runs between loading and training;
         # under DDP each rank continues its own streams (dropout masks differ across ranks) and sums.
         rank = self._trainer.global_rank if self._trainer is not None else 0
-        ranks = state.get("rng_ranks")
-        self._rng_to_restore = ranks[rank] if ranks and rank < len(ranks) else state["rng"]
-        ranks = state.get("epoch_ranks")
-        epoch = ranks[rank] if isinstance(ranks, list) and rank < len(ranks) else state.get("epoch")
+        self._rng_to_restore = _own_entry(state, "rng", rank)
+        epoch = _own_entry(state, "epoch", rank)
         self._epoch_to_restore = None
         if epoch is not None:  # (checkpoints written before the epoch sums were saved have none)
             try:
@@ -558,6 +558,12 @@ class TranslationModule(L.LightningModule):
             optimizer, lambda step: cfg.lr_at(step + 1, d_model, total)
         )
         return {"optimizer": optimizer, "lr_scheduler": {"scheduler": scheduler, "interval": "step"}}
+
+
+def _own_entry(state: dict[str, Any], key: str, rank: int) -> Any:
+    """A resumption state's entry for `rank`: its own from `<key>_ranks` (written under DDP), else `key`."""
+    ranks = state.get(f"{key}_ranks")
+    return ranks[rank] if isinstance(ranks, list) and rank < len(ranks) else state.get(key)
 
 
 def exact_matches(hyp: Tensor, ref: Tensor, pad_id: int) -> Tensor:
