@@ -32,12 +32,23 @@ def test_a_run_killed_with_sigkill_resumes_to_the_same_weights(
     assert killed.returncode == -signal.SIGKILL
     assert json.loads((run_dir / "manifest.json").read_text())["status"] == "running"  # it never knew
     assert torch.load(run_dir / "checkpoints" / "last.ckpt", weights_only=True)["global_step"] == 4
+    record = {p: p.read_bytes() for p in (run_dir / ".hydra").iterdir()}  # Hydra's record of the command
+    assert b"callbacks.kill.step=6" in record[run_dir / ".hydra" / "overrides.yaml"]
     resumed = attnlab_train(run_dir, "resume=true")
     assert resumed.returncode == 0, resumed.stderr[-3000:]
     assert_same_training(run_dir, resume_reference)
     manifest = json.loads((run_dir / "manifest.json").read_text())
     assert manifest["status"] == "finished" and len(manifest["resumed"]) == 1
     assert manifest["resumed"][0]["checkpoint"] == str(run_dir / "checkpoints" / "last.ckpt")
+    assert "resume=true" in manifest["resumed"][0]["command"]  # the resumption's command is here ...
+    assert {p: p.read_bytes() for p in (run_dir / ".hydra").iterdir()} == record  # ... the first one there
+    # a refused resumption (a damaged last.ckpt) changes no file of the run, .hydra/ included
+    last = run_dir / "checkpoints" / "last.ckpt"
+    last.write_bytes(last.read_bytes()[: last.stat().st_size // 2])
+    files = {p: p.read_bytes() for p in run_dir.rglob("*") if p.is_file()}
+    refused = attnlab_train(run_dir, "resume=true", "trainer.max_epochs=3")
+    assert refused.returncode == 1 and "cannot read checkpoint" in refused.stderr, refused.stderr[-3000:]
+    assert {p: p.read_bytes() for p in run_dir.rglob("*") if p.is_file()} == files
 
 
 def test_a_run_stopped_by_sigterm_saves_and_resumes_to_the_same_weights(

@@ -36,9 +36,21 @@ def job_dirname(overrides: str) -> str:
     return f"{readable}-{digest}" if readable else digest
 
 
+def hydra_output_subdir(output_dir: Any, resume: Any = False, ckpt_path: Any = None) -> str | None:
+    """Where Hydra records a command (`hydra.output_subdir`): `.hydra`, but nowhere (None) for a command
+    that continues the run in `output_dir` (`resume=true|auto`, `ckpt_path=last`) when the run has its
+    record already. A resumption keeps the record of the run's first command (each resumption's command
+    is in `manifest.json`), and a refused one leaves the run directory as it was."""
+    resuming = str(resume).lower() in ("true", "auto") or str(ckpt_path) == "last"
+    return None if resuming and (Path(str(output_dir)) / ".hydra").is_dir() else ".hydra"
+
+
 def register_resolvers() -> None:
     """`${attnlab.run_id:}`: a fresh id per composed config (pid + random), so run dirs never collide;
-    `${attnlab.job_dir:<overrides>}`: `job_dirname`."""
+    `${attnlab.job_dir:<overrides>}`: `job_dirname`; `${attnlab.output_subdir:<dir>,<resume>,<ckpt_path>}`:
+    `hydra_output_subdir`."""
+    if not OmegaConf.has_resolver("attnlab.output_subdir"):
+        OmegaConf.register_new_resolver("attnlab.output_subdir", hydra_output_subdir)
     if not OmegaConf.has_resolver("attnlab.run_id"):
         OmegaConf.register_new_resolver(
             "attnlab.run_id", lambda: f"{os.getpid():x}-{secrets.token_hex(3)}", use_cache=True
