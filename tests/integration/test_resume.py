@@ -20,7 +20,7 @@ from typing import Any
 import pytest
 import torch
 
-from runs import RUN, assert_same_training, attnlab_train, final, logged_rows, running
+from runs import EPOCH_VALUES, RUN, assert_same_training, attnlab_train, final, logged_rows, running
 
 
 def test_a_run_killed_with_sigkill_resumes_to_the_same_weights(
@@ -74,7 +74,7 @@ def test_a_run_stopped_by_sigterm_saves_and_resumes_to_the_same_weights(
     assert [r.exit_code for r in records] == [1, 0]  # the interrupted part, then the finished one
     # What `wandb sync` uploads (README, Tracking with W&B): together the two parts hold every row of the
     # uninterrupted run's history once, the second continuing the trainer's step where the first stopped
-    for metric in ("train/loss_step", "val/loss"):
+    for metric in ("train/loss_step", "val/loss", "params/total", *EPOCH_VALUES):
         parts = [[(row["trainer/global_step"], row[metric]) for row in r.history if metric in row]
                  for r in records]  # fmt: skip
         joined, reference = parts[0] + parts[1], logged_rows(resume_reference, metric)

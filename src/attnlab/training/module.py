@@ -76,6 +76,9 @@ class TranslationModule(L.LightningModule):
             }
         )
         self._val_hypotheses: list[tuple[int, list[int]]] | None = None
+        # Whether fitting logs the parameter counts (`params/*`, step 0) to the loggers: not when the fit
+        # continues a run whose loggers hold them already (attnlab-train's resumptions).
+        self.log_parameter_counts = True
         self.model = Transformer(self.model_config)
         self.sums = torch.nn.ModuleDict(
             {name: SumMetric() for name in ("loss", "nll", "tokens", "exact", "sentences")}
@@ -113,6 +116,8 @@ class TranslationModule(L.LightningModule):
     def on_fit_start(self) -> None:
         counts = {f"params/{k}": float(v) for k, v in self.model.count_parameters().items()}
         log.info("parameters: %s", {k: int(v) for k, v in counts.items()})
+        if not self.log_parameter_counts:  # a resumed run's loggers have them from its first part
+            return
         for logger in self.loggers:
             logger.log_metrics(counts, step=0)
 

@@ -265,6 +265,7 @@ def build_module(plan: RunPlan, model: TransformerConfig) -> TranslationModule:
     module = TranslationModule(
         model=model, optim=experiment.optim, decode=experiment.decode, metrics=experiment.metrics
     )
+    module.log_parameter_counts = not plan.continuing  # the run's loggers have them from its first part
     compile_model(module.model, plan.cfg.get("compile"))
     return module
 

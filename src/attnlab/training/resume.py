@@ -387,17 +387,15 @@ def checkpoint_step(path: str) -> int:
 
 def csv_history(output_dir: Path, before_step: int) -> list[dict[str, float]]:
     """The rows of the run's `csv/metrics.csv` logged before `before_step` (the resumed run logs the rest
-    again), but for the parameter counts (`params/*`), which every fit logs again when it starts: the
-    resumed run's file then holds each row of an uninterrupted run's once (the validations before the
-    checkpoint's step included).
+    again; not the parameter counts, `TranslationModule.log_parameter_counts`): the resumed run's file
+    then holds each row of an uninterrupted run's once (the validations before the checkpoint's step and
+    the parameter counts included).
 
     Raises:
         attnlab.runs.layout.UnreadableRunFile: The file cannot be read or holds a cell that is no number.
     """
     rows = []
     for values in RunDir(output_dir).metrics_rows():
-        if any(key.startswith("params/") for key in values):
-            continue
         if values.get("step", 0) < before_step:
             for key in ("step", "epoch"):
                 if key in values:
