@@ -100,14 +100,15 @@ def assert_same_training(run_dir: Path, reference: Path) -> None:
     for metric in ("val/loss", "params/total"):  # each validation and the parameter count, logged once
         rows = logged_rows(reference, metric)
         assert rows and logged_rows(run_dir, metric) == rows, (metric, rows, logged_rows(run_dir, metric))
-    # each epoch's values, the interrupted epoch's included: its sums before the resumption were saved
-    for metric in EPOCH_VALUES:
+    # each step's and epoch's values, the interrupted epoch's included: its sums were saved
+    for metric in (*STEP_VALUES, *EPOCH_VALUES):
         rows = logged_rows(reference, metric)
         assert rows and logged_rows(run_dir, metric) == rows, (metric, rows, logged_rows(run_dir, metric))
 
 
-# The epoch values a resumed run logs as an uninterrupted one does (not train/tokens_per_sec_epoch, a time)
+# The values a resumed run logs as an uninterrupted one does (not train/tokens_per_sec, a time)
 EPOCH_VALUES = [f"train/{name}_epoch" for name in ("loss", "nll", "ppl", "grad_norm", "lr", "tokens_seen")]
+STEP_VALUES = [f"train/{name}_step" for name in ("nll", "ppl", "grad_norm", "lr", "tokens_seen")]
 
 
 def running(pid: int) -> bool:

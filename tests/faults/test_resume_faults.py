@@ -23,6 +23,7 @@ import torch
 from attnlab.data.batching import TokenBatchSampler
 from attnlab.inference.translator import resolve_checkpoints
 from attnlab.training.checkpoint_io import trusted_callback_states
+from attnlab.training.module import TranslationModule
 from attnlab.training.pipeline import train
 from attnlab.typed import ConfigError
 from helpers import compose_train, require_shared_data, write_corpus
@@ -228,6 +229,43 @@ def test_a_finished_run_given_another_epoch_equals_a_longer_run(
     assert saved_step(run_dir) == 20
     assert_second_epoch_in_its_own_order(run_dir)
     assert_same_training(run_dir, resume_reference)
+
+
+def _fit_once(module: TranslationModule, run_dir: Path) -> tuple[dict[str, float], dict[str, torch.Tensor]]:
+    """One epoch of `trainer.fit` without ckpt_path (a new run) on the synthetic task: its epoch values
+    and final weights."""
+    import lightning as L
+    from lightning.pytorch.loggers import CSVLogger
+
+    from attnlab.data.synthetic import SyntheticData
+
+    datamodule = SyntheticData(
+        n_train=160, n_val=16, n_test=16, batch_size=16, num_workers=0, seed=7
+    ).datamodule()
+    L.seed_everything(1, verbose=False)
+    quiet = {"enable_progress_bar": False, "enable_model_summary": False, "enable_checkpointing": False}
+    trainer = L.Trainer(max_epochs=1, logger=CSVLogger(run_dir), limit_val_batches=0, **quiet)
+    trainer.fit(module, datamodule=datamodule)
+    # (tokens/s is a time; `tokens_seen` counts on from the checkpoint's: the weights were trained on them)
+    kept = [k for k in trainer.callback_metrics if k.endswith("_epoch") and k.split("/")[1].split("_epoch")[0]
+            not in ("tokens_per_sec", "tokens_seen")]  # fmt: skip
+    values = {k: float(trainer.callback_metrics[k]) for k in kept}
+    return values, {k: v.clone() for k, v in module.state_dict().items()}
+
+
+def test_a_module_loaded_from_a_checkpoint_starts_a_new_run_when_fitted(
+    one_epoch: Path, tmp_path: Path
+) -> None:
+    """`TranslationModule.load_from_checkpoint`, then `trainer.fit` without ckpt_path: a new run, which takes
+    neither the saved run's random streams nor its epoch sums (only a fit from ckpt_path continues that run):
+    it trains and logs as the same weights loaded with `load_state_dict`."""
+    loaded = TranslationModule.load_from_checkpoint(one_epoch / "checkpoints" / "last.ckpt")
+    fresh = TranslationModule(model=loaded.model_config, optim=loaded.optim_config)
+    fresh.load_state_dict(loaded.state_dict())
+    (values, weights), (fresh_values, fresh_weights) = (_fit_once(m, tmp_path / n) for m, n in
+                                                        ((loaded, "loaded"), (fresh, "fresh")))  # fmt: skip
+    assert values == fresh_values and "train/lr_epoch" in values
+    assert all(torch.equal(weights[k], fresh_weights[k]) for k in weights)
 
 
 def test_a_finished_run_given_more_steps_trains_them_exactly(

@@ -53,6 +53,10 @@ def test_a_saved_state_reads_back_as_written() -> None:
         ({"epoch": 0, "sums": {"loss": [float("inf"), 1.0]}, "skipped": 0}, "sums['loss'] must be"),
         ({"epoch": 0, "sums": {"loss": [1.0, -2.0]}, "skipped": 0}, "sums['loss'] must be"),
         ({"epoch": 0, "sums": {"lr": [True, 1.0]}, "skipped": 0}, "sums['lr'] must be"),
+        ({"epoch": 0, "sums": {"lr": [10**400, 1]}, "skipped": 0}, "sums['lr'] must be"),
+        ({"epoch": 0, "sums": {"loss": [1e300, 0.0]}, "skipped": 0}, "sums['loss'] must be"),
+        ({"epoch": 0, "sums": {}, "skipped": 10**400}, "must be counts"),
+        ({"epoch": 2**60, "sums": {}, "skipped": 0}, "must be counts"),
     ],
 )
 def test_a_state_not_as_written_is_refused_naming_the_entry(saved: Any, named: str) -> None:

@@ -256,6 +256,9 @@ class Preemption(_StepEnds):
         signum = int(local or signal.SIGTERM)
         path = f"{self.dirpath}/{self.filename}.ckpt"
         trainer.save_checkpoint(path)
+        # The module's own end of the batch (what it logs there: attnlab's lr and tokens seen), which
+        # Lightning would run after this hook, runs before training stops here: the step's row holds them.
+        pl_module.on_train_batch_end(outputs, batch, batch_idx)
         self._log_this_step(trainer)
         previous = self._previous.get(signal.SIGUSR1)
         self._received = None

@@ -96,18 +96,26 @@ class EpochState:
         checked = {}
         for name, pair in sums.items():
             ok = isinstance(pair, list | tuple) and len(pair) == 2 and all(map(_finite, pair))
-            if not ok or pair[1] < 0:
-                raise ValueError(f"sums[{name!r}] must be a finite total and weight >= 0, got {_shown(pair)}")
+            if not ok or pair[1] < 0 or (pair[1] == 0 and pair[0] != 0):
+                raise ValueError(
+                    f"sums[{name!r}] must be a finite total and a weight > 0 (or both 0), got {_shown(pair)}"
+                )
             checked[name] = (float(pair[0]), float(pair[1]))
         return cls(int(epoch), checked, int(skipped))
 
 
 def _finite(value: Any) -> bool:
-    return isinstance(value, float | int) and not isinstance(value, bool) and math.isfinite(value)
+    """A float, or an int a float holds (not 10**400), that is finite."""
+    if isinstance(value, bool) or not isinstance(value, float | int):
+        return False
+    try:
+        return math.isfinite(float(value))
+    except OverflowError:
+        return False
 
 
 def _count(value: Any) -> bool:
-    return isinstance(value, int) and not isinstance(value, bool) and value >= 0
+    return isinstance(value, int) and not isinstance(value, bool) and 0 <= value < 2**53
 
 
 def _shown(value: Any, limit: int = 80) -> str:

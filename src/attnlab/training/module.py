@@ -493,6 +493,9 @@ class TranslationModule(L.LightningModule):
         check_weights_fit(model, checkpoint["state_dict"], checkpoint_path, strict=strict is not False)
         module = cls(**{**settings, "model": model})
         module.on_load_checkpoint(checkpoint)
+        # A loaded module's fit is a new run: the saved run's random streams and epoch sums are put back only
+        # by `trainer.fit(ckpt_path=...)`, which continues that run (and calls `on_load_checkpoint` itself).
+        module._rng_to_restore = module._epoch_to_restore = None
         strict = module.strict_loading if strict is None else strict
         module.load_state_dict(checkpoint["state_dict"], strict=strict)
         return module.to(map_location) if map_location is not None else module
