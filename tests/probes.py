@@ -8,6 +8,7 @@ from __future__ import annotations
 import dataclasses
 import multiprocessing
 import os
+import signal
 import time
 from pathlib import Path
 from typing import Any
@@ -276,3 +277,15 @@ class RecordRankBatches(L.Callback):
 
         with open(self.dirpath / f"batches_rank{trainer.global_rank}.jsonl", "a") as f:
             f.write(json.dumps(batch["index"].tolist()) + "\n")
+
+
+class KillInValidation(L.Callback):
+    """SIGKILL this process at the start of the first validation batch of training epoch `epoch` (not the
+    sanity check): a kill during an epoch's validation."""
+
+    def __init__(self, epoch: int) -> None:
+        self.epoch = epoch
+
+    def on_validation_batch_start(self, trainer: L.Trainer, *args: Any) -> None:
+        if not trainer.sanity_checking and trainer.current_epoch == self.epoch:
+            os.kill(os.getpid(), signal.SIGKILL)

@@ -188,6 +188,30 @@ def test_a_time_based_save_at_an_epochs_last_step_is_written_again_after_its_val
     assert_same_training(run_dir, resume_reference)
 
 
+@pytest.mark.parametrize(
+    ("saves", "before"),
+    [(["callbacks.last_checkpoint.every_n_train_steps=5"], 5),
+     ([DEFAULT, "callbacks.last_checkpoint.every_n_minutes=1e-9"], 9)],
+    ids=["every-5-steps", "every-step-by-time"],
+)  # fmt: skip
+def test_a_run_killed_while_validating_the_step_of_a_due_save_resumes_from_the_save_before(
+    saves: list[str], before: int, resume_reference: Path, tmp_path: Path
+) -> None:
+    """A save due at step 10, the epoch's last (every 5 steps, or by time at every step), waits for the
+    epoch's validation (a run resumed from a save at step 10 would count the epoch as done and never
+    validate it: its validation and epoch rows lost). Killed during that validation, the run resumes
+    from the save before, trains up to step 10 again, validates and logs every row of the uninterrupted
+    run."""
+    run_dir = tmp_path / "run"
+    killed = attnlab_train(run_dir, *saves, "+callbacks.kill._target_=probes.KillInValidation",
+                           "+callbacks.kill.epoch=0")  # fmt: skip
+    assert killed.returncode == -signal.SIGKILL
+    assert saved_step(run_dir) == before
+    resume(run_dir, *saves)
+    assert saved_step(run_dir) == 20
+    assert_same_training(run_dir, resume_reference)
+
+
 @pytest.mark.parametrize("value", [0, -1])
 def test_a_non_positive_last_ckpt_interval_is_refused(value: int, tmp_path: Path) -> None:
     overrides = [*IN_PROCESS, DEFAULT, f"callbacks.last_checkpoint.every_n_minutes={value}"]

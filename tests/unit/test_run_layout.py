@@ -121,15 +121,17 @@ def test_the_metrics_csv_reader(tmp_path: Path) -> None:
             read_metrics_csv(path)
 
 
-def test_the_resumed_csv_history_keeps_the_rows_before_the_step_without_parameter_counts(
+def test_the_resumed_csv_history_keeps_the_rows_before_the_step_parameter_counts_included(
     tmp_path: Path,
 ) -> None:
+    """(A resumed fit does not log the parameter counts again: `TranslationModule.log_parameter_counts`.)"""
     run = RunDir(tmp_path)
     run.metrics_csv.parent.mkdir()
     run.metrics_csv.write_text("params/total,step,epoch,val/loss\n1234,0,,\n,9,0,4.5\n,19,1,4.0\n,29,2,3.0\n")
     history = csv_history(tmp_path, before_step=20)
-    assert history == [{"step": 9, "epoch": 0, "val/loss": 4.5}, {"step": 19, "epoch": 1, "val/loss": 4.0}]
-    assert all(isinstance(row["step"], int) and isinstance(row["epoch"], int) for row in history)
+    assert history == [{"params/total": 1234.0, "step": 0}, {"step": 9, "epoch": 0, "val/loss": 4.5},
+                       {"step": 19, "epoch": 1, "val/loss": 4.0}]  # fmt: skip
+    assert all(isinstance(row["step"], int) and isinstance(row.get("epoch", 0), int) for row in history)
 
 
 def test_the_manifest_is_one_object_written_on_every_change(tmp_path: Path) -> None:

@@ -104,9 +104,11 @@ class LastCheckpoint(_StepEnds, ModelCheckpoint):
     or since the last save, at the end of the first optimizer step after it — for corpora whose epochs
     take hours, an interrupted run then loses at most about that much work, whatever a step costs. No
     save falls inside a gradient accumulation (its gradients are not in a checkpoint), so every last.ckpt
-    resumes exactly; a time-based save at a step that is then validated is written again after the
-    validation, so that it holds the validation's outcome (best checkpoint, early-stopping counts). Under
-    DDP, rank 0's clock decides and all ranks save together.
+    resumes exactly; a save due at a step that is then validated (by steps or by time) is written after
+    the validation instead: it holds the validation's outcome (best checkpoint, early-stopping counts),
+    and a run killed during the validation resumes from the save before, so that it validates that step
+    (a run resumed from a save at the step would count it as done and skip its validation). Under DDP,
+    rank 0's clock decides and all ranks save together.
 
     Args:
         dirpath: The run's `checkpoints/` directory.
@@ -142,6 +144,7 @@ class LastCheckpoint(_StepEnds, ModelCheckpoint):
         self.every_n_minutes = every_n_minutes
         self._since: float | None = None  # when training (re)started or last.ckpt was last written
         self._stepped = True  # whether the last training batch ended with an optimizer step
+        self._after_validation = False  # a save due at the last batch, delayed to the validation's end
 
     def on_train_start(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
         super().on_train_start(trainer, pl_module)
@@ -153,25 +156,59 @@ class LastCheckpoint(_StepEnds, ModelCheckpoint):
         self._stepped = self._ended_a_step(trainer)
         if not self._stepped:  # inside an accumulation: nothing a checkpoint could resume exactly
             return
-        super().on_train_batch_end(trainer, pl_module, outputs, batch, batch_idx)  # every N steps
-        if self._saved_now(trainer) or self.every_n_minutes is None or self._since is None:
+        if self._validates_next(trainer):
+            # A save due now waits for the validation: written here, it would be what a kill during the
+            # validation leaves, and a run resumed from it would start after this step without validating
+            # it (Lightning counts the step as done), its validation and epoch rows lost.
+            self._after_validation = self._due_by_steps(trainer) or self._due_by_time(trainer)
             return
-        due = trainer.strategy.broadcast(time.monotonic() - self._since >= 60 * self.every_n_minutes)
-        if due and not self._should_skip_saving_checkpoint(trainer):
+        super().on_train_batch_end(trainer, pl_module, outputs, batch, batch_idx)  # every N steps
+        if not self._saved_now(trainer) and self._due_by_time(trainer):
             saved_before = self._last_global_step_saved
             self._save_topk_checkpoint(trainer, self._monitor_candidates(trainer))
-            self._last_global_step_saved = saved_before  # a validation after this step saves again
+            self._last_global_step_saved = saved_before  # an unforeseen validation of this step saves again
             self._since = time.monotonic()
+
+    def _due_by_steps(self, trainer: L.Trainer) -> bool:
+        every = self._every_n_train_steps
+        due = every >= 1 and trainer.global_step % every == 0
+        return due and not self._should_skip_saving_checkpoint(trainer)
+
+    def _due_by_time(self, trainer: L.Trainer) -> bool:
+        if self.every_n_minutes is None or self._since is None:
+            return False
+        due = trainer.strategy.broadcast(time.monotonic() - self._since >= 60 * self.every_n_minutes)
+        return bool(due) and not self._should_skip_saving_checkpoint(trainer)
+
+    @staticmethod
+    def _validates_next(trainer: L.Trainer) -> bool:
+        """Whether Lightning validates right after this training batch (it decides after the batch's
+        hooks, with `_should_check_val_fx`; a Lightning without it: False, and the save is not delayed)."""
+        loop = trainer.fit_loop
+        try:
+            epoch_loop = loop.epoch_loop
+            return bool(epoch_loop._should_check_val_fx(loop._data_fetcher)) and not epoch_loop._skip_next_val
+        except AttributeError:
+            return False
 
     def on_validation_end(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
         if not self._stepped:  # a validation inside an accumulation (val_check_interval): no save
             return
-        super().on_validation_end(trainer, pl_module)
+        super().on_validation_end(trainer, pl_module)  # a validation inside the epoch: written here
+        if not self._should_save_on_train_epoch_end(trainer):
+            self._save_delayed(trainer)
         self._saved_now(trainer)
 
     def on_train_epoch_end(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
-        super().on_train_epoch_end(trainer, pl_module)
+        super().on_train_epoch_end(trainer, pl_module)  # the epoch's validation: written here, after it
+        self._save_delayed(trainer)
         self._saved_now(trainer)
+
+    def _save_delayed(self, trainer: L.Trainer) -> None:
+        """Write the save that waited for this step's validation, unless written since."""
+        if self._after_validation and not self._saved_now(trainer) and not trainer.sanity_checking:
+            self._save_topk_checkpoint(trainer, self._monitor_candidates(trainer))
+        self._after_validation = False
 
     def _saved_now(self, trainer: L.Trainer) -> bool:
         """Whether last.ckpt was just written at this step (then the clock of `every_n_minutes` restarts)."""
