@@ -21,7 +21,8 @@ from wandb_records import find_run_file, read_wandb_run
 @pytest.fixture(scope="module")
 def many_run(translating_run: dict[str, Any], tmp_path_factory: pytest.TempPathFactory) -> dict[str, Any]:
     """One epoch with every logger (`logger=many`, W&B offline) from the translating model, so the test
-    scores are real ones; the CSV history and results.json are what the loggers are compared with."""
+    scores are real ones; the CSV history (every column) and results.json are what the loggers are
+    compared with."""
     run_dir = tmp_path_factory.mktemp("loggers") / "run"
     start = translating_run["dir"] / "checkpoints" / "last.ckpt"
     overrides = [*translating_run["data"], *init_from(start), "optim=inverse_sqrt", "optim.peak_lr=1e-4",
@@ -35,8 +36,9 @@ def many_run(translating_run: dict[str, Any], tmp_path_factory: pytest.TempPathF
         metrics = train(compose_train(overrides, run_dir))
     with open(run_dir / "csv" / "metrics.csv") as f:
         rows = list(csv.DictReader(f))
-    history = {key: [(int(r["step"]), float(r[key])) for r in rows if r.get(key)]
-               for key in ("val/loss", "val/bleu", "train/loss_step", "train/lr_step")}  # fmt: skip
+    columns = sorted({key for r in rows for key, value in r.items() if value} - {"step", "epoch"})
+    assert {"val/bleu", "train/loss_epoch", "train/tokens_per_sec_step", "params/total"} <= set(columns)
+    history = {key: [(int(r["step"]), float(r[key])) for r in rows if r.get(key)] for key in columns}
     results = json.loads((run_dir / "results.json").read_text())
     return {"dir": run_dir, "metrics": metrics, "history": history, "results": results}
 
@@ -114,8 +116,10 @@ def test_every_logger_gets_the_same_final_results(many_run: dict[str, Any]) -> N
     for key in numbers:
         (scalar,) = events.Scalars(key)
         assert scalar.value == pytest.approx(record.summary[key], rel=1e-6) == run.data.metrics[key], key
-    wandb_val = [row["val/loss"] for row in record.history if "val/loss" in row]
-    assert wandb_val == pytest.approx([v for _, v in many_run["history"]["val/loss"]], rel=1e-6)
+    for key, logged in many_run["history"].items():  # W&B's history: every metric of the CSV log too
+        rows = [(row["trainer/global_step"], row[key]) for row in record.history if key in row]
+        assert [step for step, _ in rows] == [step for step, _ in logged], key
+        assert [value for _, value in rows] == pytest.approx([value for _, value in logged], rel=1e-6), key
 
 
 @pytest.mark.parametrize(

@@ -19,6 +19,7 @@ an uninterrupted run's: the checkpoint holds their running sums (`attnlab.traini
 from __future__ import annotations
 
 import math
+import random
 from pathlib import Path
 from typing import Any
 
@@ -188,8 +189,6 @@ def _resume_state_problems(state: Any) -> list[str]:
 def _rng_problems(states: Any, where: str) -> list[str]:
     """Whether `states` is what `attnlab.runs.checkpoint.rng_states` writes, tried on generators of
     their own (the process's are not touched)."""
-    import random
-
     import torch
 
     if not isinstance(states, dict) or not {"torch", "python"} <= set(states):
