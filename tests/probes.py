@@ -6,6 +6,7 @@ Kept apart from `helpers` so that importing the helpers does not import lightnin
 from __future__ import annotations
 
 import dataclasses
+import json
 import multiprocessing
 import os
 import signal
@@ -289,3 +290,22 @@ class KillInValidation(L.Callback):
     def on_validation_batch_start(self, trainer: L.Trainer, *args: Any) -> None:
         if not trainer.sanity_checking and trainer.current_epoch == self.epoch:
             os.kill(os.getpid(), signal.SIGKILL)
+
+
+class RecordLossSums(L.Callback):
+    """Write this rank's `[epoch, label-smoothed loss sum, target tokens]` of every training batch to
+    `dirpath/loss_sums_rank<r>.json` at the end of training: what the epoch's `train/loss` sums."""
+
+    def __init__(self, dirpath: str) -> None:
+        self.dirpath, self.rows = dirpath, []
+
+    def on_train_batch_end(
+        self, trainer: L.Trainer, module: Any, outputs: Any, batch: Any, *args: Any
+    ) -> None:
+        loss = outputs["loss"] if isinstance(outputs, dict) else outputs
+        tokens = int((batch["tgt_out"] != module.model_config.pad_id).sum())
+        self.rows.append([trainer.current_epoch, float(loss), tokens])
+
+    def on_train_end(self, trainer: L.Trainer, *args: Any) -> None:
+        path = Path(self.dirpath) / f"loss_sums_rank{trainer.global_rank}.json"
+        path.write_text(json.dumps(self.rows))

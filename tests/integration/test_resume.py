@@ -167,7 +167,8 @@ def ddp_resumption(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Any]:
     continued with `resume=auto`."""
     ddp, env = ("trainer=ddp_cpu", "data.n_val=32"), {"OMP_NUM_THREADS": "1"}  # a validation batch per rank
     reference = tmp_path_factory.mktemp("ddp_reference") / "run"
-    done = attnlab_train(reference, *ddp, env=env)
+    sums = ["+callbacks.sums._target_=probes.RecordLossSums", f"+callbacks.sums.dirpath={reference}"]
+    done = attnlab_train(reference, *ddp, *sums, env=env)
     assert done.returncode == 0, done.stderr[-3000:]
     assert "GLOBAL_RANK: 1, MEMBER: 2/2" in done.stderr + done.stdout  # two processes really ran
     run_dir = tmp_path_factory.mktemp("ddp_killed") / "run"
@@ -214,6 +215,23 @@ def test_a_ddp_run_resumed_after_sigkill_ends_with_the_weights_of_an_uninterrupt
     assert_same_training(run_dir, reference)  # rank 0's weights, the logged losses and validations
     ours, theirs = (torch.load(d / "final_weights_rank1.pt", weights_only=True) for d in (run_dir, reference))
     assert [k for k in ours if not torch.equal(ours[k], theirs[k])] == []  # and rank 1's weights
+
+
+@pytest.mark.ddp
+def test_a_ddp_runs_epoch_loss_is_over_every_ranks_tokens(ddp_resumption: dict[str, Any]) -> None:
+    """`train/loss_epoch` under DDP: the label-smoothed loss summed over the epoch's target tokens on
+    both ranks, divided by their number (`probes.RecordLossSums` records each rank's batches), not rank 0's
+    own mean."""
+    reference = ddp_resumption["reference"]
+    ranks = [json.loads(p.read_text()) for p in sorted(reference.glob("loss_sums_rank*.json"))]
+    assert len(ranks) == 2
+    logged = logged_rows(reference, "train/loss_epoch")
+    assert len(logged) == 2
+    for epoch, (_, value) in enumerate(logged):
+        every = [(loss, tokens) for rows in ranks for e, loss, tokens in rows if e == epoch]
+        own = [(loss, tokens) for e, loss, tokens in ranks[0] if e == epoch]
+        assert value == pytest.approx(sum(s for s, _ in every) / sum(t for _, t in every), rel=1e-6)
+        assert value != pytest.approx(sum(s for s, _ in own) / sum(t for _, t in own), rel=1e-6)
 
 
 def callback_states(checkpoint: Path) -> dict[str, Any]:
