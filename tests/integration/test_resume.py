@@ -63,8 +63,10 @@ def test_a_run_stopped_by_sigterm_saves_and_resumes_to_the_same_weights(
     # the signal came after this step's check: saved at the end of the next step, 7 (not a checkpoint step)
     assert manifest["status"] == "interrupted" and "SIGTERM at step 7" in manifest["error"]
     assert torch.load(run_dir / "checkpoints" / "last.ckpt", weights_only=True)["global_step"] == 7
+    record = {p: p.read_bytes() for p in (run_dir / ".hydra").iterdir()}
     resumed = attnlab_train(run_dir, "ckpt_path=last", "logger=wandb", env=wandb)
     assert resumed.returncode == 0, resumed.stderr[-3000:]
+    assert {p: p.read_bytes() for p in (run_dir / ".hydra").iterdir()} == record  # ckpt_path=last resumes too
     assert_same_training(run_dir, resume_reference)
     from wandb_records import read_wandb_run
 

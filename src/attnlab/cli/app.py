@@ -14,6 +14,7 @@ from hydra.experimental.callback import Callback
 from omegaconf import DictConfig, OmegaConf
 
 from attnlab.runs.layout import RunDir
+from attnlab.training.resume import continues_own_run
 from attnlab.typed import ConfigError
 
 
@@ -41,7 +42,7 @@ def hydra_output_subdir(output_dir: Any, resume: Any = False, ckpt_path: Any = N
     that continues the run in `output_dir` (`resume=true|auto`, `ckpt_path=last`) when the run has its
     record already. A resumption keeps the record of the run's first command (each resumption's command
     is in `manifest.json`), and a refused one leaves the run directory as it was."""
-    resuming = str(resume).lower() in ("true", "auto") or str(ckpt_path) == "last"
+    resuming = continues_own_run(resume, ckpt_path)
     return None if resuming and (Path(str(output_dir)) / ".hydra").is_dir() else ".hydra"
 
 

@@ -19,6 +19,8 @@ import torch
 from torch import Tensor
 from torchmetrics import Metric
 
+from attnlab.typed import shown
+
 # The averaged training metrics, by short name: `train/<name>` per step and `train/<name>_epoch` per epoch.
 # loss, nll, ppl: sums over the epoch's target tokens divided by their number (ppl = exp(nll)); the rest:
 # the mean over the epoch's steps (grad_norm, grad_norm_clipped: optimizer steps; lr, tokens_per_sec:
@@ -87,18 +89,18 @@ class EpochState:
             ValueError: Naming what is not as `to_dict` writes it.
         """
         if not isinstance(saved, dict) or set(saved) != {"epoch", "sums", "skipped"}:
-            raise ValueError(f"expected a dict of epoch, sums and skipped, got {_shown(saved)}")
+            raise ValueError(f"expected a dict of epoch, sums and skipped, got {shown(saved)}")
         epoch, sums, skipped = saved["epoch"], saved["sums"], saved["skipped"]
-        if not _count(epoch) or not _count(skipped):
-            raise ValueError(f"epoch {_shown(epoch)} and skipped {_shown(skipped)} must be counts")
+        if not _is_count(epoch) or not _is_count(skipped):
+            raise ValueError(f"epoch {shown(epoch)} and skipped {shown(skipped)} must be counts")
         if not isinstance(sums, dict) or not set(sums) <= set(AVERAGED):
-            raise ValueError(f"sums must be a dict with keys among {AVERAGED}, got {_shown(sums)}")
+            raise ValueError(f"sums must be a dict with keys among {AVERAGED}, got {shown(sums)}")
         checked = {}
         for name, pair in sums.items():
             ok = isinstance(pair, list | tuple) and len(pair) == 2 and all(map(_finite, pair))
             if not ok or pair[1] < 0 or (pair[1] == 0 and pair[0] != 0):
                 raise ValueError(
-                    f"sums[{name!r}] must be a finite total and a weight > 0 (or both 0), got {_shown(pair)}"
+                    f"sums[{name!r}] must be a finite total and a weight > 0 (or both 0), got {shown(pair)}"
                 )
             checked[name] = (float(pair[0]), float(pair[1]))
         return cls(int(epoch), checked, int(skipped))
@@ -114,10 +116,5 @@ def _finite(value: Any) -> bool:
         return False
 
 
-def _count(value: Any) -> bool:
+def _is_count(value: Any) -> bool:
     return isinstance(value, int) and not isinstance(value, bool) and 0 <= value < 2**53
-
-
-def _shown(value: Any, limit: int = 80) -> str:
-    text = repr(value)
-    return text if len(text) <= limit else text[: limit - 3] + "..."

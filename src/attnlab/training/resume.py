@@ -10,8 +10,8 @@ A resumed run must be the same experiment: its config may differ from the saved 
 differences. The checkpoint carries everything the rest of the training depends on (weights, optimizer,
 LR schedule, step and epoch counters, the data sampler's position inside the epoch, the random-number
 generator states), so the resumed run reaches the same weights as one that was never interrupted.
-Its CSV history keeps the rows logged before the checkpoint's step (the parameter counts, which every
-fit logs when it starts, are logged once again), so it holds the rows of an uninterrupted run; its W&B
+Its CSV history keeps the rows logged before the checkpoint's step (the parameter counts included: a
+resumed fit does not log them again), so it holds the rows of an uninterrupted run; its W&B
 run is the same run (same id) continued. The interrupted epoch's training values (`train/*_epoch`) are
 an uninterrupted run's: the checkpoint holds their running sums (`attnlab.training.epoch_metrics`).
 """
@@ -45,6 +45,12 @@ RESUMABLE_CHANGES = (
 )  # fmt: skip
 
 
+def continues_own_run(resume: Any, ckpt_path: Any) -> bool:
+    """Whether a command asks to continue the run in its own directory: `resume=true|auto` or
+    `ckpt_path=last` (`resume_path` finds the checkpoint, or none for `auto`)."""
+    return ckpt_path == "last" or (ckpt_path is None and resume in (True, "auto"))
+
+
 def resume_path(cfg: DictConfig, output_dir: Path) -> str | None:
     """The checkpoint to continue from (None: a new run), per `cfg.resume` and `cfg.ckpt_path`.
 
@@ -63,7 +69,7 @@ def resume_path(cfg: DictConfig, output_dir: Path) -> str | None:
         if not Path(ckpt_path).is_file():
             raise ConfigError(f"ckpt_path={ckpt_path}: no such checkpoint file")
         return str(ckpt_path)
-    if not mode:
+    if not continues_own_run(mode, ckpt_path):
         return None
     last = RunDir(output_dir).last_checkpoint
     if last.is_file():
