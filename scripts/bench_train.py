@@ -52,8 +52,9 @@ more from one step to the next than the models differ).
 
 `--products`: the profiler's split is not to be trusted for memory-bound ops on every machine (on a 2-core
 Xeon it put 27 ms on zeroing 16 MB that takes 2 ms alone). Without it: each model's step runs once with its
-matrix products (`attnlab.model.flops.MATMUL_OPS`) recorded, operands copied, and after the timed rounds
-the recorded products run alone, in the step's order, `--repeats` interleaved rounds (the median). A step's
+matrix products (`attnlab.model.flops.MATMUL_OPS`) recorded, operands copied, and in every timed round,
+right after the steps, each model's recorded products run alone, in the step's order (the median over the
+rounds): steps and products are timed under the same load, which drifts on a shared machine. A step's
 products alone are the part of it that no change outside the products can save, "the rest" (step minus
 products) all the others' work together: attention kernels, optimizer, dropout, normalisation, Python and
 autograd. attnlab's ceiling against another model is that model's median step over attnlab's products alone.
@@ -362,20 +363,12 @@ def recorded_products(step: Any) -> list[tuple[Any, list[Any], dict[str, Any]]]:
     return products
 
 
-def time_products(steps: dict[str, Any], rounds: int) -> dict[str, float]:
-    """Per model, the median seconds its step's matrix products take run alone, one after the other as
-    the step runs them (`recorded_products`), over `rounds` interleaved rounds: the part of the step no
-    change outside the products can save."""
-    recorded = {f: recorded_products(step) for f, step in steps.items()}
-    names = list(steps)
-    times: dict[str, list[float]] = {f: [] for f in names}
-    for r in range(rounds):
-        for f in names[r % len(names) :] + names[: r % len(names)]:
-            start = time.perf_counter()
-            for func, args, kwargs in recorded[f]:
-                func(*args, **kwargs)
-            times[f].append(time.perf_counter() - start)
-    return {f: statistics.median(t) for f, t in times.items()}
+def replay_products(products: list[tuple[Any, list[Any], dict[str, Any]]]) -> float:
+    """Seconds `recorded_products`' products take run alone, one after the other as the step ran them."""
+    start = time.perf_counter()
+    for func, args, kwargs in products:
+        func(*args, **kwargs)
+    return time.perf_counter() - start
 
 
 def products_table(results: list[dict[str, Any]]) -> str:
@@ -429,7 +422,7 @@ def interval(pairs: list[tuple[float, float]], seed: int = 0) -> tuple[float, fl
 def bench(
     size: str, repeats: int, warmup: int, threads: int, memory: bool, loss_of: str,
     frameworks: tuple[str, ...] = DEFAULT_FRAMEWORKS, allocator: str = "keep", profile_rounds: int = 0,
-    product_rounds: int = 0,
+    products: bool = False,
 ) -> dict[str, Any]:  # fmt: skip
     """One size's rounds; `allocator` is passed to the memory processes (this one is set by `main`)."""
     import torch
@@ -447,6 +440,11 @@ def bench(
         for _ in range(warmup):
             steps[f]()
     times: dict[str, list[float]] = {f: [] for f in frameworks}
+    # --products: each step's products recorded once, then replayed alone in every round right after the
+    # steps, under the load the steps ran under (replayed after all the rounds, they ran under another:
+    # two runs on one machine put attnlab's `small` rest at 147 and 41 ms, docs/benchmarks.md)
+    recorded = {f: recorded_products(steps[f]) for f in frameworks} if products else {}
+    alone: dict[str, list[float]] = {f: [] for f in recorded}
     rates = []  # the matmul rate, measured in every round too: it drifts with the machine's load and clock
     for r in range(repeats):
         order = frameworks[r % len(frameworks) :] + frameworks[: r % len(frameworks)]
@@ -454,6 +452,8 @@ def bench(
             start = time.perf_counter()
             steps[f]()
             times[f].append(time.perf_counter() - start)
+        for f in order if recorded else ():
+            alone[f].append(replay_products(recorded[f]))
         rates.append(matmul_rate(repeats=3))
     _, _, _, _, _, (batch, src_len, tgt_len) = SIZES[size]
     flops = training_flops(models["attnlab"].config, batch, src_len, tgt_len)
@@ -474,8 +474,8 @@ def bench(
         result[f"speedup_vs_{other}"] = interval(list(zip(times["attnlab"], times[other], strict=True)))
     if profile_rounds:
         result["profile"] = profile_steps(steps, profile_rounds)
-    if product_rounds:
-        result["products"] = time_products(steps, product_rounds)
+    if recorded:
+        result["products"] = {f: statistics.median(t) for f, t in alone.items()}
     return result
 
 
@@ -600,7 +600,7 @@ def main(argv: list[str] | None = None) -> None:
         parser.error(f"--profile-rounds {args.profile_rounds}: give at least 1")
     profile_rounds = args.profile_rounds if args.profile else 0
     results = [bench(size, args.repeats, args.warmup, args.threads, memory, args.loss, frameworks,
-                     args.allocator, profile_rounds, args.repeats if args.products else 0)
+                     args.allocator, profile_rounds, args.products)
                for size in args.sizes]  # fmt: skip
     text = table(results)
     if args.profile:

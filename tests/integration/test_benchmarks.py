@@ -143,9 +143,10 @@ def test_bench_train_products_times_each_steps_matrix_products_alone(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     """--products: the products recorded are the step's (their FLOPs are the step's matrix-multiply FLOPs),
-    replaying them runs those products, and the table's ceiling is the other's step over attnlab's
-    products alone. The loss's output layer runs in chunks of 64 of the 96 target rows here, so the
-    second chunk's weight gradient is added in place (`addmm_`), as at the benchmark's sizes."""
+    replaying them runs those products, each round replays them right after its steps, and the table's
+    ceiling is the other's step over attnlab's products alone. The loss's output layer runs in chunks of 64
+    of the 96 target rows here, so the second chunk's weight gradient is added in place (`addmm_`), as at
+    the benchmark's sizes."""
     from attnlab.training import loss
 
     monkeypatch.setitem(loss.CHUNK_ELEMENTS, "cpu", 64 * 500)  # 64 rows of the tiny vocabulary
@@ -172,13 +173,45 @@ def test_bench_train_products_times_each_steps_matrix_products_alone(
             Count.ran += func._schema.name in ("aten::mm", "aten::addmm", "aten::addmm_")
             return func(*args, **kwargs or {})
 
-    with Count():  # the step recorded once, then its products alone in each of 2 rounds
-        bench.time_products({"attnlab": step}, rounds=2)
-    assert Count.ran == 3 * len(products)
+    with Count():  # a replay runs the step's products, and nothing else of the step
+        assert bench.replay_products(products) > 0
+    assert Count.ran == len(products)
+    # the replays are timed in each round, right after that round's steps (not after all the rounds)
+    events: list[str] = []
+    make_step, replay = bench.make_step, bench.replay_products
+
+    def logged_step(framework: str, *args: object) -> object:
+        step = make_step(framework, *args)
+
+        def run() -> object:
+            events.append(f"step {framework}")
+            return step()
+
+        return run
+
+    def logged_replay(recorded: list) -> float:
+        events.append(f"products {'attnlab' if recorded is replays[0] else 'torch'}")
+        return replay(recorded)
+
+    replays: list[list] = []
+    recorded_products = bench.recorded_products
+
+    def recording(step: object) -> list:
+        replays.append(recorded_products(step))
+        return replays[-1]
+
+    monkeypatch.setattr(bench, "make_step", logged_step)
+    monkeypatch.setattr(bench, "replay_products", logged_replay)
+    monkeypatch.setattr(bench, "recorded_products", recording)
     out = tmp_path / "t.md"
     bench.main(
         ["--quick", "--no-memory", "--frameworks", "attnlab", "torch", "--products", "--out", str(out)]
     )
+    assert events == [
+        "step attnlab", "step torch", "step attnlab", "step torch",  # --quick's 1 warm-up, then recorded
+        "step attnlab", "step torch", "products attnlab", "products torch",  # round 1
+        "step torch", "step attnlab", "products torch", "products attnlab",  # round 2, order rotated
+    ]  # fmt: skip
     (result,) = json.loads(Path(str(out) + ".json").read_text())
     alone = result["products"]
     assert list(alone) == ["attnlab", "torch"]
