@@ -6,6 +6,7 @@ cache) goes through here: a temporary file beside the target, flushed and fsynce
 
 from __future__ import annotations
 
+import errno
 import fcntl
 import os
 import re
@@ -260,9 +261,10 @@ def atomic_writer(path: Path, *, encoding: str | None = None, tag: str | None = 
 def atomic_write_files(files: Mapping[Path, bytes]) -> None:
     """Write several files so that they change together: each is first written completely to a
     temporary file beside it (`atomic_writer`'s rules), and only when every one is written are they all
-    renamed into place. A failed write (a full disk) removes the temporary files and leaves every file
-    as it was; the `OSError` names the file whose write failed (`filename`). Targets that are not
-    regular files (devices, FIFOs) are written directly, after all regular files are written.
+    renamed into place. A failed write (a full disk, a directory where a file goes) removes the temporary
+    files and leaves every file as it was; the `OSError` names the file whose write failed (`filename`).
+    Targets that are not regular files (devices, FIFOs) are written directly, after all regular files are
+    written.
     """
     staged: list[tuple[str | None, Path, bytes]] = []
     try:
@@ -271,6 +273,8 @@ def atomic_write_files(files: Mapping[Path, bytes]) -> None:
                 staged.append((None, Path(target), data))
                 continue
             path = Path(os.path.realpath(target))
+            if path.is_dir():  # the rename would fail, after the files before it were replaced
+                raise IsADirectoryError(errno.EISDIR, os.strerror(errno.EISDIR), str(target))
             try:
                 with _temporary_beside(path, None) as (f, tmp_name):
                     f.write(data)

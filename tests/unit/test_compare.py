@@ -325,3 +325,126 @@ def test_a_results_file_cannot_choose_a_bleu_tokenizer_outside_the_offline_list(
     path.write_text(json.dumps({**json.loads(path.read_text()), "scoring": scoring}))
     with pytest.raises(ValueError, match=re.escape(f"cannot read {path}: its 'scoring'")):
         by_length(summarize(load_runs([sweep]))[0])
+
+
+def test_a_run_reached_twice_is_one_run(sweep: Path, tmp_path: Path) -> None:
+    """The same directory given twice, or through a symbolic link, is one run: counted twice, it doubled a
+    group's seeds and narrowed its interval."""
+    run = sweep / "pe=none,seed=1"
+    (tmp_path / "link").symlink_to(sweep)
+    runs = load_runs([sweep, f"{run}/", tmp_path / "link"])
+    assert [r.path for r in runs] == [r.path for r in load_runs([sweep])]
+    assert "| model.pe=none | 3 |" in report([sweep, tmp_path / "link"], baseline="model.pe=sinusoidal")
+
+
+def test_runs_sharing_a_seed_are_named_and_not_paired_ambiguously(
+    sweep: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    """Two baseline runs of seed 1: a warning names both, and seed 1 of the other group has no paired test
+    (it paired with whichever came last)."""
+    import shutil
+
+    shutil.copytree(sweep / "pe=sinusoidal,seed=1", sweep / "again" / "pe=sinusoidal,seed=1")
+    with caplog.at_level("WARNING"):
+        groups, _ = summarize(load_runs([sweep]), baseline="model.pe=sinusoidal")
+    assert "group model.pe=sinusoidal has 2 runs of seed 1" in caplog.text
+    assert str(sweep / "again" / "pe=sinusoidal,seed=1") in caplog.text
+    tested = {g.name: g for g in groups}["model.pe=none"].p_values["test2016"]
+    assert [seed for seed, _ in tested] == [2, 3]
+
+
+def test_a_diverged_run_shows_its_nan_and_a_number_past_float_is_unreadable(
+    sweep: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    path = sweep / "pe=none,seed=1" / "results.json"
+    results = json.loads(path.read_text())
+    results["metrics"].update({"val/ppl": float("nan"), "train/grad_norm_epoch": float("inf")})
+    path.write_text(json.dumps(results))
+    text = report([sweep], baseline="model.pe=sinusoidal")
+    row = next(line for line in text.splitlines() if line.startswith("| model.pe=none"))
+    assert "| nan | +nan |" in row  # val/ppl over the seeds: NaN, no interval, and its difference
+    path.write_text(json.dumps({**results, "metrics": {"val/ppl": 10**400}}))
+    with caplog.at_level("WARNING"):
+        text = report([sweep], baseline="model.pe=sinusoidal")
+    assert "| model.pe=none | 2 |" in text and "Unreadable, not compared:" in text
+    assert f"cannot read {path}: its metric 'val/ppl' is past float's range" in text
+
+
+def test_csv_and_latex_name_the_runs_not_in_the_table(
+    sweep: Path, tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    with caplog.at_level("WARNING"):
+        text = report([sweep], fmt="csv")
+    assert "learned" not in text  # the table alone
+    told = "not finished, not in the table: "
+    assert re.search(told + r"\S*pe=learned,seed=1 \(failed: RuntimeError", caplog.text)
+    assert re.search(told + r"\S*pe=learned,seed=2 \(running\)", caplog.text)
+    for fmt in ("csv", "latex"):
+        with pytest.raises(SystemExit, match=r"no finished runs to tabulate under .*seed=1 \(failed\)"):
+            compare_main([str(sweep / "pe=learned,seed=1"), "--format", fmt])
+    assert report([sweep / "pe=learned,seed=1"]).startswith("no finished runs")  # Markdown: the list
+
+
+def test_latex_escapes_every_special_character_and_csv_length_tables_have_titles(sweep: Path) -> None:
+    latex = render([["group #1", "Δ x"], ["a$b{c}~d^e<f>g\\h_i%j&k", "1 ± 2"]], "latex")
+    assert "group \\#1 & $\\Delta$ x \\\\ \\hline" in latex
+    assert (
+        "a\\$b\\{c\\}\\textasciitilde{}d\\textasciicircum{}e\\textless{}f\\textgreater{}g\\textbackslash{}h"
+        "\\_i\\%j\\&k & 1 $\\pm$ 2 \\\\" in latex
+    )
+    csv_text = report([sweep], fmt="csv", lengths=True)
+    assert "\nBLEU on test2016 by reference length (words)\ngroup,<10 (n=0)" in csv_text
+    assert "\n% BLEU on test2016 by reference length (words)\n\\begin{tabular}" in report(
+        [sweep], fmt="latex", lengths=True
+    )
+
+
+def test_damaged_saved_lines_are_refused_naming_the_file(sweep: Path) -> None:
+    """A hypotheses or sources file whose line count is not the references', or that is not UTF-8, is
+    refused naming it (the by-length table scored half the set with half the sources; the paired test
+    failed without naming a file); a last line without its newline is a line (it was dropped)."""
+    from attnlab.reports.compare import by_length
+
+    run = sweep / "pe=none,seed=2"
+    hyps = run / "hypotheses" / "test2016.txt"
+    hyps.write_text(hyps.read_text().rstrip("\n"))  # no final newline: still 60 lines
+    groups, _ = summarize(load_runs([sweep]), baseline="model.pe=sinusoidal")
+    assert len({g.name: g for g in groups}["model.pe=none"].p_values["test2016"]) == 3
+    assert sum(by_length(groups)[0].sentences) == 60
+    hyps.write_text("".join(f"{line}\n" for line in hypotheses("none", 2)[:-1]))
+    damaged = rf"do not match: .* has 60 lines, .*{re.escape(str(hyps))} has 59 lines"
+    with pytest.raises(SystemExit, match=damaged):
+        compare_main([str(sweep)])
+    hyps.write_bytes(b"\xff\n" * 60)
+    with pytest.raises(SystemExit, match=rf"cannot read {re.escape(str(hyps))}: not UTF-8 text"):
+        compare_main([str(sweep)])
+    hyps.write_text("".join(f"{line}\n" for line in hypotheses("none", 2)))
+    sources = sweep / "pe=sinusoidal,seed=1" / "sources" / "test2016.txt"  # the first run's, bucketed by
+    sources.parent.mkdir()
+    sources.write_text("".join(f"{line}\n" for line in source_lines()[:30]))
+    with pytest.raises(SystemExit, match=rf"{re.escape(str(sources))} has 30 lines"):
+        compare_main([str(sweep), "--by-length", "--baseline", "model.pe=sinusoidal"])
+
+
+def test_an_epoch_that_is_no_epoch_number_is_refused_naming_the_file(sweep: Path, tmp_path: Path) -> None:
+    metrics = sweep / "pe=none,seed=3" / "csv" / "metrics.csv"
+    for epoch in ("inf", "nan", "1.5"):
+        metrics.write_text(f"params/total,step,epoch,val/loss\n1234.0,0,,\n,10,{epoch},4.0\n")
+        with pytest.raises(SystemExit, match=rf"cannot read {re.escape(str(metrics))}: epoch {epoch} is no"):
+            compare_main([str(sweep), "--plots", str(tmp_path / "plots")])
+
+
+def test_a_length_plot_that_cannot_be_written_leaves_the_other_plots(sweep: Path, tmp_path: Path) -> None:
+    """With --by-length the length plots are written together with the others: a length plot that cannot
+    be written (a directory in its place) leaves every plot as it was (they were two writes)."""
+    compare_main([str(sweep), "--by-length", "--plots", str(tmp_path / "fresh")])
+    written = sorted(p.name for p in (tmp_path / "fresh").iterdir())
+    blocked = "bleu_by_length_test2016.png"
+    assert blocked in written and len(written) == 4
+    plots = tmp_path / "plots"
+    plots.mkdir()
+    for name in written:
+        (plots / name).write_bytes(b"old") if name != blocked else (plots / name).mkdir()
+    with pytest.raises(SystemExit, match=rf"cannot write plot .*{blocked}"):
+        compare_main([str(sweep), "--by-length", "--plots", str(plots)])
+    assert all((plots / name).read_bytes() == b"old" for name in written if name != blocked)

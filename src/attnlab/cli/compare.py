@@ -11,6 +11,7 @@ Usage:
 from __future__ import annotations
 
 import argparse
+import logging
 import sys
 from collections.abc import Sequence
 from pathlib import Path
@@ -25,8 +26,10 @@ from attnlab.reports.compare import (
     summarize,
     table_rows,
 )
-from attnlab.reports.plots import plot_by_length, plot_comparison
+from attnlab.reports.plots import plot_comparison
 from attnlab.runs.layout import CONFIG_FILE, MANIFEST_FILE
+
+log = logging.getLogger(__name__)
 
 
 def report(
@@ -46,22 +49,29 @@ def report(
             f"no run directories ({CONFIG_FILE}, {MANIFEST_FILE}) under {', '.join(map(str, paths))}"
         )
     groups, others = summarize(runs, baseline)
+    unreadable = [r for r in others if r.status == UNREADABLE]
+    others = [r for r in others if r.status != UNREADABLE]
+    if not groups and fmt != "md":  # no table to write as CSV or LaTeX
+        listed = "; ".join(f"{r.path} ({r.status})" for r in [*others, *unreadable])
+        raise ValueError(f"no finished runs to tabulate under {', '.join(map(str, paths))}: {listed}")
     metric, columns = main_metric(groups)
     text = render(table_rows(groups, columns), fmt) if groups else "no finished runs\n"
     tables = by_length(groups) if lengths and groups else []
     for table in tables:
-        if fmt == "md":
-            text += f"\nBLEU on {table.test_set} by {table.by} length (words):\n\n"
+        title = f"BLEU on {table.test_set} by {table.by} length (words)"
+        text += {"md": f"\n{title}:\n\n", "csv": f"\n{title}\n", "latex": f"\n% {title}\n"}[fmt]
         text += render(table.rows(), fmt)
-    unreadable = [r for r in others if r.status == UNREADABLE]
-    others = [r for r in others if r.status != UNREADABLE]
     if others and fmt == "md":
         text += "\nNot finished:\n" + "".join(f"- {r.path} ({r.status}{': ' + r.error if r.error else ''})\n"
                                               for r in others)  # fmt: skip
     if unreadable and fmt == "md":  # other formats: the warnings of `read_run`
         text += "\nUnreadable, not compared:\n" + "".join(f"- {r.path} ({r.error})\n" for r in unreadable)
+    for r in others if fmt != "md" else ():  # CSV and LaTeX hold the table alone: the others on stderr
+        log.warning(
+            "not finished, not in the table: %s (%s%s)", r.path, r.status, f": {r.error}" if r.error else ""
+        )
     if plots is not None and groups and metric is not None:
-        files = plot_comparison(groups, metric, plots) + plot_by_length(tables, plots)
+        files = plot_comparison(groups, metric, plots, tables)
         if fmt == "md":
             text += "\nPlots:\n" + "".join(f"- {f}\n" for f in files)
     return text

@@ -98,7 +98,11 @@ def _result_metrics(run: RunDir) -> dict[str, float]:
     sets = results.get("sets", {})
     if not isinstance(numbers, dict) or not isinstance(sets, dict):
         raise UnreadableRunFile(f"cannot read {path}: its 'metrics' and 'sets' must be JSON objects")
-    metrics = {k: float(v) for k, v in numbers.items() if isinstance(v, (int, float))}
+    try:
+        metrics = {k: float(v) for k, v in numbers.items() if isinstance(v, (int, float))}
+    except OverflowError:
+        big = next(k for k, v in numbers.items() if isinstance(v, int) and abs(v) > 1e308)
+        raise UnreadableRunFile(f"cannot read {path}: its metric {big!r} is past float's range") from None
     for name, entry in sets.items():
         scores = [entry.get(m) for m in ("bleu", "chrf")] if isinstance(entry, dict) else [None]
         if not all(isinstance(v, (int, float)) for v in scores):
@@ -149,14 +153,17 @@ def _read_run(run_dir: Path) -> Run:
 
 
 def load_runs(paths: Sequence[str | Path]) -> list[Run]:
-    """Every run directory (one with `config.yaml` or `manifest.json`) at or below `paths`, by path."""
-    found: set[Path] = set()
+    """Every run directory (one with `config.yaml` or `manifest.json`) at or below `paths`, by path, each
+    once however it is reached (the same directory given twice, or through a symbolic link, is one run)."""
+    found: dict[Path, Path] = {}  # the directory resolved -> as first found
     for path in map(Path, paths):
         if not path.exists():
             raise FileNotFoundError(f"no such run or sweep directory: {path}")
         for name in (CONFIG_FILE, MANIFEST_FILE):
-            found.update(p.parent for p in path.rglob(name) if ".hydra" not in p.parts)
-    return [read_run(p) for p in sorted(found)]
+            for file in path.rglob(name):
+                if ".hydra" not in file.parts:
+                    found.setdefault(file.parent.resolve(), file.parent)
+    return [read_run(p) for p in sorted(set(found.values()))]
 
 
 def varying_keys(runs: Sequence[Run], seed_key: str = "seed") -> list[str]:
@@ -200,6 +207,7 @@ def summarize(runs: Sequence[Run], baseline: str | None = None) -> tuple[list[Gr
         grouped.setdefault(group_name(run, keys), []).append(run)
     groups = []
     for name, members in grouped.items():
+        _warn_repeated_seeds(name, members)
         metric_names = sorted({m for r in members for m in r.metrics})
         stats = {m: stat([r.metrics[m] for r in members if m in r.metrics]) for m in metric_names}
         groups.append(GroupSummary(name, members, stats))
@@ -215,10 +223,53 @@ def summarize(runs: Sequence[Run], baseline: str | None = None) -> tuple[list[Gr
     return groups, others
 
 
+def _warn_repeated_seeds(name: str, runs: Sequence[Run]) -> None:
+    """Warn when runs of one group share a seed: the group's statistics count each run as a seed of its
+    own, and a baseline seed with several runs has no paired test (`paired_tests`)."""
+    by_seed: dict[Any, list[Run]] = {}
+    for run in runs:
+        by_seed.setdefault(run.config.get("seed"), []).append(run)
+    for seed, same in by_seed.items():
+        if len(same) > 1:
+            log.warning(
+                "group %s has %d runs of seed %s (%s): its statistics count each as a seed of its own, and "
+                "as a baseline it has no paired test for that seed; compare one run per seed (give the "
+                "others' directories in another command)", name, len(same), seed,
+                ", ".join(str(r.path) for r in same),
+            )  # fmt: skip
+
+
 def _lines(path: Path) -> list[str] | None:
     """The lines of a run's saved hypotheses or references, split at "\\n" only, as they were written (a
-    lone "\\r" inside a line, kept from the data, is no line end: `read_text` would split there)."""
-    return path.read_bytes().decode("utf-8").split("\n")[:-1] if path.is_file() else None
+    lone "\\r" inside a line, kept from the data, is no line end: `read_text` would split there); a last
+    line without its "\\n" is a line too. None when there is no such file.
+
+    Raises:
+        UnreadableRunFile: The file is not UTF-8 text.
+    """
+    if not path.is_file():
+        return None
+    try:
+        text = path.read_bytes().decode("utf-8")
+    except UnicodeDecodeError as exc:
+        raise UnreadableRunFile(
+            f"cannot read {path}: not UTF-8 text ({exc.reason} at byte {exc.start}); restore the file "
+            "(attnlab-eval on the run's checkpoint writes it again) or leave that run out of the comparison"
+        ) from None
+    lines = text.split("\n")
+    return lines[:-1] if text.endswith("\n") or not text else lines
+
+
+def _same_count(files: Sequence[tuple[Path, list[str]]]) -> None:
+    """Raise `UnreadableRunFile` naming the files when a run's hypotheses and references (or the other
+    run's hypotheses) of one test set have different line counts: the files are damaged."""
+    counts = {len(lines) for _, lines in files}
+    if len(counts) > 1:
+        told = ", ".join(f"{path} has {len(lines)} lines" for path, lines in files)
+        raise UnreadableRunFile(
+            f"the lines of one test set do not match: {told}; restore the files (attnlab-eval on the run's "
+            "checkpoint writes them again) or leave that run out of the comparison"
+        )
 
 
 def paired_tests(baseline: Sequence[Run], runs: Sequence[Run], n_samples: int = 1000) -> dict[str, list]:
@@ -227,12 +278,15 @@ def paired_tests(baseline: Sequence[Run], runs: Sequence[Run], n_samples: int = 
     BLEU tokenizer both runs scored with (none where they differ)."""
     from attnlab.metrics import paired_bootstrap
 
-    by_seed = {r.config.get("seed"): r for r in baseline}
+    by_seed: dict[Any, list[Run]] = {}
+    for r in baseline:
+        by_seed.setdefault(r.config.get("seed"), []).append(r)
     out: dict[str, list[tuple[Any, float]]] = {}
     for run in runs:
-        base = by_seed.get(run.config.get("seed"))
-        if base is None:
+        same = by_seed.get(run.config.get("seed"), [])
+        if len(same) != 1:  # none, or several (`_warn_repeated_seeds`): no one run to pair with
             continue
+        base = same[0]
         tokenize, base_tokenize = _bleu_tokenizer(run), _bleu_tokenizer(base)  # as each scored its BLEU
         if tokenize != base_tokenize:
             log.warning("no paired test of %s against %s: their BLEU was scored with the %s and %s "
@@ -244,7 +298,9 @@ def paired_tests(baseline: Sequence[Run], runs: Sequence[Run], n_samples: int = 
             base_hyps = _lines(base.files.hypotheses_dir / name)
             if refs is None or base_hyps is None or refs != _lines(base.files.references_dir / name):
                 continue  # not the same test sentences: no paired test
-            hyps = _lines(hyp_file)
+            hyps = _lines(hyp_file) or []
+            _same_count([(hyp_file, hyps), (run.files.references_dir / name, refs),
+                         (base.files.hypotheses_dir / name, base_hyps)])  # fmt: skip
             result = paired_bootstrap(base_hyps, hyps, refs, n_samples=n_samples, tokenize=tokenize)
             out.setdefault(hyp_file.stem, []).append((run.config.get("seed"), result.p_value))
     return out
@@ -327,7 +383,10 @@ def by_length(groups: Sequence[GroupSummary], edges: Sequence[int] = LENGTH_EDGE
             continue
         if any(_lines(r.files.references_dir / f"{name}.txt") != references for r in runs):
             raise ValueError(f"the runs scored different {name!r} sentences: compare runs of one test set")
-        sources = _lines(runs[0].files.sources_dir / f"{name}.txt")
+        sources_file = runs[0].files.sources_dir / f"{name}.txt"
+        sources = _lines(sources_file)
+        if sources is not None:
+            _same_count([(sources_file, sources), (runs[0].files.references_dir / f"{name}.txt", references)])
         by, counted = ("source", sources) if sources is not None else ("reference", references)
         bucket = [bisect.bisect_right(edges, len(line.split())) for line in counted]
         members = [[i for i, b in enumerate(bucket) if b == k] for k in range(len(edges) + 1)]
@@ -336,10 +395,9 @@ def by_length(groups: Sequence[GroupSummary], edges: Sequence[int] = LENGTH_EDGE
             scores: list[list[float]] = [[] for _ in members]
             for run in group.runs:
                 tokenize = tokenizers[run.path]
-                hypotheses = _lines(run.files.hypotheses_dir / f"{name}.txt") or []
-                if len(hypotheses) != len(references):
-                    raise ValueError(f"{run.path}: {name}.txt has {len(hypotheses)} hypotheses for "
-                                     f"{len(references)} references")  # fmt: skip
+                hyp_file = run.files.hypotheses_dir / f"{name}.txt"
+                hypotheses = _lines(hyp_file) or []
+                _same_count([(hyp_file, hypotheses), (run.files.references_dir / f"{name}.txt", references)])
                 for k, rows in enumerate(members):
                     if rows:
                         subset = [hypotheses[i] for i in rows], [references[i] for i in rows]
@@ -376,6 +434,14 @@ def table_rows(groups: Sequence[GroupSummary], metrics: Sequence[str]) -> list[l
     return rows
 
 
+# LaTeX's special characters in text, and the table's symbols outside ASCII (which pdflatex does not take)
+LATEX_ESCAPES = {
+    "\\": "\\textbackslash{}", "_": "\\_", "%": "\\%", "&": "\\&", "#": "\\#", "$": "\\$", "{": "\\{",
+    "}": "\\}", "~": "\\textasciitilde{}", "^": "\\textasciicircum{}", "<": "\\textless{}",
+    ">": "\\textgreater{}", "±": "$\\pm$", "Δ": "$\\Delta$",
+}  # fmt: skip
+
+
 def render(rows: list[list[str]], fmt: str = "md") -> str:
     """The rows as a Markdown table (`md`), CSV (`csv`) or LaTeX tabular (`latex`)."""
     if fmt == "csv":
@@ -385,16 +451,11 @@ def render(rows: list[list[str]], fmt: str = "md") -> str:
     if fmt == "latex":
 
         def esc(text: str) -> str:
-            return (
-                text.replace("\\", "\\textbackslash{}")
-                .replace("_", "\\_")
-                .replace("%", "\\%")
-                .replace("&", "\\&")
-            )
+            return "".join(LATEX_ESCAPES.get(c, c) for c in text)
 
         lines = ["\\begin{tabular}{" + "l" * len(rows[0]) + "}", "\\hline"]
         lines.append(" & ".join(esc(c) for c in rows[0]) + " \\\\ \\hline")
-        lines += [" & ".join(esc(c).replace("±", "$\\pm$") for c in row) + " \\\\" for row in rows[1:]]
+        lines += [" & ".join(esc(c) for c in row) + " \\\\" for row in rows[1:]]
         return "\n".join([*lines, "\\hline", "\\end{tabular}"]) + "\n"
     if fmt != "md":
         raise ValueError(f"format {fmt!r}: use md, csv or latex")

@@ -19,6 +19,7 @@ from pathlib import Path
 
 from attnlab.io import atomic_write_files
 from attnlab.reports.compare import GroupSummary, LengthTable, Run
+from attnlab.runs.layout import UnreadableRunFile
 
 
 def validation_curve(run: Run, metric: str) -> dict[int, float]:
@@ -27,19 +28,30 @@ def validation_curve(run: Run, metric: str) -> dict[int, float]:
     Raises:
         attnlab.runs.layout.UnreadableRunFile: The file cannot be read or holds a cell that is no number.
     """
-    return {
-        int(row["epoch"]): row[metric] for row in run.files.metrics_rows() if metric in row and "epoch" in row
-    }
+    curve = {}
+    for row in run.files.metrics_rows():
+        if metric in row and "epoch" in row:
+            epoch = row["epoch"]
+            if not (math.isfinite(epoch) and epoch == int(epoch) and epoch >= 0):
+                raise UnreadableRunFile(
+                    f"cannot read {run.files.metrics_csv}: epoch {epoch} is no epoch number (a whole number "
+                    "from 0); leave the run out of the comparison or restore the file"
+                )
+            curve[int(epoch)] = row[metric]
+    return curve
 
 
 def _slug(metric: str) -> str:
     return metric.replace("/", "_")
 
 
-def plot_comparison(groups: Sequence[GroupSummary], metric: str, out_dir: str | Path) -> list[Path]:
+def plot_comparison(
+    groups: Sequence[GroupSummary], metric: str, out_dir: str | Path, tables: Sequence[LengthTable] = ()
+) -> list[Path]:
     """Write the comparison plots of `groups` (from `attnlab.reports.compare.summarize`) for `metric` into
-    `out_dir` (all together once every plot is drawn: a failed write leaves every file there before
-    unchanged); returns the files written."""
+    `out_dir`, and with `tables` (`attnlab.reports.compare.by_length`) their `bleu_by_length_<set>.png`
+    (all together once every plot is drawn: a failed write leaves every file there before unchanged);
+    returns the files written."""
     import matplotlib
 
     matplotlib.use("Agg")  # files only: no display needed
@@ -49,6 +61,7 @@ def plot_comparison(groups: Sequence[GroupSummary], metric: str, out_dir: str | 
         out / f"{_slug(metric)}_by_group.png": _png(_by_group(groups, metric)),
         out / "validation_curves.png": _png(_validation_curves(groups)),
         out / f"{_slug(metric)}_vs_params.png": _png(_vs_params(groups, metric)),
+        **_length_plots(tables, out),
     }
     return _write(written, out)
 
@@ -61,8 +74,11 @@ def plot_by_length(tables: Sequence[LengthTable], out_dir: str | Path) -> list[P
     matplotlib.use("Agg")
     out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)
-    written = {out / f"bleu_by_length_{table.test_set}.png": _png(_length_figure(table)) for table in tables}
-    return _write(written, out)
+    return _write(_length_plots(tables, out), out)
+
+
+def _length_plots(tables: Sequence[LengthTable], out: Path) -> dict[Path, bytes]:
+    return {out / f"bleu_by_length_{table.test_set}.png": _png(_length_figure(table)) for table in tables}
 
 
 def _write(written: dict[Path, bytes], out: Path) -> list[Path]:

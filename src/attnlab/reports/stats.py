@@ -60,9 +60,11 @@ class Stat:
 
 
 def stat(values: Sequence[float]) -> Stat:
+    """The `Stat` of `values`; with a NaN or infinite value (a run that diverged) the mean is NaN or
+    infinite and there is no standard deviation or interval."""
     n = len(values)
     mean = statistics.fmean(values)
-    if n < 2:
+    if n < 2 or not all(map(math.isfinite, values)):
         return Stat(n, mean, None, None)
     std = statistics.stdev(values)
     return Stat(n, mean, std, t_quantile(0.975, n - 1) * std / math.sqrt(n))
