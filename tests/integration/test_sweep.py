@@ -43,11 +43,20 @@ def test_a_sweep_runs_every_job_records_failures_and_resumes_without_redoing_fin
     assert all((jobs[n] / "results.json").is_file() for n in finished)
     stamps = {n: (jobs[n] / "results.json").stat().st_mtime_ns for n in finished}
 
+    damaged = jobs[finished[0]] / "results.json"  # a finished job whose results hold no metrics object
+    kept = damaged.read_bytes()
+    damaged.write_text(json.dumps({**json.loads(kept), "metrics": [1.0]}))
+    stamps[finished[0]] = damaged.stat().st_mtime_ns
+
     second = sweep(tmp_path, "sweep.skip_done=true")
     assert second.returncode == 1, second.stderr[-3000:]  # the n_heads=3 jobs fail again
-    assert second.stdout.count("already finished (sweep.skip_done=true): skipped") == 2
+    assert second.stdout.count("already finished (sweep.skip_done=true): skipped") == 1
+    told = f"job {finished[0]} not skipped: {damaged} of a finished run holds no metrics object"
+    assert told in second.stdout + second.stderr  # (Hydra's job log: standard output)
+    assert "multirun: 1 finished, 3 failed" in second.stderr  # neither skipped nor run again: the others ran
     assert {p.name for p in (tmp_path / "sweep").iterdir() if p.is_dir()} == set(jobs)  # the same directories
     assert {n: (jobs[n] / "results.json").stat().st_mtime_ns for n in finished} == stamps
+    damaged.write_bytes(kept)
 
     # attnlab-compare reads the sweep back: the two seeds as one group, the failed jobs listed.
     text = report([tmp_path / "sweep"])

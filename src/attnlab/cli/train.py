@@ -49,10 +49,20 @@ def _main(cfg: DictConfig) -> float | None:
     if (cfg.get("sweep") or {}).get("skip_done"):
         done = finished_results(run)
         if done is not None:
+            numbers = done.get("metrics", {})
+            if not isinstance(numbers, dict):  # not what attnlab-train writes: neither skipped nor rerun
+                told = (f"{run.results_file} of a finished run holds no metrics object (its 'metrics' is a "
+                        f"JSON {type(numbers).__name__}): restore it, or remove the run directory to run the "
+                        "job again")  # fmt: skip
+                if not multirun:
+                    raise SystemExit(f"attnlab-train: {told}")
+                log.error("job %s not skipped: %s", run.path.name, told)
+                record_job("failed", run.results_file)
+                return None
             print(f"attnlab-train: {run.path} already finished (sweep.skip_done=true): skipped")
             if multirun:
                 record_job("finished", run.manifest_file)
-            return done.get("metrics", {}).get(metric) if metric else None
+            return numbers.get(metric) if metric else None
     from attnlab.training.pipeline import train  # imports lightning
 
     try:
@@ -151,7 +161,8 @@ def submitit_ranks() -> None:
 
 
 def finished_results(run: RunDir) -> dict[str, Any] | None:
-    """The `results.json` of a run that finished (manifest status `finished`), else None."""
+    """The `results.json` of a run that finished (manifest status `finished`), else None (a results file
+    that is no JSON object: None too)."""
     try:
         if run.read_json(MANIFEST_FILE).get("status") != "finished":
             return None
