@@ -159,3 +159,15 @@ def build_from(cls: type, kwargs: dict[str, Any], key: str) -> Any:
         return cls(**kwargs)
     except (ValueError, TypeError) as exc:
         raise ConfigError(f"{key}.{exc}") from exc
+
+
+PLACEHOLDER_LANGS = ("src", "tgt")  # `data=files` suffixes of corpora named train.src / train.tgt
+
+
+def language_subtag(value: Any) -> str | None:
+    """The language subtag of a language code (`de_DE`, `en-US`, `DE` -> de, en, de); None for anything
+    that is not one (the placeholders `src` and `tgt`, `source`, a column name)."""
+    if not isinstance(value, str) or value.lower() in PLACEHOLDER_LANGS:
+        return None
+    primary = value.replace("-", "_").split("_")[0].lower()
+    return primary if primary.isalpha() and 2 <= len(primary) <= 3 else None

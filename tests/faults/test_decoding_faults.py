@@ -90,7 +90,7 @@ def test_a_huge_line_through_attnlab_translate_is_cut_and_counted(
     assert len(out) == len(lines)
     assert len(out[3].split()) <= LIMIT + 5  # its output limit a·|S| + b (a=1, b=5) of the cut source
     messages = [r.getMessage() for r in caplog.records if r.name == "attnlab.cli.translate"]
-    assert messages == [
+    assert cuts(messages) == [
         f"1 sources were cut to data.max_source_tokens={LIMIT} (the training filter's limit; set "
         "decode.max_source_tokens)"
     ]
@@ -102,7 +102,32 @@ def test_a_huge_line_through_attnlab_translate_is_cut_and_counted(
     assert len(target.read_text(encoding="utf-8").splitlines()) == len(lines)
     tokenizer = Translator.from_checkpoints([trained["ckpt"]]).src_tokenizer
     longer = sum(len(ids) + 1 > 8 for ids in tokenizer.encode_batch(lines))  # eos included
-    assert messages == [f"{longer} sources were cut to decode.max_source_tokens=8"]
+    assert cuts(messages) == [f"{longer} sources were cut to decode.max_source_tokens=8"]
+
+
+def cuts(messages: list[str]) -> list[str]:
+    """attnlab-translate's warnings but the count of translations without eos (this model rarely emits
+    eos: `test_translations_without_eos_are_counted_in_a_warning` tests that one)."""
+    return [m for m in messages if "ran to their length limit" not in m]
+
+
+def test_translations_without_eos_are_counted_in_a_warning(
+    trained: dict[str, Any], tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    """attnlab-translate counted them without saying so (attnlab-eval records and warns); the n-best path
+    counts them too."""
+    source = tmp_path / "in.de"
+    source.write_text("".join(f"{line}\n" for line in trained["sources"][:4]), encoding="utf-8")
+    for nbest in ([], ["decode.nbest=2"]):
+        caplog.clear()
+        with caplog.at_level(logging.WARNING, logger="attnlab.cli.translate"):
+            translate_main([f"ckpt_path={trained['ckpt']}", f"input={source}", f"output={tmp_path / 'out'}",
+                            "device=cpu", "decode.beam=2", "decode.min_len=500", *nbest])  # fmt: skip
+        messages = [r.getMessage() for r in caplog.records if r.name == "attnlab.cli.translate"]
+        assert messages == [
+            "4 of 4 translations ran to their length limit without eos (decode.max_len_a=1.0, max_len_b=5, "
+            "min_len=500)"
+        ], nbest
 
 
 def test_max_source_tokens_below_two_is_refused(trained: dict[str, Any]) -> None:

@@ -373,3 +373,11 @@ def test_attnlab_translate_names_the_line_that_is_not_utf8(
     with pytest.raises(SystemExit, match=r"line 3, byte 24.*the lines before it were translated"):
         translate_main([f"ckpt_path={checkpoint['path']}", "device=cpu"])
     assert len(capsys.readouterr().out.splitlines()) == 2
+
+
+@pytest.mark.parametrize("value", ["abc", "2.7", "true", "[4]"])
+def test_chunk_lines_that_is_no_whole_number_is_refused(value: str, tmp_path: Path) -> None:
+    """`chunk_lines=abc` failed with a traceback and `chunk_lines=2.7` read 2 lines at a time; checked before
+    the checkpoint is read."""
+    with pytest.raises(SystemExit, match=r"chunk_lines=.* must be a whole number of lines >= 1"):
+        translate_main([f"ckpt_path={tmp_path / 'none.ckpt'}", f"chunk_lines={value}"])

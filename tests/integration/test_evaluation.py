@@ -166,6 +166,9 @@ def test_attnlab_eval_refuses_data_in_other_languages_and_sets_that_score_nothin
     cut = evaluate_checkpoint(compose_eval([f"ckpt_path={best}", "sets=[val]", "decode.beam=1",
                                             "decode.min_len=500"], tmp_path / "d"))  # fmt: skip
     assert cut["sets"]["val"]["unfinished"] == cut["sets"]["val"]["sentences"] == 40  # all cut at a·|S|+b
+    lists = [f"ckpt_path={best}", "sets=[val]", "decode.beam=2", "decode.nbest=2", "decode.min_len=500"]
+    listed = evaluate_checkpoint(compose_eval(lists, tmp_path / "e"))
+    assert listed["sets"]["val"]["unfinished"] == 40  # n-best lists: their first hypotheses (not recorded)
 
 
 def test_results_hold_ter_and_bleu_as_the_chosen_tokenizer_splits_it(
@@ -437,3 +440,20 @@ def test_a_saved_decoding_setting_this_version_refuses_is_replaced_by_an_overrid
 def test_translate_reports_a_missing_input_file(text_run: dict[str, Any], tmp_path: Path) -> None:
     with pytest.raises(SystemExit, match=r"nope\.de"):
         translate_main([f"ckpt_path={text_run['dir']}", f"input={tmp_path / 'nope.de'}"])
+
+
+def test_a_set_that_cannot_be_scored_is_refused_naming_it(text_run: dict[str, Any], tmp_path: Path) -> None:
+    """An empty test set reached attnlab-eval's user as a traceback (sacreBLEU's input check, after the
+    decode); now a ConfigError naming the set (attnlab-eval prints it in one line), and nothing written."""
+    corpus = tmp_path / "corpus"
+    corpus.mkdir()
+    for file in text_run["corpus"].iterdir():
+        (corpus / file.name).symlink_to(file)
+    (corpus / "empty.de").write_text("")
+    (corpus / "empty.en").write_text("")
+    files = [o for o in text_run["data"] if o.startswith("data")]
+    files = [f"data.dir={corpus}" if o.startswith("data.dir=") else o for o in files if "data.test=" not in o]
+    best = next((text_run["dir"] / "checkpoints").glob("best-*.ckpt"))
+    with pytest.raises(ConfigError, match="cannot score empty: empty corpus"):
+        evaluate_checkpoint(compose_eval([f"ckpt_path={best}", *files, "data.test=[empty]"], tmp_path / "a"))
+    assert not (tmp_path / "a" / "results.json").exists()

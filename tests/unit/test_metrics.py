@@ -338,6 +338,18 @@ def test_score_sets_records_the_tokenized_bleu_in_the_target_language(
     assert results["target_lang"] is None
     assert results["sets"]["test"]["bleu_tok_compound_signature"].startswith("t2t-get_ende_bleu|moses:en|")
     assert "target language is unknown" in caplog.text
+    # `data=files`' placeholder suffix is no language (its Moses rules were another language's, no warning);
+    # a region or upper case is the language's
+    for saved, lang in (("tgt", None), ("EN", "en"), ("en_US", "en"), ("de-AT", "de")):
+        caplog.clear()
+        with caplog.at_level(logging.WARNING, logger="attnlab.inference.translator"):
+            results = score_sets(FixedTranslator({"tgt_lang": saved}), sets).results
+        assert results["target_lang"] == lang
+        moses = results["sets"]["test"]["bleu_tok_compound_signature"].split("|")[1]
+        assert moses == f"moses:{lang or 'en'}"
+        assert ("target language is unknown" in caplog.text) == (lang is None)
+    with pytest.raises(ScoringError, match="cannot score empty: empty corpus"):
+        score_sets(FixedTranslator({"tgt_lang": "de"}), {"empty": ([], [])})
 
 
 def test_paired_bootstrap_equals_the_sacrebleu_command(shared_data: Path, tmp_path: Path) -> None:

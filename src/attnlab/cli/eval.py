@@ -20,7 +20,7 @@ from attnlab.runs.layout import RunDir
 from attnlab.runs.results import decoding_summary, results_table
 from attnlab.training.allocator import check_mode, configure_allocator
 from attnlab.training.experiment import build_node
-from attnlab.typed import ConfigError
+from attnlab.typed import ConfigError, language_subtag
 
 log = logging.getLogger(__name__)
 register_resolvers()
@@ -48,6 +48,7 @@ def evaluate_checkpoint(cfg: DictConfig) -> dict[str, Any]:
         metrics_settings,
         resolve_checkpoints,
     )
+    from attnlab.metrics import ScoringError
     from attnlab.runs.checkpoint import CheckpointError, data_spec
 
     try:
@@ -76,10 +77,10 @@ def evaluate_checkpoint(cfg: DictConfig) -> dict[str, Any]:
     except (CheckpointError, DataError, ValueError) as exc:
         raise ConfigError(str(exc)) from None
     output_dir = Path(cfg.paths.output_dir)
-    return evaluate(translator, sets, output_dir, checkpoints=paths)
-
-
-PLACEHOLDER_LANGS = ("src", "tgt")  # `data=files` suffixes of corpora named train.src / train.tgt
+    try:
+        return evaluate(translator, sets, output_dir, checkpoints=paths)
+    except ScoringError as exc:  # nothing written: the sets are scored before any file is
+        raise ConfigError(str(exc)) from None
 
 
 def check_languages(saved: dict[str, Any] | None, spec: Any) -> None:
@@ -95,22 +96,13 @@ def check_languages(saved: dict[str, Any] | None, spec: Any) -> None:
     trained = {key: (saved or {}).get(key) for key in ("src_lang", "tgt_lang")}
     for key, was in trained.items():
         given = getattr(spec, key, None)
-        codes = [_language(value) for value in (was, given)]
+        codes = [language_subtag(value) for value in (was, given)]
         if None not in codes and codes[0] != codes[1]:
             raise ConfigError(
                 f"data.{key}={given!r}, but the model was trained to translate {trained['src_lang']} -> "
                 f"{trained['tgt_lang']}: give data of those languages (data.src_lang={trained['src_lang']} "
                 f"data.tgt_lang={trained['tgt_lang']})"
             )
-
-
-def _language(value: Any) -> str | None:
-    """The language subtag of a language code (`de_DE`, `en-US`, `DE` -> de, en, de); None for anything
-    that is not one (`src`, `source`, a column name)."""
-    if not isinstance(value, str) or value.lower() in PLACEHOLDER_LANGS:
-        return None
-    primary = value.replace("-", "_").split("_")[0].lower()
-    return primary if primary.isalpha() and 2 <= len(primary) <= 3 else None
 
 
 def split_names(sets: Any, spec: Any) -> list[str]:

@@ -129,8 +129,11 @@ def utf8_lines(stream: IO[bytes] | IO[str], name: str) -> Iterator[str]:
 def chunk_size(settings: dict[str, Any]) -> int:
     """The lines read at a time: `chunk_lines` when given, else 1 for input typed at a terminal (standard
     input a TTY: each line is translated as it is entered) and `CHUNK_LINES` for a file or a pipe."""
-    if settings["chunk_lines"] is not None:
-        return int(settings["chunk_lines"])
+    given = settings["chunk_lines"]
+    if given is not None:
+        if isinstance(given, bool) or not isinstance(given, int):
+            raise SystemExit(f"attnlab-translate: chunk_lines={given!r} must be a whole number of lines >= 1")
+        return given
     try:
         typed = str(settings["input"]) == "-" and os.isatty(sys.stdin.fileno())
     except (AttributeError, OSError, ValueError):  # no real stdin (closed, replaced by an object)
@@ -175,6 +178,11 @@ def translate_stream(translator: Translator, source: Iterable[str], sink: IO[str
         logging.getLogger(__name__).warning(
             "%d sources were cut to %s", translator.truncated, translator.source_limit()[1]
         )
+    if translator.unfinished:
+        logging.getLogger(__name__).warning(
+            "%d of %d translations ran to their length limit without eos (decode.max_len_a=%s, max_len_b=%s, "
+            "min_len=%s)", translator.unfinished, count, decode.max_len_a, decode.max_len_b, decode.min_len,
+        )  # fmt: skip
     return count
 
 

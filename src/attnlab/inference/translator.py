@@ -34,7 +34,7 @@ from attnlab.decoding.ensemble import Ensemble
 from attnlab.decoding.search import nbest_decode, translate
 from attnlab.decoding.settings import NBEST_FORMATS, NBEST_KEYS, SAMPLING_KEYS, TRAINING_ONLY
 from attnlab.inference.nbest import NBest, candidate, nbest_text
-from attnlab.metrics import MetricsConfig, bleu_tok_compound, score_all
+from attnlab.metrics import MetricsConfig, ScoringError, bleu_tok_compound, score_all
 from attnlab.model.transformer import Transformer
 from attnlab.runs.checkpoint import (
     BUNDLE_KEY,
@@ -54,6 +54,7 @@ from attnlab.runs.layout import (
     nbest_file,
 )
 from attnlab.runs.results import results_bytes
+from attnlab.typed import language_subtag
 
 log = logging.getLogger(__name__)
 
@@ -206,10 +207,10 @@ class Translator:
 
     @property
     def target_lang(self) -> str | None:
-        """The language the model translates into (`tgt_lang` of its data settings); None when unknown
-        (no data settings, or data without languages)."""
-        lang = (self.data or {}).get("tgt_lang")
-        return lang if isinstance(lang, str) and lang else None
+        """The language the model translates into: the language subtag of `tgt_lang` in its data settings
+        (`attnlab.typed.language_subtag`: `en_US` and `EN` are `en`); None when unknown (no data settings,
+        data without languages, or a placeholder such as `data=files`' default `tgt`)."""
+        return language_subtag((self.data or {}).get("tgt_lang"))
 
     def source_limit(self) -> tuple[int, str]:
         """The longest source decoded (in ids, eos included) and what sets it, for messages: the
@@ -284,6 +285,7 @@ class Translator:
 
         for i, hyps in self._decoded(ids, decode):
             hypotheses[i] = [candidate(h, self.tgt_tokenizer, alignment) for h in hyps]
+        self.unfinished += sum(1 for hyps in hypotheses if hyps and not hyps[0].ended)  # the translations'
         return [
             NBest(start + i, line, self.src_tokenizer.id_pieces(ids[i]) if len(ids[i]) > 1 else [],
                   hypotheses[i], None if references is None else references[i])
@@ -413,7 +415,8 @@ def score_sets(
         and then English Moses rules tokenize for `bleu_tok_compound`, with a warning), and
         `truncated_sources` when sources were cut to `Translator.source_limit` (each set's count is
         logged as a warning), and per set `unfinished`, how many translations ran to their length limit
-        without eos (`Translator.unfinished`; a warning when any did; not counted for n-best lists). With
+        without eos (`Translator.unfinished`; a warning when any did; of n-best lists, the first
+        hypothesis counts). With
         `decode.nbest` or `decode.print_alignment` (`DecodeConfig.writes_nbest`), each set's n-best
         lists (`Translator.nbest`, with the references) too, named under `nbest` in its results; its
         hypotheses and scores are then those of their first hypotheses (one decode gives both).
@@ -447,8 +450,11 @@ def score_sets(
         unfinished = _warn_of_cuts(translator, name, len(hypotheses), truncated, unfinished)
         hypotheses_of[name], references_of[name] = hypotheses, list(references)
         sources_of[name] = list(sources)
-        scores = score_all(hypotheses, list(references), translator.metrics)
-        paper = bleu_tok_compound(hypotheses, list(references), lang or "en")
+        try:
+            scores = score_all(hypotheses, list(references), translator.metrics)
+            paper = bleu_tok_compound(hypotheses, list(references), lang or "en")
+        except ScoringError as exc:
+            raise ScoringError(f"cannot score {name}: {exc}") from None
         results["sets"][name] = {
             "bleu": scores["bleu"].score,
             "chrf": scores["chrf"].score,
@@ -465,8 +471,7 @@ def score_sets(
             "sources": f"{SOURCES_DIR}/{name}.txt",  # for reports by source length
             "decode_seconds": round(seconds, 3),
         }
-        if not translator.decode.writes_nbest:  # counted by `Translator.translate`
-            results["sets"][name]["unfinished"] = unfinished
+        results["sets"][name]["unfinished"] = unfinished
         if name in nbest_of:
             results["sets"][name]["nbest"] = nbest_file(name, nbest_format)
         log.info("%s: BLEU %.2f chrF %.2f TER %.2f (%d sentences, %.1f s; %s); the paper's tokenized BLEU "

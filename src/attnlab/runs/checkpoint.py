@@ -371,8 +371,9 @@ def last_kept_checkpoints(directory: str | Path, n: int) -> list[Path]:
 
 
 def average_state_dicts(states: Sequence[dict[str, Tensor]], names: Sequence[str] = ()) -> dict[str, Tensor]:
-    """The element-wise mean of floating-point tensors (accumulated in float64, as fairseq's
-    `average_checkpoints`); other tensors (counters, ids) must be equal and are copied.
+    """The element-wise mean of floating-point tensors, as fairseq's `average_checkpoints` (accumulated
+    in float64 here, in the weights' float32 there); other tensors (counters, ids) must be equal and are
+    copied.
 
     Raises:
         CheckpointError: The state dicts differ in keys or shapes (not the same architecture).
