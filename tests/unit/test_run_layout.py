@@ -86,6 +86,20 @@ def test_a_setting_changes_the_group_the_compared_keys_and_the_name_and_is_no_re
         check_same_experiment(RunDir(tmp_path / "a").config_file, {**first, "model": second["model"]})
 
 
+def test_early_stoppings_patience_is_a_setting_that_a_resumption_may_change(tmp_path: Path) -> None:
+    """Runs that stop after 3 or 10 epochs without improvement are different settings (attnlab-compare
+    put them in one group, W&B too); like `trainer.max_epochs`, a resumed run may change it."""
+    stopping = {"early_stopping": {"patience": 3, "min_delta": 0.0, "dirpath": "x"}}
+    first = resolved(tmp_path / "a", callbacks=stopping)
+    second = resolved(
+        tmp_path / "b", callbacks={"early_stopping": {**stopping["early_stopping"], "patience": 10}}
+    )
+    assert config_group(first) != config_group(second)
+    assert compared_keys(tmp_path, first, second) == ["callbacks.early_stopping.patience"]
+    assert run_name(["callbacks.early_stopping.patience=10"]) == "patience=10"
+    check_same_experiment(RunDir(tmp_path / "a").config_file, {**first, "callbacks": second["callbacks"]})
+
+
 def test_the_seed_groups_runs_but_is_no_resumption(tmp_path: Path) -> None:
     first, second = resolved(tmp_path / "a"), resolved(tmp_path / "b", seed=2)
     assert config_group(first) == config_group(second)

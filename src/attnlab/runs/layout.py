@@ -63,6 +63,10 @@ BOOKKEEPING = (
     "paths.", "hydra.", "logger.", "callbacks.", "sweep.", "progress.",
     "ckpt_path", "resume", "task_name", "optimized_metric", "allocator",
 )  # fmt: skip
+# Keys below a `BOOKKEEPING` group that do define a run's setting: early stopping's patience and minimum
+# improvement decide when training stops, and with it the run's results (the metric it watches is
+# `monitor.*`, a setting already). A resumed run may still change them, as it may `trainer.max_epochs`.
+SETTINGS_IN_BOOKKEEPING = ("callbacks.early_stopping.patience", "callbacks.early_stopping.min_delta")
 
 
 def nbest_file(name: str, nbest_format: str) -> str:
@@ -93,8 +97,9 @@ def key_in(key: str, entries: Sequence[str]) -> bool:
 
 
 def is_bookkeeping(key: str) -> bool:
-    """Whether the dotted config key `key` never defines a run's setting (`BOOKKEEPING`)."""
-    return key_in(key, BOOKKEEPING)
+    """Whether the dotted config key `key` never defines a run's setting (`BOOKKEEPING`, but for
+    `SETTINGS_IN_BOOKKEEPING`)."""
+    return key_in(key, BOOKKEEPING) and not key_in(key, SETTINGS_IN_BOOKKEEPING)
 
 
 def setting(config: Mapping[str, Any], seed_key: str = "seed") -> dict[str, str]:
