@@ -448,3 +448,15 @@ def test_a_length_plot_that_cannot_be_written_leaves_the_other_plots(sweep: Path
     with pytest.raises(SystemExit, match=rf"cannot write plot .*{blocked}"):
         compare_main([str(sweep), "--by-length", "--plots", str(plots)])
     assert all((plots / name).read_bytes() == b"old" for name in written if name != blocked)
+
+
+def test_a_metric_some_runs_lack_says_over_how_many_and_a_finished_run_needs_its_config(sweep: Path) -> None:
+    path = sweep / "pe=none,seed=3" / "results.json"
+    path.write_text(json.dumps({**json.loads(path.read_text()), "metrics": {}}))  # no val/ppl
+    text = report([sweep], baseline="model.pe=sinusoidal")
+    row = next(line for line in text.splitlines() if line.startswith("| model.pe=none"))
+    assert "| model.pe=none | 3 |" in row and "± 0.71 [±6.35] (n=2) |" in row  # val/ppl of seeds 1, 2
+    (sweep / "pe=none,seed=3" / "config.yaml").unlink()  # was a group `model.d_model=None,model.pe=None`
+    text = report([sweep], baseline="model.pe=sinusoidal")
+    assert "| model.pe=none | 2 |" in text and "Unreadable, not compared:" in text
+    assert "a finished run without its config" in text

@@ -139,6 +139,8 @@ def _read_run(run_dir: Path) -> Run:
                 f"{type(manifest[key]).__name__} ({manifest[key]!r}), not text"
             )
     status = str(manifest.get("status", "unknown"))
+    if status == "finished" and not config:  # its setting unknown: no group to put it in
+        raise UnreadableRunFile(f"cannot read {run.config_file}: a finished run without its config")
     if status != "finished" or not run.results_file.is_file():
         status = status if status != "finished" else "unfinished"
         return Run(run_dir, config, status, error=manifest.get("error"))
@@ -416,7 +418,8 @@ def _cell(s: Stat | None, digits: int = 2) -> str:
 
 
 def table_rows(groups: Sequence[GroupSummary], metrics: Sequence[str]) -> list[list[str]]:
-    """Header plus one row per group: group, seeds, then per metric `mean ± std [±95% CI]` and its Δ."""
+    """Header plus one row per group: group, seeds, then per metric `mean ± std [±95% CI]` (with `(n=k)`
+    where only k of the group's runs have the metric) and its Δ."""
     header = ["group", "seeds"]
     for m in metrics:
         header += [m, f"Δ {m}"]
@@ -426,8 +429,9 @@ def table_rows(groups: Sequence[GroupSummary], metrics: Sequence[str]) -> list[l
     for g in groups:
         row = [g.name, str(len(g.runs))]
         for m in metrics:
-            digits = 0 if m in COUNTS else 2
-            row += [_cell(g.stats.get(m), digits), f"{g.delta[m]:+.{digits}f}" if m in g.delta else ""]
+            digits, s = (0 if m in COUNTS else 2), g.stats.get(m)
+            fewer = f" (n={s.n})" if s is not None and s.n < len(g.runs) else ""  # runs without the metric
+            row += [_cell(s, digits) + fewer, f"{g.delta[m]:+.{digits}f}" if m in g.delta else ""]
         for name in tested:
             row.append(", ".join(f"seed {seed}: {p:.3f}" for seed, p in g.p_values.get(name, [])))
         rows.append(row)
