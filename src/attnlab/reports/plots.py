@@ -5,8 +5,8 @@
 - `validation_curves.png`: per group, the mean over seeds of a validation metric (`val/bleu` when it
   was logged, else `val/loss`) at each epoch, with the range over seeds shaded;
 - `<metric>_vs_params.png`: the main metric against the parameter count, one point per group;
-- with `attnlab-compare --by-length`, `bleu_by_length_<set>.png` per test set (`plot_by_length`): each
-  group's BLEU per length bucket, mean over seeds with its 95% t-interval.
+- with `attnlab-compare --by-length`, `bleu_by_length_<set>.png` per test set (`plot_comparison`'s
+  `tables`): each group's BLEU per length bucket, mean over seeds with its 95% t-interval.
 """
 
 from __future__ import annotations
@@ -64,17 +64,6 @@ def plot_comparison(
         **_length_plots(tables, out),
     }
     return _write(written, out)
-
-
-def plot_by_length(tables: Sequence[LengthTable], out_dir: str | Path) -> list[Path]:
-    """Write `bleu_by_length_<set>.png` for each table of `attnlab.reports.compare.by_length` into
-    `out_dir` (all together, as `plot_comparison` does); returns the files written."""
-    import matplotlib
-
-    matplotlib.use("Agg")
-    out = Path(out_dir)
-    out.mkdir(parents=True, exist_ok=True)
-    return _write(_length_plots(tables, out), out)
 
 
 def _length_plots(tables: Sequence[LengthTable], out: Path) -> dict[Path, bytes]:
