@@ -167,7 +167,8 @@ PLACEHOLDER_LANGS = ("src", "tgt")  # `data=files` suffixes of corpora named tra
 def language_subtag(value: Any) -> str | None:
     """The language subtag of a language code (`de_DE`, `en-US`, `DE` -> de, en, de); None for anything
     that is not one (the placeholders `src` and `tgt`, `source`, a column name)."""
-    if not isinstance(value, str) or value.lower() in PLACEHOLDER_LANGS:
+    if not isinstance(value, str):
         return None
     primary = value.replace("-", "_").split("_")[0].lower()
-    return primary if primary.isalpha() and 2 <= len(primary) <= 3 else None
+    plain = primary.isascii() and primary.isalpha() and 2 <= len(primary) <= 3
+    return primary if plain and primary not in PLACEHOLDER_LANGS else None

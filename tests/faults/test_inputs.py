@@ -375,7 +375,7 @@ def test_attnlab_translate_names_the_line_that_is_not_utf8(
     assert len(capsys.readouterr().out.splitlines()) == 2
 
 
-@pytest.mark.parametrize("value", ["abc", "2.7", "true", "[4]"])
+@pytest.mark.parametrize("value", ["abc", "2.7", "true", "[4]", "0", "-1"])
 def test_chunk_lines_that_is_no_whole_number_is_refused(value: str, tmp_path: Path) -> None:
     """`chunk_lines=abc` failed with a traceback and `chunk_lines=2.7` read 2 lines at a time; checked before
     the checkpoint is read."""

@@ -65,10 +65,10 @@ def write_run(directory: Path, seed: int, bleu: float) -> None:
     [
         ("results.json", b'{"sets": {"test": {"bleu": 3', "Expecting"),  # cut short
         ("results.json", b'{"sets": {"test": 31.0}}', "test set 'test' has no numeric 'bleu'"),
-        ("manifest.json", b'["finished"]', "it holds a JSON list, not an object"),
+        ("manifest.json", b'["finished"]', "it holds a JSON array, not an object"),
         ("manifest.json", b'{"status": "fini\xff"}', "invalid start byte"),  # not UTF-8
         ("config.yaml", b"seed: [3\n", "while parsing a flow sequence"),  # not YAML
-        ("manifest.json", b'{"status": "failed", "error": 5}', "its 'error' is a JSON int (5), not text"),
+        ("manifest.json", b'{"status": "failed", "error": 5}', "its 'error' is a JSON number (5), not text"),
         (
             "manifest.json",
             b'{"status": "finished", "start_time": "2026-01-01T00:00:00+00:00", '

@@ -76,3 +76,34 @@ def test_a_killed_job_does_not_stop_the_others_is_reported_failed_and_rerun(tmp_
     rerun = next(m for n, m in again.items() if n not in finished)
     assert len(rerun["resumed"]) == 1 and rerun["resumed"][0]["checkpoint"].endswith("last.ckpt")
     assert "failed" not in report([sweep_dir])
+
+
+@pytest.mark.parametrize(
+    ("results", "told"),
+    [(b'{"sets": {}, "metrics": nul', "Expecting value"), (b"[1]", "it holds a JSON array, not an object"),
+     (b'{"metrics": null}', "its 'metrics' is a JSON null, not an object")],
+)  # fmt: skip
+def test_skip_done_neither_skips_nor_reruns_a_finished_run_with_unreadable_results(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, results: bytes, told: str
+) -> None:
+    """A truncated results.json of a finished run made `sweep.skip_done` train the job again in that
+    directory (over the finished run's files); it is refused naming the file, before training."""
+    from hydra.core.global_hydra import GlobalHydra
+
+    from attnlab.cli.train import _main
+
+    run = tmp_path / "run"
+    run.mkdir()
+    (run / "manifest.json").write_text(json.dumps({"status": "finished"}))
+    (run / "results.json").write_bytes(results)
+    argv = ["attnlab-train", "data=synthetic", "model=tiny", "sweep.skip_done=true", f"hydra.run.dir={run}",
+            "hydra/job_logging=none", "hydra/hydra_logging=none"]  # fmt: skip
+    monkeypatch.setattr(sys, "argv", argv)
+    GlobalHydra.instance().clear()
+    try:
+        with pytest.raises(SystemExit, match=rf"cannot read {run}/results.json: .*{told}.*: restore it"):
+            _main()
+    finally:
+        GlobalHydra.instance().clear()
+    assert (run / "results.json").read_bytes() == results
+    assert not (run / "checkpoints").exists()

@@ -168,7 +168,7 @@ def test_attnlab_eval_refuses_data_in_other_languages_and_sets_that_score_nothin
     assert cut["sets"]["val"]["unfinished"] == cut["sets"]["val"]["sentences"] == 40  # all cut at a·|S|+b
     lists = [f"ckpt_path={best}", "sets=[val]", "decode.beam=2", "decode.nbest=2", "decode.min_len=500"]
     listed = evaluate_checkpoint(compose_eval(lists, tmp_path / "e"))
-    assert listed["sets"]["val"]["unfinished"] == 40  # n-best lists: their first hypotheses (not recorded)
+    assert listed["sets"]["val"]["unfinished"] == 40  # n-best lists: their first hypotheses
 
 
 def test_results_hold_ter_and_bleu_as_the_chosen_tokenizer_splits_it(

@@ -51,7 +51,9 @@ def test_a_sweep_runs_every_job_records_failures_and_resumes_without_redoing_fin
     second = sweep(tmp_path, "sweep.skip_done=true")
     assert second.returncode == 1, second.stderr[-3000:]  # the n_heads=3 jobs fail again
     assert second.stdout.count("already finished (sweep.skip_done=true): skipped") == 1
-    told = f"job {finished[0]} not skipped: {damaged} of a finished run holds no metrics object"
+    told = (
+        f"job {finished[0]} not skipped: cannot read {damaged}: its 'metrics' is a JSON array, not an object"
+    )
     assert told in second.stdout + second.stderr  # (Hydra's job log: standard output)
     assert "multirun: 1 finished, 3 failed" in second.stderr  # neither skipped nor run again: the others ran
     assert {p.name for p in (tmp_path / "sweep").iterdir() if p.is_dir()} == set(jobs)  # the same directories

@@ -363,11 +363,14 @@ def test_a_diverged_run_shows_its_nan_and_a_number_past_float_is_unreadable(
     text = report([sweep], baseline="model.pe=sinusoidal")
     row = next(line for line in text.splitlines() if line.startswith("| model.pe=none"))
     assert "| nan | +nan |" in row  # val/ppl over the seeds: NaN, no interval, and its difference
-    path.write_text(json.dumps({**results, "metrics": {"val/ppl": 10**400}}))
+    big = float("1.5e308")
+    path.write_text(json.dumps({**results, "metrics": {"a": int(big), "val/ppl": 10**400}}))
     with caplog.at_level("WARNING"):
         text = report([sweep], baseline="model.pe=sinusoidal")
     assert "| model.pe=none | 2 |" in text and "Unreadable, not compared:" in text
-    assert f"cannot read {path}: its metric 'val/ppl' is past float's range" in text
+    assert f"cannot read {path}: its 'val/ppl' is past float's range" in text
+    path.write_text(json.dumps({**results, "sets": {"test2016": {"bleu": 10**400, "chrf": 1.0}}}))
+    assert f"cannot read {path}: its 'test2016' bleu is past float's range" in report([sweep])
 
 
 def test_csv_and_latex_name_the_runs_not_in_the_table(
@@ -455,7 +458,7 @@ def test_a_metric_some_runs_lack_says_over_how_many_and_a_finished_run_needs_its
     path.write_text(json.dumps({**json.loads(path.read_text()), "metrics": {}}))  # no val/ppl
     text = report([sweep], baseline="model.pe=sinusoidal")
     row = next(line for line in text.splitlines() if line.startswith("| model.pe=none"))
-    assert "| model.pe=none | 3 |" in row and "± 0.71 [±6.35] (n=2) |" in row  # val/ppl of seeds 1, 2
+    assert "| model.pe=none | 3 |" in row and "± 0.71 [±6.35] (2 runs) |" in row  # val/ppl of seeds 1, 2
     (sweep / "pe=none,seed=3" / "config.yaml").unlink()  # was a group `model.d_model=None,model.pe=None`
     text = report([sweep], baseline="model.pe=sinusoidal")
     assert "| model.pe=none | 2 |" in text and "Unreadable, not compared:" in text

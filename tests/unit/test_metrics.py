@@ -340,7 +340,14 @@ def test_score_sets_records_the_tokenized_bleu_in_the_target_language(
     assert "target language is unknown" in caplog.text
     # `data=files`' placeholder suffix is no language (its Moses rules were another language's, no warning);
     # a region or upper case is the language's
-    for saved, lang in (("tgt", None), ("EN", "en"), ("en_US", "en"), ("de-AT", "de")):
+    for saved, lang in (
+        ("tgt", None),
+        ("tgt_de", None),
+        ("日本", None),
+        ("EN", "en"),
+        ("en_US", "en"),
+        ("de-AT", "de"),
+    ):
         caplog.clear()
         with caplog.at_level(logging.WARNING, logger="attnlab.inference.translator"):
             results = score_sets(FixedTranslator({"tgt_lang": saved}), sets).results

@@ -175,7 +175,7 @@ def test_the_manifest_is_one_object_written_on_every_change(tmp_path: Path) -> N
     assert failed["status"] == "failed" and failed["error"] == "ConfigError: model.pe='x'"
     assert failed["overrides"] == []  # none outside a Hydra app (a sweep's: tests/integration/test_sweep.py)
     run.manifest_file.write_text("[1]")
-    with pytest.raises(UnreadableRunFile, match="it holds a JSON list, not an object"):
+    with pytest.raises(UnreadableRunFile, match="it holds a JSON array, not an object"):
         Manifest.read(run)
 
 

@@ -26,7 +26,14 @@ import hydra
 from omegaconf import DictConfig
 
 from attnlab.cli.app import config_dir, register_resolvers
-from attnlab.runs.layout import MANIFEST_FILE, RESULTS_FILE, RunDir, RunDirectoryInUse, UnreadableRunFile
+from attnlab.runs.layout import (
+    MANIFEST_FILE,
+    RESULTS_FILE,
+    RunDir,
+    RunDirectoryInUse,
+    UnreadableRunFile,
+    json_type,
+)
 from attnlab.runs.manifest import Manifest
 from attnlab.training.launchers import multirun_summary, record_job
 from attnlab.typed import ConfigError
@@ -47,18 +54,17 @@ def _main(cfg: DictConfig) -> float | None:
     run = RunDir(Path(cfg.paths.output_dir))
     metric = cfg.get("optimized_metric")
     if (cfg.get("sweep") or {}).get("skip_done"):
-        done = finished_results(run)
+        try:
+            done = finished_results(run)
+        except UnreadableRunFile as exc:  # a finished job's results that attnlab-train did not write
+            told = f"{exc}: restore it, or remove the run directory to run the job again"
+            if not multirun:
+                raise SystemExit(f"attnlab-train: {told}") from None
+            log.error("job %s not skipped: %s", run.path.name, told)
+            record_job("failed", run.results_file)
+            return None
         if done is not None:
             numbers = done.get("metrics", {})
-            if not isinstance(numbers, dict):  # not what attnlab-train writes: neither skipped nor rerun
-                told = (f"{run.results_file} of a finished run holds no metrics object (its 'metrics' is a "
-                        f"JSON {type(numbers).__name__}): restore it, or remove the run directory to run the "
-                        "job again")  # fmt: skip
-                if not multirun:
-                    raise SystemExit(f"attnlab-train: {told}")
-                log.error("job %s not skipped: %s", run.path.name, told)
-                record_job("failed", run.results_file)
-                return None
             print(f"attnlab-train: {run.path} already finished (sweep.skip_done=true): skipped")
             if multirun:
                 record_job("finished", run.manifest_file)
@@ -161,14 +167,25 @@ def submitit_ranks() -> None:
 
 
 def finished_results(run: RunDir) -> dict[str, Any] | None:
-    """The `results.json` of a run that finished (manifest status `finished`), else None (a results file
-    that is no JSON object: None too)."""
+    """The `results.json` of a run that finished (manifest status `finished`), else None.
+
+    Raises:
+        UnreadableRunFile: The run finished, but its `results.json` cannot be read, is no JSON object, or
+            its `metrics` is no JSON object: neither what a skipped job can return nor a job to run again
+            in that directory.
+    """
     try:
         if run.read_json(MANIFEST_FILE).get("status") != "finished":
             return None
-        return run.read_json(RESULTS_FILE)
     except UnreadableRunFile:
         return None
+    results = run.read_json(RESULTS_FILE)
+    numbers = results.get("metrics", {})
+    if not isinstance(numbers, dict):
+        raise UnreadableRunFile(
+            f"cannot read {run.results_file}: its 'metrics' is a JSON {json_type(numbers)}, not an object"
+        )
+    return results
 
 
 def help_text(conf: Path | None = None) -> str:

@@ -131,7 +131,7 @@ def chunk_size(settings: dict[str, Any]) -> int:
     input a TTY: each line is translated as it is entered) and `CHUNK_LINES` for a file or a pipe."""
     given = settings["chunk_lines"]
     if given is not None:
-        if isinstance(given, bool) or not isinstance(given, int):
+        if isinstance(given, bool) or not isinstance(given, int) or given < 1:
             raise SystemExit(f"attnlab-translate: chunk_lines={given!r} must be a whole number of lines >= 1")
         return given
     try:
@@ -235,8 +235,6 @@ def main(argv: Sequence[str] | None = None) -> None:
     if not settings["ckpt_path"]:
         raise SystemExit("attnlab-translate: ckpt_path=<checkpoint file or run directory> is required")
     chunk_lines, output = chunk_size(settings), str(settings["output"])
-    if chunk_lines < 1:
-        raise SystemExit(f"attnlab-translate: chunk_lines={chunk_lines} must be >= 1")
     from attnlab.runs.checkpoint import CheckpointError
 
     streaming = False

@@ -423,8 +423,8 @@ def score_sets(
     """
     lang = translator.target_lang
     if lang is None:
-        log.warning("the target language is unknown (no data.tgt_lang): bleu_tok_compound tokenizes with "
-                    "Moses' English rules")  # fmt: skip
+        log.warning("the target language is unknown (no language code in data.tgt_lang): bleu_tok_compound "
+                    "tokenizes with Moses' English rules")  # fmt: skip
     hypotheses_of: dict[str, list[str]] = {}
     references_of: dict[str, list[str]] = {}
     sources_of: dict[str, list[str]] = {}

@@ -9,7 +9,9 @@ each metric (`attnlab.reports.stats`), the difference of the means against a bas
 seed the p-value of sacreBLEU's paired bootstrap test against the baseline run of that seed.
 Runs that failed or never finished are listed, not dropped; so is a run whose `config.yaml`,
 `manifest.json`, `results.json` or `csv/metrics.csv` cannot be read (status `unreadable`, with the file
-and why), and the others are compared without it.
+and why), and the others are compared without it. Saved hypotheses, sources or references that are
+damaged (not UTF-8, or line counts that differ) stop the comparison, naming the file: they are read only
+where a paired test or a length table needs them.
 
 `by_length` breaks each group's test BLEU down by sentence length (compare-mt's length buckets): the
 sentences of a test set are bucketed by the number of words of their source (`sources/<set>.txt`; by
@@ -37,6 +39,7 @@ from attnlab.runs.layout import (
     RESULTS_FILE,
     RunDir,
     UnreadableRunFile,
+    json_type,
     setting,
 )
 
@@ -92,25 +95,34 @@ def _seconds(manifest: dict[str, Any], path: Path) -> float | None:
         ) from None
 
 
+def _number(path: Path, what: str, value: float) -> float:
+    """`value` of results file `path` as a float (`what` names it in the error).
+
+    Raises:
+        UnreadableRunFile: An integer past float's range (JSON numbers have no limit).
+    """
+    try:
+        return float(value)
+    except OverflowError:
+        raise UnreadableRunFile(f"cannot read {path}: its {what} is past float's range") from None
+
+
 def _result_metrics(run: RunDir) -> dict[str, float]:
     path, results = run.results_file, run.read_json(RESULTS_FILE)
     numbers = results.get("metrics", {})
     sets = results.get("sets", {})
     if not isinstance(numbers, dict) or not isinstance(sets, dict):
         raise UnreadableRunFile(f"cannot read {path}: its 'metrics' and 'sets' must be JSON objects")
-    try:
-        metrics = {k: float(v) for k, v in numbers.items() if isinstance(v, (int, float))}
-    except OverflowError:
-        big = next(k for k, v in numbers.items() if isinstance(v, int) and abs(v) > 1e308)
-        raise UnreadableRunFile(f"cannot read {path}: its metric {big!r} is past float's range") from None
+    metrics = {k: _number(path, repr(k), v) for k, v in numbers.items() if isinstance(v, (int, float))}
     for name, entry in sets.items():
         scores = [entry.get(m) for m in ("bleu", "chrf")] if isinstance(entry, dict) else [None]
         if not all(isinstance(v, (int, float)) for v in scores):
             raise UnreadableRunFile(f"cannot read {path}: test set {name!r} has no numeric 'bleu' and 'chrf'")
-        metrics[f"test/{name}/bleu"], metrics[f"test/{name}/chrf"] = map(float, scores)
+        for metric, value in zip(("bleu", "chrf"), scores, strict=True):
+            metrics[f"test/{name}/{metric}"] = _number(path, f"{name!r} {metric}", value)
         ter = entry.get("ter")  # (results from before TER was scored have none)
         if isinstance(ter, (int, float)) and not isinstance(ter, bool):
-            metrics[f"test/{name}/ter"] = float(ter)
+            metrics[f"test/{name}/ter"] = _number(path, f"{name!r} ter", ter)
     return metrics
 
 
@@ -136,7 +148,7 @@ def _read_run(run_dir: Path) -> Run:
         if manifest.get(key) is not None and not isinstance(manifest[key], str):
             raise UnreadableRunFile(
                 f"cannot read {run.manifest_file}: its {key!r} is a JSON "
-                f"{type(manifest[key]).__name__} ({manifest[key]!r}), not text"
+                f"{json_type(manifest[key])} ({manifest[key]!r}), not text"
             )
     status = str(manifest.get("status", "unknown"))
     if status == "finished" and not config:  # its setting unknown: no group to put it in
@@ -418,7 +430,7 @@ def _cell(s: Stat | None, digits: int = 2) -> str:
 
 
 def table_rows(groups: Sequence[GroupSummary], metrics: Sequence[str]) -> list[list[str]]:
-    """Header plus one row per group: group, seeds, then per metric `mean ± std [±95% CI]` (with `(n=k)`
+    """Header plus one row per group: group, seeds, then per metric `mean ± std [±95% CI]` (with `(k runs)`
     where only k of the group's runs have the metric) and its Δ."""
     header = ["group", "seeds"]
     for m in metrics:
@@ -430,7 +442,7 @@ def table_rows(groups: Sequence[GroupSummary], metrics: Sequence[str]) -> list[l
         row = [g.name, str(len(g.runs))]
         for m in metrics:
             digits, s = (0 if m in COUNTS else 2), g.stats.get(m)
-            fewer = f" (n={s.n})" if s is not None and s.n < len(g.runs) else ""  # runs without the metric
+            fewer = f" ({s.n} runs)" if s is not None and s.n < len(g.runs) else ""  # runs without the metric
             row += [_cell(s, digits) + fewer, f"{g.delta[m]:+.{digits}f}" if m in g.delta else ""]
         for name in tested:
             row.append(", ".join(f"seed {seed}: {p:.3f}" for seed, p in g.p_values.get(name, [])))

@@ -122,6 +122,12 @@ def setting(config: Mapping[str, Any], seed_key: str = "seed") -> dict[str, str]
     return out
 
 
+def json_type(value: Any) -> str:
+    """The JSON name of a parsed JSON value's type, for messages (`[1]` -> array, `null` -> null)."""
+    names = {dict: "object", list: "array", str: "string", bool: "boolean", int: "number", float: "number"}
+    return "null" if value is None else names.get(type(value), type(value).__name__)
+
+
 def read_json_object(path: Path) -> dict[str, Any]:
     """The JSON object in the file at `path`.
 
@@ -133,7 +139,7 @@ def read_json_object(path: Path) -> dict[str, Any]:
     except (OSError, ValueError) as exc:  # unreadable, not UTF-8, not JSON
         raise UnreadableRunFile(f"cannot read {path}: {exc}") from None
     if not isinstance(value, dict):
-        raise UnreadableRunFile(f"cannot read {path}: it holds a JSON {type(value).__name__}, not an object")
+        raise UnreadableRunFile(f"cannot read {path}: it holds a JSON {json_type(value)}, not an object")
     return value
 
 

@@ -48,8 +48,11 @@ WANDB_DIRS = {
 
 def config_group(config: dict[str, Any]) -> str:
     """A 10-hex-digit hash of a resolved config's setting (`attnlab.runs.layout.setting`): without its
-    seed and bookkeeping keys (paths, Hydra, loggers, callbacks, sweep and resume settings), and with
-    values derived from the run directory, like checkpoint paths, counting as the same."""
+    seed and bookkeeping keys (paths, Hydra, loggers, callbacks but early stopping's patience and
+    min_delta, sweep and resume settings), and with values derived from the run directory, like
+    checkpoint paths, counting as the same. (Runs with `callbacks=early_stopping` made before those two
+    counted hash to another group than new runs of their setting: `logger.wandb.group=<old group>`
+    continues one.)"""
     text = json.dumps(setting(config), sort_keys=True)
     return hashlib.sha256(text.encode("utf-8")).hexdigest()[:10]
 
@@ -57,8 +60,9 @@ def config_group(config: dict[str, Any]) -> str:
 def run_name(overrides: Sequence[str]) -> str | None:
     """`a.b.pe=learned model.n_heads=4 seed=2` -> `pe=learned,n_heads=4,seed=2` (None without overrides).
 
-    Overrides of bookkeeping keys (`attnlab.runs.layout.BOOKKEEPING`: paths, Hydra, loggers, callbacks,
-    ...) are left out; a config group choice keeps its name (`model=small`).
+    Overrides of bookkeeping keys (`attnlab.runs.layout.is_bookkeeping`: paths, Hydra, loggers, callbacks
+    but early stopping's patience and min_delta, ...) are left out; a config group choice keeps its name
+    (`model=small`).
     """
     parts = []
     for override in overrides:
