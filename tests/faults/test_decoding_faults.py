@@ -22,7 +22,7 @@ from attnlab.inference.translator import Translator, evaluate
 from attnlab.model.transformer import Transformer
 from attnlab.runs.checkpoint import CheckpointError
 from attnlab.training.pipeline import train
-from helpers import compose_train, random_source, require_shared_data, tiny_config, write_corpus
+from helpers import compose_train, cuts, random_source, require_shared_data, tiny_config, write_corpus
 
 LIMIT = 40  # data.max_source_tokens of the trained model: the training filter's limit
 SPLITS = (("train", "train", 300), ("valid", "val", 30), ("test", "test2016", 30))
@@ -103,12 +103,6 @@ def test_a_huge_line_through_attnlab_translate_is_cut_and_counted(
     tokenizer = Translator.from_checkpoints([trained["ckpt"]]).src_tokenizer
     longer = sum(len(ids) + 1 > 8 for ids in tokenizer.encode_batch(lines))  # eos included
     assert cuts(messages) == [f"{longer} sources were cut to decode.max_source_tokens=8"]
-
-
-def cuts(messages: list[str]) -> list[str]:
-    """attnlab-translate's warnings but the count of translations without eos (this model rarely emits
-    eos: `test_translations_without_eos_are_counted_in_a_warning` tests that one)."""
-    return [m for m in messages if "ran to their length limit" not in m]
 
 
 def test_translations_without_eos_are_counted_in_a_warning(

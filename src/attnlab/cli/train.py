@@ -54,21 +54,9 @@ def _main(cfg: DictConfig) -> float | None:
     run = RunDir(Path(cfg.paths.output_dir))
     metric = cfg.get("optimized_metric")
     if (cfg.get("sweep") or {}).get("skip_done"):
-        try:
-            done = finished_results(run)
-        except UnreadableRunFile as exc:  # a finished job's results that attnlab-train did not write
-            told = f"{exc}: restore it, or remove the run directory to run the job again"
-            if not multirun:
-                raise SystemExit(f"attnlab-train: {told}") from None
-            log.error("job %s not skipped: %s", run.path.name, told)
-            record_job("failed", run.results_file)
-            return None
-        if done is not None:
-            numbers = done.get("metrics", {})
-            print(f"attnlab-train: {run.path} already finished (sweep.skip_done=true): skipped")
-            if multirun:
-                record_job("finished", run.manifest_file)
-            return numbers.get(metric) if metric else None
+        skipped = _skip_done(run, multirun)
+        if skipped is not None:
+            return skipped.get(metric) if metric else None
     from attnlab.training.pipeline import train  # imports lightning
 
     try:
@@ -164,6 +152,27 @@ def submitit_ranks() -> None:
         MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port), WORLD_SIZE=str(env.num_tasks),
         RANK=str(env.global_rank), LOCAL_RANK=str(env.local_rank), NODE_RANK=str(env.node),
     )  # fmt: skip
+
+
+def _skip_done(run: RunDir, multirun: bool) -> dict[str, Any] | None:
+    """With `sweep.skip_done`: the final metrics of a job whose run finished (the job is skipped), else
+    None (the job runs). A finished run whose results cannot be read is neither: outside a multirun the
+    command stops naming the file; in one the job is recorded as failed, with its metrics as `{}`."""
+    try:
+        done = finished_results(run)
+    except UnreadableRunFile as exc:  # a finished job's results that attnlab-train did not write
+        told = f"{exc}: restore it, or remove the run directory to run the job again"
+        if not multirun:
+            raise SystemExit(f"attnlab-train: {told}") from None
+        log.error("job %s not skipped: %s", run.path.name, told)
+        record_job("failed", run.results_file)
+        return {}
+    if done is None:
+        return None
+    print(f"attnlab-train: {run.path} already finished (sweep.skip_done=true): skipped")
+    if multirun:
+        record_job("finished", run.manifest_file)
+    return done.get("metrics", {})
 
 
 def finished_results(run: RunDir) -> dict[str, Any] | None:

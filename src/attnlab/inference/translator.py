@@ -450,11 +450,7 @@ def score_sets(
         unfinished = _warn_of_cuts(translator, name, len(hypotheses), truncated, unfinished)
         hypotheses_of[name], references_of[name] = hypotheses, list(references)
         sources_of[name] = list(sources)
-        try:
-            scores = score_all(hypotheses, list(references), translator.metrics)
-            paper = bleu_tok_compound(hypotheses, list(references), lang or "en")
-        except ScoringError as exc:
-            raise ScoringError(f"cannot score {name}: {exc}") from None
+        scores, paper = _scored(name, hypotheses, list(references), translator.metrics, lang or "en")
         results["sets"][name] = {
             "bleu": scores["bleu"].score,
             "chrf": scores["chrf"].score,
@@ -482,6 +478,21 @@ def score_sets(
         results["truncated_sources"] = translator.truncated
     results.update(copy.deepcopy(extra or {}))
     return Evaluation(results, hypotheses_of, references_of, sources_of, nbest_of, nbest_format)
+
+
+def _scored(
+    name: str, hypotheses: list[str], references: list[str], metrics: MetricsConfig, lang: str
+) -> tuple[dict[str, Any], Any]:
+    """sacreBLEU's scores (`score_all`) and the paper's tokenized BLEU (`bleu_tok_compound` in `lang`) of
+    set `name`.
+
+    Raises:
+        ScoringError: The set cannot be scored (empty, subword markers, ...), its name in the message.
+    """
+    try:
+        return score_all(hypotheses, references, metrics), bleu_tok_compound(hypotheses, references, lang)
+    except ScoringError as exc:
+        raise ScoringError(f"cannot score {name}: {exc}") from None
 
 
 def _warn_of_cuts(translator: Translator, name: str, count: int, truncated: int, unfinished: int) -> int:
