@@ -274,6 +274,14 @@ def split_compounds(line: str) -> str:
     return _COMPOUND_HYPHEN.sub(lambda m: f"{m[1]}{COMPOUND_HYPHEN}{m[2]}", line)
 
 
+def moses_rules(lang: str) -> bool:
+    """Whether Moses (sacremoses) has rules of its own for language code `lang` (its non-breaking
+    prefixes: `de`, `en`, `fr`, ...); for other codes (`deu`, `und`) it tokenizes with its default rules."""
+    from sacremoses.corpus import NonbreakingPrefixes
+
+    return lang in NonbreakingPrefixes().available_langs
+
+
 def tokenize_compound_split(lines: Sequence[str], lang: str) -> list[str]:
     """`lines` Moses-tokenized for `lang` (sacremoses, no escaping), then `split_compounds`.
 

@@ -355,6 +355,12 @@ def test_score_sets_records_the_tokenized_bleu_in_the_target_language(
         moses = results["sets"]["test"]["bleu_tok_compound_signature"].split("|")[1]
         assert moses == f"moses:{lang or 'en'}"
         assert ("target language is unknown" in caplog.text) == (lang is None)
+    caplog.clear()
+    with caplog.at_level(logging.WARNING, logger="attnlab.inference.translator"):
+        results = score_sets(FixedTranslator({"tgt_lang": "deu"}), sets).results
+    assert (
+        results["target_lang"] == "deu" and "Moses has no rules of its own for language 'deu'" in caplog.text
+    )
     with pytest.raises(ScoringError, match="cannot score empty: empty corpus"):
         score_sets(FixedTranslator({"tgt_lang": "de"}), {"empty": ([], [])})
 

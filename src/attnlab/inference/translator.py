@@ -34,7 +34,7 @@ from attnlab.decoding.ensemble import Ensemble
 from attnlab.decoding.search import nbest_decode, translate
 from attnlab.decoding.settings import NBEST_FORMATS, NBEST_KEYS, SAMPLING_KEYS, TRAINING_ONLY
 from attnlab.inference.nbest import NBest, candidate, nbest_text
-from attnlab.metrics import MetricsConfig, ScoringError, bleu_tok_compound, score_all
+from attnlab.metrics import MetricsConfig, ScoringError, bleu_tok_compound, moses_rules, score_all
 from attnlab.model.transformer import Transformer
 from attnlab.runs.checkpoint import (
     BUNDLE_KEY,
@@ -425,6 +425,9 @@ def score_sets(
     if lang is None:
         log.warning("the target language is unknown (no language code in data.tgt_lang): bleu_tok_compound "
                     "tokenizes with Moses' English rules")  # fmt: skip
+    elif not moses_rules(lang):
+        log.warning("Moses has no rules of its own for language %r (data.tgt_lang): bleu_tok_compound "
+                    "tokenizes with its default rules", lang)  # fmt: skip
     hypotheses_of: dict[str, list[str]] = {}
     references_of: dict[str, list[str]] = {}
     sources_of: dict[str, list[str]] = {}
