@@ -312,6 +312,9 @@ def test_bleu_by_length_refuses_runs_of_other_sentences(sweep: Path) -> None:
         by_length(summarize(load_runs([sweep]))[0])
     with pytest.raises(SystemExit, match="attnlab-compare: the runs scored different"):
         compare_main([str(sweep), "--by-length"])
+    other.unlink()  # a run whose references are gone: named, not taken for other sentences
+    with pytest.raises(SystemExit, match=rf"{re.escape(str(other))} is missing \(the run has hypotheses"):
+        compare_main([str(sweep), "--by-length"])
 
 
 @pytest.mark.parametrize("scoring", [{"bleu_tokenize": "flores101"}, {"bleu_tokenize": "13a", "x": 1}, "13a"])

@@ -392,11 +392,20 @@ def by_length(groups: Sequence[GroupSummary], edges: Sequence[int] = LENGTH_EDGE
     tokenizers = {r.path: _bleu_tokenizer(r) for r in runs}  # as each run scored its BLEU
     tables = []
     for name in sorted(names):
-        references = _lines(runs[0].files.references_dir / f"{name}.txt")
-        if references is None:
-            continue
-        if any(_lines(r.files.references_dir / f"{name}.txt") != references for r in runs):
-            raise ValueError(f"the runs scored different {name!r} sentences: compare runs of one test set")
+        references = None
+        for run in runs:  # every run that saved hypotheses of the set saved its references too
+            saved = _lines(run.files.references_dir / f"{name}.txt")
+            if saved is None:
+                raise UnreadableRunFile(
+                    f"{run.files.references_dir / f'{name}.txt'} is missing (the run has hypotheses of "
+                    f"{name!r}): restore it (attnlab-eval on the run's checkpoint writes it again) or leave "
+                    "that run out of the comparison"
+                )
+            references = saved if references is None else references
+            if saved != references:
+                raise ValueError(
+                    f"the runs scored different {name!r} sentences: compare runs of one test set"
+                )
         sources_file = runs[0].files.sources_dir / f"{name}.txt"
         sources = _lines(sources_file)
         if sources is not None:
