@@ -55,7 +55,7 @@ Xeon it put 27 ms on zeroing 16 MB that takes 2 ms alone). Without it: each mode
 matrix products (`attnlab.model.flops.MATMUL_OPS`) recorded, operands copied, and in every timed round,
 right after the steps, each model's recorded products run alone, in the step's order (the median over the
 rounds): steps and products are timed under the same load, which drifts on a shared machine. The copies
-are held from before the timed rounds (about 0.3 GB for attnlab's `small` step, 0.7 GB for `base`; the
+are held from before the timed rounds (314 MB for attnlab's `small` step, 773 MB for `base`; the
 memory columns come from processes of their own, without them). A step's
 products alone are the part of it that no change outside the products can save, "the rest" (step minus
 products) all the others' work together: attention kernels, optimizer, dropout, normalisation, Python and

@@ -285,7 +285,8 @@ class Translator:
 
         for i, hyps in self._decoded(ids, decode):
             hypotheses[i] = [candidate(h, self.tgt_tokenizer, alignment) for h in hyps]
-        self.unfinished += sum(1 for hyps in hypotheses if hyps and not hyps[0].ended)  # the translations'
+        # the translations (first hypotheses) that ran to their length limit, as `translate` counts them
+        self.unfinished += sum(1 for hyps in hypotheses if hyps and not hyps[0].ended)
         return [
             NBest(start + i, line, self.src_tokenizer.id_pieces(ids[i]) if len(ids[i]) > 1 else [],
                   hypotheses[i], None if references is None else references[i])

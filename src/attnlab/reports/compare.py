@@ -275,8 +275,9 @@ def _lines(path: Path) -> list[str] | None:
 
 
 def _same_count(files: Sequence[tuple[Path, list[str]]]) -> None:
-    """Raise `UnreadableRunFile` naming the files when a run's hypotheses and references (or the other
-    run's hypotheses) of one test set have different line counts: the files are damaged."""
+    """Raise `UnreadableRunFile` naming the files when saved lines of one test set (hypotheses, references,
+    sources, of one run or of the two a paired test compares) have different line counts: they are
+    damaged."""
     counts = {len(lines) for _, lines in files}
     if len(counts) > 1:
         told = ", ".join(f"{path} has {len(lines)} lines" for path, lines in files)
@@ -284,6 +285,23 @@ def _same_count(files: Sequence[tuple[Path, list[str]]]) -> None:
             f"the lines of one test set do not match: {told}; restore the files (attnlab-eval on the run's "
             "checkpoint writes them again) or leave that run out of the comparison"
         )
+
+
+def _saved_references(run: Run, name: str) -> list[str]:
+    """The references of test set `name` (a file name, `test2016.txt`) that `run` saved beside its
+    hypotheses of it.
+
+    Raises:
+        UnreadableRunFile: They are missing (or not UTF-8), naming the file and the fix.
+    """
+    path = run.files.references_dir / name
+    saved = _lines(path)
+    if saved is None:
+        raise UnreadableRunFile(
+            f"{path} is missing (the run has hypotheses of {Path(name).stem!r}): restore it (attnlab-eval on "
+            "the run's checkpoint writes it again) or leave that run out of the comparison"
+        )
+    return saved
 
 
 def paired_tests(baseline: Sequence[Run], runs: Sequence[Run], n_samples: int = 1000) -> dict[str, list]:
@@ -308,10 +326,10 @@ def paired_tests(baseline: Sequence[Run], runs: Sequence[Run], n_samples: int = 
             continue
         for hyp_file in sorted(run.files.hypotheses_dir.glob("*.txt")):
             name = hyp_file.name
-            refs = _lines(run.files.references_dir / name)
+            refs = _saved_references(run, name)
             base_hyps = _lines(base.files.hypotheses_dir / name)
-            if refs is None or base_hyps is None or refs != _lines(base.files.references_dir / name):
-                continue  # not the same test sentences: no paired test
+            if base_hyps is None or refs != _saved_references(base, name):
+                continue  # the baseline did not decode the set, or other sentences: no paired test
             hyps = _lines(hyp_file) or []
             _same_count([(hyp_file, hyps), (run.files.references_dir / name, refs),
                          (base.files.hypotheses_dir / name, base_hyps)])  # fmt: skip
@@ -392,20 +410,9 @@ def by_length(groups: Sequence[GroupSummary], edges: Sequence[int] = LENGTH_EDGE
     tokenizers = {r.path: _bleu_tokenizer(r) for r in runs}  # as each run scored its BLEU
     tables = []
     for name in sorted(names):
-        references = None
-        for run in runs:  # every run that saved hypotheses of the set saved its references too
-            saved = _lines(run.files.references_dir / f"{name}.txt")
-            if saved is None:
-                raise UnreadableRunFile(
-                    f"{run.files.references_dir / f'{name}.txt'} is missing (the run has hypotheses of "
-                    f"{name!r}): restore it (attnlab-eval on the run's checkpoint writes it again) or leave "
-                    "that run out of the comparison"
-                )
-            references = saved if references is None else references
-            if saved != references:
-                raise ValueError(
-                    f"the runs scored different {name!r} sentences: compare runs of one test set"
-                )
+        references = _saved_references(runs[0], f"{name}.txt")
+        if any(_saved_references(r, f"{name}.txt") != references for r in runs[1:]):
+            raise ValueError(f"the runs scored different {name!r} sentences: compare runs of one test set")
         sources_file = runs[0].files.sources_dir / f"{name}.txt"
         sources = _lines(sources_file)
         if sources is not None:
