@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import shutil
 import tempfile
 from collections.abc import Iterator
 from pathlib import Path
@@ -12,8 +13,9 @@ import pytest
 
 os.environ.setdefault("WANDB_MODE", "disabled")
 os.environ.setdefault("HYDRA_FULL_ERROR", "1")
-# Downloads and prepared corpora of the test session go to a fresh directory, never the user's cache.
-os.environ["ATTNLAB_CACHE_DIR"] = tempfile.mkdtemp(prefix="attnlab-test-cache-")
+# Downloads and prepared corpora of the test session go to a fresh directory, never the user's cache;
+# it is removed when the session ends (`pytest_unconfigure`).
+_SESSION_CACHE = os.environ["ATTNLAB_CACHE_DIR"] = tempfile.mkdtemp(prefix="attnlab-test-cache-")
 
 from hypothesis import settings as _hypothesis_settings
 
@@ -85,6 +87,10 @@ def translating_run(shared_data: Path, tmp_path_factory: pytest.TempPathFactory)
     scores = {"val": metrics["val/bleu"], **{name: s["bleu"] for name, s in results["sets"].items()}}
     assert min(scores.values()) >= 60, f"the test model does not reproduce its training pairs: BLEU {scores}"
     return {"cfg": cfg, "metrics": metrics, "dir": tmp / "run", "corpus": corpus, "tmp": tmp, "data": data}
+
+
+def pytest_unconfigure(config: pytest.Config) -> None:
+    shutil.rmtree(_SESSION_CACHE, ignore_errors=True)
 
 
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:

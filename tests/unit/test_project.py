@@ -55,6 +55,20 @@ def test_the_test_session_keeps_its_caches_out_of_the_users(monkeypatch: pytest.
     """tests/conftest.py points ATTNLAB_CACHE_DIR at a fresh temporary directory for the session."""
     cache = Path(os.environ["ATTNLAB_CACHE_DIR"])
     assert cache.name.startswith("attnlab-test-cache-") and cache.parent == Path(tempfile.gettempdir())
+    assert cache.is_dir()
+
+
+def test_the_test_session_removes_its_cache_when_it_ends(tmp_path: Path) -> None:
+    """A pytest session leaves no `attnlab-test-cache-*` directory behind in the temporary directory."""
+    env = {**os.environ, "TMPDIR": str(tmp_path)}
+    env.pop("ATTNLAB_CACHE_DIR")
+    test = "tests/unit/test_project.py::test_the_test_session_keeps_its_caches_out_of_the_users"
+    done = subprocess.run(
+        [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", test],
+        cwd=ROOT, env=env, capture_output=True, text=True, timeout=300,
+    )  # fmt: skip
+    assert done.returncode == 0 and "1 passed" in done.stdout, done
+    assert not list(tmp_path.glob("attnlab-test-cache-*")), list(tmp_path.iterdir())
 
 
 SCRIPTS = re.findall(r'^(attnlab-\w+) = "attnlab\.cli\.(\w+):main"$', (ROOT / "pyproject.toml").read_text(),
