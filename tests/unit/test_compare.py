@@ -359,6 +359,25 @@ def test_runs_sharing_a_seed_are_named_and_not_paired_ambiguously(
     assert [seed for seed, _ in tested] == [2, 3]
 
 
+def test_seeds_without_a_baseline_run_are_named_not_dropped_silently(
+    sweep: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    """Seeds of a group that the baseline has no run of get no paired test: a warning names them (with no
+    seed in common the p column vanished without a word)."""
+    import shutil
+
+    with caplog.at_level("WARNING"):
+        summarize(load_runs([sweep]), baseline="model.pe=sinusoidal")
+    assert "no paired test" not in caplog.text  # every seed pairs
+    shutil.rmtree(sweep / "pe=sinusoidal,seed=3")
+    caplog.clear()
+    with caplog.at_level("WARNING"):
+        groups, _ = summarize(load_runs([sweep]), baseline="model.pe=sinusoidal")
+    assert [seed for seed, _ in {g.name: g for g in groups}["model.pe=none"].p_values["test2016"]] == [1, 2]
+    named = "no paired test for seed 3 of group model.pe=none: the baseline group model.pe=sinusoidal has"
+    assert f"{named} no run of that seed" in caplog.text
+
+
 def test_a_diverged_run_shows_its_nan_and_a_number_past_float_is_unreadable(
     sweep: Path, caplog: pytest.LogCaptureFixture
 ) -> None:

@@ -233,8 +233,25 @@ def summarize(runs: Sequence[Run], baseline: str | None = None) -> tuple[list[Gr
             group.delta = {m: s.mean - base.stats[m].mean for m, s in group.stats.items() if m in base.stats}
             if group is not base:
                 group.p_values = paired_tests(base.runs, group.runs)
+                _warn_unpaired_seeds(base, group)
         groups = [base, *(g for g in groups if g is not base)]
     return groups, others
+
+
+def _warn_unpaired_seeds(base: GroupSummary, group: GroupSummary) -> None:
+    """Warn when runs of `group` that saved hypotheses have no baseline run of their seed: they get no
+    paired test (with no seed in common, the table has no p column at all)."""
+    base_seeds = {r.config.get("seed") for r in base.runs}
+    alone = sorted(
+        {str(r.config.get("seed")) for r in group.runs if r.config.get("seed") not in base_seeds
+         and any(r.files.hypotheses_dir.glob("*.txt"))}
+    )  # fmt: skip
+    if alone:
+        log.warning(
+            "no paired test for seed %s of group %s: the baseline group %s has no run of %s; run the "
+            "baseline with the same seeds to test them", ", ".join(alone), group.name, base.name,
+            "that seed" if len(alone) == 1 else "those seeds",
+        )  # fmt: skip
 
 
 def _warn_repeated_seeds(name: str, runs: Sequence[Run]) -> None:
