@@ -90,10 +90,31 @@ class FileLock:
 
     def holder(self) -> str:
         """Who holds the lock as its holder recorded it (`pid 12 on host x`), or `another process`."""
+        recorded = self.recorded_holder()
+        return "another process" if recorded is None else f"pid {recorded[0]} on host {recorded[1]}"
+
+    def recorded_holder(self) -> tuple[int, str] | None:
+        """The `(pid, host)` a holder with `record_holder` wrote into the file, or None (an empty file: no
+        one holds it, or its holder did not record itself). A record left by a holder that died stays."""
         with suppress(OSError, ValueError):
             pid, host = self.path.read_text().split()
-            return f"pid {int(pid)} on host {host}"
-        return "another process"
+            return int(pid), host
+        return None
+
+    def holder_died(self) -> int | None:
+        """The pid of a holder that recorded itself on this host and is gone (killed, or crashed without
+        releasing the lock), or None: the record names no one, another host, or a live process. Reads the
+        file only (never takes the lock); a pid reused by another process reads as alive."""
+        recorded = self.recorded_holder()
+        if recorded is None or recorded[1] != socket.gethostname() or recorded[0] <= 0:
+            return None
+        try:
+            os.kill(recorded[0], 0)
+        except ProcessLookupError:
+            return recorded[0]
+        except OSError:  # exists, owned by another user
+            return None
+        return None
 
     def _wait(self, fd: int, deadline: float) -> None:
         while True:

@@ -378,6 +378,28 @@ def test_seeds_without_a_baseline_run_are_named_not_dropped_silently(
     assert f"{named} no run of that seed" in caplog.text
 
 
+def test_a_running_run_whose_process_died_is_listed_as_stopped(sweep: Path) -> None:
+    """A run's manifest says `running` until its process writes how it ended; a process killed with
+    SIGKILL never does. Its run directory's lock still names it: a dead process there is shown as such."""
+    run = sweep / "pe=learned,seed=2"
+    holding = (
+        "import sys, time\nfrom attnlab.io import FileLock\n"
+        f"FileLock({str(run / '.lock')!r}, record_holder=True).acquire()\nprint('held', flush=True)\n"
+        "time.sleep(600)\n"
+    )
+    process = subprocess.Popen([sys.executable, "-c", holding], stdout=subprocess.PIPE, text=True)
+    try:
+        assert process.stdout is not None and process.stdout.readline() == "held\n"
+        assert "pe=learned,seed=2 (running)" in report([sweep])  # alive
+    finally:
+        process.kill()
+        process.wait()
+    text = report([sweep])
+    assert f"pe=learned,seed=2 (stopped: its process (pid {process.pid}) is gone: killed or crashed" in text
+    (run / ".lock").write_text(f"{process.pid} another-host\n")  # another machine's process: not known here
+    assert "pe=learned,seed=2 (running)" in report([sweep])
+
+
 def test_a_diverged_run_shows_its_nan_and_a_number_past_float_is_unreadable(
     sweep: Path, caplog: pytest.LogCaptureFixture
 ) -> None:

@@ -7,7 +7,8 @@ directory, or any directory above), `varying_keys` finds the config values that 
 by those values and gives per group the seed count, mean ± std and a 95% Student-t interval over seeds of
 each metric (`attnlab.reports.stats`), the difference of the means against a baseline group, and per
 seed the p-value of sacreBLEU's paired bootstrap test against the baseline run of that seed.
-Runs that failed or never finished are listed, not dropped; so is a run whose `config.yaml`,
+Runs that failed or never finished are listed, not dropped (a `running` run whose process is gone from
+this host as `stopped`: `attnlab.io.FileLock.holder_died`); so is a run whose `config.yaml`,
 `manifest.json`, `results.json` or `csv/metrics.csv` cannot be read (status `unreadable`, with the file
 and why), and the others are compared without it. Saved hypotheses, sources or references that are
 damaged (not UTF-8, or line counts that differ) stop the comparison, naming the file: they are read only
@@ -32,6 +33,7 @@ from datetime import datetime
 from pathlib import Path
 from typing import Any
 
+from attnlab.io import FileLock
 from attnlab.reports.stats import Stat, stat
 from attnlab.runs.layout import (
     CONFIG_FILE,
@@ -151,6 +153,10 @@ def _read_run(run_dir: Path) -> Run:
                 f"{json_type(manifest[key])} ({manifest[key]!r}), not text"
             )
     status = str(manifest.get("status", "unknown"))
+    gone = FileLock(run.run_lock).holder_died() if status == "running" else None
+    if gone is not None:  # its process died without writing how it ended
+        error = f"its process (pid {gone}) is gone: killed or crashed; resume=true in its directory goes on"
+        return Run(run_dir, config, "stopped", error=error)
     if status == "finished" and not config:  # its setting unknown: no group to put it in
         raise UnreadableRunFile(f"cannot read {run.config_file}: a finished run without its config")
     if status != "finished" or not run.results_file.is_file():
