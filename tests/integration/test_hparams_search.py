@@ -110,3 +110,23 @@ def test_a_rerun_with_skip_done_tells_the_sweeper_the_finished_trials_results(
     again = run_sweep(optuna_sweep["dir"], "sweep.skip_done=true")
     assert capsys.readouterr().out.count("already finished (sweep.skip_done=true): skipped") == 3
     assert again == optuna_sweep["told"]
+
+
+def test_a_skipped_trial_without_the_optimized_metric_is_named_not_returned_silently(
+    optuna_sweep: dict[str, Any], tmp_path: Any, caplog: pytest.LogCaptureFixture
+) -> None:
+    """A finished trial whose results.json lacks `optimized_metric`: skipped, it gave the sweeper None
+    without a word (a trained job's missing metric was named); both are named now."""
+    import shutil
+
+    sweep_dir = tmp_path / "sweep"
+    shutil.copytree(optuna_sweep["dir"], sweep_dir, symlinks=True)
+    job = min(p for p in sweep_dir.iterdir() if (p / "results.json").is_file())
+    results = json.loads((job / "results.json").read_text())
+    del results["metrics"]["best/val/loss"]
+    (job / "results.json").write_text(json.dumps(results))
+    with caplog.at_level("ERROR"):
+        again = run_sweep(sweep_dir, "sweep.skip_done=true")
+    assert sorted(values is None for _, values in again) == [False, False, True]  # a failed trial
+    assert "optimized_metric=best/val/loss is not among this run's final metrics (" in caplog.text
+    assert "val/loss" in caplog.text.split("final metrics (")[1]  # those it has are listed

@@ -56,7 +56,7 @@ def _main(cfg: DictConfig) -> float | None:
     if (cfg.get("sweep") or {}).get("skip_done"):
         skipped = _skip_done(run, multirun)
         if skipped is not None:
-            return skipped.get(metric) if metric else None
+            return _sweeper_value(skipped, metric, multirun)
     from attnlab.training.pipeline import train  # imports lightning
 
     try:
@@ -88,8 +88,15 @@ def _main(cfg: DictConfig) -> float | None:
     summary = ", ".join(f"{k}={v:.4g}" for k, v in sorted(metrics.items()) if k.startswith(("val/", "test/")))
     if summary:
         print(f"attnlab-train: {summary}")
-    if multirun and metric and metric not in metrics:  # a single run's value goes nowhere
-        available = ", ".join(sorted(metrics))
+    return _sweeper_value(metrics, metric, multirun)
+
+
+def _sweeper_value(metrics: dict[str, Any], metric: str | None, multirun: bool) -> float | None:
+    """What a job returns to the sweeper: its final value of `optimized_metric` (None without one). In a
+    multirun, a metric the run does not have is logged as an error naming those it has (a single run's
+    value goes nowhere)."""
+    if multirun and metric and metric not in metrics:
+        available = ", ".join(sorted(metrics)) or "none"
         log.error("optimized_metric=%s is not among this run's final metrics (%s): nothing to return to the "
                   "sweeper; set optimized_metric to one of them", metric, available)  # fmt: skip
         return None
