@@ -400,6 +400,20 @@ def test_a_running_run_whose_process_died_is_listed_as_stopped(sweep: Path) -> N
     assert "pe=learned,seed=2 (running)" in report([sweep])
 
 
+def test_the_first_path_given_holds_the_default_baseline(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Runs come in the order of the paths given (each path's sorted), relative and absolute alike: the
+    first group of the first path is the baseline (sorted all together, `/abs/...` came before `z/...`)."""
+    for (pe, seed), bleu in BLEU.items():
+        write_run(tmp_path / ("z" if pe == "none" else "a") / f"seed={seed}", pe, seed, bleu)
+    monkeypatch.chdir(tmp_path)
+    for paths in (["z", tmp_path / "a"], [tmp_path / "z", "a"]):
+        rows = [line for line in report(paths).splitlines() if line.startswith("| model.pe=")]
+        assert [row.split(" |")[0] for row in rows] == ["| model.pe=none", "| model.pe=sinusoidal"], paths
+        assert "| 22.00 ± 2.65 [±6.57] | +0.00 |" in rows[0] and "| +10.00 |" in rows[1]  # Δ vs the first
+
+
 def test_a_diverged_run_shows_its_nan_and_a_number_past_float_is_unreadable(
     sweep: Path, caplog: pytest.LogCaptureFixture
 ) -> None:

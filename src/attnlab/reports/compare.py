@@ -173,17 +173,19 @@ def _read_run(run_dir: Path) -> Run:
 
 
 def load_runs(paths: Sequence[str | Path]) -> list[Run]:
-    """Every run directory (one with `config.yaml` or `manifest.json`) at or below `paths`, by path, each
-    once however it is reached (the same directory given twice, or through a symbolic link, is one run)."""
+    """Every run directory (one with `config.yaml` or `manifest.json`) at or below `paths`: those of the
+    first path sorted by path, then those of the next (so the first path's first group is the default
+    baseline), each once however it is reached (the same directory given twice, or through a symbolic
+    link, is one run, under the path it was first reached by)."""
     found: dict[Path, Path] = {}  # the directory resolved -> as first found
     for path in map(Path, paths):
         if not path.exists():
             raise FileNotFoundError(f"no such run or sweep directory: {path}")
-        for name in (CONFIG_FILE, MANIFEST_FILE):
-            for file in path.rglob(name):
-                if ".hydra" not in file.parts:
-                    found.setdefault(file.parent.resolve(), file.parent)
-    return [read_run(p) for p in sorted(set(found.values()))]
+        below = {f.parent for name in (CONFIG_FILE, MANIFEST_FILE) for f in path.rglob(name)
+                 if ".hydra" not in f.parts}  # fmt: skip
+        for run_dir in sorted(below):
+            found.setdefault(run_dir.resolve(), run_dir)
+    return [read_run(p) for p in found.values()]
 
 
 def varying_keys(runs: Sequence[Run], seed_key: str = "seed") -> list[str]:
