@@ -305,8 +305,8 @@ def test_ctranslate2_samples_with_the_saved_topk_topp_and_temperature(
 @pytest.mark.parametrize(
     "model,named",
     [({"pe": "learned", "max_positions": 64}, "pe='learned'"), ({"norm_first": True}, "norm_first=True"),
-     ({"tie": "none"}, "tie=none")],
-    ids=["learned positions", "pre-norm", "untied output"],
+     ({"tie": "none"}, "tie=none"), ({"layer_norm_eps": 1e-6}, "layer_norm_eps=1e-06")],
+    ids=["learned positions", "pre-norm", "untied output", "another layernorm epsilon"],
 )  # fmt: skip
 def test_a_model_marianmt_cannot_hold_is_refused_naming_what_exports(
     tmp_path: Path, fmt: str, model: dict[str, Any], named: str
@@ -319,7 +319,9 @@ def test_a_model_marianmt_cannot_hold_is_refused_naming_what_exports(
         export(ours, fmt, tmp_path / "out")
     message = str(caught.value)
     assert named in message and f"format={fmt}" in message
-    assert "model.pe=sinusoidal, model.norm_first=false and model.tie=decoder or all" in message
+    assert (
+        "model.pe=sinusoidal, model.norm_first=false, model.layer_norm_eps=1e-5 and model.tie=decoder or all"
+    ) in message
     assert not (tmp_path / "out").exists() and list(tmp_path.iterdir()) == []  # nothing half-written
 
 

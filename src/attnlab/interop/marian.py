@@ -124,7 +124,8 @@ def marian_config(config: TransformerConfig, positions: int | None = None) -> An
     """
     from transformers import MarianConfig
 
-    wanted = {"pe": "sinusoidal", "norm_first": False}
+    # MarianMT's LayerNorms have torch's default epsilon, 1e-5, which its config cannot change
+    wanted = {"pe": "sinusoidal", "norm_first": False, "layer_norm_eps": 1e-5}
     for key, value in wanted.items():
         if getattr(config, key) != value:
             raise ValueError(f"MarianMT needs {key}={value!r}, the model has {key}={getattr(config, key)!r}")
