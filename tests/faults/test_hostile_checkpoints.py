@@ -205,6 +205,40 @@ def test_a_hostile_last_ckpt_is_refused_on_resume(
     assert {p: p.read_bytes() for p in kept} == kept
 
 
+WEIGHT = "model.encoder.layers.0.ffn.w_1.weight"
+# How a checkpoint's weights are changed so that they no longer fit its model settings -> the message
+UNFITTING_WEIGHTS: dict[str, tuple[Callable[[dict[str, Any]], None], str]] = {
+    "another shape": (lambda sd: sd.update({WEIGHT: sd[WEIGHT][:, :16].clone()}),
+                      rf"{WEIGHT}: the settings make it \(64, 32\), the weights \(64, 16\)"),
+    "missing": (lambda sd: sd.pop(WEIGHT), rf"first differing key: {WEIGHT}, missing"),
+    "unexpected": (lambda sd: sd.update({"model.extra.weight": torch.zeros(3)}),
+                   r"first differing key: model\.extra\.weight, unexpected"),
+}  # fmt: skip
+
+
+@pytest.mark.parametrize("kind", UNFITTING_WEIGHTS)
+def test_weights_that_do_not_fit_the_settings_are_refused_on_resume_before_the_run_changes(
+    kind: str, trained: dict[str, Any], tmp_path: Path
+) -> None:
+    """A last.ckpt (or `ckpt_path=`) whose weights do not fit its model settings: refused naming the key
+    before training (Lightning's own load would fail after the run started), nothing of the run changed."""
+    edit, message = UNFITTING_WEIGHTS[kind]
+    run = copy_run(trained, tmp_path)
+    last = run / "checkpoints" / "last.ckpt"
+    checkpoint = torch.load(last, weights_only=True)
+    edit(checkpoint["state_dict"])
+    torch.save(checkpoint, last)
+    kept = {p: p.read_bytes() for p in run.rglob("*") if p.is_file()}
+    with pytest.raises(ConfigError, match=rf"ckpt_path: {re.escape(str(last))}: .*{message}"):
+        train(compose_train([*two_epochs_tested(trained), "resume=true"], run))
+    assert {p: p.read_bytes() for p in run.rglob("*") if p.is_file()} == kept
+    assert json.loads((run / "manifest.json").read_text())["status"] == "finished"
+    with pytest.raises(ConfigError, match=message):
+        train(compose_train([*trained["overrides"], f"ckpt_path={last}"], tmp_path / "new_run"))
+    assert not list((tmp_path / "new_run").rglob("*.ckpt"))  # nothing trained
+    assert {p: p.read_bytes() for p in run.rglob("*") if p.is_file()} == kept
+
+
 @pytest.mark.parametrize("resume", ["true", "auto"])
 def test_a_damaged_last_ckpt_on_resume_is_refused_before_the_run_changes(
     resume: str, trained: dict[str, Any], tmp_path: Path

@@ -136,12 +136,15 @@ def check_training_state(path: str | Path, module: Any, precision: Any = "32-tru
 
     Raises:
         ConfigError: Naming the first entries that differ, and the fix: the settings the checkpoint was
-            trained with, another checkpoint, or `init_from=` (its weights, a fresh optimizer).
+            trained with, another checkpoint, or `init_from=` (its weights, a fresh optimizer); or weights
+            that do not fit the run's model settings (`attnlab.runs.checkpoint.check_weights_fit`).
     """
-    from attnlab.runs.checkpoint import RESUME_KEY, CheckpointError, read_checkpoint
+    from attnlab.runs.checkpoint import RESUME_KEY, CheckpointError, check_weights_fit, read_checkpoint
 
     try:
         checkpoint = read_checkpoint(path, mmap=True)
+        # Lightning would fail loading them after the run started (its run directory changed)
+        check_weights_fit(module.model_config, checkpoint["state_dict"], path)
     except CheckpointError as exc:
         raise ConfigError(f"ckpt_path: {exc}") from None
     problems = []
