@@ -239,6 +239,46 @@ def test_weights_that_do_not_fit_the_settings_are_refused_on_resume_before_the_r
     assert {p: p.read_bytes() for p in run.rglob("*") if p.is_file()} == kept
 
 
+# A weight of the right shape that is no dense tensor of floats -> the message naming it
+UNUSABLE_WEIGHTS: dict[str, tuple[Callable[[torch.Tensor], torch.Tensor], str]] = {
+    "sparse": (lambda t: t.to_sparse(), r"is a torch\.sparse_coo tensor on cpu, not a dense tensor"),
+    "meta": (lambda t: torch.empty_like(t, device="meta"), r"is a torch\.strided tensor on meta, not a"),
+    "complex": (lambda t: t.to(torch.complex64), r"holds torch\.complex64 values, not floating-point ones"),
+    "integers": (lambda t: t.long(), r"holds torch\.int64 values, not floating-point ones"),
+    "booleans": (lambda t: t > 0, r"holds torch\.bool values, not floating-point ones"),
+}  # fmt: skip
+
+
+@pytest.mark.parametrize("kind", UNUSABLE_WEIGHTS)
+def test_a_weight_that_is_no_dense_tensor_of_floats_is_refused_by_every_reader(
+    kind: str, trained: dict[str, Any], tmp_path: Path
+) -> None:
+    """`load_state_dict` fails on a sparse or meta tensor with a raw RuntimeError (mid-run on resume), and
+    casts complex, integer or boolean values into the model's floats without a word: each is refused
+    before the model is built, naming the weight, and a resumed run's directory is left as it was."""
+    change, problem = UNUSABLE_WEIGHTS[kind]
+    run = copy_run(trained, tmp_path)
+    last = run / "checkpoints" / "last.ckpt"
+    checkpoint = torch.load(last, weights_only=True)
+    checkpoint["state_dict"][WEIGHT] = change(checkpoint["state_dict"][WEIGHT])
+    torch.save(checkpoint, last)
+    kept = {p: p.read_bytes() for p in run.rglob("*") if p.is_file()}
+    message = rf"{re.escape(str(last))}: its weight {re.escape(WEIGHT)} {problem}.*use another checkpoint"
+    new = tmp_path / "new"
+    readers: dict[str, Callable[[], Any]] = {
+        "Translator": lambda: Translator.from_checkpoints([last]),
+        "load_from_checkpoint": lambda: TranslationModule.load_from_checkpoint(last),
+        "resume": lambda: train(compose_train([*two_epochs_tested(trained), "resume=true"], run)),
+        "init_from": lambda: train(compose_train([*trained["overrides"], f"init_from={last}"], new)),
+    }
+    for name, reader in readers.items():
+        with pytest.raises((CheckpointError, ConfigError)) as caught:
+            reader()
+        assert re.search(message, str(caught.value)), f"{name}: {caught.value}"
+    assert {p: p.read_bytes() for p in run.rglob("*") if p.is_file()} == kept
+    assert not list(new.rglob("*.ckpt"))  # nothing trained
+
+
 @pytest.mark.parametrize("resume", ["true", "auto"])
 def test_a_damaged_last_ckpt_on_resume_is_refused_before_the_run_changes(
     resume: str, trained: dict[str, Any], tmp_path: Path

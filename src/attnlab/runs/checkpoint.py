@@ -290,7 +290,8 @@ def check_weights_fit(
 
     The layer counts are compared with the layers the weights hold first (a count alone could make even
     a model without storage slow to build), then the model is built on the `meta` device (no memory)
-    and every parameter and buffer shape compared with the weights' (`state_dict` keys under `prefix`).
+    and every parameter and buffer shape compared with the weights' (`state_dict` keys under `prefix`),
+    and their kind: dense tensors of floating-point values (`_value_problem`).
     With `strict=False` missing and extra weights are allowed (as `load_state_dict(strict=False)` does);
     layer counts and shapes must still match.
 
@@ -336,6 +337,22 @@ def check_weights_fit(
     extra = [key for key in weights if key not in expected]
     if strict and extra:
         raise CheckpointError(f"{refused} (first differing key: {prefix}{extra[0]}, unexpected){advice}")
+    for key, tensor in expected.items():
+        problem = _value_problem(weights[key], tensor) if key in weights else None
+        if problem:
+            raise CheckpointError(f"{path}: its weight {prefix}{key} {problem}{advice}")
+
+
+def _value_problem(saved: Tensor, expected: Tensor) -> str | None:
+    """What makes a saved tensor (of the right shape) unusable for the model's parameter or buffer
+    `expected` (on `meta`), or None: it must be a dense tensor of data (`load_state_dict` fails on a sparse
+    or `meta` one, or casts, silently, a complex, integer or boolean one into the model's floats)."""
+    kind = "floating-point" if expected.is_floating_point() else str(expected.dtype)
+    if saved.layout != torch.strided or saved.is_meta:
+        return f"is a {saved.layout} tensor on {saved.device}, not a dense tensor of {kind} values"
+    if saved.is_complex() or saved.is_floating_point() != expected.is_floating_point():
+        return f"holds {saved.dtype} values, not {kind} ones"
+    return None
 
 
 def kept_checkpoints(directory: str | Path) -> list[Path]:
