@@ -239,13 +239,15 @@ def test_weights_that_do_not_fit_the_settings_are_refused_on_resume_before_the_r
     assert {p: p.read_bytes() for p in run.rglob("*") if p.is_file()} == kept
 
 
-# A weight of the right shape that is no dense tensor of floats -> the message naming it
+# A weight of the right shape that is no dense tensor of finite floats -> the message naming it
 UNUSABLE_WEIGHTS: dict[str, tuple[Callable[[torch.Tensor], torch.Tensor], str]] = {
     "sparse": (lambda t: t.to_sparse(), r"is a torch\.sparse_coo tensor on cpu, not a dense tensor"),
     "meta": (lambda t: torch.empty_like(t, device="meta"), r"is a torch\.strided tensor on meta, not a"),
     "complex": (lambda t: t.to(torch.complex64), r"holds torch\.complex64 values, not floating-point ones"),
     "integers": (lambda t: t.long(), r"holds torch\.int64 values, not floating-point ones"),
     "booleans": (lambda t: t > 0, r"holds torch\.bool values, not floating-point ones"),
+    "NaN": (lambda t: t.index_fill(0, torch.tensor([3]), float("nan")), r"holds NaN or infinite values"),
+    "inf": (lambda t: t.index_fill(1, torch.tensor([0]), -float("inf")), r"holds NaN or infinite values"),
 }  # fmt: skip
 
 
@@ -254,8 +256,10 @@ def test_a_weight_that_is_no_dense_tensor_of_floats_is_refused_by_every_reader(
     kind: str, trained: dict[str, Any], tmp_path: Path
 ) -> None:
     """`load_state_dict` fails on a sparse or meta tensor with a raw RuntimeError (mid-run on resume), and
-    casts complex, integer or boolean values into the model's floats without a word: each is refused
-    before the model is built, naming the weight, and a resumed run's directory is left as it was."""
+    casts complex, integer or boolean values into the model's floats without a word; NaN or infinite
+    weights made decoding fail with an IndexError and a resumed run stop at its first step with a NaN loss:
+    each is refused before the model is built, naming the weight, and a resumed run's directory is left
+    as it was."""
     change, problem = UNUSABLE_WEIGHTS[kind]
     run = copy_run(trained, tmp_path)
     last = run / "checkpoints" / "last.ckpt"

@@ -291,7 +291,7 @@ def check_weights_fit(
     The layer counts are compared with the layers the weights hold first (a count alone could make even
     a model without storage slow to build), then the model is built on the `meta` device (no memory)
     and every parameter and buffer shape compared with the weights' (`state_dict` keys under `prefix`),
-    and their kind: dense tensors of floating-point values (`_value_problem`).
+    and their kind: dense tensors of finite floating-point values (`_value_problem`).
     With `strict=False` missing and extra weights are allowed (as `load_state_dict(strict=False)` does);
     layer counts and shapes must still match.
 
@@ -346,12 +346,15 @@ def check_weights_fit(
 def _value_problem(saved: Tensor, expected: Tensor) -> str | None:
     """What makes a saved tensor (of the right shape) unusable for the model's parameter or buffer
     `expected` (on `meta`), or None: it must be a dense tensor of data (`load_state_dict` fails on a sparse
-    or `meta` one, or casts, silently, a complex, integer or boolean one into the model's floats)."""
+    or `meta` one, or casts, silently, a complex, integer or boolean one into the model's floats), of finite
+    values (NaN or inf weights make every translation fail and every training step's loss NaN)."""
     kind = "floating-point" if expected.is_floating_point() else str(expected.dtype)
     if saved.layout != torch.strided or saved.is_meta:
         return f"is a {saved.layout} tensor on {saved.device}, not a dense tensor of {kind} values"
     if saved.is_complex() or saved.is_floating_point() != expected.is_floating_point():
         return f"holds {saved.dtype} values, not {kind} ones"
+    if saved.is_floating_point() and not bool(torch.isfinite(saved).all()):  # decoding them fails
+        return "holds NaN or infinite values (saved after the training diverged?)"
     return None
 
 
