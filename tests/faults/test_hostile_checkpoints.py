@@ -33,6 +33,7 @@ from typing import Any
 
 import pytest
 import torch
+from omegaconf import OmegaConf
 
 from attnlab.cli.app import config_dir
 from attnlab.cli.eval import evaluate_checkpoint
@@ -236,6 +237,32 @@ def test_weights_that_do_not_fit_the_settings_are_refused_on_resume_before_the_r
     with pytest.raises(ConfigError, match=message):
         train(compose_train([*trained["overrides"], f"ckpt_path={last}"], tmp_path / "new_run"))
     assert not list((tmp_path / "new_run").rglob("*.ckpt"))  # nothing trained
+    assert {p: p.read_bytes() for p in run.rglob("*") if p.is_file()} == kept
+
+
+@pytest.mark.parametrize("config", ["missing", "edited"])
+def test_resuming_with_other_settings_than_the_checkpoint_was_trained_with_is_refused(
+    config: str, trained: dict[str, Any], tmp_path: Path
+) -> None:
+    """A resumed run's config is compared with its config.yaml; without one (lost), or with one edited to
+    the new values, the checkpoint's own model and optim settings are: other values (here ones that
+    change no weight's shape) are refused before the run changes, each named."""
+    run = copy_run(trained, tmp_path)
+    changes = {"model.activation": "gelu", "optim.warmup_steps": 7}
+    if config == "missing":
+        (run / "config.yaml").unlink()
+    else:
+        edited = OmegaConf.load(run / "config.yaml")
+        for key, value in changes.items():
+            OmegaConf.update(edited, key, value)
+        OmegaConf.save(edited, run / "config.yaml")
+    kept = {p: p.read_bytes() for p in run.rglob("*") if p.is_file()}
+    overrides = [*two_epochs_tested(trained), "resume=true", *(f"{k}={v}" for k, v in changes.items())]
+    with pytest.raises(ConfigError) as caught:
+        train(compose_train(overrides, run))
+    text = str(caught.value)
+    assert f"resuming from {run / 'checkpoints' / 'last.ckpt'} with a different experiment" in text, text
+    assert "model.activation: 'relu' -> 'gelu'" in text and "optim.warmup_steps: " in text, text
     assert {p: p.read_bytes() for p in run.rglob("*") if p.is_file()} == kept
 
 

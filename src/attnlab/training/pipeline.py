@@ -40,6 +40,7 @@ from attnlab.training.experiment import Experiment, check_constructor_keys, reso
 from attnlab.training.resume import (
     check_checkpoint_fits,
     check_same_experiment,
+    check_saved_settings,
     check_training_state,
     checkpoint_step,
     csv_history,
@@ -111,6 +112,7 @@ def plan_run(cfg: DictConfig) -> RunPlan:
     if resume_from is not None and Path(resume_from) == run.last_checkpoint:  # the same run goes on
         check_same_experiment(run.config_file, resolved)
         resumed_step = checkpoint_step(str(resume_from))  # a damaged or refused last.ckpt: refused here
+        check_saved_settings(resume_from, resolved)  # (config.yaml may be missing or edited)
     names: dict[str, dict[str, Any]] = {}
     loggers = resolved.get("logger") or {}
     if loggers.get("wandb") is not None:

@@ -379,6 +379,38 @@ def check_same_experiment(saved: Path, resolved: dict[str, Any]) -> None:
         )
 
 
+# Model settings the data sets (null in a config): its weights' shapes and the data position compare them.
+_FROM_DATA = ("src_vocab_size", "tgt_vocab_size")
+
+
+def check_saved_settings(path: str | Path, resolved: dict[str, Any]) -> None:
+    """Refuse continuing a run from its checkpoint `path` with model or optim values (of `resolved`, the
+    config) other than those the checkpoint was trained with (its `hyper_parameters`): the run's
+    `config.yaml`, which `check_same_experiment` compares, may be missing or edited.
+
+    Raises:
+        ConfigError: Listing the values that differ, or the message of a refused checkpoint.
+    """
+    from attnlab.runs.checkpoint import CheckpointError, read_checkpoint
+
+    try:
+        saved = read_checkpoint(path, mmap=True)["hyper_parameters"]
+    except CheckpointError as exc:
+        raise ConfigError(f"resume: {exc}") from None
+    changed = []
+    for node in ("model", "optim"):
+        theirs, ours = saved.get(node), resolved.get(node) or {}
+        if not isinstance(theirs, dict):  # refused where the settings are read (`saved_settings`)
+            continue
+        changed += [f"{node}.{key}: {theirs[key]!r} -> {value!r}" for key, value in ours.items()
+                    if key in theirs and key not in _FROM_DATA and not _same(theirs[key], value)]  # fmt: skip
+    if changed:
+        raise ConfigError(
+            f"resuming from {path} with a different experiment than it was trained with "
+            f"({', '.join(changed[:8])}): give the overrides the run was started with, or start a new run"
+        )
+
+
 def checkpoint_step(path: str) -> int:
     """The global step the checkpoint to continue from was saved at, read by `read_checkpoint`.
 
