@@ -325,6 +325,26 @@ def test_a_model_marianmt_cannot_hold_is_refused_naming_what_exports(
     assert not (tmp_path / "out").exists() and list(tmp_path.iterdir()) == []  # nothing half-written
 
 
+def test_an_out_that_cannot_be_written_is_refused_naming_it_and_the_fix(tmp_path: Path) -> None:
+    """A dangling symbolic link (the finished export could not be renamed onto it), a path under a file,
+    and a directory that takes no new entries (/proc, whatever the permission bits say): refused naming
+    `out=` and what to do, not with the OSError of a hidden staging directory, and nothing is left."""
+    joint = SubwordTokenizer.train(GERMAN + ENGLISH, model="bpe", vocab_size=80)
+    ours = random_translator(joint, joint, tie="all", pe_layout="split")
+    (tmp_path / "dangling").symlink_to(tmp_path / "nowhere")
+    (tmp_path / "file").write_text("mine")
+    refusals = {
+        tmp_path / "dangling": rf"is a symbolic link to {tmp_path / 'nowhere'}, which does not exist: name a",
+        tmp_path / "file" / "out": rf"cannot write the export in {tmp_path / 'file'} \(not a directory\)",
+        Path("/proc/attnlab-export"): r"cannot write the export in /proc \(.*\): choose a directory you can",
+    }
+    for out, message in refusals.items():
+        with pytest.raises(ExportError, match=rf"^out={out}:? {message}"):
+            export(ours, "hf", out)
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["dangling", "file"]  # nothing half-written
+    assert (tmp_path / "file").read_text() == "mine"
+
+
 def test_an_interrupted_overwrite_puts_the_earlier_export_back(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:

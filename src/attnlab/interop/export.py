@@ -103,7 +103,8 @@ def check_request(fmt: str, quantization: str, out: str | Path, overwrite: bool)
 
     Raises:
         ExportError: An unknown format or quantization, quantization with `format=hf`, an `out` that is a
-            file, or a non-empty directory without `overwrite`, or a missing package of the format.
+            file, a symbolic link to nothing, or a non-empty directory without `overwrite`, whose parent is
+            missing, no directory or not writable, or a missing package of the format.
     """
     if fmt not in FORMATS:
         raise ExportError(f"format={fmt!r} is not an export format: use one of {', '.join(FORMATS)}")
@@ -115,6 +116,9 @@ def check_request(fmt: str, quantization: str, out: str | Path, overwrite: bool)
             "(drop quantization or set it to none)"
         )
     path = Path(out).expanduser()
+    if path.is_symlink() and not path.exists():  # the finished export could not be renamed onto it
+        raise ExportError(f"out={out} is a symbolic link to {os.readlink(path)}, which does not exist: name "
+                          "a directory to export into (or create the link's target)")  # fmt: skip
     if path.exists() and not path.is_dir():
         raise ExportError(f"out={out} is a file: name a directory to export into")
     if path.is_dir() and any(path.iterdir()):
@@ -130,8 +134,15 @@ def check_request(fmt: str, quantization: str, out: str | Path, overwrite: bool)
             )
     if not path.parent.exists():
         raise ExportError(f"out={out}: its parent directory {path.parent} does not exist; create it first")
+    if not path.parent.is_dir() or not os.access(path.parent, os.W_OK | os.X_OK):
+        raise _unwritable(out, path.parent, "not a directory" if not path.parent.is_dir() else "not writable")
     require_packages(fmt)
     return path
+
+
+def _unwritable(out: str | Path, where: Path, reason: str | None) -> ExportError:
+    return ExportError(f"out={out}: cannot write the export in {where} ({reason}): choose a directory you "
+                       "can write in")  # fmt: skip
 
 
 def require_packages(fmt: str) -> None:
@@ -153,7 +164,10 @@ def export(translator: Translator, fmt: str, out: str | Path, quantization: str 
         ExportError: A bad request (`check_request`), or a model or tokenizer the format cannot express.
     """
     path = check_request(fmt, quantization, out, overwrite)
-    staging = Path(tempfile.mkdtemp(prefix=f".{path.name}.", dir=path.parent))
+    try:
+        staging = Path(tempfile.mkdtemp(prefix=f".{path.name}.", dir=path.parent))
+    except OSError as exc:  # a directory that refuses new entries for all its permission bits (/proc)
+        raise _unwritable(out, path.parent, exc.strerror) from None
     umask = os.umask(0)
     os.umask(umask)
     staging.chmod(0o777 & ~umask)  # a directory's usual permissions, not mkdtemp's private ones
