@@ -311,6 +311,35 @@ def test_a_weight_that_is_no_dense_tensor_of_floats_is_refused_by_every_reader(
 
 
 @pytest.mark.parametrize("resume", ["true", "auto"])
+@pytest.mark.parametrize("kind", ["a directory", "a symbolic link to nothing"])
+def test_a_last_ckpt_that_is_no_file_is_refused_before_the_run_changes(
+    kind: str, resume: str, trained: dict[str, Any], tmp_path: Path
+) -> None:
+    """A last.ckpt that is a directory (or a link to a checkpoint on a disk not mounted): `auto` started
+    the run afresh over the run's own files and saved nowhere, `true` said no last.ckpt existed; both are
+    refused naming what is there, and nothing of the run changes."""
+    run = copy_run(trained, tmp_path)
+    last = run / "checkpoints" / "last.ckpt"
+    last.unlink()
+    if kind == "a directory":
+        last.mkdir()
+        named = "a directory"
+    else:
+        last.symlink_to(tmp_path / "unmounted" / "last.ckpt")
+        named = f"a symbolic link to {tmp_path / 'unmounted' / 'last.ckpt'}, which is missing"
+    kept = {p: p.read_bytes() for p in run.rglob("*") if p.is_file()}
+    paths = sorted(run.rglob("*"))
+    with pytest.raises(ConfigError) as caught:
+        train(compose_train([*two_epochs_tested(trained), f"resume={resume}"], run))
+    assert str(caught.value) == (
+        f"resume={resume}: {last} is {named}, not a checkpoint file: put the run's last checkpoint there to "
+        "continue it, or move the run directory aside to start afresh"
+    )
+    assert {p: p.read_bytes() for p in run.rglob("*") if p.is_file()} == kept
+    assert sorted(run.rglob("*")) == paths  # nothing added or removed
+
+
+@pytest.mark.parametrize("resume", ["true", "auto"])
 def test_a_damaged_last_ckpt_on_resume_is_refused_before_the_run_changes(
     resume: str, trained: dict[str, Any], tmp_path: Path
 ) -> None:

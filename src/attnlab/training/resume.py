@@ -19,6 +19,7 @@ an uninterrupted run's: the checkpoint holds their running sums (`attnlab.traini
 from __future__ import annotations
 
 import math
+import os
 import random
 from pathlib import Path
 from typing import Any
@@ -55,7 +56,8 @@ def resume_path(cfg: DictConfig, output_dir: Path) -> str | None:
     """The checkpoint to continue from (None: a new run), per `cfg.resume` and `cfg.ckpt_path`.
 
     Raises:
-        ConfigError: A wrong `resume` value, or `resume=true` with no checkpoint in `output_dir`.
+        ConfigError: A wrong `resume` value, `resume=true` with no checkpoint in `output_dir`, or a
+            `checkpoints/last.ckpt` that is no file (a directory, a symbolic link to nothing).
     """
     mode = cfg.get("resume", False)
     ckpt_path = cfg.get("ckpt_path")
@@ -74,6 +76,13 @@ def resume_path(cfg: DictConfig, output_dir: Path) -> str | None:
     last = RunDir(output_dir).last_checkpoint
     if last.is_file():
         return str(last)
+    if last.exists() or last.is_symlink():  # `auto` would start afresh over the run, saving nowhere
+        what = "a directory" if last.is_dir() else "no regular file"
+        what = f"a symbolic link to {os.readlink(last)}, which is missing" if not last.exists() else what
+        raise ConfigError(
+            f"resume={str(mode).lower()}: {last} is {what}, not a checkpoint file: put the run's last "
+            "checkpoint there to continue it, or move the run directory aside to start afresh"
+        )
     if mode == "auto":
         return None
     raise ConfigError(
