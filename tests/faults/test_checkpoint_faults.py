@@ -4,6 +4,7 @@ refused with a message naming the file and the problem, and the file is left as 
 from __future__ import annotations
 
 import pickle
+import re
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -12,7 +13,13 @@ import pytest
 import torch
 
 from attnlab.inference.translator import Translator
-from attnlab.runs.checkpoint import BUNDLE_KEY, CheckpointError, average_state_dicts, read_checkpoint
+from attnlab.runs.checkpoint import (
+    BUNDLE_KEY,
+    CheckpointError,
+    average_state_dicts,
+    read_averaged,
+    read_checkpoint,
+)
 from attnlab.training.pipeline import train
 from attnlab.typed import ConfigError
 from helpers import compose_train
@@ -124,3 +131,28 @@ def test_checkpoints_of_two_models_are_not_averaged(good: Path, tmp_path: Path) 
     states = [read_checkpoint(p)["state_dict"] for p in (good, other_dir / "checkpoints" / "last.ckpt")]
     with pytest.raises(CheckpointError, match=r"ffn\.w_1\.weight is \(48, 32\) in other but \(.*\) in good"):
         average_state_dicts(states, ["good", "other"])
+
+
+WEIGHT = "model.encoder.layers.0.ffn.w_1.weight"
+AVERAGED_BADLY = {
+    "a number": (lambda t: 3, r"its state_dict is not a dict of named tensors"),
+    "NaN": (lambda t: torch.full_like(t, float("nan")), rf"its weight {re.escape(WEIGHT)} holds NaN"),
+    "sparse": (lambda t: t.to_sparse(), rf"its weight {re.escape(WEIGHT)} is a torch\.sparse_coo"),
+}  # fmt: skip
+
+
+@pytest.mark.parametrize("kind", AVERAGED_BADLY)
+def test_an_averaged_checkpoint_whose_weights_are_unusable_is_named(
+    kind: str, good: Path, tmp_path: Path
+) -> None:
+    """A weight that is no tensor made averaging fail with an AttributeError, NaN in any file was named
+    as the first file's, and a sparse one failed or was averaged silently by its place: the file holding
+    it is named, wherever it is in the list."""
+    change, message = AVERAGED_BADLY[kind]
+    checkpoint = torch.load(good, weights_only=True)
+    checkpoint["state_dict"][WEIGHT] = change(checkpoint["state_dict"][WEIGHT])
+    bad = tmp_path / "bad.ckpt"
+    torch.save(checkpoint, bad)
+    for paths in ([good, bad], [bad, good], [good, good, bad]):
+        with pytest.raises(CheckpointError, match=rf"^{re.escape(str(bad))}: {message}"):
+            read_averaged(paths)

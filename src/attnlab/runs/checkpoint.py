@@ -435,7 +435,8 @@ def average_state_dicts(states: Sequence[dict[str, Tensor]], names: Sequence[str
 def read_averaged(paths: Sequence[str | Path]) -> dict[str, Any]:
     """The first checkpoint of `paths` with its `state_dict` replaced by the average over all of them.
 
-    The settings and tokenizers of every checkpoint must match the first one's.
+    The settings and tokenizers of every checkpoint must match the first one's, and the weights of each its
+    settings (`check_weights_fit`: a file whose weights are not numbers, or hold NaN, is named).
     """
     if not paths:
         raise CheckpointError("no checkpoint paths given")
@@ -448,6 +449,8 @@ def read_averaged(paths: Sequence[str | Path]) -> dict[str, Any]:
             if checkpoint[BUNDLE_KEY].get(key) != first[BUNDLE_KEY].get(key):
                 raise CheckpointError(f"{path} has another tokenizer than {paths[0]}: cannot average them")
     if len(checkpoints) > 1:
+        for path, checkpoint in zip(paths, checkpoints, strict=True):  # each file named by its own weights
+            check_weights_fit(saved_settings(checkpoint, "model", path), checkpoint["state_dict"], path)
         names = [str(p) for p in paths]
         first = {**first, "state_dict": average_state_dicts([c["state_dict"] for c in checkpoints], names)}
     return first
