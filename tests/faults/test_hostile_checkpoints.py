@@ -214,6 +214,8 @@ UNFITTING_WEIGHTS: dict[str, tuple[Callable[[dict[str, Any]], None], str]] = {
     "missing": (lambda sd: sd.pop(WEIGHT), rf"first differing key: {WEIGHT}, missing"),
     "unexpected": (lambda sd: sd.update({"model.extra.weight": torch.zeros(3)}),
                    r"first differing key: model\.extra\.weight, unexpected"),
+    "outside the model": (lambda sd: sd.update({"extra.weight": torch.zeros(3)}),
+                          r"its state_dict holds 'extra\.weight', no entry of this run's module"),
 }  # fmt: skip
 
 

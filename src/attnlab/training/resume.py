@@ -156,6 +156,12 @@ def check_training_state(path: str | Path, module: Any, precision: Any = "32-tru
         check_weights_fit(module.model_config, checkpoint["state_dict"], path)
     except CheckpointError as exc:
         raise ConfigError(f"ckpt_path: {exc}") from None
+    ours = module.state_dict()  # the model's weights (checked above) and any other entry of the module
+    foreign = [key for key in checkpoint["state_dict"] if key not in ours]
+    if foreign:
+        raise ConfigError(f"ckpt_path: {path}: its state_dict holds {foreign[0]!r}, no entry of this run's "
+                          "module: the file is damaged or not written by attnlab-train; use another "
+                          "checkpoint")  # fmt: skip
     problems = []
     for key in ("optimizer_states", "lr_schedulers"):
         if checkpoint.get(key) is None:
