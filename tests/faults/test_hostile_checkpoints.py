@@ -312,6 +312,23 @@ def test_a_weight_that_is_no_dense_tensor_of_floats_is_refused_by_every_reader(
     assert not list(new.rglob("*.ckpt"))  # nothing trained
 
 
+def test_an_unreadable_csv_history_is_refused_on_resume_before_the_run_changes(
+    trained: dict[str, Any], tmp_path: Path
+) -> None:
+    """A damaged `csv/metrics.csv` was read after the run's config.yaml and manifest were rewritten: the
+    run failed with an UnreadableRunFile and was marked failed. Now it is refused first, naming the file
+    and the fix, and nothing of the run changes."""
+    run = copy_run(trained, tmp_path)
+    (run / "csv" / "metrics.csv").write_bytes(b"step,val/loss\n0,4\xff5\n")
+    kept = {p: p.read_bytes() for p in run.rglob("*") if p.is_file()}
+    with pytest.raises(ConfigError) as caught:
+        train(compose_train([*two_epochs_tested(trained), "resume=true"], run))
+    text = str(caught.value)
+    assert f"resuming {run}: cannot read {run / 'csv' / 'metrics.csv'}: " in text, text
+    assert "put back a readable copy, or move the file aside to continue without the rows logged" in text
+    assert {p: p.read_bytes() for p in run.rglob("*") if p.is_file()} == kept
+
+
 @pytest.mark.parametrize("resume", ["true", "auto"])
 @pytest.mark.parametrize("kind", ["a directory", "a symbolic link to nothing"])
 def test_a_last_ckpt_that_is_no_file_is_refused_before_the_run_changes(

@@ -74,6 +74,8 @@ class RunPlan:
         run: The run directory.
         resume_from: The checkpoint training starts from (None: from scratch).
         resumed_step: The step of the run's own `last.ckpt` when the run continues from it, else None.
+        history: The rows of its `csv/metrics.csv` logged before that step (`csv_history`), put back into
+            the continued run's file.
         names: Values for the loggers' null names, by logger: `wandb` (`group`, `name`), `mlflow`
             (`run_name`); none for a logger that is not configured.
     """
@@ -85,6 +87,7 @@ class RunPlan:
     resume_from: str | None = None
     resumed_step: int | None = None
     names: dict[str, dict[str, Any]] = field(default_factory=dict)
+    history: list[dict[str, float]] = field(default_factory=list)
 
     @property
     def continuing(self) -> bool:
@@ -97,7 +100,8 @@ def plan_run(cfg: DictConfig) -> RunPlan:
 
     Raises:
         ConfigError: For a wrong config value, a resumption that is not the same experiment or has no
-            checkpoint, or a damaged `last.ckpt`; before torch is imported when the value alone is wrong.
+            checkpoint, a damaged `last.ckpt` or CSV history; before torch is imported when the value alone
+            is wrong.
     """
     experiment = validate(cfg)
     resolved_cfg = resolve_monitor(cfg, experiment)
@@ -108,11 +112,12 @@ def plan_run(cfg: DictConfig) -> RunPlan:
     run = RunDir(Path(cfg.paths.output_dir))
     resolved = resolved_config(cfg)
     resume_from = resume_path(cfg, run.path)
-    resumed_step = None
+    resumed_step, history = None, []
     if resume_from is not None and Path(resume_from) == run.last_checkpoint:  # the same run goes on
         check_same_experiment(run.config_file, resolved)
         resumed_step = checkpoint_step(str(resume_from))  # a damaged or refused last.ckpt: refused here
         check_saved_settings(resume_from, resolved)  # (config.yaml may be missing or edited)
+        history = csv_history(run.path, resumed_step)  # read before the run changes
     names: dict[str, dict[str, Any]] = {}
     loggers = resolved.get("logger") or {}
     if loggers.get("wandb") is not None:
@@ -126,7 +131,7 @@ def plan_run(cfg: DictConfig) -> RunPlan:
         names["mlflow"] = {"run_name": name} if name is not None else {}
     for logger, values in names.items():
         loggers[logger].update(values)
-    return RunPlan(cfg, experiment, resolved, run, resume_from, resumed_step, names)
+    return RunPlan(cfg, experiment, resolved, run, resume_from, resumed_step, names, history)
 
 
 def train(cfg: DictConfig) -> dict[str, float]:
@@ -357,9 +362,6 @@ def build_trainer(
     mlflow_node = (cfg.get("logger") or {}).get("mlflow")
     if mlflow_id is not None and mlflow_node is not None and mlflow_node.get("run_id") is None:
         names.setdefault("mlflow", {})["run_id"] = mlflow_id  # the same MLflow run, continued
-    history: list[dict[str, float]] = []
-    if plan.continuing:
-        history = csv_history(plan.run.path, plan.resumed_step)
     callbacks = _instantiate_all(cfg.get("callbacks"))
     console, arguments = console_callbacks(callbacks, cfg.trainer, cfg.get("progress"))
     trainer = instantiate(
@@ -375,8 +377,8 @@ def build_trainer(
         if isinstance(logger, MLflowLogger):
             logger.check_continued_run()  # a continued MLflow run must still be in its store
     log.info("run directory: %s", plan.run.path)
-    if history:
-        restore_csv_history(trainer, history)
+    if plan.history:
+        restore_csv_history(trainer, plan.history)
     return trainer
 
 

@@ -447,10 +447,19 @@ def csv_history(output_dir: Path, before_step: int) -> list[dict[str, float]]:
     the parameter counts included).
 
     Raises:
-        attnlab.runs.layout.UnreadableRunFile: The file cannot be read or holds a cell that is no number.
+        ConfigError: The file cannot be read or holds a cell that is no number (`UnreadableRunFile`'s
+            message), with the fix.
     """
+    run = RunDir(output_dir)
+    try:
+        read = run.metrics_rows()
+    except UnreadableRunFile as exc:
+        raise ConfigError(
+            f"resuming {output_dir}: {exc} — the run's CSV history would be lost: put back a readable copy, "
+            f"or move the file aside to continue without the rows logged before step {before_step}"
+        ) from None
     rows = []
-    for values in RunDir(output_dir).metrics_rows():
+    for values in read:
         if values.get("step", 0) < before_step:
             for key in ("step", "epoch"):
                 if key in values:
