@@ -5,6 +5,8 @@ from __future__ import annotations
 
 import pickle
 import re
+import struct
+import zipfile
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -43,6 +45,25 @@ class Hostile:
         return (print, ("code from a checkpoint ran",))
 
 
+def write_deeply_nested(good: Path, path: Path, depth: int = 100_000) -> None:
+    """`good` with `hyper_parameters.deep` a list nested `depth` levels deep: torch's weights-only unpickler
+    builds it without recursion (as here, its opcodes written by hand), but walking it recursively fails."""
+    checkpoint = torch.load(good, weights_only=True)
+    checkpoint["hyper_parameters"]["deep"] = "PLACEHOLDER"
+    torch.save(checkpoint, path)
+    with zipfile.ZipFile(path) as saved:
+        entries = {name: saved.read(name) for name in saved.namelist()}
+    name = next(name for name in entries if name.endswith("/data.pkl"))
+    data = entries[name]
+    at = data.index(b"PLACEHOLDER")
+    assert data[at - 5 : at] == b"X" + struct.pack("<I", len("PLACEHOLDER"))  # BINUNICODE
+    nested = b"]" * depth + b"a" * (depth - 1)  # EMPTY_LIST each level, then APPEND each into the one below
+    entries[name] = data[: at - 5] + nested + data[at + len("PLACEHOLDER") :]
+    with zipfile.ZipFile(path, "w", zipfile.ZIP_STORED) as crafted:
+        for entry, content in entries.items():
+            crafted.writestr(entry, content)
+
+
 def write_damaged(kind: str, good: Path, path: Path) -> None:
     data = good.read_bytes()
     writers: dict[str, Callable[[], None]] = {
@@ -56,6 +77,7 @@ def write_damaged(kind: str, good: Path, path: Path) -> None:
         "other format": lambda: torch.save(
             {**torch.load(good, weights_only=True), BUNDLE_KEY: {"format": 99}}, path
         ),
+        "deeply nested": lambda: write_deeply_nested(good, path),
     }
     writers[kind]()
 
@@ -69,6 +91,7 @@ DAMAGED = [
     ("a list", r"bad\.ckpt holds a list, not a Lightning checkpoint"),
     ("bare state dict", r"bad\.ckpt lacks hyper_parameters, attnlab: it was not written by attnlab-train"),
     ("other format", r"bad\.ckpt has attnlab checkpoint format 99; this version reads format 1"),
+    ("deeply nested", r"bad\.ckpt holds data nested more than 64 levels deep, .*use another checkpoint"),
 ]
 
 

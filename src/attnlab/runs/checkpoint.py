@@ -109,8 +109,9 @@ def read_checkpoint(path: str | Path, map_location: Any = "cpu", *, mmap: bool =
 
     Raises:
         CheckpointError: The file is missing, damaged, lacks the model settings, weights or tokenizers,
-            holds executable objects, or names a class attnlab does not build; the message names the
-            file and what to use instead. A refused file is not loaded: nothing in it ran.
+            holds executable objects, names a class attnlab does not build, or nests its data deeper than
+            `MAX_NESTING`; the message names the file and what to use instead. A refused file is not
+            loaded: nothing in it ran.
     """
     path = Path(path)
     if not path.is_file():
@@ -140,8 +141,29 @@ def read_checkpoint(path: str | Path, map_location: Any = "cpu", *, mmap: bool =
             f"{path} has attnlab checkpoint format {bundle.get('format')!r}; this version reads "
             f"format {BUNDLE_FORMAT}"
         )
+    _refuse_deep_nesting(checkpoint, path)
     _refuse_class_names(checkpoint, path)
     return checkpoint
+
+
+# How deep the plain data of a checkpoint may nest (attnlab-train's nests a few levels): every reader walks
+# it recursively, and data nested past Python's recursion limit would crash it with a RecursionError.
+MAX_NESTING = 64
+
+
+def _refuse_deep_nesting(checkpoint: dict[str, Any], path: Path) -> None:
+    """Refuse a checkpoint whose dicts, lists and tuples nest deeper than `MAX_NESTING` (walked without
+    recursion)."""
+    stack: list[tuple[Any, int]] = [(checkpoint, 0)]
+    while stack:
+        value, depth = stack.pop()
+        if depth > MAX_NESTING:
+            raise CheckpointError(
+                f"{path} holds data nested more than {MAX_NESTING} levels deep, which no checkpoint written "
+                "by attnlab-train holds: the file is damaged or not attnlab's; use another checkpoint"
+            )
+        items = value.values() if isinstance(value, dict) else value
+        stack.extend((item, depth + 1) for item in items if isinstance(item, (dict, list, tuple)))
 
 
 def _load_error(path: Path, exc: Exception) -> CheckpointError:
