@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import pickle
 import re
+import shutil
 import struct
 import zipfile
 from collections.abc import Callable
@@ -14,7 +15,7 @@ from typing import Any
 import pytest
 import torch
 
-from attnlab.inference.translator import Translator
+from attnlab.inference.translator import Translator, resolve_checkpoints
 from attnlab.runs.checkpoint import (
     BUNDLE_KEY,
     CheckpointError,
@@ -179,3 +180,16 @@ def test_an_averaged_checkpoint_whose_weights_are_unusable_is_named(
     for paths in ([good, bad], [bad, good], [good, good, bad]):
         with pytest.raises(CheckpointError, match=rf"^{re.escape(str(bad))}: {message}"):
             read_averaged(paths)
+
+
+def test_an_epoch_checkpoint_that_is_a_directory_is_named_as_one(good: Path, tmp_path: Path) -> None:
+    """A directory where averaging takes an epoch checkpoint was reported as a checkpoint not found."""
+    epochs = tmp_path / "run" / "checkpoints" / "epochs"
+    epochs.mkdir(parents=True)
+    shutil.copyfile(good, epochs / "epoch000.ckpt")
+    (epochs / "epoch001.ckpt").mkdir()
+    paths = resolve_checkpoints(tmp_path / "run", average_last=2)
+    with pytest.raises(
+        CheckpointError, match=rf"^{re.escape(str(epochs / 'epoch001.ckpt'))} is a directory, not a"
+    ):
+        read_averaged(paths)

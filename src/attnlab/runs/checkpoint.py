@@ -114,6 +114,8 @@ def read_checkpoint(path: str | Path, map_location: Any = "cpu", *, mmap: bool =
             loaded: nothing in it ran.
     """
     path = Path(path)
+    if path.is_dir():  # (a run directory stands for its best checkpoint only in the commands' ckpt_path=)
+        raise CheckpointError(f"{path} is a directory, not a checkpoint file: give a .ckpt file")
     if not path.is_file():
         raise CheckpointError(f"checkpoint not found: {path}")
     try:
