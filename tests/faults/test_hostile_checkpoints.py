@@ -312,6 +312,32 @@ def test_a_weight_that_is_no_dense_tensor_of_floats_is_refused_by_every_reader(
     assert not list(new.rglob("*.ckpt"))  # nothing trained
 
 
+@pytest.mark.parametrize("side", ["src", "tgt"])
+def test_a_tokenizer_larger_than_its_models_vocabulary_is_refused(
+    side: str, trained: dict[str, Any], shared_data: Path, tmp_path: Path
+) -> None:
+    """A checkpoint whose tokenizer has more subwords than its model's vocabulary (another run's): decoding
+    failed with an IndexError (source ids past the embedding), or decoded the target ids into another
+    vocabulary's subwords; it is refused when read, naming the side."""
+    from attnlab.data.tokenizer import SubwordTokenizer
+
+    lines = (shared_data / "multi30k" / "train.de").read_text(encoding="utf-8").splitlines()[:2000]
+    larger = SubwordTokenizer.train(lines, model="bpe", vocab_size=400)
+    checkpoint = copy.deepcopy(trained["plain"])
+    size = checkpoint["hyper_parameters"]["model"][f"{side}_vocab_size"]
+    assert larger.vocab_size > size
+    checkpoint[BUNDLE_KEY][f"{side}_tokenizer"] = larger.to_json()
+    path = tmp_path / "other_tokenizer.ckpt"
+    torch.save(checkpoint, path)
+    named = "source" if side == "src" else "target"
+    message = re.escape(f"{path}: its {named} tokenizer has {larger.vocab_size} subwords, more than the "
+                        f"model's {named} vocabulary of {size}")  # fmt: skip
+    with pytest.raises(CheckpointError, match=message):
+        Translator.from_checkpoints([path])
+    with pytest.raises(ConfigError, match=message):
+        evaluate_checkpoint(compose_eval([f"ckpt_path={path}"], tmp_path / "eval"))
+
+
 def test_an_unreadable_csv_history_is_refused_on_resume_before_the_run_changes(
     trained: dict[str, Any], tmp_path: Path
 ) -> None:

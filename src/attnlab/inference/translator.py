@@ -196,6 +196,7 @@ class Translator:
                 tokenizers.append(SubwordTokenizer.from_json(bundle[side]))
             except Exception as exc:  # the tokenizers library raises a bare Exception on bad JSON
                 raise _damaged(paths, f"its {side} is not a valid tokenizer", exc) from None
+        _check_vocabularies(tokenizers, config, paths)
         model.to(pick_device(device))
         return cls(
             model,
@@ -329,6 +330,20 @@ def _chunks(lines: Iterable[str], chunk_lines: int) -> Iterator[list[str]]:
         if not chunk:
             return
         yield chunk
+
+
+def _check_vocabularies(tokenizers: list[SubwordTokenizer], config: Any, paths: Sequence[str | Path]) -> None:
+    """Refuse tokenizers with more subwords than the model's vocabulary of their side (attnlab-train sizes
+    the model by its tokenizers): source ids past it failed decoding with an IndexError, and a larger target
+    tokenizer is another vocabulary's."""
+    sizes = (config.src_vocab_size, config.tgt_vocab_size)
+    for tokenizer, side, size in zip(tokenizers, ("source", "target"), sizes, strict=True):
+        if tokenizer.vocab_size > size:
+            raise CheckpointError(
+                f"{paths[0]}: its {side} tokenizer has {tokenizer.vocab_size} subwords, more than the "
+                f"model's {side} vocabulary of {size}: its tokenizers are not its model's — the file is "
+                "damaged or not written by attnlab-train; use another checkpoint"
+            )
 
 
 def _damaged(paths: Sequence[str | Path], what: str, exc: Exception) -> CheckpointError:
