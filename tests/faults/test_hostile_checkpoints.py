@@ -338,6 +338,24 @@ def test_a_tokenizer_larger_than_its_models_vocabulary_is_refused(
         evaluate_checkpoint(compose_eval([f"ckpt_path={path}"], tmp_path / "eval"))
 
 
+@pytest.mark.parametrize("step", ["x", None, 1.5, True], ids=["text", "none", "fraction", "bool"])
+def test_a_global_step_that_is_no_count_is_refused_on_resume(
+    step: Any, trained: dict[str, Any], tmp_path: Path
+) -> None:
+    """A last.ckpt whose global_step is text or null failed with int()'s ValueError or TypeError, and one of
+    1.5 or True resumed; each is refused naming the file and the entry, and nothing of the run changes."""
+    run = copy_run(trained, tmp_path)
+    last = run / "checkpoints" / "last.ckpt"
+    checkpoint = torch.load(last, weights_only=True)
+    checkpoint["global_step"] = step
+    torch.save(checkpoint, last)
+    kept = {p: p.read_bytes() for p in run.rglob("*") if p.is_file()}
+    message = re.escape(f"resume: {last}: its global_step {step!r} is no step count")
+    with pytest.raises(ConfigError, match=message):
+        train(compose_train([*two_epochs_tested(trained), "resume=true"], run))
+    assert {p: p.read_bytes() for p in run.rglob("*") if p.is_file()} == kept
+
+
 def test_an_unreadable_csv_history_is_refused_on_resume_before_the_run_changes(
     trained: dict[str, Any], tmp_path: Path
 ) -> None:

@@ -430,14 +430,19 @@ def checkpoint_step(path: str) -> int:
     """The global step the checkpoint to continue from was saved at, read by `read_checkpoint`.
 
     Raises:
-        ConfigError: The file is damaged, not from attnlab-train or refused (`read_checkpoint`'s message).
+        ConfigError: The file is damaged, not from attnlab-train or refused (`read_checkpoint`'s message), or
+            its global_step is no count.
     """
     from attnlab.runs.checkpoint import CheckpointError, read_checkpoint
 
     try:
-        return int(read_checkpoint(path, mmap=True).get("global_step", 0))
+        step = read_checkpoint(path, mmap=True).get("global_step", 0)
     except CheckpointError as exc:
         raise ConfigError(f"resume: {exc}") from None
+    if type(step) is not int or step < 0:  # (not True for 1)
+        raise ConfigError(f"resume: {path}: its global_step {_shown(step)} is no step count — the file is "
+                          "damaged or not written by attnlab-train; use another checkpoint")  # fmt: skip
+    return step
 
 
 def csv_history(output_dir: Path, before_step: int) -> list[dict[str, float]]:
