@@ -585,3 +585,28 @@ def test_an_export_whose_source_limit_grows_its_position_table_says_so(
         "the export holds 6000 sinusoid positions, 1 MB in each of the encoder's and decoder's tables, "
         "because decode.max_source_tokens=6000 allows sources that long: lower it" in caplog.text
     )
+
+
+@pytest.mark.parametrize("fmt", ["hf", "ctranslate2"])
+def test_a_source_limit_whose_position_tables_cannot_fit_in_memory_is_refused_before_allocating(
+    tmp_path: Path, fmt: str
+) -> None:
+    """A checkpoint's data settings with a source limit of 10^12 made the export allocate two tables of
+    10^12 sinusoids (the allocator failed with a RuntimeError; a smaller limit past the memory could have
+    the out-of-memory killer end a process): refused naming the setting and the fix, nothing written."""
+    import resource
+
+    if fmt == "ctranslate2":
+        pytest.importorskip("ctranslate2", reason='needs the [export] extra: pip install -e ".[export]"')
+    joint = SubwordTokenizer.train(GERMAN + ENGLISH, model="bpe", vocab_size=80)
+    ours = random_translator(joint, joint, tie="all")
+    ours.data = {"max_source_tokens": 10**12}  # as a checkpoint's data settings give it
+    peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
+    with pytest.raises(ExportError) as caught:
+        export(ours, fmt, tmp_path / "out")
+    assert resource.getrusage(resource.RUSAGE_SELF).ru_maxrss - peak < 500_000  # KiB: < 0.5 GB
+    message = str(caught.value)
+    assert message.startswith(f"format={fmt}: its sinusoid tables of 1000000000000 positions need "), message
+    assert "because data.max_source_tokens=1000000000000" in message
+    assert "export with a lower decode.max_source_tokens" in message
+    assert list(tmp_path.iterdir()) == []  # nothing half-written

@@ -219,6 +219,7 @@ def _marian(translator: Translator) -> Any:
         log.warning("the export holds %d sinusoid positions, %.0f MB in each of the encoder's and decoder's "
                     "tables, because %s allows sources that long: lower it for a smaller export", positions,
                     size, translator.source_limit()[1])  # fmt: skip
+        _check_table_memory(positions, config.d_model, translator.source_limit()[1])
     try:
         return to_marian(translator.model.eval(), positions)  # copied to a CPU model
     except ValueError as exc:  # what MarianMT cannot hold: name what an exportable model is trained with
@@ -228,6 +229,24 @@ def _marian(translator: Translator) -> Any:
             "model.pe=sinusoidal, model.norm_first=false, model.layer_norm_eps=1e-5 and model.tie=decoder "
             "or all exports; this one cannot"
         ) from None
+
+
+def _check_table_memory(positions: int, d_model: int, limited_by: str) -> None:
+    """A ValueError, before anything is allocated, when the encoder's and decoder's sinusoid tables (a lower
+    bound of what the export holds) cannot fit in the memory this process can take: a source limit of a
+    checkpoint's data settings (10^12) would otherwise fail in the allocator, or have the out-of-memory
+    killer end this process or another one."""
+    from attnlab.decoding.search import available_memory
+
+    needed = 2 * positions * d_model * 4  # float32
+    available = available_memory()
+    if available is not None and needed > available:
+        raise ValueError(
+            f"its sinusoid tables of {positions} positions need {needed / 2**30:,.1f} GiB, more than the "
+            f"{available / 2**30:,.1f} GiB of memory this process can take, because {limited_by} allows "
+            "sources that long: export with a lower decode.max_source_tokens (the longest source it "
+            "translates)"
+        )
 
 
 def hf_tokenizer(tokenizer: SubwordTokenizer, eos_id: int) -> Any:
