@@ -57,19 +57,18 @@ def _line_blocks(path: Path) -> Iterator[list[str]]:
 
 def _decoded_blocks(file: IO[bytes], path: Path) -> Iterator[list[str]]:
     with file:
-        rest, lines_before, encoding = b"", 0, "utf-8-sig"  # a byte-order mark is not part of line 1
+        # The bytes after the last line feed read, block by block: a line longer than a block is joined
+        # once, when its end comes (adding block to block would copy it again at each: quadratic time).
+        rest: list[bytes] = []
+        lines_before, encoding = 0, "utf-8-sig"  # a byte-order mark is not part of line 1
         while True:
             block = file.read(BLOCK_BYTES)
-            if block:
-                data = rest + block
-                cut = data.rfind(b"\n") + 1  # whole lines only
-                if cut == 0:  # no newline yet: a line longer than a block
-                    rest = data
-                    continue
-                data, rest = data[:cut], data[cut:]
-            elif rest:  # the last line, without a final newline
-                data, rest = rest, b""
-            else:
+            cut = block.rfind(b"\n") + 1  # whole lines only
+            if block and cut == 0:  # no newline yet: a line longer than a block
+                rest.append(block)
+                continue
+            data, rest = b"".join([*rest, block[:cut]]), [block[cut:]]  # at the end: the last line, if any
+            if not data:
                 return
             try:
                 text = data.decode(encoding)
