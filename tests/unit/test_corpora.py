@@ -144,6 +144,8 @@ def test_read_lines_splits_on_newline_only(
         (b"gut\nsch\xc3\xb6n\nkaputt \xff hier\nok\n", 3, "invalid start byte"),
         (b"gut\nsch\xc3\xb6n\nabgeschnitten \xc3\nok\n", 3, "invalid continuation byte"),
         (b"gut\nsch\xc3\xb6n\nam Ende \xc3", 3, "unexpected end of data"),
+        # after a byte-order mark, a bad byte right after a line feed: the line after it (it said line 2)
+        (b"\xef\xbb\xbfgut\nsch\xc3\xb6n\n\xff hier\nok\n", 3, "invalid start byte"),
     ],
 )
 def test_read_lines_names_the_file_and_line_of_invalid_utf8(

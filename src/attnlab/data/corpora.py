@@ -12,6 +12,7 @@ dataset batch by batch), so the training split of a WMT-sized corpus is never he
 
 from __future__ import annotations
 
+import codecs
 import dataclasses
 import functools
 import itertools
@@ -60,7 +61,7 @@ def _decoded_blocks(file: IO[bytes], path: Path) -> Iterator[list[str]]:
         # The bytes after the last line feed read, block by block: a line longer than a block is joined
         # once, when its end comes (adding block to block would copy it again at each: quadratic time).
         rest: list[bytes] = []
-        lines_before, encoding = 0, "utf-8-sig"  # a byte-order mark is not part of line 1
+        lines_before, first = 0, True
         while True:
             block = file.read(BLOCK_BYTES)
             cut = block.rfind(b"\n") + 1  # whole lines only
@@ -70,8 +71,11 @@ def _decoded_blocks(file: IO[bytes], path: Path) -> Iterator[list[str]]:
             data, rest = b"".join([*rest, block[:cut]]), [block[cut:]]  # at the end: the last line, if any
             if not data:
                 return
+            if first:  # a byte-order mark is not part of line 1: cut off here, not by the "utf-8-sig" codec,
+                # whose error positions count from after it (one line short for a bad byte after a line feed)
+                data, first = data.removeprefix(codecs.BOM_UTF8), False
             try:
-                text = data.decode(encoding)
+                text = data.decode("utf-8")
             except UnicodeDecodeError as exc:
                 line = lines_before + data[: exc.start].count(b"\n") + 1
                 raise DataError(
@@ -88,7 +92,6 @@ def _decoded_blocks(file: IO[bytes], path: Path) -> Iterator[list[str]]:
                     "convert them to \"\\n\" (e.g. tr '\\r' '\\n')"
                 )
             lines_before += len(lines)
-            encoding = "utf-8"
             if "\r" in text:
                 lines = [line[:-1] if line.endswith("\r") else line for line in lines]
             yield lines
