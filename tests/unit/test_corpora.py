@@ -332,6 +332,19 @@ def test_an_all_empty_training_corpus_is_an_error(corpus: Path, tmp_path: Path) 
     assert not prepared_dir(spec).exists()
 
 
+@pytest.mark.parametrize("tokenizer", ["bpe", "unigram", "sentencepiece"])
+def test_a_vocab_size_below_the_alphabet_is_a_data_error_naming_the_setting(
+    corpus: Path, tmp_path: Path, tokenizer: str
+) -> None:
+    """A data error (`attnlab-train` tells it without a traceback; a ValueError was shown as one), naming
+    the data setting; nothing is prepared."""
+    spec = files_spec(corpus, tmp_path, vocab_size=8, tokenizer=tokenizer)
+    message = r"^data\.vocab_size=8 cannot hold the special tokens plus the \d+ distinct characters of the "
+    with pytest.raises(DataError, match=message + "training text: raise vocab_size$"):
+        prepare(spec)
+    assert not prepared_dir(spec).exists() and not leftovers(prepared_dir(spec).parent)
+
+
 def lengths(prepared: Prepared, split: str, side: str) -> list[int]:
     """Ids per example as the filters count them: the line's subwords plus eos."""
     examples = pairs(prepared.splits[split])

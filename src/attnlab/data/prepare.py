@@ -59,7 +59,7 @@ import numpy as np
 from attnlab.data.cache import FILE_HASHES, building, file_sha256, fingerprint
 from attnlab.data.corpora import CorpusData, Reader, Text, read_whole
 from attnlab.data.download import DataError
-from attnlab.data.tokenizer import SubwordTokenizer, flat_ids, load_tokenizer_file
+from attnlab.data.tokenizer import SubwordTokenizer, VocabSizeError, flat_ids, load_tokenizer_file
 
 log = logging.getLogger(__name__)
 
@@ -438,7 +438,10 @@ def _tokenizers(
     else:
         train.require_some()
         texts = (train.sides(0, 1),) if spec.joint_vocab else (train.sides(0), train.sides(1))
-    trained = [SubwordTokenizer.train(text, **settings) for text in texts]
+    try:
+        trained = [SubwordTokenizer.train(text, **settings) for text in texts]
+    except VocabSizeError as exc:  # a data error (told without a traceback), naming the setting
+        raise DataError(f"data.{exc}") from None
     return trained[0], trained[-1]
 
 

@@ -70,12 +70,14 @@ class SubwordTokenizer:
         `vocab_size` turns out too small: pass a list or an object whose iteration starts over.
 
         Raises:
-            ValueError: `vocab_size` leaves no room beyond the specials or below the text's characters.
+            VocabSizeError: `vocab_size` leaves no room beyond the specials or below the text's characters.
             Whatever iterating `texts` raised (a trainer would swallow or rewrap it).
             DataError: `model=sentencepiece` without the `sentencepiece` package.
         """
         if vocab_size <= len(SPECIAL_TOKENS):
-            raise ValueError(f"vocab_size={vocab_size} must exceed the {len(SPECIAL_TOKENS)} special tokens")
+            raise VocabSizeError(
+                f"vocab_size={vocab_size} must exceed the {len(SPECIAL_TOKENS)} special tokens"
+            )
         learner = SentencePieceTokenizer if model == SENTENCEPIECE else HuggingFaceTokenizer
         lines = _Guarded(normalize(t) for t in texts)
         try:
@@ -362,6 +364,10 @@ def _sentencepiece() -> Any:
     return sentencepiece
 
 
+class VocabSizeError(ValueError):
+    """`SubwordTokenizer.train`: `vocab_size` cannot hold the special tokens (plus the text's alphabet)."""
+
+
 class _TooSmall(Exception):
     """A trainer found `vocab_size` below the special tokens plus the alphabet of the text."""
 
@@ -385,7 +391,7 @@ class _Guarded:
             raise self.error
 
 
-def _vocab_too_small(vocab_size: int, texts: Iterable[str]) -> ValueError:
+def _vocab_too_small(vocab_size: int, texts: Iterable[str]) -> VocabSizeError:
     """The error for too small a `vocab_size`, counting the characters of `texts` unless it was a one-time
     iterator (read up already)."""
     counted = ""
@@ -394,7 +400,7 @@ def _vocab_too_small(vocab_size: int, texts: Iterable[str]) -> ValueError:
         for text in texts:
             characters.update(normalize(text))
         counted = f" {len(characters)}"
-    return ValueError(
+    return VocabSizeError(
         f"vocab_size={vocab_size} cannot hold the special tokens plus the{counted} distinct characters of "
         "the training text: raise vocab_size"
     )
