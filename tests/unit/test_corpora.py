@@ -1238,6 +1238,29 @@ def test_hf_rows_without_text_are_named(tmp_path: Path, hf_datasets: Any, split:
         prepare(spec)
 
 
+@pytest.mark.parametrize("split", ["validation", "test"])
+def test_hf_evaluation_text_with_a_line_break_is_named(tmp_path: Path, hf_datasets: Any, split: str) -> None:
+    """A run saves an evaluation set's sources and references one sentence per line (`Evaluation.write`):
+    a reference holding "\\n" made its file one line longer than the hypotheses, and attnlab-compare then
+    refused the run as damaged. A training sentence may hold one (normalised to a space)."""
+
+    def saved(name: str, broken: tuple[str, ...]) -> str:
+        splits = {}
+        for part, n in HF_SIZES.items():
+            de, en = hf_rows(part, n)
+            en[2] = "two\nlines" if part in broken else en[2]
+            splits[part] = hf_datasets.Dataset.from_dict({"de": de, "en": en})
+        hf_datasets.DatasetDict(splits).save_to_disk(str(tmp_path / name))
+        return str(tmp_path / name)
+
+    spec = hf_spec(saved("broken", ("train", split)), tmp_path)
+    message = f"row 2 of split '{split}' of {spec.name} has en='two\\nlines', a line break inside one "
+    with pytest.raises(DataError, match=re.escape(message) + ".*Replace the line breaks"):
+        prepare(spec)
+    assert not prepared_dir(spec).exists()
+    assert len(prepare(hf_spec(saved("fixed", ("train",)), tmp_path)).splits["train"]) == HF_SIZES["train"]
+
+
 def test_a_full_disk_while_preparing_is_a_data_error_naming_the_cache(
     corpus: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:

@@ -544,8 +544,9 @@ class HFData(CorpusData):
             raise DataError(f"split {split!r} of {self.name} has no 'translation' or {lang!r} column: "
                             f"columns are {rows.column_names}")  # fmt: skip
 
-    def _read(self, dataset: Any, split: str, chunk_lines: int) -> Iterator[Text]:
-        """Split `split` of `dataset`, `chunk_lines` rows at a time from its Arrow table."""
+    def _read(self, dataset: Any, split: str, chunk_lines: int, *, one_line: bool = False) -> Iterator[Text]:
+        """Split `split` of `dataset`, `chunk_lines` rows at a time from its Arrow table; with `one_line` (an
+        evaluation set, whose raw text a run saves one sentence per line) no text may hold a line feed."""
         if split not in dataset:
             raise DataError(f"{self.name} has no split {split!r}: available {sorted(dataset)}")
         rows = dataset[split]
@@ -561,18 +562,31 @@ class HFData(CorpusData):
             else:
                 src, tgt = list(batch[self.src_lang]), list(batch[self.tgt_lang])
             for lang, side in ((self.src_lang, src), (self.tgt_lang, tgt)):
-                bad = next((k for k, text in enumerate(side) if not isinstance(text, str)), None)
-                if bad is not None:
-                    raise DataError(
-                        f"row {start + bad} of split {split!r} of {self.name} has {lang}={side[bad]!r}, not "
-                        "text: drop or fill such rows (Dataset.filter) and save the dataset again"
-                    )
+                self._check_texts(side, f"of split {split!r} of {self.name} has {lang}", start, one_line)
             start += len(src)
             yield src, tgt
 
+    @staticmethod
+    def _check_texts(side: list[Any], where: str, start: int, one_line: bool) -> None:
+        """Every value of `side` (rows `start`...) is text, and with `one_line` without a line feed."""
+        bad = next((k for k, text in enumerate(side) if not isinstance(text, str)), None)
+        if bad is not None:
+            raise DataError(f"row {start + bad} {where}={side[bad]!r}, not text: drop or fill such rows "
+                            "(Dataset.filter) and save the dataset again")  # fmt: skip
+        bad = next((k for k, text in enumerate(side) if "\n" in text), None) if one_line else None
+        if bad is not None:
+            raise DataError(
+                f"row {start + bad} {where}={side[bad]!r}, a line break inside one sentence: a run saves an "
+                "evaluation set's sources, references and hypotheses one sentence per line, and these files "
+                "would not line up. Replace the line breaks (Dataset.map) and save the dataset again"
+            )
+
     def readers(self) -> dict[str, Reader]:
         dataset = self._dataset()
-        return {name: functools.partial(self._read, dataset, split) for name, split in self._wanted().items()}
+        return {
+            name: functools.partial(self._read, dataset, split, one_line=name != "train")
+            for name, split in self._wanted().items()
+        }
 
     def test_split_names(self) -> list[str]:
         return list(self.test_splits)
