@@ -325,11 +325,24 @@ def test_validation_and_test_sets_keep_every_line(corpus: Path, tmp_path: Path) 
 
 
 def test_an_all_empty_training_corpus_is_an_error(corpus: Path, tmp_path: Path) -> None:
+    """Naming the files and the settings that choose them (it said "the training split")."""
     write_pair(corpus, "train", ["", " ", "der Hund", ""], ["", "the dog", "\t", ""])
     spec = files_spec(corpus, tmp_path)
-    with pytest.raises(DataError, match="no non-empty sentence pairs"):
+    named = f"the training split ({corpus / 'train.de'} and {corpus / 'train.en'}) has no non-empty sentence "
+    with pytest.raises(DataError, match=re.escape(named) + r"pairs \(4 lines\).* data\.dir and data\.train"):
         prepare(spec)
     assert not prepared_dir(spec).exists()
+
+
+def test_an_all_empty_hf_training_split_is_named(tmp_path: Path, hf_datasets: Any) -> None:
+    splits = {name: hf_datasets.Dataset.from_dict(dict(zip(("de", "en"), hf_rows(name, n), strict=True)))
+              for name, n in HF_SIZES.items()}  # fmt: skip
+    splits["train"] = hf_datasets.Dataset.from_dict({"de": ["", "der Hund"], "en": ["the dog", " "]})
+    hf_datasets.DatasetDict(splits).save_to_disk(str(tmp_path / "hfds"))
+    spec = hf_spec(str(tmp_path / "hfds"), tmp_path)
+    named = f"the training split (split 'train' of {spec.name}) has no non-empty sentence pairs (2 lines)"
+    with pytest.raises(DataError, match=re.escape(named) + r".*data\.name and data\.train_split\)$"):
+        prepare(spec)
 
 
 @pytest.mark.parametrize("tokenizer", ["bpe", "unigram", "sentencepiece"])

@@ -282,8 +282,8 @@ class _TrainingPairs:
     """The training split's pairs with both sides non-empty once normalised, streamed chunk by chunk
     anew on each iteration; `lines` and `pairs` count what the last complete pass read and kept."""
 
-    def __init__(self, read: Reader) -> None:
-        self.read, self.lines, self.pairs = read, 0, 0
+    def __init__(self, read: Reader, spec: CorpusData) -> None:
+        self.read, self.spec, self.lines, self.pairs = read, spec, 0, 0
 
     def __iter__(self) -> Iterator[Text]:
         lines = pairs = 0
@@ -304,7 +304,19 @@ class _TrainingPairs:
     def require_some(self) -> None:
         """Raise unless the split holds a non-empty pair (reading it only until the first one)."""
         if not any(src for src, _ in self):
-            raise _no_pairs(self.lines)
+            raise self.no_pairs()
+
+    def no_pairs(self) -> DataError:
+        """The error for a split without a pair whose sides both hold text, naming where it was read."""
+        try:
+            where = "{} and {}".format(*self.spec.files()["train"])
+        except NotImplementedError:  # not read from files (data=hf)
+            where = f"split {getattr(self.spec, 'train_split', '')!r} of {getattr(self.spec, 'name', '')}"
+        return DataError(
+            f"the training split ({where}) has no non-empty sentence pairs ({self.lines} lines): every "
+            "line is empty or white space on one side at least. Give the training text (data=files: "
+            "data.dir and data.train; data=hf: data.name and data.train_split)"
+        )
 
     def sides(self, *sides: int) -> _Lines:
         """The lines of `sides` (0 source, 1 target), one after the other."""
@@ -322,10 +334,6 @@ class _Lines:
         for side in self.sides:
             for chunk in self.pairs:
                 yield from chunk[side]
-
-
-def _no_pairs(lines: int) -> DataError:
-    return DataError(f"the training split has no non-empty sentence pairs ({lines} lines)")
 
 
 def sample_pairs(chunks: Iterable[Text], size: int, seed: int) -> tuple[Text, int]:
@@ -431,7 +439,7 @@ def _tokenizers(
     if spec.tokenizer_sample is not None:
         (src, tgt), seen = sample_pairs(train, spec.tokenizer_sample, spec.seed)
         if not seen:
-            raise _no_pairs(train.lines)
+            raise train.no_pairs()
         log.info("training the tokenizer on a sample of %d of %d training pairs", len(src), seen)
         texts: tuple[Iterable[str], ...] = (src + tgt,) if spec.joint_vocab else (src, tgt)
         stats["tokenizer_pairs"] = len(src)
@@ -458,7 +466,7 @@ def _build(spec: CorpusData, readers: dict[str, Reader], out: Path) -> None:
     """Build the prepared data of `spec` into `out` from its split `readers` (`CorpusData.readers`)."""
     started = time.perf_counter()
     held = {name: read_whole(read) for name, read in readers.items() if name != "train"}
-    train = _TrainingPairs(readers["train"])
+    train = _TrainingPairs(readers["train"], spec)
     stats: dict[str, Any] = {}
     tokenizers = _tokenizers(spec, train, stats)
     _save_tokenizers(tokenizers, out)
@@ -469,7 +477,7 @@ def _build(spec: CorpusData, readers: dict[str, Reader], out: Path) -> None:
         if name == "train":
             dropped = _encode_split(tokenizers, train, writer, training=spec)
             if not train.pairs:  # (checked before training a tokenizer; not before loading one)
-                raise _no_pairs(train.lines)
+                raise train.no_pairs()
             stats.update(train_lines=train.lines, dropped_empty=train.lines - train.pairs)
             stats["dropped_filter"] = {reason: n for reason, n in dropped.items() if n}
         else:
