@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import itertools
 import json
 import os
@@ -322,6 +323,33 @@ def test_validation_and_test_sets_keep_every_line(corpus: Path, tmp_path: Path) 
     assert test.raw_src == src and test.raw_tgt == tgt and val.raw_src == val_src
     assert pairs(test) == encoded(prepared, src, tgt)
     assert all(s[-1] == EOS and EOS not in s[:-1] for s, _ in pairs(test))
+
+
+@dataclasses.dataclass(frozen=True)
+class EditedWhileRead(FilesData):
+    """A corpus whose validation references are rewritten once the cache key was made from them, before
+    they are read (a preprocessing script or `git checkout` writing the files while preparation runs)."""
+
+    def readers(self) -> dict[str, corpora.Reader]:
+        write_lines(Path(str(self.dir)) / "valid.en", ["rewritten"] * SIZES["valid"])
+        return super().readers()
+
+
+def test_a_corpus_changed_while_being_prepared_is_not_kept_under_its_old_content(
+    corpus: Path, tmp_path: Path
+) -> None:
+    """What was read sat under the key of the content before the change, and was loaded as that content
+    once it came back (stale references)."""
+    before = (corpus / "valid.en").read_bytes()
+    spec = files_spec(corpus, tmp_path)
+    target = prepared_dir(spec)
+    edited = EditedWhileRead(**dataclasses.asdict(spec))
+    message = f"the corpus changed while it was being prepared (its files gave the key {target.name} before"
+    with pytest.raises(DataError, match=re.escape(message)):
+        prepare(edited)
+    assert not target.exists() and not leftovers(target.parent)
+    (corpus / "valid.en").write_bytes(before)
+    assert prepare(spec).splits["val"].raw_tgt == read_lines(corpus / "valid.en")
 
 
 def test_an_all_empty_training_corpus_is_an_error(corpus: Path, tmp_path: Path) -> None:

@@ -654,13 +654,25 @@ def _timed_load(target: Path) -> Prepared:
     return prepared
 
 
+def _check_unchanged(spec: CorpusData, target: Path) -> None:
+    """Raise when the input files changed while `target` was being built from them: what was read would be
+    kept under the key of their content before, and loaded as that content once it came back."""
+    now = prepared_dir(spec)
+    if now != target:
+        raise DataError(
+            f"the corpus changed while it was being prepared (its files gave the key {target.name} before "
+            f"and {now.name} after); nothing was kept. Prepare it again once its files stay unchanged"
+        )
+
+
 def prepare(spec: CorpusData) -> Prepared:
     """Build (once, atomically, under a lock) or load the prepared corpus of `spec`; a damaged one (see
     the module's docstring) is rebuilt, with a warning naming it.
 
     Raises:
-        DataError: A corpus or tokenizer file is missing or unusable (from `spec.readers`), or the
-            directory is damaged again right after being rebuilt (`DamagedPreparedData`: check the disk).
+        DataError: A corpus or tokenizer file is missing or unusable (from `spec.readers`), or changed
+            while it was read, or the directory is damaged again right after being rebuilt
+            (`DamagedPreparedData`: check the disk).
     """
     target = prepared_dir(spec)
     recheck = None  # a directory another process builds while this one waits is new: not checked twice
@@ -675,6 +687,7 @@ def prepare(spec: CorpusData) -> Prepared:
             if tmp is not None:
                 log.info("preparing %s into %s", type(spec).__name__, target)
                 _build(spec, spec.readers(), tmp)
+                _check_unchanged(spec, target)
     except OSError as exc:
         if exc.errno not in (errno.ENOSPC, errno.EDQUOT, errno.EROFS):
             raise
