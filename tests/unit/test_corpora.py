@@ -664,6 +664,7 @@ def test_sentencepiece_is_trained_prepared_and_loaded(
         ({"tokenizer": "wordpiece"}, "tokenizer='wordpiece'"),
         ({"max_source_tokens": 0}, "max_source_tokens=0"),
         ({"max_length_ratio": 0.0}, "max_length_ratio=0.0"),
+        ({"max_length_ratio": 0.5}, "max_length_ratio=0.5 would drop every training pair"),
         ({"batch_size": 0}, "batch_size=0"),
         ({"tokenizer_sample": 0}, "tokenizer_sample=0 must be positive"),
         (

@@ -292,6 +292,9 @@ class CorpusData:
         for name in ("max_tokens", "batch_size", "max_length_ratio", "tokenizer_sample"):
             value = getattr(self, name)
             require(value is None or value > 0, f"{name}={value} must be positive (or null)")
+        ratio = self.max_length_ratio
+        require(ratio is None or ratio >= 1, f"max_length_ratio={ratio} would drop every training pair: it "
+                "bounds a pair's longer side over its shorter, at least 1; set it >= 1, or null")  # fmt: skip
         require(self.num_workers >= 0, f"num_workers={self.num_workers} must be >= 0")
         self._check_tokenizer_paths()
 
