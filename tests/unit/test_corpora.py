@@ -1280,6 +1280,24 @@ def test_hf_rows_without_text_are_named(tmp_path: Path, hf_datasets: Any, split:
         prepare(spec)
 
 
+@pytest.mark.parametrize("value", ["ein Satz", ["ein Satz", "a sentence"]])
+def test_hf_translation_values_that_are_no_mappings_are_named(
+    tmp_path: Path, hf_datasets: Any, value: Any
+) -> None:
+    """A `translation` column of strings or lists (not {language: text}) raised an AttributeError."""
+    splits = {}
+    for name, n in HF_SIZES.items():
+        rows: list[Any] = [{"de": s, "en": t} for s, t in zip(*hf_rows(name, n), strict=True)]
+        splits[name] = hf_datasets.Dataset.from_dict({"translation": rows})
+    splits["train"] = hf_datasets.Dataset.from_dict({"translation": [value] * 4})
+    hf_datasets.DatasetDict(splits).save_to_disk(str(tmp_path / "hfds"))
+    spec = hf_spec(str(tmp_path / "hfds"), tmp_path)
+    named = f"row 0 of split 'train' of {spec.name} has translation={value!r}, not a mapping of each "
+    with pytest.raises(DataError, match=re.escape(named + "language to its text ({'de': ..., 'en': ...})")):
+        prepare(spec)
+    assert not prepared_dir(spec).exists()
+
+
 @pytest.mark.parametrize("split", ["validation", "test"])
 def test_hf_evaluation_text_with_a_line_break_is_named(tmp_path: Path, hf_datasets: Any, split: str) -> None:
     """A run saves an evaluation set's sources and references one sentence per line (`Evaluation.write`):

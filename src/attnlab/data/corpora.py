@@ -555,19 +555,31 @@ class HFData(CorpusData):
         rows = dataset[split]
         for lang in (self.src_lang, self.tgt_lang):
             self._check_column(rows, lang, split)
-        translation = "translation" in rows.column_names
+        translation, where = "translation" in rows.column_names, f"of split {split!r} of {self.name}"
         start = 0
         for batch in rows.iter(batch_size=chunk_lines):
             if translation:
                 pairs = batch["translation"]
+                self._check_mappings(pairs, where, start)
                 src = [pair.get(self.src_lang) if pair else None for pair in pairs]
                 tgt = [pair.get(self.tgt_lang) if pair else None for pair in pairs]
             else:
                 src, tgt = list(batch[self.src_lang]), list(batch[self.tgt_lang])
             for lang, side in ((self.src_lang, src), (self.tgt_lang, tgt)):
-                self._check_texts(side, f"of split {split!r} of {self.name} has {lang}", start, one_line)
+                self._check_texts(side, f"{where} has {lang}", start, one_line)
             start += len(src)
             yield src, tgt
+
+    def _check_mappings(self, pairs: list[Any], where: str, start: int) -> None:
+        """Every value of a `translation` column (rows `start`...) is a mapping (or null, refused later)."""
+        bad = next((k for k, pair in enumerate(pairs) if not isinstance(pair, dict | None)), None)
+        if bad is not None:
+            src, tgt = self.src_lang, self.tgt_lang
+            raise DataError(
+                f"row {start + bad} {where} has translation={pairs[bad]!r}, not a mapping of each language "
+                f"to its text ({{{src!r}: ..., {tgt!r}: ...}}): store the pairs so, or as {src!r} and "
+                f"{tgt!r} columns without a 'translation' column, and save the dataset again"
+            )
 
     @staticmethod
     def _check_texts(side: list[Any], where: str, start: int, one_line: bool) -> None:
