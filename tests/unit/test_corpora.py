@@ -943,6 +943,35 @@ def assert_rebuilt(spec: FilesData, reason: str, first: list[Any], caplog: pytes
     assert pairs(again.splits["train"]) == first
 
 
+@pytest.mark.parametrize("kind", ["file", "dangling link", "link to a file"])
+def test_a_non_directory_in_place_of_the_prepared_data_is_replaced(
+    corpus: Path, tmp_path: Path, caplog: pytest.LogCaptureFixture, kind: str
+) -> None:
+    """A file or a link where the prepared directory belongs is damage, rebuilt like any other (every run
+    failed: a file was taken for prepared data that is never rebuilt, a dangling link failed the rename;
+    a link's target is left alone)."""
+    spec = files_spec(corpus, tmp_path)
+    first = pairs(prepare(spec).splits["train"])
+    target = prepared_dir(spec)
+    shutil.rmtree(target)
+    (tmp_path / "a-file").write_text("kept")
+    if kind == "file":
+        target.write_text("not a directory")
+    else:
+        target.symlink_to(tmp_path / ("a-file" if kind == "link to a file" else "gone"))
+    reason = f"its checksums.json is unreadable (NotADirectoryError: [Errno 20] Not a directory: '{target}/"
+    if kind == "dangling link":
+        reason = "it has no checksums.json (built by an older attnlab, or damaged)"
+    caplog.clear()
+    with caplog.at_level("WARNING"):
+        assert pairs(prepare(spec).splits["train"]) == first
+    warnings = [r.getMessage() for r in caplog.records if r.levelname == "WARNING"]
+    assert len(warnings) == 1
+    assert warnings[0].startswith(f"the prepared data in {target} is damaged: {reason}")
+    assert target.is_dir() and not target.is_symlink() and not leftovers(target.parent)
+    assert (tmp_path / "a-file").read_text() == "kept"
+
+
 def test_an_array_of_a_few_mib_is_hashed_whole_and_a_byte_changed_in_its_middle_rebuilds_it(
     corpus: Path, tmp_path: Path, caplog: pytest.LogCaptureFixture
 ) -> None:

@@ -176,9 +176,9 @@ def building(
     """Build the cache directory `target` once, atomically, whichever process gets there first.
 
     Holds the lock ``<target>.lock`` for the whole block. If `target` exists once the lock is held
-    (built earlier, or by another process while this one waited), yields None and touches nothing —
-    unless `damaged(target)` gives a reason: then `target` is removed, with a warning naming it and
-    the reason, and built again.
+    (built earlier, or by another process while this one waited; a dangling link counts), yields None and
+    touches nothing — unless `damaged(target)` gives a reason: then `target` is removed (a file or a link
+    itself, not what it points to), with a warning naming it and the reason, and built again.
     Otherwise yields a fresh, empty temporary directory beside `target` (same filesystem) for the
     caller to fill; on normal exit its files are flushed to disk and it is renamed to `target`, on an
     exception it is deleted and
@@ -205,8 +205,9 @@ def building(
     target = Path(target)
     target.parent.mkdir(parents=True, exist_ok=True)
     with FileLock(target.with_name(target.name + ".lock"), timeout=timeout):
-        reason = damaged(target) if damaged is not None and target.exists() else None
-        if target.exists() and reason is None:
+        present = target.exists() or target.is_symlink()  # (a dangling link is in the way too)
+        reason = damaged(target) if damaged is not None and present else None
+        if present and reason is None:
             yield None
             return
         _remove_stale_builds(target)
@@ -214,7 +215,10 @@ def building(
         if reason is not None:
             log.warning("%s; building it again", reason if str(target) in reason else f"{target}: {reason}")
             os.rename(target, tmp)  # out of readers' way at once; deleted as a stale build if this fails
-            shutil.rmtree(tmp, ignore_errors=True)
+            if tmp.is_dir() and not tmp.is_symlink():
+                shutil.rmtree(tmp, ignore_errors=True)
+            else:  # a file or a link where the directory belongs
+                tmp.unlink()
         tmp.mkdir()
         try:
             yield tmp

@@ -676,7 +676,7 @@ def prepare(spec: CorpusData) -> Prepared:
     """
     target = prepared_dir(spec)
     recheck = None  # a directory another process builds while this one waits is new: not checked twice
-    if target.is_dir():
+    if target.exists() or target.is_symlink():  # (a file or a dangling link there: damage, rebuilt too)
         try:
             return _timed_load(target)
         except DamagedPreparedData as exc:  # rebuilt below, unless another process already did
