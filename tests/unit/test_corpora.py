@@ -1350,6 +1350,16 @@ def test_hf_evaluation_text_with_a_line_break_is_named(tmp_path: Path, hf_datase
     assert len(prepare(hf_spec(saved("fixed", ("train",)), tmp_path)).splits["train"]) == HF_SIZES["train"]
 
 
+def test_a_cache_dir_that_is_a_file_is_a_data_error_naming_it(corpus: Path, tmp_path: Path) -> None:
+    """A NotADirectoryError's traceback before."""
+    (tmp_path / "a-file").write_text("not a directory")
+    spec = files_spec(corpus, tmp_path, cache_dir=str(tmp_path / "a-file"))
+    named = f"cannot create the cache directory {tmp_path / 'a-file' / 'prepared'} (Not a directory): set "
+    with pytest.raises(DataError, match=re.escape(named + "data.cache_dir (or $ATTNLAB_CACHE_DIR) to a")):
+        prepare(spec)
+    assert (tmp_path / "a-file").read_text() == "not a directory"
+
+
 def test_a_full_disk_while_preparing_is_a_data_error_naming_the_cache(
     corpus: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:

@@ -277,6 +277,18 @@ def test_offline_names_the_url_and_data_root(closed_port: int, tmp_path: Path) -
     assert cache_files(tmp_path) <= {".lock"}
 
 
+@pytest.mark.parametrize("under", ["", "sub"])
+def test_a_cache_dir_that_is_a_file_is_named_before_any_download(
+    closed_port: int, tmp_path: Path, under: str
+) -> None:
+    """A file where the cache directory (or one above it) belongs raised a NotADirectoryError."""
+    (tmp_path / "a-file").write_text("not a directory")
+    cache_dir = tmp_path / "a-file" / under
+    named = f"cannot create the cache directory {cache_dir / 'multi30k' / MULTI30K_COMMIT[:12]} (Not a "
+    with pytest.raises(DataError, match=re.escape(named) + r"directory\): set data\.cache_dir"):
+        multi30k_paths(LANGS, root=None, cache_dir=cache_dir, base_url=f"http://127.0.0.1:{closed_port}")
+
+
 def test_missing_file_on_mirror_is_an_http_error(mirror: Mirror, tmp_path: Path) -> None:
     mirror.file("test2016.en").unlink()
     with pytest.raises(DataError, match=r"test_2016_flickr\.en\.gz \(HTTP 404"):

@@ -78,6 +78,22 @@ class DataError(RuntimeError):
     """A corpus file is missing, unreachable or not the expected bytes; the message names it and the fix."""
 
 
+def make_cache_dir(path: Path) -> None:
+    """Create the cache directory `path` (and its parents) unless it exists.
+
+    Raises:
+        DataError: It cannot be made (a file in its place or on its path, no permission), naming it and
+            the fix.
+    """
+    try:
+        path.mkdir(parents=True, exist_ok=True)
+    except OSError as exc:
+        raise DataError(
+            f"cannot create the cache directory {path} ({exc.strerror or exc}): set data.cache_dir (or "
+            "$ATTNLAB_CACHE_DIR) to a writable directory"
+        ) from None
+
+
 def _download(url: str, timeout: float) -> bytes:
     request = urllib.request.Request(url, headers={"User-Agent": f"attnlab/{__version__}"})
     try:
@@ -245,6 +261,7 @@ def multi30k_paths(
     if not todo:
         return paths
     # Another process may be fetching the same files: wait for it, then fetch only what is still missing.
+    make_cache_dir(directory)
     with FileLock(directory / ".lock"):
         for name in todo:
             if paths[name].is_file() and file_sha256(paths[name]) == MULTI30K_SHA256[name]:

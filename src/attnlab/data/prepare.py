@@ -58,7 +58,7 @@ import numpy as np
 
 from attnlab.data.cache import FILE_HASHES, building, file_sha256, fingerprint
 from attnlab.data.corpora import CorpusData, Reader, Text, read_whole
-from attnlab.data.download import DataError
+from attnlab.data.download import DataError, make_cache_dir
 from attnlab.data.tokenizer import SubwordTokenizer, VocabSizeError, flat_ids, load_tokenizer_file
 
 log = logging.getLogger(__name__)
@@ -682,6 +682,7 @@ def prepare(spec: CorpusData) -> Prepared:
         except DamagedPreparedData as exc:  # rebuilt below, unless another process already did
             log.debug("%s", exc)
             recheck = _damage
+    make_cache_dir(target.parent)
     try:
         with building(target, damaged=recheck) as tmp:
             if tmp is not None:
