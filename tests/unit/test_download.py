@@ -8,6 +8,7 @@ import multiprocessing
 import os
 import re
 import socket
+import threading
 import time
 from collections import Counter
 from collections.abc import Iterator
@@ -486,6 +487,36 @@ def test_building_concurrently_builds_once(tmp_path: Path) -> None:
     assert outcomes == ["built", "reused"]
     assert next(records.glob("reused-*")).read_text(encoding="utf-8") == "built"
     assert sorted(os.listdir(tmp_path)) == ["entry", "entry.lock", "records"]
+
+
+def test_building_says_when_it_waits_for_another_builder(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    """A process waiting for another's build (a DDP rank, a second job on the same corpus) printed nothing
+    for as long as the build took."""
+    target = tmp_path / "entry"
+    caplog.set_level("INFO", logger="attnlab.data.cache")
+    with building(target) as tmp:
+        assert tmp is not None
+    assert not caplog.records  # nobody else held the lock
+    outcome: list[Path | None] = []
+    with FileLock(target.with_name("entry.lock")):  # another builder
+        waiter = threading.Thread(target=lambda: outcome.extend(building_once(target)))
+        waiter.start()
+        deadline = time.monotonic() + 10
+        while not caplog.records and time.monotonic() < deadline:
+            time.sleep(0.01)
+        assert not outcome  # still waiting
+    waiter.join(30)
+    assert outcome == [None]
+    assert [r.getMessage() for r in caplog.records] == [
+        f"another process is building {target} (it holds {target}.lock): waiting for it"
+    ]
+
+
+def building_once(target: Path) -> list[Path | None]:
+    with building(target) as tmp:
+        return [tmp]
 
 
 def test_file_lock_times_out_naming_the_lock(tmp_path: Path) -> None:

@@ -170,6 +170,24 @@ def _fsync_files(directory: Path) -> None:
 
 
 @contextmanager
+def _lock_of(target: Path, timeout: float | None) -> Iterator[None]:
+    """Hold the lock ``<target>.lock``; when another process holds it, say so (once) before waiting: a
+    build of a large corpus may take minutes, and the waiting process would print nothing meanwhile."""
+    path = target.with_name(target.name + ".lock")
+    lock = FileLock(path, timeout=0)
+    try:
+        lock.acquire()
+    except TimeoutError:
+        log.info("another process is building %s (it holds %s): waiting for it", target, path)
+        lock = FileLock(path, timeout=timeout)
+        lock.acquire()
+    try:
+        yield
+    finally:
+        lock.release()
+
+
+@contextmanager
 def building(
     target: Path, *, timeout: float | None = None, damaged: Callable[[Path], str | None] | None = None
 ) -> Iterator[Path | None]:
@@ -204,7 +222,7 @@ def building(
     """
     target = Path(target)
     target.parent.mkdir(parents=True, exist_ok=True)
-    with FileLock(target.with_name(target.name + ".lock"), timeout=timeout):
+    with _lock_of(target, timeout):
         present = target.exists() or target.is_symlink()  # (a dangling link is in the way too)
         reason = damaged(target) if damaged is not None and present else None
         if present and reason is None:
