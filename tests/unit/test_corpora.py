@@ -592,6 +592,35 @@ def test_tokenizer_path_loads_a_tokenizer_instead_of_training_one(
     assert prepared_dir(files_spec(corpus, tmp_path, vocab_size=5000)) != prepared_dir(spec)
 
 
+def test_a_tokenizer_file_made_for_other_text_is_warned_of_on_every_run(
+    corpus: Path, tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    """A tokenizer of another script encodes this corpus mostly as <unk>: the run was prepared and
+    trained without a word. The corpus's own tokenizer gives no unknown ids, and no warning."""
+    other = tmp_path / "greek"
+    other.mkdir()
+    write_pair(other, "train", *(sentences(random.Random(1), list("αβγδεζηθ"), 50) for _ in "de"))
+    path = trained_tokenizer_file(other, tmp_path, "greek.json", vocab_size=30)
+    for spec, warned in ((files_spec(corpus, tmp_path), False),
+                         (files_spec(corpus, tmp_path, tokenizer_path=str(path)), True)):  # fmt: skip
+        for _ in range(2):  # built, then loaded from the cache
+            caplog.clear()
+            with caplog.at_level("WARNING"):
+                dm = setup_datamodule(spec)
+            unknown = dm.stats["train_unknown_ids"]
+            warnings = [r.getMessage() for r in caplog.records if "as the unknown id" in r.getMessage()]
+            assert bool(warnings) == warned and (unknown["src"] > 0) == warned
+            if warned:
+                ids = len(dm.prepared.splits["train"].src_ids)
+                share, count = f"{100 * unknown['src'] / ids:.1f}%", unknown["src"]
+                assert warnings[0] == (
+                    f"the tokenizer encodes {share} of the training source ids (de, {count} of {ids}) "
+                    "as the unknown id: data.tokenizer_path (or src_/tgt_tokenizer_path) names a tokenizer "
+                    "made for other text? Give one trained on this corpus, or null to train one"
+                )
+                assert len(warnings) == 2 and "training target ids (en" in warnings[1]
+
+
 def test_separate_tokenizer_files_and_a_sentencepiece_model(corpus: Path, tmp_path: Path) -> None:
     src_file = trained_tokenizer_file(corpus, tmp_path, "src.model", model="sentencepiece")
     tgt_file = trained_tokenizer_file(corpus, tmp_path, "tgt.model", model="sentencepiece", vocab_size=50)

@@ -245,6 +245,31 @@ class SyntheticDataModule(ParallelDataModule):
             }  # fmt: skip
 
 
+UNKNOWN_SHARE = 0.01  # warn when more of a side's training ids than this are the unknown id
+
+
+def _warn_unknown(spec: CorpusData, prepared: Prepared) -> None:
+    """Warn (on every run, like the length filters) when the tokenizer gives more than `UNKNOWN_SHARE` of a
+    side's training ids the unknown id: a tokenizer file made for other text (another corpus, language or
+    script) encodes this one mostly as <unk>, and the run would learn nothing useful."""
+    unknown = prepared.stats.get("train_unknown_ids") or {}
+    train = prepared.splits["train"]
+    for side, ids, lang in (("src", train.src_ids, spec.src_lang), ("tgt", train.tgt_ids, spec.tgt_lang)):
+        share = unknown.get(side, 0) / max(len(ids), 1)
+        if share > UNKNOWN_SHARE:
+            fix = (
+                "data.tokenizer_path (or src_/tgt_tokenizer_path) names a tokenizer made for other text? "
+                "Give one trained on this corpus, or null to train one"
+                if spec.tokenizer_files() is not None
+                else "its characters are missing from the tokenizer's training text: raise "
+                "data.tokenizer_sample (null: all pairs)"
+            )
+            log.warning(
+                "the tokenizer encodes %.1f%% of the training %s ids (%s, %d of %d) as the unknown id: %s",
+                100 * share, "source" if side == "src" else "target", lang, unknown[side], len(ids), fix,
+            )  # fmt: skip
+
+
 class CorpusDataModule(ParallelDataModule):
     """A real corpus: prepared (tokenized, cached) once, then served as token batches.
 
@@ -292,6 +317,7 @@ class CorpusDataModule(ParallelDataModule):
                 ", ".join(f"{reason}: {n}" for reason, n in dropped.items()),
                 self.stats.get("train_examples", 0),
             )  # fmt: skip
+        _warn_unknown(self.spec, prepared)
         self.splits = {name: Examples(split, self.eos_id) for name, split in prepared.splits.items()}
         self.references = {name: split.raw_tgt for name, split in prepared.splits.items() if name != "train"}
         self.test_sets = [name for name in prepared.splits if name not in ("train", "val")]

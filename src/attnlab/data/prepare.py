@@ -59,7 +59,7 @@ import numpy as np
 from attnlab.data.cache import FILE_HASHES, building, file_sha256, fingerprint
 from attnlab.data.corpora import CorpusData, Reader, Text, read_whole
 from attnlab.data.download import DataError, make_cache_dir
-from attnlab.data.tokenizer import SubwordTokenizer, VocabSizeError, flat_ids, load_tokenizer_file
+from attnlab.data.tokenizer import UNK_ID, SubwordTokenizer, VocabSizeError, flat_ids, load_tokenizer_file
 
 log = logging.getLogger(__name__)
 
@@ -253,12 +253,14 @@ class _SplitWriter:
         for _, offsets in self.files.values():
             offsets.append(np.zeros(1, np.int64))
         self.examples = 0
+        self.unknown = dict.fromkeys(SIDES, 0)  # ids written that are the unknown id, per side
 
     def append_flat(self, side: str, flat: np.ndarray, lengths: np.ndarray) -> None:
         """Examples of `side` given end to end (`flat`) with their `lengths`."""
         ids, offsets = self.files[side]
         offsets.append(ids.count + np.cumsum(lengths))
         ids.append(flat)
+        self.unknown[side] += int(np.count_nonzero(flat == UNK_ID))
         self.examples = offsets.count - 1
 
     def close(self) -> None:
@@ -480,6 +482,7 @@ def _build(spec: CorpusData, readers: dict[str, Reader], out: Path) -> None:
                 raise train.no_pairs()
             stats.update(train_lines=train.lines, dropped_empty=train.lines - train.pairs)
             stats["dropped_filter"] = {reason: n for reason, n in dropped.items() if n}
+            stats["train_unknown_ids"] = writer.unknown  # (a tokenizer made for other text: see setup)
         else:
             _encode_split(tokenizers, _chunks(*held[name]), writer)
             (out / f"{name}.raw.json").write_text(
