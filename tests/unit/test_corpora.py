@@ -1236,6 +1236,26 @@ def test_hf_plain_language_columns(tmp_path: Path, hf_datasets: Any) -> None:
         prepare(hf_spec(str(tmp_path / "hfds"), tmp_path, src_lang="fr"))
 
 
+def test_hf_a_dataset_that_datasets_cannot_load_is_named(tmp_path: Path, hf_datasets: Any) -> None:
+    """A missing directory, one without data files or a broken data file: a data error naming data.name
+    and the cause (the datasets package's exceptions went out with their tracebacks)."""
+    (tmp_path / "empty").mkdir()
+    (tmp_path / "broken.json").write_text("{not json")
+    cases = {
+        str(tmp_path / "missing"): {},
+        str(tmp_path / "empty"): {},
+        "json": {"data_files": {"train": str(tmp_path / "broken.json")}},
+    }
+    fix = "Set data.name to a hub dataset, a directory saved with save_to_disk, or a builder"
+    for name, overrides in cases.items():
+        spec = hf_spec(name, tmp_path, **overrides)
+        named = f"the datasets package cannot load data.name={name} "
+        with pytest.raises(DataError, match=f"^{re.escape(named)}") as info:
+            prepare(spec)
+        assert fix in str(info.value)
+    assert "from ArrowInvalid: JSON parse error" in str(info.value)  # the cause of datasets' own error
+
+
 def test_hf_missing_split_lists_the_available_ones(tmp_path: Path, hf_datasets: Any) -> None:
     splits = {split: hf_datasets.Dataset.from_dict(dict(zip(("de", "en"), hf_rows(split, n), strict=True)))
               for split, n in HF_SIZES.items() if split != "test"}  # fmt: skip

@@ -215,6 +215,16 @@ def _hf_builders() -> frozenset[str]:
     return frozenset(_PACKAGED_DATASETS_MODULES)
 
 
+def _first_lines(exc: BaseException) -> str:
+    """`exc` and the exception it was raised from (its cause), each as its type and first line."""
+    told = []
+    while exc is not None and len(told) < 2:
+        text = str(exc).strip().splitlines()[0][:300].rstrip(".") if str(exc).strip() else ""
+        told.append(f"{type(exc).__name__}: {text}" if text else type(exc).__name__)
+        exc = exc.__cause__
+    return ", from ".join(told)
+
+
 def _require_directory(name: str, value: str | None, holding: str) -> None:
     """A directory setting, when set, must exist (relative paths: from the working directory)."""
     if value is not None:
@@ -538,9 +548,17 @@ class HFData(CorpusData):
         except ImportError:
             raise DataError("data=hf needs the `datasets` package: pip install 'attnlab[hf]'") from None
         local = Path(self.name).expanduser()
-        if local.is_dir() and (local / "dataset_dict.json").is_file():
-            return datasets.load_from_disk(str(local))
-        return datasets.load_dataset(self.name, self.config, data_files=self.data_files)
+        try:
+            if local.is_dir() and (local / "dataset_dict.json").is_file():
+                return datasets.load_from_disk(str(local))
+            return datasets.load_dataset(self.name, self.config, data_files=self.data_files)
+        except Exception as exc:  # datasets' own errors, FileNotFoundError, ConnectionError, ValueError, ...
+            raise DataError(
+                f"the datasets package cannot load data.name={self.name} (data.config={self.config}, "
+                f"data.data_files={self.data_files}): {_first_lines(exc)}. Set data.name to a hub dataset, "
+                "a directory saved with save_to_disk, or a builder (json, csv, parquet, ...) with "
+                "data.data_files"
+            ) from exc
 
     def _check_column(self, rows: Any, lang: str, split: str) -> None:
         if "translation" not in rows.column_names and lang not in rows.column_names:
