@@ -65,6 +65,17 @@ def write_deeply_nested(good: Path, path: Path, depth: int = 100_000) -> None:
             crafted.writestr(entry, content)
 
 
+def write_shared_references(good: Path, path: Path, levels: int = 40) -> None:
+    """`good` with a list holding one list twice, that one another twice, `levels` deep: a few KB on disk
+    (the unpickler keeps shared references), 2^levels lists for a walk through it."""
+    checkpoint = torch.load(good, weights_only=True)
+    node: list[Any] = []
+    for _ in range(levels):
+        node = [node, node]
+    checkpoint["hyper_parameters"]["shared"] = node
+    torch.save(checkpoint, path)
+
+
 def write_damaged(kind: str, good: Path, path: Path) -> None:
     data = good.read_bytes()
     writers: dict[str, Callable[[], None]] = {
@@ -79,6 +90,7 @@ def write_damaged(kind: str, good: Path, path: Path) -> None:
             {**torch.load(good, weights_only=True), BUNDLE_KEY: {"format": 99}}, path
         ),
         "deeply nested": lambda: write_deeply_nested(good, path),
+        "shared references": lambda: write_shared_references(good, path),
     }
     writers[kind]()
 
@@ -93,6 +105,11 @@ DAMAGED = [
     ("bare state dict", r"bad\.ckpt lacks hyper_parameters, attnlab: it was not written by attnlab-train"),
     ("other format", r"bad\.ckpt has attnlab checkpoint format 99; this version reads format 1"),
     ("deeply nested", r"bad\.ckpt holds data nested more than 64 levels deep, .*use another checkpoint"),
+    (
+        "shared references",
+        r"bad\.ckpt holds data of more than 1,000,000 dicts, lists and tuples \(each "
+        r"counted as often as it is referenced\), .*use another checkpoint",
+    ),
 ]
 
 

@@ -148,21 +148,30 @@ def read_checkpoint(path: str | Path, map_location: Any = "cpu", *, mmap: bool =
     return checkpoint
 
 
-# How deep the plain data of a checkpoint may nest (attnlab-train's nests a few levels): every reader walks
-# it recursively, and data nested past Python's recursion limit would crash it with a RecursionError.
+# How deep the plain data of a checkpoint may nest (attnlab-train's nests a few levels), and how many
+# dicts, lists and tuples a walk through it may meet, counting one reached twice twice (attnlab-train's
+# hold a few thousand): every reader walks it recursively, and data nested past Python's recursion limit
+# would crash it with a RecursionError, while a list holding one list twice, that one another twice, and
+# so on (the unpickler keeps the shared references) is 2^N containers to walk in a file of a few KB.
 MAX_NESTING = 64
+MAX_CONTAINERS = 1_000_000
 
 
 def _refuse_deep_nesting(checkpoint: dict[str, Any], path: Path) -> None:
-    """Refuse a checkpoint whose dicts, lists and tuples nest deeper than `MAX_NESTING` (walked without
-    recursion)."""
+    """Refuse a checkpoint whose dicts, lists and tuples nest deeper than `MAX_NESTING`, or that a walk
+    through meets more than `MAX_CONTAINERS` times (walked without recursion)."""
     stack: list[tuple[Any, int]] = [(checkpoint, 0)]
+    met = 0
     while stack:
         value, depth = stack.pop()
-        if depth > MAX_NESTING:
+        met += 1
+        if depth > MAX_NESTING or met > MAX_CONTAINERS:
+            what = f"nested more than {MAX_NESTING} levels deep" if depth > MAX_NESTING else (
+                f"of more than {MAX_CONTAINERS:,} dicts, lists and tuples (each counted as often as it is "
+                "referenced)")  # fmt: skip
             raise CheckpointError(
-                f"{path} holds data nested more than {MAX_NESTING} levels deep, which no checkpoint written "
-                "by attnlab-train holds: the file is damaged or not attnlab's; use another checkpoint"
+                f"{path} holds data {what}, which no checkpoint written by attnlab-train holds: the file "
+                "is damaged or not attnlab's; use another checkpoint"
             )
         items = value.values() if isinstance(value, dict) else value
         stack.extend((item, depth + 1) for item in items if isinstance(item, (dict, list, tuple)))
