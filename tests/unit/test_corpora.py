@@ -386,6 +386,34 @@ def test_a_vocab_size_below_the_alphabet_is_a_data_error_naming_the_setting(
     assert not prepared_dir(spec).exists() and not leftovers(prepared_dir(spec).parent)
 
 
+def test_a_training_line_with_a_huge_word_is_warned_of_once(
+    corpus: Path, tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    """The `tokenizers` trainers take time growing with the square of a word's length (a damaged line of
+    1M characters without a space: 283 s of BPE training, without a word said)."""
+    src, tgt = read_lines(corpus / "train.de"), read_lines(corpus / "train.en")
+    word = "x" * (prepare_module.LONG_WORD + 1)
+    tgt[6] = f"the {word} dog"
+    write_pair(corpus, "train", src, tgt)
+    expected = (
+        f"line 7 of the training split ({corpus / 'train.de'} and {corpus / 'train.en'}) has a target with "
+        f"{len(word)} characters without white space: a unigram tokenizer trains in time growing with the "
+        "square of a word's length"
+    )
+    for tokenizer, warned in (("unigram", True), ("sentencepiece", False)):  # SentencePiece skips such lines
+        caplog.clear()
+        with caplog.at_level("WARNING"):
+            prepare(files_spec(corpus, tmp_path, tokenizer=tokenizer, vocab_size=60))
+        warnings = [r.getMessage() for r in caplog.records if "without white space" in r.getMessage()]
+        assert len(warnings) == warned and all(w.startswith(expected) for w in warnings)
+    tgt[6] = f"the {word[1:]} dog"  # not over the limit
+    write_pair(corpus, "train", src, tgt)
+    caplog.clear()
+    with caplog.at_level("WARNING"):
+        prepare(files_spec(corpus, tmp_path, tokenizer="bpe", vocab_size=60))
+    assert "without white space" not in caplog.text
+
+
 def lengths(prepared: Prepared, split: str, side: str) -> list[int]:
     """Ids per example as the filters count them: the line's subwords plus eos."""
     examples = pairs(prepared.splits[split])
