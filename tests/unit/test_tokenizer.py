@@ -184,6 +184,17 @@ def test_save_and_load_give_identical_ids(tokenizer: SubwordTokenizer, tmp_path:
     ]
 
 
+def test_a_lone_surrogate_is_read_as_an_unseen_character(tokenizer: SubwordTokenizer) -> None:
+    """A `str` holding half a surrogate pair (no Unicode text) made both libraries raise a TypeError (found
+    by tests/faults/test_inputs.py's property test, now and then); it is read as U+FFFD, unseen here."""
+    for text in ("Hund \ud800 Katze", "Hund \udfff\ud800 Katze"):
+        ids = tokenizer.encode(text)
+        assert tokenizer.decode(ids) == tokenizer.decode(
+            tokenizer.encode(text.replace("\ud800", "\ufffd").replace("\udfff", "\ufffd"))
+        )
+        assert "<unk>" in tokenizer.decode(ids) and tokenizer.encode_batch(["Hund", text])[1] == ids
+
+
 def test_unseen_characters_map_to_unk_and_decode_as_unk_text(tokenizer: SubwordTokenizer) -> None:
     ids = tokenizer.encode("x ☃ y")
     assert ids.count(UNK) == 2  # "x" and "☃" were never seen; "y" was

@@ -20,6 +20,7 @@ import hashlib
 import io
 import itertools
 import json
+import re
 from collections.abc import Iterable, Iterator, Sequence
 from pathlib import Path
 from typing import Any, Literal
@@ -34,6 +35,7 @@ TokenizerModel = Literal["bpe", "unigram", "sentencepiece"]
 SPECIAL_TOKENS = ("<pad>", "<s>", "</s>", "<unk>")
 PAD_ID, BOS_ID, EOS_ID, UNK_ID = range(4)
 SPECIAL_IDS = {"pad_id": PAD_ID, "bos_id": BOS_ID, "eos_id": EOS_ID, "unk_id": UNK_ID}
+_LONE_SURROGATE = re.compile("[\ud800-\udfff]")
 SENTENCEPIECE = "sentencepiece"  # the `attnlab_tokenizer` tag of a SentencePiece tokenizer's JSON
 # SentencePiece's EM sums per-thread shards, so the model depends on the thread count: a fixed count
 # trains the same model on every machine.
@@ -143,7 +145,9 @@ class SubwordTokenizer:
         piece and is never dropped: BPE gives each such character the unknown id; unigram and
         SentencePiece give each run of such characters within a word one unknown id. `decode` renders
         every unknown id as the text "<unk>", so `decode(encode(x))` is `normalize(x)` with those
-        characters (or runs) replaced by "<unk>". Empty and whitespace-only text gives no ids.
+        characters (or runs) replaced by "<unk>". Empty and whitespace-only text gives no ids. A lone
+        surrogate (a `str` that is no Unicode text: files are decoded strictly, so only a caller of the
+        Python API can pass one) is read as U+FFFD, the replacement character.
         """
         return self.encode_batch([text])[0]
 
@@ -156,7 +160,12 @@ class SubwordTokenizer:
         """`encode_batch` without a Python list per text, for corpora: the ids of all `texts` end to end
         ((total,) int64) and each text's count ((len(texts),) int64); with `eos`, each text's ids end in
         eos (counted)."""
-        flat, lengths = flat_ids(self._encode([normalize(t) for t in texts]), np.dtype(np.int64))
+        normal = [normalize(t) for t in texts]
+        try:
+            encoded = self._encode(normal)
+        except TypeError:  # a lone surrogate, which neither library takes: read as U+FFFD (see `encode`)
+            encoded = self._encode([_LONE_SURROGATE.sub("\ufffd", t) for t in normal])
+        flat, lengths = flat_ids(encoded, np.dtype(np.int64))
         flat[flat < UNK_ID] = UNK_ID  # text spelling a special token never gets pad, bos or eos
         if eos:
             flat, lengths = np.insert(flat, np.cumsum(lengths), EOS_ID), lengths + 1
