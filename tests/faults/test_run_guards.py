@@ -155,6 +155,26 @@ def test_a_run_directory_under_a_file_is_refused_naming_hydra_run_dir(tmp_path: 
     assert blocker.read_text() == "not a directory\n"
 
 
+@pytest.mark.parametrize("name", ["config.yaml", "manifest.json", "csv/metrics.csv"])
+def test_a_directory_where_the_run_writes_a_record_is_refused_before_anything_changes(
+    name: str, tmp_path: Path
+) -> None:
+    """A directory at config.yaml failed the run with an IsADirectoryError, at manifest.json after
+    config.yaml was written, at csv/metrics.csv inside `trainer.fit`, when the CSV logger saved: refused
+    before anything is written, naming it and the fix."""
+    run_dir = tmp_path / "run"
+    (run_dir / name).mkdir(parents=True)
+    with pytest.raises(ConfigError) as caught:
+        train(compose_train([*RUN, "trainer.max_epochs=1", "test=false"], run_dir))
+    assert str(caught.value) == (
+        f"{run_dir / name} is a directory where the run writes its {Path(name).name}: move it aside, or run "
+        "in another directory (hydra.run.dir=...)"
+    )
+    assert sorted(p.relative_to(run_dir) for p in run_dir.rglob("*")) == [
+        Path(part) for part in ([name] if "/" not in name else ["csv", name])
+    ]
+
+
 def test_attnlab_eval_without_ckpt_path_says_what_is_required(tmp_path: Path) -> None:
     done = cli("attnlab.cli.eval", cwd=tmp_path)
     assert done.returncode == 1

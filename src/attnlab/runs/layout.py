@@ -315,7 +315,9 @@ class RunDir:
         """Create the run directory and check that files can be written there, before anything is run.
 
         Raises:
-            ConfigError: It cannot be created or written, naming it and the fix.
+            ConfigError: It cannot be created or written, or a directory stands where the run writes its
+                config.yaml, manifest.json or csv/metrics.csv (that write would fail once the others had
+                changed), naming it and the fix.
         """
         try:
             self.path.mkdir(parents=True, exist_ok=True)
@@ -326,6 +328,10 @@ class RunDir:
                 f"cannot create the run directory {self.path} or write in it: {exc.strerror or exc} — set "
                 "hydra.run.dir (hydra.sweep.dir for -m) to a writable directory, or fix its permissions"
             ) from None
+        for file in (self.config_file, self.manifest_file, self.metrics_csv):
+            if file.is_dir():
+                raise ConfigError(f"{file} is a directory where the run writes its {file.name}: move it "
+                                  "aside, or run in another directory (hydra.run.dir=...)")  # fmt: skip
 
     @contextmanager
     def lock(self) -> Iterator[None]:
