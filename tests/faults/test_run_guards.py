@@ -175,6 +175,60 @@ def test_a_directory_where_the_run_writes_a_record_is_refused_before_anything_ch
     ]
 
 
+def saved_run(run_dir: Path, status: str, checkpoints: list[str]) -> dict[Path, bytes]:
+    """A run directory's records as a run leaves them (the checkpoints' content is never read here)."""
+    (run_dir / "checkpoints").mkdir(parents=True)
+    (run_dir / "manifest.json").write_text(json.dumps({"status": status}))
+    for name in checkpoints:
+        (run_dir / "checkpoints" / name).write_bytes(b"weights")
+    return {p: p.read_bytes() for p in run_dir.rglob("*") if p.is_file()}
+
+
+def test_a_new_run_in_a_directory_holding_a_saved_run_is_refused_before_anything_changes(
+    tmp_path: Path,
+) -> None:
+    """`attnlab-train hydra.run.dir=<a finished run>` (resume=false) trained over it: its checkpoints,
+    config, manifest and metrics overwritten. Refused, naming what is there and the fixes."""
+    run_dir = tmp_path / "run"
+    before = saved_run(run_dir, "finished", ["best-epoch003.ckpt", "last.ckpt"])
+    done = cli("attnlab.cli.train", "data=synthetic", "model=tiny", f"hydra.run.dir={run_dir}", cwd=tmp_path)
+    assert done.returncode == 1 and "Traceback" not in done.stderr
+    assert (
+        f"attnlab-train: config error: the run directory {run_dir} holds a run already (status finished, "
+        "checkpoints best-epoch003.ckpt, last.ckpt): a new run there would overwrite it. resume=true "
+        "continues it"
+    ) in done.stderr
+    assert {p: p.read_bytes() for p in run_dir.rglob("*") if p.is_file()} == before  # no .hydra/ either
+
+
+@pytest.mark.parametrize(
+    ("status", "checkpoints", "overrides", "refused"),
+    [("failed", [], {}, False), ("running", ["last.ckpt"], {}, True), ("finished", [], {}, True),
+     ("running", ["last.ckpt"], {"resume": "auto"}, False),
+     ("running", ["last.ckpt"], {"resume": True}, False),
+     ("running", ["last.ckpt"], {"ckpt_path": "last"}, False),
+     ("running", ["last.ckpt"], {"ckpt_path": "/elsewhere/last.ckpt"}, True)],
+)  # fmt: skip
+def test_which_saved_runs_a_new_run_may_start_over(
+    tmp_path: Path, status: str, checkpoints: list[str], overrides: dict[str, Any], refused: bool
+) -> None:
+    """A failed run with no checkpoint is started over (a sweep's failed job runs again in its directory);
+    one with checkpoints, or finished, is not, unless the command continues it."""
+    from omegaconf import OmegaConf
+
+    from attnlab.cli.app import RunDirectoryCheck
+
+    run_dir = tmp_path / "run"
+    saved_run(run_dir, status, checkpoints)
+    config = OmegaConf.create({"hydra": {"run": {"dir": str(run_dir)}}, "task_name": "train", "resume": False,
+                               "ckpt_path": None, **overrides})  # fmt: skip
+    if refused:
+        with pytest.raises(SystemExit, match=f"the run directory {run_dir} holds a run already"):
+            RunDirectoryCheck().on_run_start(config)
+    else:
+        RunDirectoryCheck().on_run_start(config)
+
+
 def test_attnlab_eval_without_ckpt_path_says_what_is_required(tmp_path: Path) -> None:
     done = cli("attnlab.cli.eval", cwd=tmp_path)
     assert done.returncode == 1

@@ -65,13 +65,17 @@ class RunDirectoryCheck(Callback):
     written, before Hydra creates it (`conf/hydra/default.yaml` registers this callback): the command
     exits with one line naming the key and the fix instead of Hydra's traceback. A training run
     directory in which another live process runs is refused here too, before Hydra writes `.hydra/`
-    into it."""
+    into it, and so is one holding a saved run (`RunDir.check_no_run`) for a command that does not continue
+    it (`resume=false`)."""
 
     def on_run_start(self, config: DictConfig, **kwargs: Any) -> None:
         self._check(config, Path(config.hydra.run.dir))
-        if config.get("task_name") == "train":  # a live run there: refused before Hydra writes into it
+        if config.get("task_name") == "train":  # a live or saved run there: refused before Hydra writes
+            run = RunDir(Path(config.hydra.run.dir))
             try:
-                RunDir(Path(config.hydra.run.dir)).check_free()
+                run.check_free()
+                if not continues_own_run(config.get("resume"), config.get("ckpt_path")):
+                    run.check_no_run()
             except ConfigError as exc:
                 raise SystemExit(f"attnlab-train: config error: {exc}") from None
 

@@ -23,7 +23,7 @@ import json
 import os
 import tempfile
 from collections.abc import Iterator, Mapping, Sequence
-from contextlib import contextmanager
+from contextlib import contextmanager, suppress
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -332,6 +332,28 @@ class RunDir:
             if file.is_dir():
                 raise ConfigError(f"{file} is a directory where the run writes its {file.name}: move it "
                                   "aside, or run in another directory (hydra.run.dir=...)")  # fmt: skip
+
+    def check_no_run(self) -> None:
+        """Refuse starting a new run in a directory that holds a run's training already: its checkpoints,
+        or a manifest saying it finished (a new run would overwrite them). A directory with neither (new,
+        or a run that failed before it saved anything) is free.
+
+        Raises:
+            ConfigError: Naming what is there and the fixes.
+        """
+        checkpoints = sorted(p.name for p in self.checkpoints_dir.glob("*.ckpt"))
+        status = None
+        if self.manifest_file.is_file():
+            with suppress(UnreadableRunFile):
+                status = self.read_json(MANIFEST_FILE).get("status")
+        if not checkpoints and status != "finished":
+            return
+        held = f"checkpoints {', '.join(checkpoints[:3])}" if checkpoints else "no checkpoint"
+        raise ConfigError(
+            f"the run directory {self.path} holds a run already (status {status or 'unknown'}, {held}): a "
+            "new run there would overwrite it. resume=true continues it (resume=auto: if it can); for a new "
+            "run, set hydra.run.dir to another directory, or remove this one first"
+        )
 
     @contextmanager
     def lock(self) -> Iterator[None]:
