@@ -229,6 +229,20 @@ def test_which_saved_runs_a_new_run_may_start_over(
         RunDirectoryCheck().on_run_start(config)
 
 
+def test_the_other_processes_of_a_ddp_run_start_in_its_directory(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Rank 0 takes the run directory; the others (`LOCAL_RANK`/`RANK` > 0) start in it, whatever it holds."""
+    from attnlab.runs.layout import RunDir
+
+    saved_run(tmp_path / "run", "finished", ["last.ckpt"])
+    monkeypatch.setenv("LOCAL_RANK", "1")
+    RunDir(tmp_path / "run").check_no_run()
+    monkeypatch.setenv("LOCAL_RANK", "0")
+    with pytest.raises(ConfigError, match="holds a run already"):
+        RunDir(tmp_path / "run").check_no_run()
+
+
 def test_attnlab_eval_without_ckpt_path_says_what_is_required(tmp_path: Path) -> None:
     done = cli("attnlab.cli.eval", cwd=tmp_path)
     assert done.returncode == 1

@@ -336,11 +336,14 @@ class RunDir:
     def check_no_run(self) -> None:
         """Refuse starting a new run in a directory that holds a run's training already: its checkpoints,
         or a manifest saying it finished (a new run would overwrite them). A directory with neither (new,
-        or a run that failed before it saved anything) is free.
+        or a run that failed before it saved anything) is free; so is any for the other processes of a DDP
+        run (rank > 0), which start in the directory of the first.
 
         Raises:
             ConfigError: Naming what is there and the fixes.
         """
+        if launched_rank() != 0:
+            return
         checkpoints = sorted(p.name for p in self.checkpoints_dir.glob("*.ckpt"))
         status = None
         if self.manifest_file.is_file():
