@@ -207,7 +207,9 @@ def test_a_new_run_in_a_directory_holding_a_saved_run_is_refused_before_anything
      ("running", ["last.ckpt"], {"resume": "auto"}, False),
      ("running", ["last.ckpt"], {"resume": True}, False),
      ("running", ["last.ckpt"], {"ckpt_path": "last"}, False),
-     ("running", ["last.ckpt"], {"ckpt_path": "/elsewhere/last.ckpt"}, True)],
+     ("running", ["last.ckpt"], {"ckpt_path": "/elsewhere/last.ckpt"}, True),
+     ("finished", ["last.ckpt"], {"ckpt_path": "<run>/checkpoints/last.ckpt"}, False),
+     ("finished", ["best.ckpt", "last.ckpt"], {"ckpt_path": "<run>/checkpoints/best.ckpt"}, True)],
 )  # fmt: skip
 def test_which_saved_runs_a_new_run_may_start_over(
     tmp_path: Path, status: str, checkpoints: list[str], overrides: dict[str, Any], refused: bool
@@ -220,6 +222,8 @@ def test_which_saved_runs_a_new_run_may_start_over(
 
     run_dir = tmp_path / "run"
     saved_run(run_dir, status, checkpoints)
+    if "ckpt_path" in overrides:  # the run's own last.ckpt by its path continues the run (`plan_run`)
+        overrides = {**overrides, "ckpt_path": overrides["ckpt_path"].replace("<run>", str(run_dir))}
     config = OmegaConf.create({"hydra": {"run": {"dir": str(run_dir)}}, "task_name": "train", "resume": False,
                                "ckpt_path": None, **overrides})  # fmt: skip
     if refused:

@@ -60,6 +60,15 @@ def register_resolvers() -> None:
         OmegaConf.register_new_resolver("attnlab.job_dir", lambda overrides="": job_dirname(str(overrides)))
 
 
+def _continues(run: RunDir, resume: Any, ckpt_path: Any) -> bool:
+    """Whether a training command continues the run in `run`: `continues_own_run`, or a `ckpt_path` naming
+    the run's own `checkpoints/last.ckpt` (which `attnlab.training.pipeline.plan_run` continues as the same
+    run)."""
+    if continues_own_run(resume, ckpt_path):
+        return True
+    return ckpt_path is not None and Path(str(ckpt_path)).absolute() == run.last_checkpoint.absolute()
+
+
 class RunDirectoryCheck(Callback):
     """Refuses a run (`hydra.run.dir`) or sweep (`hydra.sweep.dir`) directory that cannot be created or
     written, before Hydra creates it (`conf/hydra/default.yaml` registers this callback): the command
@@ -74,7 +83,7 @@ class RunDirectoryCheck(Callback):
             run = RunDir(Path(config.hydra.run.dir))
             try:
                 run.check_free()
-                if not continues_own_run(config.get("resume"), config.get("ckpt_path")):
+                if not _continues(run, config.get("resume"), config.get("ckpt_path")):
                     run.check_no_run()
             except ConfigError as exc:
                 raise SystemExit(f"attnlab-train: config error: {exc}") from None
