@@ -209,7 +209,9 @@ def test_a_new_run_in_a_directory_holding_a_saved_run_is_refused_before_anything
      ("running", ["last.ckpt"], {"ckpt_path": "last"}, False),
      ("running", ["last.ckpt"], {"ckpt_path": "/elsewhere/last.ckpt"}, True),
      ("finished", ["last.ckpt"], {"ckpt_path": "<run>/checkpoints/last.ckpt"}, False),
-     ("finished", ["best.ckpt", "last.ckpt"], {"ckpt_path": "<run>/checkpoints/best.ckpt"}, True)],
+     ("finished", ["best.ckpt", "last.ckpt"], {"ckpt_path": "<run>/checkpoints/best.ckpt"}, True),
+     ("finished", ["last.ckpt"], {"sweep": {"skip_done": True}}, False),
+     ("running", ["last.ckpt"], {"sweep": {"skip_done": True}}, True)],
 )  # fmt: skip
 def test_which_saved_runs_a_new_run_may_start_over(
     tmp_path: Path, status: str, checkpoints: list[str], overrides: dict[str, Any], refused: bool

@@ -84,7 +84,7 @@ class RunDirectoryCheck(Callback):
             try:
                 run.check_free()
                 if not _continues(run, config.get("resume"), config.get("ckpt_path")):
-                    run.check_no_run()
+                    run.check_no_run(skip_finished=bool((config.get("sweep") or {}).get("skip_done")))
             except ConfigError as exc:
                 raise SystemExit(f"attnlab-train: config error: {exc}") from None
 

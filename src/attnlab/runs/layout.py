@@ -333,11 +333,12 @@ class RunDir:
                 raise ConfigError(f"{file} is a directory where the run writes its {file.name}: move it "
                                   "aside, or run in another directory (hydra.run.dir=...)")  # fmt: skip
 
-    def check_no_run(self) -> None:
+    def check_no_run(self, *, skip_finished: bool = False) -> None:
         """Refuse starting a new run in a directory that holds a run's training already: its checkpoints,
         or a manifest saying it finished (a new run would overwrite them). A directory with neither (new,
-        or a run that failed before it saved anything) is free; so is any for the other processes of a DDP
-        run (rank > 0), which start in the directory of the first.
+        or a run that failed before it saved anything) is free, and so is a finished run with
+        `skip_finished` (`sweep.skip_done=true`: the command skips it, training nothing); so is any for the
+        other processes of a DDP run (rank > 0), which start in the directory of the first.
 
         Raises:
             ConfigError: Naming what is there and the fixes.
@@ -349,7 +350,7 @@ class RunDir:
         if self.manifest_file.is_file():
             with suppress(UnreadableRunFile):
                 status = self.read_json(MANIFEST_FILE).get("status")
-        if not checkpoints and status != "finished":
+        if (not checkpoints and status != "finished") or (skip_finished and status == "finished"):
             return
         held = f"checkpoints {', '.join(checkpoints[:3])}" if checkpoints else "no checkpoint"
         raise ConfigError(
