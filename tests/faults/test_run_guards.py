@@ -22,7 +22,7 @@ import pytest
 
 from attnlab.data.download import DataError
 from attnlab.io import FileLock
-from attnlab.runs.layout import RUN_LOCK
+from attnlab.runs.layout import RUN_LOCK, RunDir
 from attnlab.training.pipeline import train
 from attnlab.typed import ConfigError
 from helpers import compose_app, compose_train
@@ -199,6 +199,22 @@ def test_a_new_run_in_a_directory_holding_a_saved_run_is_refused_before_anything
         "continues it"
     ) in done.stderr
     assert {p: p.read_bytes() for p in run_dir.rglob("*") if p.is_file()} == before  # no .hydra/ either
+
+
+@pytest.mark.parametrize("checkpoints", [[], ["best-epoch003.ckpt"]])
+def test_a_saved_run_without_last_ckpt_is_not_said_to_continue_with_resume(
+    tmp_path: Path, checkpoints: list[str]
+) -> None:
+    """Without checkpoints/last.ckpt, resume=true is refused ("last.ckpt does not exist") and resume=auto
+    starts afresh over the run: the refusal does not offer them."""
+    run_dir = tmp_path / "run"
+    saved_run(run_dir, "finished", checkpoints)
+    with pytest.raises(ConfigError) as caught:
+        RunDir(run_dir).check_no_run()
+    assert "resume=" not in str(caught.value)
+    assert "it has no checkpoints/last.ckpt to continue from; for a new run, set hydra.run.dir" in str(
+        caught.value
+    )
 
 
 @pytest.mark.parametrize(

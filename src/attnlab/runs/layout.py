@@ -353,10 +353,15 @@ class RunDir:
         if (not checkpoints and status != "finished") or (skip_finished and status == "finished"):
             return
         held = f"checkpoints {', '.join(checkpoints[:3])}" if checkpoints else "no checkpoint"
+        go_on = (  # (without last.ckpt, resume=true is refused and resume=auto starts afresh over the run)
+            "resume=true continues it (resume=auto: if it can); "
+            if "last.ckpt" in checkpoints
+            else "it has no checkpoints/last.ckpt to continue from; "
+        )
         raise ConfigError(
             f"the run directory {self.path} holds a run already (status {status or 'unknown'}, {held}): a "
-            "new run there would overwrite it. resume=true continues it (resume=auto: if it can); for a new "
-            "run, set hydra.run.dir to another directory, or remove this one first"
+            f"new run there would overwrite it. {go_on}for a new run, set hydra.run.dir to another "
+            "directory, or remove this one first"
         )
 
     @contextmanager
