@@ -130,3 +130,21 @@ def test_a_skipped_trial_without_the_optimized_metric_is_named_not_returned_sile
     assert sorted(values is None for _, values in again) == [False, False, True]  # a failed trial
     assert "optimized_metric=best/val/loss is not among this run's final metrics (" in caplog.text
     assert "val/loss" in caplog.text.split("final metrics (")[1]  # those it has are listed
+
+
+def test_a_skipped_trial_with_unreadable_results_is_not_said_to_lack_the_optimized_metric(
+    optuna_sweep: dict[str, Any], tmp_path: Any, caplog: pytest.LogCaptureFixture
+) -> None:
+    """A finished trial whose results.json cannot be read is named as a failed job; it was also said to
+    lack `optimized_metric` among its final metrics "(none)", with the advice to change optimized_metric."""
+    import shutil
+
+    sweep_dir = tmp_path / "sweep"
+    shutil.copytree(optuna_sweep["dir"], sweep_dir, symlinks=True)
+    job = min(p for p in sweep_dir.iterdir() if (p / "results.json").is_file())
+    (job / "results.json").unlink()
+    with caplog.at_level("ERROR"):
+        again = run_sweep(sweep_dir, "sweep.skip_done=true")
+    assert sorted(values is None for _, values in again) == [False, False, True]  # a failed trial
+    assert f"job {job.name} not skipped: cannot read {job / 'results.json'}" in caplog.text
+    assert "is not among this run's final metrics" not in caplog.text

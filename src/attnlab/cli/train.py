@@ -55,6 +55,8 @@ def _main(cfg: DictConfig) -> float | None:
     metric = cfg.get("optimized_metric")
     if (cfg.get("sweep") or {}).get("skip_done"):
         skipped = _skip_done(run, multirun)
+        if skipped is _UNREADABLE:  # named as a failed job already: no metric to miss
+            return None
         if skipped is not None:
             return _sweeper_value(skipped, metric, multirun)
     from attnlab.training.pipeline import train  # imports lightning
@@ -161,10 +163,13 @@ def submitit_ranks() -> None:
     )  # fmt: skip
 
 
+_UNREADABLE: dict[str, Any] = {}  # what `_skip_done` gives for a finished job whose results are unreadable
+
+
 def _skip_done(run: RunDir, multirun: bool) -> dict[str, Any] | None:
     """With `sweep.skip_done`: the final metrics of a job whose run finished (the job is skipped), else
     None (the job runs). A finished run whose results cannot be read is neither: outside a multirun the
-    command stops naming the file; in one the job is recorded as failed, with its metrics as `{}`."""
+    command stops naming the file; in one the job is recorded as failed, with `_UNREADABLE` (no metrics)."""
     try:
         done = finished_results(run)
     except UnreadableRunFile as exc:  # a finished job's results that attnlab-train did not write
@@ -173,7 +178,7 @@ def _skip_done(run: RunDir, multirun: bool) -> dict[str, Any] | None:
             raise SystemExit(f"attnlab-train: {told}") from None
         log.error("job %s not skipped: %s", run.path.name, told)
         record_job("failed", run.results_file)
-        return {}
+        return _UNREADABLE
     if done is None:
         return None
     print(f"attnlab-train: {run.path} already finished (sweep.skip_done=true): skipped")
