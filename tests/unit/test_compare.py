@@ -394,8 +394,11 @@ def test_a_running_run_whose_process_died_is_listed_as_stopped(sweep: Path) -> N
     finally:
         process.kill()
         process.wait()
-    text = report([sweep])
-    assert f"pe=learned,seed=2 (stopped: its process (pid {process.pid}) is gone: killed or crashed" in text
+    stopped = f"pe=learned,seed=2 (stopped: its process (pid {process.pid}) is gone: killed or crashed; "
+    assert f"{stopped}no last.ckpt)" in report([sweep])  # nothing saved to continue from
+    (run / "checkpoints").mkdir()
+    (run / "checkpoints" / "last.ckpt").write_bytes(b"weights")
+    assert f"{stopped}resume=true in its directory goes on)" in report([sweep])
     (run / ".lock").write_text(f"{process.pid} another-host\n")  # another machine's process: not known here
     assert "pe=learned,seed=2 (running)" in report([sweep])
 

@@ -155,7 +155,8 @@ def _read_run(run_dir: Path) -> Run:
     status = str(manifest.get("status", "unknown"))
     gone = FileLock(run.run_lock).holder_died() if status == "running" else None
     if gone is not None:  # its process died without writing how it ended
-        error = f"its process (pid {gone}) is gone: killed or crashed; resume=true in its directory goes on"
+        then = "resume=true in its directory goes on" if run.last_checkpoint.is_file() else "no last.ckpt"
+        error = f"its process (pid {gone}) is gone: killed or crashed; {then}"
         return Run(run_dir, config, "stopped", error=error)
     if status == "finished" and not config:  # its setting unknown: no group to put it in
         raise UnreadableRunFile(f"cannot read {run.config_file}: a finished run without its config")
