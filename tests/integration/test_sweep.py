@@ -127,3 +127,23 @@ def test_a_sweep_of_ddp_jobs_runs_each_job_as_its_own_process_group(tmp_path: Pa
     # Lightning's messages go to the job's logging (Hydra's console handler, standard output).
     told = [p.read_text() + p.with_name(p.name.replace("_log.err", "_log.out")).read_text() for p in logs]
     assert sum("GLOBAL_RANK: 1, MEMBER: 2/2" in text for text in told) == 2  # rank 1 of each job
+
+
+def test_a_run_without_test_sets_writes_its_final_metrics_for_sweeps_and_reports(tmp_path: Path) -> None:
+    """A `test=false` run (a search scored on validation) wrote no results.json: `sweep.skip_done` failed
+    its finished job as unreadable, and attnlab-compare listed it as unfinished."""
+    from attnlab.cli.train import finished_results
+    from attnlab.runs.layout import RunDir
+    from attnlab.training.pipeline import train
+    from helpers import compose_train
+
+    run_dir = tmp_path / "run"
+    overrides = ["data=synthetic", "model=tiny", "data.n_train=32", "data.n_val=8", "data.n_test=8",
+                 "trainer.max_epochs=1", "logger=csv", "test=false"]  # fmt: skip
+    metrics = train(compose_train(overrides, run_dir))
+    results = json.loads((run_dir / "results.json").read_text())
+    assert results["sets"] == {} and results["metrics"] == metrics and "val/loss" in metrics
+    done = finished_results(RunDir(run_dir))
+    assert done is not None and done["metrics"]["val/loss"] == metrics["val/loss"]  # skip_done skips it
+    text = report([run_dir])
+    assert "| all | 1 |" in text and "Not finished" not in text

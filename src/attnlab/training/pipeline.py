@@ -222,10 +222,13 @@ def _train_and_evaluate(plan: RunPlan, manifest: Manifest | None) -> dict[str, f
     best = _best_score(plan.cfg, trainer)
     if best is not None:  # what sweepers optimize: the monitor's value at the selected checkpoint
         metrics[f"best/{plan.cfg.monitor.metric}"] = best
-    evaluation = None
     if plan.cfg.get("test", True):
         test_metrics, evaluation = final_evaluation(plan, trainer, module, datamodule)
         metrics.update(test_metrics)
+    else:  # no test sets: results.json holds the final metrics alone (what sweeps and reports read)
+        from attnlab.inference.translator import Evaluation
+
+        evaluation = Evaluation({"sets": {}})
     for split, count in getattr(datamodule, "truncated", {}).items():
         metrics[f"data/truncated/{split}"] = float(count)
     if evaluation is not None and trainer.is_global_zero:  # every final metric, for sweeps and reports
