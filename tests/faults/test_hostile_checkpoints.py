@@ -450,6 +450,18 @@ def test_data_specs_are_built_by_their_name_only(trained: dict[str, Any], tmp_pa
     assert not marker.exists()
 
 
+def test_a_checkpoint_does_not_choose_the_host_data_is_downloaded_from() -> None:
+    """attnlab-eval without `data=` rebuilds the data from the checkpoint's settings: Multi30k's
+    `base_url` is the default's, not the checkpoint's (an untrusted file choosing which host is contacted)."""
+    from attnlab.data.download import MULTI30K_BASE_URL
+    from attnlab.runs.checkpoint import data_spec
+
+    saved = {"_target_": "attnlab.data.corpora.Multi30kData", "src_lang": "de", "tgt_lang": "en",
+             "base_url": "http://203.0.113.9/multi30k", "max_tokens": 512}  # fmt: skip
+    spec = data_spec(saved, "last.ckpt")
+    assert spec.base_url == MULTI30K_BASE_URL and spec.max_tokens == 512  # the rest as saved
+
+
 def test_a_training_config_with_another_data_class_is_refused_before_training(tmp_path: Path) -> None:
     """Its checkpoints could not be read back (the closed list): refused at validation, not after
     hours of training when the final evaluation reads the best checkpoint."""

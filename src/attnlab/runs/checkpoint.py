@@ -275,14 +275,21 @@ def _data_class(data: dict[str, Any], path: str | Path) -> type:
     return DATA_SPECS[target]
 
 
+# Data settings a checkpoint does not choose: which host a download contacts (Multi30k's files are
+# checksummed, so any mirror gives the same data) is this machine's setting, never an untrusted file's.
+NOT_FROM_CHECKPOINTS = ("base_url",)
+
+
 def data_spec(data: dict[str, Any], path: str | Path) -> Any:
-    """The data spec a checkpoint's `attnlab.data` entry describes, built by its class in `DATA_SPECS`.
+    """The data spec a checkpoint's `attnlab.data` entry describes, built by its class in `DATA_SPECS`,
+    with the class's defaults for `NOT_FROM_CHECKPOINTS` (`data=multi30k data.base_url=<mirror>` sets one).
 
     Raises:
         CheckpointError: The entry names another class (see `read_checkpoint`).
         attnlab.typed.ConfigError: A value the data spec refuses (naming `data.<key>`).
     """
-    return build_from(_data_class(data, path), {k: v for k, v in data.items() if k != "_target_"}, "data")
+    values = {k: v for k, v in data.items() if k != "_target_" and k not in NOT_FROM_CHECKPOINTS}
+    return build_from(_data_class(data, path), values, "data")
 
 
 def saved_settings(checkpoint: dict[str, Any], key: str, path: str | Path) -> Any:
