@@ -304,6 +304,22 @@ def test_candidates_scored_minus_infinity_are_never_returned() -> None:
     assert len(hyps) == 3  # the 5 ids less pad and bos (start is bos): 3 one-token outputs
 
 
+@pytest.mark.parametrize("beam", [1, 4])
+def test_scores_that_are_nan_are_named_not_an_index_error(beam: int) -> None:
+    """A model whose weights hold NaN scores every candidate NaN, so beam search kept no hypothesis:
+    `translate` failed with an IndexError, n-best lists came back empty. Both name the cause."""
+    model = Transformer(tiny_config()).eval()
+    with torch.no_grad():
+        model.output.weight[5].fill_(float("nan"))  # one logit NaN: the log-softmax is NaN everywhere
+    src = random_source([3, 5], 50, 0)
+    told = r"no hypothesis for 2 of 2 sentences \(the first: 0\): the model's scores are NaN"
+    with pytest.raises(ValueError, match=told):
+        beam_search(model, src, beam=beam)
+    if beam > 1:
+        with pytest.raises(ValueError, match=told):
+            translate(model, src, DecodeConfig(beam=beam))
+
+
 def test_a_beam_whose_first_step_cannot_fit_in_memory_is_refused_before_it_allocates() -> None:
     """A legal but huge beam (2^31-1) is a ConfigError naming the beam, the memory its first step needs at
     least (every row's scores over the target vocabulary and its keys and values for the first positions

@@ -499,6 +499,9 @@ def beam_search(
 
     Returns:
         Per sentence, its `n_best` best hypotheses sorted by normalized score, best first.
+
+    Raises:
+        ValueError: The arguments (`_check_beam_args`), or scores that are NaN (no hypothesis found).
     """
     _check_beam_args(beam, alpha, penalty, min_len, n_best)
     cfg = model.config
@@ -619,6 +622,12 @@ def beam_search(
             decoder.reorder(flat, sentences)
         else:
             decoder.reorder(flat)
+    lost = [b for b, sentence in enumerate(kept) if not sentence.hyps]
+    if lost:  # no score was ever finite: every candidate compared false
+        raise ValueError(
+            f"beam search found no hypothesis for {len(lost)} of {batch} sentences (the first: {lost[0]}): "
+            "the model's scores are NaN, so its weights or inputs hold NaN or infinite values"
+        )
     return [sentence.hyps[:n_best] for sentence in kept]
 
 
