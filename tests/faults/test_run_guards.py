@@ -220,7 +220,8 @@ def test_a_saved_run_without_last_ckpt_is_not_said_to_continue_with_resume(
 @pytest.mark.parametrize(
     ("status", "checkpoints", "overrides", "refused"),
     [("failed", [], {}, False), ("running", ["last.ckpt"], {}, True), ("finished", [], {}, True),
-     ("running", ["last.ckpt"], {"resume": "auto"}, False),
+     ("running", ["last.ckpt"], {"resume": "auto"}, False), ("finished", [], {"resume": "auto"}, True),
+     ("failed", [], {"resume": "auto"}, False),
      ("running", ["last.ckpt"], {"resume": True}, False),
      ("running", ["last.ckpt"], {"ckpt_path": "last"}, False),
      ("running", ["last.ckpt"], {"ckpt_path": "/elsewhere/last.ckpt"}, True),

@@ -63,9 +63,9 @@ def register_resolvers() -> None:
 def _continues(run: RunDir, resume: Any, ckpt_path: Any) -> bool:
     """Whether a training command continues the run in `run`: `continues_own_run`, or a `ckpt_path` naming
     the run's own `checkpoints/last.ckpt` (which `attnlab.training.pipeline.plan_run` continues as the same
-    run)."""
+    run). `resume=auto` without a last.ckpt starts a new run, so it does not."""
     if continues_own_run(resume, ckpt_path):
-        return True
+        return not (resume == "auto" and ckpt_path is None and not run.last_checkpoint.is_file())
     return ckpt_path is not None and Path(str(ckpt_path)).absolute() == run.last_checkpoint.absolute()
 
 
