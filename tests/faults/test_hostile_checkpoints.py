@@ -189,6 +189,24 @@ def copy_run(trained: dict[str, Any], tmp_path: Path) -> Path:
     return run
 
 
+def run_with_edited_last(
+    trained: dict[str, Any], tmp_path: Path, edit: Callable[[dict[str, Any]], None]
+) -> tuple[Path, Path]:
+    """A copy of the trained run whose last.ckpt is `edit`ed (in place, the loaded checkpoint), saved again:
+    the run directory and its last.ckpt."""
+    run = copy_run(trained, tmp_path)
+    last = run / "checkpoints" / "last.ckpt"
+    checkpoint = torch.load(last, weights_only=True)
+    edit(checkpoint)
+    torch.save(checkpoint, last)
+    return run, last
+
+
+def files_of(run: Path) -> dict[Path, bytes]:
+    """Every file of a run directory with its content, to check that a refused command changed nothing."""
+    return {p: p.read_bytes() for p in run.rglob("*") if p.is_file()}
+
+
 @pytest.mark.parametrize("kind", ["data entry", "hparams model", "foreign global"])
 @pytest.mark.parametrize("resume", ["true", "auto"])
 def test_a_hostile_last_ckpt_is_refused_on_resume(
@@ -226,20 +244,16 @@ def test_weights_that_do_not_fit_the_settings_are_refused_on_resume_before_the_r
     """A last.ckpt (or `ckpt_path=`) whose weights do not fit its model settings: refused naming the key
     before training (Lightning's own load would fail after the run started), nothing of the run changed."""
     edit, message = UNFITTING_WEIGHTS[kind]
-    run = copy_run(trained, tmp_path)
-    last = run / "checkpoints" / "last.ckpt"
-    checkpoint = torch.load(last, weights_only=True)
-    edit(checkpoint["state_dict"])
-    torch.save(checkpoint, last)
-    kept = {p: p.read_bytes() for p in run.rglob("*") if p.is_file()}
+    run, last = run_with_edited_last(trained, tmp_path, lambda c: edit(c["state_dict"]))
+    kept = files_of(run)
     with pytest.raises(ConfigError, match=rf"ckpt_path: {re.escape(str(last))}: .*{message}"):
         train(compose_train([*two_epochs_tested(trained), "resume=true"], run))
-    assert {p: p.read_bytes() for p in run.rglob("*") if p.is_file()} == kept
+    assert files_of(run) == kept
     assert json.loads((run / "manifest.json").read_text())["status"] == "finished"
     with pytest.raises(ConfigError, match=message):
         train(compose_train([*trained["overrides"], f"ckpt_path={last}"], tmp_path / "new_run"))
     assert not list((tmp_path / "new_run").rglob("*.ckpt"))  # nothing trained
-    assert {p: p.read_bytes() for p in run.rglob("*") if p.is_file()} == kept
+    assert files_of(run) == kept
 
 
 @pytest.mark.parametrize("config", ["missing", "edited"])
@@ -258,14 +272,14 @@ def test_resuming_with_other_settings_than_the_checkpoint_was_trained_with_is_re
         for key, value in changes.items():
             OmegaConf.update(edited, key, value)
         OmegaConf.save(edited, run / "config.yaml")
-    kept = {p: p.read_bytes() for p in run.rglob("*") if p.is_file()}
+    kept = files_of(run)
     overrides = [*two_epochs_tested(trained), "resume=true", *(f"{k}={v}" for k, v in changes.items())]
     with pytest.raises(ConfigError) as caught:
         train(compose_train(overrides, run))
     text = str(caught.value)
     assert f"resuming from {run / 'checkpoints' / 'last.ckpt'} with a different experiment" in text, text
     assert "model.activation: 'relu' -> 'gelu'" in text and "optim.warmup_steps: " in text, text
-    assert {p: p.read_bytes() for p in run.rglob("*") if p.is_file()} == kept
+    assert files_of(run) == kept
 
 
 # A weight of the right shape that is no dense tensor of finite floats -> the message naming it
@@ -290,12 +304,12 @@ def test_a_weight_that_is_no_dense_tensor_of_floats_is_refused_by_every_reader(
     each is refused before the model is built, naming the weight, and a resumed run's directory is left
     as it was."""
     change, problem = UNUSABLE_WEIGHTS[kind]
-    run = copy_run(trained, tmp_path)
-    last = run / "checkpoints" / "last.ckpt"
-    checkpoint = torch.load(last, weights_only=True)
-    checkpoint["state_dict"][WEIGHT] = change(checkpoint["state_dict"][WEIGHT])
-    torch.save(checkpoint, last)
-    kept = {p: p.read_bytes() for p in run.rglob("*") if p.is_file()}
+
+    def unusable(checkpoint: dict[str, Any]) -> None:
+        checkpoint["state_dict"][WEIGHT] = change(checkpoint["state_dict"][WEIGHT])
+
+    run, last = run_with_edited_last(trained, tmp_path, unusable)
+    kept = files_of(run)
     message = rf"{re.escape(str(last))}: its weight {re.escape(WEIGHT)} {problem}.*use another checkpoint"
     new = tmp_path / "new"
     readers: dict[str, Callable[[], Any]] = {
@@ -308,7 +322,7 @@ def test_a_weight_that_is_no_dense_tensor_of_floats_is_refused_by_every_reader(
         with pytest.raises((CheckpointError, ConfigError)) as caught:
             reader()
         assert re.search(message, str(caught.value)), f"{name}: {caught.value}"
-    assert {p: p.read_bytes() for p in run.rglob("*") if p.is_file()} == kept
+    assert files_of(run) == kept
     assert not list(new.rglob("*.ckpt"))  # nothing trained
 
 
@@ -344,16 +358,12 @@ def test_a_global_step_that_is_no_count_is_refused_on_resume(
 ) -> None:
     """A last.ckpt whose global_step is text or null failed with int()'s ValueError or TypeError, and one of
     1.5 or True resumed; each is refused naming the file and the entry, and nothing of the run changes."""
-    run = copy_run(trained, tmp_path)
-    last = run / "checkpoints" / "last.ckpt"
-    checkpoint = torch.load(last, weights_only=True)
-    checkpoint["global_step"] = step
-    torch.save(checkpoint, last)
-    kept = {p: p.read_bytes() for p in run.rglob("*") if p.is_file()}
+    run, last = run_with_edited_last(trained, tmp_path, lambda c: c.update(global_step=step))
+    kept = files_of(run)
     message = re.escape(f"resume: {last}: its global_step {step!r} is no step count")
     with pytest.raises(ConfigError, match=message):
         train(compose_train([*two_epochs_tested(trained), "resume=true"], run))
-    assert {p: p.read_bytes() for p in run.rglob("*") if p.is_file()} == kept
+    assert files_of(run) == kept
 
 
 def test_an_unreadable_csv_history_is_refused_on_resume_before_the_run_changes(
@@ -364,13 +374,13 @@ def test_an_unreadable_csv_history_is_refused_on_resume_before_the_run_changes(
     and the fix, and nothing of the run changes."""
     run = copy_run(trained, tmp_path)
     (run / "csv" / "metrics.csv").write_bytes(b"step,val/loss\n0,4\xff5\n")
-    kept = {p: p.read_bytes() for p in run.rglob("*") if p.is_file()}
+    kept = files_of(run)
     with pytest.raises(ConfigError) as caught:
         train(compose_train([*two_epochs_tested(trained), "resume=true"], run))
     text = str(caught.value)
     assert f"resuming {run}: cannot read {run / 'csv' / 'metrics.csv'}: " in text, text
     assert "put back a readable copy, or move the file aside to continue without the rows logged" in text
-    assert {p: p.read_bytes() for p in run.rglob("*") if p.is_file()} == kept
+    assert files_of(run) == kept
 
 
 @pytest.mark.parametrize("resume", ["true", "auto"])
@@ -390,7 +400,7 @@ def test_a_last_ckpt_that_is_no_file_is_refused_before_the_run_changes(
     else:
         last.symlink_to(tmp_path / "unmounted" / "last.ckpt")
         named = f"a symbolic link to {tmp_path / 'unmounted' / 'last.ckpt'}, which is missing"
-    kept = {p: p.read_bytes() for p in run.rglob("*") if p.is_file()}
+    kept = files_of(run)
     paths = sorted(run.rglob("*"))
     with pytest.raises(ConfigError) as caught:
         train(compose_train([*two_epochs_tested(trained), f"resume={resume}"], run))
@@ -398,7 +408,7 @@ def test_a_last_ckpt_that_is_no_file_is_refused_before_the_run_changes(
         f"resume={resume}: {last} is {named}, not a checkpoint file: put the run's last checkpoint there to "
         "continue it, or move the run directory aside to start afresh"
     )
-    assert {p: p.read_bytes() for p in run.rglob("*") if p.is_file()} == kept
+    assert files_of(run) == kept
     assert sorted(run.rglob("*")) == paths  # nothing added or removed
 
 
@@ -411,12 +421,12 @@ def test_a_damaged_last_ckpt_on_resume_is_refused_before_the_run_changes(
     last.write_bytes(last.read_bytes()[: last.stat().st_size // 2])  # an interrupted copy
     with pytest.raises(CheckpointError) as damaged:
         read_checkpoint(last)
-    kept = {p: p.read_bytes() for p in run.rglob("*") if p.is_file()}  # every checkpoint, manifest, config
+    kept = files_of(run)  # every checkpoint, manifest, config
     with pytest.raises(ConfigError) as caught:
         train(compose_train([*trained["overrides"], f"resume={resume}"], run))
     assert str(caught.value) == f"resume: {damaged.value}"  # the message of any damaged checkpoint
     assert re.search(r"cannot read checkpoint .*last\.ckpt: .*damaged", str(caught.value))
-    assert {p: p.read_bytes() for p in run.rglob("*") if p.is_file()} == kept
+    assert files_of(run) == kept
     assert json.loads((run / "manifest.json").read_text())["status"] == "finished"
 
 
@@ -777,10 +787,10 @@ def test_an_optimizer_state_the_settings_do_not_build_is_refused_before_training
     run = copy_run(trained, tmp_path)
     last = run / "checkpoints" / "last.ckpt"
     torch.save(checkpoint, last)
-    kept = {p: p.read_bytes() for p in run.rglob("*") if p.is_file()}
+    kept = files_of(run)
     with pytest.raises(ConfigError, match="its optimizer state is not what this run's settings build"):
         train(compose_train([*two_epochs_tested(trained), "resume=true"], run))
-    assert {p: p.read_bytes() for p in run.rglob("*") if p.is_file()} == kept
+    assert files_of(run) == kept
 
 
 def test_other_optim_settings_than_the_checkpoints_are_refused_naming_init_from(
@@ -868,17 +878,13 @@ def test_a_resumption_state_not_as_written_is_refused_before_the_run_changes(
 ) -> None:
     """Generator states and counts that `attnlab-train` does not write would fail at the first step, with
     the run started; they are refused before, naming the entry and the fix, and nothing of the run changes."""
-    run = copy_run(trained, tmp_path)
-    last = run / "checkpoints" / "last.ckpt"
-    checkpoint = torch.load(last, weights_only=True)
-    change(checkpoint["attnlab_resume"])
-    torch.save(checkpoint, last)
-    kept = {p: p.read_bytes() for p in run.rglob("*") if p.is_file()}
+    run, _ = run_with_edited_last(trained, tmp_path, lambda c: change(c["attnlab_resume"]))
+    kept = files_of(run)
     with pytest.raises(ConfigError, match=named) as caught:
         train(compose_train([*two_epochs_tested(trained), "resume=true"], run))
     assert "its resumption state (attnlab_resume) is not what attnlab-train writes" in str(caught.value)
     assert "init_from=" in str(caught.value)
-    assert {p: p.read_bytes() for p in run.rglob("*") if p.is_file()} == kept
+    assert files_of(run) == kept
 
 
 def test_loading_a_module_for_inference_takes_an_odd_resumption_state_without_failing(
