@@ -39,10 +39,9 @@ from attnlab.training.allocator import configure_allocator
 from attnlab.training.experiment import Experiment, check_constructor_keys, resolve_monitor, validate
 from attnlab.training.resume import (
     check_checkpoint_fits,
+    check_resumption,
     check_same_experiment,
-    check_saved_settings,
     check_training_state,
-    checkpoint_step,
     csv_history,
     restore_csv_history,
     resume_path,
@@ -115,8 +114,7 @@ def plan_run(cfg: DictConfig) -> RunPlan:
     resumed_step, history = None, []
     if resume_from is not None and Path(resume_from) == run.last_checkpoint:  # the same run goes on
         check_same_experiment(run.config_file, resolved)
-        resumed_step = checkpoint_step(str(resume_from))  # a damaged or refused last.ckpt: refused here
-        check_saved_settings(resume_from, resolved)  # (config.yaml may be missing or edited)
+        resumed_step = check_resumption(resume_from, resolved)  # a damaged, refused or other last.ckpt
         history = csv_history(run.path, resumed_step)  # read before the run changes
     names: dict[str, dict[str, Any]] = {}
     loggers = resolved.get("logger") or {}

@@ -398,23 +398,29 @@ def check_same_experiment(saved: Path, resolved: dict[str, Any]) -> None:
 _FROM_DATA = ("src_vocab_size", "tgt_vocab_size")
 
 
-def check_saved_settings(path: str | Path, resolved: dict[str, Any]) -> None:
-    """Refuse continuing a run from its checkpoint `path` with model or optim values (of `resolved`, the
-    config) other than those the checkpoint was trained with (its `hyper_parameters`): the run's
-    `config.yaml`, which `check_same_experiment` compares, may be missing or edited.
+def check_resumption(path: str | Path, resolved: dict[str, Any]) -> int:
+    """The global step the run's own checkpoint `path` was saved at, read once by `read_checkpoint`, after
+    refusing to continue it with model or optim values (of `resolved`, the config) other than those it was
+    trained with (its `hyper_parameters`): the run's `config.yaml`, which `check_same_experiment`
+    compares, may be missing or edited.
 
     Raises:
-        ConfigError: Listing the values that differ, or the message of a refused checkpoint.
+        ConfigError: The file is damaged, not from attnlab-train or refused (`read_checkpoint`'s message),
+            its global_step is no count, or values differ (listed).
     """
     from attnlab.runs.checkpoint import CheckpointError, read_checkpoint
 
     try:
-        saved = read_checkpoint(path, mmap=True)["hyper_parameters"]
+        checkpoint = read_checkpoint(path, mmap=True)
     except CheckpointError as exc:
         raise ConfigError(f"resume: {exc}") from None
+    step = checkpoint.get("global_step", 0)
+    if type(step) is not int or step < 0:  # (not True for 1)
+        raise ConfigError(f"resume: {path}: its global_step {_shown(step)} is no step count — the file is "
+                          "damaged or not written by attnlab-train; use another checkpoint")  # fmt: skip
     changed = []
     for node in ("model", "optim"):
-        theirs, ours = saved.get(node), resolved.get(node) or {}
+        theirs, ours = checkpoint["hyper_parameters"].get(node), resolved.get(node) or {}
         if not isinstance(theirs, dict):  # refused where the settings are read (`saved_settings`)
             continue
         changed += [f"{node}.{key}: {theirs[key]!r} -> {value!r}" for key, value in ours.items()
@@ -424,24 +430,6 @@ def check_saved_settings(path: str | Path, resolved: dict[str, Any]) -> None:
             f"resuming from {path} with a different experiment than it was trained with "
             f"({', '.join(changed[:8])}): give the overrides the run was started with, or start a new run"
         )
-
-
-def checkpoint_step(path: str) -> int:
-    """The global step the checkpoint to continue from was saved at, read by `read_checkpoint`.
-
-    Raises:
-        ConfigError: The file is damaged, not from attnlab-train or refused (`read_checkpoint`'s message), or
-            its global_step is no count.
-    """
-    from attnlab.runs.checkpoint import CheckpointError, read_checkpoint
-
-    try:
-        step = read_checkpoint(path, mmap=True).get("global_step", 0)
-    except CheckpointError as exc:
-        raise ConfigError(f"resume: {exc}") from None
-    if type(step) is not int or step < 0:  # (not True for 1)
-        raise ConfigError(f"resume: {path}: its global_step {_shown(step)} is no step count — the file is "
-                          "damaged or not written by attnlab-train; use another checkpoint")  # fmt: skip
     return step
 
 
