@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import contextlib
 import gzip
+import logging
 import multiprocessing
 import os
 import re
@@ -438,6 +439,25 @@ def test_building_renames_into_place(tmp_path: Path) -> None:
     assert sorted(os.listdir(tmp_path)) == ["entry", "entry.lock"]
     with building(target) as again:
         assert again is None
+
+
+@pytest.mark.parametrize("in_the_way", ["file", "broken link", "link to a file"])
+def test_building_replaces_what_is_no_directory(
+    tmp_path: Path, in_the_way: str, caplog: pytest.LogCaptureFixture
+) -> None:
+    target, elsewhere = tmp_path / "entry", tmp_path / "elsewhere.txt"
+    if in_the_way == "file":
+        target.write_text("not a build", encoding="utf-8")
+    else:
+        if in_the_way == "link to a file":
+            elsewhere.write_text("kept", encoding="utf-8")
+        target.symlink_to(elsewhere)
+    with caplog.at_level(logging.WARNING, logger="attnlab.data.cache"), building(target) as tmp:
+        assert tmp is not None  # built again, not taken for a build
+        (tmp / "data.txt").write_text("x", encoding="utf-8")
+    assert not target.is_symlink() and (target / "data.txt").read_text(encoding="utf-8") == "x"
+    assert "not a directory" in caplog.text
+    assert in_the_way != "link to a file" or elsewhere.read_text(encoding="utf-8") == "kept"
 
 
 def test_building_failure_leaves_nothing(tmp_path: Path) -> None:

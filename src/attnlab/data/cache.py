@@ -193,10 +193,11 @@ def building(
 ) -> Iterator[Path | None]:
     """Build the cache directory `target` once, atomically, whichever process gets there first.
 
-    Holds the lock ``<target>.lock`` for the whole block. If `target` exists once the lock is held
-    (built earlier, or by another process while this one waited; a dangling link counts), yields None and
-    touches nothing — unless `damaged(target)` gives a reason: then `target` is removed (a file or a link
-    itself, not what it points to), with a warning naming it and the reason, and built again.
+    Holds the lock ``<target>.lock`` for the whole block. If `target` is a directory once the lock is held
+    (built earlier, or by another process while this one waited), yields None and touches nothing —
+    unless `damaged(target)` gives a reason: then `target` is removed, with a warning naming it and the
+    reason, and built again. A file or a link to nothing at `target` is never a build: it is removed the
+    same way (the file or the link itself, not what a link points to).
     Otherwise yields a fresh, empty temporary directory beside `target` (same filesystem) for the
     caller to fill; on normal exit its files are flushed to disk and it is renamed to `target`, on an
     exception it is deleted and
@@ -225,6 +226,8 @@ def building(
     with _lock_of(target, timeout):
         present = target.exists() or target.is_symlink()  # (a dangling link is in the way too)
         reason = damaged(target) if damaged is not None and present else None
+        if present and reason is None and not target.is_dir():  # a file, or a link to none: never a build
+            reason = "it is not a directory (a file or a broken link)"
         if present and reason is None:
             yield None
             return
