@@ -1475,6 +1475,26 @@ def test_a_file_with_cr_line_endings_is_refused_not_read_as_one_line(
         prepare(files_spec(corpus, tmp_path))
 
 
+@pytest.mark.parametrize("encoding", ["utf-16-le", "utf-16-be", "utf-32-le"])
+def test_a_file_in_utf16_or_utf32_without_a_byte_order_mark_is_refused(
+    corpus: Path, tmp_path: Path, encoding: str
+) -> None:
+    """ASCII text in UTF-16/32 without a BOM decodes as UTF-8: it was read as lines of letters between
+    NULs (and the little-endian file one line longer), a corpus of garbage that trained without a word."""
+    for lang in ("de", "en"):
+        path = corpus / f"test.{lang}"
+        path.write_bytes(path.read_text(encoding="utf-8").encode(encoding))
+    with pytest.raises(
+        DataError, match=r"test\.de: \d+ of its first \d+ bytes are NUL: it is UTF-16 or UTF-32"
+    ):
+        read_lines(corpus / "test.de")
+    with pytest.raises(DataError, match="re-encode it as UTF-8"):
+        prepare(files_spec(corpus, tmp_path))
+    stray = tmp_path / "stray.de"  # a NUL or two in UTF-8 text is no encoding: read as it is
+    stray.write_bytes(b"ein\x00Hund\nzwei Katzen\n")
+    assert read_lines(stray) == ["ein\x00Hund", "zwei Katzen"]
+
+
 def test_pairs_dropped_by_the_filters_are_reported_when_the_cache_is_loaded(
     corpus: Path, tmp_path: Path, caplog: pytest.LogCaptureFixture
 ) -> None:

@@ -74,6 +74,7 @@ def _decoded_blocks(file: IO[bytes], path: Path) -> Iterator[list[str]]:
             if first:  # a byte-order mark is not part of line 1: cut off here, not by the "utf-8-sig" codec,
                 # whose error positions count from after it (one line short for a bad byte after a line feed)
                 data, first = data.removeprefix(codecs.BOM_UTF8), False
+                _refuse_wide_text(data, path)
             try:
                 text = data.decode("utf-8")
             except UnicodeDecodeError as exc:
@@ -95,6 +96,18 @@ def _decoded_blocks(file: IO[bytes], path: Path) -> Iterator[list[str]]:
             if "\r" in text:
                 lines = [line[:-1] if line.endswith("\r") else line for line in lines]
             yield lines
+
+
+def _refuse_wide_text(data: bytes, path: Path) -> None:
+    """Raise when the first lines read of `path` are mostly NUL bytes: UTF-16 or UTF-32 text without a
+    byte-order mark (or binary data) is valid UTF-8 when its characters are ASCII, and would be read as
+    lines of letters between NULs. A few NULs in UTF-8 text are left to the tokenizer."""
+    nuls = data.count(0)
+    if nuls * 4 > len(data):
+        raise DataError(
+            f"{path}: {nuls} of its first {len(data)} bytes are NUL: it is UTF-16 or UTF-32 text (or binary "
+            "data), not UTF-8; re-encode it as UTF-8 (e.g. iconv -f UTF-16LE -t UTF-8)"
+        )
 
 
 def read_lines(path: Path) -> list[str]:
