@@ -187,6 +187,22 @@ def test_a_transfer_cut_short_is_named_a_failed_download(tmp_path: Path) -> None
     assert not (tmp_path / "val.de").exists()
 
 
+def test_a_redirect_loop_is_named_on_one_line(tmp_path: Path) -> None:
+    """urllib's reason for a redirect loop spans three lines: the error message was cut across them."""
+
+    def loop(request: Any) -> None:
+        request.send_response(302)
+        request.send_header("Location", request.path)
+        request.send_header("Content-Length", "0")
+        request.end_headers()
+
+    with serve_once(loop) as url, pytest.raises(DataError) as failed:
+        fetch_gzipped(url, tmp_path / "val.de", MULTI30K_SHA256["val.de"], timeout=10)
+    message = str(failed.value)
+    assert "\n" not in message and re.search(r"could not download .*redirect error .* infinite loop", message)
+    assert not (tmp_path / "val.de").exists()
+
+
 def test_a_server_that_sends_a_byte_now_and_then_is_given_up_on(tmp_path: Path) -> None:
     """Each read returns within the timeout, but the transfer would never end: it is given up after
     `TOTAL_TIMEOUTS` times the timeout (before, never)."""

@@ -112,6 +112,7 @@ def _download(url: str, timeout: float) -> bytes:
         reason = str(exc.reason)
     except (TimeoutError, OSError, http.client.HTTPException) as exc:
         reason = f"{type(exc).__name__}: {exc}"
+    reason = " ".join(reason.split())  # (urllib's reason for a redirect loop spans three lines)
     raise DataError(f"could not download {url} ({reason}). If this machine is offline, {_OFFLINE_FIX}.")
 
 
