@@ -15,7 +15,7 @@ import socket
 import stat
 import time
 import weakref
-from collections.abc import Iterator, Mapping
+from collections.abc import Callable, Iterator, Mapping
 from contextlib import contextmanager, suppress
 from pathlib import Path
 from types import TracebackType
@@ -50,12 +50,22 @@ class FileLock:
         path: The lock file.
         timeout: Seconds to wait for the lock; None waits forever, 0 tries once.
         record_holder: Write this process's pid and host into the lock file while holding it.
+        waiting: Called once, before waiting, when another process holds the lock (to say why nothing
+            happens meanwhile: a build or download can take minutes); not called when the lock is free.
     """
 
-    def __init__(self, path: Path, *, timeout: float | None = None, record_holder: bool = False) -> None:
+    def __init__(
+        self,
+        path: Path,
+        *,
+        timeout: float | None = None,
+        record_holder: bool = False,
+        waiting: Callable[[], None] | None = None,
+    ) -> None:
         self.path = Path(path)
         self.timeout = timeout
         self.record_holder = record_holder
+        self.waiting = waiting
         self._fd: int | None = None
 
     @property
@@ -75,10 +85,14 @@ class FileLock:
         self.path.parent.mkdir(parents=True, exist_ok=True)
         fd = os.open(self.path, os.O_RDWR | os.O_CREAT, 0o644)
         try:
-            if self.timeout is None:
-                fcntl.flock(fd, fcntl.LOCK_EX)
-            else:
-                self._wait(fd, time.monotonic() + self.timeout)
+            notice = self.waiting is not None and self.timeout != 0
+            if not (notice and _try_lock(fd)):
+                if notice:
+                    self.waiting()
+                if self.timeout is None:
+                    fcntl.flock(fd, fcntl.LOCK_EX)
+                else:
+                    self._wait(fd, time.monotonic() + self.timeout)
         except BaseException:
             os.close(fd)
             raise
@@ -117,19 +131,15 @@ class FileLock:
         return None
 
     def _wait(self, fd: int, deadline: float) -> None:
-        while True:
-            try:
-                fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-                return
-            except BlockingIOError:
-                remaining = deadline - time.monotonic()
-                if remaining <= 0:
-                    raise TimeoutError(
-                        f"could not lock {self.path} within {self.timeout} s: "
-                        f"{self.holder() if self.record_holder else 'another process'} holds it. "
-                        "Wait for it to finish, or stop it if it is stuck (the lock is freed when it exits)."
-                    ) from None
-                time.sleep(min(_POLL_S, remaining))
+        while not _try_lock(fd):
+            remaining = deadline - time.monotonic()
+            if remaining <= 0:
+                raise TimeoutError(
+                    f"could not lock {self.path} within {self.timeout} s: "
+                    f"{self.holder() if self.record_holder else 'another process'} holds it. "
+                    "Wait for it to finish, or stop it if it is stuck (the lock is freed when it exits)."
+                )
+            time.sleep(min(_POLL_S, remaining))
 
     def release(self) -> None:
         """Drop the lock (a no-op when not held)."""
@@ -155,6 +165,15 @@ class FileLock:
         tb: TracebackType | None,
     ) -> None:
         self.release()
+
+
+def _try_lock(fd: int) -> bool:
+    """Take the ``flock`` of `fd` if no one holds it: whether it was taken."""
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except BlockingIOError:
+        return False
+    return True
 
 
 _HELD: weakref.WeakSet[FileLock] = weakref.WeakSet()  # the locks this process holds

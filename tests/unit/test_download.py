@@ -86,6 +86,36 @@ def test_download_once_then_reuse_then_refetch_only_what_is_missing(
     assert mirror.counts == Counter({upstream_path(n): 2 if n == "val.en" else 1 for n in NAMES})
 
 
+def test_a_download_waiting_for_another_process_says_so_then_fetches_what_is_missing(
+    mirror: Mirror, shared_data: Path, tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    """A process waiting for another's download of the same files (a DDP rank, a second job) printed
+    nothing for as long as the download took."""
+    cache = tmp_path / "cache"
+    directory = cache / "multi30k" / MULTI30K_COMMIT[:12]
+    caplog.set_level("INFO", logger="attnlab.data.download")
+    got: list[dict[str, Path]] = []
+    with FileLock(directory / ".lock"):  # another process downloading
+        waiter = threading.Thread(
+            target=lambda: got.append(
+                multi30k_paths(LANGS, root=None, cache_dir=cache, base_url=mirror.base_url)
+            )
+        )
+        waiter.start()
+        deadline = time.monotonic() + 10
+        while "another process is downloading" not in caplog.text and time.monotonic() < deadline:
+            time.sleep(0.01)
+        assert not got and not mirror.counts  # still waiting, nothing fetched
+    waiter.join(60)
+    assert [path.read_bytes() for path in got[0].values()] == [
+        (shared_data / "multi30k" / name).read_bytes() for name in NAMES
+    ]
+    notices = [r.getMessage() for r in caplog.records if r.getMessage().startswith("another process")]
+    assert notices == [
+        f"another process is downloading into {directory} (it holds {directory / '.lock'}): waiting for it"
+    ]
+
+
 def test_cached_file_with_wrong_bytes_is_fetched_again(
     mirror: Mirror, shared_data: Path, tmp_path: Path
 ) -> None:

@@ -169,22 +169,14 @@ def _fsync_files(directory: Path) -> None:
     fsync_directory(directory)
 
 
-@contextmanager
-def _lock_of(target: Path, timeout: float | None) -> Iterator[None]:
-    """Hold the lock ``<target>.lock``; when another process holds it, say so (once) before waiting: a
+def _lock_of(target: Path, timeout: float | None) -> FileLock:
+    """The lock ``<target>.lock``; when another process holds it, it says so (once) before waiting: a
     build of a large corpus may take minutes, and the waiting process would print nothing meanwhile."""
     path = target.with_name(target.name + ".lock")
-    lock = FileLock(path, timeout=0)
-    try:
-        lock.acquire()
-    except TimeoutError:
-        log.info("another process is building %s (it holds %s): waiting for it", target, path)
-        lock = FileLock(path, timeout=timeout)
-        lock.acquire()
-    try:
-        yield
-    finally:
-        lock.release()
+    notice = functools.partial(
+        log.info, "another process is building %s (it holds %s): waiting for it", target, path
+    )
+    return FileLock(path, timeout=timeout, waiting=notice)
 
 
 @contextmanager

@@ -20,6 +20,7 @@ Torch-free: standard library only.
 
 from __future__ import annotations
 
+import functools
 import gzip
 import hashlib
 import http.client
@@ -263,7 +264,10 @@ def multi30k_paths(
         return paths
     # Another process may be fetching the same files: wait for it, then fetch only what is still missing.
     make_cache_dir(directory)
-    with FileLock(directory / ".lock"):
+    lock = directory / ".lock"
+    waiting = "another process is downloading into %s (it holds %s): waiting for it"
+    notice = functools.partial(logger.info, waiting, directory, lock)
+    with FileLock(lock, waiting=notice):
         for name in todo:
             if paths[name].is_file() and file_sha256(paths[name]) == MULTI30K_SHA256[name]:
                 continue
