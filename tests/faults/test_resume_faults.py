@@ -12,6 +12,7 @@ session's uninterrupted `resume_reference`; only the runs that are killed start 
 from __future__ import annotations
 
 import json
+import logging
 import re
 import shutil
 import signal
@@ -253,6 +254,25 @@ def test_a_finished_run_given_another_epoch_equals_a_longer_run(
     assert saved_step(run_dir) == 20
     assert_second_epoch_in_its_own_order(run_dir)
     assert_same_training(run_dir, resume_reference)
+
+
+def test_resuming_without_the_runs_config_yaml_warns_that_only_the_checkpoints_settings_are_compared(
+    one_epoch: Path, tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    """A run whose config.yaml was moved away continued with a changed trainer.* or seed without a word:
+    only the checkpoint's model, optim and data settings could be compared."""
+    run_dir = tmp_path / "run"
+    shutil.copytree(one_epoch, run_dir)
+    (run_dir / "config.yaml").unlink()
+    with caplog.at_level(logging.WARNING, logger="attnlab.training.resume"):
+        resume(run_dir, DEFAULT, "trainer.max_epochs=2")
+    assert saved_step(run_dir) == 20
+    warned = [r.getMessage() for r in caplog.records if r.name == "attnlab.training.resume"]
+    assert warned == [
+        f"resuming {run_dir} without its config.yaml: only the model, optim and data settings its checkpoint "
+        "records are compared with this command's; a changed trainer.*, seed or other value goes unnoticed. "
+        "Put the file back to have every value compared"
+    ]
 
 
 def _fit_once(module: TranslationModule, run_dir: Path) -> tuple[dict[str, float], dict[str, torch.Tensor]]:

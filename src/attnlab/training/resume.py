@@ -18,6 +18,7 @@ an uninterrupted run's: the checkpoint holds their running sums (`attnlab.traini
 
 from __future__ import annotations
 
+import logging
 import math
 import os
 import random
@@ -40,6 +41,8 @@ from attnlab.typed import ConfigError
 # callbacks, ...; not `task_name`, which names where run directories live), and what does not change the
 # training so far: decoding, scoring, the final evaluation, more epochs or steps, progress and logging
 # intervals.
+log = logging.getLogger(__name__)
+
 RESUMABLE_CHANGES = (
     *(key for key in BOOKKEEPING if key != "task_name"), "decode.", "metrics.", "test", "average_last",
     "trainer.max_epochs", "trainer.max_steps", "trainer.enable_progress_bar", "trainer.log_every_n_steps",
@@ -368,13 +371,21 @@ def _count(value: Any) -> str:
 
 
 def check_same_experiment(saved: Path, resolved: dict[str, Any]) -> None:
-    """The resumed run's config (resolved) against the run's `config.yaml` (`saved`).
+    """The resumed run's config (resolved) against the run's `config.yaml` (`saved`). Without the file
+    (moved or deleted) only what the checkpoint records is compared (`check_resumption`: model, optim and
+    data settings), with a warning naming the file.
 
     Raises:
         ConfigError: Listing each key whose value differs outside `RESUMABLE_CHANGES`, or naming the
             `config.yaml` that cannot be read.
     """
     if not saved.is_file():
+        log.warning(
+            "resuming %s without its config.yaml: only the model, optim and data settings its checkpoint "
+            "records are compared with this command's; a changed trainer.*, seed or other value goes "
+            "unnoticed. Put the file back to have every value compared",
+            saved.parent,
+        )
         return
     try:
         before = read_config_file(saved)
