@@ -457,3 +457,28 @@ def test_a_set_that_cannot_be_scored_is_refused_naming_it(text_run: dict[str, An
     with pytest.raises(ConfigError, match="cannot score empty: empty corpus"):
         evaluate_checkpoint(compose_eval([f"ckpt_path={best}", *files, "data.test=[empty]"], tmp_path / "a"))
     assert not (tmp_path / "a" / "results.json").exists()
+
+
+def test_a_model_whose_scores_overflow_to_nan_is_named_by_eval_and_translate(
+    text_run: dict[str, Any], tmp_path: Path
+) -> None:
+    """Finite weights so large that the logits overflow (no NaN in the file, so the checkpoint reader
+    takes it) score NaN: attnlab-eval failed with beam search's ValueError as a traceback, and greedy
+    decoding (beam 1) took the NaN's id as every best token, translating each line to nothing without a
+    word. Both decodes name the cause, attnlab-eval as a ConfigError with nothing written, attnlab-translate
+    leaves no output file."""
+    checkpoint = read_checkpoint(next((text_run["dir"] / "checkpoints").glob("best-*.ckpt")))
+    checkpoint["state_dict"]["model.output.weight"] *= 1e37  # finite, but its logits are not
+    huge = tmp_path / "huge.ckpt"
+    torch.save(checkpoint, huge)
+    told = r"found no hypothesis for \d+ of \d+ sentences \(the first: 0\): the model's scores are NaN"
+    for beam in (1, 3):
+        out = tmp_path / f"beam{beam}"
+        with pytest.raises(ConfigError, match=rf"{told}.*nothing was written to {re.escape(str(out))}$"):
+            evaluate_checkpoint(compose_eval([f"ckpt_path={huge}", "sets=[val]", f"decode.beam={beam}"], out))
+        assert not (out / "results.json").exists() and not (out / "hypotheses").exists()
+    (tmp_path / "in.de").write_text("Ein Mann fährt Fahrrad.\n", "utf-8")
+    with pytest.raises(SystemExit, match=rf"^attnlab-translate: greedy decoding {told}"):
+        translate_main([f"ckpt_path={huge}", "decode.beam=1", f"input={tmp_path / 'in.de'}",
+                        f"output={tmp_path / 'out.en'}"])  # fmt: skip
+    assert not (tmp_path / "out.en").exists()

@@ -14,6 +14,8 @@ from torch import Tensor
 from attnlab.decoding import DecodeConfig
 from attnlab.decoding.search import (
     Hypothesis,
+    NonFiniteScores,
+    Sampling,
     available_memory,
     beam_search,
     check_beam_memory,
@@ -305,19 +307,25 @@ def test_candidates_scored_minus_infinity_are_never_returned() -> None:
 
 
 @pytest.mark.parametrize("beam", [1, 4])
-def test_scores_that_are_nan_are_named_not_an_index_error(beam: int) -> None:
+@pytest.mark.parametrize("where", ["one logit", "every weight"])
+def test_scores_that_are_nan_are_named_not_an_index_error(beam: int, where: str) -> None:
     """A model whose weights hold NaN scores every candidate NaN, so beam search kept no hypothesis:
-    `translate` failed with an IndexError, n-best lists came back empty. Both name the cause."""
+    `translate` failed with an IndexError, n-best lists came back empty. Both name the cause. Greedy
+    decoding (`translate` with beam 1, sampled or not) took the NaN's id as the best token without a
+    word: empty outputs (eos) or a wrong token; it names the cause too."""
     model = Transformer(tiny_config()).eval()
     with torch.no_grad():
-        model.output.weight[5].fill_(float("nan"))  # one logit NaN: the log-softmax is NaN everywhere
+        for weight in [model.output.weight[5]] if where == "one logit" else list(model.parameters()):
+            weight.fill_(float("nan"))  # one logit NaN: the log-softmax is NaN everywhere
     src = random_source([3, 5], 50, 0)
     told = r"no hypothesis for 2 of 2 sentences \(the first: 0\): the model's scores are NaN"
-    with pytest.raises(ValueError, match=told):
+    with pytest.raises(NonFiniteScores, match=told):
         beam_search(model, src, beam=beam)
-    if beam > 1:
-        with pytest.raises(ValueError, match=told):
-            translate(model, src, DecodeConfig(beam=beam))
+    with pytest.raises(NonFiniteScores, match=told):
+        translate(model, src, DecodeConfig(beam=beam))
+    if beam == 1:
+        with pytest.raises(NonFiniteScores, match=rf"^greedy decoding found {told}"):
+            greedy_decode(model, src, sample=Sampling(topk=5))
 
 
 def test_a_beam_whose_first_step_cannot_fit_in_memory_is_refused_before_it_allocates() -> None:

@@ -33,8 +33,8 @@ def evaluate_checkpoint(cfg: DictConfig) -> dict[str, Any]:
     the process's malloc settings as they are (`attnlab.training.allocator.configure_allocator` sets them).
 
     Raises:
-        ConfigError: A bad value (`ckpt_path` missing), or a checkpoint or data file that cannot be
-            used (with the fix).
+        ConfigError: A bad value (`ckpt_path` missing), a checkpoint or data file that cannot be used
+            (with the fix), a set that cannot be scored, or a model whose scores are NaN.
     """
     if OmegaConf.is_missing(cfg, "ckpt_path") or not cfg.get("ckpt_path"):
         raise ConfigError(
@@ -42,6 +42,7 @@ def evaluate_checkpoint(cfg: DictConfig) -> dict[str, Any]:
             "ensemble=true)"
         )
     from attnlab.data.download import DataError
+    from attnlab.decoding.search import NonFiniteScores
     from attnlab.inference.translator import (
         Translator,
         evaluate,
@@ -79,8 +80,8 @@ def evaluate_checkpoint(cfg: DictConfig) -> dict[str, Any]:
     output_dir = Path(cfg.paths.output_dir)
     try:
         return evaluate(translator, sets, output_dir, checkpoints=paths)
-    except ScoringError as exc:  # nothing written: the sets are scored before any file is
-        raise ConfigError(str(exc)) from None
+    except (ScoringError, NonFiniteScores) as exc:  # nothing written: every set is scored before any file
+        raise ConfigError(f"{exc}; nothing was written to {output_dir}") from None
 
 
 def check_languages(saved: dict[str, Any] | None, spec: Any) -> None:

@@ -21,6 +21,7 @@ _SEARCH = (
     "max_output_lengths",
     "Hypothesis",
     "Sampling",
+    "NonFiniteScores",
 )
 
 __all__ = ["DecodeConfig", *_SEARCH]

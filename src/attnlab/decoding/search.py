@@ -55,6 +55,20 @@ def max_output_length(source_length: int, a: float, b: int, limit: int | None = 
     return int(min(max(1.0, a * source_length + b), output_cap(limit)))  # (a·|S| may overflow to inf)
 
 
+class NonFiniteScores(ValueError):
+    """Decoding met next-token scores that are NaN (or +inf): no output of the model means anything."""
+
+
+def non_finite_scores(search: str, count: int, batch: int, first: int) -> NonFiniteScores:
+    """The error of `search` (greedy decoding, beam search) for `count` of `batch` sentences, the first
+    `first`, whose scores were NaN, naming the cause."""
+    return NonFiniteScores(
+        f"{search} found no hypothesis for {count} of {batch} sentences (the first: {first}): the model's "
+        "scores are NaN, so its weights or inputs hold NaN or infinite values, or values so large that its "
+        "activations overflow"
+    )
+
+
 def ungenerable_ids(config: TransformerConfig, device: torch.device) -> Tensor:
     """The ids no decoder ever outputs: pad, bos and the decoder start id (made once per decode call)."""
     return torch.tensor(sorted({config.pad_id, config.bos_id, config.start_id}), device=device)
@@ -175,6 +189,10 @@ def greedy_decode(
 
     Returns:
         Output ids (B, T) without the start token, eos included, padded with pad after eos.
+
+    Raises:
+        ValueError: `min_len` < 1.
+        NonFiniteScores: A sentence's scores are NaN (or +inf): NaN or infinite weights or inputs.
     """
     if min_len < 1:
         raise ValueError(f"min_len={min_len} must be >= 1 (the length counts eos)")
@@ -193,17 +211,22 @@ def greedy_decode(
     for step in range(out.size(1)):
         logits = decoder(token if use_cache else prefix)  # (B', 1 | t, V)
         scores = mask_ungenerable(logits[:, -1].float(), never, cfg.eos_id, step + 1, min_len)  # (B', V)
-        if generators is None:
-            # the first most probable id, as `argmax` (ties: the lowest id); `max` finds it 2.2x faster on
-            # the CPU (64 x 5,000 scores: 0.13 against 0.28 ms; docs/benchmarks.md)
-            token = scores.max(dim=-1, keepdim=True).indices  # (B', 1)
-        else:
+        # the first most probable id, as `argmax` (ties: the lowest id); `max` finds it 2.2x faster on the
+        # CPU (64 x 5,000 scores: 0.13 against 0.28 ms; docs/benchmarks.md). A NaN score is the max (max
+        # propagates NaN): the check below refuses it (picked, its id made empty or wrong outputs silently).
+        best = scores.max(dim=-1, keepdim=True)
+        token = best.indices  # (B', 1)
+        if generators is not None:
             token = sample.pick(scores, [generators[i] for i in alive.tolist()])  # (B', 1)
         out[alive, step] = token.squeeze(1)
         if not use_cache:
             prefix = torch.cat([prefix, token], dim=1)
-        finished = (token.squeeze(1) == cfg.eos_id) | (limits <= step + 1)  # (B',)
+        nan = ~(best.values.squeeze(1) < math.inf)  # (B',) NaN or +inf: checked only when a row stops
+        finished = (token.squeeze(1) == cfg.eos_id) | (limits <= step + 1) | nan  # (B',)
         if bool(finished.any()):  # finished sentences leave the batch
+            if bool(nan.any()):
+                bad = alive[nan].tolist()
+                raise non_finite_scores("greedy decoding", len(bad), batch, bad[0])
             keep = (~finished).nonzero().squeeze(1)
             if keep.numel() == 0:
                 return out[:, : step + 1]
@@ -501,7 +524,8 @@ def beam_search(
         Per sentence, its `n_best` best hypotheses sorted by normalized score, best first.
 
     Raises:
-        ValueError: The arguments (`_check_beam_args`), or scores that are NaN (no hypothesis found).
+        ValueError: The arguments (`_check_beam_args`).
+        NonFiniteScores: Scores that are NaN (no hypothesis found).
     """
     _check_beam_args(beam, alpha, penalty, min_len, n_best)
     cfg = model.config
@@ -624,10 +648,7 @@ def beam_search(
             decoder.reorder(flat)
     lost = [b for b, sentence in enumerate(kept) if not sentence.hyps]
     if lost:  # no score was ever finite: every candidate compared false
-        raise ValueError(
-            f"beam search found no hypothesis for {len(lost)} of {batch} sentences (the first: {lost[0]}): "
-            "the model's scores are NaN, so its weights or inputs hold NaN or infinite values"
-        )
+        raise non_finite_scores("beam search", len(lost), batch, lost[0])
     return [sentence.hyps[:n_best] for sentence in kept]
 
 
