@@ -536,6 +536,37 @@ def test_an_exported_beam_whose_step_cannot_fit_in_memory_is_refused_before_ctra
         assert translator.translate(lines, beam=2) == expected
 
 
+BAD_CALLS: dict[str, tuple[dict[str, Any], str]] = {
+    "beam 0": ({"beam": 0}, r"beam=0 must be positive"),
+    "negative beam": ({"beam": -1}, r"beam=-1 must be positive"),
+    "fractional beam": ({"beam": 2.5}, r"beam=2\.5 is not valid: expected int"),
+    "min_len 0": ({"min_len": 0}, r"min_len=0 must be positive"),
+    "negative max_len_b": ({"max_len_b": -20}, r"max_len_b=-20 must be >= 0"),
+    "NaN max_len_a": ({"max_len_a": float("nan")}, r"max_len_a=nan must be >= 0 and finite"),
+    "negative batch_size": ({"batch_size": -3}, r"batch_size=-3 must be a whole number of sentences"),
+    "NaN length_penalty": ({"length_penalty": float("nan")}, r"length_penalty=nan must be a finite number"),
+}  # fmt: skip
+
+
+@pytest.mark.parametrize("case", BAD_CALLS)
+def test_ctranslate2_call_settings_attnlab_refuses_are_refused_naming_them(case: str, tmp_path: Path) -> None:
+    """`CT2Translator.translate`'s own settings were passed to CTranslate2 unchecked: a NaN max_len_a or a
+    negative max_len_b translated every line to one token and a NaN length penalty ran, without a word; a
+    negative beam, min_len 0 or a negative batch size failed with pybind11's TypeError listing
+    translate_batch's signature. Each is a ValueError naming the setting, as `decode.*` refuses it; the
+    settings it takes (batch_size=0: no limit) still translate."""
+    pytest.importorskip("ctranslate2", reason='needs the [export] extra: pip install -e ".[export]"')
+    from attnlab.interop.ct2 import CT2Translator
+
+    src, tgt = separate_vocabularies()
+    engine = CT2Translator(export(random_translator(src, tgt, tie="decoder"), "ctranslate2", tmp_path / "c"))
+    lines = ["Ein Hund.", "Zwei Hunde spielen im Schnee."]
+    settings, message = BAD_CALLS[case]
+    with pytest.raises(ValueError, match=f"^{message}"):
+        engine.translate(lines, **settings)
+    assert engine.translate(lines, batch_size=0, length_penalty=0.5) == engine.translate(lines)
+
+
 def test_a_ctranslate2_settings_file_that_is_no_object_is_refused(tmp_path: Path) -> None:
     pytest.importorskip("ctranslate2", reason='needs the [export] extra: pip install -e ".[export]"')
     from attnlab.interop.ct2 import CT2Translator

@@ -104,6 +104,28 @@ def checked_settings(settings: object, where: Path) -> None:
         ) from None
 
 
+def checked_call(beam: Any, max_len_a: Any, max_len_b: Any, min_len: Any, batch_size: Any,
+                 length_penalty: Any) -> None:  # fmt: skip
+    """A ValueError naming the setting unless the decoding settings of a `translate_ids` call are ones
+    attnlab decodes with: `beam`, `max_len_a`, `max_len_b` and `min_len` as `DecodeConfig` takes them,
+    `batch_size` an integer of at least 0 (CTranslate2's 0: no limit), `length_penalty` (CTranslate2's
+    α) a finite number of at least 0, `beam` at most 2^31-1. CTranslate2 took a NaN `max_len_a`
+    or a negative `max_len_b` as one-token outputs and a NaN α as 0 without a word, and refused a
+    negative `min_len` or `batch_size` or a fractional beam with pybind11's TypeError listing its
+    signature."""
+    if not (is_int(batch_size) and 0 <= batch_size <= _MOST):
+        raise ValueError(f"batch_size={shown(batch_size)} must be a whole number of sentences, at least 0 "
+                         f"(0: no limit) and at most {_MOST}")  # fmt: skip
+    if not (_finite(length_penalty) and length_penalty >= 0):
+        raise ValueError(f"length_penalty={shown(length_penalty)} must be a finite number of at least 0 "
+                         "(CTranslate2's α: the score is divided by length^α; 0: none)")  # fmt: skip
+    with warnings.catch_warnings():  # an unreachable min_len decodes as attnlab decodes it
+        warnings.simplefilter("ignore", UserWarning)
+        DecodeConfig(beam=beam, max_len_a=max_len_a, max_len_b=max_len_b, min_len=min_len)
+    if beam > _MOST:
+        raise ValueError(f"beam={beam} must be at most {_MOST} (CTranslate2 takes C++ integers)")
+
+
 def _object(node: object, field: str, where: Path) -> dict[str, Any]:
     if not isinstance(node, dict):
         _refuse(where, field, node, "a JSON object")
@@ -233,7 +255,8 @@ class CT2Translator:
         `temperature` (see the module docstring).
 
         Raises:
-            ValueError: `sampling` asked of an export whose checkpoint did not sample, or with beam > 1.
+            ValueError: `sampling` asked of an export whose checkpoint did not sample, or with beam > 1; a
+                setting attnlab does not decode with (`checked_call`).
             ConfigError: On the CPU, a beam whose first step's scores cannot fit in the memory this
                 process can take (`attnlab.decoding.search.check_beam_memory`), before CTranslate2 runs.
         """
@@ -243,6 +266,7 @@ class CT2Translator:
         b = saved["max_len_b"] if max_len_b is None else max_len_b
         min_len = saved["min_len"] if min_len is None else min_len
         batch_size = saved["batch_size"] if batch_size is None else batch_size
+        checked_call(search["beam_size"], a, b, min_len, batch_size, search["length_penalty"])
         pad, bos, eos = (self.settings[k] for k in ("pad_id", "bos_id", "eos_id"))
         groups: dict[int, list[int]] = defaultdict(list)  # output limit -> sentences
         for i, row in enumerate(ids):
