@@ -125,6 +125,42 @@ def test_output_that_is_the_input_is_refused_and_the_file_is_intact(
     assert names(tmp_path) == files
 
 
+@pytest.mark.parametrize("how", ["the file", "its run directory", "a symbolic link", "averaged", "ensemble"])
+def test_output_that_is_the_checkpoint_translating_is_refused_and_the_checkpoint_is_intact(
+    trained: dict[str, Any], tmp_path: Path, how: str
+) -> None:
+    """`output=` naming the checkpoint being translated with replaced the trained model by the
+    translations, without a word; it is refused like the input file, however the checkpoint was named
+    (as one of the files averaged or ensembled, too), and the checkpoint is left byte for byte."""
+    ckpt = tmp_path / "run" / "checkpoints" / "best-epoch000-step1.ckpt"
+    ckpt.parent.mkdir(parents=True)
+    ckpt.write_bytes(trained["ckpt"].read_bytes())
+    other = existing(tmp_path / "other.ckpt", trained["ckpt"].read_bytes())
+    output, named = (
+        ckpt,
+        {
+            "the file": [f"ckpt_path={ckpt}"],
+            "its run directory": [f"ckpt_path={tmp_path / 'run'}"],
+            "a symbolic link": [f"ckpt_path={ckpt}"],
+            "averaged": [f"ckpt_path={tmp_path / 'run'}", "average_last=1"],
+            "ensemble": [f"ckpt_path=[{other},{ckpt}]", "ensemble=true"],
+        }[how],
+    )
+    if how == "averaged":  # the run's last epoch checkpoint (averaging reads checkpoints/epochs/)
+        (ckpt.parent / "epochs").mkdir()
+        output = ckpt.rename(ckpt.parent / "epochs" / "epoch000.ckpt")
+    if how == "a symbolic link":
+        (tmp_path / "link.ckpt").symlink_to(ckpt)
+        output = tmp_path / "link.ckpt"
+    source = source_file(trained, tmp_path / "in")
+    before, files = output.read_bytes(), names(tmp_path)
+    message = translate(trained, *named, f"input={source}", f"output={output}")
+    assert f"output={output} is the checkpoint being translated with" in message, message
+    assert "replace the trained model; choose another output file" in message
+    assert output.read_bytes() == before
+    assert names(tmp_path) == files
+
+
 @pytest.mark.parametrize("checkpoint", ["missing", "not a checkpoint"])
 def test_a_bad_checkpoint_leaves_an_existing_output_byte_identical(
     trained: dict[str, Any], tmp_path: Path, checkpoint: str

@@ -12,9 +12,10 @@ translated as soon as it is entered (`chunk_lines=1`); a pipe or file keeps the 
 stderr.
 
 `output=FILE` is written only when everything has succeeded: the checkpoint, the decoding settings, the
-input and the output's directory are checked first (and an output that is the input file is refused),
-the translations go to a hidden temporary file beside FILE, renamed over it once complete. On any error
-FILE is left as it was and no temporary file remains. Standard output streams chunk by chunk instead.
+input and the output's directory are checked first (an output that is the input file, or a checkpoint
+translating, is refused), the translations go to a hidden temporary file beside FILE, renamed over it
+once complete. On any error FILE is left as it was and no temporary file remains. Standard output
+streams chunk by chunk instead.
 
 With `decode.nbest=N` (1 <= N <= decode.beam) or `decode.print_alignment=hard|soft`, the output holds
 each line's N best hypotheses (1 when only alignments are asked for) with their scores, and alignments,
@@ -141,8 +142,9 @@ def chunk_size(settings: dict[str, Any]) -> int:
     return 1 if typed else CHUNK_LINES
 
 
-def load_translator(settings: dict[str, Any]) -> Translator:
-    """The translator of `settings["ckpt_path"]` with the `decode.*` overrides applied.
+def load_translator(settings: dict[str, Any]) -> tuple[Translator, list[Path]]:
+    """The translator of `settings["ckpt_path"]` with the `decode.*` overrides applied, and the checkpoint
+    files it was read from.
 
     Raises:
         attnlab.runs.checkpoint.CheckpointError: No usable checkpoint there.
@@ -154,7 +156,8 @@ def load_translator(settings: dict[str, Any]) -> Translator:
     paths = resolve_checkpoints(settings["ckpt_path"], int(settings["average_last"] or 0), ensemble)
     device = str(settings["device"])
     decode = settings["decode"] or {}  # applied before the saved ones are checked (decode=null: none)
-    return Translator.from_checkpoints(paths, device=device, ensemble=ensemble, decode_overrides=decode)
+    translator = Translator.from_checkpoints(paths, device=device, ensemble=ensemble, decode_overrides=decode)
+    return translator, paths
 
 
 def translate_stream(translator: Translator, source: Iterable[str], sink: IO[str], chunk_lines: int) -> int:
@@ -186,13 +189,14 @@ def translate_stream(translator: Translator, source: Iterable[str], sink: IO[str
     return count
 
 
-def output_file(output: str, source: IO[Any]) -> Path:
+def output_file(output: str, source: IO[Any], checkpoints: Sequence[Path] = ()) -> Path:
     """The file `output=` names (a symbolic link: its target; a device or a pipe: as named, written in
     place by `attnlab.io.atomic_writer`), checked before anything is written.
 
     Raises:
         ValueError: It is a directory or a read-only file, its directory is missing or not writable, or
-            it is the input (the same file as the `source` stream: same device and inode).
+            it is the input (the same file as the `source` stream: same device and inode) or one of the
+            `checkpoints` translating (replaced by the translations: the model would be lost).
     """
     path = Path(os.path.realpath(output))
     if written_in_place(output):  # a device or a pipe (/dev/null, /dev/stdout): written to, never replaced
@@ -211,8 +215,17 @@ def output_file(output: str, source: IO[Any]) -> Path:
     if path.exists() and not os.access(path, os.W_OK):
         raise ValueError(f"output={output} is a read-only file: make it writable or choose another output")
     try:
-        read, existing = os.fstat(source.fileno()), os.stat(path)
-    except (OSError, ValueError, AttributeError):  # no output file yet, or an input without a file
+        existing = os.stat(path)
+    except (OSError, ValueError):  # no output file yet
+        return path
+    if (existing.st_dev, existing.st_ino) in {(s.st_dev, s.st_ino) for s in map(os.stat, checkpoints)}:
+        raise ValueError(
+            f"output={output} is the checkpoint being translated with: writing the translations there would "
+            "replace the trained model; choose another output file"
+        )
+    try:
+        read = os.fstat(source.fileno())
+    except (OSError, ValueError, AttributeError):  # an input without a file
         return path
     if (read.st_dev, read.st_ino) == (existing.st_dev, existing.st_ino):
         raise ValueError(
@@ -240,7 +253,7 @@ def main(argv: Sequence[str] | None = None) -> None:
     streaming = False
     try:
         configure_allocator(settings["allocator"])  # ValueError for an unknown value, before any loading
-        translator = load_translator(settings)  # the checkpoint first: nothing is opened before it
+        translator, checkpoints = load_translator(settings)  # the checkpoint first: nothing opened before
         with contextlib.ExitStack() as stack:
             name = str(settings["input"])
             if name == "-":
@@ -252,7 +265,7 @@ def main(argv: Sequence[str] | None = None) -> None:
                 streaming = True
                 translate_stream(translator, source, sys.stdout, chunk_lines)
             else:
-                path = output_file(output, stream)
+                path = output_file(output, stream, checkpoints)
                 with atomic_writer(path, encoding="utf-8") as sink:
                     translate_stream(translator, source, sink, chunk_lines)
     except (CheckpointError, ValueError, OSError) as exc:
