@@ -252,6 +252,42 @@ def test_which_saved_runs_a_new_run_may_start_over(
         RunDirectoryCheck().on_run_start(config)
 
 
+@pytest.mark.parametrize(("command", "status", "checkpoints"),
+                         [("eval", "finished", ["best-epoch003.ckpt", "last.ckpt"]), ("eval", "failed", []),
+                          ("export", "running", ["last.ckpt"])])  # fmt: skip
+def test_eval_or_export_in_a_directory_holding_a_training_run_is_refused_before_anything_changes(
+    tmp_path: Path, command: str, status: str, checkpoints: list[str]
+) -> None:
+    """`attnlab-eval hydra.run.dir=<a training run>` replaced the run's results.json (its final scores
+    and metrics), hypotheses and references, and Hydra its .hydra/ record of the training command, with
+    the evaluation's; attnlab-export the record. Refused before anything is written, naming the fix;
+    a directory of an earlier evaluation is written again."""
+    run_dir = tmp_path / "run"
+    before = saved_run(run_dir, status, checkpoints)
+    (run_dir / "results.json").write_text('{"sets": {}}')
+    before[run_dir / "results.json"] = b'{"sets": {}}'
+    exported = ["format=hf", f"out={tmp_path / 'out'}"] if command == "export" else []
+    done = cli(f"attnlab.cli.{command}", f"ckpt_path={run_dir}", *exported, f"hydra.run.dir={run_dir}",
+               cwd=tmp_path)  # fmt: skip
+    assert done.returncode == 1 and "Traceback" not in done.stderr
+    held = f"checkpoints {', '.join(checkpoints)}" if checkpoints else "no checkpoint"
+    assert done.stderr.startswith(
+        f"attnlab-{command}: config error: hydra.run.dir={run_dir} holds a training run (status {status}, "
+        f"{held}): attnlab-{command} would replace its "
+    ), done.stderr
+    assert f"leave hydra.run.dir out (a new directory under logs/{command}/runs/)" in done.stderr
+    assert {p: p.read_bytes() for p in run_dir.rglob("*") if p.is_file()} == before  # no .hydra/ either
+    earlier = tmp_path / "earlier_eval"  # what attnlab-eval leaves: results, hypotheses, its record
+    (earlier / "hypotheses").mkdir(parents=True)
+    (earlier / "results.json").write_text('{"sets": {}}')
+    from omegaconf import OmegaConf
+
+    from attnlab.cli.app import RunDirectoryCheck
+
+    RunDirectoryCheck().on_run_start(OmegaConf.create({"hydra": {"run": {"dir": str(earlier)}},
+                                                      "task_name": command}))  # fmt: skip
+
+
 def test_the_other_processes_of_a_ddp_run_start_in_its_directory(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:

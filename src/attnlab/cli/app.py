@@ -75,18 +75,31 @@ class RunDirectoryCheck(Callback):
     exits with one line naming the key and the fix instead of Hydra's traceback. A training run
     directory in which another live process runs is refused here too, before Hydra writes `.hydra/`
     into it, and so is one holding a saved run (`RunDir.check_no_run`) for a command that does not continue
-    it (`resume=false`)."""
+    it (`resume=false`). attnlab-eval and attnlab-export refuse a directory holding a training run
+    (`RunDir.saved_training`): they would replace its results and Hydra record with their own."""
 
     def on_run_start(self, config: DictConfig, **kwargs: Any) -> None:
         self._check(config, Path(config.hydra.run.dir))
-        if config.get("task_name") == "train":  # a live or saved run there: refused before Hydra writes
-            run = RunDir(Path(config.hydra.run.dir))
+        run, task = RunDir(Path(config.hydra.run.dir)), config.get("task_name", "train")
+        if task == "train":  # a live or saved run there: refused before Hydra writes
             try:
                 run.check_free()
                 if not _continues(run, config.get("resume"), config.get("ckpt_path")):
                     run.check_no_run(skip_finished=bool((config.get("sweep") or {}).get("skip_done")))
             except ConfigError as exc:
                 raise SystemExit(f"attnlab-train: config error: {exc}") from None
+            return
+        checkpoints, status = run.saved_training()
+        if checkpoints or status is not None:  # attnlab-eval, attnlab-export: their record would replace its
+            held = f"checkpoints {', '.join(checkpoints[:3])}" if checkpoints else "no checkpoint"
+            replaced = "its results.json, hypotheses, references and .hydra/ record" if task == "eval" else (
+                "its .hydra/ record")  # fmt: skip
+            raise SystemExit(
+                f"attnlab-{task}: config error: hydra.run.dir={run.path} holds a training run (status "
+                f"{status or 'unknown'}, {held}): attnlab-{task} would replace {replaced} with its "
+                f"own; leave hydra.run.dir out (a new directory under logs/{task}/runs/) or name another "
+                "directory"
+            )
 
     def on_multirun_start(self, config: DictConfig, **kwargs: Any) -> None:
         self._check(config, Path(config.hydra.sweep.dir))

@@ -333,6 +333,17 @@ class RunDir:
                 raise ConfigError(f"{file} is a directory where the run writes its {file.name}: move it "
                                   "aside, or run in another directory (hydra.run.dir=...)")  # fmt: skip
 
+    def saved_training(self) -> tuple[list[str], str | None]:
+        """What a training run saved here: the names of its checkpoints (`checkpoints/*.ckpt`, sorted), and
+        its manifest's status (None without a manifest, "unknown" when it cannot be read)."""
+        checkpoints = sorted(p.name for p in self.checkpoints_dir.glob("*.ckpt"))
+        status = None
+        if self.manifest_file.is_file():
+            status = "unknown"
+            with suppress(UnreadableRunFile):
+                status = str(self.read_json(MANIFEST_FILE).get("status") or "unknown")
+        return checkpoints, status
+
     def check_no_run(self, *, skip_finished: bool = False) -> None:
         """Refuse starting a new run in a directory that holds a run's training already: its checkpoints,
         or a manifest saying it finished (a new run would overwrite them). A directory with neither (new,
@@ -345,11 +356,7 @@ class RunDir:
         """
         if launched_rank() != 0:
             return
-        checkpoints = sorted(p.name for p in self.checkpoints_dir.glob("*.ckpt"))
-        status = None
-        if self.manifest_file.is_file():
-            with suppress(UnreadableRunFile):
-                status = self.read_json(MANIFEST_FILE).get("status")
+        checkpoints, status = self.saved_training()
         if (not checkpoints and status != "finished") or (skip_finished and status == "finished"):
             return
         held = f"checkpoints {', '.join(checkpoints[:3])}" if checkpoints else "no checkpoint"
