@@ -173,6 +173,18 @@ def test_a_device_that_cannot_be_used_is_named() -> None:
     if not torch.cuda.is_available():
         with pytest.raises(ValueError, match=r"device=cuda:1, but torch finds no CUDA GPU here"):
             pick_device("cuda:1")
+    # a device type torch knows but cannot use here failed loading with its own traceback (mps:
+    # RuntimeError, xpu: AssertionError, hpu: ModuleNotFoundError; meta: NotImplementedError at the copy)
+    with pytest.raises(ValueError, match=r"^device=meta holds shapes, not values, .*use device=cpu"):
+        pick_device("meta")
+    unusable = [name for name in ("mps", "xpu", "hpu") if not getattr(torch, name, None)
+                or not getattr(torch, name).is_available()]  # fmt: skip
+    for name in unusable:
+        with pytest.raises(ValueError, match=rf"^device={name} cannot be used here \(\w+: .*\): use device="):
+            pick_device(name)
+    if torch.cuda.is_available():  # an ordinal past the GPUs
+        with pytest.raises(ValueError, match=r"^device=cuda:99 cannot be used here"):
+            pick_device("cuda:99")
 
 
 def test_saved_nbest_and_alignment_settings_are_not_kept_by_the_commands() -> None:

@@ -63,7 +63,9 @@ def pick_device(device: str) -> torch.device:
     """`auto`: the first CUDA GPU when there is one, else the CPU; otherwise `device` as given.
 
     Raises:
-        ValueError: `device` names no device (`gpu`), or a CUDA device where torch has none.
+        ValueError: `device` names no device (`gpu`), a CUDA device where torch has none, the `meta`
+            device (shapes without values), or a device torch cannot use here (`mps` off a Mac, `xpu`
+            without its build, `cuda:7` past the GPUs): a tensor made there fails.
     """
     if device == "auto":
         return torch.device("cuda" if torch.cuda.is_available() else "cpu")
@@ -73,6 +75,15 @@ def pick_device(device: str) -> torch.device:
         raise ValueError(f"device={device!r} is not a device: use auto, cpu, cuda or cuda:N") from None
     if chosen.type == "cuda" and not torch.cuda.is_available():
         raise ValueError(f"device={device}, but torch finds no CUDA GPU here: use device=cpu (or auto)")
+    if chosen.type == "meta":
+        raise ValueError(f"device={device} holds shapes, not values, so nothing decodes there: use "
+                         "device=cpu (or auto)")  # fmt: skip
+    try:
+        torch.empty(1, device=chosen)
+    except Exception as exc:  # by backend a RuntimeError, an AssertionError, a ModuleNotFoundError, ...
+        detail = (str(exc).strip().splitlines() or [""])[0].split(". ")[0][:200]  # its first sentence
+        raise ValueError(f"device={device} cannot be used here ({type(exc).__name__}: {detail}): use "
+                         "device=cpu (or auto)") from None  # fmt: skip
     return chosen
 
 
