@@ -270,6 +270,31 @@ def test_an_ensemble_refuses_models_with_other_vocabularies(run: dict[str, Any],
                                           "ensemble=true"], tmp_path / "e"))  # fmt: skip
 
 
+def test_an_ensemble_refuses_models_trained_between_other_languages(
+    run: dict[str, Any], tmp_path: Path
+) -> None:
+    """Models sharing their tokenizers (a tokenizer file) but trained for another direction (de->fr beside
+    de->en) were ensembled without a word, mixing the two target languages' probabilities; refused, naming
+    both directions. Language codes compare by subtag (`EN` is `en_US`)."""
+    saved = torch.load(run["best"], map_location="cpu", weights_only=True)["attnlab"]["data"]
+    assert (saved["src_lang"], saved["tgt_lang"]) == ("de", "en")
+    cases = (("tgt_lang", "fr", True), ("src_lang", "fr", True), ("tgt_lang", "EN_us", False))
+    for key, value, refused in cases:
+        checkpoint = torch.load(run["best"], map_location="cpu", weights_only=True)
+        checkpoint["attnlab"]["data"][key] = value
+        path = tmp_path / f"{key}_{value}.ckpt"
+        torch.save(checkpoint, path)
+        if not refused:
+            assert Translator.from_checkpoints([run["best"], path], ensemble=True).ensemble
+            continue
+        direction = "de -> fr" if key == "tgt_lang" else "fr -> en"
+        expected = f"{path} was trained to translate {direction}, but {run['best']} de -> en: the models of"
+        with pytest.raises(CheckpointError, match=re.escape(expected)):
+            Translator.from_checkpoints([run["best"], path], ensemble=True)
+    with pytest.raises(SystemExit, match="must translate between the same languages"):
+        translate_main([f"ckpt_path=[{run['best']},{tmp_path / 'tgt_lang_fr.ckpt'}]", "ensemble=true"])
+
+
 def test_the_ensemble_api_checks_vocabularies_and_needs_a_list(run: dict[str, Any]) -> None:
     from attnlab.model.transformer import Transformer
     from helpers import tiny_config

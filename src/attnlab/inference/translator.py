@@ -145,7 +145,7 @@ class Translator:
         Raises:
             attnlab.runs.checkpoint.CheckpointError: A checkpoint is missing, damaged, not from attnlab-train,
                 or refused (`attnlab.runs.checkpoint.read_checkpoint`: nothing in a checkpoint runs), or
-                ensembled checkpoints have different tokenizers (named).
+                ensembled checkpoints have different tokenizers or languages (named).
             ValueError: A bad decoding override.
         """
         if decode is not None and decode_overrides is not None:
@@ -161,6 +161,7 @@ class Translator:
             chosen = members[0].decode
         first = members[0]
         for path, member in zip(paths[1:], members[1:], strict=True):
+            _check_same_languages(first, member, paths[0], path)
             for side in ("src", "tgt"):
                 mine, theirs = getattr(member, f"{side}_tokenizer"), getattr(first, f"{side}_tokenizer")
                 if mine.to_json() != theirs.to_json():
@@ -341,6 +342,22 @@ def _chunks(lines: Iterable[str], chunk_lines: int) -> Iterator[list[str]]:
         if not chunk:
             return
         yield chunk
+
+
+def _check_same_languages(first: Translator, member: Translator, first_path: Path, path: Path) -> None:
+    """Refuse a member of an ensemble trained between other languages than the first (a de->fr model
+    beside a de->en one, sharing a tokenizer file): their probabilities would be mixed into neither
+    language. Languages compare by subtag (`language_subtag`, as attnlab-eval compares data); a placeholder
+    such as `src` matches any."""
+    for key in ("src_lang", "tgt_lang"):
+        codes = [language_subtag((t.data or {}).get(key)) for t in (first, member)]
+        if None not in codes and codes[0] != codes[1]:
+            directions = [f"{(t.data or {}).get('src_lang')} -> {(t.data or {}).get('tgt_lang')}"
+                          for t in (first, member)]  # fmt: skip
+            raise CheckpointError(
+                f"{path} was trained to translate {directions[1]}, but {first_path} {directions[0]}: the "
+                "models of an ensemble must translate between the same languages"
+            )
 
 
 def _check_vocabularies(tokenizers: list[SubwordTokenizer], config: Any, paths: Sequence[str | Path]) -> None:
