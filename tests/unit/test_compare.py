@@ -530,3 +530,20 @@ def test_a_metric_some_runs_lack_says_over_how_many_and_a_finished_run_needs_its
     text = report([sweep], baseline="model.pe=sinusoidal")
     assert "| model.pe=none | 2 |" in text and "Unreadable, not compared:" in text
     assert "a finished run without its config" in text
+
+
+def test_files_nested_past_the_recursion_limit_are_unreadable_runs(sweep: Path) -> None:
+    """A manifest.json, results.json or config.yaml of lists inside lists past Python's recursion limit
+    made the parsers raise RecursionError: the comparison stopped with a traceback. Such a run is listed
+    as unreadable, naming the file, and the others are compared."""
+    nested = {
+        "pe=none,seed=1/manifest.json": "[" * 100_000 + "]" * 100_000,
+        "pe=none,seed=2/results.json": '{"metrics": ' + "[" * 100_000 + "]" * 100_000 + "}",
+        "pe=none,seed=3/config.yaml": "[" * 5_000 + "]" * 5_000,
+    }
+    for name, text in nested.items():
+        (sweep / name).write_text(text)
+    text = report([sweep])
+    assert "| all | 3 |" in text  # the sinusoidal runs: one group
+    for name in nested:
+        assert f"(cannot read {sweep / name}: it is nested too deeply (past Python's recursion limit)" in text

@@ -128,16 +128,23 @@ def json_type(value: Any) -> str:
     return "null" if value is None else names.get(type(value), type(value).__name__)
 
 
+# Why a file nested past Python's recursion limit cannot be read (no file attnlab writes nests so deep)
+NESTED = "it is nested too deeply (past Python's recursion limit) to be a file attnlab wrote"
+
+
 def read_json_object(path: Path) -> dict[str, Any]:
     """The JSON object in the file at `path`.
 
     Raises:
-        UnreadableRunFile: The file is missing or unreadable, not UTF-8, not JSON, or not an object.
+        UnreadableRunFile: The file is missing or unreadable, not UTF-8, not JSON (or nested too deeply to
+            parse), or not an object.
     """
     try:
         value = json.loads(Path(path).read_text(encoding="utf-8"))
     except (OSError, ValueError) as exc:  # unreadable, not UTF-8, not JSON
         raise UnreadableRunFile(f"cannot read {path}: {exc}") from None
+    except RecursionError:  # arrays or objects nested past Python's recursion limit
+        raise UnreadableRunFile(f"cannot read {path}: {NESTED}") from None
     if not isinstance(value, dict):
         raise UnreadableRunFile(f"cannot read {path}: it holds a JSON {json_type(value)}, not an object")
     return value
@@ -147,16 +154,20 @@ def read_config_file(path: Path) -> dict[str, Any]:
     """The config in the YAML file at `path` (a run's `config.yaml`), flattened (`flatten`).
 
     Raises:
-        UnreadableRunFile: The file is missing or unreadable, not YAML, or holds no mapping.
+        UnreadableRunFile: The file is missing or unreadable, not YAML (or nested too deeply to parse), or
+            holds no mapping.
     """
     try:
         config = OmegaConf.load(path)
+        flat = flatten(OmegaConf.to_container(config)) if isinstance(config, DictConfig) else None
     except (OSError, ValueError, yaml.YAMLError, OmegaConfBaseException) as exc:
         reason = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
         raise UnreadableRunFile(f"cannot read {path}: {reason}") from None
-    if not isinstance(config, DictConfig):
+    except RecursionError:  # lists or mappings nested past Python's recursion limit
+        raise UnreadableRunFile(f"cannot read {path}: {NESTED}") from None
+    if flat is None:
         raise UnreadableRunFile(f"cannot read {path}: it holds a YAML list, not a config")
-    return flatten(OmegaConf.to_container(config))
+    return flat
 
 
 def read_metrics_csv(path: Path, columns: Sequence[str] | None = None) -> list[dict[str, float]]:
