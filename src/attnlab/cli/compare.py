@@ -22,6 +22,8 @@ from attnlab.reports.compare import (
     by_length,
     load_runs,
     main_metric,
+    markdown_text,
+    one_line,
     render,
     summarize,
     table_rows,
@@ -58,14 +60,19 @@ def report(
     text = render(table_rows(groups, columns), fmt) if groups else "no finished runs\n"
     tables = by_length(groups) if lengths and groups else []
     for table in tables:
-        title = f"BLEU on {table.test_set} by {table.by} length (words)"
-        text += {"md": f"\n{title}:\n\n", "csv": f"\n{title}\n", "latex": f"\n% {title}\n"}[fmt]
+        title = one_line(f"BLEU on {table.test_set} by {table.by} length (words)")  # (a file's name)
+        titled = {"md": f"\n{markdown_text(title)}:\n\n", "csv": f"\n{title}\n", "latex": f"\n% {title}\n"}
+        text += titled[fmt]
         text += render(table.rows(), fmt)
-    if others and fmt == "md":
-        text += "\nNot finished:\n" + "".join(f"- {r.path} ({r.status}{': ' + r.error if r.error else ''})\n"
-                                              for r in others)  # fmt: skip
+    if others and fmt == "md":  # (paths and errors as text: `markdown_text`)
+        text += "\nNot finished:\n" + "".join(
+            f"- {markdown_text(f'{r.path} ({r.status}' + (f': {r.error}' if r.error else '') + ')')}\n"
+            for r in others
+        )
     if unreadable and fmt == "md":  # other formats: the warnings of `read_run`
-        text += "\nUnreadable, not compared:\n" + "".join(f"- {r.path} ({r.error})\n" for r in unreadable)
+        text += "\nUnreadable, not compared:\n" + "".join(
+            f"- {markdown_text(f'{r.path} ({r.error})')}\n" for r in unreadable
+        )
     for r in others if fmt != "md" else ():  # CSV and LaTeX hold the table alone: the others on stderr
         log.warning(
             "not finished, not in the table: %s (%s%s)", r.path, r.status, f": {r.error}" if r.error else ""
@@ -73,7 +80,7 @@ def report(
     if plots is not None and groups and metric is not None:
         files = plot_comparison(groups, metric, plots, tables)
         if fmt == "md":
-            text += "\nPlots:\n" + "".join(f"- {f}\n" for f in files)
+            text += "\nPlots:\n" + "".join(f"- {markdown_text(str(f))}\n" for f in files)
     return text
 
 

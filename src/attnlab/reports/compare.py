@@ -500,8 +500,27 @@ LATEX_ESCAPES = {
 }  # fmt: skip
 
 
+# Markdown's characters that could end a table cell (`|`), start HTML or an autolink (`<`), or undo those
+# escapes (`\\`), written escaped in the Markdown report
+MARKDOWN_ESCAPES = {"\\": "\\\\", "|": "\\|", "<": "\\<"}
+
+
+def one_line(text: str) -> str:
+    """`text` with its line breaks as spaces: a line break in a run's path, error or config value would end
+    a table row, a list item or a LaTeX comment, and what follows it would be read as Markdown or LaTeX."""
+    return " ".join(text.splitlines())
+
+
+def markdown_text(text: str) -> str:
+    """`text` (a run's path, error or config value) as one line of Markdown that shows it as text
+    (`one_line`, `MARKDOWN_ESCAPES` escaped: `a|b` would split a table cell, `<script>` would be HTML)."""
+    return "".join(MARKDOWN_ESCAPES.get(c, c) for c in one_line(text))
+
+
 def render(rows: list[list[str]], fmt: str = "md") -> str:
-    """The rows as a Markdown table (`md`), CSV (`csv`) or LaTeX tabular (`latex`)."""
+    """The rows as a Markdown table (`md`), CSV (`csv`) or LaTeX tabular (`latex`). Cells are text, whatever
+    they hold (a config value from a run's `config.yaml`): escaped for Markdown (`markdown_text`) and
+    LaTeX (`one_line`, `LATEX_ESCAPES`), quoted in CSV."""
     if fmt == "csv":
         buffer = io.StringIO()
         csv.writer(buffer).writerows(rows)
@@ -509,7 +528,7 @@ def render(rows: list[list[str]], fmt: str = "md") -> str:
     if fmt == "latex":
 
         def esc(text: str) -> str:
-            return "".join(LATEX_ESCAPES.get(c, c) for c in text)
+            return "".join(LATEX_ESCAPES.get(c, c) for c in one_line(text))
 
         lines = ["\\begin{tabular}{" + "l" * len(rows[0]) + "}", "\\hline"]
         lines.append(" & ".join(esc(c) for c in rows[0]) + " \\\\ \\hline")
@@ -517,8 +536,8 @@ def render(rows: list[list[str]], fmt: str = "md") -> str:
         return "\n".join([*lines, "\\hline", "\\end{tabular}"]) + "\n"
     if fmt != "md":
         raise ValueError(f"format {fmt!r}: use md, csv or latex")
-    lines = ["| " + " | ".join(rows[0]) + " |", "|" + "---|" * len(rows[0])]
-    lines += ["| " + " | ".join(row) + " |" for row in rows[1:]]
+    lines = ["| " + " | ".join(map(markdown_text, rows[0])) + " |", "|" + "---|" * len(rows[0])]
+    lines += ["| " + " | ".join(map(markdown_text, row)) + " |" for row in rows[1:]]
     return "\n".join(lines) + "\n"
 
 
