@@ -39,6 +39,21 @@ MAX_NGRAM_ORDER = 4
 BleuTokenize = Literal["13a", "intl", "zh", "char", "none", "ja-mecab", "ko-mecab"]
 
 
+# Which way a metric improves, by the end of its name (`val/bleu`, `best/val/loss`, `test/test2016/ter`):
+# what `monitor.mode=auto` picks and what a sweeper's direction must be for `optimized_metric` (`better`)
+HIGHER_IS_BETTER = ("bleu", "chrf", "exact_match")
+LOWER_IS_BETTER = ("loss", "nll", "ppl", "ter")
+
+
+def better(metric: str) -> Literal["max", "min"] | None:
+    """`max` for a metric that is better higher (`HIGHER_IS_BETTER`: BLEU, chrF, exact matches), `min` for
+    one better lower (`LOWER_IS_BETTER`: losses, perplexity, TER), None for another (a learning rate,
+    tokens per second)."""
+    if metric.endswith(HIGHER_IS_BETTER):
+        return "max"
+    return "min" if metric.endswith(LOWER_IS_BETTER) else None
+
+
 class ScoringError(ValueError):
     """Inputs that cannot be scored as they are (count mismatch, empty corpus, subword pieces), or a BLEU
     tokenizer whose package is not installed."""

@@ -148,3 +148,20 @@ def test_a_skipped_trial_with_unreadable_results_is_not_said_to_lack_the_optimiz
     assert sorted(values is None for _, values in again) == [False, False, True]  # a failed trial
     assert f"job {job.name} not skipped: cannot read {job / 'results.json'}" in caplog.text
     assert "is not among this run's final metrics" not in caplog.text
+
+
+def test_a_sweeper_going_the_wrong_way_for_the_optimized_metric_is_refused_before_any_trial(
+    tmp_path: Any,
+) -> None:
+    """`optimized_metric=best/val/loss` with Optuna maximizing (the `hparams_search=optuna` default, made for
+    BLEU) searched for the worst settings and wrote the worst run as the best trial: refused before any
+    trial trains, naming the direction to give."""
+    sweep_dir = tmp_path / "sweep"
+    wrong = r"optimized_metric=best/val/loss is better lower, but hydra.sweeper.direction=maximize: the"
+    with pytest.raises(SystemExit, match=wrong + r".*Add hydra.sweeper.direction=minimize"):
+        run_sweep(sweep_dir, "hydra.sweeper.direction=maximize")
+    with pytest.raises(SystemExit, match=r"optimized_metric=\['best/val/loss'\] must be the name of a final"):
+        run_sweep(sweep_dir, "optimized_metric=[best/val/loss]")
+    with pytest.raises(SystemExit, match=r"optimized_metric=test/test2016/ter is better lower"):
+        run_sweep(sweep_dir, "optimized_metric=test/test2016/ter", "hydra.sweeper.direction=maximize")
+    assert not sweep_dir.exists()  # no trial ran

@@ -75,8 +75,9 @@ class RunDirectoryCheck(Callback):
     exits with one line naming the key and the fix instead of Hydra's traceback. A training run
     directory in which another live process runs is refused here too, before Hydra writes `.hydra/`
     into it, and so is one holding a saved run (`RunDir.check_no_run`) for a command that does not continue
-    it (`resume=false`). attnlab-eval and attnlab-export refuse a directory holding a training run
-    (`RunDir.saved_training`): they would replace its results and Hydra record with their own."""
+    it (`resume=false`), and a training sweep whose sweeper would optimise `optimized_metric` the wrong
+    way (`check_sweep_direction`). attnlab-eval and attnlab-export refuse a directory holding a training
+    run (`RunDir.saved_training`): they would replace its results and Hydra record with their own."""
 
     def on_run_start(self, config: DictConfig, **kwargs: Any) -> None:
         self._check(config, Path(config.hydra.run.dir))
@@ -102,6 +103,13 @@ class RunDirectoryCheck(Callback):
             )
 
     def on_multirun_start(self, config: DictConfig, **kwargs: Any) -> None:
+        if config.get("task_name") == "train":  # a sweeper searching the wrong way: refused before any job
+            from attnlab.training.experiment import check_sweep_direction  # (loads sacreBLEU: only here)
+
+            try:
+                check_sweep_direction(config.get("optimized_metric"), config.hydra.sweeper.get("direction"))
+            except ConfigError as exc:
+                raise SystemExit(f"attnlab-train: config error: {exc}") from None
         self._check(config, Path(config.hydra.sweep.dir))
 
     @staticmethod

@@ -16,7 +16,7 @@ from typing import Any
 from omegaconf import DictConfig, OmegaConf
 
 from attnlab.decoding import DecodeConfig
-from attnlab.metrics import MetricsConfig
+from attnlab.metrics import MetricsConfig, better
 from attnlab.model.config import TransformerConfig
 from attnlab.optim import OptimConfig
 from attnlab.training.allocator import check_mode
@@ -318,6 +318,32 @@ def validate(cfg: DictConfig) -> Experiment:
 SCORED_METRICS = ("val/bleu", "val/chrf")
 
 
+def check_sweep_direction(optimized_metric: Any, direction: Any) -> None:
+    """A sweeper that optimises in a direction (Optuna's `hydra.sweeper.direction`) must go the way
+    `optimized_metric` improves (`attnlab.metrics.better`): maximizing a loss searches for the worst
+    settings, and the study's best trial is then the worst run. A metric of neither kind, a sweeper
+    without a direction (Hydra's basic sweeper) or several directions (several objectives) are not checked.
+
+    Raises:
+        ConfigError: `optimized_metric` is no text, or the direction is the other one, naming both fixes.
+    """
+    if optimized_metric is not None and not isinstance(optimized_metric, str):
+        raise ConfigError(
+            f"optimized_metric={optimized_metric!r} must be the name of a final metric (best/val/bleu, "
+            "val/loss, ...) or null"
+        )
+    direction = getattr(direction, "name", direction)  # Optuna's Direction enum, or its name
+    want = {"max": "maximize", "min": "minimize"}.get(better(optimized_metric or "") or "")
+    if want is None or not isinstance(direction, str) or direction.lower() == want:
+        return
+    kind = "higher" if want == "maximize" else "lower"
+    raise ConfigError(
+        f"optimized_metric={optimized_metric} is better {kind}, but hydra.sweeper.direction={direction}: the "
+        f"search would look for the worst settings. Add hydra.sweeper.direction={want}, or optimize another "
+        "metric"
+    )
+
+
 def resolve_monitor(cfg: DictConfig, experiment: Experiment) -> DictConfig:
     """`cfg` with the `auto` values of `cfg.monitor` filled in (see `conf/train.yaml`): a new config, so
     that the interpolations reading them (`${monitor.metric}` in the checkpoint callback) see the values;
@@ -344,7 +370,7 @@ def resolve_monitor(cfg: DictConfig, experiment: Experiment) -> DictConfig:
         )
     mode = node.get("mode", "auto")
     if mode == "auto":
-        mode = "max" if metric.endswith(("bleu", "chrf", "exact_match")) else "min"
+        mode = better(metric) or "min"
     if mode not in ("min", "max"):
         raise ConfigError(f"monitor.mode={mode!r} must be min, max or auto")
     every = node.get("every_n_epochs", "auto")
