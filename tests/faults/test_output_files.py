@@ -396,6 +396,26 @@ def test_a_failing_compare_out_leaves_the_earlier_table(sweep: Path, tmp_path: P
     assert table.read_text().startswith("| group")
 
 
+def test_compare_out_inside_a_compared_run_directory_is_refused(sweep: Path, tmp_path: Path) -> None:
+    """`--out <run>/results.json` replaced that run's results with the table, and the run was unreadable
+    from then on: --out inside a run directory the comparison reads is refused, whatever way it is named
+    (a symbolic link to the sweep), and nothing is written; beside the runs it is written."""
+    run = sweep / "pe=learned,seed=1"
+    before = {p: p.read_bytes() for p in run.rglob("*") if p.is_file()}
+    (tmp_path / "link").symlink_to(sweep)
+    for out in (run / "results.json", run / "manifest.json", tmp_path / "link" / run.name / "table.md"):
+        with pytest.raises(SystemExit) as exited:
+            compare_main([str(sweep), "--out", str(out)])
+        assert str(exited.value) == (
+            f"attnlab-compare: --out {out} is inside the run directory {run}, which this comparison reads: "
+            "writing the table there could replace one of the run's files. Write it outside the run "
+            "directories (e.g. into the sweep directory)"
+        )
+    assert {p: p.read_bytes() for p in run.rglob("*") if p.is_file()} == before
+    compare_main([str(sweep), "--out", str(sweep / "table.md")])  # the sweep directory: no run's
+    assert (sweep / "table.md").read_text().startswith("| group")
+
+
 def test_failing_plots_leave_the_earlier_plots(sweep: Path, tmp_path: Path) -> None:
     """The file-size limit lets the first plot through and fails a later, larger one: every plot must
     still be the earlier one."""

@@ -25,6 +25,7 @@ from attnlab.reports.compare import (
     markdown_text,
     one_line,
     render,
+    run_dir_of,
     summarize,
     table_rows,
 )
@@ -99,6 +100,13 @@ def main(argv: Sequence[str] | None = None) -> None:
     parser.add_argument("--by-length", action="store_true", help="also BLEU per sentence-length bucket "
                         "(source words: <10, 10-19, 20-29, 30-39, 40+) per group and test set")  # fmt: skip
     args = parser.parse_args(argv)
+    inside = run_dir_of(args.out, args.paths) if args.out else None
+    if inside is not None:  # the table would replace a run's results.json, manifest.json, ...
+        raise SystemExit(
+            f"attnlab-compare: --out {args.out} is inside the run directory {inside}, which this comparison "
+            "reads: writing the table there could replace one of the run's files. Write it outside the run "
+            "directories (e.g. into the sweep directory)"
+        )
     try:
         text = report(args.paths, baseline=args.baseline, fmt=args.format, plots=args.plots,
                       lengths=args.by_length)  # fmt: skip

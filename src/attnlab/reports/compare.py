@@ -189,6 +189,21 @@ def load_runs(paths: Sequence[str | Path]) -> list[Run]:
     return [read_run(p) for p in found.values()]
 
 
+def run_dir_of(path: str | Path, paths: Sequence[str | Path]) -> Path | None:
+    """The run directory below `paths` (one with `config.yaml` or `manifest.json`, as `load_runs` finds
+    them) at or above `path`, a file to write, with symbolic links resolved; None when there is none. A
+    file there may be one of the run's own (its `results.json`), which writing would replace."""
+    target = Path(path).resolve()
+    roots = [Path(root).resolve() for root in paths]
+    for directory in (target, *target.parents):
+        if not any(directory.is_relative_to(root) for root in roots):
+            break
+        run_file = any((directory / name).is_file() for name in (CONFIG_FILE, MANIFEST_FILE))
+        if run_file and ".hydra" not in directory.parts:
+            return directory
+    return None
+
+
 def varying_keys(runs: Sequence[Run], seed_key: str = "seed") -> list[str]:
     """Config keys whose values differ between runs: those of their settings (`attnlab.runs.layout.setting`,
     which W&B groups by too: the seed and the bookkeeping keys left out, values derived from the run
