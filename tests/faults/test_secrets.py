@@ -8,6 +8,8 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
+
 TESTS = Path(__file__).resolve().parents[1]
 SECRETS = {
     "WANDB_API_KEY": "local-0123456789abcdef0123456789abcdef01234567",  # W&B's key shape (40 hex)
@@ -36,3 +38,38 @@ def test_planted_credentials_appear_in_no_file_of_the_run(tmp_path: Path) -> Non
             assert value.encode() not in data, f"{name} leaked into {path}"
     for name, value in SECRETS.items():
         assert value not in done.stdout + done.stderr, f"{name} leaked into the console output"
+
+
+def test_credentials_in_the_config_are_refused_before_anything_is_written(tmp_path: Path) -> None:
+    """A W&B API key given in the config (`logger.wandb.settings.api_key`, a W&B setting) or an MLflow
+    server URL with its password went into config.yaml, manifest.json, .hydra/ and the offline W&B run,
+    which `wandb sync` uploads into the project's config: refused, naming the key (never the value) and
+    the environment variables to use; nothing is written, single runs and sweeps alike, and a config
+    composed in Python (`train`) is refused the same way."""
+    from attnlab.training.pipeline import train
+    from attnlab.typed import ConfigError
+    from helpers import compose_train
+
+    key = SECRETS["WANDB_API_KEY"]
+    base = [sys.executable, "-m", "attnlab.cli.train", "data=synthetic", "model=tiny", "data.n_train=32",
+            "data.n_val=8", "data.n_test=8", "trainer.max_epochs=1"]  # fmt: skip
+    commands = {
+        "logger.wandb.settings.api_key": [*base, f"+logger.wandb.settings.api_key={key}",
+                                          f"hydra.run.dir={tmp_path / 'run'}"],
+        "logger.mlflow.tracking_uri": [*base[:3], "-m", *base[3:], "seed=1,2", "logger=mlflow",
+                                       f"logger.mlflow.tracking_uri=https://me:{key}@mlflow.example.com",
+                                       f"hydra.sweep.dir={tmp_path / 'sweep'}"],
+    }  # fmt: skip
+    path = os.pathsep.join(filter(None, [str(TESTS), os.environ.get("PYTHONPATH")]))
+    env = {**os.environ, "WANDB_MODE": "offline", "PYTHONPATH": path}
+    for name, command in commands.items():
+        done = subprocess.run(command, capture_output=True, text=True, timeout=120, env=env)
+        assert done.returncode == 1, done.stderr[-3000:]
+        told = f"attnlab-train: config error: {name} would put a credential (a key, token or password) into"
+        assert told in done.stderr and "WANDB_API_KEY (W&B), MLFLOW_TRACKING_USERNAME" in done.stderr
+        assert key not in done.stdout + done.stderr
+    assert list(tmp_path.iterdir()) == []
+    cfg = compose_train(["data=synthetic", "model=tiny", f"+logger.wandb.settings.api_key={key}"], tmp_path)
+    with pytest.raises(ConfigError, match=r"^logger\.wandb\.settings\.api_key would put a credential"):
+        train(cfg)
+    assert list(tmp_path.iterdir()) == []

@@ -13,7 +13,7 @@ from typing import Any
 from hydra.experimental.callback import Callback
 from omegaconf import DictConfig, OmegaConf
 
-from attnlab.runs.layout import RunDir
+from attnlab.runs.layout import RunDir, check_no_credentials
 from attnlab.training.resume import continues_own_run
 from attnlab.typed import ConfigError
 
@@ -76,7 +76,8 @@ class RunDirectoryCheck(Callback):
     directory in which another live process runs is refused here too, before Hydra writes `.hydra/`
     into it, and so is one holding a saved run (`RunDir.check_no_run`) for a command that does not continue
     it (`resume=false`), and a training sweep whose sweeper would optimise `optimized_metric` the wrong
-    way (`check_sweep_direction`). attnlab-eval and attnlab-export refuse a directory holding a training
+    way (`check_sweep_direction`). So is a config holding a credential (`check_no_credentials`), which
+    Hydra would write into `.hydra/`. attnlab-eval and attnlab-export refuse a directory holding a training
     run (`RunDir.saved_training`): they would replace its results and Hydra record with their own."""
 
     def on_run_start(self, config: DictConfig, **kwargs: Any) -> None:
@@ -114,7 +115,9 @@ class RunDirectoryCheck(Callback):
 
     @staticmethod
     def _check(config: DictConfig, directory: Path) -> None:
-        try:
+        plain = OmegaConf.to_container(config, resolve=False)  # (Hydra's node resolves only in a job)
+        try:  # a credential in the config: refused before Hydra writes it into .hydra/
+            check_no_credentials({k: v for k, v in plain.items() if k != "hydra"})
             RunDir(directory).check_writable()
         except ConfigError as exc:
             raise SystemExit(f"attnlab-{config.get('task_name', 'train')}: config error: {exc}") from None

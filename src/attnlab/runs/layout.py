@@ -21,6 +21,7 @@ from __future__ import annotations
 import csv
 import json
 import os
+import re
 import tempfile
 from collections.abc import Iterator, Mapping, Sequence
 from contextlib import contextmanager, suppress
@@ -100,6 +101,39 @@ def is_bookkeeping(key: str) -> bool:
     """Whether the dotted config key `key` never defines a run's setting (`BOOKKEEPING`, but for
     `SETTINGS_IN_BOOKKEEPING`)."""
     return key_in(key, BOOKKEEPING) and not key_in(key, SETTINGS_IN_BOOKKEEPING)
+
+
+# What must not be in a run's config, which a run writes into config.yaml, manifest.json (its command),
+# Hydra's .hydra/ and every logger (W&B uploads it with `wandb sync`): a value of a key named like a
+# credential (its last part, any case), and a URL with a password (`https://user:password@host`)
+CREDENTIAL_KEYS = frozenset({
+    "api_key", "apikey", "api_token", "access_token", "auth_token", "hf_token", "token", "password",
+    "passwd", "secret", "secret_key",
+})  # fmt: skip
+URL_WITH_PASSWORD = re.compile(r"[A-Za-z][A-Za-z0-9+.-]*://[^/\s:@]*:[^/\s@]+@")
+
+
+def check_no_credentials(config: Mapping[str, Any]) -> None:
+    """Refuse a config (nested or flattened plain values; interpolations as written or resolved) that holds
+    a credential: `CREDENTIAL_KEYS`, or a URL with a password (`URL_WITH_PASSWORD`). Its keys are named,
+    never its values (the message is printed and logged).
+
+    Raises:
+        ConfigError: Naming the keys and the environment variables to give credentials through instead.
+    """
+    keys = [
+        key for key, value in flatten(dict(config)).items()
+        if (key.rsplit(".", 1)[-1].lower() in CREDENTIAL_KEYS and value not in (None, ""))
+        or URL_WITH_PASSWORD.search(json.dumps(value, default=str))
+    ]  # fmt: skip
+    if keys:
+        raise ConfigError(
+            f"{', '.join(keys)} would put a credential (a key, token or password) into the run's files: its "
+            "config goes into config.yaml, manifest.json, .hydra/ and every logger (W&B uploads it). Remove "
+            "it and give credentials through the environment, which no run file records: WANDB_API_KEY "
+            "(W&B), MLFLOW_TRACKING_USERNAME and MLFLOW_TRACKING_PASSWORD or MLFLOW_TRACKING_TOKEN (an "
+            "MLflow server, its tracking_uri without user:password@), HF_TOKEN (the Hugging Face hub)"
+        )
 
 
 def setting(config: Mapping[str, Any], seed_key: str = "seed") -> dict[str, str]:

@@ -33,7 +33,7 @@ from typing import TYPE_CHECKING, Any
 from omegaconf import DictConfig, OmegaConf
 
 from attnlab.io import atomic_write_bytes
-from attnlab.runs.layout import RunDir
+from attnlab.runs.layout import RunDir, check_no_credentials
 from attnlab.runs.manifest import Manifest, data_identity, task_overrides
 from attnlab.training.allocator import configure_allocator
 from attnlab.training.experiment import Experiment, check_constructor_keys, resolve_monitor, validate
@@ -98,9 +98,9 @@ def plan_run(cfg: DictConfig) -> RunPlan:
     """Validate a composed training config and resolve what the run will do; nothing is written.
 
     Raises:
-        ConfigError: For a wrong config value, a resumption that is not the same experiment or has no
-            checkpoint, a damaged `last.ckpt` or CSV history; before torch is imported when the value alone
-            is wrong.
+        ConfigError: For a wrong config value, a credential in the config (`check_no_credentials`), a
+            resumption that is not the same experiment or has no checkpoint, a damaged `last.ckpt` or CSV
+            history; before torch is imported when the value alone is wrong.
     """
     experiment = validate(cfg)
     resolved_cfg = resolve_monitor(cfg, experiment)
@@ -110,6 +110,7 @@ def plan_run(cfg: DictConfig) -> RunPlan:
 
     run = RunDir(Path(cfg.paths.output_dir))
     resolved = resolved_config(cfg)
+    check_no_credentials(resolved)  # (config.yaml, the manifest and the loggers get it)
     resume_from = resume_path(cfg, run.path)
     resumed_step, history = None, []
     if resume_from is not None and Path(resume_from) == run.last_checkpoint:  # the same run goes on
