@@ -13,6 +13,7 @@ import re
 import secrets
 import socket
 import stat
+import tempfile
 import time
 import weakref
 from collections.abc import Callable, Iterator, Mapping
@@ -345,3 +346,14 @@ def atomic_write_bytes(path: Path, data: bytes) -> None:
     removed and `path` is unchanged)."""
     with atomic_writer(path) as f:
         f.write(data)
+
+
+def make_writable_directory(directory: Path) -> None:
+    """Create `directory` (with its parents) if it is missing, and check that a file can be written in it.
+
+    Raises:
+        OSError: It cannot be created (a file in its place, no permission) or written.
+    """
+    Path(directory).mkdir(parents=True, exist_ok=True)
+    with tempfile.TemporaryFile(dir=directory):
+        pass

@@ -155,6 +155,22 @@ def test_a_run_directory_under_a_file_is_refused_naming_hydra_run_dir(tmp_path: 
     assert blocker.read_text() == "not a directory\n"
 
 
+def test_a_logger_directory_that_cannot_be_written_is_refused_before_data_preparation(tmp_path: Path) -> None:
+    """`logger.csv.save_dir` under a file (or anywhere not writable) failed with Lightning's traceback when
+    training began, after the data was prepared and the model built: refused before, naming the key."""
+    blocker = tmp_path / "a_file"
+    blocker.write_text("not a directory\n")
+    overrides = [*corpus_run(tmp_path), f"logger.csv.save_dir={blocker / 'logs'}"]
+    with pytest.raises(ConfigError) as caught:
+        train(compose_train(overrides, tmp_path / "run"))
+    assert str(caught.value) == (
+        f"logger.csv.save_dir={blocker / 'logs'}: cannot create it or write in it (Not a directory): set it "
+        "to a writable directory (by default the run directory, ${paths.output_dir}), or fix its permissions"
+    )
+    assert not (tmp_path / "cache").exists()  # no data was prepared
+    assert not (tmp_path / "run" / "manifest.json").exists() and blocker.read_text() == "not a directory\n"
+
+
 @pytest.mark.parametrize("name", ["config.yaml", "manifest.json", "csv/metrics.csv"])
 def test_a_directory_where_the_run_writes_a_record_is_refused_before_anything_changes(
     name: str, tmp_path: Path

@@ -22,7 +22,6 @@ import csv
 import json
 import os
 import re
-import tempfile
 from collections.abc import Iterator, Mapping, Sequence
 from contextlib import contextmanager, suppress
 from dataclasses import dataclass
@@ -33,7 +32,7 @@ import yaml
 from omegaconf import DictConfig, OmegaConf
 from omegaconf.errors import OmegaConfBaseException
 
-from attnlab.io import FileLock, atomic_write_bytes, atomic_write_files
+from attnlab.io import FileLock, atomic_write_bytes, atomic_write_files, make_writable_directory
 from attnlab.runs.results import results_bytes
 from attnlab.typed import ConfigError
 
@@ -365,9 +364,7 @@ class RunDir:
                 changed), naming it and the fix.
         """
         try:
-            self.path.mkdir(parents=True, exist_ok=True)
-            with tempfile.TemporaryFile(dir=self.path):
-                pass
+            make_writable_directory(self.path)
         except OSError as exc:
             raise ConfigError(
                 f"cannot create the run directory {self.path} or write in it: {exc.strerror or exc} — set "

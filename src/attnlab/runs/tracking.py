@@ -12,6 +12,8 @@ Lightning sends the metrics history and the module's hyperparameters (`model`, `
   hypotheses files as artifacts;
 - `missing_packages(cls)` / `check_logger_packages(key, cls)`: the optional packages a logger class needs
   (the `loggers` extra), checked when the config is, before any data or training;
+- `check_logger_directories(loggers)`: the directories the loggers write into, created and checked
+  writable before the run starts;
 - `MLflowLogger`: Lightning's `MLFlowLogger` with a local SQLite store in the run directory by default,
   continuing a resumed run's MLflow run (its id is kept in manifest.json as `mlflow_run_id`).
 """
@@ -28,11 +30,12 @@ from lightning.pytorch.loggers import MLFlowLogger as _LightningMLFlowLogger
 from lightning.pytorch.loggers import TensorBoardLogger, WandbLogger
 from lightning.pytorch.utilities import rank_zero_only
 
+from attnlab.io import make_writable_directory
 from attnlab.runs.layout import RunDir
 from attnlab.typed import ConfigError
 
-__all__ = ["LOGGER_PACKAGES", "MLflowLogger", "check_logger_packages", "log_results", "log_run_config",
-           "missing_packages", "result_summary"]  # fmt: skip
+__all__ = ["LOGGER_PACKAGES", "MLflowLogger", "check_logger_directories", "check_logger_packages",
+           "log_results", "log_run_config", "missing_packages", "result_summary"]  # fmt: skip
 
 # The importable modules each logger class needs beyond attnlab's own dependencies (the `loggers` extra).
 # MLflow's SQLite store needs SQLAlchemy and Alembic, which mlflow-skinny leaves out.
@@ -168,6 +171,33 @@ def result_summary(results: Mapping[str, Any]) -> dict[str, Any]:
 def _numbers(summary: Mapping[str, Any]) -> dict[str, float]:
     return {k: float(v) for k, v in summary.items()
             if isinstance(v, (int, float)) and not isinstance(v, bool)}  # fmt: skip
+
+
+# The keys of a logger's config that name a directory it writes into (W&B's `dir` too)
+LOGGER_DIRECTORY_KEYS = ("save_dir", "dir")
+
+
+def check_logger_directories(loggers: Mapping[str, Any]) -> None:
+    """Create the directories the loggers write into (`LOGGER_DIRECTORY_KEYS` of each node of the resolved
+    `logger` config) and check that they can be written, before the run starts: Lightning creates them
+    only when training begins, after the data is prepared, and failed there with a traceback.
+
+    Raises:
+        ConfigError: Naming the key, the directory, why, and the fix.
+    """
+    for name, node in loggers.items():
+        for key in LOGGER_DIRECTORY_KEYS if isinstance(node, Mapping) else ():
+            directory = node.get(key)
+            if not isinstance(directory, str) or not directory:
+                continue
+            try:
+                make_writable_directory(Path(directory))
+            except OSError as exc:
+                raise ConfigError(
+                    f"logger.{name}.{key}={directory}: cannot create it or write in it "
+                    f"({exc.strerror or exc}): set it to a writable directory (by default the run "
+                    "directory, ${paths.output_dir}), or fix its permissions"
+                ) from None
 
 
 def log_run_config(loggers: list[Any], resolved: dict[str, Any], manifest: dict[str, Any]) -> None:

@@ -148,6 +148,9 @@ def train(cfg: DictConfig) -> dict[str, float]:
     """
     plan = plan_run(cfg)
     plan.run.check_writable()
+    from attnlab.runs.tracking import check_logger_directories  # imports lightning, as plan_run did
+
+    check_logger_directories(plan.resolved.get("logger") or {})
     with plan.run.lock():  # a second process in this run directory is refused here
         return _run(plan)
 
