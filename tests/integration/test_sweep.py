@@ -147,3 +147,24 @@ def test_a_run_without_test_sets_writes_its_final_metrics_for_sweeps_and_reports
     assert done is not None and done["metrics"]["val/loss"] == metrics["val/loss"]  # skip_done skips it
     text = report([run_dir])
     assert "| all | 1 |" in text and "Not finished" not in text
+
+
+def test_a_skip_done_that_is_no_boolean_or_a_misspelt_sweep_key_is_refused_before_any_job(
+    tmp_path: Path,
+) -> None:
+    """`sweep.skip_done=no` (text, so true) skipped the finished jobs of a sweep told not to, and a misspelt
+    `+sweep.skip_dne=true` was read as skip_done false: the re-run sweep trained its finished jobs again
+    over their results. Both are refused before any job runs, for a sweep and a single run alike."""
+    for extra, told in (
+        ("sweep.skip_done=no", "sweep.skip_done='no' must be true or false"),
+        ("+sweep.skip_dne=true", "sweep.skip_dne is not a sweep setting: did you mean sweep.skip_done?"),
+    ):
+        done = sweep(tmp_path, extra)
+        assert done.returncode == 1, done.stderr[-3000:]
+        assert f"attnlab-train: config error: {told}" in done.stderr and "Traceback" not in done.stderr
+        assert not (tmp_path / "sweep").exists()
+        single = [sys.executable, "-m", "attnlab.cli.train", "data=synthetic", "model=tiny", extra,
+                  f"hydra.run.dir={tmp_path / 'run'}"]  # fmt: skip
+        done = subprocess.run(single, capture_output=True, text=True, timeout=300, cwd=tmp_path)
+        assert done.returncode == 1 and f"attnlab-train: config error: {told}" in done.stderr, done.stderr
+        assert list((tmp_path / "run").iterdir()) == []  # (checked writable, then refused: nothing written)

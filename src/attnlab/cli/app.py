@@ -84,10 +84,13 @@ class RunDirectoryCheck(Callback):
         self._check(config, Path(config.hydra.run.dir))
         run, task = RunDir(Path(config.hydra.run.dir)), config.get("task_name", "train")
         if task == "train":  # a live or saved run there: refused before Hydra writes
+            from attnlab.training.experiment import sweep_skip_done
+
             try:
                 run.check_free()
+                skip_finished = sweep_skip_done(config.get("sweep"))
                 if not _continues(run, config.get("resume"), config.get("ckpt_path")):
-                    run.check_no_run(skip_finished=bool((config.get("sweep") or {}).get("skip_done")))
+                    run.check_no_run(skip_finished=skip_finished)
             except ConfigError as exc:
                 raise SystemExit(f"attnlab-train: config error: {exc}") from None
             return
@@ -105,9 +108,10 @@ class RunDirectoryCheck(Callback):
 
     def on_multirun_start(self, config: DictConfig, **kwargs: Any) -> None:
         if config.get("task_name") == "train":  # a sweeper searching the wrong way: refused before any job
-            from attnlab.training.experiment import check_sweep_direction  # (loads sacreBLEU: only here)
+            from attnlab.training.experiment import check_sweep_direction, sweep_skip_done  # (sacreBLEU)
 
             try:
+                sweep_skip_done(config.get("sweep"))
                 check_sweep_direction(config.get("optimized_metric"), config.hydra.sweeper.get("direction"))
             except ConfigError as exc:
                 raise SystemExit(f"attnlab-train: config error: {exc}") from None

@@ -53,7 +53,13 @@ def _main(cfg: DictConfig) -> float | None:
     submitit_ranks()
     run = RunDir(Path(cfg.paths.output_dir))
     metric = cfg.get("optimized_metric")
-    if (cfg.get("sweep") or {}).get("skip_done"):
+    from attnlab.training.experiment import sweep_skip_done  # torch-free
+
+    try:
+        skip_done = sweep_skip_done(cfg.get("sweep"))  # (a job's own swept value: the sweep's was checked)
+    except ConfigError as exc:
+        return _config_error(run, exc, multirun)
+    if skip_done:
         skipped = _skip_done(run, multirun)
         if skipped is _UNREADABLE:  # named as a failed job already: no metric to miss
             return None
@@ -64,13 +70,7 @@ def _main(cfg: DictConfig) -> float | None:
     try:
         metrics = train(cfg)
     except ConfigError as exc:
-        if not multirun:
-            raise SystemExit(f"attnlab-train: config error: {exc}") from None
-        if not isinstance(exc, RunDirectoryInUse):  # the manifest there is the other process's
-            Manifest.failed(run, f"ConfigError: {exc}")
-        record_job("failed", run.manifest_file)
-        log.error("job %s failed: config error: %s", run.path.name, exc)
-        return None
+        return _config_error(run, exc, multirun)
     except Exception as exc:
         # A told error's message says what happened, where and the fix: no traceback for it.
         told = told_message(exc) if os.environ.get("HYDRA_FULL_ERROR") != "1" else None
@@ -91,6 +91,17 @@ def _main(cfg: DictConfig) -> float | None:
     if summary:
         print(f"attnlab-train: {summary}")
     return _sweeper_value(metrics, metric, multirun)
+
+
+def _config_error(run: RunDir, exc: ConfigError, multirun: bool) -> None:
+    """End a run refused for a config error: with its message (no traceback), or, as a job of a multirun,
+    recorded as failed (the other jobs go on)."""
+    if not multirun:
+        raise SystemExit(f"attnlab-train: config error: {exc}") from None
+    if not isinstance(exc, RunDirectoryInUse):  # the manifest there is the other process's
+        Manifest.failed(run, f"ConfigError: {exc}")
+    record_job("failed", run.manifest_file)
+    log.error("job %s failed: config error: %s", run.path.name, exc)
 
 
 def _sweeper_value(metrics: dict[str, Any], metric: str | None, multirun: bool) -> float | None:

@@ -163,6 +163,7 @@ def _check_top_level(cfg: DictConfig) -> None:
             f"average_every_n_steps={every!r} must be a positive integer (keep a checkpoint for averaging "
             "every N optimizer steps) or null (one per epoch)"
         )
+    sweep_skip_done(cfg.get("sweep"))
     test = cfg.get("test", True)
     if not isinstance(test, bool):
         raise ConfigError(f"test={test!r} must be true or false")
@@ -187,6 +188,33 @@ def _check_init_from(cfg: DictConfig) -> None:
             f"init_from={init_from} and ckpt_path={cfg.ckpt_path}: give one of them — ckpt_path continues "
             "from a checkpoint's whole state (optimizer, schedule, step), init_from takes its weights only"
         )
+
+
+SWEEP_KEYS = ("skip_done",)
+
+
+def sweep_skip_done(node: Any) -> bool:
+    """`sweep.skip_done` of the `sweep` config node (false without one).
+
+    Raises:
+        ConfigError: skip_done is not true or false (the text `no` or `false` read as true: the sweep
+            skipped its finished jobs), or the node holds another key (a misspelt `skip_done`, read as
+            false: the sweep trained its finished jobs again, over their results).
+    """
+    if node is None:
+        return False
+    if not OmegaConf.is_dict(node) and not isinstance(node, dict):
+        raise ConfigError(f"sweep={node!r} must be a node with {', '.join(SWEEP_KEYS)}")
+    unknown = sorted(set(node) - set(SWEEP_KEYS))
+    if unknown:
+        raise ConfigError(
+            f"sweep.{unknown[0]} is not a sweep setting: "
+            f"{did_you_mean(unknown[0], list(SWEEP_KEYS), 'sweep.')}known keys: {', '.join(SWEEP_KEYS)}"
+        )
+    skip = node.get("skip_done", False)
+    if not isinstance(skip, bool):
+        raise ConfigError(f"sweep.skip_done={skip!r} must be true or false")
+    return skip
 
 
 PROGRESS_KEYS = ("every_n_seconds", "every_n_steps")
