@@ -343,6 +343,25 @@ def test_a_run_reached_twice_is_one_run(sweep: Path, tmp_path: Path) -> None:
     assert "| model.pe=none | 3 |" in report([sweep, tmp_path / "link"], baseline="model.pe=sinusoidal")
 
 
+def test_runs_linked_below_a_directory_are_compared(sweep: Path, tmp_path: Path) -> None:
+    """A folder of symbolic links to chosen runs held "no run directories", and a run linked into a sweep was
+    left out without a word (the search did not follow links): both are compared; a link loop ends, and
+    --out through a link into a compared run is refused."""
+    chosen = tmp_path / "chosen"
+    chosen.mkdir()
+    for name in ("pe=none,seed=1", "pe=none,seed=2", "pe=sinusoidal,seed=1", "pe=sinusoidal,seed=2"):
+        (chosen / name).symlink_to(sweep / name)
+    (chosen / "loop").symlink_to(chosen)
+    text = report([chosen], baseline="model.pe=sinusoidal")
+    assert "| model.pe=none | 2 | 20.50 ± 0.71" in text and "| model.pe=sinusoidal | 2 | 31.00 ± 1.41" in text
+    extra = tmp_path / "extra" / "pe=none,seed=4"
+    write_run(extra, "none", 4, 30.0)
+    (sweep / "linked").symlink_to(extra)
+    assert "| model.pe=none | 4 | 24.00 ± 4.55" in report([sweep], baseline="model.pe=sinusoidal")
+    with pytest.raises(SystemExit, match=r"--out .*chosen/pe=none,seed=1/results.json is inside the run"):
+        compare_main([str(chosen), "--out", str(chosen / "pe=none,seed=1" / "results.json")])
+
+
 def test_runs_sharing_a_seed_are_named_and_not_paired_ambiguously(
     sweep: Path, caplog: pytest.LogCaptureFixture
 ) -> None:

@@ -27,6 +27,7 @@ import csv
 import io
 import itertools
 import logging
+import os
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from datetime import datetime
@@ -173,34 +174,52 @@ def _read_run(run_dir: Path) -> Run:
     return Run(run_dir, config, "finished", metrics)
 
 
+def _is_run_dir(directory: Path) -> bool:
+    """Whether `directory` is a run directory: one with `config.yaml` or `manifest.json` (not Hydra's
+    record `.hydra/`, which holds a config.yaml too)."""
+    held = any((directory / name).is_file() for name in (CONFIG_FILE, MANIFEST_FILE))
+    return held and ".hydra" not in directory.parts
+
+
+def _run_dirs_below(path: Path) -> list[Path]:
+    """The run directories at or below `path`, sorted, symbolic links to directories followed (a folder of
+    links to chosen runs; each real directory is visited once, so a link loop ends); runs do not nest, so
+    nothing below a run directory is looked into (nor into its checkpoints)."""
+    found, seen = [], set()
+    for directory, subdirs, _ in os.walk(path, followlinks=True):
+        real = os.path.realpath(directory)
+        if real in seen or _is_run_dir(Path(directory)):
+            subdirs[:] = []  # visited, or a run: not looked into
+            if real not in seen:
+                found.append(Path(directory))
+        seen.add(real)
+        subdirs[:] = [name for name in subdirs if name != ".hydra"]
+    return sorted(found)
+
+
 def load_runs(paths: Sequence[str | Path]) -> list[Run]:
-    """Every run directory (one with `config.yaml` or `manifest.json`) at or below `paths`: those of the
-    first path sorted by path, then those of the next (so the first path's first group is the default
-    baseline), each once however it is reached (the same directory given twice, or through a symbolic
-    link, is one run, under the path it was first reached by)."""
+    """Every run directory (`_is_run_dir`) at or below `paths` (`_run_dirs_below`: symbolic links
+    followed): those of the first path sorted by path, then those of the next (so the first path's first
+    group is the default baseline), each once however it is reached (the same directory given twice, or
+    through a symbolic link, is one run, under the path it was first reached by)."""
     found: dict[Path, Path] = {}  # the directory resolved -> as first found
     for path in map(Path, paths):
         if not path.exists():
             raise FileNotFoundError(f"no such run or sweep directory: {path}")
-        below = {f.parent for name in (CONFIG_FILE, MANIFEST_FILE) for f in path.rglob(name)
-                 if ".hydra" not in f.parts}  # fmt: skip
-        for run_dir in sorted(below):
+        for run_dir in _run_dirs_below(path):
             found.setdefault(run_dir.resolve(), run_dir)
     return [read_run(p) for p in found.values()]
 
 
 def run_dir_of(path: str | Path, paths: Sequence[str | Path]) -> Path | None:
-    """The run directory below `paths` (one with `config.yaml` or `manifest.json`, as `load_runs` finds
-    them) at or above `path`, a file to write, with symbolic links resolved; None when there is none. A
-    file there may be one of the run's own (its `results.json`), which writing would replace."""
+    """The run directory `load_runs(paths)` reads (as it reaches it) that holds `path`, a file to write,
+    symbolic links resolved; None when there is none. A file there may be one of the run's own (its
+    `results.json`), which writing would replace."""
     target = Path(path).resolve()
-    roots = [Path(root).resolve() for root in paths]
-    for directory in (target, *target.parents):
-        if not any(directory.is_relative_to(root) for root in roots):
-            break
-        run_file = any((directory / name).is_file() for name in (CONFIG_FILE, MANIFEST_FILE))
-        if run_file and ".hydra" not in directory.parts:
-            return directory
+    for root in map(Path, paths):
+        for run_dir in _run_dirs_below(root) if root.exists() else []:
+            if target.is_relative_to(run_dir.resolve()):
+                return run_dir
     return None
 
 
