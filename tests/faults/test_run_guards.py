@@ -135,6 +135,33 @@ def test_a_key_no_constructor_takes_is_rejected_before_data_preparation(
     assert not (tmp_path / "run").exists()  # refused before the run started, like other config errors
 
 
+def test_a_wandb_mode_or_tags_wandb_would_refuse_or_misread_are_rejected_before_data_preparation(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A W&B mode W&B does not know (in the config or WANDB_MODE, which wins; empty too) failed with
+    pydantic's traceback when W&B started, after the data was prepared; `logger.wandb.tags=foo` became
+    the tags f, o, o. Both are refused when the config is checked, naming the key and the fix."""
+    cases = [  # (WANDB_MODE, override, message)
+        (None, "logger.wandb.mode=bogus", "logger.wandb.mode='bogus' is no W&B mode: use one of offline,"),
+        (
+            None,
+            "logger.wandb.tags=foo",
+            "logger.wandb.tags='foo' must be a list of texts: logger.wandb.tags=[foo]",
+        ),
+        (None, "logger.wandb.tags=[1,2]", "logger.wandb.tags=[1, 2] must be a list of texts"),
+        ("nope", "logger.wandb.mode=offline", "the environment variable WANDB_MODE='nope' is no W&B mode"),
+        ("", "logger.wandb.mode=offline", "the environment variable WANDB_MODE='' is no W&B mode: use"),
+    ]
+    for env, override, message in cases:
+        monkeypatch.delenv("WANDB_MODE", raising=False)
+        if env is not None:
+            monkeypatch.setenv("WANDB_MODE", env)
+        with pytest.raises(ConfigError) as caught:
+            train(compose_train([*corpus_run(tmp_path), "logger=wandb", override], tmp_path / "run"))
+        assert str(caught.value).startswith(message), str(caught.value)
+        assert not (tmp_path / "cache").exists() and not (tmp_path / "run").exists()
+
+
 def cli(module: str, *args: str, cwd: Path) -> subprocess.CompletedProcess:
     """`python -m <module> <args>` as a user runs it (without HYDRA_FULL_ERROR, which the tests set)."""
     env = {k: v for k, v in os.environ.items() if k != "HYDRA_FULL_ERROR"}

@@ -27,6 +27,7 @@ from typing import Any
 from lightning.pytorch.loggers import WandbLogger as _LightningWandbLogger
 
 from attnlab.runs.layout import RunDir, is_bookkeeping, setting
+from attnlab.typed import ConfigError
 
 __all__ = ["WandbLogger", "config_group", "finish_wandb", "log_results", "run_name",
            "wandb_names", "wandb_runs"]  # fmt: skip
@@ -37,6 +38,8 @@ SUMMARIES = {
     "val/bleu": "max", "val/chrf": "max",
     "val/loss": "min", "val/nll": "min", "val/ppl": "min",
 }  # fmt: skip
+# The modes W&B runs in (`wandb.init(mode=...)`; `dryrun` and `run` are its old names of offline and online)
+WANDB_MODES = ("offline", "online", "disabled", "shared", "dryrun", "run")
 _SET_BY_US: dict[str, str] = {}  # W&B directory variables this process set (for the next run of a multirun)
 WANDB_DIRS = {
     "WANDB_DIR": "",
@@ -123,7 +126,7 @@ class WandbLogger(_LightningWandbLogger):
             if current is None or _SET_BY_US.get(variable) == current:  # not the user's own setting
                 (root / sub).mkdir(parents=True, exist_ok=True)
                 os.environ[variable] = _SET_BY_US[variable] = str(root / sub)
-        mode = os.environ.get("WANDB_MODE", mode)
+        mode = effective_mode(mode)
         super().__init__(name=name, save_dir=save_dir, project=project, entity=entity, group=group,
                          tags=list(tags), mode=mode, job_type=job_type, **kwargs)  # fmt: skip
         if self._wandb_init.get("anonymous") is None:  # Lightning passes anonymous=None, which W&B warns of
@@ -154,6 +157,31 @@ class WandbLogger(_LightningWandbLogger):
                 if parameter.kind is not inspect.Parameter.VAR_KEYWORD and name not in keys:
                     keys.append(name)
         return keys
+
+    @classmethod
+    def check_config(cls, key: str, node: Mapping[str, Any]) -> None:
+        """Refuse, when the config is checked, what W&B refuses only once the run starts, after the data is
+        prepared (a `mode`, or `WANDB_MODE`, it does not know), and what it takes the wrong way (`tags` as
+        one text, which became one tag per character).
+
+        Raises:
+            ConfigError: Naming the key (or the environment variable) and the values it takes.
+        """
+        mode = effective_mode(node.get("mode", "offline"))
+        if mode not in WANDB_MODES:
+            where = "the environment variable WANDB_MODE" if "WANDB_MODE" in os.environ else f"{key}.mode"
+            unset = " (or unset it)" if "WANDB_MODE" in os.environ else ""
+            raise ConfigError(f"{where}={mode!r} is no W&B mode: use one of {', '.join(WANDB_MODES)}{unset}")
+        tags = node.get("tags", ())
+        if isinstance(tags, str) or not all(isinstance(tag, str) for tag in tags or ()):
+            example = tags if isinstance(tags, str) else "a,b"
+            raise ConfigError(f"{key}.tags={tags!r} must be a list of texts: {key}.tags=[{example}]")
+
+
+def effective_mode(mode: str) -> str:
+    """The W&B mode a logger configured with `mode` runs in: the `WANDB_MODE` environment variable's when it
+    is set (W&B reads it even when empty), else `mode`."""
+    return os.environ.get("WANDB_MODE", mode)
 
 
 def wandb_runs(trainer: Any) -> list[Any]:

@@ -76,7 +76,8 @@ def check_constructor_keys(cfg: DictConfig) -> None:
     to read their signatures, so a mistyped `+trainer.max_epoch=3` fails at once, with a did-you-mean,
     rather than as a TypeError after data preparation. A class taking `**kwargs` accepts any key,
     unless it names the keys it passes them on to (a classmethod `accepted_keys`, as
-    `attnlab.runs.wandb.WandbLogger` does).
+    `attnlab.runs.wandb.WandbLogger` does). A class with a classmethod `check_config(key, node)` checks
+    its values there too (`WandbLogger`: its mode and tags).
 
     Raises:
         ConfigError: naming the key, the class and the fix.
@@ -101,6 +102,9 @@ def check_constructor_keys(cfg: DictConfig) -> None:
             from attnlab.runs.tracking import check_logger_packages
 
             check_logger_packages(key, cls)
+        check = getattr(cls, "check_config", None)  # a class checking its values itself (a W&B mode)
+        if callable(check):
+            check(key, node)
         accepted = getattr(cls, "accepted_keys", None)  # a class passing **kwargs on names what it takes
         if callable(accepted):
             reject_unknown_keys(key, cls, node.keys(), list(accepted()))
