@@ -587,3 +587,17 @@ def test_config_values_paths_and_errors_are_text_in_the_markdown_and_latex_repor
     assert not any(line.startswith(("#", "<")) for line in lines)
     latex = report([sweep], fmt="latex", baseline="model.pe=sinusoidal")
     assert "model.pe=a|b  | injected | row | \\textless{}img" in latex and "\n\n" not in latex
+
+
+def test_true_and_false_in_results_are_no_scores(sweep: Path) -> None:
+    """JSON `true` passed for the number 1 (Python's bool is an int): a hand-edited `"bleu": true` was a
+    BLEU of 1.00 and `"val/ppl": false` a perplexity of 0 in the group's mean. A test set's scores that are
+    no numbers make the run unreadable, as text there does; another metric that is none is left out."""
+    path = sweep / "pe=none,seed=1" / "results.json"
+    results = json.loads(path.read_text())
+    path.write_text(json.dumps({**results, "metrics": {"val/ppl": False}}))
+    row = next(line for line in report([sweep]).splitlines() if line.startswith("| model.pe=none"))
+    assert "| 7.50 ± 0.71 [±6.35] (2 runs) |" in row  # val/ppl of seeds 2 and 3, not a 0 among them
+    path.write_text(json.dumps({**results, "sets": {"test2016": {"bleu": True, "chrf": True}}}))
+    text = report([sweep])
+    assert "| model.pe=none | 2 |" in text and "test set 'test2016' has no numeric 'bleu' and 'chrf'" in text

@@ -98,6 +98,11 @@ def _seconds(manifest: dict[str, Any], path: Path) -> float | None:
         ) from None
 
 
+def _is_number(value: Any) -> bool:
+    """Whether a parsed JSON value is a number (`true` and `false` are not, though Python counts them)."""
+    return isinstance(value, (int, float)) and not isinstance(value, bool)
+
+
 def _number(path: Path, what: str, value: float) -> float:
     """`value` of results file `path` as a float (`what` names it in the error).
 
@@ -116,15 +121,15 @@ def _result_metrics(run: RunDir) -> dict[str, float]:
     sets = results.get("sets", {})
     if not isinstance(numbers, dict) or not isinstance(sets, dict):
         raise UnreadableRunFile(f"cannot read {path}: its 'metrics' and 'sets' must be JSON objects")
-    metrics = {k: _number(path, repr(k), v) for k, v in numbers.items() if isinstance(v, (int, float))}
+    metrics = {k: _number(path, repr(k), v) for k, v in numbers.items() if _is_number(v)}
     for name, entry in sets.items():
         scores = [entry.get(m) for m in ("bleu", "chrf")] if isinstance(entry, dict) else [None]
-        if not all(isinstance(v, (int, float)) for v in scores):
+        if not all(map(_is_number, scores)):
             raise UnreadableRunFile(f"cannot read {path}: test set {name!r} has no numeric 'bleu' and 'chrf'")
         for metric, value in zip(("bleu", "chrf"), scores, strict=True):
             metrics[f"test/{name}/{metric}"] = _number(path, f"{name!r} {metric}", value)
         ter = entry.get("ter")  # (results from before TER was scored have none)
-        if isinstance(ter, (int, float)) and not isinstance(ter, bool):
+        if _is_number(ter):
             metrics[f"test/{name}/ter"] = _number(path, f"{name!r} ter", ter)
     return metrics
 
