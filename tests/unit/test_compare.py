@@ -601,3 +601,23 @@ def test_true_and_false_in_results_are_no_scores(sweep: Path) -> None:
     path.write_text(json.dumps({**results, "sets": {"test2016": {"bleu": True, "chrf": True}}}))
     text = report([sweep])
     assert "| model.pe=none | 2 |" in text and "test set 'test2016' has no numeric 'bleu' and 'chrf'" in text
+
+
+def test_training_minutes_of_a_resumed_run_leave_out_the_pause_before_its_resumption(sweep: Path) -> None:
+    """A run interrupted after 10 minutes and resumed two days later for 20 more minutes trained 30: it
+    was shown as 2 days and 20 minutes (start to end). A part killed before recording its end (SIGKILL)
+    leaves the time unknown: no number rather than one with the pause in it."""
+    path = sweep / "pe=none,seed=1" / "manifest.json"
+    day1, day3 = "2026-01-01T00:{}:00+00:00", "2026-01-03T00:{}:00+00:00"
+    manifest = {
+        "status": "finished", "start_time": day1.format("00"), "end_time": day3.format("20"),
+        "resumed": [{"time": day3.format("00"), "previous_end": day1.format("10")}],
+    }  # fmt: skip
+    path.write_text(json.dumps(manifest))
+    groups, _ = summarize(load_runs([sweep]), baseline="model.pe=sinusoidal")
+    minutes = {g.name: g for g in groups}["model.pe=none"].stats["train_minutes"]
+    assert minutes.n == 3 and minutes.mean == pytest.approx(30.0) and minutes.std == pytest.approx(0.0)
+    manifest["resumed"][0]["previous_end"] = None  # killed: its end never recorded
+    path.write_text(json.dumps(manifest))
+    groups, _ = summarize(load_runs([sweep]), baseline="model.pe=sinusoidal")
+    assert {g.name: g for g in groups}["model.pe=none"].stats["train_minutes"].n == 2

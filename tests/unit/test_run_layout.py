@@ -167,6 +167,7 @@ def test_the_manifest_is_one_object_written_on_every_change(tmp_path: Path) -> N
     assert [entry["checkpoint"] for entry in again["resumed"]] == [str(run.last_checkpoint)]
     assert again["resumed"][0]["command"] == [sys.executable, *sys.argv]  # the command of the resumption
     assert again["resumed"][0]["time"] >= first["end_time"]
+    assert again["resumed"][0]["previous_end"] == first["end_time"]  # (the pause is not training time)
     resumed.finish("finished")
     assert Manifest.read(run).get("status") == "finished" and "error" not in Manifest.read(run).fields
 

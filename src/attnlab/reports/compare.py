@@ -80,21 +80,31 @@ def _params(run: RunDir) -> float | None:
 
 
 def _seconds(manifest: dict[str, Any], path: Path) -> float | None:
-    """Seconds from `start_time` to `end_time` of a manifest (None when one is missing or no ISO time).
+    """Seconds the run of a manifest ran: from `start_time` to `end_time`, less the pauses between its
+    parts when it was resumed (each `resumed` entry's `time`, and the `previous_end` of the part before).
+    None when a time is missing or no ISO time, or a part was killed before it could record its end (how
+    long it ran is not known; resumptions recorded before `previous_end` existed are such too).
 
     Raises:
-        UnreadableRunFile: One of them has a timezone and the other not (they cannot be subtracted).
+        UnreadableRunFile: Some times have a timezone and others not (they cannot be subtracted).
     """
+    resumed = manifest.get("resumed") or []
+    if not isinstance(resumed, list) or not all(isinstance(entry, dict) for entry in resumed):
+        return None
+    starts = [manifest.get("start_time"), *(entry.get("time") for entry in resumed)]
+    ends = [*(entry.get("previous_end") for entry in resumed), manifest.get("end_time")]
     try:
-        start, end = (datetime.fromisoformat(manifest[k]) for k in ("start_time", "end_time"))
-    except (KeyError, TypeError, ValueError):
+        parts = [(datetime.fromisoformat(start), datetime.fromisoformat(end))
+                 for start, end in zip(starts, ends, strict=True)]  # fmt: skip
+    except (TypeError, ValueError):
         return None
     try:
-        return (end - start).total_seconds()
+        return sum((end - start).total_seconds() for start, end in parts)
     except TypeError:
+        times = ", ".join(map(repr, [*starts, *ends]))
         raise UnreadableRunFile(
-            f"cannot read {path}: start_time {manifest['start_time']!r} and end_time "
-            f"{manifest['end_time']!r} cannot be compared (one has a timezone, the other not)"
+            f"cannot read {path}: its start, resumption and end times ({times}) cannot be compared (one has "
+            "a timezone, the other not)"
         ) from None
 
 

@@ -102,7 +102,9 @@ class Manifest:
         With `resumed_from` (the run continues from that checkpoint), the first start time, the W&B run
         id, the checkpoint a fine-tuning run started from (`init_from`) and the earlier resumptions are
         kept from the run's manifest (read here, once; a missing or unreadable one keeps nothing), and
-        this resumption is added to `resumed` (time, checkpoint, command).
+        this resumption is added to `resumed` (time, checkpoint, command, and `previous_end`: the end time
+        of the part before, None when that part was killed before it could record it), so the time the run
+        trained is known without the pauses between its parts (`attnlab.reports.compare`).
         """
         fields: dict[str, Any] = {
             "status": "running",
@@ -126,7 +128,8 @@ class Manifest:
                 if before.get(key):
                     fields[key] = before[key]
             earlier = before.get("resumed")
-            entry = {"time": now(), "checkpoint": str(resumed_from), "command": fields["command"]}
+            entry = {"time": now(), "checkpoint": str(resumed_from), "command": fields["command"],
+                     "previous_end": before.get("end_time")}  # fmt: skip
             fields["resumed"] = [*(earlier if isinstance(earlier, list) else []), entry]
         manifest = cls(run, fields)
         manifest._write()
