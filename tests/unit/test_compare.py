@@ -249,8 +249,9 @@ def test_ter_is_a_column_when_the_runs_scored_it(sweep: Path) -> None:
 
 
 def source_lines() -> list[str]:
-    """Sources of `REFS` whose word counts cycle through every length bucket: 5, 15, 25, 35, 45 words."""
-    return [" ".join(["wort"] * (10 * (i % 5) + 5)) for i in range(len(REFS))]
+    """Sources of `REFS` whose word counts cycle through every length bucket at its edges: 9, 10, 20, 39,
+    40 words (compare-mt's buckets: a sentence of 10 words is in 10-19, one of 40 in 40+)."""
+    return [" ".join(["wort"] * (9, 10, 20, 39, 40)[i % 5]) for i in range(len(REFS))]
 
 
 def test_bleu_by_length_scores_each_source_length_bucket_over_seeds(sweep: Path, tmp_path: Path) -> None:
