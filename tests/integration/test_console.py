@@ -212,8 +212,9 @@ class Clock:
 def progress_run(
     monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture, lines: Any, events: list[tuple]
 ) -> list[str]:
-    """Feed `lines` (a ProgressLines) a run: ("step", time, tokens seen) ends an optimizer step,
-    ("validate", start, end) a validation; returns the progress lines it logged."""
+    """Feed `lines` (a ProgressLines) a run: ("step", time, tokens seen[, loss]) ends an optimizer step
+    (of loss 2.0 unless given), ("validate", start, end) a validation; returns the progress lines it
+    logged."""
     import torch
 
     from attnlab.training import console
@@ -227,7 +228,7 @@ def progress_run(
     with caplog.at_level(logging.INFO, logger=console.__name__):
         caplog.clear()
         lines.on_train_start(trainer, module)
-        for kind, first, second in events:
+        for kind, first, second, *loss in events:
             if kind == "validate":
                 clock.now = first
                 lines.on_validation_start(trainer, module)
@@ -235,6 +236,7 @@ def progress_run(
                 lines.on_validation_end(trainer, module)
             else:
                 clock.now, module.tokens_seen = first, second
+                trainer.callback_metrics["train/loss_step"] = torch.tensor(loss[0] if loss else 2.0)
                 trainer.global_step += 1
                 lines.on_train_batch_end(trainer, module, None, None, trainer.global_step - 1)
         return [r.getMessage() for r in caplog.records if r.getMessage().startswith("progress: ")]
@@ -274,3 +276,21 @@ def test_progress_tokens_per_second_leave_validation_time_out(
     events = [("validate", 2.0, 8.0), ("step", 12.0, 600)]  # 600 tokens in 12 s, 6 of them validating
     (line,) = progress_run(monkeypatch, caplog, ProgressLines(every_n_seconds=10), events)
     assert "| 100 tgt tok/s |" in line
+
+
+def test_progress_loss_and_speed_are_since_the_previous_line_and_the_eta_counts_validation(
+    monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
+) -> None:
+    """README, "The console": the mean training loss and the target tokens per second since the previous
+    line (validation time left out), the time since training started, and the ETA: the remaining steps
+    at the average time per step so far, validation included."""
+    from attnlab.training.console import ProgressLines
+
+    events = [("step", 1.0, 100, 4.0), ("step", 2.0, 200, 2.0),  # line 1: 200 tokens in 2 s
+              ("validate", 2.0, 12.0), ("step", 13.0, 1200, 1.0), ("step", 14.0, 2200, 1.0)]  # fmt: skip
+    lines = progress_run(monkeypatch, caplog, ProgressLines(every_n_seconds=None, every_n_steps=2), events)
+    assert lines == [
+        "progress: step 2/100 (2%) | epoch 1/1 | loss 3 | 100 tgt tok/s | elapsed 0:00:02 | ETA 0:01:38",
+        # 2000 tokens in the 2 s of training since line 1; 96 steps left at 14 s / 4 steps: 5 min 36 s
+        "progress: step 4/100 (4%) | epoch 1/1 | loss 1 | 1000 tgt tok/s | elapsed 0:00:14 | ETA 0:05:36",
+    ]
