@@ -325,6 +325,15 @@ def test_score_sets_records_the_tokenized_bleu_in_the_target_language(
     assert entry["bleu"] == corpus_bleu(DE_HYPS, DE_REFS).score != entry["bleu_tok_compound"]
     assert entry["ter"] == corpus_ter(DE_HYPS, DE_REFS).score > 0
     assert entry["ter_signature"] == corpus_ter(DE_HYPS, DE_REFS).signature
+    # README, "Run directory": per set BLEU, chrF and TER with their signatures, BLEU details (n-gram
+    # precisions, brevity penalty, lengths), sentence count, decoding time and the saved files
+    bleu, chrf = corpus_bleu(DE_HYPS, DE_REFS), corpus_chrf(DE_HYPS, DE_REFS)
+    assert set(bleu.details) == {"precisions", "bp", "sys_len", "ref_len"}
+    assert entry["bleu_details"] == bleu.details
+    assert (entry["chrf"], entry["chrf_signature"]) == (chrf.score, chrf.signature)
+    assert entry["sentences"] == 2 and entry["decode_seconds"] >= 0.0
+    files = (entry["hypotheses"], entry["references"], entry["sources"])
+    assert files == ("hypotheses/test.txt", "references/test.txt", "sources/test.txt")
     assert results["scoring"] == {"bleu_tokenize": "13a"} and "|tok:13a|" in entry["bleu_signature"]
     chosen = FixedTranslator({"tgt_lang": "de"}, MetricsConfig(bleu_tokenize="char"))
     results = score_sets(chosen, sets).results
