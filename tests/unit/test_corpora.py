@@ -656,6 +656,28 @@ def test_a_tokenizer_file_made_for_other_text_is_warned_of_on_every_run(
                 assert len(warnings) == 2 and "training target ids (en" in warnings[1]
 
 
+def test_the_unknown_id_warning_starts_above_one_percent_of_a_sides_ids(
+    corpus: Path, tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    """README, "Data": more than 1% of a side's training ids as <unk> is warned of. The corpus's own
+    tokenizer, with a word of a letter it never saw added to `k` training sources (one <unk> each):
+    60 of about 6,900 source ids (0.9%) pass without a word, 100 of about 6,950 (1.4%) are warned of."""
+    path = trained_tokenizer_file(corpus, tmp_path, "own.json")
+    src = read_lines(corpus / "train.de")
+    for k, warned in ((60, False), (100, True)):
+        changed = tmp_path / f"corpus{k}"
+        shutil.copytree(corpus, changed)
+        write_lines(changed / "train.de", [f"{line} жж" if i < k else line for i, line in enumerate(src)])
+        caplog.clear()
+        with caplog.at_level("WARNING"):
+            dm = setup_datamodule(files_spec(changed, tmp_path, tokenizer_path=str(path)))
+        share = dm.stats["train_unknown_ids"]["src"] / len(dm.prepared.splits["train"].src_ids)
+        assert dm.stats["train_unknown_ids"] == {"src": k, "tgt": 0}
+        assert (0.008 < share <= 0.01) if not warned else (0.01 < share < 0.02)
+        warnings = [r.getMessage() for r in caplog.records if "as the unknown id" in r.getMessage()]
+        assert len(warnings) == warned and all(f"training source ids (de, {k} of " in w for w in warnings)
+
+
 def test_separate_tokenizer_files_and_a_sentencepiece_model(corpus: Path, tmp_path: Path) -> None:
     src_file = trained_tokenizer_file(corpus, tmp_path, "src.model", model="sentencepiece")
     tgt_file = trained_tokenizer_file(corpus, tmp_path, "tgt.model", model="sentencepiece", vocab_size=50)
