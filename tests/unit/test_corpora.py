@@ -399,7 +399,7 @@ def test_a_training_line_with_a_huge_word_is_warned_of_once(
     """The `tokenizers` trainers take time growing with the square of a word's length (a damaged line of
     1M characters without a space: 283 s of BPE training, without a word said)."""
     src, tgt = read_lines(corpus / "train.de"), read_lines(corpus / "train.en")
-    word = "x" * (prepare_module.LONG_WORD + 1)
+    word = "x" * 10_001  # README, "Data": a run of more than 10,000 characters without white space
     tgt[6] = f"the {word} dog"
     write_pair(corpus, "train", src, tgt)
     expected = (
