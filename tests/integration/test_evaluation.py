@@ -81,6 +81,44 @@ def test_logged_validation_bleu_is_sacrebleu_of_greedy_decodes_of_the_weights(
     assert logged[-1] >= 60
 
 
+def test_validation_bleu_with_val_subset_scores_the_first_sentences_only(text_run: dict[str, Any]) -> None:
+    """README, "Run directory": `val/bleu` and `val/chrf` score greedy decodes of the validation set, or
+    of its first `decode.val_subset` sentences; the validation loss stays the whole set's."""
+    import dataclasses
+
+    import lightning as L
+
+    from attnlab.metrics import corpus_chrf
+
+    module = TranslationModule.load_from_checkpoint(text_run["dir"] / "checkpoints" / "last.ckpt").eval()
+    datamodule = validate(text_run["cfg"]).data.datamodule()
+    datamodule.setup()
+    outputs = {}
+    for batch in datamodule.val_dataloader():
+        outputs.update(zip(batch["index"].tolist(), module.translate(batch["src"], beam=1), strict=True))
+    hypotheses = [datamodule.tgt_tokenizer.decode(outputs[i]) for i in range(len(outputs))]
+    # the sentence right after the subset gets a reference unlike its translation (the model translates
+    # most validation sentences perfectly): scored with one sentence more, or the whole set, BLEU differs
+    n = 10
+    refs = list(datamodule.references["val"])
+    refs[n] = "nothing in this line is like the translation"
+    datamodule.references["val"] = refs
+    bleu = {k: corpus_bleu(hypotheses[:k], refs[:k]).score for k in (n, n + 1, len(refs))}
+    assert bleu[n] not in (bleu[n + 1], bleu[len(refs)])
+    trainer = L.Trainer(
+        accelerator="cpu", logger=False, enable_checkpointing=False, enable_progress_bar=False,
+        enable_model_summary=False,
+    )  # fmt: skip
+    logged = {}
+    for subset in (n, None):
+        module.decode_config = dataclasses.replace(module.decode_config, val_subset=subset, every_n_epochs=1)
+        (logged[subset],) = trainer.validate(module, datamodule=datamodule, verbose=False)
+    assert logged[n]["val/bleu"] == pytest.approx(bleu[n], abs=1e-4)
+    assert logged[n]["val/chrf"] == pytest.approx(corpus_chrf(hypotheses[:n], refs[:n]).score, abs=1e-4)
+    assert logged[None]["val/bleu"] == pytest.approx(bleu[len(refs)], abs=1e-4)
+    assert logged[n]["val/loss"] == logged[None]["val/loss"]
+
+
 def test_results_json_scores_every_test_set_from_the_averaged_checkpoints(text_run: dict[str, Any]) -> None:
     run = text_run["dir"]
     results = json.loads((run / "results.json").read_text())
