@@ -301,10 +301,10 @@ def test_which_saved_runs_a_new_run_may_start_over(
 def test_eval_or_export_in_a_directory_holding_a_training_run_is_refused_before_anything_changes(
     tmp_path: Path, command: str, status: str, checkpoints: list[str]
 ) -> None:
-    """`attnlab-eval hydra.run.dir=<a training run>` replaced the run's results.json (its final scores
-    and metrics), hypotheses and references, and Hydra its .hydra/ record of the training command, with
-    the evaluation's; attnlab-export the record. Refused before anything is written, naming the fix;
-    a directory of an earlier evaluation is written again."""
+    """`attnlab-eval hydra.run.dir=<a training run>` (or `paths.output_dir=`) replaced the run's
+    results.json (its final scores and metrics), hypotheses and references, and Hydra its .hydra/ record
+    of the training command, with the evaluation's; attnlab-export the record. Refused before anything is
+    written, naming the fix; a directory of an earlier evaluation is written again."""
     run_dir = tmp_path / "run"
     before = saved_run(run_dir, status, checkpoints)
     (run_dir / "results.json").write_text('{"sets": {}}')
@@ -320,6 +320,14 @@ def test_eval_or_export_in_a_directory_holding_a_training_run_is_refused_before_
     ), done.stderr
     assert f"leave hydra.run.dir out (a new directory under logs/{command}/runs/)" in done.stderr
     assert {p: p.read_bytes() for p in run_dir.rglob("*") if p.is_file()} == before  # no .hydra/ either
+    if command == "eval":  # the directory given as paths.output_dir (Hydra's record goes elsewhere)
+        from attnlab.cli.eval import evaluate_checkpoint
+
+        told = (rf"^paths.output_dir={run_dir} holds a training run .*replace its results\.json, hypotheses "
+                r"and references with its own; leave paths.output_dir")  # fmt: skip
+        with pytest.raises(ConfigError, match=told):
+            evaluate_checkpoint(compose_app("eval", [f"paths.output_dir={run_dir}", f"ckpt_path={run_dir}"]))
+        assert {p: p.read_bytes() for p in run_dir.rglob("*") if p.is_file()} == before
     earlier = tmp_path / "earlier_eval"  # what attnlab-eval leaves: results, hypotheses, its record
     (earlier / "hypotheses").mkdir(parents=True)
     (earlier / "results.json").write_text('{"sets": {}}')

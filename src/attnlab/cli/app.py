@@ -78,7 +78,7 @@ class RunDirectoryCheck(Callback):
     it (`resume=false`), and a training sweep whose sweeper would optimise `optimized_metric` the wrong
     way (`check_sweep_direction`). So is a config holding a credential (`check_no_credentials`), which
     Hydra would write into `.hydra/`. attnlab-eval and attnlab-export refuse a directory holding a training
-    run (`RunDir.saved_training`): they would replace its results and Hydra record with their own."""
+    run (`RunDir.check_no_training`): they would replace its results and Hydra record with their own."""
 
     def on_run_start(self, config: DictConfig, **kwargs: Any) -> None:
         self._check(config, Path(config.hydra.run.dir))
@@ -94,17 +94,12 @@ class RunDirectoryCheck(Callback):
             except ConfigError as exc:
                 raise SystemExit(f"attnlab-train: config error: {exc}") from None
             return
-        checkpoints, status = run.saved_training()
-        if checkpoints or status is not None:  # attnlab-eval, attnlab-export: their record would replace its
-            held = f"checkpoints {', '.join(checkpoints[:3])}" if checkpoints else "no checkpoint"
-            replaced = "its results.json, hypotheses, references and .hydra/ record" if task == "eval" else (
-                "its .hydra/ record")  # fmt: skip
-            raise SystemExit(
-                f"attnlab-{task}: config error: hydra.run.dir={run.path} holds a training run (status "
-                f"{status or 'unknown'}, {held}): attnlab-{task} would replace {replaced} with its "
-                f"own; leave hydra.run.dir out (a new directory under logs/{task}/runs/) or name another "
-                "directory"
-            )
+        replaced = "its results.json, hypotheses, references and .hydra/ record" if task == "eval" else (
+            "its .hydra/ record")  # fmt: skip
+        try:  # attnlab-eval, attnlab-export: their record (and results) would replace the run's
+            run.check_no_training(f"attnlab-{task}", "hydra.run.dir", replaced)
+        except ConfigError as exc:
+            raise SystemExit(f"attnlab-{task}: config error: {exc}") from None
 
     def on_multirun_start(self, config: DictConfig, **kwargs: Any) -> None:
         if config.get("task_name") == "train":  # a sweeper searching the wrong way: refused before any job

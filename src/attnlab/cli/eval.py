@@ -33,14 +33,18 @@ def evaluate_checkpoint(cfg: DictConfig) -> dict[str, Any]:
     the process's malloc settings as they are (`attnlab.training.allocator.configure_allocator` sets them).
 
     Raises:
-        ConfigError: A bad value (`ckpt_path` missing), a checkpoint or data file that cannot be used
-            (with the fix), a set that cannot be scored, or a model whose scores are NaN.
+        ConfigError: A bad value (`ckpt_path` missing), an output directory holding a training run, a
+            checkpoint or data file that cannot be used (with the fix), a set that cannot be scored, or a
+            model whose scores are NaN.
     """
     if OmegaConf.is_missing(cfg, "ckpt_path") or not cfg.get("ckpt_path"):
         raise ConfigError(
             "ckpt_path=<checkpoint file or run directory> is required (ensembles: ckpt_path=[a,b] "
             "ensemble=true)"
         )
+    output_dir = Path(cfg.paths.output_dir)  # a training run's results would be replaced: refused first
+    RunDir(output_dir).check_no_training("attnlab-eval", "paths.output_dir",
+                                         "its results.json, hypotheses and references")  # fmt: skip
     from attnlab.data.download import DataError
     from attnlab.decoding.search import NonFiniteScores
     from attnlab.inference.translator import (
@@ -77,7 +81,6 @@ def evaluate_checkpoint(cfg: DictConfig) -> dict[str, Any]:
         sets = spec.load(names)
     except (CheckpointError, DataError, ValueError) as exc:
         raise ConfigError(str(exc)) from None
-    output_dir = Path(cfg.paths.output_dir)
     try:
         return evaluate(translator, sets, output_dir, checkpoints=paths)
     except (ScoringError, NonFiniteScores) as exc:  # nothing written: every set is scored before any file

@@ -386,6 +386,24 @@ class RunDir:
                 status = str(self.read_json(MANIFEST_FILE).get("status") or "unknown")
         return checkpoints, status
 
+    def check_no_training(self, command: str, key: str, replaced: str) -> None:
+        """Refuse a directory holding a training run (`saved_training`: checkpoints or a manifest) as where
+        `command` (attnlab-eval, attnlab-export), given it as `key`, writes its own files, which would
+        replace the run's (`replaced`, for the message).
+
+        Raises:
+            ConfigError: Naming the directory, what is there, and the fix.
+        """
+        checkpoints, status = self.saved_training()
+        if checkpoints or status is not None:
+            held = f"checkpoints {', '.join(checkpoints[:3])}" if checkpoints else "no checkpoint"
+            task = command.removeprefix("attnlab-")
+            raise ConfigError(
+                f"{key}={self.path} holds a training run (status {status or 'unknown'}, {held}): {command} "
+                f"would replace {replaced} with its own; leave {key} out (a new directory under "
+                f"logs/{task}/runs/) or name another directory"
+            )
+
     def check_no_run(self, *, skip_finished: bool = False) -> None:
         """Refuse starting a new run in a directory that holds a run's training already: its checkpoints,
         or a manifest saying it finished (a new run would overwrite them). A directory with neither (new,
