@@ -168,3 +168,34 @@ def test_a_skip_done_that_is_no_boolean_or_a_misspelt_sweep_key_is_refused_befor
         done = subprocess.run(single, capture_output=True, text=True, timeout=300, cwd=tmp_path)
         assert done.returncode == 1 and f"attnlab-train: config error: {told}" in done.stderr, done.stderr
         assert list((tmp_path / "run").iterdir()) == []  # (checked writable, then refused: nothing written)
+
+
+def test_skip_done_does_not_train_an_interrupted_job_afresh_over_its_checkpoints(tmp_path: Path) -> None:
+    """Re-running an interrupted sweep with `sweep.skip_done=true`, as the README says, skipped the
+    finished jobs and trained the interrupted one from scratch in its directory, over its checkpoints
+    (hours of a long job's training). That job is recorded as failed, its files untouched, naming
+    resume=auto, which then continues it from its last.ckpt."""
+    command = [
+        sys.executable, "-m", "attnlab.cli.train", "-m", "data=synthetic", "model=tiny", "data.n_train=32",
+        "data.n_val=8", "data.n_test=8", "trainer.max_epochs=1", "logger=csv", "seed=1,2",
+        f"hydra.sweep.dir={tmp_path / 'sweep'}", "trainer.enable_progress_bar=false", "sweep.skip_done=true",
+    ]  # fmt: skip
+    env = {**os.environ, "ATTNLAB_LOG_DIR": str(tmp_path / "logs")}
+    first = subprocess.run(command, capture_output=True, text=True, timeout=600, env=env, cwd=tmp_path)
+    assert first.returncode == 0, first.stderr[-3000:]
+    job = next(p for p in (tmp_path / "sweep").iterdir() if "seed=2" in p.name)
+    manifest = json.loads((job / "manifest.json").read_text())
+    (job / "manifest.json").write_text(json.dumps({**manifest, "status": "interrupted"}))  # (as SIGTERM)
+    (job / "results.json").unlink()
+    hydra_own = {".hydra", "train.log"}  # Hydra's record and job log, written by every command
+    kept = {p: p.read_bytes() for p in job.rglob("*") if p.is_file() and not hydra_own & set(p.parts)}
+    again = subprocess.run(command, capture_output=True, text=True, timeout=600, env=env, cwd=tmp_path)
+    assert again.returncode == 1 and "multirun: 1 finished, 1 failed" in again.stderr, again.stderr[-3000:]
+    told = f"job {job.name} not run: the run directory {job} holds a run already (status interrupted"
+    assert told in again.stdout + again.stderr and "Add resume=auto to the sweep's command" in again.stdout
+    assert {p: p.read_bytes() for p in kept} == kept  # its checkpoints, manifest, metrics (not Hydra's log)
+    resumed = subprocess.run([*command, "resume=auto"], capture_output=True, text=True, timeout=600, env=env,
+                             cwd=tmp_path)  # fmt: skip
+    assert resumed.returncode == 0, resumed.stderr[-3000:]
+    manifest = json.loads((job / "manifest.json").read_text())
+    assert manifest["status"] == "finished" and len(manifest["resumed"]) == 1

@@ -60,7 +60,7 @@ def register_resolvers() -> None:
         OmegaConf.register_new_resolver("attnlab.job_dir", lambda overrides="": job_dirname(str(overrides)))
 
 
-def _continues(run: RunDir, resume: Any, ckpt_path: Any) -> bool:
+def continues_run(run: RunDir, resume: Any, ckpt_path: Any) -> bool:
     """Whether a training command continues the run in `run`: `continues_own_run`, or a `ckpt_path` naming
     the run's own `checkpoints/last.ckpt` (which `attnlab.training.pipeline.plan_run` continues as the same
     run). `resume=auto` without a last.ckpt starts a new run, so it does not."""
@@ -89,7 +89,7 @@ class RunDirectoryCheck(Callback):
             try:
                 run.check_free()
                 skip_finished = sweep_skip_done(config.get("sweep"))
-                if not _continues(run, config.get("resume"), config.get("ckpt_path")):
+                if not continues_run(run, config.get("resume"), config.get("ckpt_path")):
                     run.check_no_run(skip_finished=skip_finished)
             except ConfigError as exc:
                 raise SystemExit(f"attnlab-train: config error: {exc}") from None

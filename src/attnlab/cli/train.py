@@ -2,9 +2,10 @@
 
 A multirun (`-m`) runs every job even when some fail (a failed job's manifest.json says why), then prints
 how many finished and failed, and exits non-zero when any failed; with `hydra.sweep.dir` fixed,
-`sweep.skip_done=true` skips the jobs that already finished. A config or data error (a missing or
-misaligned corpus file, invalid UTF-8, an empty corpus) ends a run with its message and no traceback
-(with one when HYDRA_FULL_ERROR=1).
+`sweep.skip_done=true` skips the jobs that already finished (with `resume=auto`, it continues the
+interrupted ones; without, it refuses to train them afresh over their checkpoints). A config or data
+error (a missing or misaligned corpus file, invalid UTF-8, an empty corpus) ends a run with its message
+and no traceback (with one when HYDRA_FULL_ERROR=1).
 
 Examples:
     attnlab-train model=tiny trainer.max_epochs=3
@@ -25,7 +26,7 @@ from typing import Any
 import hydra
 from omegaconf import DictConfig
 
-from attnlab.cli.app import config_dir, register_resolvers
+from attnlab.cli.app import config_dir, continues_run, register_resolvers
 from attnlab.runs.layout import (
     MANIFEST_FILE,
     RESULTS_FILE,
@@ -60,8 +61,8 @@ def _main(cfg: DictConfig) -> float | None:
     except ConfigError as exc:
         return _config_error(run, exc, multirun)
     if skip_done:
-        skipped = _skip_done(run, multirun)
-        if skipped is _UNREADABLE:  # named as a failed job already: no metric to miss
+        skipped = _skip_done(run, multirun, continues_run(run, cfg.get("resume"), cfg.get("ckpt_path")))
+        if skipped is _NOT_RUN:  # named as a failed job already: no metric to miss
             return None
         if skipped is not None:
             return _sweeper_value(skipped, metric, multirun)
@@ -174,13 +175,16 @@ def submitit_ranks() -> None:
     )  # fmt: skip
 
 
-_UNREADABLE: dict[str, Any] = {}  # what `_skip_done` gives for a finished job whose results are unreadable
+_NOT_RUN: dict[str, Any] = {}  # what `_skip_done` gives for a job it records as failed without running it
 
 
-def _skip_done(run: RunDir, multirun: bool) -> dict[str, Any] | None:
+def _skip_done(run: RunDir, multirun: bool, continues: bool) -> dict[str, Any] | None:
     """With `sweep.skip_done`: the final metrics of a job whose run finished (the job is skipped), else
     None (the job runs). A finished run whose results cannot be read is neither: outside a multirun the
-    command stops naming the file; in one the job is recorded as failed, with `_UNREADABLE` (no metrics)."""
+    command stops naming the file; in one the job is recorded as failed, with `_NOT_RUN` (no metrics). So
+    is a job of a multirun whose directory holds an unfinished run's checkpoints (an interrupted job) when
+    the command does not continue it (`continues`: resume=auto or true): it would train afresh over them
+    (a single run is refused so before Hydra starts: `attnlab.cli.app.RunDirectoryCheck`)."""
     try:
         done = finished_results(run)
     except UnreadableRunFile as exc:  # a finished job's results that attnlab-train did not write
@@ -189,8 +193,16 @@ def _skip_done(run: RunDir, multirun: bool) -> dict[str, Any] | None:
             raise SystemExit(f"attnlab-train: {told}") from None
         log.error("job %s not skipped: %s", run.path.name, told)
         record_job("failed", run.results_file)
-        return _UNREADABLE
+        return _NOT_RUN
     if done is None:
+        try:
+            if multirun and not continues:
+                run.check_no_run(skip_finished=True)
+        except ConfigError as exc:
+            log.error("job %s not run: %s. Add resume=auto to the sweep's command to continue its unfinished "
+                      "jobs", run.path.name, exc)  # fmt: skip
+            record_job("failed", run.manifest_file)
+            return _NOT_RUN
         return None
     print(f"attnlab-train: {run.path} already finished (sweep.skip_done=true): skipped")
     if multirun:
