@@ -162,6 +162,24 @@ def test_a_wandb_mode_or_tags_wandb_would_refuse_or_misread_are_rejected_before_
         assert not (tmp_path / "cache").exists() and not (tmp_path / "run").exists()
 
 
+def test_mlflow_tags_or_experiment_name_of_the_wrong_kind_are_rejected_before_data_preparation(
+    tmp_path: Path,
+) -> None:
+    """`logger.mlflow.tags=foo` failed as `ValueError('dictionary update sequence element #0 ...')` with
+    Hydra's "full_key: logger.mlflow" once the data was prepared, and a null experiment name failed in
+    MLflow: both are refused when the config is checked, naming the key and the form it takes."""
+    pytest.importorskip("mlflow", reason='needs the [loggers] extra: pip install -e ".[loggers]"')
+    for override, message in (
+        ("logger.mlflow.tags=foo", "logger.mlflow.tags='foo' must map tag names to values, e.g. "
+         "+logger.mlflow.tags.a=b"),
+        ("logger.mlflow.experiment_name=null", "logger.mlflow.experiment_name=None must be a name (text)"),
+    ):  # fmt: skip
+        with pytest.raises(ConfigError) as caught:
+            train(compose_train([*corpus_run(tmp_path), "logger=mlflow", override], tmp_path / "run"))
+        assert str(caught.value).startswith(message), str(caught.value)
+        assert not (tmp_path / "cache").exists() and not (tmp_path / "run").exists()
+
+
 def cli(module: str, *args: str, cwd: Path) -> subprocess.CompletedProcess:
     """`python -m <module> <args>` as a user runs it (without HYDRA_FULL_ERROR, which the tests set)."""
     env = {k: v for k, v in os.environ.items() if k != "HYDRA_FULL_ERROR"}

@@ -113,6 +113,22 @@ class MLflowLogger(_LightningMLFlowLogger):
         )  # fmt: skip
         self._continued = run_id is not None
 
+    @classmethod
+    def check_config(cls, key: str, node: Mapping[str, Any]) -> None:
+        """Refuse, when the config is checked, `tags` that are no mapping (`logger.mlflow.tags=foo` failed
+        with a bare ValueError from `dict("foo")` once the data was prepared) and an `experiment_name` that
+        is no text (`attnlab.training.experiment.check_constructor_keys` calls this).
+
+        Raises:
+            ConfigError: Naming the key and the form it takes.
+        """
+        tags = node.get("tags")
+        if tags is not None and not isinstance(tags, Mapping):
+            raise ConfigError(f"{key}.tags={tags!r} must map tag names to values, e.g. +{key}.tags.a=b")
+        name = node.get("experiment_name", "attnlab")
+        if not isinstance(name, str) or not name:
+            raise ConfigError(f"{key}.experiment_name={name!r} must be a name (text), e.g. attnlab")
+
     @rank_zero_only
     def check_continued_run(self) -> None:
         """For a continued run (`run_id`), that the MLflow store holds it (rank 0; before training).
