@@ -270,6 +270,8 @@ INVALID = [
     (["trainer.devices=0"], "trainer.devices=0 must be a positive count"),
     (["trainer.gradient_clip_val=-1"], "trainer.gradient_clip_val=-1 must be a number >= 0"),
     (["seed=abc"], "seed='abc' must be an integer"),
+    # a list failed as a TypeError (unhashable) in attnlab-train once the run had trained
+    (["optimized_metric=[val/loss]"], "optimized_metric=['val/loss'] must be the name of a final metric"),
     (["allocator=jemalloc"], "allocator='jemalloc' is not an allocator setting: use keep"),
     (["decode.beam=0"], "decode.beam=0 must be positive"),
     (["decode.alpha=-1"], "decode.alpha=-1.0 must be >= 0"),

@@ -168,6 +168,7 @@ def _check_top_level(cfg: DictConfig) -> None:
             "every N optimizer steps) or null (one per epoch)"
         )
     sweep_skip_done(cfg.get("sweep"))
+    check_optimized_metric(cfg.get("optimized_metric"))
     test = cfg.get("test", True)
     if not isinstance(test, bool):
         raise ConfigError(f"test={test!r} must be true or false")
@@ -350,6 +351,19 @@ def validate(cfg: DictConfig) -> Experiment:
 SCORED_METRICS = ("val/bleu", "val/chrf")
 
 
+def check_optimized_metric(optimized_metric: Any) -> None:
+    """`optimized_metric` names a final metric (text) or is null.
+
+    Raises:
+        ConfigError: It is anything else (a list failed as a TypeError once the run had trained).
+    """
+    if optimized_metric is not None and not isinstance(optimized_metric, str):
+        raise ConfigError(
+            f"optimized_metric={optimized_metric!r} must be the name of a final metric (best/val/bleu, "
+            "val/loss, ...) or null"
+        )
+
+
 def check_sweep_direction(optimized_metric: Any, direction: Any) -> None:
     """A sweeper that optimises in a direction (Optuna's `hydra.sweeper.direction`) must go the way
     `optimized_metric` improves (`attnlab.metrics.better`): maximizing a loss searches for the worst
@@ -359,11 +373,7 @@ def check_sweep_direction(optimized_metric: Any, direction: Any) -> None:
     Raises:
         ConfigError: `optimized_metric` is no text, or the direction is the other one, naming both fixes.
     """
-    if optimized_metric is not None and not isinstance(optimized_metric, str):
-        raise ConfigError(
-            f"optimized_metric={optimized_metric!r} must be the name of a final metric (best/val/bleu, "
-            "val/loss, ...) or null"
-        )
+    check_optimized_metric(optimized_metric)
     direction = getattr(direction, "name", direction)  # Optuna's Direction enum, or its name
     want = {"max": "maximize", "min": "minimize"}.get(better(optimized_metric or "") or "")
     if want is None or not isinstance(direction, str) or direction.lower() == want:
