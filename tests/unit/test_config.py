@@ -131,6 +131,26 @@ def test_base_with_a_37000_joint_vocabulary_has_63_082_496_parameters(tmp_path: 
     assert sum(p.numel() for p in model.parameters()) == 63_082_496
 
 
+def test_the_model_presets_and_recipes_have_the_sizes_the_readme_gives(tmp_path: Path) -> None:
+    """README, "Config groups": tiny (D 32, 2+2 layers), mini (D 256, 2+2, d_ff 512), small (D 256, 3+3);
+    "Results": the default recipe (mini, joint BPE 5k) has 3.9M parameters, `multi30k_small` (small,
+    joint BPE 8k) 7.6M."""
+    from attnlab.model import Transformer
+
+    def shape(overrides: list[str]) -> tuple[int, ...]:
+        model = validate(compose_train(["data=synthetic", *overrides], tmp_path)).model
+        return (model.d_model, model.n_encoder_layers, model.n_decoder_layers, model.d_ff)
+
+    assert shape(["model=tiny"])[:3] == (32, 2, 2)
+    assert shape(["model=mini"]) == (256, 2, 2, 512)
+    assert shape(["model=small"])[:3] == (256, 3, 3)
+    for recipe, params in (("multi30k_fast", 3.9e6), ("multi30k_small", 7.6e6)):
+        experiment = validate(compose_train([f"experiment={recipe}"], tmp_path))
+        vocab = experiment.data.vocab_size
+        model = Transformer(experiment.model.with_vocab(vocab, vocab))
+        assert round(sum(p.numel() for p in model.parameters()), -5) == params, recipe
+
+
 @pytest.mark.parametrize(("group", "name"), OPTIONS, ids=[f"{g}={n}" for g, n in OPTIONS])
 def test_every_cpu_node_instantiates(group: str, name: str, tmp_path: Path) -> None:
     from attnlab.model import Transformer
