@@ -130,6 +130,13 @@ def test_vocab_size_is_at_most_the_requested_size(tokenizer: SubwordTokenizer) -
     assert max(ids) < tokenizer.vocab_size
 
 
+def test_bpe_fills_the_requested_size_with_the_special_tokens_counted_in_it(bpe: SubwordTokenizer) -> None:
+    """README, "Preprocessing": `data.vocab_size` is per tokenizer, the four special tokens included: BPE on
+    text with merges to spare has exactly that many ids (the recipes' parameter counts are of them)."""
+    assert bpe.vocab_size == VOCAB_SIZE
+    assert len(bpe.tokenizer.get_vocab(with_added_tokens=True)) == VOCAB_SIZE
+
+
 def test_training_lines_round_trip_to_their_normal_form(tokenizer: SubwordTokenizer) -> None:
     for line in LINES:
         ids = tokenizer.encode(line)
