@@ -8,7 +8,9 @@ from __future__ import annotations
 import io
 import json
 import logging
+import os
 import signal
+import sys
 from pathlib import Path
 from typing import Any
 
@@ -57,6 +59,27 @@ def huge_line(sources: list[str]) -> str:
     """A 1 MB line of German words (about 450,000 subwords with the trained tokenizer)."""
     text = " ".join(sources)
     return (text * (1_000_000 // len(text) + 1))[:1_000_000]
+
+
+def test_a_reader_of_standard_output_that_stops_early_ends_translation_quietly(
+    trained: dict[str, Any],
+    tmp_path: Path,
+    monkeypatch: pytest.MonkeyPatch,
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    """`attnlab-translate ... | head -1`: once head exits, the next write fails with EPIPE, which printed
+    `attnlab-translate: [Errno 32] Broken pipe` and, at exit, Python's own flush error."""
+    source = tmp_path / "in.de"
+    source.write_text("\n".join(trained["sources"] * 20) + "\n", encoding="utf-8")
+    read, write = os.pipe()
+    os.close(read)  # the reader is gone
+    with open(write, "w", encoding="utf-8") as pipe:
+        monkeypatch.setattr(sys, "stdout", pipe)
+        with pytest.raises(SystemExit) as ended:
+            translate_main([f"ckpt_path={trained['ckpt']}", f"input={source}", "device=cpu"])
+        assert ended.value.code == 1  # a status, no message
+        assert os.path.samestat(os.fstat(pipe.fileno()), os.stat(os.devnull))  # the rest goes nowhere
+    assert capsys.readouterr().err == ""
 
 
 # ---------------------------------------------------------------------------------------------------------

@@ -15,7 +15,8 @@ stderr.
 input and the output's directory are checked first (an output that is the input file, or a checkpoint
 translating, is refused), the translations go to a hidden temporary file beside FILE, renamed over it
 once complete. On any error FILE is left as it was and no temporary file remains. Standard output
-streams chunk by chunk instead.
+streams chunk by chunk instead; when its reader stops early (`| head`), the command ends quietly with
+status 1, as a filter does.
 
 With `decode.nbest=N` (1 <= N <= decode.beam) or `decode.print_alignment=hard|soft`, the output holds
 each line's N best hypotheses (1 when only alignments are asked for) with their scores, and alignments,
@@ -235,6 +236,15 @@ def output_file(output: str, source: IO[Any], checkpoints: Sequence[Path] = ()) 
     return path
 
 
+def _discard_stdout() -> None:
+    """Point standard output at /dev/null: what is still buffered for a reader that is gone would raise
+    BrokenPipeError again when Python flushes it at exit (the way the Python docs give, `signal` module)."""
+    with contextlib.suppress(AttributeError, OSError, ValueError):  # no file descriptor (a StringIO)
+        devnull = os.open(os.devnull, os.O_WRONLY)
+        os.dup2(devnull, sys.stdout.fileno())
+        os.close(devnull)
+
+
 def main(argv: Sequence[str] | None = None) -> None:
     """Console-script entry point."""
     argv = sys.argv[1:] if argv is None else list(argv)
@@ -268,6 +278,9 @@ def main(argv: Sequence[str] | None = None) -> None:
                 path = output_file(output, stream, checkpoints)
                 with atomic_writer(path, encoding="utf-8") as sink:
                     translate_stream(translator, source, sink, chunk_lines)
+    except BrokenPipeError:  # the reader of the output stopped (`| head`): end quietly, as filters do
+        _discard_stdout()
+        raise SystemExit(1) from None
     except (CheckpointError, ValueError, OSError) as exc:
         if output != "-":
             after = f"; nothing was written to {output} (a file there before is unchanged)"
