@@ -195,6 +195,20 @@ def test_an_output_that_cannot_be_written_is_refused_before_translating(
     assert not (tmp_path / "no").exists()
 
 
+@pytest.mark.parametrize("where", ["missing", "a directory"])
+def test_an_input_that_cannot_be_read_is_named_with_the_fix(
+    trained: dict[str, Any], tmp_path: Path, where: str
+) -> None:
+    """`input=<a directory>` ended with `[Errno 21] Is a directory: ...`, naming neither the key nor a fix."""
+    source = tmp_path / "no_such.de" if where == "missing" else tmp_path
+    why = "No such file or directory" if where == "missing" else "Is a directory"
+    message = translate(trained, f"input={source}")
+    assert message == (
+        f"attnlab-translate: input={source}: {why}: give a text file, one sentence per line, or input=- "
+        "(standard input)"
+    )
+
+
 def test_an_error_mid_stream_leaves_the_old_output_and_no_temporary_file(
     trained: dict[str, Any], tmp_path: Path
 ) -> None:

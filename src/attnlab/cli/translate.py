@@ -190,6 +190,21 @@ def translate_stream(translator: Translator, source: Iterable[str], sink: IO[str
     return count
 
 
+def open_input(name: str) -> IO[bytes]:
+    """The file `input=` names, opened for reading.
+
+    Raises:
+        ValueError: It cannot be opened (missing, a directory, no permission), naming it and the fix.
+    """
+    try:
+        return open(name, "rb")  # (closed by the caller's ExitStack)
+    except OSError as exc:
+        raise ValueError(
+            f"input={name}: {exc.strerror or exc}: give a text file, one sentence per line, or input=- "
+            "(standard input)"
+        ) from None
+
+
 def output_file(output: str, source: IO[Any], checkpoints: Sequence[Path] = ()) -> Path:
     """The file `output=` names (a symbolic link: its target; a device or a pipe: as named, written in
     place by `attnlab.io.atomic_writer`), checked before anything is written.
@@ -269,7 +284,7 @@ def main(argv: Sequence[str] | None = None) -> None:
             if name == "-":
                 stream, name = getattr(sys.stdin, "buffer", sys.stdin), "standard input"
             else:
-                stream = stack.enter_context(open(name, "rb"))
+                stream = stack.enter_context(open_input(name))
             source = utf8_lines(stream, name)
             if output == "-":
                 streaming = True
