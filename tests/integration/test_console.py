@@ -3,6 +3,7 @@ job logging, Lightning's own handlers, W&B offline), its output written to a fil
 
 from __future__ import annotations
 
+import csv
 import itertools
 import logging
 import os
@@ -77,6 +78,17 @@ def test_each_message_is_printed_once(console: dict[str, Any]) -> None:
     # Lightning's messages reach Hydra's log file of the run too, once
     train_log = (console["run"] / "train.log").read_text("utf-8")
     assert train_log.count("`Trainer.fit` stopped") == 1
+
+
+def test_the_run_says_where_it_goes_and_each_validation_bleu(console: dict[str, Any]) -> None:
+    """README, "The console": a run says where it goes, and `val BLEU` at each validation decode (every
+    epoch here: the values logged as val/bleu)."""
+    messages = [message(line) for line in console["lines"]]
+    assert messages.count(f"run directory: {console['run']}") == 1
+    said = [float(m.split()[2]) for m in messages if m.startswith("val BLEU ")]
+    with open(console["run"] / "csv" / "metrics.csv", newline="") as f:
+        logged = [float(row["val/bleu"]) for row in csv.DictReader(f) if row.get("val/bleu")]
+    assert len(logged) == 2 and said == pytest.approx(logged, abs=0.006)
 
 
 def test_no_third_party_advertising(console: dict[str, Any]) -> None:
