@@ -199,3 +199,29 @@ def test_skip_done_does_not_train_an_interrupted_job_afresh_over_its_checkpoints
     assert resumed.returncode == 0, resumed.stderr[-3000:]
     manifest = json.loads((job / "manifest.json").read_text())
     assert manifest["status"] == "finished" and len(manifest["resumed"]) == 1
+
+
+def test_a_job_refused_for_its_config_keeps_the_manifest_of_the_run_it_holds(tmp_path: Path) -> None:
+    """A sweep re-run with resume=auto whose job is refused (its settings are no longer the run's) replaced
+    that finished run's manifest.json with a `failed` stub: its record (times, versions, data, W&B id)
+    was gone, and attnlab-compare listed the finished run as failed, out of the table. The manifest is
+    kept; the refusal is in the sweep's log and summary."""
+    command = [
+        sys.executable, "-m", "attnlab.cli.train", "-m", "data=synthetic", "model=tiny", "data.n_train=32",
+        "data.n_val=8", "data.n_test=8", "trainer.max_epochs=1", "logger=csv", "seed=1,2",
+        f"hydra.sweep.dir={tmp_path / 'sweep'}", "trainer.enable_progress_bar=false",
+    ]  # fmt: skip
+    env = {**os.environ, "ATTNLAB_LOG_DIR": str(tmp_path / "logs")}
+    first = subprocess.run(command, capture_output=True, text=True, timeout=600, env=env, cwd=tmp_path)
+    assert first.returncode == 0, first.stderr[-3000:]
+    job = next(p for p in (tmp_path / "sweep").iterdir() if "seed=2" in p.name)
+    config = job / "config.yaml"  # as if the experiment's file had changed since the job ran
+    config.write_text(config.read_text().replace("dropout: 0.1", "dropout: 0.3", 1))
+    kept = (job / "manifest.json").read_bytes()
+    again = subprocess.run([*command, "resume=auto"], capture_output=True, text=True, timeout=600, env=env,
+                           cwd=tmp_path)  # fmt: skip
+    assert again.returncode == 1 and "multirun: 1 finished, 1 failed" in again.stderr, again.stderr[-3000:]
+    assert f"job {job.name} failed: config error: resuming {job} with a different experiment" in again.stdout
+    assert (job / "manifest.json").read_bytes() == kept  # still the finished run's
+    text = report([tmp_path / "sweep"])  # both runs in the table (the edited one as its own setting)
+    assert "| model.dropout=0.3 | 1 |" in text and "Not finished" not in text

@@ -99,9 +99,9 @@ def _config_error(run: RunDir, exc: ConfigError, multirun: bool) -> None:
     recorded as failed (the other jobs go on)."""
     if not multirun:
         raise SystemExit(f"attnlab-train: config error: {exc}") from None
-    if not isinstance(exc, RunDirectoryInUse):  # the manifest there is the other process's
-        Manifest.failed(run, f"ConfigError: {exc}")
-    record_job("failed", run.manifest_file)
+    # (a run that started there keeps its manifest: this error is in the log; another process's too)
+    recorded = not isinstance(exc, RunDirectoryInUse) and Manifest.failed(run, f"ConfigError: {exc}")
+    record_job("failed", run.manifest_file if recorded else run.path)
     log.error("job %s failed: config error: %s", run.path.name, exc)
 
 

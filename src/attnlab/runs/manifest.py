@@ -145,13 +145,22 @@ class Manifest:
         return cls(run, run.read_json(MANIFEST_FILE))
 
     @classmethod
-    def failed(cls, run: RunDir, error: str) -> None:
+    def failed(cls, run: RunDir, error: str) -> bool:
         """Write a manifest saying the job failed with `error` (its first line), for a failure before its
-        run started (a config error): there is no other manifest to keep. It holds the job's own
-        overrides too, as a started run's does, so `attnlab-train <overrides>` re-runs the job alone."""
+        run started (a config error). It holds the job's own overrides too, as a started run's does, so
+        `attnlab-train <overrides>` re-runs the job alone. The manifest of a run that started there (one
+        with a `start_time`: finished, interrupted, or another process's) is kept as it is: a refused
+        command (a resumption with other settings) does not make a finished run `failed`, nor lose its
+        record. Returns whether it was written."""
+        try:
+            if run.read_json(MANIFEST_FILE).get("start_time"):
+                return False
+        except UnreadableRunFile:  # none, or damaged: nothing to keep
+            pass
         fields = {"status": "failed", "error": error.splitlines()[0], "end_time": now(),
                   "overrides": task_overrides()}  # fmt: skip
         cls(run, fields)._write()
+        return True
 
     @property
     def fields(self) -> dict[str, Any]:
