@@ -275,6 +275,23 @@ def test_resuming_without_the_runs_config_yaml_warns_that_only_the_checkpoints_s
     ]
 
 
+def test_a_finished_run_continued_without_more_epochs_keeps_its_final_metrics(
+    one_epoch: Path, tmp_path: Path
+) -> None:
+    """A finished run continued with nothing left to train (`resume=auto` on a re-run sweep without
+    skip_done) trains and validates nothing: Lightning has no `train/*` or `val/*` metric, and its
+    results.json lost them (what attnlab-compare and a sweeper's `optimized_metric=val/loss` read). They
+    are kept from the run's earlier results; the test metrics are scored again, the same."""
+    run_dir = tmp_path / "run"
+    shutil.copytree(one_epoch, run_dir)
+    before = json.loads((run_dir / "results.json").read_text())["metrics"]
+    assert {"val/loss", "val/ppl", "train/loss_epoch"} <= set(before)
+    resume(run_dir, DEFAULT, "trainer.max_epochs=1")
+    assert saved_step(run_dir) == 10  # nothing trained
+    after = json.loads((run_dir / "results.json").read_text())["metrics"]
+    assert after == pytest.approx(before)
+
+
 def _fit_once(module: TranslationModule, run_dir: Path) -> tuple[dict[str, float], dict[str, torch.Tensor]]:
     """One epoch of `trainer.fit` without ckpt_path (a new run) on the synthetic task: its epoch values
     and final weights."""

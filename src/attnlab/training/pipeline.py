@@ -33,7 +33,7 @@ from typing import TYPE_CHECKING, Any
 from omegaconf import DictConfig, OmegaConf
 
 from attnlab.io import atomic_write_bytes
-from attnlab.runs.layout import RunDir, check_no_credentials
+from attnlab.runs.layout import RESULTS_FILE, RunDir, UnreadableRunFile, check_no_credentials
 from attnlab.runs.manifest import Manifest, data_identity, task_overrides
 from attnlab.training.allocator import configure_allocator
 from attnlab.training.experiment import Experiment, check_constructor_keys, resolve_monitor, validate
@@ -221,6 +221,8 @@ def _train_and_evaluate(plan: RunPlan, manifest: Manifest | None) -> dict[str, f
     if module.schedule_facts is not None:
         _record(manifest, schedule=module.schedule_facts)
     metrics = {k: float(v) for k, v in trainer.callback_metrics.items()}
+    if plan.continuing and int(trainer.global_step) == plan.resumed_step:  # a finished run, nothing trained
+        metrics = {**_earlier_metrics(plan.run), **metrics}  # its train/val metrics stand (Lightning's: none)
     best = _best_score(plan.cfg, trainer)
     if best is not None:  # what sweepers optimize: the monitor's value at the selected checkpoint
         metrics[f"best/{plan.cfg.monitor.metric}"] = best
@@ -236,6 +238,19 @@ def _train_and_evaluate(plan: RunPlan, manifest: Manifest | None) -> dict[str, f
     if evaluation is not None and trainer.is_global_zero:  # every final metric, for sweeps and reports
         write_results(plan.run, evaluation, metrics, trainer)
     return metrics
+
+
+def _earlier_metrics(run: RunDir) -> dict[str, float]:
+    """The final metrics the run's `results.json` holds from an earlier part ({} without one): a finished
+    run continued without more epochs or steps trains and validates nothing, so Lightning has no
+    `train/*` or `val/*` metric for it, and its results (and what a sweep reads) would lose them."""
+    try:
+        numbers = run.read_json(RESULTS_FILE).get("metrics")
+    except UnreadableRunFile:
+        return {}
+    numbers = numbers if isinstance(numbers, dict) else {}
+    kept = {k: v for k, v in numbers.items() if type(v) in (int, float)}  # (not true or false)
+    return {k: float(v) for k, v in kept.items() if abs(v) < 1e300 or type(v) is float}  # (float's range)
 
 
 def _record(manifest: Manifest | None, **fields: Any) -> None:
