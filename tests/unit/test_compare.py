@@ -149,6 +149,24 @@ def test_the_paired_test_scores_with_the_runs_bleu_tokenizer(sweep: Path) -> Non
         assert p == paired_bootstrap(base, system, REFS, tokenize="char").p_value
 
 
+def test_a_baseline_with_other_references_is_named_not_paired(
+    sweep: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    """A baseline run that saved other references for a test set (other sentences) has no paired test
+    with the run of its seed: the p-value of that seed was left out without a word."""
+    (base,) = sweep.glob("pe=sinusoidal,seed=2*")
+    references = base / "references" / "test2016.txt"
+    references.write_text(references.read_text().replace("a man", "a woman", 1))
+    with caplog.at_level("WARNING", logger="attnlab.reports.compare"):
+        groups, _ = summarize(load_runs([sweep]), baseline="model.pe=sinusoidal")
+    assert [seed for seed, _ in {g.name: g for g in groups}["model.pe=none"].p_values["test2016"]] == [1, 3]
+    (run,) = sweep.glob("pe=none,seed=2*")
+    assert (
+        f"no paired test of {run} against {base} on test2016: they saved different references (other "
+        "sentences)" in caplog.text
+    )
+
+
 def test_a_carriage_return_inside_a_saved_line_is_no_line_end(sweep: Path) -> None:
     """Saved hypotheses and references are split at "\\n" only, as written: a lone "\\r" kept from the
     data inside a reference made the by-length table count one reference more than hypotheses."""

@@ -403,8 +403,12 @@ def paired_tests(baseline: Sequence[Run], runs: Sequence[Run], n_samples: int = 
             name = hyp_file.name
             refs = _saved_references(run, name)
             base_hyps = _lines(base.files.hypotheses_dir / name)
-            if base_hyps is None or refs != _saved_references(base, name):
-                continue  # the baseline did not decode the set, or other sentences: no paired test
+            if base_hyps is None:  # the baseline did not decode the set: no paired test
+                continue
+            if refs != _saved_references(base, name):  # other sentences: no paired test, said
+                log.warning("no paired test of %s against %s on %s: they saved different references (other "
+                            "sentences)", run.path, base.path, hyp_file.stem)  # fmt: skip
+                continue
             hyps = _lines(hyp_file) or []
             _same_count([(hyp_file, hyps), (run.files.references_dir / name, refs),
                          (base.files.hypotheses_dir / name, base_hyps)])  # fmt: skip
