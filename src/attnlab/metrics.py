@@ -48,7 +48,8 @@ LOWER_IS_BETTER = ("loss", "nll", "ppl", "ter")
 def better(metric: str) -> Literal["max", "min"] | None:
     """`max` for a metric that is better higher (`HIGHER_IS_BETTER`: BLEU, chrF, exact matches), `min` for
     one better lower (`LOWER_IS_BETTER`: losses, perplexity, TER), None for another (a learning rate,
-    tokens per second)."""
+    tokens per second). Lightning's `_epoch` and `_step` ends (`train/loss_epoch`) are the metric's own."""
+    metric = metric.removesuffix("_epoch").removesuffix("_step")
     if metric.endswith(HIGHER_IS_BETTER):
         return "max"
     return "min" if metric.endswith(LOWER_IS_BETTER) else None
