@@ -77,8 +77,9 @@ class RunDirectoryCheck(Callback):
     into it, and so is one holding a saved run (`RunDir.check_no_run`) for a command that does not continue
     it (`resume=false`), and a training sweep whose sweeper would optimise `optimized_metric` the wrong
     way (`check_sweep_direction`). So is a config holding a credential (`check_no_credentials`), which
-    Hydra would write into `.hydra/`. attnlab-eval and attnlab-export refuse a directory holding a training
-    run (`RunDir.check_no_training`): they would replace its results and Hydra record with their own."""
+    Hydra would write into `.hydra/`, its own node included (`hydra.job.env_set.HF_TOKEN=...`).
+    attnlab-eval and attnlab-export refuse a directory holding a training run (`RunDir.check_no_training`):
+    they would replace its results and Hydra record with their own."""
 
     def on_run_start(self, config: DictConfig, **kwargs: Any) -> None:
         self._check(config, Path(config.hydra.run.dir))
@@ -115,8 +116,11 @@ class RunDirectoryCheck(Callback):
     @staticmethod
     def _check(config: DictConfig, directory: Path) -> None:
         plain = OmegaConf.to_container(config, resolve=False)  # (Hydra's node resolves only in a job)
-        try:  # a credential in the config: refused before Hydra writes it into .hydra/
-            check_no_credentials({k: v for k, v in plain.items() if k != "hydra"})
+        # Hydra's node but what restates the rest (the overrides, and override_dirname made of them)
+        hydra = {k: v for k, v in plain.get("hydra", {}).items() if k != "overrides"}
+        hydra["job"] = {k: v for k, v in hydra.get("job", {}).items() if k != "override_dirname"}
+        try:  # a credential in the config, Hydra's own (hydra.job.env_set) too: .hydra/ would record it
+            check_no_credentials({**plain, "hydra": hydra})
             RunDir(directory).check_writable()
         except ConfigError as exc:
             raise SystemExit(f"attnlab-{config.get('task_name', 'train')}: config error: {exc}") from None

@@ -109,20 +109,39 @@ CREDENTIAL_KEYS = frozenset({
     "api_key", "apikey", "api_token", "access_token", "auth_token", "hf_token", "token", "password",
     "passwd", "secret", "secret_key",
 })  # fmt: skip
+# ... and a key whose last word (`_`, `-` or camelCase apart) is one of these, or ends in `api key`,
+# `access key` or `private key` (WANDB_API_KEY, github_token, client_secret, db-password, apiKey); a
+# tokenizer's special tokens (pad_token) are no credentials
+CREDENTIAL_WORDS = frozenset({"password", "passwd", "secret", "apikey", "token"})
+CREDENTIAL_PAIRS = (("api", "key"), ("access", "key"), ("private", "key"))
+SPECIAL_TOKENS = frozenset({
+    "pad", "bos", "eos", "unk", "sep", "cls", "mask", "sos", "start", "end", "special",
+})  # fmt: skip
 URL_WITH_PASSWORD = re.compile(r"[A-Za-z][A-Za-z0-9+.-]*://[^/\s:@]*:[^/\s@]+@")
+
+
+def credential_key(key: str) -> bool:
+    """Whether the last part of dotted config key `key` is named like a credential (`CREDENTIAL_KEYS`,
+    `CREDENTIAL_WORDS`, `CREDENTIAL_PAIRS`), in any case or spelling."""
+    name = key.rsplit(".", 1)[-1]
+    words = re.findall(r"[a-z0-9]+", re.sub(r"([a-z0-9])([A-Z])", r"\1_\2", name).lower())
+    if name.lower() in CREDENTIAL_KEYS or tuple(words[-2:]) in CREDENTIAL_PAIRS:
+        return True
+    special = words[-1:] == ["token"] and len(words) > 1 and words[-2] in SPECIAL_TOKENS
+    return bool(words) and words[-1] in CREDENTIAL_WORDS and not special
 
 
 def check_no_credentials(config: Mapping[str, Any]) -> None:
     """Refuse a config (nested or flattened plain values; interpolations as written or resolved) that holds
-    a credential: `CREDENTIAL_KEYS`, or a URL with a password (`URL_WITH_PASSWORD`). Its keys are named,
-    never its values (the message is printed and logged).
+    a credential: a key named like one (`credential_key`), or a URL with a password (`URL_WITH_PASSWORD`).
+    Its keys are named, never its values (the message is printed and logged).
 
     Raises:
         ConfigError: Naming the keys and the environment variables to give credentials through instead.
     """
     keys = [
         key for key, value in flatten(dict(config)).items()
-        if (key.rsplit(".", 1)[-1].lower() in CREDENTIAL_KEYS and value not in (None, ""))
+        if (credential_key(key) and value not in (None, ""))
         or URL_WITH_PASSWORD.search(json.dumps(value, default=str))
     ]  # fmt: skip
     if keys:
