@@ -590,15 +590,18 @@ def test_files_nested_past_the_recursion_limit_are_unreadable_runs(sweep: Path) 
 def test_config_values_paths_and_errors_are_text_in_the_markdown_and_latex_reports(sweep: Path) -> None:
     """A config value, run directory or error holding `|`, a line break or HTML split the Markdown table's
     cells, started rows and list items of its own, and put raw HTML in the report (and a line break, a
-    paragraph inside a LaTeX cell): they are text, escaped, on one line."""
-    hostile = "a|b\n\n| injected | row |\n<img src=x onerror=alert(1)>"
+    paragraph inside a LaTeX cell), a Markdown image an <img> fetched from its host: they are text,
+    escaped, on one line."""
+    hostile = "a|b\n\n| injected | row |\n<img src=x onerror=alert(1)> ![x](https://host/p.png)"
     for seed in (1, 2, 3):
         path = sweep / f"pe=none,seed={seed}" / "config.yaml"
         path.write_text(path.read_text().replace("pe: none", f"pe: {json.dumps(hostile)}"))
     failed = sweep / "pe=learned,seed=1" / "manifest.json"
     failed.write_text(json.dumps({"status": "failed", "error": "boom\n\n# <b>heading</b>"}))
     text = report([sweep], baseline="model.pe=sinusoidal")
-    cell = "model.pe=a\\|b  \\| injected \\| row \\| \\<img src=x onerror=alert(1)>"
+    cell = (
+        "model.pe=a\\|b  \\| injected \\| row \\| \\<img src=x onerror=alert(1)> ![x]\\(https://host/p.png)"
+    )
     assert f"\n| {cell} | 3 | 22.00 ± 2.65 [±6.57] | -10.00 |" in text
     assert "(failed: boom  # \\<b>heading\\</b>)\n" in text
     lines = text.splitlines()

@@ -554,7 +554,8 @@ LATEX_ESCAPES = {
 
 
 # Markdown's characters that could end a table cell (`|`), start HTML or an autolink (`<`), or undo those
-# escapes (`\\`), written escaped in the Markdown report
+# escapes (`\\`), written escaped in the Markdown report; and the `](` of an inline link or image
+# (`![x](https://host/pixel.png)`, an <img> fetched from that host when the report is shown), its `(` escaped
 MARKDOWN_ESCAPES = {"\\": "\\\\", "|": "\\|", "<": "\\<"}
 
 
@@ -566,8 +567,9 @@ def one_line(text: str) -> str:
 
 def markdown_text(text: str) -> str:
     """`text` (a run's path, error or config value) as one line of Markdown that shows it as text
-    (`one_line`, `MARKDOWN_ESCAPES` escaped: `a|b` would split a table cell, `<script>` would be HTML)."""
-    return "".join(MARKDOWN_ESCAPES.get(c, c) for c in one_line(text))
+    (`one_line`, `MARKDOWN_ESCAPES` escaped: `a|b` would split a table cell, `<script>` would be HTML,
+    `![x](url)` an image)."""
+    return "".join(MARKDOWN_ESCAPES.get(c, c) for c in one_line(text)).replace("](", "]\\(")
 
 
 def render(rows: list[list[str]], fmt: str = "md") -> str:
