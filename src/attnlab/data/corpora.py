@@ -101,13 +101,32 @@ def _decoded_blocks(file: IO[bytes], path: Path) -> Iterator[list[str]]:
 def _refuse_wide_text(data: bytes, path: Path) -> None:
     """Raise when the first lines read of `path` are mostly NUL bytes: UTF-16 or UTF-32 text without a
     byte-order mark (or binary data) is valid UTF-8 when its characters are ASCII, and would be read as
-    lines of letters between NULs. A few NULs in UTF-8 text are left to the tokenizer."""
+    lines of letters between NULs. The message names the encoding (`_wide_encoding`) for the fix: a
+    big-endian file re-encoded as little-endian gives valid text of other letters (`䠀愀` for `Ha`). A few
+    NULs in UTF-8 text are left to the tokenizer."""
     nuls = data.count(0)
     if nuls * 4 > len(data):
+        encoding = _wide_encoding(data)
+        name, source = (encoding, encoding) if encoding else ("UTF-16 or UTF-32", "<its encoding>")
         raise DataError(
-            f"{path}: {nuls} of its first {len(data)} bytes are NUL: it is UTF-16 or UTF-32 text (or binary "
-            "data), not UTF-8; re-encode it as UTF-8 (e.g. iconv -f UTF-16LE -t UTF-8)"
+            f"{path}: {nuls} of its first {len(data)} bytes are NUL: it is {name} text (or binary data), not "
+            f"UTF-8; re-encode it as UTF-8 (iconv -f {source} -t UTF-8)"
         )
+
+
+def _wide_encoding(data: bytes) -> str | None:
+    """The encoding of mostly-ASCII text `data` (from a file's start) by where its NULs are: UTF-16LE
+    (`H\0a\0`), UTF-16BE (`\0H\0a`), UTF-32LE (`H\0\0\0`), UTF-32BE (`\0\0\0H`); None for another pattern."""
+
+    def nul_share(part: bytes) -> float:
+        return part.count(0) / max(1, len(part))
+
+    odd, even = nul_share(data[1::2]), nul_share(data[0::2])
+    if odd > 0.5 >= even:  # little-endian: the ASCII byte first
+        return "UTF-32LE" if nul_share(data[2::4]) > 0.5 else "UTF-16LE"
+    if even > 0.5 >= odd:  # big-endian: the ASCII byte last
+        return "UTF-32BE" if nul_share(data[1::4]) > 0.5 else "UTF-16BE"
+    return None
 
 
 def read_lines(path: Path) -> list[str]:
