@@ -360,6 +360,11 @@ def test_a_run_reached_twice_is_one_run(sweep: Path, tmp_path: Path) -> None:
     runs = load_runs([sweep, f"{run}/", tmp_path / "link"])
     assert [r.path for r in runs] == [r.path for r in load_runs([sweep])]
     assert "| model.pe=none | 3 |" in report([sweep, tmp_path / "link"], baseline="model.pe=sinusoidal")
+    chosen = tmp_path / "chosen"  # two links to one run in one folder: the run as the first in order
+    chosen.mkdir()
+    for name in ("a", "b", "c"):  # (the filesystem may list them in another order: ext4 lists b first)
+        (chosen / name).symlink_to(run)
+    assert [r.path for r in load_runs([chosen])] == [chosen / "a"]
 
 
 def test_runs_linked_below_a_directory_are_compared(sweep: Path, tmp_path: Path) -> None:

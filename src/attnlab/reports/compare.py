@@ -198,7 +198,8 @@ def _is_run_dir(directory: Path) -> bool:
 
 def _run_dirs_below(path: Path) -> list[Path]:
     """The run directories at or below `path`, sorted, symbolic links to directories followed (a folder of
-    links to chosen runs; each real directory is visited once, so a link loop ends); runs do not nest, so
+    links to chosen runs; each real directory is visited once, in name order, so a link loop ends and a
+    directory reached twice is found under its first path); runs do not nest, so
     nothing below a run directory is looked into (nor into its checkpoints)."""
     found, seen = [], set()
     for directory, subdirs, _ in os.walk(path, followlinks=True):
@@ -208,7 +209,8 @@ def _run_dirs_below(path: Path) -> list[Path]:
             if real not in seen:
                 found.append(Path(directory))
         seen.add(real)
-        subdirs[:] = [name for name in subdirs if name != ".hydra"]
+        subdirs[:] = sorted(name for name in subdirs if name != ".hydra")  # (in order: a run reached twice
+        # is kept under its first path, not under the one the filesystem happens to list first)
     return sorted(found)
 
 
