@@ -131,19 +131,32 @@ def credential_key(key: str) -> bool:
     return bool(words) and words[-1] in CREDENTIAL_WORDS and not special
 
 
+def _leaves(tree: Any, key: str = "") -> Iterator[tuple[str, Any]]:
+    """The plain values of `tree` with their dotted keys, through mappings and lists alike (the items of a
+    list under its own key: `{"x": [{"token": 1}]}` -> `("x.token", 1)`)."""
+    if isinstance(tree, Mapping):
+        for name, value in tree.items():
+            yield from _leaves(value, f"{key}.{name}" if key else str(name))
+    elif isinstance(tree, (list, tuple)):
+        for value in tree:
+            yield from _leaves(value, key)
+    else:
+        yield key, tree
+
+
 def check_no_credentials(config: Mapping[str, Any]) -> None:
-    """Refuse a config (nested or flattened plain values; interpolations as written or resolved) that holds
-    a credential: a key named like one (`credential_key`), or a URL with a password (`URL_WITH_PASSWORD`).
-    Its keys are named, never its values (the message is printed and logged).
+    """Refuse a config (nested or flattened plain values, lists looked into; interpolations as written or
+    resolved) that holds a credential: a key named like one (`credential_key`), or a URL with a password
+    (`URL_WITH_PASSWORD`). Its keys are named, never its values (the message is printed and logged).
 
     Raises:
         ConfigError: Naming the keys and the environment variables to give credentials through instead.
     """
-    keys = [
-        key for key, value in flatten(dict(config)).items()
+    keys = list(dict.fromkeys(
+        key for key, value in _leaves(dict(config))
         if (credential_key(key) and value not in (None, ""))
         or URL_WITH_PASSWORD.search(json.dumps(value, default=str))
-    ]  # fmt: skip
+    ))  # fmt: skip
     if keys:
         raise ConfigError(
             f"{', '.join(keys)} would put a credential (a key, token or password) into the run's files: its "
