@@ -162,6 +162,22 @@ def test_a_wandb_mode_or_tags_wandb_would_refuse_or_misread_are_rejected_before_
         assert not (tmp_path / "cache").exists() and not (tmp_path / "run").exists()
 
 
+def test_null_wandb_tags_are_no_tags(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """`logger.wandb.tags=null` passed the config check and then failed the run once it had started, with
+    Hydra's `TypeError("'NoneType' object is not iterable")` for logger.wandb: null is no tags, as it is
+    for `logger.mlflow.tags`."""
+    from attnlab.runs.wandb import WandbLogger
+
+    monkeypatch.setenv("WANDB_MODE", "disabled")
+    for variable in ("WANDB_DIR", "WANDB_DATA_DIR", "WANDB_CACHE_DIR", "WANDB_CONFIG_DIR"):
+        monkeypatch.setenv(variable, "")  # (recorded: the logger's own values are undone after the test)
+        monkeypatch.delenv(variable)
+    cfg = compose_train(["data=synthetic", "logger=wandb", "logger.wandb.tags=null"], tmp_path)
+    WandbLogger.check_config("logger.wandb", cfg.logger.wandb)
+    logger = WandbLogger(save_dir=str(tmp_path), tags=cfg.logger.wandb.tags)
+    assert logger._wandb_init["tags"] == []
+
+
 def test_mlflow_tags_or_experiment_name_of_the_wrong_kind_are_rejected_before_data_preparation(
     tmp_path: Path,
 ) -> None:

@@ -99,7 +99,7 @@ class WandbLogger(_LightningWandbLogger):
         entity: W&B entity (user or team; None: the default of the logged-in user).
         group: Run group (attnlab fills it with `config_group` when None).
         name: Run name (attnlab fills it with `run_name` of the overrides when None).
-        tags: Run tags.
+        tags: Run tags (None: none).
         mode: `offline` (the default: nothing leaves the machine until `wandb sync`), `online` or
             `disabled`. The `WANDB_MODE` environment variable, when set, wins.
         save_dir: Where W&B writes (`<save_dir>/wandb/`); its data, cache and config directories go
@@ -114,7 +114,7 @@ class WandbLogger(_LightningWandbLogger):
         entity: str | None = None,
         group: str | None = None,
         name: str | None = None,
-        tags: Sequence[str] = (),
+        tags: Sequence[str] | None = (),
         mode: str = "offline",
         save_dir: str = ".",
         job_type: str = "train",
@@ -128,7 +128,7 @@ class WandbLogger(_LightningWandbLogger):
                 os.environ[variable] = _SET_BY_US[variable] = str(root / sub)
         mode = effective_mode(mode)
         super().__init__(name=name, save_dir=save_dir, project=project, entity=entity, group=group,
-                         tags=list(tags), mode=mode, job_type=job_type, **kwargs)  # fmt: skip
+                         tags=list(tags or ()), mode=mode, job_type=job_type, **kwargs)  # fmt: skip
         if self._wandb_init.get("anonymous") is None:  # Lightning passes anonymous=None, which W&B warns of
             self._wandb_init.pop("anonymous", None)
 
