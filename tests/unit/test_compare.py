@@ -384,6 +384,12 @@ def test_runs_linked_below_a_directory_are_compared(sweep: Path, tmp_path: Path)
     assert "| model.pe=none | 4 | 24.00 ± 4.55" in report([sweep], baseline="model.pe=sinusoidal")
     with pytest.raises(SystemExit, match=r"--out .*chosen/pe=none,seed=1/results.json is inside the run"):
         compare_main([str(chosen), "--out", str(chosen / "pe=none,seed=1" / "results.json")])
+    plots = tmp_path / "plots"  # --out a directory (the sweep's): said so before plots are written
+    with pytest.raises(
+        SystemExit, match=rf"--out {chosen} is a directory: name the file .* --out {chosen}/table"
+    ):
+        compare_main([str(chosen), "--out", str(chosen), "--plots", str(plots)])
+    assert not plots.exists()
 
 
 def test_runs_sharing_a_seed_are_named_and_not_paired_ambiguously(

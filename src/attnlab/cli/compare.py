@@ -100,6 +100,10 @@ def main(argv: Sequence[str] | None = None) -> None:
     parser.add_argument("--by-length", action="store_true", help="also BLEU per sentence-length bucket "
                         "(source words: <10, 10-19, 20-29, 30-39, 40+) per group and test set")  # fmt: skip
     args = parser.parse_args(argv)
+    if args.out and Path(args.out).is_dir():  # refused before the runs are read and the plots written
+        example = Path(args.out) / f"table.{args.format}"
+        raise SystemExit(f"attnlab-compare: --out {args.out} is a directory: name the file to write the "
+                         f"table to (e.g. --out {example})")  # fmt: skip
     inside = run_dir_of(args.out, args.paths) if args.out else None
     if inside is not None:  # the table would replace a run's results.json, manifest.json, ...
         raise SystemExit(
