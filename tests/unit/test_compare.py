@@ -581,6 +581,18 @@ def test_a_metric_some_runs_lack_says_over_how_many_and_a_finished_run_needs_its
     assert "a finished run without its config" in text
 
 
+def test_a_config_with_yaml_aliases_is_an_unreadable_run(sweep: Path) -> None:
+    """YAML aliases of aliases expand exponentially: a 500-byte config.yaml of 18 levels (`a1: {p: *a0, q:
+    *a0}`, ...) kept attnlab-compare reading it for minutes. attnlab writes no aliases, so a config.yaml
+    with one is unreadable, named, without being expanded; the other runs are compared."""
+    lines = ["a0: &a0 {x: 1, y: 2}", *(f"a{i}: &a{i} {{p: *a{i - 1}, q: *a{i - 1}}}" for i in range(1, 4))]
+    path = sweep / "pe=none,seed=1" / "config.yaml"
+    path.write_text("\n".join(lines) + "\n")
+    text = report([sweep])
+    assert f"(cannot read {path}: it holds YAML aliases (*name), which no config.yaml attnlab writes" in text
+    assert "| model.pe=none | 2 |" in text
+
+
 def test_files_nested_past_the_recursion_limit_are_unreadable_runs(sweep: Path) -> None:
     """A manifest.json, results.json or config.yaml of lists inside lists past Python's recursion limit
     made the parsers raise RecursionError: the comparison stopped with a traceback. Such a run is listed

@@ -195,6 +195,9 @@ def json_type(value: Any) -> str:
 
 # Why a file nested past Python's recursion limit cannot be read (no file attnlab writes nests so deep)
 NESTED = "it is nested too deeply (past Python's recursion limit) to be a file attnlab wrote"
+# A YAML alias (`*a`) repeats the node its anchor (`&a`) names: a few lines of aliases of aliases expand into
+# billions of values (reading a 500-byte config.yaml took minutes). attnlab's config.yaml holds none.
+ALIASED = "it holds YAML aliases (*name), which no config.yaml attnlab writes holds"
 
 
 def read_json_object(path: Path) -> dict[str, Any]:
@@ -219,17 +222,21 @@ def read_config_file(path: Path) -> dict[str, Any]:
     """The config in the YAML file at `path` (a run's `config.yaml`), flattened (`flatten`).
 
     Raises:
-        UnreadableRunFile: The file is missing or unreadable, not YAML (or nested too deeply to parse), or
-            holds no mapping.
+        UnreadableRunFile: The file is missing or unreadable, not YAML (or nested too deeply to parse),
+            holds YAML aliases (`ALIASED`), or holds no mapping.
     """
     try:
-        config = OmegaConf.load(path)
+        with open(path, "rb") as stream:  # (events only: linear in the file, however its aliases nest)
+            aliased = any(isinstance(event, yaml.AliasEvent) for event in yaml.parse(stream, yaml.SafeLoader))
+        config = None if aliased else OmegaConf.load(path)
         flat = flatten(OmegaConf.to_container(config)) if isinstance(config, DictConfig) else None
     except (OSError, ValueError, yaml.YAMLError, OmegaConfBaseException) as exc:
         reason = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
         raise UnreadableRunFile(f"cannot read {path}: {reason}") from None
     except RecursionError:  # lists or mappings nested past Python's recursion limit
         raise UnreadableRunFile(f"cannot read {path}: {NESTED}") from None
+    if aliased:
+        raise UnreadableRunFile(f"cannot read {path}: {ALIASED}")
     if flat is None:
         raise UnreadableRunFile(f"cannot read {path}: it holds a YAML list, not a config")
     return flat
