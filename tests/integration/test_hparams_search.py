@@ -166,4 +166,6 @@ def test_a_sweeper_going_the_wrong_way_for_the_optimized_metric_is_refused_befor
         run_sweep(sweep_dir, "optimized_metric=test/test2016/ter", "hydra.sweeper.direction=maximize")
     with pytest.raises(SystemExit, match=r"optimized_metric=train/loss_epoch is better lower"):
         run_sweep(sweep_dir, "optimized_metric=train/loss_epoch", "hydra.sweeper.direction=maximize")
+    with pytest.raises(SystemExit, match=wrong):  # one objective as a list, as Optuna's sweeper takes it
+        run_sweep(sweep_dir, "hydra.sweeper.direction=[maximize]")
     assert not sweep_dir.exists()  # no trial ran

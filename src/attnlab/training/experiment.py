@@ -9,6 +9,7 @@ the fix.
 from __future__ import annotations
 
 import inspect
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -368,12 +369,15 @@ def check_sweep_direction(optimized_metric: Any, direction: Any) -> None:
     """A sweeper that optimises in a direction (Optuna's `hydra.sweeper.direction`) must go the way
     `optimized_metric` improves (`attnlab.metrics.better`): maximizing a loss searches for the worst
     settings, and the study's best trial is then the worst run. A metric of neither kind, a sweeper
-    without a direction (Hydra's basic sweeper) or several directions (several objectives) are not checked.
+    without a direction (Hydra's basic sweeper) or several directions (several objectives) are not checked;
+    one direction in a list (`[maximize]`: one objective) is.
 
     Raises:
         ConfigError: `optimized_metric` is no text, or the direction is the other one, naming both fixes.
     """
     check_optimized_metric(optimized_metric)
+    if isinstance(direction, Sequence) and not isinstance(direction, str) and len(direction) == 1:
+        direction = direction[0]  # one objective given as a list (`[maximize]`), as Optuna's sweeper takes it
     direction = getattr(direction, "name", direction)  # Optuna's Direction enum, or its name
     want = {"max": "maximize", "min": "minimize"}.get(better(optimized_metric or "") or "")
     if want is None or not isinstance(direction, str) or direction.lower() == want:
