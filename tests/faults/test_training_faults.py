@@ -105,6 +105,20 @@ def test_skipped_steps_are_counted_per_epoch(tmp_path: Path) -> None:
     assert logged_rows(tmp_path, "train/skipped_steps") == [(9, 1.0), (19, 1.0)]
 
 
+def test_a_diverged_model_s_validation_loss_is_nan_not_zero(tmp_path: Path) -> None:
+    """With `optim.on_nonfinite=skip` a run whose weights overflowed after its first step trained on,
+    skipping every batch, and validated as val/loss 0.0 and val/ppl 1.0 (torchmetrics' sums dropped the
+    NaN losses): the best score of any run, which a sweep minimizing best/val/loss took for its best
+    trial. Its validation metrics are NaN, and its best val/loss no better than any finite one."""
+    import math
+
+    overrides = [o for o in RUN if not o.startswith("trainer.max_epochs=")]
+    diverging = ["optim=linear", "optim.peak_lr=1e6", "optim.warmup_steps=1", "optim.on_nonfinite=skip"]
+    metrics = train(compose_train([*overrides, "trainer.max_epochs=2", *diverging], tmp_path))
+    assert all(math.isnan(metrics[f"val/{name}"]) for name in ("loss", "nll", "ppl")), metrics
+    assert not metrics["best/val/loss"] < math.inf
+
+
 def test_a_run_preempted_inside_an_epoch_logs_that_epochs_values_as_an_uninterrupted_run(
     tmp_path: Path,
 ) -> None:

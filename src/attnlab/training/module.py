@@ -80,8 +80,13 @@ class TranslationModule(L.LightningModule):
         # continues a run whose loggers hold them already (attnlab-train's resumptions).
         self.log_parameter_counts = True
         self.model = Transformer(self.model_config)
+        # Validation and test sums; a NaN loss is kept (torchmetrics drops NaNs by default, with a warning:
+        # a diverged model's val/loss was 0.0 and its perplexity 1.0, the best of any run)
         self.sums = torch.nn.ModuleDict(
-            {name: SumMetric() for name in ("loss", "nll", "tokens", "exact", "sentences")}
+            {
+                name: SumMetric(nan_strategy="disable")
+                for name in ("loss", "nll", "tokens", "exact", "sentences")
+            }
         )
         # the averaged training metrics' running epoch sums (`attnlab.training.epoch_metrics`)
         self.train_metrics = torch.nn.ModuleDict({name: EpochMean(exp=name == "ppl") for name in AVERAGED})
