@@ -7,6 +7,7 @@ from __future__ import annotations
 import csv
 import errno
 import json
+import os
 import signal
 from pathlib import Path
 
@@ -117,6 +118,24 @@ def test_a_diverged_model_s_validation_loss_is_nan_not_zero(tmp_path: Path) -> N
     metrics = train(compose_train([*overrides, "trainer.max_epochs=2", *diverging], tmp_path))
     assert all(math.isnan(metrics[f"val/{name}"]) for name in ("loss", "nll", "ppl")), metrics
     assert not metrics["best/val/loss"] < math.inf
+
+
+def test_a_diverged_model_failing_its_test_decoding_ends_the_run_in_one_line(tmp_path: Path) -> None:
+    """Decoding the test sentences with a model whose scores are NaN (it diverged under
+    `optim.on_nonfinite=skip`) raises NonFiniteScores: attnlab-train printed it as a traceback, where
+    attnlab-eval says it in one line. It is one line too, exit status 1, the run recorded as failed."""
+    import subprocess
+    import sys
+
+    overrides = [o for o in RUN if not o.startswith("test=")]
+    diverging = ["optim=linear", "optim.peak_lr=1e6", "optim.warmup_steps=1", "optim.on_nonfinite=skip"]
+    command = [sys.executable, "-m", "attnlab.cli.train", *overrides, *diverging, f"hydra.run.dir={tmp_path}"]
+    env = {k: v for k, v in os.environ.items() if k != "HYDRA_FULL_ERROR"}
+    done = subprocess.run(command, capture_output=True, text=True, timeout=300, env=env)
+    assert done.returncode == 1
+    assert "Traceback" not in done.stderr and "Error executing job" not in done.stderr, done.stderr[-2000:]
+    assert "attnlab-train: greedy decoding found no hypothesis for 16 of 16 sentences" in done.stderr
+    assert json.loads((tmp_path / "manifest.json").read_text())["status"] == "failed"
 
 
 def test_a_run_preempted_inside_an_epoch_logs_that_epochs_values_as_an_uninterrupted_run(

@@ -121,15 +121,19 @@ def told_message(exc: BaseException) -> str | None:
     """The one-line message of a training error whose message is the whole story (what, where, the fix),
     printed without a traceback (`HYDRA_FULL_ERROR=1` shows it); None for any other error. Data errors
     (missing or misaligned files, invalid UTF-8, an empty corpus), a full disk during a checkpoint save,
-    a NaN/inf loss or gradient."""
+    a NaN/inf loss or gradient, a model whose scores are NaN when it decodes (`NonFiniteScores`: one that
+    diverged under `optim.on_nonfinite=skip`, decoding validation or test sentences), as attnlab-eval
+    reports it."""
     from attnlab.data.download import DataError
+    from attnlab.decoding.search import NonFiniteScores
 
     if isinstance(exc, DataError):
         return f"data error: {exc}"
     from attnlab.training.checkpoint_io import CheckpointWriteError  # lightning is loaded once training ran
     from attnlab.training.module import NonFiniteError
 
-    return str(exc) if isinstance(exc, (CheckpointWriteError, NonFiniteError)) else None
+    told = (CheckpointWriteError, NonFiniteError, NonFiniteScores)
+    return str(exc) if isinstance(exc, told) else None
 
 
 def trainer_processes(cfg: DictConfig) -> int | None:
