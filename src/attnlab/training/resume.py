@@ -37,12 +37,12 @@ from attnlab.runs.layout import (
 )
 from attnlab.typed import ConfigError
 
+log = logging.getLogger(__name__)
+
 # What a resumed run may change: the bookkeeping keys (`attnlab.runs.layout.BOOKKEEPING`: paths, logging,
 # callbacks, ...; not `task_name`, which names where run directories live), and what does not change the
 # training so far: decoding, scoring, the final evaluation, more epochs or steps, progress and logging
 # intervals.
-log = logging.getLogger(__name__)
-
 RESUMABLE_CHANGES = (
     *(key for key in BOOKKEEPING if key != "task_name"), "decode.", "metrics.", "test", "average_last",
     "trainer.max_epochs", "trainer.max_steps", "trainer.enable_progress_bar", "trainer.log_every_n_steps",
