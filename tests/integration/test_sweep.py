@@ -8,6 +8,8 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
+
 from attnlab.cli.app import job_dirname
 from attnlab.cli.compare import report
 
@@ -225,3 +227,27 @@ def test_a_job_refused_for_its_config_keeps_the_manifest_of_the_run_it_holds(tmp
     assert (job / "manifest.json").read_bytes() == kept  # still the finished run's
     text = report([tmp_path / "sweep"])  # both runs in the table (the edited one as its own setting)
     assert "| model.dropout=0.3 | 1 |" in text and "Not finished" not in text
+
+
+def test_an_interrupted_job_without_a_last_ckpt_is_not_told_to_add_resume_auto(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    """A job holding an interrupted run's epoch checkpoints but no last.ckpt was told to add resume=auto,
+    which continues only from a last.ckpt (and which the command may already have): the refusal says
+    there is no last.ckpt to continue from, with no such advice."""
+    from attnlab.cli.train import _NOT_RUN, _skip_done
+    from attnlab.runs.layout import RunDir
+
+    run = RunDir(tmp_path / "job")
+    (run.checkpoints_dir / "epochs").mkdir(parents=True)
+    (run.checkpoints_dir / "best-epoch000-step10.ckpt").write_bytes(b"weights")
+    run.manifest_file.write_text(json.dumps({"status": "interrupted", "start_time": "2026-12-06T10:00:00"}))
+    with caplog.at_level("ERROR", logger="attnlab.cli.train"):
+        assert _skip_done(run, multirun=True, continues=False) is _NOT_RUN
+    assert "it has no checkpoints/last.ckpt to continue from" in caplog.text
+    assert "Add resume=auto" not in caplog.text
+    (run.checkpoints_dir / "last.ckpt").write_bytes(b"state")
+    caplog.clear()
+    with caplog.at_level("ERROR", logger="attnlab.cli.train"):
+        assert _skip_done(run, multirun=True, continues=False) is _NOT_RUN
+    assert "Add resume=auto to the sweep's command" in caplog.text

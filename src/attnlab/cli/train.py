@@ -202,9 +202,13 @@ def _skip_done(run: RunDir, multirun: bool, continues: bool) -> dict[str, Any] |
         try:
             if multirun and not continues:
                 run.check_no_run(skip_finished=True)
-        except ConfigError as exc:
-            log.error("job %s not run: %s. Add resume=auto to the sweep's command to continue its unfinished "
-                      "jobs", run.path.name, exc)  # fmt: skip
+        except (
+            ConfigError
+        ) as exc:  # (resume=auto continues a job with a last.ckpt; one without, nothing does)
+            hint = ". Add resume=auto to the sweep's command to continue its unfinished jobs"
+            log.error(
+                "job %s not run: %s%s", run.path.name, exc, hint if run.last_checkpoint.is_file() else ""
+            )
             record_job("failed", run.manifest_file)
             return _NOT_RUN
         return None
