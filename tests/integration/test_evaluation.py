@@ -58,6 +58,17 @@ def test_monitor_resolves_to_val_bleu_checked_on_decoding_epochs(text_run: dict[
     assert [p.name.split("-step")[0] for p in best] == [f"best-epoch{first_best:03d}"]
 
 
+def greedy_validation(text_run: dict[str, Any]) -> tuple[TranslationModule, Any, list[str]]:
+    """The run's last.ckpt, its datamodule (set up) and the greedy decodes of its validation set, in order."""
+    module = TranslationModule.load_from_checkpoint(text_run["dir"] / "checkpoints" / "last.ckpt").eval()
+    datamodule = validate(text_run["cfg"]).data.datamodule()
+    datamodule.setup()
+    outputs = {}
+    for batch in datamodule.val_dataloader():
+        outputs.update(zip(batch["index"].tolist(), module.translate(batch["src"], beam=1), strict=True))
+    return module, datamodule, [datamodule.tgt_tokenizer.decode(outputs[i]) for i in range(len(outputs))]
+
+
 def test_logged_validation_bleu_is_sacrebleu_of_greedy_decodes_of_the_weights(
     text_run: dict[str, Any],
 ) -> None:
@@ -65,13 +76,7 @@ def test_logged_validation_bleu_is_sacrebleu_of_greedy_decodes_of_the_weights(
     (last.ckpt is saved after that validation), with every metric of a text run logged."""
     metrics = text_run["metrics"]
     assert {"val/loss", "val/bleu", "val/chrf", "test/loss", "test/exact_match"} <= set(metrics)
-    module = TranslationModule.load_from_checkpoint(text_run["dir"] / "checkpoints" / "last.ckpt").eval()
-    datamodule = validate(text_run["cfg"]).data.datamodule()
-    datamodule.setup()
-    outputs = {}
-    for batch in datamodule.val_dataloader():
-        outputs.update(zip(batch["index"].tolist(), module.translate(batch["src"], beam=1), strict=True))
-    hypotheses = [datamodule.tgt_tokenizer.decode(outputs[i]) for i in range(len(outputs))]
+    _, datamodule, hypotheses = greedy_validation(text_run)
     refs = references(text_run, "valid")
     assert datamodule.references["val"] == refs
     assert_translates(hypotheses, refs)
@@ -90,13 +95,7 @@ def test_validation_bleu_with_val_subset_scores_the_first_sentences_only(text_ru
 
     from attnlab.metrics import corpus_chrf
 
-    module = TranslationModule.load_from_checkpoint(text_run["dir"] / "checkpoints" / "last.ckpt").eval()
-    datamodule = validate(text_run["cfg"]).data.datamodule()
-    datamodule.setup()
-    outputs = {}
-    for batch in datamodule.val_dataloader():
-        outputs.update(zip(batch["index"].tolist(), module.translate(batch["src"], beam=1), strict=True))
-    hypotheses = [datamodule.tgt_tokenizer.decode(outputs[i]) for i in range(len(outputs))]
+    module, datamodule, hypotheses = greedy_validation(text_run)
     # the sentence right after the subset gets a reference unlike its translation (the model translates
     # most validation sentences perfectly): scored with one sentence more, or the whole set, BLEU differs
     n = 10

@@ -209,14 +209,7 @@ def sweep_skip_done(node: Any) -> bool:
     """
     if node is None:
         return False
-    if not OmegaConf.is_dict(node) and not isinstance(node, dict):
-        raise ConfigError(f"sweep={node!r} must be a node with {', '.join(SWEEP_KEYS)}")
-    unknown = sorted(set(node) - set(SWEEP_KEYS))
-    if unknown:
-        raise ConfigError(
-            f"sweep.{unknown[0]} is not a sweep setting: "
-            f"{did_you_mean(unknown[0], list(SWEEP_KEYS), 'sweep.')}known keys: {', '.join(SWEEP_KEYS)}"
-        )
+    _check_node_keys(node, "sweep", SWEEP_KEYS)
     skip = node.get("skip_done", False)
     if not isinstance(skip, bool):
         raise ConfigError(f"sweep.skip_done={skip!r} must be true or false")
@@ -244,16 +237,21 @@ def check_progress(every_n_seconds: Any = None, every_n_steps: Any = None) -> No
 def _check_progress(node: Any) -> None:
     if node is None:
         return
-    if not OmegaConf.is_dict(node):
-        raise ConfigError(f"progress={node!r} must be a node with {' and '.join(PROGRESS_KEYS)}")
-    unknown = sorted(set(node) - set(PROGRESS_KEYS))
+    _check_node_keys(node, "progress", PROGRESS_KEYS)
+    check_progress(**node)
+
+
+def _check_node_keys(node: Any, name: str, keys: tuple[str, ...]) -> None:
+    """Refuse a `name` config node that is no mapping, or that holds a key outside `keys` (with a
+    did-you-mean: a misspelt key would be read as its default)."""
+    if not OmegaConf.is_dict(node) and not isinstance(node, dict):
+        raise ConfigError(f"{name}={node!r} must be a node with {' and '.join(keys)}")
+    unknown = sorted(set(node) - set(keys))
     if unknown:
         raise ConfigError(
-            f"progress.{unknown[0]} is not a progress setting: "
-            f"{did_you_mean(unknown[0], list(PROGRESS_KEYS), 'progress.')}"
-            f"known keys: {', '.join(PROGRESS_KEYS)}"
+            f"{name}.{unknown[0]} is not a {name} setting: "
+            f"{did_you_mean(unknown[0], list(keys), f'{name}.')}known keys: {', '.join(keys)}"
         )
-    check_progress(**node)
 
 
 def _check_trainer(trainer: DictConfig) -> None:
