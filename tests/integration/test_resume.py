@@ -63,6 +63,8 @@ def test_a_run_stopped_by_sigterm_saves_and_resumes_to_the_same_weights(
     # the signal came after this step's check: saved at the end of the next step, 7 (not a checkpoint step)
     assert manifest["status"] == "interrupted" and "SIGTERM at step 7" in manifest["error"]
     assert torch.load(run_dir / "checkpoints" / "last.ckpt", weights_only=True)["global_step"] == 7
+    # no "`weights_only` was not set, defaulting to `False`" from Lightning: the save asks for all the state
+    assert "weights_only" not in (run_dir / "train.log").read_text() + stopped.stdout + stopped.stderr
     record = {p: p.read_bytes() for p in (run_dir / ".hydra").iterdir()}
     resumed = attnlab_train(run_dir, "ckpt_path=last", "logger=wandb", env=wandb)
     assert resumed.returncode == 0, resumed.stderr[-3000:]

@@ -292,7 +292,7 @@ class Preemption(_StepEnds):
             return
         signum = int(local or signal.SIGTERM)
         path = f"{self.dirpath}/{self.filename}.ckpt"
-        trainer.save_checkpoint(path)
+        trainer.save_checkpoint(path, weights_only=False)  # all of it, to resume (Lightning logs its default)
         # The module's own end of the batch (what it logs there: attnlab's lr and tokens seen), which
         # Lightning would run after this hook, runs before training stops here: the step's row holds them.
         pl_module.on_train_batch_end(outputs, batch, batch_idx)
