@@ -22,14 +22,19 @@ from attnlab.data import SyntheticData
 
 class SignalAt(L.Callback):
     """Send `signum` to this process at the end of training step `step` (global step, counted from 1),
-    on every rank, or only on rank `rank` when given."""
+    on every rank, or only on rank `rank` when given; `times` times in a row; with `group`, to every
+    process of this process's group, as a terminal's Ctrl-C does (DataLoader workers too: run the run in a
+    session of its own, as `runs.run_all` does)."""
 
-    def __init__(self, step: int, signum: int, rank: int | None = None) -> None:
-        self.step, self.signum, self.rank = step, signum, rank
+    def __init__(
+        self, step: int, signum: int, rank: int | None = None, times: int = 1, group: bool = False
+    ) -> None:
+        self.step, self.signum, self.rank, self.times, self.group = step, signum, rank, times, group
 
     def on_train_batch_end(self, trainer: L.Trainer, *args: Any) -> None:
         if trainer.global_step == self.step and self.rank in (None, trainer.global_rank):
-            os.kill(os.getpid(), self.signum)
+            for _ in range(self.times):
+                os.killpg(os.getpgid(0), self.signum) if self.group else os.kill(os.getpid(), self.signum)
 
 
 class SleepAt(L.Callback):

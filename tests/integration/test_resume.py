@@ -93,6 +93,35 @@ def test_a_run_stopped_by_sigterm_saves_and_resumes_to_the_same_weights(
     assert records[1].summary["val/loss"] == {"min": pytest.approx(best)}  # the end of the run
 
 
+def test_ctrl_c_saves_at_the_end_of_the_step_and_resumes_to_the_same_weights(
+    resume_reference: Path, tmp_path: Path
+) -> None:
+    run_dir = tmp_path / "run"  # SIGINT to the run's process group, its DataLoader worker too: a terminal's
+    kill = ["+callbacks.kill._target_=probes.SignalAt", "+callbacks.kill.step=6",
+            "+callbacks.kill.group=true", f"+callbacks.kill.signum={int(signal.SIGINT)}"]  # fmt: skip
+    stopped = attnlab_train(run_dir, *kill)
+    assert stopped.returncode == 128 + signal.SIGINT, stopped.stderr[-3000:]
+    assert "Ctrl-C: saving last.ckpt at the end of this training step" in stopped.stderr
+    manifest = json.loads((run_dir / "manifest.json").read_text())
+    assert manifest["status"] == "interrupted" and "SIGINT at step 7" in manifest["error"]
+    assert torch.load(run_dir / "checkpoints" / "last.ckpt", weights_only=True)["global_step"] == 7
+    resumed = attnlab_train(run_dir, "resume=true")
+    assert resumed.returncode == 0, resumed.stderr[-3000:]
+    assert_same_training(run_dir, resume_reference)
+
+
+def test_a_second_ctrl_c_stops_at_once_and_the_run_reads_interrupted(tmp_path: Path) -> None:
+    run_dir = tmp_path / "run"
+    kill = ["+callbacks.kill._target_=probes.SignalAt", "+callbacks.kill.step=6", "+callbacks.kill.times=2",
+            f"+callbacks.kill.signum={int(signal.SIGINT)}"]  # fmt: skip
+    stopped = attnlab_train(run_dir, *kill)
+    assert stopped.returncode == 128 + signal.SIGINT, stopped.stderr[-3000:]  # not Lightning's exit 1
+    manifest = json.loads((run_dir / "manifest.json").read_text())
+    assert manifest["status"] == "interrupted", manifest
+    assert manifest["error"].startswith("KeyboardInterrupt: stopped by Ctrl-C without saving"), manifest
+    assert torch.load(run_dir / "checkpoints" / "last.ckpt", weights_only=True)["global_step"] == 4
+
+
 def test_a_signal_inside_a_gradient_accumulation_saves_after_its_optimizer_step(tmp_path: Path) -> None:
     """With 2 batches a step, the signal sent at the end of step 2 is seen at the end of the next batch,
     inside step 3's accumulation, whose first batch's gradients no checkpoint holds: the save waits for

@@ -346,3 +346,23 @@ def test_eval_loaders_are_deterministic_and_restore_the_original_order(split: st
         for src, tgt in zip(batch["src"].tolist(), batch["tgt_out"].tolist(), strict=True):
             pairs.append(([t for t in src if t != PAD], [t for t in tgt if t != PAD][:-1]))
     assert restore_order(indices, pairs) == examples
+
+
+class _SigintHandler(torch.utils.data.Dataset):
+    def __len__(self) -> int:
+        return 1
+
+    def __getitem__(self, index: int) -> bool:
+        return signal.getsignal(signal.SIGINT) is signal.SIG_IGN
+
+
+def test_a_dataloader_worker_ignores_ctrl_c_which_its_run_handles() -> None:
+    """A terminal's Ctrl-C reaches the workers too; the run saves at the end of its step (`Preemption`),
+    which a worker ended by its KeyboardInterrupt would leave without batches."""
+    from functools import partial
+
+    from attnlab.data.examples import end_with
+
+    loader = torch.utils.data.DataLoader(_SigintHandler(), num_workers=1, batch_size=None,
+                                         worker_init_fn=partial(end_with, os.getpid()))  # fmt: skip
+    assert list(loader) == [True]

@@ -10,6 +10,7 @@ from __future__ import annotations
 import multiprocessing
 import os
 import select
+import signal
 import sys
 import threading
 import time
@@ -184,7 +185,11 @@ def end_with(pid: int, worker_id: int) -> None:
     process killed (SIGKILL, the OOM killer) both lived on, holding the run's output pipes. A daemon thread
     waits for `pid` and ends the worker. On Linux 5.3+ it waits on a pidfd, which wakes when `pid` ends even
     before its parent reaps it. Elsewhere it polls every second, and there an ended but unreaped `pid` (a
-    zombie) still counts as running: the worker ends once the run's parent has reaped it."""
+    zombie) still counts as running: the worker ends once the run's parent has reaped it.
+
+    The worker ignores SIGINT: a Ctrl-C at a terminal reaches every process of the foreground group, and a
+    worker's KeyboardInterrupt would end it under a run that stops at the end of its step (`Preemption`)."""
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
     threading.Thread(target=_exit_after, args=(pid,), name=f"end-with-{pid}", daemon=True).start()
 
 

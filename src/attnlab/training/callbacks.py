@@ -9,6 +9,7 @@ again and count it as an epoch without improvement. Checkpointing avoids the sam
 
 from __future__ import annotations
 
+import os
 import signal
 import threading
 import time
@@ -237,8 +238,15 @@ class Preempted(SystemExit):
         return self.message
 
 
+_CTRL_C = (
+    "\nCtrl-C: saving last.ckpt at the end of this training step, then stopping (continue with resume=true); "
+    "Ctrl-C again stops now, without saving\n"
+)
+
+
 class Preemption(_StepEnds):
-    """On SIGTERM or SIGUSR1, save a checkpoint at the end of the current training step and stop.
+    """On SIGTERM, SIGUSR1 or a first Ctrl-C (SIGINT), save a checkpoint at the end of the current training
+    step and stop.
 
     Clusters announce the end of a job with a signal: SLURM sends SIGTERM before killing a job (and
     SIGUSR1 some time before its time limit when asked to, as submitit and `--signal` do). The signal
@@ -250,6 +258,10 @@ class Preemption(_StepEnds):
     (as `LastCheckpoint` never saves inside one). Training then stops with `Preempted` (exit status 128 +
     the signal number). Under DDP the ranks agree on stopping (a signal that reached any rank stops all)
     and all take part in the save.
+
+    Ctrl-C is the same stop, asked for at a terminal: the first says on stderr that the run saves and stops
+    at the end of the step (after a validation that is running) and gives SIGINT back to its handler before
+    training (Python's KeyboardInterrupt), so a second Ctrl-C stops at once, without the save.
 
     While training runs, this callback's handlers replace Lightning's SIGTERM handler (which would stop
     training at the end of the step without a checkpoint) and whatever handled SIGUSR1. A SIGUSR1 handler
@@ -269,11 +281,15 @@ class Preemption(_StepEnds):
 
     def _on_signal(self, signum: int, frame: Any) -> None:
         self._received = signum
+        if signum == signal.SIGINT:  # a second Ctrl-C goes to the handler before: it stops at once
+            previous = self._previous.pop(signal.SIGINT)
+            signal.signal(signal.SIGINT, previous if previous is not None else signal.default_int_handler)
+            os.write(2, _CTRL_C.encode())
 
     def on_train_start(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
         if threading.current_thread() is not threading.main_thread():
             return  # signals reach only the main thread
-        for signum in (signal.SIGTERM, signal.SIGUSR1):
+        for signum in (signal.SIGTERM, signal.SIGUSR1, signal.SIGINT):
             self._previous[signum] = signal.getsignal(signum)
             signal.signal(signum, self._on_signal)
 

@@ -177,14 +177,29 @@ def _run(plan: RunPlan) -> dict[str, float]:
             # stays as it was.
             _restore_run_records(previous)
         elif manifest is not None:
-            status = "interrupted" if isinstance(exc, Preempted) else "failed"
-            manifest.finish(status, error=f"{type(exc).__name__}: {exc}".splitlines()[0])
+            status = "interrupted" if isinstance(exc, Preempted) or _ctrl_c(exc) else "failed"
+            manifest.finish(status, error=_ctrl_c(exc) or f"{type(exc).__name__}: {exc}".splitlines()[0])
         _finish_tracking(exit_code=1)
+        if _ctrl_c(exc):  # Lightning exits with 1 after a KeyboardInterrupt; a shell expects 128 + SIGINT
+            raise SystemExit(130) from None
         raise
     if manifest is not None:
         manifest.finish("finished")
     _finish_tracking(exit_code=0)
     return metrics
+
+
+def _ctrl_c(exc: BaseException) -> str:
+    """What the manifest says of a run stopped at once by Ctrl-C (a KeyboardInterrupt, which Lightning
+    turns into `sys.exit(1)` inside fit), or "" for any other end."""
+    if isinstance(exc, KeyboardInterrupt) or (
+        isinstance(exc, SystemExit) and isinstance(exc.__context__, KeyboardInterrupt)
+    ):
+        return (
+            "KeyboardInterrupt: stopped by Ctrl-C without saving; resume=true continues from a last.ckpt "
+            "saved before"
+        )
+    return ""
 
 
 def _train_and_evaluate(plan: RunPlan, manifest: Manifest | None) -> dict[str, float]:
