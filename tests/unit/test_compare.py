@@ -107,6 +107,32 @@ def test_cli_writes_a_file_and_reports_bad_input(sweep: Path, tmp_path: Path) ->
         compare_main([str(tmp_path / "nothing")])
 
 
+def test_the_baseline_is_its_config_value_and_an_unknown_one_lists_the_groups_quoted(sweep: Path) -> None:
+    """`--baseline` takes a group's values as the runs' config.yaml holds them, though the Markdown table
+    shows `|`, `<` and `\\` escaped; an unknown one lists the groups each quoted as one shell word (on one
+    line: they were joined by commas, which the names hold too) and suggests the one the escaped form
+    meant."""
+    value = "a|b\\c<d e"
+    for seed in (1, 2, 3):
+        path = sweep / f"pe=none,seed={seed}" / "config.yaml"
+        path.write_text(path.read_text().replace("pe: none", f"pe: {json.dumps(value)}"))
+    text = report([sweep], baseline=f"model.pe={value}")
+    assert text.splitlines()[2].startswith("| model.pe=a\\|b\\\\c\\<d e | 3 |")  # the baseline first
+    with pytest.raises(SystemExit) as refused:
+        compare_main([str(sweep), "--baseline", "model.pe=a\\|b\\\\c\\<d e"])  # as the table shows it
+    told = str(refused.value)
+    assert told == (
+        "attnlab-compare: no group named 'model.pe=a\\|b\\\\c\\<d e': did you mean 'model.pe=a|b\\c<d e'? "
+        "give one of 'model.pe=a|b\\c<d e', 'model.pe=sinusoidal' (its config values as in the runs' "
+        "config.yaml, not as the Markdown table escapes them)"
+    )
+    path.write_text(path.read_text().replace(json.dumps(value), json.dumps("it's\nnew")))
+    with pytest.raises(
+        SystemExit, match=r"give one of 'model\.pe=a\|b\\c<d e', \$'model\.pe=it\\'s\\U0000000anew'"
+    ):
+        compare_main([str(sweep), "--baseline", "model.pe=rotary"])
+
+
 @pytest.mark.parametrize(
     ("df", "expected"), [(1, 12.7062), (2, 4.3027), (4, 2.7764), (9, 2.2622), (30, 2.0423)]
 )

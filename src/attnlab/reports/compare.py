@@ -46,6 +46,7 @@ from attnlab.runs.layout import (
     json_type,
     setting,
 )
+from attnlab.typed import did_you_mean
 
 log = logging.getLogger(__name__)
 
@@ -289,7 +290,7 @@ def summarize(runs: Sequence[Run], baseline: str | None = None) -> tuple[list[Gr
     if groups:
         base = next((g for g in groups if g.name == baseline), None) if baseline else groups[0]
         if base is None:
-            raise ValueError(f"no group named {baseline!r}: groups are {', '.join(g.name for g in groups)}")
+            raise ValueError(_no_such_group(str(baseline), [g.name for g in groups]))
         for group in groups:
             group.delta = {m: s.mean - base.stats[m].mean for m, s in group.stats.items() if m in base.stats}
             if group is not base:
@@ -297,6 +298,18 @@ def summarize(runs: Sequence[Run], baseline: str | None = None) -> tuple[list[Gr
                 _warn_unpaired_seeds(base, group)
         groups = [base, *(g for g in groups if g is not base)]
     return groups, others
+
+
+def _no_such_group(baseline: str, names: Sequence[str]) -> str:
+    """The error for a baseline that names no group: the groups' names, each quoted as one word of a shell
+    command (`shell_word`), with their config values as the runs' `config.yaml` holds them (what the
+    baseline is matched against; the Markdown table shows `|`, `<` and `\\` escaped)."""
+    quoted = [shell_word(name) for name in names]
+    return (
+        f"no group named {shell_word(baseline)}: {did_you_mean(shell_word(baseline), quoted)}give one of "
+        f"{', '.join(quoted)} (its config values as in the runs' config.yaml, not as the Markdown table "
+        "escapes them)"
+    )
 
 
 def _warn_unpaired_seeds(base: GroupSummary, group: GroupSummary) -> None:
@@ -566,6 +579,19 @@ def one_line(text: str) -> str:
     """`text` with its line breaks as spaces: a line break in a run's path, error or config value would end
     a table row, a list item or a LaTeX comment, and what follows it would be read as Markdown or LaTeX."""
     return " ".join(text.splitlines())
+
+
+def shell_word(text: str) -> str:
+    """`text` as one word of a shell command, to copy into one (`--baseline`): in single quotes, a quote
+    inside as `'\\''`; text holding a line break or another unprintable character as bash's `$'...'`, each as
+    `\\U` and its code point (a line break: `\\U0000000a`), so the word stays on one line."""
+    if text.isprintable():
+        return "'" + text.replace("'", "'\\''") + "'"
+    escaped = "".join(
+        c if c.isprintable() and c not in "\\'" else "\\" + c if c in "\\'" else f"\\U{ord(c):08x}"
+        for c in text
+    )
+    return f"$'{escaped}'"
 
 
 def markdown_text(text: str) -> str:
