@@ -324,6 +324,21 @@ def test_invalid_values_are_rejected_naming_the_key(
     assert message in str(excinfo.value)
 
 
+def test_a_null_skip_done_reads_as_false(tmp_path: Path) -> None:
+    """`sweep.skip_done=null`, Hydra's way to unset a key, was refused ("must be true or false"): it is the
+    default, false, as `sweep=null` is; text is still refused."""
+    from attnlab.training.experiment import sweep_skip_done
+
+    cfg = compose_train(
+        ["model=small", "data=synthetic", "data.n_symbols=16", "sweep.skip_done=null"], tmp_path
+    )
+    assert cfg.sweep.skip_done is None and sweep_skip_done(cfg.sweep) is False
+    validate(cfg)
+    assert sweep_skip_done(None) is False and sweep_skip_done({"skip_done": True}) is True
+    with pytest.raises(ConfigError, match=r"sweep.skip_done='no' must be true or false \(null: false\)"):
+        sweep_skip_done({"skip_done": "no"})
+
+
 def test_a_bad_value_is_rejected_by_the_cli_before_torch_is_imported(tmp_path: Path) -> None:
     script = (
         "import sys\n"

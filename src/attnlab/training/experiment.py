@@ -200,10 +200,11 @@ SWEEP_KEYS = ("skip_done",)
 
 
 def sweep_skip_done(node: Any) -> bool:
-    """`sweep.skip_done` of the `sweep` config node (false without one).
+    """`sweep.skip_done` of the `sweep` config node (false without one, and for `null`: Hydra's way to
+    unset a key, `sweep.skip_done=null`, reads as its default).
 
     Raises:
-        ConfigError: skip_done is not true or false (the text `no` or `false` read as true: the sweep
+        ConfigError: skip_done is not true, false or null (the text `no` or `false` read as true: the sweep
             skipped its finished jobs), or the node holds another key (a misspelt `skip_done`, read as
             false: the sweep trained its finished jobs again, over their results).
     """
@@ -211,8 +212,10 @@ def sweep_skip_done(node: Any) -> bool:
         return False
     _check_node_keys(node, "sweep", SWEEP_KEYS)
     skip = node.get("skip_done", False)
+    if skip is None:
+        return False
     if not isinstance(skip, bool):
-        raise ConfigError(f"sweep.skip_done={skip!r} must be true or false")
+        raise ConfigError(f"sweep.skip_done={skip!r} must be true or false (null: false)")
     return skip
 
 
