@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import hashlib
 import json
 import os
 import subprocess
@@ -68,13 +69,50 @@ def test_a_sweep_runs_every_job_records_failures_and_resumes_without_redoing_fin
 
 
 def test_job_directory_names_are_readable_safe_and_unique() -> None:
-    name = job_dirname("model.pe=learned,seed=2")
-    assert name.startswith("pe=learned,seed=2-") and len(name.split("-")[-1]) == 8
-    assert job_dirname("model.pe=learned,seed=2") == name
-    assert job_dirname("model.pe=learned,seed=3") != name
-    assert "/" not in job_dirname("data.root=/data/x y,seed=1")
-    long = job_dirname("x=" + "a" * 300)
-    assert len(long) <= 169 and job_dirname("x=" + "a" * 301) != long
+    name = job_dirname(["model.pe=learned", "seed=2"])
+    assert name == "pe=learned,seed=2-" + hashlib.sha256(b"model.pe=learned,seed=2").hexdigest()[:8]
+    assert job_dirname(["seed=2", "model.pe=learned"]) == name  # (as Hydra's override_dirname named it)
+    assert job_dirname(["model.pe=learned", "seed=3"]) != name
+    assert "/" not in job_dirname(["data.root=/data/x y", "seed=1"])
+    long = job_dirname(["x=" + "a" * 300])
+    assert len(long) <= 169 and job_dirname(["x=" + "a" * 301]) != long
+
+
+def test_a_sweep_rerun_with_another_logger_finds_its_jobs_directories_named_before_or_now(
+    tmp_path: Path,
+) -> None:
+    """Job directories were named with the bookkeeping overrides too (`logger=csv`): the same sweep re-run
+    with another logger found none of them, so `sweep.skip_done` skipped nothing and every job trained
+    again. They are named without them now; a directory named the old way is found by the overrides its
+    manifest.json records (a finished one first), so no earlier sweep is orphaned. A sweep over a
+    bookkeeping key, whose jobs would share a directory, is refused."""
+    from omegaconf import OmegaConf
+
+    from attnlab.cli.app import check_no_swept_bookkeeping
+    from attnlab.typed import ConfigError
+    from helpers import compose_train
+
+    sweep_dir = tmp_path / "sweep"
+    own = ["model.pe=learned", "seed=2"]
+
+    def job_dir(*overrides: str) -> str:  # as Hydra names the job of these overrides (conf/hydra)
+        cfg = compose_train([*own, *overrides, f"hydra.sweep.dir={sweep_dir}"], tmp_path, hydra_node=True)
+        return str(OmegaConf.select(cfg, "hydra.sweep.subdir"))
+
+    new = job_dir("logger=csv")
+    assert "logger" not in new and job_dir("logger=tensorboard", "sweep.skip_done=true") == new
+    old = "enable_progress_bar=false,logger=csv,pe=learned,seed=2-0123abcd"  # as a sweep made before named it
+    task = ["trainer.enable_progress_bar=false", *own, "logger=csv", "sweep.skip_done=true"]
+    for name, status in ((old, "finished"), ("logger=mlflow-4567cdef", "failed")):
+        (sweep_dir / name).mkdir(parents=True)
+        (sweep_dir / name / "manifest.json").write_text(json.dumps({"status": status, "overrides": task}))
+    assert job_dir("logger=tensorboard") == old  # sweep.skip_done skips it, resume=auto continues it
+    assert job_dir("logger=csv", "model.n_heads=4") != old  # another job
+    (sweep_dir / new).mkdir()
+    assert job_dir("logger=csv") == new  # a directory of the name itself comes first
+    check_no_swept_bookkeeping(["model.pe=learned,none", "seed=1,2", "logger=csv"])
+    with pytest.raises(ConfigError, match=r"allocator=keep,release sweeps a bookkeeping key"):
+        check_no_swept_bookkeeping(["allocator=keep,release", "seed=1,2"])
 
 
 def test_the_wandb_sweep_file_passes_valid_overrides(tmp_path: Path) -> None:

@@ -12,6 +12,7 @@ from typing import Any
 
 import pytest
 
+from attnlab.cli.app import job_dirname
 from attnlab.io import atomic_writer
 from attnlab.reports.compare import load_runs, varying_keys
 from attnlab.runs.layout import BOOKKEEPING, MANIFEST_FILE, RunDir, UnreadableRunFile, read_metrics_csv
@@ -66,7 +67,9 @@ def test_a_bookkeeping_key_changes_no_group_no_compared_key_no_name_and_may_chan
     first, second = resolved(tmp_path / "a"), changed(resolved(tmp_path / "b"), entry)
     assert config_group(first) == config_group(second)
     assert compared_keys(tmp_path, first, second) == []
-    assert run_name([f"{entry}x=1" if entry.endswith(".") else f"{entry}=1", "model.pe=none"]) == "pe=none"
+    override = f"{entry}x=1" if entry.endswith(".") else f"{entry}=1"
+    assert run_name([override, "model.pe=none"]) == "pe=none"
+    assert job_dirname([override, "model.pe=none"]) == job_dirname(["model.pe=none"])  # (its directory)
     if entry == "task_name":  # it names where the run directories live: a resumed run keeps it
         with pytest.raises(ConfigError, match="task_name: 'train' -> 'changed'"):
             check_same_experiment(RunDir(tmp_path / "a").config_file, changed(first, entry))

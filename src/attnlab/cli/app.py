@@ -7,13 +7,21 @@ import hashlib
 import os
 import re
 import secrets
+from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
 from hydra.experimental.callback import Callback
 from omegaconf import DictConfig, OmegaConf
 
-from attnlab.runs.layout import RunDir, check_no_credentials
+from attnlab.runs.layout import (
+    MANIFEST_FILE,
+    RunDir,
+    UnreadableRunFile,
+    check_no_credentials,
+    setting_overrides,
+)
+from attnlab.runs.manifest import Manifest
 from attnlab.training.resume import continues_own_run
 from attnlab.typed import ConfigError
 
@@ -25,16 +33,60 @@ def config_dir() -> Path:
     return packaged if packaged.is_dir() else package.parents[1] / "conf"
 
 
-def job_dirname(overrides: str) -> str:
-    """A multirun job's directory name from its overrides (Hydra's `override_dirname`): readable (keys
-    shortened to their last part), filesystem-safe, and ending in a hash of the exact overrides, so two
-    jobs never share a directory and the same job of a re-run sweep finds its directory again:
-    `model.pe=learned,seed=2` -> `pe=learned,seed=2-1b2c3d4e`."""
-    digest = hashlib.sha256(overrides.encode("utf-8")).hexdigest()[:8]
+def job_dirname(overrides: Sequence[str], sweep_dir: str | None = None) -> str:
+    """A multirun job's directory name from its overrides (Hydra's `hydra.overrides.task`), bookkeeping
+    ones left out (`attnlab.runs.layout.setting_overrides`: `logger=...`, `paths.`, `sweep.`, `resume`),
+    sorted: readable (keys shortened to their last part), filesystem-safe, and ending in a hash of those
+    overrides, so two jobs never share a directory and the same job of a re-run sweep finds its directory
+    again, whatever logger the re-run uses: `model.pe=learned seed=2 logger=csv` ->
+    `pe=learned,seed=2-1b2c3d4e`. Under `sweep_dir`, a directory a job of the same setting overrides wrote
+    before (`earlier_job_dir`: named with its bookkeeping overrides, as sweeps made before were) is that
+    name when none has it yet, so `sweep.skip_done` and `resume=auto` find those jobs too."""
+    kept = ",".join(sorted(setting_overrides([str(item) for item in overrides])))
+    digest = hashlib.sha256(kept.encode("utf-8")).hexdigest()[:8]
     short = [f"{key.rsplit('.', 1)[-1]}={value}" for key, _, value in (item.partition("=") for item in
-             overrides.split(",") if "=" in item)]  # fmt: skip
+             kept.split(",") if "=" in item)]  # fmt: skip
     readable = re.sub(r"[^A-Za-z0-9=,._+-]", "_", ",".join(short))[:160]
-    return f"{readable}-{digest}" if readable else digest
+    name = f"{readable}-{digest}" if readable else digest
+    if sweep_dir is None or (Path(sweep_dir) / name).exists():
+        return name
+    return earlier_job_dir(Path(sweep_dir), kept) or name
+
+
+def earlier_job_dir(sweep_dir: Path, kept: str) -> str | None:
+    """The name of a directory of `sweep_dir` whose `manifest.json` records a job with the setting
+    overrides `kept` (`job_dirname`'s sorted, comma-joined ones), a finished one first; None if none does."""
+    found = []
+    for manifest_file in sorted(sweep_dir.glob(f"*/{MANIFEST_FILE}")):
+        try:
+            manifest = Manifest.read(RunDir(manifest_file.parent))
+        except UnreadableRunFile:
+            continue
+        overrides = manifest.get("overrides")
+        if isinstance(overrides, list) and ",".join(sorted(setting_overrides(map(str, overrides)))) == kept:
+            found.append((manifest.get("status") != "finished", manifest_file.parent.name))
+    return min(found)[1] if found else None
+
+
+def check_no_swept_bookkeeping(overrides: Sequence[str]) -> None:
+    """Refuse a multirun's overrides (`hydra.overrides.task` of the sweep: `allocator=keep,release`) that
+    sweep a bookkeeping key (`attnlab.runs.layout.setting_overrides`): its jobs would differ in nothing
+    that names their directory (`job_dirname`), nor in their setting (W&B groups and attnlab-compare would
+    take them for runs of one setting).
+
+    Raises:
+        ConfigError: Naming the override and the fix.
+    """
+    from hydra.core.override_parser.overrides_parser import OverridesParser
+
+    parsed = OverridesParser.create().parse_overrides([str(item) for item in overrides])
+    swept = [o.input_line for o in parsed if o.is_sweep_override() and not setting_overrides([o.input_line])]
+    if swept:
+        raise ConfigError(
+            f"{swept[0]} sweeps a bookkeeping key (attnlab.runs.layout.BOOKKEEPING): its jobs would share "
+            "one job directory and count as one setting; run one sweep per value, each with its own "
+            "hydra.sweep.dir"
+        )
 
 
 def hydra_output_subdir(output_dir: Any, resume: Any = False, ckpt_path: Any = None) -> str | None:
@@ -48,8 +100,8 @@ def hydra_output_subdir(output_dir: Any, resume: Any = False, ckpt_path: Any = N
 
 def register_resolvers() -> None:
     """`${attnlab.run_id:}`: a fresh id per composed config (pid + random), so run dirs never collide;
-    `${attnlab.job_dir:<overrides>}`: `job_dirname`; `${attnlab.output_subdir:<dir>,<resume>,<ckpt_path>}`:
-    `hydra_output_subdir`."""
+    `${attnlab.job_dir:<overrides>,<sweep dir>}`: `job_dirname`;
+    `${attnlab.output_subdir:<dir>,<resume>,<ckpt_path>}`: `hydra_output_subdir`."""
     if not OmegaConf.has_resolver("attnlab.output_subdir"):
         OmegaConf.register_new_resolver("attnlab.output_subdir", hydra_output_subdir)
     if not OmegaConf.has_resolver("attnlab.run_id"):
@@ -57,7 +109,10 @@ def register_resolvers() -> None:
             "attnlab.run_id", lambda: f"{os.getpid():x}-{secrets.token_hex(3)}", use_cache=True
         )
     if not OmegaConf.has_resolver("attnlab.job_dir"):
-        OmegaConf.register_new_resolver("attnlab.job_dir", lambda overrides="": job_dirname(str(overrides)))
+        OmegaConf.register_new_resolver(
+            "attnlab.job_dir",
+            lambda overrides=(), sweep_dir=None: job_dirname(list(overrides or ()), sweep_dir),
+        )
 
 
 def continues_run(run: RunDir, resume: Any, ckpt_path: Any) -> bool:
@@ -107,6 +162,7 @@ class RunDirectoryCheck(Callback):
             from attnlab.training.experiment import check_sweep_direction, sweep_skip_done  # (sacreBLEU)
 
             try:
+                check_no_swept_bookkeeping(config.hydra.overrides.task)
                 sweep_skip_done(config.get("sweep"))
                 check_sweep_direction(config.get("optimized_metric"), config.hydra.sweeper.get("direction"))
             except ConfigError as exc:

@@ -102,6 +102,19 @@ def is_bookkeeping(key: str) -> bool:
     return key_in(key, BOOKKEEPING) and not key_in(key, SETTINGS_IN_BOOKKEEPING)
 
 
+def setting_overrides(overrides: Sequence[str]) -> list[str]:
+    """The command-line overrides (`model.pe=learned`, `+x=1`, `logger=csv`, `hydra/launcher=local`) that
+    are no bookkeeping (`is_bookkeeping` of the key, a config group's `/` read as `.`), in order: what
+    names a run (`attnlab.runs.wandb.run_name`) and a multirun job's directory
+    (`attnlab.cli.app.job_dirname`)."""
+    kept = []
+    for override in overrides:
+        key, sep, _ = override.lstrip("+~").partition("=")
+        if sep and not is_bookkeeping(key.split("@")[0].replace("/", ".")):
+            kept.append(override)
+    return kept
+
+
 # What must not be in a run's config, which a run writes into config.yaml, manifest.json (its command),
 # Hydra's .hydra/ and every logger (W&B uploads it with `wandb sync`): a value of a key named like a
 # credential (its last part, any case), and a URL with a password (`https://user:password@host`)

@@ -26,7 +26,7 @@ from typing import Any
 
 from lightning.pytorch.loggers import WandbLogger as _LightningWandbLogger
 
-from attnlab.runs.layout import RunDir, is_bookkeeping, setting
+from attnlab.runs.layout import RunDir, setting, setting_overrides
 from attnlab.typed import ConfigError
 
 __all__ = ["WandbLogger", "config_group", "finish_wandb", "log_results", "run_name",
@@ -63,15 +63,13 @@ def config_group(config: dict[str, Any]) -> str:
 def run_name(overrides: Sequence[str]) -> str | None:
     """`a.b.pe=learned model.n_heads=4 seed=2` -> `pe=learned,n_heads=4,seed=2` (None without overrides).
 
-    Overrides of bookkeeping keys (`attnlab.runs.layout.is_bookkeeping`: paths, Hydra, loggers, callbacks
+    Overrides of bookkeeping keys (`attnlab.runs.layout.setting_overrides`: paths, Hydra, loggers, callbacks
     but early stopping's patience and min_delta, ...) are left out; a config group choice keeps its name
     (`model=small`).
     """
     parts = []
-    for override in overrides:
-        key, sep, value = override.lstrip("+~").partition("=")
-        if not sep or is_bookkeeping(key):
-            continue
+    for override in setting_overrides(overrides):
+        key, _, value = override.lstrip("+~").partition("=")
         parts.append(f"{key.split('.')[-1]}={value}")
     return ",".join(parts) or None
 
