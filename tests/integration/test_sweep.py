@@ -210,6 +210,16 @@ def test_a_skip_done_that_is_no_boolean_or_a_misspelt_sweep_key_is_refused_befor
         assert list((tmp_path / "run").iterdir()) == []  # (checked writable, then refused: nothing written)
 
 
+def test_a_sweep_over_a_bookkeeping_key_is_refused_before_any_job(tmp_path: Path) -> None:
+    """Job directories are named without bookkeeping overrides: jobs differing only in one would share a
+    directory (and count as one setting in W&B and attnlab-compare)."""
+    done = sweep(tmp_path, "allocator=keep,release")
+    assert done.returncode == 1, done.stderr[-3000:]
+    told = "attnlab-train: config error: allocator=keep,release sweeps a bookkeeping key"
+    assert told in done.stderr and "Traceback" not in done.stderr, done.stderr[-3000:]
+    assert not (tmp_path / "sweep").exists()
+
+
 def test_skip_done_does_not_train_an_interrupted_job_afresh_over_its_checkpoints(tmp_path: Path) -> None:
     """Re-running an interrupted sweep with `sweep.skip_done=true`, as the README says, skipped the
     finished jobs and trained the interrupted one from scratch in its directory, over its checkpoints
