@@ -16,7 +16,7 @@ import stat
 import tempfile
 import time
 import weakref
-from collections.abc import Callable, Iterator, Mapping
+from collections.abc import Callable, Iterable, Iterator, Mapping
 from contextlib import contextmanager, suppress
 from pathlib import Path
 from types import TracebackType
@@ -357,3 +357,20 @@ def make_writable_directory(directory: Path) -> None:
     Path(directory).mkdir(parents=True, exist_ok=True)
     with tempfile.TemporaryFile(dir=directory):
         pass
+
+
+@contextmanager
+def removing_new_directories(directories: Iterable[Path]) -> Iterator[None]:
+    """Run the block; when it raises, remove each of `directories` and their parents that was missing
+    before it and is empty after it (deepest first): a refused command leaves no directory it made, and
+    never removes one that existed before or that holds anything."""
+    missing = {path for directory in directories
+               for path in (Path(directory).resolve(), *Path(directory).resolve().parents)
+               if not path.exists()}  # fmt: skip
+    try:
+        yield
+    except BaseException:
+        for path in sorted(missing, key=lambda p: len(p.parts), reverse=True):
+            with suppress(OSError):  # not empty, or not made: kept
+                path.rmdir()
+        raise

@@ -217,19 +217,25 @@ def test_a_run_directory_under_a_file_is_refused_naming_hydra_run_dir(tmp_path: 
 
 
 def test_a_logger_directory_that_cannot_be_written_is_refused_before_data_preparation(tmp_path: Path) -> None:
-    """`logger.csv.save_dir` under a file (or anywhere not writable) failed with Lightning's traceback when
-    training began, after the data was prepared and the model built: refused before, naming the key."""
+    """`logger.*.save_dir` under a file (or anywhere not writable) failed with Lightning's traceback when
+    training began, after the data was prepared and the model built: refused before, naming the key. The
+    refused run leaves none of the directories it made (the run directory and its parents, the other
+    loggers'), and keeps the one that existed before, empty as it is."""
     blocker = tmp_path / "a_file"
     blocker.write_text("not a directory\n")
-    overrides = [*corpus_run(tmp_path), f"logger.csv.save_dir={blocker / 'logs'}"]
+    (tmp_path / "kept").mkdir()
+    overrides = [*corpus_run(tmp_path), "logger=tensorboard", f"logger.csv.save_dir={tmp_path / 'kept/a/b'}",
+                 f"logger.tensorboard.save_dir={blocker / 'logs'}"]  # fmt: skip
     with pytest.raises(ConfigError) as caught:
-        train(compose_train(overrides, tmp_path / "run"))
+        train(compose_train(overrides, tmp_path / "new" / "run"))
     assert str(caught.value) == (
-        f"logger.csv.save_dir={blocker / 'logs'}: cannot create it or write in it (Not a directory): set it "
-        "to a writable directory (by default the run directory, ${paths.output_dir}), or fix its permissions"
+        f"logger.tensorboard.save_dir={blocker / 'logs'}: cannot create it or write in it (Not a directory): "
+        "set it to a writable directory (by default the run directory, ${paths.output_dir}), or fix its "
+        "permissions"
     )
     assert not (tmp_path / "cache").exists()  # no data was prepared
-    assert not (tmp_path / "run" / "manifest.json").exists() and blocker.read_text() == "not a directory\n"
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["a_file", "corpus", "kept"]  # no "new"
+    assert list((tmp_path / "kept").iterdir()) == [] and blocker.read_text() == "not a directory\n"
 
 
 @pytest.mark.parametrize("name", ["config.yaml", "manifest.json", "csv/metrics.csv"])

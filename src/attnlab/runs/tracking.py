@@ -35,7 +35,8 @@ from attnlab.runs.layout import RunDir
 from attnlab.typed import ConfigError
 
 __all__ = ["LOGGER_PACKAGES", "MLflowLogger", "check_logger_directories", "check_logger_packages",
-           "log_results", "log_run_config", "missing_packages", "result_summary"]  # fmt: skip
+           "log_results", "log_run_config", "logger_directories", "missing_packages",
+           "result_summary"]  # fmt: skip
 
 # The importable modules each logger class needs beyond attnlab's own dependencies (the `loggers` extra).
 # MLflow's SQLite store needs SQLAlchemy and Alembic, which mlflow-skinny leaves out.
@@ -193,27 +194,31 @@ def _numbers(summary: Mapping[str, Any]) -> dict[str, float]:
 LOGGER_DIRECTORY_KEYS = ("save_dir", "dir")
 
 
+def logger_directories(loggers: Mapping[str, Any]) -> dict[str, Path]:
+    """The directories the loggers write into, by key (`logger.<name>.<key>` for `LOGGER_DIRECTORY_KEYS`
+    of each node of the resolved `logger` config)."""
+    return {f"logger.{name}.{key}": Path(node[key]) for name, node in loggers.items()
+            for key in (LOGGER_DIRECTORY_KEYS if isinstance(node, Mapping) else ())
+            if isinstance(node.get(key), str) and node[key]}  # fmt: skip
+
+
 def check_logger_directories(loggers: Mapping[str, Any]) -> None:
-    """Create the directories the loggers write into (`LOGGER_DIRECTORY_KEYS` of each node of the resolved
-    `logger` config) and check that they can be written, before the run starts: Lightning creates them
-    only when training begins, after the data is prepared, and failed there with a traceback.
+    """Create the directories the loggers write into (`logger_directories`) and check that they can be
+    written, before the run starts: Lightning creates them only when training begins, after the data is
+    prepared, and failed there with a traceback.
 
     Raises:
         ConfigError: Naming the key, the directory, why, and the fix.
     """
-    for name, node in loggers.items():
-        for key in LOGGER_DIRECTORY_KEYS if isinstance(node, Mapping) else ():
-            directory = node.get(key)
-            if not isinstance(directory, str) or not directory:
-                continue
-            try:
-                make_writable_directory(Path(directory))
-            except OSError as exc:
-                raise ConfigError(
-                    f"logger.{name}.{key}={directory}: cannot create it or write in it "
-                    f"({exc.strerror or exc}): set it to a writable directory (by default the run "
-                    "directory, ${paths.output_dir}), or fix its permissions"
-                ) from None
+    for key, directory in logger_directories(loggers).items():
+        try:
+            make_writable_directory(directory)
+        except OSError as exc:
+            raise ConfigError(
+                f"{key}={directory}: cannot create it or write in it ({exc.strerror or exc}): set it to a "
+                "writable directory (by default the run directory, ${paths.output_dir}), or fix its "
+                "permissions"
+            ) from None
 
 
 def log_run_config(loggers: list[Any], resolved: dict[str, Any], manifest: dict[str, Any]) -> None:

@@ -32,7 +32,7 @@ from typing import TYPE_CHECKING, Any
 
 from omegaconf import DictConfig, OmegaConf
 
-from attnlab.io import atomic_write_bytes
+from attnlab.io import atomic_write_bytes, removing_new_directories
 from attnlab.runs.layout import RESULTS_FILE, RunDir, UnreadableRunFile, check_no_credentials
 from attnlab.runs.manifest import Manifest, data_identity, task_overrides
 from attnlab.training.allocator import configure_allocator
@@ -147,10 +147,12 @@ def train(cfg: DictConfig) -> dict[str, float]:
         ConfigError: before any heavy import, for a wrong config value.
     """
     plan = plan_run(cfg)
-    plan.run.check_writable()
-    from attnlab.runs.tracking import check_logger_directories  # imports lightning, as plan_run did
+    from attnlab.runs.tracking import check_logger_directories, logger_directories  # (lightning: loaded)
 
-    check_logger_directories(plan.resolved.get("logger") or {})
+    loggers = plan.resolved.get("logger") or {}
+    with removing_new_directories([plan.run.path, *logger_directories(loggers).values()]):
+        plan.run.check_writable()  # a refusal leaves none of the directories these two made
+        check_logger_directories(loggers)
     with plan.run.lock():  # a second process in this run directory is refused here
         return _run(plan)
 
