@@ -196,6 +196,41 @@ def test_mlflow_tags_or_experiment_name_of_the_wrong_kind_are_rejected_before_da
         assert not (tmp_path / "cache").exists() and not (tmp_path / "run").exists()
 
 
+@pytest.mark.parametrize("uri", ["htp://localhost:5000", "fiel:/tmp/mlruns", "localhost:5000", "s3://b/x"])
+def test_an_mlflow_tracking_uri_of_a_scheme_mlflow_has_no_store_for_is_refused_before_data_preparation(
+    uri: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A typo in `logger.mlflow.tracking_uri` (or `MLFLOW_TRACKING_URI`, which it falls back on) failed
+    with MLflow's UnsupportedModelRegistryStoreURIException once the data was prepared: refused when the
+    config is checked, naming the key, the scheme and the accepted forms (not the URI: it may hold a
+    password), leaving nothing behind."""
+    pytest.importorskip("mlflow", reason='needs the [loggers] extra: pip install -e ".[loggers]"')
+    accepted = (
+        "Use a local path or file:///abs/path, http://host:5000 or https://... (a tracking server), "
+        "databricks, or a database: sqlite:////abs/path/mlflow.db, postgresql://, mysql://, mssql://"
+    )
+    scheme = uri.split(":")[0]
+    for override, key in ((f"logger.mlflow.tracking_uri={uri}", "logger.mlflow.tracking_uri"),
+                          ("logger.mlflow.tracking_uri=null", "MLFLOW_TRACKING_URI")):  # fmt: skip
+        monkeypatch.setenv("MLFLOW_TRACKING_URI", uri)
+        with pytest.raises(ConfigError) as caught:
+            train(compose_train([*corpus_run(tmp_path), "logger=mlflow", override], tmp_path / "run"))
+        assert str(caught.value) == f"{key}: MLflow keeps no runs at a {scheme}: URI. {accepted}"
+        assert not (tmp_path / "cache").exists() and not (tmp_path / "run").exists()
+
+
+def test_every_tracking_uri_form_mlflow_accepts_passes_the_check(tmp_path: Path) -> None:
+    """Local paths (relative, absolute, a Windows drive's), file:, a server, Databricks and the databases
+    (with a driver too) pass, as MLflow's own registry of stores takes them."""
+    from attnlab.runs.tracking import check_tracking_uri
+
+    for uri in ("mlruns", str(tmp_path), "C:\\mlruns", "file:///tmp/mlruns", "http://localhost:5000",
+                "HTTPS://mlflow.example.org", "databricks", "databricks://profile", "databricks-uc", "uc",
+                "sqlite:////tmp/mlflow.db", "postgresql+psycopg2://user@host/db", "mysql://host/db",
+                "mssql+pyodbc://host/db"):  # fmt: skip
+        check_tracking_uri("logger.mlflow.tracking_uri", uri)
+
+
 def cli(module: str, *args: str, cwd: Path) -> subprocess.CompletedProcess:
     """`python -m <module> <args>` as a user runs it (without HYDRA_FULL_ERROR, which the tests set)."""
     env = {k: v for k, v in os.environ.items() if k != "HYDRA_FULL_ERROR"}

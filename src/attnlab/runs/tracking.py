@@ -20,8 +20,10 @@ Lightning sends the metrics history and the module's hyperparameters (`model`, `
 
 from __future__ import annotations
 
+import importlib.metadata
 import importlib.util
 import os
+import urllib.parse
 from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
@@ -48,6 +50,12 @@ INSTALL_HINT = 'pip install "attnlab[loggers]"'
 # The keys of a test set's results.json entry that go to the loggers.
 RESULT_KEYS = ("bleu", "chrf", "ter", "bleu_signature", "chrf_signature", "ter_signature", "sentences",
                "bleu_tok_compound")  # fmt: skip
+# The schemes of the tracking URIs MLflow keeps runs at (its tracking store registry): a local path has
+# none (nor has `databricks`, `databricks-uc` or `uc` alone), a database's may name its driver
+# (`postgresql+psycopg2:`); a plugin package adds its own (entry points of MLFLOW_STORE_PLUGINS).
+MLFLOW_SCHEMES = ("file", "http", "https", "databricks", "databricks-uc", "uc", "sqlite", "postgresql",
+                  "mysql", "mssql")  # fmt: skip
+MLFLOW_STORE_PLUGINS = "mlflow.tracking_store"
 
 
 def missing_packages(cls: type) -> list[str]:
@@ -117,8 +125,9 @@ class MLflowLogger(_LightningMLFlowLogger):
     @classmethod
     def check_config(cls, key: str, node: Mapping[str, Any]) -> None:
         """Refuse, when the config is checked, `tags` that are no mapping (`logger.mlflow.tags=foo` failed
-        with a bare ValueError from `dict("foo")` once the data was prepared) and an `experiment_name` that
-        is no text (`attnlab.training.experiment.check_constructor_keys` calls this).
+        with a bare ValueError from `dict("foo")` once the data was prepared), an `experiment_name` that
+        is no text and a `tracking_uri` (or `MLFLOW_TRACKING_URI`) MLflow keeps no runs at
+        (`check_tracking_uri`) (`attnlab.training.experiment.check_constructor_keys` calls this).
 
         Raises:
             ConfigError: Naming the key and the form it takes.
@@ -129,6 +138,11 @@ class MLflowLogger(_LightningMLFlowLogger):
         name = node.get("experiment_name", "attnlab")
         if not isinstance(name, str) or not name:
             raise ConfigError(f"{key}.experiment_name={name!r} must be a name (text), e.g. attnlab")
+        uri = node.get("tracking_uri")
+        if uri:
+            check_tracking_uri(f"{key}.tracking_uri", str(uri))
+        elif os.environ.get("MLFLOW_TRACKING_URI"):  # what the logger uses then
+            check_tracking_uri("MLFLOW_TRACKING_URI", os.environ["MLFLOW_TRACKING_URI"])
 
     @rank_zero_only
     def check_continued_run(self) -> None:
@@ -170,6 +184,27 @@ class MLflowLogger(_LightningMLFlowLogger):
             logged = self.experiment.get_run(self.run_id).data.params
             params = {k: v for k, v in flat.items() if k not in logged or logged[k] == str(v)[:250]}
         super().log_hyperparams(params)
+
+
+def check_tracking_uri(key: str, uri: str) -> None:
+    """Refuse an MLflow tracking URI whose scheme MLflow has no store for (`MLFLOW_SCHEMES`, and the
+    schemes of installed plugins): a typo (`htp://`, `fiel:`) or a host without one (`localhost:5000`)
+    failed only when training began, after the data was prepared.
+
+    Raises:
+        ConfigError: Naming `key`, the scheme and the forms MLflow accepts (not the URI, which may hold a
+            password).
+    """
+    scheme = urllib.parse.urlparse(uri).scheme.lower()
+    scheme = "" if len(scheme) == 1 else scheme.split("+", 1)[0]  # (`C:\\...`: a Windows drive's path)
+    plugins = sorted(entry.name for entry in importlib.metadata.entry_points(group=MLFLOW_STORE_PLUGINS))
+    if scheme and scheme not in (*MLFLOW_SCHEMES, *plugins):
+        also = f", or an installed plugin's ({', '.join(plugins)}:)" if plugins else ""
+        raise ConfigError(
+            f"{key}: MLflow keeps no runs at a {scheme}: URI. Use a local path or file:///abs/path, "
+            "http://host:5000 or https://... (a tracking server), databricks, or a database: "
+            f"sqlite:////abs/path/mlflow.db, postgresql://, mysql://, mssql://{also}"
+        )
 
 
 def result_summary(results: Mapping[str, Any]) -> dict[str, Any]:
