@@ -100,3 +100,57 @@ def test_credentials_by_other_spellings_or_in_hydra_s_own_node_are_refused(tmp_p
     with pytest.raises(SystemExit, match=r"^attnlab-train: config error: hydra\.job\.env_set\.HF_TOKEN wo"):
         RunDirectoryCheck._check(cfg, tmp_path / "run")
     assert not (tmp_path / "run").exists()
+
+
+def test_a_url_whose_user_name_is_a_token_is_refused_and_a_plain_user_name_is_not() -> None:
+    """`https://<token>@host` (a GitHub or Hugging Face token, a W&B key as the user name, as git and
+    HTTP clients take them) passed the check, which looked for `user:password@` only: refused, naming the
+    key; a URL with a plain user name (`alice`, `git`, `service-account-12345`) is no credential."""
+    from attnlab.runs.layout import check_no_credentials
+    from attnlab.typed import ConfigError
+
+    tokens = [SECRETS["GITHUB_TOKEN"], SECRETS["HF_TOKEN"], "0123456789abcdef0123456789abcdef01234567",
+              "glpat-Abc", "github_pat_11ABC"]  # fmt: skip
+    for token in tokens:
+        with pytest.raises(
+            ConfigError, match=r"^data\.url would put a credential \(a key, token or password\)"
+        ):
+            check_no_credentials({"data": {"url": f"https://{token}@example.com/corpus.tgz"}})
+    for user in ("alice", "john.doe", "git", "service-account-12345", "hf-mirror", "AKIA"):
+        check_no_credentials({"data": {"url": f"https://{user}@example.com/x", "git": f"ssh://{user}@h/r"}})
+
+
+def test_an_optuna_storage_password_is_refused_naming_oc_env_which_passes(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A password in `hydra.sweeper.storage` (Optuna's database URL) was refused with a message naming
+    only W&B, MLflow and Hugging Face variables, and `${oc.env:VAR}` in its place was refused too: the
+    message names `${oc.env:VAR}`, which passes, since .hydra/ records Hydra's node as written; the study
+    gets the password. Elsewhere an interpolated password is still refused (config.yaml holds it
+    resolved)."""
+    from omegaconf import OmegaConf
+
+    from attnlab.cli.app import RunDirectoryCheck
+    from attnlab.runs.layout import check_no_credentials
+    from attnlab.typed import ConfigError
+    from helpers import compose_train
+
+    monkeypatch.setenv("OPTUNA_DB_PASSWORD", "PlantedOptunaPassword")
+    storage = "hydra.sweeper.storage='postgresql://optuna:{}@db.example.com/optuna'"
+    cfg = compose_train(["data=synthetic", "hparams_search=optuna", storage.format("PlantedOptunaPassword")],
+                        tmp_path, hydra_node=True)  # fmt: skip
+    with pytest.raises(SystemExit) as caught:
+        RunDirectoryCheck._check(cfg, tmp_path / "sweep")
+    assert str(caught.value).startswith("attnlab-train: config error: hydra.sweeper.storage would put a")
+    assert str(caught.value).endswith(
+        "; in Hydra's own settings, which .hydra/ records as written, give a URL's secret as ${oc.env:VAR}: "
+        "hydra.sweeper.storage='postgresql://user:${oc.env:OPTUNA_DB_PASSWORD}@host/db' (an Optuna storage)"
+    )
+    assert "PlantedOptunaPassword" not in str(caught.value) and not (tmp_path / "sweep").exists()
+    interpolated = storage.format("${oc.env:OPTUNA_DB_PASSWORD}")
+    cfg = compose_train(["data=synthetic", "hparams_search=optuna", interpolated], tmp_path, hydra_node=True)
+    RunDirectoryCheck._check(cfg, tmp_path / "sweep")
+    assert cfg.hydra.sweeper.storage == "postgresql://optuna:PlantedOptunaPassword@db.example.com/optuna"
+    assert "PlantedOptunaPassword" not in OmegaConf.to_yaml(cfg.hydra)  # what .hydra/hydra.yaml holds
+    with pytest.raises(ConfigError, match=r"^logger\.x\.uri would put a credential"):
+        check_no_credentials({"logger": {"x": {"uri": "https://me:${oc.env:PASSWORD}@host"}}})

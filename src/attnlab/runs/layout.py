@@ -117,7 +117,8 @@ def setting_overrides(overrides: Sequence[str]) -> list[str]:
 
 # What must not be in a run's config, which a run writes into config.yaml, manifest.json (its command),
 # Hydra's .hydra/ and every logger (W&B uploads it with `wandb sync`): a value of a key named like a
-# credential (its last part, any case), and a URL with a password (`https://user:password@host`)
+# credential (its last part, any case), a URL with a password (`https://user:password@host`) and one whose
+# user name is a token (`https://ghp_...@host`: `token_like`)
 CREDENTIAL_KEYS = frozenset({
     "api_key", "apikey", "api_token", "access_token", "auth_token", "hf_token", "token", "password",
     "passwd", "secret", "secret_key",
@@ -131,6 +132,14 @@ SPECIAL_TOKENS = frozenset({
     "pad", "bos", "eos", "unk", "sep", "cls", "mask", "sos", "start", "end", "special",
 })  # fmt: skip
 URL_WITH_PASSWORD = re.compile(r"[A-Za-z][A-Za-z0-9+.-]*://[^/\s:@]*:[^/\s@]+@")
+URL_USER = re.compile(r"[A-Za-z][A-Za-z0-9+.-]*://([^/\s:@]+)@")  # a user name alone (`https://me@host`)
+# How tokens begin (GitHub, GitLab, Hugging Face, Slack, PyPI, npm, OpenAI's and Anthropic's project keys);
+# other tokens are long random runs of letters and digits (`token_like`)
+TOKEN_PREFIXES = ("ghp_", "gho_", "ghu_", "ghs_", "ghr_", "github_pat_", "glpat-", "hf_", "xoxb-", "xoxp-",
+                  "xoxa-", "xoxr-", "pypi-", "npm_", "sk-proj-", "sk-ant-")  # fmt: skip
+LONG_RANDOM_RUN = re.compile(r"(?=[A-Za-z0-9]*[0-9])(?=[A-Za-z0-9]*[A-Za-z])[A-Za-z0-9]{20,}")
+# An interpolation as written (`${oc.env:DB_PASSWORD}`): no secret itself (Hydra's .hydra/ records it so)
+INTERPOLATION = re.compile(r"\$\{[^${}]*\}")
 
 
 def credential_key(key: str) -> bool:
@@ -142,6 +151,25 @@ def credential_key(key: str) -> bool:
         return True
     special = words[-1:] == ["token"] and len(words) > 1 and words[-2] in SPECIAL_TOKENS
     return bool(words) and words[-1] in CREDENTIAL_WORDS and not special
+
+
+def token_like(name: str) -> bool:
+    """Whether a URL's user name `name` is a token: it begins as one (`TOKEN_PREFIXES`) or holds a run of
+    20 or more letters and digits, both (`LONG_RANDOM_RUN`: a W&B key, an AWS key id); a user name
+    (`alice`, `john.doe`, `service-account-12345`) is not."""
+    return name.startswith(TOKEN_PREFIXES) or LONG_RANDOM_RUN.search(name) is not None
+
+
+def holds_credential_url(value: Any, *, recorded_as_written: bool = False) -> bool:
+    """Whether `value` (as JSON text) holds a URL with a password, or a user name that is a token
+    (`token_like`). When the value is `recorded_as_written` (Hydra's own node, which .hydra/ records
+    unresolved), an interpolation (`user:${oc.env:PASSWORD}@`) is no secret; elsewhere the run records it
+    resolved."""
+    text = json.dumps(value, default=str)
+    text = INTERPOLATION.sub("", text) if recorded_as_written else text
+    return URL_WITH_PASSWORD.search(text) is not None or any(
+        token_like(user) for user in URL_USER.findall(text)
+    )
 
 
 def _leaves(tree: Any, key: str = "") -> Iterator[tuple[str, Any]]:
@@ -160,7 +188,10 @@ def _leaves(tree: Any, key: str = "") -> Iterator[tuple[str, Any]]:
 def check_no_credentials(config: Mapping[str, Any]) -> None:
     """Refuse a config (nested or flattened plain values, lists looked into; interpolations as written or
     resolved) that holds a credential: a key named like one (`credential_key`), or a URL with a password
-    (`URL_WITH_PASSWORD`). Its keys are named, never its values (the message is printed and logged).
+    or a token for its user name (`holds_credential_url`). Its keys are named, never its values (the
+    message is printed and logged). Hydra's own node is recorded as written: there a URL's password may be
+    an interpolation (`hydra.sweeper.storage='postgresql://me:${oc.env:DB_PASSWORD}@host/db'`), which the
+    message names when a key under `hydra.` is refused.
 
     Raises:
         ConfigError: Naming the keys and the environment variables to give credentials through instead.
@@ -168,8 +199,12 @@ def check_no_credentials(config: Mapping[str, Any]) -> None:
     keys = list(dict.fromkeys(
         key for key, value in _leaves(dict(config))
         if (credential_key(key) and value not in (None, ""))
-        or URL_WITH_PASSWORD.search(json.dumps(value, default=str))
+        or holds_credential_url(value, recorded_as_written=key.startswith("hydra."))
     ))  # fmt: skip
+    hydra = (
+        "; in Hydra's own settings, which .hydra/ records as written, give a URL's secret as ${oc.env:VAR}: "
+        "hydra.sweeper.storage='postgresql://user:${oc.env:OPTUNA_DB_PASSWORD}@host/db' (an Optuna storage)"
+    )
     if keys:
         raise ConfigError(
             f"{', '.join(keys)} would put a credential (a key, token or password) into the run's files: its "
@@ -177,6 +212,7 @@ def check_no_credentials(config: Mapping[str, Any]) -> None:
             "it and give credentials through the environment, which no run file records: WANDB_API_KEY "
             "(W&B), MLFLOW_TRACKING_USERNAME and MLFLOW_TRACKING_PASSWORD or MLFLOW_TRACKING_TOKEN (an "
             "MLflow server, its tracking_uri without user:password@), HF_TOKEN (the Hugging Face hub)"
+            f"{hydra if any(key.startswith('hydra.') for key in keys) else ''}"
         )
 
 
