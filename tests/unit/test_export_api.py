@@ -345,6 +345,27 @@ def test_an_out_that_cannot_be_written_is_refused_naming_it_and_the_fix(tmp_path
     assert (tmp_path / "file").read_text() == "mine"
 
 
+def test_an_out_that_is_a_symbolic_link_is_written_through_and_the_link_kept(tmp_path: Path) -> None:
+    """`out` a link to a directory (an earlier export on a larger disk, `latest -> v1`): overwrite=true
+    replaced the link by a directory beside it, and the earlier export stayed, stale, where the link had
+    pointed. The export replaces the link's target (without overwrite, an empty one), and the link stays."""
+    joint = SubwordTokenizer.train(GERMAN + ENGLISH, model="bpe", vocab_size=80)
+    ours = random_translator(joint, joint, tie="all")
+    (tmp_path / "store").mkdir()
+    target = export(ours, "hf", tmp_path / "store" / "v1")
+    (target / "stale.txt").write_text("from the earlier export")
+    (tmp_path / "latest").symlink_to(target)
+    assert export(ours, "hf", tmp_path / "latest", overwrite=True) == tmp_path / "latest"
+    assert (tmp_path / "latest").is_symlink() and (tmp_path / "latest").resolve() == target
+    assert (target / "tokenizer.json").is_file() and not (target / "stale.txt").exists()
+    (tmp_path / "store" / "empty").mkdir()
+    (tmp_path / "new").symlink_to(tmp_path / "store" / "empty")
+    export(ours, "hf", tmp_path / "new")
+    assert (tmp_path / "new").is_symlink() and (tmp_path / "store" / "empty" / "tokenizer.json").is_file()
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["latest", "new", "store"]  # nothing left beside
+    assert sorted(p.name for p in (tmp_path / "store").iterdir()) == ["empty", "v1"]
+
+
 def test_an_interrupted_overwrite_puts_the_earlier_export_back(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:

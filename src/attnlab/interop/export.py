@@ -22,7 +22,8 @@ longer ones, which attnlab decodes up to `attnlab.decoding.search.MAX_OUTPUT_TOK
 
 `export` writes into a fresh hidden directory beside `out` and renames it into place once complete, so a
 failed export leaves nothing half-written, and an existing non-empty `out` is replaced only with
-`overwrite=True` (after the new export is complete).
+`overwrite=True` (after the new export is complete). A symbolic link `out` is written through: the
+directory it points to is replaced, and the link stays.
 """
 
 from __future__ import annotations
@@ -99,7 +100,9 @@ def carried_decoding(decode: DecodeConfig, vocab_size: int) -> tuple[dict[str, A
 
 
 def check_request(fmt: str, quantization: str, out: str | Path, overwrite: bool) -> Path:
-    """The output directory of a valid request, checked before anything is loaded.
+    """The directory a valid request writes, checked before anything is loaded: `out`, or where `out`
+    points when it is a symbolic link (the export is written through the link, which stays: a link to a
+    directory on a larger disk keeps its export there, and the link's target meets the rules below).
 
     Raises:
         ExportError: An unknown format or quantization, quantization with `format=hf`, an `out` that is a
@@ -119,6 +122,7 @@ def check_request(fmt: str, quantization: str, out: str | Path, overwrite: bool)
     if path.is_symlink() and not path.exists():  # the finished export could not be renamed onto it
         raise ExportError(f"out={out} is a symbolic link to {os.readlink(path)}, which does not exist: name "
                           "a directory to export into (or create the link's target)")  # fmt: skip
+    path = path.resolve() if path.is_symlink() else path  # written through, the link kept
     if path.exists() and not path.is_dir():
         raise ExportError(f"out={out} is a file: name a directory to export into")
     if path.is_dir() and any(path.iterdir()):
@@ -157,8 +161,9 @@ def require_packages(fmt: str) -> None:
 def export(translator: Translator, fmt: str, out: str | Path, quantization: str = "none",
            overwrite: bool = False) -> Path:  # fmt: skip
     """Export the translator's model, tokenizers and decoding settings to `out` (see the module
-    docstring); returns `out`. What of the decoding settings the format cannot carry
-    (`carried_decoding`) is logged as a warning and listed in `attnlab_export.json` (`not_carried`).
+    docstring); returns `out`. A symbolic link `out` stays: the export replaces the directory it points to
+    (`check_request`). What of the decoding settings the format cannot carry (`carried_decoding`) is
+    logged as a warning and listed in `attnlab_export.json` (`not_carried`).
 
     Raises:
         ExportError: A bad request (`check_request`), or a model or tokenizer the format cannot express.
@@ -183,7 +188,7 @@ def export(translator: Translator, fmt: str, out: str | Path, quantization: str 
         shutil.rmtree(staging, ignore_errors=True)
     for sentence in lost:
         log.warning("format=%s does not carry %s", fmt, sentence)
-    return path
+    return Path(out).expanduser()
 
 
 def _move_into_place(staging: Path, path: Path) -> None:
