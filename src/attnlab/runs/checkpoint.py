@@ -143,8 +143,8 @@ def read_checkpoint(path: str | Path, map_location: Any = "cpu", *, mmap: bool =
             f"{path} has attnlab checkpoint format {bundle.get('format')!r}; this version reads "
             f"format {BUNDLE_FORMAT}"
         )
-    _refuse_deep_nesting(checkpoint, path)
-    _refuse_class_names(checkpoint, path)
+    _refuse_data_class(bundle, path)
+    _refuse_unsafe_data(checkpoint, path)
     return checkpoint
 
 
@@ -157,13 +157,16 @@ MAX_NESTING = 64
 MAX_CONTAINERS = 1_000_000
 
 
-def _refuse_deep_nesting(checkpoint: dict[str, Any], path: Path) -> None:
-    """Refuse a checkpoint whose dicts, lists and tuples nest deeper than `MAX_NESTING`, or that a walk
-    through meets more than `MAX_CONTAINERS` times (walked without recursion)."""
-    stack: list[tuple[Any, int]] = [(checkpoint, 0)]
-    met = 0
+def _refuse_unsafe_data(checkpoint: dict[str, Any], path: Path) -> None:
+    """Refuse a checkpoint whose dicts, lists and tuples nest deeper than `MAX_NESTING` or that a walk
+    through meets more than `MAX_CONTAINERS` times, or whose `hyper_parameters` or `attnlab` entry names a
+    class (a `CLASS_KEYS` key, but `attnlab.data._target_`: `_refuse_data_class`). One walk, without
+    recursion; a class is named only once the whole walk passed (its value is then safe to print)."""
+    scoped = ("hyper_parameters", BUNDLE_KEY)  # the entries in which a key may name a class
+    stack: list[tuple[Any, int, str | None]] = [(checkpoint, 0, None)]
+    met, named = 0, None
     while stack:
-        value, depth = stack.pop()
+        value, depth, where = stack.pop()
         met += 1
         if depth > MAX_NESTING or met > MAX_CONTAINERS:
             what = f"nested more than {MAX_NESTING} levels deep" if depth > MAX_NESTING else (
@@ -173,8 +176,18 @@ def _refuse_deep_nesting(checkpoint: dict[str, Any], path: Path) -> None:
                 f"{path} holds data {what}, which no checkpoint written by attnlab-train holds: the file "
                 "is damaged or not attnlab's; use another checkpoint"
             )
-        items = value.values() if isinstance(value, dict) else value
-        stack.extend((item, depth + 1) for item in items if isinstance(item, (dict, list, tuple)))
+        mapping = isinstance(value, dict)
+        for key, item in value.items() if mapping else enumerate(value):
+            if where is None:  # outside hyper_parameters and the attnlab entry: no class key looked for
+                at = key if depth == 0 and key in scoped else None
+            else:
+                at = f"{where}.{key}" if mapping else f"{where}[{key}]"
+                if named is None and mapping and key in CLASS_KEYS and at != f"{BUNDLE_KEY}.data._target_":
+                    named = (at, item)
+            if isinstance(item, (dict, list, tuple)):
+                stack.append((item, depth + 1, at))
+    if named is not None:
+        raise _refused_class(path, *named)
 
 
 def _load_error(path: Path, exc: Exception) -> CheckpointError:
@@ -222,24 +235,6 @@ def _pickled_global(path: Path) -> str | None:
     return None
 
 
-def _class_key(value: Any, where: str) -> tuple[str, Any] | None:
-    """The first `CLASS_KEYS` entry in the plain data `value` (nested dicts and lists included), as
-    (its location, what it names)."""
-    if isinstance(value, dict):
-        for key, item in value.items():
-            if key in CLASS_KEYS:
-                return f"{where}.{key}", item
-            found = _class_key(item, f"{where}.{key}")
-            if found:
-                return found
-    elif isinstance(value, (list, tuple)):
-        for i, item in enumerate(value):
-            found = _class_key(item, f"{where}[{i}]")
-            if found:
-                return found
-    return None
-
-
 def _refused_class(path: str | Path, where: str, name: Any) -> CheckpointError:
     return CheckpointError(
         f"{path} names a class attnlab does not build ({where}={name!r}) and was not loaded: from a "
@@ -248,23 +243,15 @@ def _refused_class(path: str | Path, where: str, name: Any) -> CheckpointError:
     )
 
 
-def _refuse_class_names(checkpoint: dict[str, Any], path: str | Path) -> None:
-    """Refuse a checkpoint whose plain data names any class but a data spec of `DATA_SPECS` (as the
-    `_target_` of `attnlab.data`)."""
-    bundle = checkpoint[BUNDLE_KEY]
+def _refuse_data_class(bundle: dict[str, Any], path: str | Path) -> None:
+    """Refuse an `attnlab.data` entry that is no dict, or names a class but a data spec of `DATA_SPECS`
+    (as its `_target_`)."""
     data = bundle.get("data")
     if data is not None:
         if not isinstance(data, dict):
             raise CheckpointError(f"{path} has a {type(data).__name__} as attnlab.data, not the dict of "
                                   "data settings attnlab-train writes")  # fmt: skip
         _data_class(data, path)
-    plain = {
-        "hyper_parameters": checkpoint["hyper_parameters"],
-        BUNDLE_KEY: {**bundle, "data": {k: v for k, v in (data or {}).items() if k != "_target_"}},
-    }
-    found = _class_key(plain, "")
-    if found:
-        raise _refused_class(path, found[0].lstrip("."), found[1])
 
 
 def _data_class(data: dict[str, Any], path: str | Path) -> type:
