@@ -3,6 +3,7 @@ line layout and the JSON Lines object."""
 
 from __future__ import annotations
 
+import io
 import json
 import math
 from pathlib import Path
@@ -38,6 +39,23 @@ def test_fairseq_lines_follow_fairseq_generate() -> None:
     soft = nbest_text(example([[0.75, 0.25, 0.0], [0.1, 0.8, 0.1], [0.0, 0.0, 1.0]]), "fairseq")
     assert "A-3\t0.750000,0.250000,0.000000 0.100000,0.800000,0.100000 0.000000,0.000000,1.000000" in soft
     assert nbest_text(NBest(0, "", [], []), "fairseq") == "S-0\t\n"  # no source tokens: no hypotheses
+
+
+def test_fairseq_lines_stay_one_line_each_whatever_breaks_the_source_and_reference_hold() -> None:
+    """A raw source or reference line may hold a lone "\\r", U+0085, U+2028 or U+2029 (attnlab splits
+    lines at "\\n" only): written as spaces, so that readers splitting on universal newlines (Python's
+    text files) or on Unicode line boundaries (`str.splitlines`) read the lines fairseq-generate would."""
+    listed = example([(0, 0), (1, 1)])
+    broken = NBest(3, "Ein\rHund\u2028und\x85eine\u2029Katze.", listed.source_tokens, listed.hypotheses,
+                   reference="A\rdog\u2028.")  # fmt: skip
+    text = nbest_text(broken, "fairseq")
+    expected = nbest_text(NBest(3, "Ein Hund und eine Katze.", listed.source_tokens, listed.hypotheses,
+                                reference="A dog ."), "fairseq")  # fmt: skip
+    assert text == expected
+    assert io.StringIO(text, newline=None).readlines() == [f"{line}\n" for line in text.split("\n")[:-1]]
+    assert len(text.splitlines()) == text.count("\n") == 9
+    record = json.loads(nbest_text(broken, "jsonl"))  # JSON Lines: kept as they are, escaped
+    assert (record["source"], record["reference"]) == (broken.source, broken.reference)
 
 
 def test_json_lines_hold_one_object_per_sentence() -> None:

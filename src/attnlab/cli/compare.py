@@ -16,6 +16,7 @@ import sys
 from collections.abc import Sequence
 from pathlib import Path
 
+from attnlab.data.text import one_line
 from attnlab.io import atomic_write_bytes
 from attnlab.reports.compare import (
     UNREADABLE,
@@ -23,7 +24,6 @@ from attnlab.reports.compare import (
     load_runs,
     main_metric,
     markdown_text,
-    one_line,
     render,
     run_dir_of,
     summarize,

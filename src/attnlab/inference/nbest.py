@@ -21,6 +21,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
+from attnlab.data.text import one_line
 from attnlab.data.tokenizer import EOS_ID
 
 if TYPE_CHECKING:
@@ -148,7 +149,10 @@ def nbest_text(nbest: NBest, nbest_format: str) -> str:
       known), then per hypothesis best first `H-i` its normalized score and pieces without eos, `D-i` the
       same normalized score and the detokenized text, `P-i` each token's log-probability (eos included),
       and with an alignment `A-i` (hard: `source-output` pairs; soft: per token its weights joined by
-      commas). Scores there are in base 2, as fairseq prints them (JSON Lines: natural log).
+      commas). Scores there are in base 2, as fairseq prints them (JSON Lines: natural log). A line
+      break inside a line's text (a raw source or reference may hold a lone "\\r", U+0085, U+2028 or
+      U+2029) is written as a space (`attnlab.data.text.one_line`), so that each of these lines stays one
+      line for readers that split on universal newlines (JSON Lines escapes them).
     """
     if nbest_format == "jsonl":
         return json.dumps(nbest.to_json(), ensure_ascii=False) + "\n"
@@ -168,4 +172,4 @@ def nbest_text(nbest: NBest, nbest_format: str) -> str:
                 for a in h.alignment
             )
             lines.append(f"A-{i}\t" + " ".join(cells))
-    return "".join(f"{line}\n" for line in lines)
+    return "".join(f"{one_line(line)}\n" for line in lines)

@@ -35,6 +35,7 @@ from datetime import datetime
 from pathlib import Path
 from typing import Any
 
+from attnlab.data.text import one_line
 from attnlab.io import FileLock
 from attnlab.reports.stats import Stat, stat
 from attnlab.runs.layout import (
@@ -573,12 +574,6 @@ LATEX_ESCAPES = {
 # escapes (`\\`), written escaped in the Markdown report; and the `](` of an inline link or image
 # (`![x](https://host/pixel.png)`, an <img> fetched from that host when the report is shown), its `(` escaped
 MARKDOWN_ESCAPES = {"\\": "\\\\", "|": "\\|", "<": "\\<"}
-
-
-def one_line(text: str) -> str:
-    """`text` with its line breaks as spaces: a line break in a run's path, error or config value would end
-    a table row, a list item or a LaTeX comment, and what follows it would be read as Markdown or LaTeX."""
-    return " ".join(text.splitlines())
 
 
 def shell_word(text: str) -> str:
