@@ -58,14 +58,15 @@ def test_monitor_resolves_to_val_bleu_checked_on_decoding_epochs(text_run: dict[
     assert [p.name.split("-step")[0] for p in best] == [f"best-epoch{first_best:03d}"]
 
 
-def greedy_validation(text_run: dict[str, Any]) -> tuple[TranslationModule, Any, list[str]]:
-    """The run's last.ckpt, its datamodule (set up) and the greedy decodes of its validation set, in order."""
+def greedy_validation(text_run: dict[str, Any], beam: int = 1) -> tuple[TranslationModule, Any, list[str]]:
+    """The run's last.ckpt, its datamodule (set up) and the greedy decodes of its validation set, in order
+    (with `beam` > 1: its beam-search decodes)."""
     module = TranslationModule.load_from_checkpoint(text_run["dir"] / "checkpoints" / "last.ckpt").eval()
     datamodule = validate(text_run["cfg"]).data.datamodule()
     datamodule.setup()
     outputs = {}
     for batch in datamodule.val_dataloader():
-        outputs.update(zip(batch["index"].tolist(), module.translate(batch["src"], beam=1), strict=True))
+        outputs.update(zip(batch["index"].tolist(), module.translate(batch["src"], beam=beam), strict=True))
     return module, datamodule, [datamodule.tgt_tokenizer.decode(outputs[i]) for i in range(len(outputs))]
 
 
@@ -116,6 +117,29 @@ def test_validation_bleu_with_val_subset_scores_the_first_sentences_only(text_ru
     assert logged[n]["val/chrf"] == pytest.approx(corpus_chrf(hypotheses[:n], refs[:n]).score, abs=1e-4)
     assert logged[None]["val/bleu"] == pytest.approx(bleu[len(refs)], abs=1e-4)
     assert logged[n]["val/loss"] == logged[None]["val/loss"]
+
+
+def test_validation_decodes_with_val_beam(text_run: dict[str, Any]) -> None:
+    """`decode.val_beam` is the beam of the validation decodes: a validation pass with val_beam=4 logs
+    the BLEU of beam 4's decodes, not greedy's. The model's greedy and beam-4 decodes of its validation set
+    differ (asserted: otherwise an ignored val_beam would log the same score)."""
+    import dataclasses
+
+    import lightning as L
+
+    module, datamodule, greedy = greedy_validation(text_run)
+    beamed = greedy_validation(text_run, beam=4)[2]
+    refs = datamodule.references["val"]
+    bleu = {1: corpus_bleu(greedy, refs).score, 4: corpus_bleu(beamed, refs).score}
+    assert bleu[1] != bleu[4], "greedy and beam 4 decode the validation set alike: choose other sentences"
+    trainer = L.Trainer(
+        accelerator="cpu", logger=False, enable_checkpointing=False, enable_progress_bar=False,
+        enable_model_summary=False,
+    )  # fmt: skip
+    for val_beam in (4, 1):
+        module.decode_config = dataclasses.replace(module.decode_config, val_beam=val_beam, every_n_epochs=1)
+        (logged,) = trainer.validate(module, datamodule=datamodule, verbose=False)
+        assert logged["val/bleu"] == pytest.approx(bleu[val_beam], abs=1e-4), val_beam
 
 
 def test_results_json_scores_every_test_set_from_the_averaged_checkpoints(text_run: dict[str, Any]) -> None:
