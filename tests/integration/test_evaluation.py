@@ -341,6 +341,35 @@ def test_attnlab_translate_reads_a_file_and_writes_in_input_order(
     assert_translates(lines(tmp_path / "out.en"), references(text_run, "test"))  # in input order
 
 
+def test_attnlab_translate_removes_invisible_characters_its_tokenizer_reads_as_unk(
+    text_run: dict[str, Any], tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    """A byte-order mark opening a line inside the input (files joined with `cat`) or a zero-width
+    character inside a word is removed before translating, with a warning naming the lines: read as <unk>,
+    it made the model translate the line wrongly. Characters the tokenizer knows are kept."""
+    from attnlab.cli.translate import InvisibleFilter
+    from attnlab.data.tokenizer import SubwordTokenizer
+
+    clean = lines(text_run["corpus"] / "test.de")[:4]
+    dirty = [clean[0], clean[1][:9] + "\u200b" + clean[1][9:], "\ufeff" + clean[2], clean[3] + "\u2060"]
+    last = text_run["dir"] / "checkpoints" / "last.ckpt"
+    greedy = Translator.from_checkpoints([last], decode_overrides={"beam": 1})
+    assert greedy.translate(dirty)[1:3] != greedy.translate(clean)[1:3]  # <unk> changes the translations
+    (tmp_path / "in.de").write_bytes(("\n".join(dirty) + "\n").encode())
+    translate_main([f"ckpt_path={last}", f"input={tmp_path / 'in.de'}", f"output={tmp_path / 'out.en'}",
+                    "decode.beam=1"])  # fmt: skip
+    assert lines(tmp_path / "out.en") == greedy.translate(clean)
+    (warned,) = [r.getMessage() for r in caplog.records if "invisible" in r.getMessage()]
+    assert warned == (
+        "removed invisible formatting characters the model's tokenizer does not know (U+200B zero-width "
+        "space, U+2060 word joiner, U+FEFF byte-order mark) from 3 input line(s), line 2, 3, 4: they would "
+        "have been read as <unk>"
+    )
+    persian = SubwordTokenizer.train(["می\u200cخواهم", "نمی\u200cدانم"] * 5, model="bpe", vocab_size=40)
+    kept = InvisibleFilter(persian)
+    assert list(kept(["می\u200cخواهم\u200b"])) == ["می\u200cخواهم"] and kept.found == {"\u200b"}
+
+
 def test_attnlab_translate_command_streams_stdin_to_stdout(text_run: dict[str, Any]) -> None:
     """Translations alone on standard output, log messages on standard error: a last source longer than
     the checkpoint's source limit is cut, with a warning that must not land among the translations."""

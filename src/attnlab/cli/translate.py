@@ -3,7 +3,12 @@ r"""`attnlab-translate`: translate text with a trained checkpoint, streaming.
 Reads one sentence per line from stdin (or `input=FILE`) and writes one translation per line to stdout
 (or `output=FILE`) in input order: exactly one output line per input line. An empty or whitespace-only
 line (no source tokens) translates to an empty line. A line ends at "\n" only (a "\r" just before it is
-dropped; a UTF-8 byte-order mark opening a file is ignored). A source longer than
+dropped; a UTF-8 byte-order mark opening a file is ignored). Invisible formatting characters inside the
+input, a byte-order mark (files joined with `cat`) or U+200B-U+200D, U+2060 (zero-width space,
+non-joiner, joiner, word joiner), are removed where the model's source tokenizer has no piece for them
+(it would read each as <unk>, and translate the words around it wrongly), with a warning naming the
+lines; a tokenizer trained on text that holds them (a zero-width non-joiner in Persian) keeps them. Only
+here: tokenizers, training data and `Translator` read text as it is. A source longer than
 `decode.max_source_tokens` (default: the training filter's `data.max_source_tokens`) or than a learned
 position table allows is cut to fit, keeping eos, with a warning counting them. Lines are read
 `chunk_lines` at a time, each chunk decoded in length-sorted batches, so memory stays bounded on inputs
@@ -48,6 +53,7 @@ import codecs
 import contextlib
 import logging
 import os
+import re
 import sys
 from collections.abc import Iterable, Iterator, Sequence
 from pathlib import Path
@@ -61,6 +67,7 @@ from attnlab.io import atomic_writer, written_in_place
 from attnlab.training.allocator import configure_allocator
 
 if TYPE_CHECKING:
+    from attnlab.data.tokenizer import SubwordTokenizer
     from attnlab.inference.translator import Translator
 
 DEFAULTS: dict[str, Any] = {
@@ -77,6 +84,11 @@ DEFAULTS: dict[str, Any] = {
 
 
 CHUNK_LINES = 2048  # lines read and decoded at a time from a file or a pipe
+# Invisible formatting characters (Unicode category Cf) that text carries unseen: a byte-order mark inside
+# the input (files joined with `cat`), zero-width space, non-joiner and joiner, word joiner
+INVISIBLE = {"\ufeff": "byte-order mark", "\u200b": "zero-width space", "\u200c": "zero-width non-joiner",
+             "\u200d": "zero-width joiner", "\u2060": "word joiner"}  # fmt: skip
+SHOWN_LINES = 10  # line numbers a warning names
 VERBATIM = ("ckpt_path", "input", "output")  # keys whose values are file names, never parsed
 
 
@@ -128,6 +140,44 @@ def utf8_lines(stream: IO[bytes] | IO[str], name: str) -> Iterator[str]:
             ) from None
 
 
+class InvisibleFilter:
+    """Removes `INVISIBLE` characters that `tokenizer` has no piece for (it encodes them as <unk>) from
+    the lines passed through it (`__call__`), and records the numbers of the lines they were removed from
+    (`lines`, from 1) and which they were (`found`); `warning` says so."""
+
+    def __init__(self, tokenizer: SubwordTokenizer) -> None:
+        from attnlab.data.tokenizer import UNK_ID
+
+        unknown = "".join(c for c in INVISIBLE if UNK_ID in tokenizer.encode(c))
+        self.pattern = re.compile(f"[{unknown}]") if unknown else None
+        self.lines: list[int] = []
+        self.found: set[str] = set()
+
+    def __call__(self, lines: Iterable[str]) -> Iterator[str]:
+        if self.pattern is None:
+            yield from lines
+            return
+        for number, line in enumerate(lines, start=1):
+            found = self.pattern.findall(line)
+            if found:
+                self.lines.append(number)
+                self.found.update(found)
+                line = self.pattern.sub("", line)
+            yield line
+
+    def warning(self) -> str | None:
+        """What was removed, on which lines (the first `SHOWN_LINES`); None when nothing was."""
+        if not self.lines:
+            return None
+        names = ", ".join(f"U+{ord(c):04X} {INVISIBLE[c]}" for c in sorted(self.found))
+        shown = ", ".join(map(str, self.lines[:SHOWN_LINES]))
+        more = f" and {len(self.lines) - SHOWN_LINES} more" if len(self.lines) > SHOWN_LINES else ""
+        return (
+            f"removed invisible formatting characters the model's tokenizer does not know ({names}) from "
+            f"{len(self.lines)} input line(s), line {shown}{more}: they would have been read as <unk>"
+        )
+
+
 def chunk_size(settings: dict[str, Any]) -> int:
     """The lines read at a time: `chunk_lines` when given, else 1 for input typed at a terminal (standard
     input a TTY: each line is translated as it is entered) and `CHUNK_LINES` for a file or a pipe."""
@@ -164,10 +214,12 @@ def load_translator(settings: dict[str, Any]) -> tuple[Translator, list[Path]]:
 def translate_stream(translator: Translator, source: Iterable[str], sink: IO[str], chunk_lines: int) -> int:
     """Translate every line of `source` into `sink` (flushed per chunk): a line each, or with
     `decode.nbest` / `decode.print_alignment` each line's n-best list in `decode.nbest_format`; returns
-    the line count."""
+    the line count. Invisible characters the source tokenizer does not know are removed first
+    (`InvisibleFilter`, with a warning)."""
     from attnlab.inference.nbest import nbest_text
 
-    decode = translator.decode
+    decode, invisible = translator.decode, InvisibleFilter(translator.src_tokenizer)
+    source = invisible(source)
     if decode.writes_nbest:
         records = (nbest_text(n, decode.nbest_format) for n in translator.stream_nbest(source, chunk_lines))
     else:
@@ -178,6 +230,8 @@ def translate_stream(translator: Translator, source: Iterable[str], sink: IO[str
         if count % chunk_lines == 0:
             sink.flush()
     sink.flush()
+    if invisible.warning():
+        logging.getLogger(__name__).warning("%s", invisible.warning())
     if translator.truncated:
         logging.getLogger(__name__).warning(
             "%d sources were cut to %s", translator.truncated, translator.source_limit()[1]
