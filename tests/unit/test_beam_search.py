@@ -361,6 +361,37 @@ def test_a_beam_whose_first_step_cannot_fit_in_memory_is_refused_before_it_alloc
     assert len(beam_search(model, src, beam=2, max_len_b=2)) == 2
 
 
+def test_a_beam_whose_growing_keys_and_values_cannot_fit_is_refused_before_they_grow(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """The CPU search's keys and values buffers double as the output grows (from 16 positions): each
+    doubling is checked before it allocates, naming the step and what it needs more, not only the first
+    step. The process is told it can take 100 kB (`available_memory` patched: a real limit as small makes
+    torch's own allocations fail first); 2 × 4 rows of the tiny model need 67,776 bytes at the first step
+    (scores and 16 positions), 65,536 more at step 17 (16 more positions: 2 layers × keys and values ×
+    32 numbers × 16 × 8 rows × 4 bytes), then 131,072 more at step 33: refused there."""
+    import attnlab.decoding.search as search
+    from helpers import count_steps
+
+    monkeypatch.setattr(search, "_SURELY_FITS", 0)
+    monkeypatch.setattr(search, "available_memory", lambda: 100_000)
+    torch.manual_seed(3)
+    model = Transformer(tiny_config(src_vocab_size=50, tgt_vocab_size=70, tie="decoder")).eval()
+    src = random_source([3, 4], 50, 3)
+    steps = count_steps(monkeypatch)
+    assert len(beam_search(model, src, beam=4, max_len_a=0, max_len_b=32, min_len=32)) == 2  # 32 positions
+    assert steps[0] == 32
+    steps[0] = 0
+    with pytest.raises(ConfigError) as refused:
+        beam_search(model, src, beam=4, max_len_a=0, max_len_b=40, min_len=40)
+    assert steps[0] == 33  # the 33rd step, refused before its buffers grow
+    assert str(refused.value).startswith(
+        "beam=4 for 2 sentence(s) needs at least 0.0 GiB more at step 33 (2 × 4 rows of 4096 float32 "
+        "numbers: keys and values for as many more positions as the buffers held, in every decoder layer), "
+        "more than the 0.0 GiB of memory this process can take: lower the beam (decode.beam;"
+    )
+
+
 def test_the_memory_check_refuses_just_past_what_is_available_and_not_before() -> None:
     available = available_memory()
     if available is None:

@@ -7,6 +7,7 @@ Notation: `B` batch, `K` beam size, `S` source length, `T` output length, `V` vo
 
 from __future__ import annotations
 
+import functools
 import hashlib
 import math
 from dataclasses import dataclass, field
@@ -423,15 +424,20 @@ def available_memory() -> int | None:
 _SURELY_FITS = 1 << 26  # 64 MiB
 
 
-def check_beam_memory(sentences: int, beam: int, row_floats: int, what: str, fix: str) -> None:
+def check_beam_memory(
+    sentences: int, beam: int, row_floats: int, what: str, fix: str, when: str = "at its first step"
+) -> None:
     """A ConfigError unless a beam search's first step, `sentences` × `beam` rows of `row_floats` float32
-    numbers each (`what` says which), fits in `available_memory()`; `fix` is the message's advice.
+    numbers each (`what` says which), fits in `available_memory()`; `fix` is the message's advice. With
+    `when` (e.g. "more at step 65"), what a later step needs on top of what the search holds.
 
     A lower bound of what the search holds, so that it never refuses a search that would fit: a legal but
     huge beam (10^6, 2^31-1, in a config or an export) is refused before anything is allocated, instead of
-    allocating until the out-of-memory killer ends this process or another one. A beam that passes may
-    still run out of memory later (buffers grow with the output). Where the memory is not known, nothing
-    is checked; an accelerator's allocator raises its own out-of-memory error.
+    allocating until the out-of-memory killer ends this process or another one. The CPU beam search checks
+    again whenever its keys and values buffers double (`StepDecoder.memory_check`: they grow with the
+    output: at 512 positions, 32 times the keys and values of the first step's 16), before they are
+    allocated. Where the memory is not known, nothing is checked; an accelerator's allocator raises its own
+    out-of-memory error.
     """
     needed = 4 * sentences * beam * row_floats
     if needed <= _SURELY_FITS:  # no files read for the usual beams (beam search runs per batch)
@@ -439,8 +445,8 @@ def check_beam_memory(sentences: int, beam: int, row_floats: int, what: str, fix
     available = available_memory()
     if available is not None and needed > available:
         raise ConfigError(
-            f"beam={beam} for {sentences} sentence(s) needs at least {needed / 2**30:,.1f} GiB at its first "
-            f"step ({sentences} × {beam} rows of {row_floats} float32 numbers: {what}), more than the "
+            f"beam={beam} for {sentences} sentence(s) needs at least {needed / 2**30:,.1f} GiB {when} "
+            f"({sentences} × {beam} rows of {row_floats} float32 numbers: {what}), more than the "
             f"{available / 2**30:,.1f} GiB of memory this process can take: {fix}"
         )
 
@@ -456,6 +462,14 @@ def _first_step_floats(model: Transformer, capacity: int) -> tuple[int, str]:
         cfg = member.config
         floats += cfg.tgt_vocab_size + 2 * cfg.n_decoder_layers * cfg.n_heads * cfg.head_dim * positions
     return floats, f"the scores over the target vocabulary, and keys and values for {positions} positions"
+
+
+def _check_growth(beam: int, step: int, rows: int, row_floats: int) -> None:
+    """`check_beam_memory` for a CPU beam search's keys and values buffers doubling before `step` (a
+    `StepDecoder.memory_check`): `rows` decoder rows of `beam` beams each grow by `row_floats`."""
+    sentences = rows // beam
+    what = "keys and values for as many more positions as the buffers held, in every decoder layer"
+    check_beam_memory(sentences, beam, row_floats, what, _beam_fix(sentences), f"more at step {step + 1}")
 
 
 def _beam_fix(sentences: int) -> str:
@@ -553,7 +567,8 @@ def beam_search(
         check_beam_memory(batch, k, *_first_step_floats(model, longest), _beam_fix(batch))
     memory, source_mask = model.encode(src)  # (B, S, D); (B, S) for the attention rows of finished hypotheses
     decoder = decoding_step(model, memory, decoder_mask(source_mask), beams=k, capacity=longest,
-                            use_cache=use_cache, need_weights=need_attention)  # fmt: skip
+                            use_cache=use_cache, need_weights=need_attention,
+                            memory_check=functools.partial(_check_growth, k))  # fmt: skip
     # Step 0 has one live beam per sentence: where the step can (`narrow_start`; CTranslate2 does the same
     # on the CPU), only that row is decoded and the first reorder makes the K beams from it.
     width = 1 if decoder.narrow_start and 2 * k <= vocab else k  # decoder rows per sentence this step

@@ -97,6 +97,9 @@ class StepDecoder:
         capacity: The most positions the search may need (its longest output). Buffers for
             min(capacity, 16) positions are allocated first and doubled when full: they hold at most
             max(16, 2·T) positions after T steps, where a `KVCache` holds T.
+        memory_check: Called before the buffers are doubled, with the step, the decoder rows and the
+            float32 numbers each row's buffers grow by (their keys and values for as many positions as
+            they held, in every layer): a search's check that the memory is there (it raises if not).
 
     Call it with the newest token of each row (N, 1) to get the logits (N, 1, V); `reorder` follows
     surviving beams and drops finished sentences, as `KVCache.reorder` does. The first call may also take
@@ -115,8 +118,10 @@ class StepDecoder:
         *,
         beams: int = 1,
         capacity: int = 32,
+        memory_check: Callable[[int, int, int], None] | None = None,
     ) -> None:
         capacity = max(1, min(capacity, 16))
+        self.memory_check = memory_check
         cfg = model.config
         self.heads, self.d_head = cfg.n_heads, cfg.head_dim
         self.inner = self.heads * self.d_head
@@ -193,7 +198,11 @@ class StepDecoder:
             self.positions = self._encodings(limit, 0, like.device).to(like.dtype)  # (L, D)
 
     def _grow(self) -> None:
-        self._position_table(2 * self.layers[0].keys.size(1), self.layers[0].keys)
+        held = self.layers[0].keys.size(1)  # positions the buffers hold: they grow by as many
+        if self.memory_check is not None:
+            rows = self.layers[0].keys.size(0) // self.heads
+            self.memory_check(self.length, rows, 2 * len(self.layers) * self.inner * held)
+        self._position_table(2 * held, self.layers[0].keys)
         for layer in self.layers:
             for name in ("keys", "values"):
                 old = getattr(layer, name)  # (N·H, L, Dh)
@@ -340,10 +349,11 @@ def decoding_step(
     capacity: int = 32,
     use_cache: bool = True,
     need_weights: bool | None = None,
+    memory_check: Callable[[int, int, int], None] | None = None,
 ) -> StepDecoder | ModuleStep:
-    """The step a search decodes with: a `StepDecoder` where it `applies` (and the cache is used),
-    otherwise the model's modules (`ModuleStep`; `need_weights` as there). Both are called once per step
-    and reordered after it."""
+    """The step a search decodes with: a `StepDecoder` where it `applies` (and the cache is used; with
+    its `memory_check`), otherwise the model's modules (`ModuleStep`; `need_weights` as there). Both are
+    called once per step and reordered after it."""
     if use_cache and StepDecoder.applies(model, memory, bool(need_weights)):
-        return StepDecoder(model, memory, src_mask, beams=beams, capacity=capacity)
+        return StepDecoder(model, memory, src_mask, beams=beams, capacity=capacity, memory_check=memory_check)
     return ModuleStep(model, memory, src_mask, beams=beams, use_cache=use_cache, need_weights=need_weights)
