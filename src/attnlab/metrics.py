@@ -25,6 +25,7 @@ import os
 import re
 from collections.abc import Sequence
 from dataclasses import dataclass
+from functools import cache
 from importlib.metadata import version
 from typing import Any, Literal
 
@@ -37,6 +38,92 @@ MAX_NGRAM_ORDER = 4
 # sacreBLEU's BLEU tokenizers that need no download (`spm`/`flores*` fetch a model from the network at
 # first use: not offered). The mecab ones need `pip install "sacrebleu[ja]"` / `"sacrebleu[ko]"`.
 BleuTokenize = Literal["13a", "intl", "zh", "char", "none", "ja-mecab", "ko-mecab"]
+
+
+# The names of the metrics a training run writes: to its loggers (`csv/metrics.csv`) and as its final
+# metrics (`results.json`, what a sweeper optimizes: `optimized_metric`). They are made only by the
+# `*_metric` functions below, from these tuples; `fit_metrics` and `is_final_metric` tell a name's kind.
+# `train/<name>`, logged per step and per epoch: Lightning also writes `train/<name>_step` and
+# `train/<name>_epoch` (the averaged ones: the epoch's mean, `attnlab.training.epoch_metrics`)
+TRAIN_AVERAGED = ("loss", "nll", "ppl", "grad_norm", "grad_norm_clipped", "lr", "tokens_per_sec")
+TRAIN_STEPPED = (*TRAIN_AVERAGED, "tokens_seen")
+LIGHTNING_ENDS = ("_step", "_epoch")
+TRAIN_EPOCH = ("skipped_steps",)  # `train/<name>`, per epoch (one that skipped steps)
+LOSSES = ("loss", "nll", "ppl")  # `val/<name>`, `test/<name>`: over the split's target tokens
+VAL_SCORES = ("bleu", "chrf")  # `val/<name>`: on the epochs that decode the validation set
+TEST_MATCHES = ("exact_match",)  # `test/<name>`: greedy test decodes equal to their targets
+SET_SCORES = ("bleu", "chrf", "ter")  # `test/<set>/<name>`: each test set, decoded after training
+# ... and `best/<monitor.metric>` (the monitor's value at the selected checkpoint), `data/truncated/<split>`
+# (sentences cut in the validation split or a test set). Test sets are never named train or val.
+SPLIT_NAMES = {"val": (*LOSSES, *VAL_SCORES), "test": (*LOSSES, *TEST_MATCHES)}
+_SET = r"(?!(?:train|val)/)[^/]+"  # a test set's name (then a /)
+_FINAL_PATTERNS = (rf"test/{_SET}/({'|'.join(SET_SCORES)})", r"data/truncated/(?!train$)[^/]+")
+
+
+def train_metric(name: str, end: str = "") -> str:
+    """`train/<name>`, or with `end` (Lightning's `_step` or `_epoch`) the name Lightning logs it as."""
+    known = name in TRAIN_STEPPED if end else name in (*TRAIN_STEPPED, *TRAIN_EPOCH)
+    return _declared(f"train/{name}{end}", known and end in ("", *LIGHTNING_ENDS))
+
+
+def split_metric(split: str, name: str) -> str:
+    """`val/<name>` or `test/<name>` (`SPLIT_NAMES`)."""
+    return _declared(f"{split}/{name}", name in SPLIT_NAMES.get(split, ()))
+
+
+def set_metric(test_set: str, score: str) -> str:
+    """`test/<set>/<score>`: a test set's corpus score after training (`SET_SCORES`)."""
+    name = f"test/{test_set}/{score}"
+    return _declared(name, re.fullmatch(_FINAL_PATTERNS[0], name))
+
+
+def best_metric(monitor: str) -> str:
+    """`best/<monitor>`: the value of the monitored metric (one `fit_metrics` names) at the selected
+    checkpoint."""
+    return _declared(f"best/{monitor}", monitor in fit_metrics())
+
+
+def truncated_metric(split: str) -> str:
+    """`data/truncated/<split>`: sentences cut in the validation split or a test set."""
+    name = f"data/truncated/{split}"
+    return _declared(name, re.fullmatch(_FINAL_PATTERNS[1], name))
+
+
+def _declared(name: str, known: Any) -> str:
+    if not known:
+        raise ValueError(f"{name} is not a declared metric name (attnlab.metrics)")
+    return name
+
+
+@cache
+def fit_metrics() -> tuple[str, ...]:
+    """Every name fitting logs (what `monitor.metric` may name), in the order of `describe_metrics`."""
+    stepped = [train_metric(name, end) for name in TRAIN_STEPPED for end in ("", *LIGHTNING_ENDS)]
+    epoch = [train_metric(name) for name in TRAIN_EPOCH]
+    return (*stepped, *epoch, *(split_metric("val", name) for name in SPLIT_NAMES["val"]))
+
+
+def describe_metrics(fitting: bool = False) -> str:
+    """The names a training run writes as one line (with `fitting`, those fitting logs), patterns for the
+    data-dependent parts: `test/<set>/{bleu,chrf,ter}`."""
+    parts = [
+        f"train/{{{','.join(TRAIN_STEPPED)}}} (each also with _step or _epoch)",
+        *(f"train/{name}" for name in TRAIN_EPOCH),
+        f"val/{{{','.join(SPLIT_NAMES['val'])}}}",
+    ]
+    if not fitting:
+        parts += [f"test/{{{','.join(SPLIT_NAMES['test'])}}}", f"test/<set>/{{{','.join(SET_SCORES)}}}",
+                  "best/<monitor.metric>", "data/truncated/<split>"]  # fmt: skip
+    return ", ".join(parts)
+
+
+def is_final_metric(name: str) -> bool:
+    """Whether some training run has `name` among its final metrics (`train`'s result, `results.json`):
+    a fixed name, or one whose data-dependent part (a test set, a split) some data could give."""
+    fixed = (*fit_metrics(), *(split_metric("test", n) for n in SPLIT_NAMES["test"]))
+    if name in fixed or (name.startswith("best/") and name.removeprefix("best/") in fit_metrics()):
+        return True
+    return any(re.fullmatch(pattern, name) for pattern in _FINAL_PATTERNS)
 
 
 # Which way a metric improves, by the end of its name (`val/bleu`, `best/val/loss`, `test/test2016/ter`):

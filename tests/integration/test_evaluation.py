@@ -19,7 +19,7 @@ from omegaconf import OmegaConf
 from attnlab.cli.eval import evaluate_checkpoint
 from attnlab.cli.translate import main as translate_main
 from attnlab.inference.translator import Translator, resolve_checkpoints
-from attnlab.metrics import MetricsConfig, corpus_bleu, corpus_ter
+from attnlab.metrics import MetricsConfig, corpus_bleu, corpus_ter, fit_metrics, is_final_metric
 from attnlab.runs.checkpoint import CheckpointError, kept_checkpoints, read_checkpoint
 from attnlab.training.experiment import validate
 from attnlab.training.module import TranslationModule
@@ -162,6 +162,18 @@ def test_results_json_scores_every_test_set_from_the_averaged_checkpoints(text_r
     assert text_run["metrics"]["test/test/bleu"] == results["sets"]["test"]["bleu"]
     assert "test/loss" in results["test_metrics"]
     assert not any(key.endswith(("/bleu", "/chrf")) for key in results["test_metrics"])  # the test loss only
+
+
+def test_every_metric_a_text_run_writes_is_a_declared_name(text_run: dict[str, Any]) -> None:
+    """The scores and the test sets' names too (`test/<set>/bleu`): what `optimized_metric` and
+    `monitor.metric` are checked against before a run."""
+    final = set(text_run["metrics"])
+    assert {"val/bleu", "val/chrf", "best/val/bleu", "test/test2/ter"} <= final
+    assert [name for name in final if not is_final_metric(name)] == []
+    with open(text_run["dir"] / "csv" / "metrics.csv") as f:
+        logged = set(next(csv.reader(f))) - {"epoch", "step"}
+    fitting = {name for name in logged if not name.startswith(("test/", "params/"))}
+    assert "val/bleu" in fitting and fitting <= set(fit_metrics())
 
 
 def test_attnlab_eval_reproduces_the_training_run_scores(text_run: dict[str, Any], tmp_path: Path) -> None:

@@ -18,6 +18,7 @@ import torch
 from omegaconf import OmegaConf
 
 from attnlab.data import SyntheticData
+from attnlab.metrics import fit_metrics, is_final_metric
 from attnlab.model import gemm
 from attnlab.optim import OptimConfig
 from attnlab.training.allocator import glibc
@@ -93,6 +94,18 @@ def test_logged_metrics(tiny_run: dict[str, Any]) -> None:
         )
         assert any(abs(float(r[f"train/loss_{when}"]) - float(r[f"train/nll_{when}"])) > 1e-2 for r in logged)
     assert 0.0 <= metrics["test/exact_match"] <= 1.0
+
+
+def test_every_metric_the_run_writes_is_a_declared_name(tiny_run: dict[str, Any]) -> None:
+    """Every final metric, and every metric logged while fitting, is a name `attnlab.metrics` declares:
+    what `optimized_metric` and `monitor.metric` are checked against before a run."""
+    final = set(tiny_run["metrics"])
+    results = json.loads((tiny_run["dir"] / "results.json").read_text())["metrics"]
+    assert final == set(results) and {"best/val/loss", "train/loss_epoch", "test/exact_match"} <= final
+    assert [name for name in final if not is_final_metric(name)] == []
+    logged = set(read_metrics(tiny_run["dir"])[0]) - {"epoch", "step"}
+    fitting = {name for name in logged if not name.startswith(("test/", "params/"))}
+    assert "train/grad_norm_clipped_step" in fitting and fitting <= set(fit_metrics())
 
 
 def test_loss_falls(tiny_run: dict[str, Any]) -> None:

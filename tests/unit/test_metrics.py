@@ -16,14 +16,21 @@ from attnlab.metrics import (
     SUBWORD_MARKERS,
     MetricsConfig,
     ScoringError,
+    best_metric,
     bleu_tok_compound,
     check_detokenized,
     corpus_bleu,
     corpus_chrf,
     corpus_ter,
+    fit_metrics,
+    is_final_metric,
     score_all,
+    set_metric,
     split_compounds,
+    split_metric,
     tokenize_compound_split,
+    train_metric,
+    truncated_metric,
 )
 
 REFS = [
@@ -50,6 +57,30 @@ def reference_bleu(hyps: list[str], refs: list[str]) -> sacrebleu.BLEUScore:
 
 # ---------------------------------------------------------------------------------------------------------
 # corpus_bleu / corpus_chrf / score_all
+
+
+def test_metric_names_are_made_from_the_declared_ones_only() -> None:
+    assert train_metric("loss", "_epoch") == "train/loss_epoch" and split_metric("val", "bleu") == "val/bleu"
+    assert set_metric("test2016", "ter") == "test/test2016/ter" and best_metric("val/bleu") == "best/val/bleu"
+    assert truncated_metric("val") == "data/truncated/val" and "train/tokens_seen_step" in fit_metrics()
+    for build, args in [(train_metric, ("skipped_steps", "_step")), (split_metric, ("val", "exact_match")),
+                        (set_metric, ("val", "bleu")), (best_metric, ("test/loss",)),
+                        (truncated_metric, ("train",))]:  # fmt: skip
+        with pytest.raises(ValueError, match="is not a declared metric name"):
+            build(*args)
+
+
+@pytest.mark.parametrize(
+    ("name", "written"),
+    [("best/val/bleu", True), ("train/grad_norm_clipped_epoch", True), ("test/exact_match", True),
+     ("test/newstest2014/chrf", True), ("data/truncated/test2016", True), ("best/train/lr_step", True),
+     ("best/val/blue", False), ("val/exact_match", False), ("best/test/loss", False),
+     ("test/val/bleu", False), ("test/test2016/bleu/x", False), ("data/truncated/train", False),
+     ("train/skipped_steps_step", False)],
+)  # fmt: skip
+def test_final_metrics_are_the_declared_names_with_any_test_set_or_split(name: str, written: bool) -> None:
+    """A name some data could give (a test set's) is one; a name no run writes is not."""
+    assert is_final_metric(name) is written
 
 
 def test_bleu_equals_sacrebleu() -> None:

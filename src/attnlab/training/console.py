@@ -32,6 +32,7 @@ import torch
 from lightning.pytorch.callbacks import ModelSummary as _LightningModelSummary
 from lightning.pytorch.callbacks import ProgressBar
 
+from attnlab.metrics import train_metric
 from attnlab.training.experiment import check_progress
 
 log = logging.getLogger(__name__)
@@ -156,7 +157,7 @@ class ProgressLines(ProgressBar):
         if not self.is_enabled or not trainer.is_global_zero:
             return
         self._epoch = trainer.current_epoch
-        loss = trainer.callback_metrics.get("train/loss_step")
+        loss = trainer.callback_metrics.get(train_metric("loss", "_step"))
         if loss is not None:
             finite = torch.isfinite(loss.detach())
             self._loss_sum = self._loss_sum + torch.where(finite, loss.detach(), 0.0)

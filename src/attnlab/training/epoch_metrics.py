@@ -19,13 +19,13 @@ import torch
 from torch import Tensor
 from torchmetrics import Metric
 
+from attnlab.metrics import TRAIN_AVERAGED as AVERAGED
 from attnlab.typed import shown
 
-# The averaged training metrics, by short name: `train/<name>` per step and `train/<name>_epoch` per epoch.
-# loss, nll, ppl: sums over the epoch's target tokens divided by their number (ppl = exp(nll)); the rest:
-# the mean over the epoch's steps (grad_norm, grad_norm_clipped: optimizer steps; lr, tokens_per_sec:
-# training batches).
-AVERAGED = ("loss", "nll", "ppl", "grad_norm", "grad_norm_clipped", "lr", "tokens_per_sec")
+# AVERAGED: the averaged training metrics, by short name (`train/<name>` per step and `train/<name>_epoch`
+# per epoch, `attnlab.metrics`). loss, nll, ppl: sums over the epoch's target tokens divided by their
+# number (ppl = exp(nll)); the rest: the mean over the epoch's steps (grad_norm, grad_norm_clipped:
+# optimizer steps; lr, tokens_per_sec: training batches).
 
 
 class EpochMean(Metric):

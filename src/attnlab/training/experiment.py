@@ -17,7 +17,7 @@ from typing import Any
 from omegaconf import DictConfig, OmegaConf
 
 from attnlab.decoding import DecodeConfig
-from attnlab.metrics import MetricsConfig, better
+from attnlab.metrics import VAL_SCORES, MetricsConfig, better, split_metric
 from attnlab.model.config import TransformerConfig
 from attnlab.optim import OptimConfig
 from attnlab.training.allocator import check_mode
@@ -350,7 +350,7 @@ def validate(cfg: DictConfig) -> Experiment:
     return Experiment(model=_check_fit(model, data), optim=optim, data=data, decode=decode, metrics=metrics)
 
 
-SCORED_METRICS = ("val/bleu", "val/chrf")
+SCORED_METRICS = tuple(split_metric("val", name) for name in VAL_SCORES)
 
 
 def check_optimized_metric(optimized_metric: Any) -> None:
@@ -408,7 +408,7 @@ def resolve_monitor(cfg: DictConfig, experiment: Experiment) -> DictConfig:
     decodes = has_text and experiment.decode.every_n_epochs > 0
     metric = node.get("metric", "auto")
     if metric == "auto":
-        metric = "val/bleu" if decodes else "val/loss"
+        metric = split_metric("val", "bleu" if decodes else "loss")
     if metric in SCORED_METRICS and not decodes:
         why = "the data has no text to score" if not has_text else "decode.every_n_epochs=0 turns them off"
         raise ConfigError(

@@ -17,7 +17,7 @@ from torchmetrics import SumMetric
 from attnlab.data.batching import restore_order
 from attnlab.decoding import DecodeConfig
 from attnlab.decoding.search import beam_search, greedy_decode, translate
-from attnlab.metrics import MetricsConfig, score_all
+from attnlab.metrics import VAL_SCORES, MetricsConfig, score_all, split_metric, train_metric
 from attnlab.model.config import TransformerConfig
 from attnlab.model.transformer import Transformer
 from attnlab.optim import OptimConfig
@@ -178,7 +178,7 @@ class TranslationModule(L.LightningModule):
         steps = {"loss": (value, loss), "nll": (nll_value, nll), "ppl": (nll_value, torch.exp(nll.detach()))}
         for name, (total, step) in steps.items():
             metric = self.train_metrics[name].step(total, local_tokens, step.detach())
-            self.log(f"train/{name}", metric, on_step=True, on_epoch=True, prog_bar=True)
+            self.log(train_metric(name), metric, on_step=True, on_epoch=True, prog_bar=True)
         # The sum, not the mean: the gradient is divided by the optimizer step's tokens over every rank
         # and micro-batch in `on_before_optimizer_step` (token-level normalisation, as fairseq does).
         return loss_sum
@@ -242,7 +242,7 @@ class TranslationModule(L.LightningModule):
     def _log_mean(self, name: str, value: float) -> None:
         """Log `train/<name>` per step, and per epoch as the mean of the epoch's values."""
         metric = self.train_metrics[name].step(value, 1.0, torch.tensor(value))
-        self.log(f"train/{name}", metric, on_step=True, on_epoch=True)
+        self.log(train_metric(name), metric, on_step=True, on_epoch=True)
 
     @staticmethod
     def _local_norm(grads: list[Tensor]) -> Tensor:
@@ -295,13 +295,14 @@ class TranslationModule(L.LightningModule):
         # Runs after backward and the optimizer step: the whole step is timed.
         self._end_batch()
         for name in ("lr", "tokens_per_sec"):
-            self.log(f"train/{name}", self.train_metrics[name], on_step=True, on_epoch=True)
-        self.log("train/tokens_seen", float(self._tokens_seen), on_step=True, on_epoch=True, reduce_fx="max")
+            self.log(train_metric(name), self.train_metrics[name], on_step=True, on_epoch=True)
+        seen = float(self._tokens_seen)
+        self.log(train_metric("tokens_seen"), seen, on_step=True, on_epoch=True, reduce_fx="max")
         self._batch_open = False
 
     def on_train_epoch_end(self) -> None:
         if self._epoch_skipped:
-            self.log("train/skipped_steps", float(self._epoch_skipped), on_step=False, on_epoch=True)
+            self.log(train_metric("skipped_steps"), float(self._epoch_skipped), on_step=False, on_epoch=True)
 
     # -- evaluation -----------------------------------------------------------------------------------
 
@@ -311,14 +312,13 @@ class TranslationModule(L.LightningModule):
         self.sums["nll"].update(nll_sum)
         self.sums["tokens"].update(n_tokens)
 
-    def _log_epoch(self, prefix: str) -> None:
+    def _log_epoch(self, split: str) -> None:
         tokens = self.sums["tokens"].compute().clamp(min=1)
         nll = self.sums["nll"].compute() / tokens
-        metrics = {f"{prefix}/loss": self.sums["loss"].compute() / tokens, f"{prefix}/nll": nll}
-        metrics[f"{prefix}/ppl"] = torch.exp(nll)
+        values = {"loss": self.sums["loss"].compute() / tokens, "nll": nll, "ppl": torch.exp(nll)}
         if self.sums["sentences"].update_called:
-            metrics[f"{prefix}/exact_match"] = self.sums["exact"].compute() / self.sums["sentences"].compute()
-        self.log_dict(metrics, prog_bar=True, sync_dist=False)
+            values["exact_match"] = self.sums["exact"].compute() / self.sums["sentences"].compute()
+        self.log_dict({split_metric(split, k): v for k, v in values.items()}, prog_bar=True, sync_dist=False)
         for metric in self.sums.values():
             metric.reset()
 
@@ -370,7 +370,7 @@ class TranslationModule(L.LightningModule):
         references = [datamodule.references["val"][i] for i in indices]
         scores = score_all(hypotheses, references, self.metrics_config, ter=False)
         log.info("val BLEU %.2f (%s)", scores["bleu"].score, scores["bleu"].signature)
-        return {"val/bleu": scores["bleu"].score, "val/chrf": scores["chrf"].score}
+        return {split_metric("val", name): scores[name].score for name in VAL_SCORES}
 
     def on_validation_epoch_end(self) -> None:
         self._log_epoch("val")

@@ -33,6 +33,7 @@ from typing import TYPE_CHECKING, Any
 from omegaconf import DictConfig, OmegaConf
 
 from attnlab.io import atomic_write_bytes, removing_new_directories
+from attnlab.metrics import SET_SCORES, best_metric, set_metric, truncated_metric
 from attnlab.runs.layout import RESULTS_FILE, RunDir, UnreadableRunFile, check_no_credentials
 from attnlab.runs.manifest import Manifest, data_identity, task_overrides
 from attnlab.training.allocator import configure_allocator
@@ -242,7 +243,7 @@ def _train_and_evaluate(plan: RunPlan, manifest: Manifest | None) -> dict[str, f
         metrics = {**_earlier_metrics(plan.run), **metrics}  # its train/val metrics stand (Lightning's: none)
     best = _best_score(plan.cfg, trainer)
     if best is not None:  # what sweepers optimize: the monitor's value at the selected checkpoint
-        metrics[f"best/{plan.cfg.monitor.metric}"] = best
+        metrics[best_metric(plan.cfg.monitor.metric)] = best
     if plan.cfg.get("test", True):
         test_metrics, evaluation = final_evaluation(plan, trainer, module, datamodule)
         metrics.update(test_metrics)
@@ -251,7 +252,7 @@ def _train_and_evaluate(plan: RunPlan, manifest: Manifest | None) -> dict[str, f
 
         evaluation = Evaluation({"sets": {}})
     for split, count in getattr(datamodule, "truncated", {}).items():
-        metrics[f"data/truncated/{split}"] = float(count)
+        metrics[truncated_metric(split)] = float(count)
     if evaluation is not None and trainer.is_global_zero:  # every final metric, for sweeps and reports
         write_results(plan.run, evaluation, metrics, trainer)
     return metrics
@@ -615,9 +616,7 @@ def final_evaluation(
     sets = {name: datamodule.raw_text(name) for name in datamodule.test_sets}
     evaluation = score_sets(translator, sets, checkpoints=paths, extra=extra)
     for name, entry in evaluation.results["sets"].items():
-        metrics[f"test/{name}/bleu"] = entry["bleu"]
-        metrics[f"test/{name}/chrf"] = entry["chrf"]
-        metrics[f"test/{name}/ter"] = entry["ter"]
+        metrics.update({set_metric(name, score): entry[score] for score in SET_SCORES})
     return metrics, evaluation
 
 
