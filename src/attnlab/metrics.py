@@ -31,7 +31,7 @@ from typing import Any, Literal
 
 from sacrebleu.metrics import BLEU, CHRF, TER
 
-from attnlab.typed import check_fields
+from attnlab.typed import ConfigError, check_fields, did_you_mean
 
 SUBWORD_MARKERS = ("▁", "@@ ", "@@")  # Metaspace/SentencePiece and subword-nmt markers
 MAX_NGRAM_ORDER = 4
@@ -42,7 +42,7 @@ BleuTokenize = Literal["13a", "intl", "zh", "char", "none", "ja-mecab", "ko-meca
 
 # The names of the metrics a training run writes: to its loggers (`csv/metrics.csv`) and as its final
 # metrics (`results.json`, what a sweeper optimizes: `optimized_metric`). They are made only by the
-# `*_metric` functions below, from these tuples; `fit_metrics` and `is_final_metric` tell a name's kind.
+# `*_metric` functions below, from these tuples; `check_metric_name` refuses a name no run writes.
 # `train/<name>`, logged per step and per epoch: Lightning also writes `train/<name>_step` and
 # `train/<name>_epoch` (the averaged ones: the epoch's mean, `attnlab.training.epoch_metrics`)
 TRAIN_AVERAGED = ("loss", "nll", "ppl", "grad_norm", "grad_norm_clipped", "lr", "tokens_per_sec")
@@ -124,6 +124,30 @@ def is_final_metric(name: str) -> bool:
     if name in fixed or (name.startswith("best/") and name.removeprefix("best/") in fit_metrics()):
         return True
     return any(re.fullmatch(pattern, name) for pattern in _FINAL_PATTERNS)
+
+
+def check_metric_name(name: Any, key: str, fitting: bool = False) -> None:
+    """Refuse a name no training run writes (with `fitting`, one fitting does not log: `monitor.metric`);
+    a name valid for some data only (`test/<set>/bleu`) is accepted.
+
+    Raises:
+        ConfigError: Naming `key`, the closest known name and the names a run writes.
+    """
+    text = str(name)
+    if (text in fit_metrics()) if fitting else is_final_metric(text):
+        return
+    known = list(fit_metrics())
+    if not fitting:
+        known += [split_metric("test", n) for n in SPLIT_NAMES["test"]] + [best_metric(n) for n in known]
+        parts = text.split("/")
+        if len(parts) == 3:  # the test set or split it names, with the known scores
+            filled = [f"test/{parts[1]}/{score}" for score in SET_SCORES] + [f"data/truncated/{parts[2]}"]
+            known += [candidate for candidate in filled if is_final_metric(candidate)]
+    which = "metric logged while fitting" if fitting else "final metric of a training run"
+    raise ConfigError(
+        f"{key}={text} is no {which}: {did_you_mean(text, known, f'{key}=')}use one of "
+        f"{describe_metrics(fitting)}"
+    )
 
 
 # Which way a metric improves, by the end of its name (`val/bleu`, `best/val/loss`, `test/test2016/ter`):

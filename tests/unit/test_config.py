@@ -239,6 +239,13 @@ def test_planning_a_run_leaves_the_callers_config_as_it_was_and_freezes_its_own(
         ),
         (["decode.every_n_epochs=0", "monitor.metric=val/chrf"], "decode.every_n_epochs=0 turns them off"),
         (["monitor.mode=up"], "monitor.mode='up'"),
+        # both failed in Lightning at the end of the first validation
+        (
+            ["monitor.metric=val/blue"],
+            "monitor.metric=val/blue is no metric logged while fitting: did you "
+            "mean monitor.metric=val/bleu? use one of train/{loss,nll,ppl,",
+        ),
+        (["monitor.metric=test/loss"], "monitor.metric=test/loss is no metric logged while fitting"),
         (["monitor.every_n_epochs=0"], "monitor.every_n_epochs=0"),
     ],
 )

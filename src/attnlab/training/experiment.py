@@ -17,7 +17,7 @@ from typing import Any
 from omegaconf import DictConfig, OmegaConf
 
 from attnlab.decoding import DecodeConfig
-from attnlab.metrics import VAL_SCORES, MetricsConfig, better, split_metric
+from attnlab.metrics import VAL_SCORES, MetricsConfig, better, check_metric_name, split_metric
 from attnlab.model.config import TransformerConfig
 from attnlab.optim import OptimConfig
 from attnlab.training.allocator import check_mode
@@ -397,7 +397,9 @@ def resolve_monitor(cfg: DictConfig, experiment: Experiment) -> DictConfig:
     `cfg` itself is not changed.
 
     Raises:
-        ConfigError: A BLEU/chrF monitor without validation decodes, or an unknown mode.
+        ConfigError: A metric fitting does not log (`attnlab.metrics.fit_metrics`: a misspelt `val/blue`,
+            or `test/loss`, computed after fitting), a BLEU/chrF monitor without validation decodes, or
+            an unknown mode.
     """
     node = cfg.get("monitor")
     if node is None:
@@ -409,6 +411,7 @@ def resolve_monitor(cfg: DictConfig, experiment: Experiment) -> DictConfig:
     metric = node.get("metric", "auto")
     if metric == "auto":
         metric = split_metric("val", "bleu" if decodes else "loss")
+    check_metric_name(metric, "monitor.metric", fitting=True)  # not after the first validation, in Lightning
     if metric in SCORED_METRICS and not decodes:
         why = "the data has no text to score" if not has_text else "decode.every_n_epochs=0 turns them off"
         raise ConfigError(
