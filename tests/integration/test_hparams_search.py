@@ -168,4 +168,6 @@ def test_a_sweeper_going_the_wrong_way_for_the_optimized_metric_is_refused_befor
         run_sweep(sweep_dir, "optimized_metric=train/loss_epoch", "hydra.sweeper.direction=maximize")
     with pytest.raises(SystemExit, match=wrong):  # one objective as a list, as Optuna's sweeper takes it
         run_sweep(sweep_dir, "hydra.sweeper.direction=[maximize]")
+    with pytest.raises(SystemExit, match=r"optimized_metric=best/val/blue is no final metric of a training"):
+        run_sweep(sweep_dir, "optimized_metric=best/val/blue")  # was reported once each trial had trained
     assert not sweep_dir.exists()  # no trial ran

@@ -20,7 +20,7 @@ from omegaconf import DictConfig, OmegaConf
 from attnlab.cli.app import config_dir
 from attnlab.decoding import DecodeConfig
 from attnlab.model.config import TransformerConfig
-from attnlab.training.experiment import resolve_monitor, validate
+from attnlab.training.experiment import check_sweep_objective, resolve_monitor, validate
 from attnlab.typed import ConfigError
 from helpers import compose_train
 
@@ -319,6 +319,24 @@ INVALID = [
     (["decode.val_subset=0"], "decode.val_subset=0 must be positive"),
     (["data._target_=attnlab.data.Nope"], "data._target_=attnlab.data.Nope cannot be imported"),
 ]
+
+
+def test_a_sweep_objective_no_run_writes_is_refused_naming_the_closest_name() -> None:
+    """A misspelt `optimized_metric` was reported once each trial had trained; a name some data could
+    give (a test set's scores, whatever the set) is not refused."""
+    for name in ("best/val/bleu", "test/newstest2014/ter", "train/loss_epoch", "test/exact_match", None):
+        check_sweep_objective(name, None)
+    refusals = {
+        "best/val/blue": "did you mean optimized_metric=best/val/bleu? use one of train/{",
+        "test/test2016/blue": "did you mean optimized_metric=test/test2016/bleu? ",
+        "val/exact_match": "did you mean optimized_metric=test/exact_match? ",
+    }
+    for name, closest in refusals.items():
+        with pytest.raises(ConfigError, match=re.escape(f"optimized_metric={name} is no final metric of a "
+                                                        f"training run: {closest}")):  # fmt: skip
+            check_sweep_objective(name, "maximize")
+    with pytest.raises(ConfigError, match=re.escape("test/<set>/{bleu,chrf,ter}, best/<monitor.metric>")):
+        check_sweep_objective("best/test/loss", None)
 
 
 @pytest.mark.parametrize(("overrides", "message"), INVALID, ids=[" ".join(o) for o, _ in INVALID])

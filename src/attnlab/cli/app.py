@@ -130,9 +130,10 @@ class RunDirectoryCheck(Callback):
     exits with one line naming the key and the fix instead of Hydra's traceback. A training run
     directory in which another live process runs is refused here too, before Hydra writes `.hydra/`
     into it, and so is one holding a saved run (`RunDir.check_no_run`) for a command that does not continue
-    it (`resume=false`), and a training sweep whose sweeper would optimise `optimized_metric` the wrong
-    way (`check_sweep_direction`). So is a config holding a credential (`check_no_credentials`), which
-    Hydra would write into `.hydra/`, its own node included (`hydra.job.env_set.HF_TOKEN=...`).
+    it (`resume=false`), and a training sweep whose `optimized_metric` no run writes or whose sweeper
+    would optimise it the wrong way (`check_sweep_objective`). So is a config holding a credential
+    (`check_no_credentials`), which Hydra would write into `.hydra/`, its own node included
+    (`hydra.job.env_set.HF_TOKEN=...`).
     attnlab-eval and attnlab-export refuse a directory holding a training run (`RunDir.check_no_training`):
     they would replace its results and Hydra record with their own."""
 
@@ -158,13 +159,13 @@ class RunDirectoryCheck(Callback):
             raise SystemExit(f"attnlab-{task}: config error: {exc}") from None
 
     def on_multirun_start(self, config: DictConfig, **kwargs: Any) -> None:
-        if config.get("task_name") == "train":  # a sweeper searching the wrong way: refused before any job
-            from attnlab.training.experiment import check_sweep_direction, sweep_skip_done  # (sacreBLEU)
+        if config.get("task_name") == "train":  # a sweep optimizing nothing or the wrong way: refused now
+            from attnlab.training.experiment import check_sweep_objective, sweep_skip_done  # (sacreBLEU)
 
             try:
                 check_no_swept_bookkeeping(config.hydra.overrides.task)
                 sweep_skip_done(config.get("sweep"))
-                check_sweep_direction(config.get("optimized_metric"), config.hydra.sweeper.get("direction"))
+                check_sweep_objective(config.get("optimized_metric"), config.hydra.sweeper.get("direction"))
             except ConfigError as exc:
                 raise SystemExit(f"attnlab-train: config error: {exc}") from None
         self._check(config, Path(config.hydra.sweep.dir))

@@ -366,17 +366,22 @@ def check_optimized_metric(optimized_metric: Any) -> None:
         )
 
 
-def check_sweep_direction(optimized_metric: Any, direction: Any) -> None:
-    """A sweeper that optimises in a direction (Optuna's `hydra.sweeper.direction`) must go the way
-    `optimized_metric` improves (`attnlab.metrics.better`): maximizing a loss searches for the worst
-    settings, and the study's best trial is then the worst run. A metric of neither kind, a sweeper
-    without a direction (Hydra's basic sweeper) or several directions (several objectives) are not checked;
+def check_sweep_objective(optimized_metric: Any, direction: Any) -> None:
+    """What a sweep optimizes, checked before any job trains: `optimized_metric` must be a final metric some
+    training run writes (`attnlab.metrics.check_metric_name`; a test set's `test/<set>/bleu` whatever the
+    set), and a sweeper that optimises in a direction (Optuna's `hydra.sweeper.direction`) must go the way
+    it improves (`attnlab.metrics.better`): maximizing a loss searches for the worst settings, and the
+    study's best trial is then the worst run. A metric of neither kind, a sweeper without a direction
+    (Hydra's basic sweeper) or several directions (several objectives) are not checked for the direction;
     one direction in a list (`[maximize]`: one objective) is.
 
     Raises:
-        ConfigError: `optimized_metric` is no text, or the direction is the other one, naming both fixes.
+        ConfigError: `optimized_metric` is no text, no run writes it (naming the closest name and the
+            valid ones), or the direction is the other one, naming both fixes.
     """
     check_optimized_metric(optimized_metric)
+    if optimized_metric is not None:  # (else every job's value was missing, reported once it had trained)
+        check_metric_name(optimized_metric, "optimized_metric")
     if isinstance(direction, Sequence) and not isinstance(direction, str) and len(direction) == 1:
         direction = direction[0]  # one objective given as a list (`[maximize]`), as Optuna's sweeper takes it
     direction = getattr(direction, "name", direction)  # Optuna's Direction enum, or its name
