@@ -89,6 +89,19 @@ def test_a_setting_changes_the_group_the_compared_keys_and_the_name_and_is_no_re
         check_same_experiment(RunDir(tmp_path / "a").config_file, {**first, "model": second["model"]})
 
 
+def test_a_deletion_override_is_a_setting_that_names_the_job_directory_and_the_run() -> None:
+    """`~model.x` (no `=`) deletes a key: jobs with and without it are different settings, in different
+    directories (the name Hydra's override_dirname gave it, hashed with the deletion), and the run's name
+    shows it; a deleted bookkeeping key (`~logger`) names nothing."""
+    import hashlib
+
+    deleting = ["seed=1", "~model.label_smoothing"]
+    digest = hashlib.sha256(b"seed=1,~model.label_smoothing").hexdigest()[:8]
+    assert job_dirname(deleting) == f"seed=1-{digest}" != job_dirname(["seed=1"])
+    assert run_name(deleting) == "seed=1,~label_smoothing"
+    assert job_dirname(["seed=1", "~logger"]) == job_dirname(["seed=1"]) and run_name(["~logger"]) is None
+
+
 def test_early_stoppings_patience_is_a_setting_that_a_resumption_may_change(tmp_path: Path) -> None:
     """Runs that stop after 3 or 10 epochs without improvement are different settings (attnlab-compare
     put them in one group, W&B too); like `trainer.max_epochs`, a resumed run may change it."""

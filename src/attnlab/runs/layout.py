@@ -103,14 +103,14 @@ def is_bookkeeping(key: str) -> bool:
 
 
 def setting_overrides(overrides: Sequence[str]) -> list[str]:
-    """The command-line overrides (`model.pe=learned`, `+x=1`, `logger=csv`, `hydra/launcher=local`) that
-    are no bookkeeping (`is_bookkeeping` of the key, a config group's `/` read as `.`), in order: what
-    names a run (`attnlab.runs.wandb.run_name`) and a multirun job's directory
-    (`attnlab.cli.app.job_dirname`)."""
+    """The command-line overrides (`model.pe=learned`, `+x=1`, `~model.x`, `logger=csv`,
+    `hydra/launcher=local`) that are no bookkeeping (`is_bookkeeping` of the key, a config group's `/` read
+    as `.`), in order: what names a run (`attnlab.runs.wandb.run_name`) and a multirun job's directory
+    (`attnlab.cli.app.job_dirname`). A deletion (`~model.x`, no `=`) changes the setting as a value does."""
     kept = []
     for override in overrides:
         key, sep, _ = override.lstrip("+~").partition("=")
-        if sep and not is_bookkeeping(key.split("@")[0].replace("/", ".")):
+        if (sep or override.startswith("~")) and not is_bookkeeping(key.split("@")[0].replace("/", ".")):
             kept.append(override)
     return kept
 

@@ -65,12 +65,12 @@ def run_name(overrides: Sequence[str]) -> str | None:
 
     Overrides of bookkeeping keys (`attnlab.runs.layout.setting_overrides`: paths, Hydra, loggers, callbacks
     but early stopping's patience and min_delta, ...) are left out; a config group choice keeps its name
-    (`model=small`).
+    (`model=small`), a deletion its `~` (`~model.label_smoothing` -> `~label_smoothing`).
     """
     parts = []
     for override in setting_overrides(overrides):
-        key, _, value = override.lstrip("+~").partition("=")
-        parts.append(f"{key.split('.')[-1]}={value}")
+        key, sep, value = override.lstrip("+~").partition("=")
+        parts.append(f"{key.split('.')[-1]}={value}" if sep else f"~{key.split('.')[-1]}")  # (a deletion)
     return ",".join(parts) or None
 
 
