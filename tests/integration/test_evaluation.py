@@ -382,6 +382,22 @@ def test_attnlab_translate_removes_invisible_characters_its_tokenizer_reads_as_u
     assert list(kept(["می\u200cخواهم\u200b"])) == ["می\u200cخواهم"] and kept.found == {"\u200b"}
 
 
+def test_the_invisible_character_filter_keeps_a_bounded_record_of_an_endless_stream() -> None:
+    """`attnlab-translate` streams: the filter keeps the first lines' numbers and a count, not every
+    number (memory growing with the stream), and its warning still counts every line."""
+    from attnlab.cli.translate import SHOWN_LINES, InvisibleFilter
+    from attnlab.data.tokenizer import SubwordTokenizer
+
+    invisible = InvisibleFilter(
+        SubwordTokenizer.train(["ein Haus", "das Haus"] * 5, model="bpe", vocab_size=30)
+    )
+    assert sum(1 for _ in invisible(f"Haus\u200b {i}" for i in range(5000))) == 5000
+    assert len(invisible.lines) == SHOWN_LINES and invisible.count == 5000
+    assert "from 5000 input line(s), line 1, 2, 3, 4, 5, 6, 7, 8, 9, 10 and 4990 more:" in str(
+        invisible.warning()
+    )
+
+
 def test_attnlab_translate_command_streams_stdin_to_stdout(text_run: dict[str, Any]) -> None:
     """Translations alone on standard output, log messages on standard error: a last source longer than
     the checkpoint's source limit is cut, with a warning that must not land among the translations."""

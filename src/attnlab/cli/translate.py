@@ -142,8 +142,9 @@ def utf8_lines(stream: IO[bytes] | IO[str], name: str) -> Iterator[str]:
 
 class InvisibleFilter:
     """Removes `INVISIBLE` characters that `tokenizer` has no piece for (it encodes them as <unk>) from
-    the lines passed through it (`__call__`), and records the numbers of the lines they were removed from
-    (`lines`, from 1) and which they were (`found`); `warning` says so."""
+    the lines passed through it (`__call__`), and records how many lines they were removed from (`count`),
+    the numbers of the first `SHOWN_LINES` of them (`lines`, from 1: a stream may be endless) and which
+    characters they were (`found`); `warning` says so."""
 
     def __init__(self, tokenizer: SubwordTokenizer) -> None:
         from attnlab.data.tokenizer import UNK_ID
@@ -151,6 +152,7 @@ class InvisibleFilter:
         unknown = "".join(c for c in INVISIBLE if UNK_ID in tokenizer.encode(c))
         self.pattern = re.compile(f"[{unknown}]") if unknown else None
         self.lines: list[int] = []
+        self.count = 0
         self.found: set[str] = set()
 
     def __call__(self, lines: Iterable[str]) -> Iterator[str]:
@@ -160,21 +162,23 @@ class InvisibleFilter:
         for number, line in enumerate(lines, start=1):
             found = self.pattern.findall(line)
             if found:
-                self.lines.append(number)
+                self.count += 1
+                if len(self.lines) < SHOWN_LINES:
+                    self.lines.append(number)
                 self.found.update(found)
                 line = self.pattern.sub("", line)
             yield line
 
     def warning(self) -> str | None:
         """What was removed, on which lines (the first `SHOWN_LINES`); None when nothing was."""
-        if not self.lines:
+        if not self.count:
             return None
         names = ", ".join(f"U+{ord(c):04X} {INVISIBLE[c]}" for c in sorted(self.found))
-        shown = ", ".join(map(str, self.lines[:SHOWN_LINES]))
-        more = f" and {len(self.lines) - SHOWN_LINES} more" if len(self.lines) > SHOWN_LINES else ""
+        shown = ", ".join(map(str, self.lines))
+        more = f" and {self.count - len(self.lines)} more" if self.count > len(self.lines) else ""
         return (
             f"removed invisible formatting characters the model's tokenizer does not know ({names}) from "
-            f"{len(self.lines)} input line(s), line {shown}{more}: they would have been read as <unk>"
+            f"{self.count} input line(s), line {shown}{more}: they would have been read as <unk>"
         )
 
 
