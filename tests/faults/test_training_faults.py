@@ -228,3 +228,16 @@ def test_an_unwritable_run_directory_fails_before_training(tmp_path: Path) -> No
     ):
         train(compose_train(RUN, blocker / "run"))
     assert blocker.read_text() == "not a directory"
+
+
+def test_a_second_ctrl_c_before_any_save_reads_interrupted_without_naming_resume(tmp_path: Path) -> None:
+    """Two Ctrl-C at step 1 (last.ckpt is saved every 2 steps): the run stops at once with nothing saved,
+    so the manifest does not send the user to resume=true, which would be refused for lack of last.ckpt."""
+    ctrl_c = ["+callbacks.kill._target_=probes.SignalAt", "+callbacks.kill.step=1", "+callbacks.kill.times=2",
+              f"+callbacks.kill.signum={int(signal.SIGINT)}"]  # fmt: skip
+    with pytest.raises(SystemExit) as stopped:
+        train(compose_train([*RUN, *ctrl_c], tmp_path))
+    assert stopped.value.code == 128 + signal.SIGINT and not (tmp_path / "checkpoints" / "last.ckpt").exists()
+    manifest = json.loads((tmp_path / "manifest.json").read_text())
+    assert manifest["status"] == "interrupted" and "resume=true" not in manifest["error"], manifest
+    assert manifest["error"].endswith("before any checkpoint was saved; run the command again")

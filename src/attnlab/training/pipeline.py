@@ -34,7 +34,7 @@ from omegaconf import DictConfig, OmegaConf
 
 from attnlab.io import atomic_write_bytes, removing_new_directories
 from attnlab.metrics import SET_SCORES, best_metric, set_metric, truncated_metric
-from attnlab.runs.layout import RESULTS_FILE, RunDir, UnreadableRunFile, check_no_credentials
+from attnlab.runs.layout import LAST_CHECKPOINT, RESULTS_FILE, RunDir, UnreadableRunFile, check_no_credentials
 from attnlab.runs.manifest import Manifest, data_identity, task_overrides
 from attnlab.training.allocator import configure_allocator
 from attnlab.training.experiment import Experiment, check_constructor_keys, resolve_monitor, validate
@@ -181,7 +181,7 @@ def _run(plan: RunPlan) -> dict[str, float]:
             _restore_run_records(previous)
         elif manifest is not None:
             status = "interrupted" if isinstance(exc, Preempted) or _ctrl_c(exc) else "failed"
-            manifest.finish(status, error=_ctrl_c(exc) or f"{type(exc).__name__}: {exc}".splitlines()[0])
+            manifest.finish(status, error=_ctrl_c(exc, run) or f"{type(exc).__name__}: {exc}".splitlines()[0])
         _finish_tracking(exit_code=1)
         if _ctrl_c(exc):  # Lightning exits with 1 after a KeyboardInterrupt; a shell expects 128 + SIGINT
             raise SystemExit(130) from None
@@ -192,17 +192,21 @@ def _run(plan: RunPlan) -> dict[str, float]:
     return metrics
 
 
-def _ctrl_c(exc: BaseException) -> str:
-    """What the manifest says of a run stopped at once by Ctrl-C (a KeyboardInterrupt, which Lightning
-    turns into `sys.exit(1)` inside fit), or "" for any other end."""
-    if isinstance(exc, KeyboardInterrupt) or (
+def _ctrl_c(exc: BaseException, run: RunDir | None = None) -> str:
+    """What the manifest says of a run in `run` stopped at once by Ctrl-C (a KeyboardInterrupt, which
+    Lightning turns into `sys.exit(1)` inside fit), or "" for any other end. `resume=true` is named only
+    where it can continue: from a last.ckpt saved before (a Ctrl-C while the data was prepared, or before
+    the first save, leaves none, and `resume=true` would be refused)."""
+    if not isinstance(exc, KeyboardInterrupt) and not (
         isinstance(exc, SystemExit) and isinstance(exc.__context__, KeyboardInterrupt)
     ):
-        return (
-            "KeyboardInterrupt: stopped by Ctrl-C without saving; resume=true continues from a last.ckpt "
-            "saved before"
-        )
-    return ""
+        return ""
+    if run is not None and not (run.path / LAST_CHECKPOINT).is_file():
+        return "KeyboardInterrupt: stopped by Ctrl-C before any checkpoint was saved; run the command again"
+    return (
+        "KeyboardInterrupt: stopped by Ctrl-C without saving; resume=true continues from the last.ckpt "
+        "saved before"
+    )
 
 
 def _train_and_evaluate(plan: RunPlan, manifest: Manifest | None) -> dict[str, float]:
