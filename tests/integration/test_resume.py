@@ -110,6 +110,25 @@ def test_ctrl_c_saves_at_the_end_of_the_step_and_resumes_to_the_same_weights(
     assert_same_training(run_dir, resume_reference)
 
 
+def test_a_signal_after_the_last_step_saves_and_stops_before_the_final_evaluation(
+    resume_reference: Path, tmp_path: Path
+) -> None:
+    """No training step ends after a signal in the last step's validation: training ends, and the run
+    saved nothing and went on to its final evaluation (under SLURM, killed in the middle of it)."""
+    run_dir = tmp_path / "run"
+    kill = ["+callbacks.kill._target_=probes.SignalAt", "+callbacks.kill.step=20",  # the last step
+            f"+callbacks.kill.signum={int(signal.SIGTERM)}"]  # fmt: skip
+    stopped = attnlab_train(run_dir, *kill)
+    assert stopped.returncode == 128 + signal.SIGTERM, stopped.stderr[-3000:]
+    manifest = json.loads((run_dir / "manifest.json").read_text())
+    assert manifest["status"] == "interrupted" and "SIGTERM at step 20" in manifest["error"], manifest
+    assert torch.load(run_dir / "checkpoints" / "last.ckpt", weights_only=True)["global_step"] == 20
+    resumed = attnlab_train(run_dir, "resume=true")
+    assert resumed.returncode == 0, resumed.stderr[-3000:]
+    assert json.loads((run_dir / "manifest.json").read_text())["status"] == "finished"
+    assert_same_training(run_dir, resume_reference)
+
+
 def test_a_second_ctrl_c_stops_at_once_and_the_run_reads_interrupted(tmp_path: Path) -> None:
     run_dir = tmp_path / "run"
     kill = ["+callbacks.kill._target_=probes.SignalAt", "+callbacks.kill.step=6", "+callbacks.kill.times=2",

@@ -246,7 +246,7 @@ _CTRL_C = (
 
 class Preemption(_StepEnds):
     """On SIGTERM, SIGUSR1 or a first Ctrl-C (SIGINT), save a checkpoint at the end of the current training
-    step and stop.
+    step (after the last one: when training ends, before the final evaluation) and stop.
 
     Clusters announce the end of a job with a signal: SLURM sends SIGTERM before killing a job (and
     SIGUSR1 some time before its time limit when asked to, as submitit and `--signal` do). The signal
@@ -303,16 +303,32 @@ class Preemption(_StepEnds):
     ) -> None:
         if not self._ended_a_step(trainer):  # inside an accumulation: save after its step
             return
-        local = self._received
-        if not trainer.strategy.reduce_boolean_decision(local is not None, all=False):
+        if not self._asked_to_stop(trainer):
             return
-        signum = int(local or signal.SIGTERM)
-        path = f"{self.dirpath}/{self.filename}.ckpt"
-        trainer.save_checkpoint(path, weights_only=False)  # all of it, to resume (Lightning logs its default)
+        path = self._save(trainer)
         # The module's own end of the batch (what it logs there: attnlab's lr and tokens seen), which
         # Lightning would run after this hook, runs before training stops here: the step's row holds them.
         pl_module.on_train_batch_end(outputs, batch, batch_idx)
         self._log_this_step(trainer)
+        self._stop(trainer, path)
+
+    def on_train_end(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
+        """A signal after the last training step (in the last validation) ends no step: the run saves and
+        stops here, before the final evaluation, as it said it would."""
+        if self._asked_to_stop(trainer):
+            self._stop(trainer, self._save(trainer))
+
+    def _asked_to_stop(self, trainer: L.Trainer) -> bool:
+        """Whether a signal reached this rank or any other (the ranks agree)."""
+        return trainer.strategy.reduce_boolean_decision(self._received is not None, all=False)
+
+    def _save(self, trainer: L.Trainer) -> str:
+        path = f"{self.dirpath}/{self.filename}.ckpt"
+        trainer.save_checkpoint(path, weights_only=False)  # all of it, to resume (Lightning logs its default)
+        return path
+
+    def _stop(self, trainer: L.Trainer, path: str) -> None:
+        signum = int(self._received or signal.SIGTERM)  # (another rank's signal)
         previous = self._previous.get(signal.SIGUSR1)
         self._received = None
         self._restore()
