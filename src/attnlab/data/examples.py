@@ -159,16 +159,18 @@ def worker_context() -> multiprocessing.context.BaseContext | None:
     hang that way before its first batch. The fork server is a process of its own, started once per
     process from a fresh interpreter, which has none of the run's threads; it imports this module and
     the main module when that was run by name (`python -m`), so a worker forked from it starts without
-    importing torch again. As with `spawn`, each worker then runs the main module's top level as
-    `__mp_main__`: a script that starts a run with `num_workers > 0` needs the usual
-    `if __name__ == "__main__":` guard. A process forked from one that started a fork server (fork-based
-    DDP after an earlier run in the same process) cannot use that server: its workers are spawned.
+    importing torch again (and `attnlab.data.worker_server`, which quiets runpy's warning about that).
+    As with `spawn`, each worker then runs the main module's top level as `__mp_main__`: a script that
+    starts a run with `num_workers > 0` needs the usual `if __name__ == "__main__":` guard. A process
+    forked from one that started a fork server (fork-based DDP after an earlier run in the same process)
+    cannot use that server: its workers are spawned.
     Memory-mapped splits travel to workers as file names (`EncodedSplit.__getstate__`) and kept indices
     through shared memory (`Examples.shared_rows`), so nothing large is copied."""
     if "forkserver" not in multiprocessing.get_all_start_methods():
         return None
     main = getattr(sys.modules["__main__"], "__spec__", None)
-    forkserver.set_forkserver_preload([__name__, *([main.name] if main is not None else [])])
+    preload = [__name__, "attnlab.data.worker_server", *([main.name] if main is not None else [])]
+    forkserver.set_forkserver_preload(preload)
     try:
         forkserver.ensure_running()
     except ChildProcessError:  # the server is this process's parent's
