@@ -110,13 +110,14 @@ def test_a_url_whose_user_name_is_a_token_is_refused_and_a_plain_user_name_is_no
     from attnlab.typed import ConfigError
 
     tokens = [SECRETS["GITHUB_TOKEN"], SECRETS["HF_TOKEN"], "0123456789abcdef0123456789abcdef01234567",
-              "glpat-Abc", "github_pat_11ABC"]  # fmt: skip
+              "glpat-Abc", "github_pat_11ABC", "x7Kq2LmP9vR4tZ8wN3yB"]  # fmt: skip
     for token in tokens:
         with pytest.raises(
             ConfigError, match=r"^data\.url would put a credential \(a key, token or password\)"
         ):
             check_no_credentials({"data": {"url": f"https://{token}@example.com/corpus.tgz"}})
-    for user in ("alice", "john.doe", "git", "service-account-12345", "hf-mirror", "AKIA"):
+    for user in ("alice", "john.doe", "git", "service-account-12345", "hf-mirror", "AKIA",
+                 "christopherjohnson1985", "JOHNSMITH1985ACCOUNT"):  # fmt: skip
         check_no_credentials({"data": {"url": f"https://{user}@example.com/x", "git": f"ssh://{user}@h/r"}})
 
 

@@ -137,7 +137,13 @@ URL_USER = re.compile(r"[A-Za-z][A-Za-z0-9+.-]*://([^/\s:@]+)@")  # a user name 
 # other tokens are long random runs of letters and digits (`token_like`)
 TOKEN_PREFIXES = ("ghp_", "gho_", "ghu_", "ghs_", "ghr_", "github_pat_", "glpat-", "hf_", "xoxb-", "xoxp-",
                   "xoxa-", "xoxr-", "pypi-", "npm_", "sk-proj-", "sk-ant-")  # fmt: skip
-LONG_RANDOM_RUN = re.compile(r"(?=[A-Za-z0-9]*[0-9])(?=[A-Za-z0-9]*[A-Za-z])[A-Za-z0-9]{20,}")
+# 32 or more letters and digits, both (a W&B key: 40 hex digits), or 20 or more holding upper and lower case
+# letters and digits (random keys); a user name of 20-31 in one case with digits (`johnsmith1985account`)
+# is none
+LONG_RANDOM_RUN = re.compile(
+    r"(?=[A-Za-z0-9]*[0-9])(?=[A-Za-z0-9]*[A-Za-z])[A-Za-z0-9]{32,}"
+    r"|(?=[A-Za-z0-9]*[0-9])(?=[A-Za-z0-9]*[a-z])(?=[A-Za-z0-9]*[A-Z])[A-Za-z0-9]{20,}"
+)
 # An interpolation as written (`${oc.env:DB_PASSWORD}`): no secret itself (Hydra's .hydra/ records it so)
 INTERPOLATION = re.compile(r"\$\{[^${}]*\}")
 
@@ -154,9 +160,9 @@ def credential_key(key: str) -> bool:
 
 
 def token_like(name: str) -> bool:
-    """Whether a URL's user name `name` is a token: it begins as one (`TOKEN_PREFIXES`) or holds a run of
-    20 or more letters and digits, both (`LONG_RANDOM_RUN`: a W&B key, an AWS key id); a user name
-    (`alice`, `john.doe`, `service-account-12345`) is not."""
+    """Whether a URL's user name `name` is a token: it begins as one (`TOKEN_PREFIXES`) or holds a
+    long random-looking run of letters and digits (`LONG_RANDOM_RUN`: a W&B key); a user name (`alice`,
+    `john.doe`, `service-account-12345`, `christopherjohnson1985`) is not."""
     return name.startswith(TOKEN_PREFIXES) or LONG_RANDOM_RUN.search(name) is not None
 
 
