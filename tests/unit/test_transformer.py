@@ -120,6 +120,21 @@ def test_padding_does_not_change_real_positions(norm_first: bool) -> None:
     torch.testing.assert_close(logits_batch[0], logits_alone[0], rtol=1e-5, atol=1e-5)
 
 
+@pytest.mark.parametrize("norm_first", [False, True])
+def test_both_stacks_end_in_a_layer_norm(norm_first: bool) -> None:
+    """The encoder output and the decoder's hidden states are layer-normalised at every position: by the
+    last sublayer's LayerNorm in post-norm, by each stack's final LayerNorm in pre-norm (`norm_first`).
+    With the initial LayerNorm weights (1) and biases (0): mean 0 and variance 1 over the model width."""
+    model = build(norm_first=norm_first)
+    with torch.no_grad():
+        memory, _ = model.encode(padded_source())
+        hidden = model(padded_source(), ids(3, 6, seed=2), project=False)
+    for states in (memory, hidden):
+        positions = states.shape[:-1]
+        torch.testing.assert_close(states.mean(-1), torch.zeros(positions), rtol=0, atol=1e-5)
+        torch.testing.assert_close(states.var(-1, correction=0), torch.ones(positions), rtol=0, atol=1e-3)
+
+
 def test_padding_matters_when_unmasked() -> None:
     """Sanity check of the test above: the pad embedding is not neutral, so the mask does the work."""
     model = build()
@@ -469,13 +484,22 @@ def test_explicit_attention_for_many_decoding_rows_equals_the_fused_kernel() -> 
 
 
 @pytest.mark.parametrize("tie", ["all", "none"])
-def test_initialisation_is_xavier_uniform_with_zero_biases_and_normal_embeddings(tie: str) -> None:
+@pytest.mark.parametrize("again", [False, True], ids=["built", "reset"])
+def test_initialisation_is_xavier_uniform_with_zero_biases_and_normal_embeddings(
+    tie: str, again: bool
+) -> None:
     """Every linear weight uniform in ±sqrt(6 / (fan_in + fan_out)) with Xavier's variance and a zero bias;
-    embeddings N(0, D^-0.5) with a zero pad row; a tied output projection is the embedding itself."""
+    embeddings N(0, D^-0.5) with a zero pad row; a tied output projection is the embedding itself and
+    keeps its initialisation, also when `reset_parameters` re-initialises a built model (`again`)."""
     torch.manual_seed(0)
     config = TransformerConfig(d_model=128, n_heads=4, d_ff=256, n_encoder_layers=2, n_decoder_layers=2,
                                tie=tie, output_bias=True).with_vocab(2000, 2000)  # fmt: skip
     model = Transformer(config)
+    if again:
+        with torch.no_grad():
+            for parameter in model.parameters():
+                parameter.fill_(5.0)
+        model.reset_parameters()
     embeddings = [module for module in model.modules() if isinstance(module, nn.Embedding)]
     linears = [module for module in model.modules() if isinstance(module, nn.Linear)]
     for embedding in embeddings:
