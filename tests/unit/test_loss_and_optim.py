@@ -383,6 +383,33 @@ def test_linear_schedule_warms_up_then_decays_to_zero_at_total_steps() -> None:
         fitted.lr_at(3, 32)
 
 
+def test_a_linear_schedules_own_total_steps_outranks_the_runs_length() -> None:
+    """`total_steps` given to `lr_at` (the run's length) is used only when `optim.total_steps` is null."""
+    peak = 1e-3
+    cfg = OptimConfig(schedule="linear", warmup_steps=10, peak_lr=peak, total_steps=50)
+    assert cfg.lr_at(30, 32, total_steps=1000) == pytest.approx(peak / 2)  # halfway from 10 to 50
+    assert cfg.lr_at(50, 32, total_steps=1000) == 0.0
+
+
+def test_a_linear_run_as_long_as_its_warmup_ends_at_the_peak() -> None:
+    """A run of exactly `warmup_steps` steps is all warm-up: its last step reaches the peak."""
+    peak, warmup = 1e-3, 8
+    cfg = OptimConfig(schedule="linear", warmup_steps=warmup, peak_lr=peak)
+    lrs = [cfg.lr_at(s, 32, total_steps=warmup) for s in range(1, warmup + 1)]
+    assert lrs == pytest.approx([peak * s / warmup for s in range(1, warmup + 1)])
+
+
+@pytest.mark.parametrize("schedule", ["noam", "inverse_sqrt", "linear"])
+@pytest.mark.parametrize("total", [7, 8, 9])
+def test_warmup_facts_say_whether_the_runs_rates_reach_the_peak(schedule: str, total: int) -> None:
+    """`peak_reached` is whether some step of a `total`-step run gets the schedule's peak rate, the rate
+    of step `warmup_steps` (8 here): a run of exactly 8 steps does, at its last step."""
+    cfg = OptimConfig(schedule=schedule, warmup_steps=8)
+    rates = [cfg.lr_at(s, 32, total_steps=total) for s in range(1, total + 1)]
+    peak = cfg.lr_at(8, 32, total_steps=max(total, 9))  # a linear run that decays after step 8
+    assert cfg.warmup_facts(total)["peak_reached"] is (max(rates) == pytest.approx(peak))
+
+
 def test_linear_schedule_spans_the_trainers_optimizer_steps() -> None:
     module = build_module(schedule="linear", peak_lr=1e-3)  # 10 warm-up steps
     module.trainer = SimpleNamespace(estimated_stepping_batches=20)
