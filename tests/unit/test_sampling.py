@@ -87,6 +87,13 @@ def test_pick_draws_from_the_filtered_distribution() -> None:
     assert masked[1] == masked[3] == 0
 
 
+def test_a_nucleus_whose_mass_is_exactly_p_keeps_no_further_token() -> None:
+    """Four equally probable tokens (1/4 each, exact in binary): the nucleus of p = 0.5 is the first two
+    (ties ranked in id order), whose probabilities sum to p; the third, whose preceding mass is exactly p,
+    is not in it."""
+    assert frequencies(Sampling(topp=0.5), [0.25] * 4) == pytest.approx([0.5, 0.5, 0, 0], abs=0.03)
+
+
 def test_samples_never_hold_pad_or_bos_nor_eos_before_min_len() -> None:
     m, src = model(3), sources(3)
     cfg = m.config
