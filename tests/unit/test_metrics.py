@@ -300,6 +300,10 @@ def test_compound_split_of_consecutive_hyphens() -> None:
     )
     # a hyphen beside a space (or line end) is not inside a compound
     assert split_compounds("Vor- und Nachteile - gut -") == "Vor- und Nachteile - gut -"
+    # beside any other character it is, punctuation included (perl's \S, not a word character)
+    assert split_compounds('"Ja"-Wort (x)-(y) 5%-Hürde') == (
+        '"Ja" ##AT##-##AT## Wort (x) ##AT##-##AT## (y) 5% ##AT##-##AT## Hürde'
+    )
 
 
 def test_bleu_tok_compound_is_not_sacrebleu() -> None:
