@@ -83,3 +83,16 @@ def test_the_modules_running_means_are_no_weights_and_only_ppl_is_exponentiated(
     )
     assert [name for name, m in module.train_metrics.items() if m.exp] == ["ppl"]
     assert not any(key.startswith("train_metrics") for key in module.state_dict())  # not in the weights
+
+
+def test_a_mean_over_ranks_divides_every_ranks_total_by_every_ranks_weight() -> None:
+    """Under DDP the epoch value is Σ total / Σ weight over the ranks (tokens of both ranks), not a mean of
+    the ranks' means: this rank's sums (6 over 2 tokens) and another rank's (30 over 4), as torchmetrics
+    gathers them (`dist_sync_fn`, one gather per state in the order they were added)."""
+    mean = EpochMean()
+    mean.update(6.0, 2.0)
+    other_rank = iter([torch.tensor(30.0, dtype=torch.float64), torch.tensor(4.0, dtype=torch.float64)])
+    mean.sync(
+        dist_sync_fn=lambda local, group=None: [local, next(other_rank)], distributed_available=lambda: True
+    )
+    assert mean.sums() == (36.0, 6.0)  # 36 / 6 = 6, where the ranks' means (3 and 7.5) average 5.25
