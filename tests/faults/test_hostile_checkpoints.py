@@ -901,3 +901,21 @@ def test_loading_a_module_for_inference_takes_an_odd_resumption_state_without_fa
     assert module.tokens_seen == 0 and real.tokens_seen > 0
     ours, theirs = module.state_dict(), real.state_dict()
     assert ours.keys() == theirs.keys() and all(torch.equal(ours[k], theirs[k]) for k in ours)
+
+
+def test_a_huge_class_name_or_format_is_shown_cut_in_the_message(
+    trained: dict[str, Any], tmp_path: Path
+) -> None:
+    """The value a refusal names comes from the untrusted file: a megabyte-long `_target_` (or format)
+    made a megabyte-long error line; it is shown cut to about 100 characters."""
+    for edit in ("data", "format"):
+        checkpoint = copy.deepcopy(trained["plain"])
+        if edit == "data":
+            checkpoint[BUNDLE_KEY]["data"] = {"_target_": "attnlab." + "x" * 1_000_000}
+        else:
+            checkpoint[BUNDLE_KEY]["format"] = "9" * 1_000_000
+        path = tmp_path / f"{edit}.ckpt"
+        torch.save(checkpoint, path)
+        with pytest.raises(CheckpointError) as refused:
+            read_checkpoint(path)
+        assert len(str(refused.value)) < 1000 and "xxx" * (edit == "data") in str(refused.value)

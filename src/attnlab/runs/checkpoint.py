@@ -20,6 +20,7 @@ import pickle
 import pickletools
 import random
 import re
+import reprlib
 import zipfile
 from collections.abc import Sequence
 from pathlib import Path
@@ -140,7 +141,7 @@ def read_checkpoint(path: str | Path, map_location: Any = "cpu", *, mmap: bool =
     bundle = checkpoint[BUNDLE_KEY]
     if bundle.get("format") != BUNDLE_FORMAT:
         raise CheckpointError(
-            f"{path} has attnlab checkpoint format {bundle.get('format')!r}; this version reads "
+            f"{path} has attnlab checkpoint format {_SHOWN.repr(bundle.get('format'))}; this version reads "
             f"format {BUNDLE_FORMAT}"
         )
     _refuse_data_class(bundle, path)
@@ -235,11 +236,17 @@ def _pickled_global(path: Path) -> str | None:
     return None
 
 
+# How a value read from an untrusted file is shown in a message: its repr, cut to about 100 characters
+# (a megabyte-long `_target_` made a megabyte-long error)
+_SHOWN = reprlib.Repr()
+_SHOWN.maxstring = _SHOWN.maxother = 100
+
+
 def _refused_class(path: str | Path, where: str, name: Any) -> CheckpointError:
     return CheckpointError(
-        f"{path} names a class attnlab does not build ({where}={name!r}) and was not loaded: from a "
-        "checkpoint attnlab builds only its data specs and model, optim, decode and metrics settings, by "
-        "their own names, never a class the file names. Use a checkpoint written by attnlab-train"
+        f"{path} names a class attnlab does not build ({where}={_SHOWN.repr(name)}) and was not loaded: "
+        "from a checkpoint attnlab builds only its data specs and model, optim, decode and metrics settings, "
+        "by their own names, never a class the file names. Use a checkpoint written by attnlab-train"
     )
 
 
