@@ -34,7 +34,7 @@ from omegaconf import DictConfig, OmegaConf
 
 from attnlab.io import atomic_write_bytes, removing_new_directories
 from attnlab.metrics import SET_SCORES, best_metric, set_metric, truncated_metric
-from attnlab.runs.layout import LAST_CHECKPOINT, RESULTS_FILE, RunDir, UnreadableRunFile, check_no_credentials
+from attnlab.runs.layout import RESULTS_FILE, RunDir, UnreadableRunFile, check_no_credentials
 from attnlab.runs.manifest import Manifest, data_identity, task_overrides
 from attnlab.training.allocator import configure_allocator
 from attnlab.training.experiment import Experiment, check_constructor_keys, resolve_monitor, validate
@@ -175,15 +175,16 @@ def _run(plan: RunPlan) -> dict[str, float]:
     try:
         metrics = _train_and_evaluate(plan, manifest)
     except BaseException as exc:
+        ctrl_c = _ctrl_c(exc, run)
         if manifest is not None and previous is not None and isinstance(exc, (ConfigError, DataError)):
             # A refused continuation (other training data, a split too small) trained nothing: the run
             # stays as it was.
             _restore_run_records(previous)
         elif manifest is not None:
-            status = "interrupted" if isinstance(exc, Preempted) or _ctrl_c(exc) else "failed"
-            manifest.finish(status, error=_ctrl_c(exc, run) or f"{type(exc).__name__}: {exc}".splitlines()[0])
+            status = "interrupted" if isinstance(exc, Preempted) or ctrl_c else "failed"
+            manifest.finish(status, error=ctrl_c or f"{type(exc).__name__}: {exc}".splitlines()[0])
         _finish_tracking(exit_code=1)
-        if _ctrl_c(exc):  # Lightning exits with 1 after a KeyboardInterrupt; a shell expects 128 + SIGINT
+        if ctrl_c:  # Lightning exits with 1 after a KeyboardInterrupt; a shell expects 128 + SIGINT
             raise SystemExit(130) from None
         raise
     if manifest is not None:
@@ -192,7 +193,7 @@ def _run(plan: RunPlan) -> dict[str, float]:
     return metrics
 
 
-def _ctrl_c(exc: BaseException, run: RunDir | None = None) -> str:
+def _ctrl_c(exc: BaseException, run: RunDir) -> str:
     """What the manifest says of a run in `run` stopped at once by Ctrl-C (a KeyboardInterrupt, which
     Lightning turns into `sys.exit(1)` inside fit), or "" for any other end. `resume=true` is named only
     where it can continue: from a last.ckpt saved before (a Ctrl-C while the data was prepared, or before
@@ -201,7 +202,7 @@ def _ctrl_c(exc: BaseException, run: RunDir | None = None) -> str:
         isinstance(exc, SystemExit) and isinstance(exc.__context__, KeyboardInterrupt)
     ):
         return ""
-    if run is not None and not (run.path / LAST_CHECKPOINT).is_file():
+    if not run.last_checkpoint.is_file():
         return "KeyboardInterrupt: stopped by Ctrl-C before any checkpoint was saved; run the command again"
     return (
         "KeyboardInterrupt: stopped by Ctrl-C without saving; resume=true continues from the last.ckpt "
