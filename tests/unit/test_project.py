@@ -1,13 +1,16 @@
-"""Project contracts: the README's test command is what CI runs; the shared-data policy."""
+"""Project contracts: the README's test command is what CI runs; every command and config key the README and
+docs/ give exists; the shared-data policy."""
 
 from __future__ import annotations
 
 import hashlib
 import os
 import re
+import shlex
 import subprocess
 import sys
 import tempfile
+import warnings
 from pathlib import Path
 
 import pytest
@@ -17,10 +20,213 @@ from helpers import require_shared_data
 ROOT = Path(__file__).resolve().parents[2]
 
 
+DOCS = [ROOT / "README.md", *sorted((ROOT / "docs").rglob("*.md"))]  # the README and the pages it links
+
+
+def bash_lines(block: str) -> list[str]:
+    """A bash code block's command lines: continuation lines joined, comments and blank lines left out."""
+    joined = re.sub(r"\\\n\s*", " ", block)
+    return [
+        line
+        for line in (re.sub(r"\s+#.*", "", x).strip() for x in joined.splitlines())
+        if line and line[0] != "#"
+    ]
+
+
 def readme_commands() -> list[str]:
     block = re.search(r"## Quickstart.*?```bash\n(.*?)```", (ROOT / "README.md").read_text(), re.S)
     assert block, "README.md has no Quickstart bash block"
-    return [line for line in block.group(1).splitlines() if line and not line.startswith("#")]
+    return bash_lines(block.group(1))
+
+
+def inline_code(text: str) -> list[str]:
+    """The `code` spans of a Markdown text outside its code blocks, a span's line breaks as spaces."""
+    prose = re.sub(r"```.*?```", "", text, flags=re.S)
+    return [" ".join(span.split()) for span in re.findall(r"`([^`]+)`", prose)]
+
+
+# A documented command: an attnlab command, a module run with -m, or a script of scripts/
+PROGRAM = re.compile(r"attnlab-(train|eval|translate|compare|export)|attnlab\.cli\.(\w+)|scripts/[\w.]+")
+
+
+def documented_commands() -> list[tuple[str, str]]:
+    """(page, command line) of every command in the README's and docs' bash blocks, and every inline
+    `code` span that starts with one (`attnlab-train data.root=...`, `python scripts/bench_data.py ...`)."""
+    found = []
+    for page in DOCS:
+        text = page.read_text()
+        lines = [x for block in re.findall(r"```bash\n(.*?)```", text, re.S) for x in bash_lines(block)]
+        spans = [x for x in inline_code(text) if re.match(r"(python |bash )?(-m )?(attnlab-|scripts/)", x)]
+        found += [(page.name, x) for x in lines + spans if any(PROGRAM.fullmatch(w) for w in x.split())]
+    return sorted(set(found))
+
+
+CONF = ROOT / "conf"
+# A placeholder of a documented command (`<run>`, `<file.ckpt>`, `DIR`, `--root ...`): it stands for the
+# user's own file or value, so the command is composed but not validated
+NAMED = r"<(?! )[^<>]*(?<! )>"  # `<run>`, `<run a>`, not the redirections of `< in.de > out.txt`
+PLACEHOLDER = re.compile(rf"{NAMED}|=[A-Z]+\b|\.\.\.")
+
+
+def command_words(line: str) -> tuple[str, list[str]]:
+    """The program of a documented command line (`train`, `eval`, ..., or a script's path) and its
+    arguments, redirections (`< in.de > out.txt`) left out and Markdown's `a\\|b` (one of a, b) as `a|b`."""
+    line = re.sub(NAMED, "PLACEHOLDER", line.split("&&")[-1].replace("\\|", "|"))
+    words = shlex.split(line)
+    start = next(i for i, word in enumerate(words) if PROGRAM.fullmatch(word))
+    match = PROGRAM.fullmatch(words[start])
+    rest = words[start + 1 :]
+    redirected = [w for i, w in enumerate(rest) if w not in "<>" and (i == 0 or rest[i - 1] not in "<>")]
+    args = [w for w in redirected if w != "PLACEHOLDER"]  # `attnlab-train <overrides>`
+    return match.group(1) or match.group(2) or match.group(0), args
+
+
+def _own_option(override: str) -> bool:
+    """Whether `override` selects a config group option that conf/ does not hold (`experiment=my_study`)."""
+    group, _, name = override.partition("=")
+    return (CONF / group).is_dir() and not (CONF / group / f"{name}.yaml").is_file()
+
+
+def check_hydra_command(app: str, args: list[str], line: str, run_dir: Path) -> None:
+    """Hydra's parser takes the flags, and every job (each value of a sweep) composes: each key exists and
+    each group option is in conf/ (or, with `--config-dir` or `hydra.searchpath`, the user's own); a
+    training job without placeholders also passes the checks a run makes before it prepares data."""
+    from hydra._internal.utils import get_args_parser
+    from hydra.core.override_parser.overrides_parser import OverridesParser
+
+    from attnlab.training.experiment import check_sweep_objective, validate
+    from helpers import SHARED_DATA, compose_app
+
+    parsed = get_args_parser().parse_args(args)
+    checked = (
+        app == "train" and not PLACEHOLDER.search(line) and ("../shared" not in line or SHARED_DATA.is_dir())
+    )
+    own = parsed.config_dir or any(o.startswith("hydra.searchpath=") for o in parsed.overrides)
+    overrides = OverridesParser.create().parse_overrides(parsed.overrides)
+    choices = [[f"{o.get_key_element()}={v}" for v in o.sweep_string_iterator()] if o.is_sweep_override()
+               else [o.input_line] for o in overrides]  # fmt: skip
+    first = [values[0] for values in choices]  # each value of a sweep once, the others at their first
+    for job in [first, *([*first[:i], v, *first[i + 1 :]] for i, vs in enumerate(choices) for v in vs[1:])]:
+        job = [o for o in job if not (own and _own_option(o))]
+        with warnings.catch_warnings():  # hydra.searchpath=[file:///abs/path/my_conf]: the user's, not here
+            warnings.simplefilter("ignore" if own else "default")
+            cfg = compose_app(app, [f"paths.output_dir={run_dir}", *job], hydra_node=True)
+        if checked:
+            validate(cfg)
+            check_sweep_objective(cfg.get("optimized_metric"), cfg.hydra.sweeper.get("direction"))
+
+
+def check_command(program: str, args: list[str], line: str, run_dir: Path) -> None:
+    """Raise if `program` would not take `args` as documented (see `check_hydra_command`): the key=value
+    settings `attnlab-translate` reads, the flags `attnlab-compare --help` lists, a script's own options."""
+    import contextlib
+    import io
+
+    if program in ("train", "eval", "export"):
+        check_hydra_command(program, args, line, run_dir)
+    elif program == "translate":
+        from attnlab.cli.translate import parse_args
+
+        parse_args(args)
+    elif program == "compare":
+        from attnlab.cli.compare import main
+
+        with contextlib.redirect_stdout(io.StringIO()) as help_text, contextlib.suppress(SystemExit):
+            main(["--help"])
+        unknown = [w for w in args if w.startswith("-") and w not in help_text.getvalue().split()]
+        assert not unknown, f"not in attnlab-compare --help: {unknown}"
+    else:  # a script: each option is one its argument parser adds (gpu_check.sh passes them to gpu_check.py)
+        source = (ROOT / program.replace(".sh", ".py")).read_text()
+        flags = [w.strip("[]") for w in args if w.strip("[]").startswith("--")]
+        unknown = [f for f in flags if f'"{f}"' not in source]
+        assert not unknown, f"not options of {program}: {unknown}"
+
+
+def transcripts() -> dict[str, str]:
+    """The README's console transcripts (`$ command`, then the first line it prints): command -> line."""
+    text = (ROOT / "README.md").read_text()
+    return dict(re.findall(r"^\$ (attnlab-.+)\n(.+)$", text, re.M))
+
+
+def test_every_documented_command_parses(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Each command of the README and docs/ (code blocks and inline `attnlab-...` code) names flags its
+    program has and config keys and options that exist: a renamed key or option fails here, not a reader.
+    A command a transcript shows refused (`$ attnlab-train model.n_heads=3`) is refused with that line."""
+    from attnlab.typed import ConfigError
+
+    monkeypatch.chdir(ROOT)  # where the docs' relative paths (../shared/data/multi30k) start
+    shown, wrong = transcripts(), []
+    assert shown, "the README shows no refused command"
+    pages = {
+        line: page for page, line in reversed([*documented_commands(), *[("README.md", x) for x in shown]])
+    }
+    for line, page in sorted(pages.items()):  # (a command given on several pages is checked once)
+        program, args = command_words(line)
+        for alternative in _alternatives(args):
+            try:
+                check_command(program, alternative, line, tmp_path / "run")
+                outcome = "accepted"
+            except (Exception, SystemExit) as exc:
+                outcome = f"{type(exc).__name__}: {str(exc).splitlines()[0] if str(exc) else ''}"
+                if (
+                    isinstance(exc, ConfigError)
+                    and shown.get(line) == f"attnlab-{program}: config error: {exc}"
+                ):
+                    continue
+            if line in shown:
+                wrong.append(f"{page}: {line}\n    shown: {shown[line]}\n    got: {outcome}")
+            elif outcome != "accepted":
+                wrong.append(f"{page}: {line}\n    {outcome}")
+    assert not wrong, "documented commands that do not do what the docs show:\n" + "\n".join(wrong)
+
+
+def _alternatives(args: list[str]) -> list[list[str]]:
+    """`key=a|b` (one of a, b, as a Markdown table writes it) as one argument list per choice."""
+    for i, arg in enumerate(args):
+        key, _, value = arg.partition("=")
+        if "|" in value and not value.startswith(("'", '"', "[")):
+            return [
+                a
+                for choice in value.split("|")
+                for a in _alternatives([*args[:i], f"{key}={choice}", *args[i + 1 :]])
+            ]
+    return [args]
+
+
+def conf_keys() -> set[str]:
+    """Every key conf/ holds, dotted from the root of the config its file composes into (its group, or
+    the root for `# @package _global_`), `defaults` lists left out."""
+    import yaml
+
+    def walk(node: object, prefix: str) -> set[str]:
+        items = node.items() if isinstance(node, dict) else []
+        return {f"{prefix}{k}" for k, _ in items} | {x for k, v in items for x in walk(v, f"{prefix}{k}.")}
+
+    keys = set()
+    for path in CONF.rglob("*.yaml"):
+        text = path.read_text()
+        header = re.search(r"^# @package (\S+)", text, re.M)
+        package = header.group(1) if header else ".".join(path.parent.relative_to(CONF).parts)
+        prefix = "" if package in ("_global_", "") else f"{package}."
+        keys |= walk({k: v for k, v in (yaml.safe_load(text) or {}).items() if k != "defaults"}, prefix)
+    return keys
+
+
+def test_every_config_key_the_docs_name_exists() -> None:
+    """A key the README or docs/ name in `code` (`progress.every_n_seconds`, `data.tokenizer_sample=N`)
+    is one conf/ holds; `+key` marks a key added on purpose (the docs' misspelt and refused examples)."""
+    keys = conf_keys()
+    roots = "|".join(sorted({key.split(".")[0] for key in keys if "." in key} - {"hydra"}))
+    reference = re.compile(rf"(?<![\w./<$+-])((?:{roots})\.[A-Za-z_]\w*(?:\.\w+)*)(?![\w(.])")
+    named = {
+        (page.name, m)
+        for page in DOCS
+        for span in inline_code(page.read_text())
+        for m in reference.findall(span)
+    }
+    missing = sorted(f"{page}: {key}" for page, key in named if key not in keys and not key.endswith(".py"))
+    assert len(named) > 50 and "progress.every_n_seconds" in {key for _, key in named}
+    assert not missing, "config keys the docs name that conf/ does not hold:\n" + "\n".join(missing)
 
 
 def test_ci_runs_exactly_the_readme_test_command() -> None:
