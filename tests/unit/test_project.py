@@ -229,6 +229,37 @@ def test_every_config_key_the_docs_name_exists() -> None:
     assert not missing, "config keys the docs name that conf/ does not hold:\n" + "\n".join(missing)
 
 
+def test_every_python_name_and_test_file_the_docs_give_exists() -> None:
+    """Each `attnlab.<module>.<name>` of the README and docs/ (prose and Python blocks) resolves, and each
+    `test_*.py` they cite as the evidence of a promise is a file of tests/."""
+    import importlib
+
+    named, cited = set(), set()
+    for page in DOCS:
+        text = page.read_text()
+        code = [*inline_code(text), *re.findall(r"```python\n(.*?)```", text, re.S)]
+        named |= {(page.name, m) for span in code for m in re.findall(r"(?<![\w.])attnlab(?:\.\w+)+", span)}
+        cited |= {(page.name, m) for span in code for m in re.findall(r"\btest_\w+\.py\b", span)}
+    wrong = []
+    for page, name in sorted(named):
+        parts = name.split(".")
+        for found in range(len(parts), 0, -1):  # the longest module of the name, then its attributes
+            try:
+                obj = importlib.import_module(".".join(parts[:found]))
+                break
+            except ImportError:
+                continue
+        for i, attribute in enumerate(parts[found:]):
+            if not hasattr(obj, attribute):
+                wrong.append(f"{page}: {name} ({'.'.join(parts[: found + i])} has no {attribute})")
+                break
+            obj = getattr(obj, attribute)
+    tests = {path.name for path in (ROOT / "tests").rglob("test_*.py")}
+    wrong += [f"{page}: {name} is no test file" for page, name in sorted(cited) if name not in tests]
+    assert len(named) > 50 and len(cited) > 10, (len(named), len(cited))
+    assert not wrong, "names the docs give that do not exist:\n" + "\n".join(wrong)
+
+
 def test_ci_runs_exactly_the_readme_test_command() -> None:
     main_job, tests = readme_commands()
     assert main_job.endswith("attnlab-train")
