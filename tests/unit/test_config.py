@@ -161,6 +161,29 @@ def test_the_multi30k_small_recipe_decodes_as_the_readmes_result(tmp_path: Path)
     assert decode.every_n_epochs == 1  # val/bleu, which `auto` monitors, is decoded every epoch
 
 
+def test_the_readmes_config_groups_table_lists_every_option_and_each_default(tmp_path: Path) -> None:
+    """README, "Config groups": each row names every option of its group in conf/ (`table3/*` for a folder of
+    them) and marks the one a run gets by default, "(default)", "(...; default)" or "(default: ...)"."""
+    readme = (Path(__file__).resolve().parents[2] / "README.md").read_text()
+    table = re.search(r"^\| group \| options \|.*?\n\n", readme, re.S | re.M)
+    assert table, "README.md has no Config groups table"
+    defaults = compose_train([], tmp_path, hydra_node=True).hydra.runtime.choices
+    rows = [row.split(" | ")[:2] for row in table.group(0).strip().splitlines()[2:]]
+    for group, options in ((g.strip("|` "), o) for g, o in rows):
+        marked = re.findall(r"`(\w+)` \((?:default[:)]|[^()]*[,;] default\))", options)
+        while re.search(r"\([^()]*\)", options):  # what an option is, inside parentheses: not an option
+            options = re.sub(r"\([^()]*\)", "", options)
+        listed = set(re.findall(r"`([\w/*]+)`", options))
+        files = {p.stem for p in (CONF / group).glob("*.yaml")} | {
+            f"{p.name}/*" for p in (CONF / group).glob("*/")
+        }
+        assert listed == files, (
+            f"README's {group} row lists {sorted(listed)}, conf/{group} holds {sorted(files)}"
+        )
+        if defaults.get(group) not in (None, "default"):  # (an option named `default` needs no mark)
+            assert marked == [defaults[group]], f"README's {group} row marks {marked} as the default"
+
+
 @pytest.mark.parametrize(("group", "name"), OPTIONS, ids=[f"{g}={n}" for g, n in OPTIONS])
 def test_every_cpu_node_instantiates(group: str, name: str, tmp_path: Path) -> None:
     from attnlab.model import Transformer
