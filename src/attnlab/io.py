@@ -359,18 +359,30 @@ def make_writable_directory(directory: Path) -> None:
         pass
 
 
+def missing_directories(directories: Iterable[Path]) -> set[Path]:
+    """Each of `directories` and their parents that does not exist now (absolute): what
+    `remove_empty_directories` may remove after a refused command."""
+    return {path for directory in directories
+            for path in (Path(directory).resolve(), *Path(directory).resolve().parents)
+            if not path.exists()}  # fmt: skip
+
+
+def remove_empty_directories(directories: Iterable[Path]) -> None:
+    """Remove each of `directories` that is empty, deepest first; one that holds anything (or is gone) is
+    kept."""
+    for path in sorted(directories, key=lambda p: len(p.parts), reverse=True):
+        with suppress(OSError):  # not empty, or not made: kept
+            path.rmdir()
+
+
 @contextmanager
 def removing_new_directories(directories: Iterable[Path]) -> Iterator[None]:
     """Run the block; when it raises, remove each of `directories` and their parents that was missing
     before it and is empty after it (deepest first): a refused command leaves no directory it made, and
     never removes one that existed before or that holds anything."""
-    missing = {path for directory in directories
-               for path in (Path(directory).resolve(), *Path(directory).resolve().parents)
-               if not path.exists()}  # fmt: skip
+    missing = missing_directories(directories)
     try:
         yield
     except BaseException:
-        for path in sorted(missing, key=lambda p: len(p.parts), reverse=True):
-            with suppress(OSError):  # not empty, or not made: kept
-                path.rmdir()
+        remove_empty_directories(missing)
         raise

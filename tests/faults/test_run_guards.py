@@ -10,6 +10,7 @@ from __future__ import annotations
 import json
 import os
 import random
+import re
 import socket
 import subprocess
 import sys
@@ -237,6 +238,37 @@ def cli(module: str, *args: str, cwd: Path) -> subprocess.CompletedProcess:
     env["ATTNLAB_LOG_DIR"] = str(cwd / "logs")
     return subprocess.run([sys.executable, "-m", module, *args], capture_output=True, text=True, timeout=300,
                           env=env, cwd=cwd)  # fmt: skip
+
+
+@pytest.mark.parametrize(("command", "args", "told"), [
+    ("eval", [], "attnlab-eval: ckpt_path=<checkpoint file or run directory> is required"),
+    ("export", ["ckpt_path=a.ckpt"], "attnlab-export: format= is required"),
+    ("train", ["model.n_heads=3"], "attnlab-train: config error: model.n_heads=3 does not divide"),
+])  # fmt: skip
+def test_a_refused_command_leaves_no_run_directory_and_keeps_one_that_existed(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, command: str, args: list[str], told: str
+) -> None:
+    """Each mistyped command left a run directory holding only Hydra's record of it (`.hydra/`): removed
+    with the parents Hydra made for it. A run directory that existed before the command is kept, and so
+    are the directories above it that existed."""
+    import importlib
+
+    from hydra.core.global_hydra import GlobalHydra
+
+    main = importlib.import_module(f"attnlab.cli.{command}").main
+    (tmp_path / "kept").mkdir()
+    for run_dir, left in [(tmp_path / "kept/new/run", ["kept"]), (tmp_path / "kept", ["kept"])]:
+        argv = [f"attnlab-{command}", *args, f"hydra.run.dir={run_dir}", "hydra/job_logging=none",
+                "hydra/hydra_logging=none"]  # fmt: skip
+        monkeypatch.setattr(sys, "argv", argv)
+        GlobalHydra.instance().clear()
+        try:
+            with pytest.raises(SystemExit, match=f"^{re.escape(told)}"):
+                main()
+        finally:
+            GlobalHydra.instance().clear()
+        assert sorted(p.name for p in tmp_path.iterdir()) == left
+    assert sorted(p.name for p in (tmp_path / "kept").iterdir()) == [".hydra"]  # as Hydra left it
 
 
 def test_a_run_directory_under_a_file_is_refused_naming_hydra_run_dir(tmp_path: Path) -> None:

@@ -388,6 +388,8 @@ def test_a_null_skip_done_reads_as_false(tmp_path: Path) -> None:
 
 
 def test_a_bad_value_is_rejected_by_the_cli_before_torch_is_imported(tmp_path: Path) -> None:
+    """A mistyped value is refused with one line before torch is imported, and the refused command leaves
+    no run directory (Hydra had made one, with its record and log: `refusal_leaves_no_run_directory`)."""
     script = (
         "import sys\n"
         "from attnlab.cli.train import main\n"
@@ -398,6 +400,7 @@ def test_a_bad_value_is_rejected_by_the_cli_before_torch_is_imported(tmp_path: P
     out = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=120)
     assert "EXIT attnlab-train: config error: model.n_heads=5 does not divide d_model=256" in out.stdout, out
     assert "TORCH_IMPORTED False False" in out.stdout
+    assert list(tmp_path.iterdir()) == []  # the run directory Hydra made (.hydra/, train.log) is removed
 
 
 def test_help_and_cfg_job_do_not_import_torch() -> None:

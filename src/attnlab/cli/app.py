@@ -7,13 +7,15 @@ import hashlib
 import os
 import re
 import secrets
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
+from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
 from hydra.experimental.callback import Callback
 from omegaconf import DictConfig, OmegaConf
 
+from attnlab.io import missing_directories, remove_empty_directories
 from attnlab.runs.layout import (
     MANIFEST_FILE,
     RunDir,
@@ -89,6 +91,42 @@ def check_no_swept_bookkeeping(overrides: Sequence[str]) -> None:
         )
 
 
+# The run directory of this process's command (`hydra.run.dir`, resolved) -> it and its parents that were
+# missing when the command started (`RunDirectoryCheck.on_run_start`): Hydra makes them
+_made_for_this_run: dict[Path, set[Path]] = {}
+
+
+@contextmanager
+def refusal_leaves_no_run_directory() -> Iterator[None]:
+    """Run a command (`attnlab-train`, `-eval`, `-export` without `-m`); when it is refused with its one-line
+    message (a `SystemExit` with text: a config error, a missing file), remove the run directory Hydra made
+    for it if it holds nothing but Hydra's record (`.hydra/`) and log (`<task>.log`), with the parents
+    made along with it: a mistyped command leaves no empty run behind. A directory that existed before the
+    command, or that holds anything the command wrote (a manifest, a checkpoint), is kept."""
+    try:
+        yield
+    except SystemExit as exc:
+        for run_dir, missing in _made_for_this_run.items():
+            if isinstance(exc.code, str) and run_dir in missing and _remove_hydra_record(run_dir):
+                remove_empty_directories(missing)
+        raise
+    finally:
+        _made_for_this_run.clear()
+
+
+def _remove_hydra_record(run_dir: Path) -> bool:
+    """Remove `run_dir`'s `.hydra/` and top-level `*.log` files if it holds nothing else; whether it did."""
+    record = run_dir / ".hydra"
+    found = list(run_dir.rglob("*"))
+    hydras = [p for p in found if p == record or (p.parent == record and p.is_file() and not p.is_symlink())]
+    logs = [p for p in found if p.parent == run_dir and p.suffix == ".log" and p.is_file()]
+    if len(hydras) + len(logs) != len(found):
+        return False
+    for path in [*logs, *hydras[::-1]]:
+        (path.rmdir if path == record else path.unlink)()
+    return True
+
+
 def hydra_output_subdir(output_dir: Any, resume: Any = False, ckpt_path: Any = None) -> str | None:
     """Where Hydra records a command (`hydra.output_subdir`): `.hydra`, but nowhere (None) for a command
     that continues the run in `output_dir` (`resume=true|auto`, `ckpt_path=last`) when the run has its
@@ -138,6 +176,9 @@ class RunDirectoryCheck(Callback):
     they would replace its results and Hydra record with their own."""
 
     def on_run_start(self, config: DictConfig, **kwargs: Any) -> None:
+        run_dir = Path(config.hydra.run.dir).resolve()  # what Hydra is about to make: removed if refused
+        _made_for_this_run.clear()
+        _made_for_this_run[run_dir] = missing_directories([run_dir])
         self._check(config, Path(config.hydra.run.dir))
         run, task = RunDir(Path(config.hydra.run.dir)), config.get("task_name", "train")
         if task == "train":  # a live or saved run there: refused before Hydra writes

@@ -15,7 +15,7 @@ from typing import Any
 import hydra
 from omegaconf import DictConfig, ListConfig, OmegaConf
 
-from attnlab.cli.app import config_dir, register_resolvers
+from attnlab.cli.app import config_dir, refusal_leaves_no_run_directory, register_resolvers
 from attnlab.runs.layout import RunDir
 from attnlab.runs.results import decoding_summary, results_table
 from attnlab.training.allocator import check_mode, configure_allocator
@@ -143,7 +143,8 @@ def _main(cfg: DictConfig) -> float | None:
 
 def main() -> None:
     """Console-script entry point."""
-    _main()
+    with refusal_leaves_no_run_directory():
+        _main()
 
 
 if __name__ == "__main__":

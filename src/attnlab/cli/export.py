@@ -14,7 +14,7 @@ from pathlib import Path
 import hydra
 from omegaconf import DictConfig, OmegaConf
 
-from attnlab.cli.app import config_dir, register_resolvers
+from attnlab.cli.app import config_dir, refusal_leaves_no_run_directory, register_resolvers
 from attnlab.typed import ConfigError
 
 register_resolvers()
@@ -70,7 +70,8 @@ def _main(cfg: DictConfig) -> None:
 
 def main() -> None:
     """Console-script entry point."""
-    _main()
+    with refusal_leaves_no_run_directory():
+        _main()
 
 
 if __name__ == "__main__":

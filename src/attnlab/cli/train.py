@@ -26,7 +26,7 @@ from typing import Any
 import hydra
 from omegaconf import DictConfig
 
-from attnlab.cli.app import config_dir, continues_run, register_resolvers
+from attnlab.cli.app import config_dir, continues_run, refusal_leaves_no_run_directory, register_resolvers
 from attnlab.runs.layout import (
     MANIFEST_FILE,
     RESULTS_FILE,
@@ -270,7 +270,8 @@ def main() -> None:
     if any(arg in ("--help", "-h") for arg in sys.argv[1:]):
         sys.stdout.write(help_text())
         return
-    _main()
+    with refusal_leaves_no_run_directory():
+        _main()
     summary = multirun_summary()  # None unless this was a multirun
     if summary is not None:
         line, failed = summary
