@@ -15,7 +15,14 @@ import pytest
 from attnlab.cli.app import job_dirname
 from attnlab.io import atomic_writer
 from attnlab.reports.compare import load_runs, varying_keys
-from attnlab.runs.layout import BOOKKEEPING, MANIFEST_FILE, RunDir, UnreadableRunFile, read_metrics_csv
+from attnlab.runs.layout import (
+    BOOKKEEPING,
+    MANIFEST_FILE,
+    RunDir,
+    UnreadableRunFile,
+    read_config_file,
+    read_metrics_csv,
+)
 from attnlab.runs.manifest import Manifest, git_state
 from attnlab.runs.wandb import config_group, run_name, wandb_names
 from attnlab.training.resume import check_same_experiment, csv_history
@@ -149,6 +156,28 @@ def test_the_metrics_csv_reader(tmp_path: Path) -> None:
         path.write_bytes(content)
         with pytest.raises(UnreadableRunFile, match=f"cannot read {path}: .*{reason}"):
             read_metrics_csv(path)
+
+
+def test_the_config_reader_parses_once_and_reads_no_string_document_as_yaml(tmp_path: Path) -> None:
+    """A config.yaml whose document is a quoted string was parsed a second time by `OmegaConf.create`, as
+    YAML: the aliases inside the string (which the alias check never saw) were expanded. The file is parsed
+    once, with OmegaConf's own rules (floats, duplicate keys), and only a mapping is a config."""
+    path = tmp_path / "config.yaml"
+    path.write_text("model: {d_model: 1e3, pe: sinusoidal}\nseed: 1\n")
+    assert read_config_file(path) == {"model.d_model": 1000.0, "model.pe": "sinusoidal", "seed": 1}
+    path.write_text("")
+    assert read_config_file(path) == {}
+    inner = "a0: &a0 [1, 2]\n" + "".join(f"a{i}: &a{i} [*a{i - 1}, *a{i - 1}]\n" for i in range(1, 4))
+    for content, reason in (
+        (json.dumps(inner), "it holds a YAML string, not a config"),
+        (inner, "it holds YAML aliases"),
+        ("- 1\n", "it holds a YAML list, not a config"),
+        ("3\n", "it holds a YAML scalar, not a config"),
+        ("a: 1\na: 2\n", "while constructing a mapping"),  # OmegaConf refuses duplicate keys
+    ):
+        path.write_text(content)
+        with pytest.raises(UnreadableRunFile, match=f"cannot read {path}: .*{reason}"):
+            read_config_file(path)
 
 
 def test_the_resumed_csv_history_keeps_the_rows_before_the_step_parameter_counts_included(

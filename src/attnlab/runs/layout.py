@@ -29,7 +29,8 @@ from pathlib import Path
 from typing import Any
 
 import yaml
-from omegaconf import DictConfig, OmegaConf
+from omegaconf import OmegaConf
+from omegaconf._utils import get_yaml_loader
 from omegaconf.errors import OmegaConfBaseException
 
 from attnlab.io import FileLock, atomic_write_bytes, atomic_write_files, make_writable_directory
@@ -273,28 +274,47 @@ def read_json_object(path: Path) -> dict[str, Any]:
     return value
 
 
+class _Aliased(Exception):
+    """A YAML alias met while composing a document (`_load_yaml`)."""
+
+
+def _load_yaml(path: Path) -> Any:
+    """The YAML document at `path` as Python values, parsed once with the loader `OmegaConf.load` uses
+    (its float and duplicate-key rules), which raises `_Aliased` at the first alias, before any is
+    expanded (composing is linear in the file)."""
+
+    class Loader(get_yaml_loader()):  # type: ignore[misc]
+        def compose_node(self, parent: Any, index: Any) -> Any:
+            if self.check_event(yaml.AliasEvent):
+                raise _Aliased
+            return super().compose_node(parent, index)
+
+    with open(path, encoding="utf-8") as stream:
+        return yaml.load(stream, Loader=Loader)
+
+
 def read_config_file(path: Path) -> dict[str, Any]:
-    """The config in the YAML file at `path` (a run's `config.yaml`), flattened (`flatten`).
+    """The config in the YAML file at `path` (a run's `config.yaml`), flattened (`flatten`); an empty file
+    is an empty config. The file is parsed once; a document that is a string is not parsed again as YAML
+    (as `OmegaConf.create` would: the aliases inside it would expand).
 
     Raises:
         UnreadableRunFile: The file is missing or unreadable, not YAML (or nested too deeply to parse),
             holds YAML aliases (`ALIASED`), or holds no mapping.
     """
     try:
-        with open(path, "rb") as stream:  # (events only: linear in the file, however its aliases nest)
-            aliased = any(isinstance(event, yaml.AliasEvent) for event in yaml.parse(stream, yaml.SafeLoader))
-        config = None if aliased else OmegaConf.load(path)
-        flat = flatten(OmegaConf.to_container(config)) if isinstance(config, DictConfig) else None
+        value = _load_yaml(path)
+        if value is None or isinstance(value, dict):
+            return flatten(OmegaConf.to_container(OmegaConf.create(value or {})))
+    except _Aliased:
+        raise UnreadableRunFile(f"cannot read {path}: {ALIASED}") from None
     except (OSError, ValueError, yaml.YAMLError, OmegaConfBaseException) as exc:
         reason = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
         raise UnreadableRunFile(f"cannot read {path}: {reason}") from None
     except RecursionError:  # lists or mappings nested past Python's recursion limit
         raise UnreadableRunFile(f"cannot read {path}: {NESTED}") from None
-    if aliased:
-        raise UnreadableRunFile(f"cannot read {path}: {ALIASED}")
-    if flat is None:
-        raise UnreadableRunFile(f"cannot read {path}: it holds a YAML list, not a config")
-    return flat
+    kind = {list: "list", str: "string"}.get(type(value), "scalar")
+    raise UnreadableRunFile(f"cannot read {path}: it holds a YAML {kind}, not a config")
 
 
 def read_metrics_csv(path: Path, columns: Sequence[str] | None = None) -> list[dict[str, float]]:
