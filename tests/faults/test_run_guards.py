@@ -220,6 +220,33 @@ def test_an_mlflow_tracking_uri_of_a_scheme_mlflow_has_no_store_for_is_refused_b
         assert not (tmp_path / "cache").exists() and not (tmp_path / "run").exists()
 
 
+def test_an_mlflow_artifact_location_of_a_scheme_mlflow_has_no_store_for_is_refused_before_data_preparation(
+    tmp_path: Path,
+) -> None:
+    """A typo in `logger.mlflow.artifact_location` (`s4://`) created the experiment, trained the whole run
+    and failed when the hypotheses files were uploaded at its end: refused when the config is checked,
+    naming the key, the scheme and the accepted forms, leaving nothing behind. Every form MLflow's registry
+    of artifact stores takes passes."""
+    pytest.importorskip("mlflow", reason='needs the [loggers] extra: pip install -e ".[loggers]"')
+    from attnlab.runs.tracking import check_artifact_location
+
+    override = "+logger.mlflow.artifact_location=s4://bucket/artifacts"
+    with pytest.raises(ConfigError) as caught:
+        train(compose_train([*corpus_run(tmp_path), "logger=mlflow", override], tmp_path / "run"))
+    assert str(caught.value).startswith(
+        "logger.mlflow.artifact_location: MLflow stores no artifacts at a s4: URI. Use a local path or "
+        "file:///abs/path, s3://bucket/path"
+    ), str(caught.value)
+    assert not (tmp_path / "cache").exists() and not (tmp_path / "run").exists()
+    for uri in ("runs:/abc/artifacts", "sqlite:////tmp/a.db", "localhost:5000"):  # no place for artifacts
+        with pytest.raises(ConfigError, match="MLflow stores no artifacts at a"):
+            check_artifact_location("logger.mlflow.artifact_location", uri)
+    for uri in ("artifacts", str(tmp_path), "C:\\artifacts", "file:///tmp/a", "s3://b/p", "gs://b/p",
+                "wasbs://c@a.blob.core.windows.net/p", "abfss://c@a.dfs.core.windows.net/p", "dbfs:/p",
+                "hdfs://host/p", "sftp://user@host/p", "https://host/p", "mlflow-artifacts:/p"):  # fmt: skip
+        check_artifact_location("logger.mlflow.artifact_location", uri)
+
+
 def test_every_tracking_uri_form_mlflow_accepts_passes_the_check(tmp_path: Path) -> None:
     """Local paths (relative, absolute, a Windows drive's), file:, a server, Databricks and the databases
     (with a driver too) pass, as MLflow's own registry of stores takes them."""

@@ -56,6 +56,11 @@ RESULT_KEYS = ("bleu", "chrf", "ter", "bleu_signature", "chrf_signature", "ter_s
 MLFLOW_SCHEMES = ("file", "http", "https", "databricks", "databricks-uc", "uc", "sqlite", "postgresql",
                   "mysql", "mssql")  # fmt: skip
 MLFLOW_STORE_PLUGINS = "mlflow.tracking_store"
+# The schemes of the locations MLflow keeps an experiment's artifacts at (its artifact repository registry,
+# less `runs:` and `models:`, which name logged artifacts, not a place); a plugin package adds its own.
+MLFLOW_ARTIFACT_SCHEMES = ("file", "s3", "r2", "b2", "gs", "wasbs", "abfss", "ftp", "sftp", "dbfs", "hdfs",
+                           "viewfs", "http", "https", "mlflow-artifacts")  # fmt: skip
+MLFLOW_ARTIFACT_PLUGINS = "mlflow.artifact_repository"
 
 
 def missing_packages(cls: type) -> list[str]:
@@ -126,8 +131,9 @@ class MLflowLogger(_LightningMLFlowLogger):
     def check_config(cls, key: str, node: Mapping[str, Any]) -> None:
         """Refuse, when the config is checked, `tags` that are no mapping (`logger.mlflow.tags=foo` failed
         with a bare ValueError from `dict("foo")` once the data was prepared), an `experiment_name` that
-        is no text and a `tracking_uri` (or `MLFLOW_TRACKING_URI`) MLflow keeps no runs at
-        (`check_tracking_uri`) (`attnlab.training.experiment.check_constructor_keys` calls this).
+        is no text, a `tracking_uri` (or `MLFLOW_TRACKING_URI`) MLflow keeps no runs at
+        (`check_tracking_uri`) and an `artifact_location` it stores no artifacts at
+        (`check_artifact_location`) (`attnlab.training.experiment.check_constructor_keys` calls this).
 
         Raises:
             ConfigError: Naming the key and the form it takes.
@@ -143,6 +149,8 @@ class MLflowLogger(_LightningMLFlowLogger):
             check_tracking_uri(f"{key}.tracking_uri", str(uri))
         elif os.environ.get("MLFLOW_TRACKING_URI"):  # what the logger uses then
             check_tracking_uri("MLFLOW_TRACKING_URI", os.environ["MLFLOW_TRACKING_URI"])
+        if node.get("artifact_location"):
+            check_artifact_location(f"{key}.artifact_location", str(node["artifact_location"]))
 
     @rank_zero_only
     def check_continued_run(self) -> None:
@@ -186,6 +194,19 @@ class MLflowLogger(_LightningMLFlowLogger):
         super().log_hyperparams(params)
 
 
+def _unknown_scheme(uri: str, schemes: tuple[str, ...], plugin_group: str) -> tuple[str, str] | None:
+    """When MLflow has nothing for the scheme of `uri` (neither in `schemes` nor an installed plugin's, the
+    entry points of `plugin_group`): that scheme, and the end of a message naming the plugins' schemes
+    (empty without plugins). None when it has, or when `uri` is a local path (no scheme, or a Windows
+    drive's `C:`). A scheme naming its driver (`postgresql+psycopg2`) counts as its first part."""
+    scheme = urllib.parse.urlparse(uri).scheme.lower()
+    scheme = "" if len(scheme) == 1 else scheme.split("+", 1)[0]  # (`C:\\...`: a Windows drive's path)
+    plugins = sorted(entry.name for entry in importlib.metadata.entry_points(group=plugin_group))
+    if not scheme or scheme in (*schemes, *plugins):
+        return None
+    return scheme, f", or an installed plugin's ({', '.join(plugins)}:)" if plugins else ""
+
+
 def check_tracking_uri(key: str, uri: str) -> None:
     """Refuse an MLflow tracking URI whose scheme MLflow has no store for (`MLFLOW_SCHEMES`, and the
     schemes of installed plugins): a typo (`htp://`, `fiel:`) or a host without one (`localhost:5000`)
@@ -195,15 +216,32 @@ def check_tracking_uri(key: str, uri: str) -> None:
         ConfigError: Naming `key`, the scheme and the forms MLflow accepts (not the URI, which may hold a
             password).
     """
-    scheme = urllib.parse.urlparse(uri).scheme.lower()
-    scheme = "" if len(scheme) == 1 else scheme.split("+", 1)[0]  # (`C:\\...`: a Windows drive's path)
-    plugins = sorted(entry.name for entry in importlib.metadata.entry_points(group=MLFLOW_STORE_PLUGINS))
-    if scheme and scheme not in (*MLFLOW_SCHEMES, *plugins):
-        also = f", or an installed plugin's ({', '.join(plugins)}:)" if plugins else ""
+    unknown = _unknown_scheme(uri, MLFLOW_SCHEMES, MLFLOW_STORE_PLUGINS)
+    if unknown:
+        scheme, also = unknown
         raise ConfigError(
             f"{key}: MLflow keeps no runs at a {scheme}: URI. Use a local path or file:///abs/path, "
             "http://host:5000 or https://... (a tracking server), databricks, or a database: "
             f"sqlite:////abs/path/mlflow.db, postgresql://, mysql://, mssql://{also}"
+        )
+
+
+def check_artifact_location(key: str, uri: str) -> None:
+    """Refuse an MLflow artifact location whose scheme MLflow has no artifact store for
+    (`MLFLOW_ARTIFACT_SCHEMES`, and the schemes of installed plugins): a typo (`s4://`) trained the whole
+    run and failed when its hypotheses files were uploaded, at the end.
+
+    Raises:
+        ConfigError: Naming `key`, the scheme and the forms MLflow accepts (not the URI, which may hold a
+            password).
+    """
+    unknown = _unknown_scheme(uri, MLFLOW_ARTIFACT_SCHEMES, MLFLOW_ARTIFACT_PLUGINS)
+    if unknown:
+        scheme, also = unknown
+        raise ConfigError(
+            f"{key}: MLflow stores no artifacts at a {scheme}: URI. Use a local path or file:///abs/path, "
+            "s3://bucket/path (or r2://, b2://), gs://, wasbs://, abfss://, dbfs:/, hdfs://, viewfs://, "
+            f"ftp://, sftp://, http(s)://host/path or mlflow-artifacts:/ (a tracking server's){also}"
         )
 
 
