@@ -54,7 +54,7 @@ def test_fairseq_lines_stay_one_line_each_whatever_breaks_the_source_and_referen
     assert text == expected
     assert io.StringIO(text, newline=None).readlines() == [f"{line}\n" for line in text.split("\n")[:-1]]
     assert len(text.splitlines()) == text.count("\n") == 9
-    record = json.loads(nbest_text(broken, "jsonl"))  # JSON Lines: kept as they are, escaped
+    record = json.loads(nbest_text(broken, "jsonl"))  # JSON Lines: kept as they are, escaped (below)
     assert (record["source"], record["reference"]) == (broken.source, broken.reference)
 
 
@@ -70,6 +70,23 @@ def test_json_lines_hold_one_object_per_sentence() -> None:
     }  # fmt: skip
     assert "alignment" not in second
     assert "reference" not in json.loads(nbest_text(NBest(0, "x", [], []), "jsonl"))
+
+
+def test_a_json_lines_file_reads_one_record_a_line_whatever_breaks_its_text_holds(tmp_path: Path) -> None:
+    """JSON leaves U+0085, U+2028 and U+2029 raw in a string (`ensure_ascii=False`): valid JSON, but
+    `str.splitlines` and JavaScript's line readers split the record there, and neither half was JSON. They
+    are written as their escapes; the text read back is the text written."""
+    from attnlab.inference.translator import Evaluation
+
+    listed = example([(0, 0), (1, 1)])
+    broken = NBest(3, "Ein\x85Hund\u2028und\u2029Katze.\r\x0b\x1c", listed.source_tokens, listed.hypotheses,
+                   reference="A\u2028dog.")  # fmt: skip
+    lists = [broken, NBest(4, "Zwei\u2029Hunde.", [], [])]
+    Evaluation({"sets": {"test": {"nbest": "nbest/test.jsonl"}}}, {"test": ["A dog.", ""]}, {}, {},
+               {"test": lists}).write(tmp_path)  # fmt: skip
+    lines = (tmp_path / "nbest" / "test.jsonl").read_text(encoding="utf-8").splitlines()
+    assert [json.loads(line) for line in lines] == [n.to_json() for n in lists]
+    assert "▁Hund" in lines[0]  # other text stays UTF-8, not escaped
 
 
 def test_hard_alignment_is_the_argmax_over_source_tokens_without_eos() -> None:

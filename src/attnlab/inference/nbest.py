@@ -15,13 +15,12 @@ the decoding step that produced it.
 
 from __future__ import annotations
 
-import json
 import math
 from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
-from attnlab.data.text import one_line
+from attnlab.data.text import json_line, one_line
 from attnlab.data.tokenizer import EOS_ID
 
 if TYPE_CHECKING:
@@ -144,7 +143,8 @@ def candidate(hypothesis: Hypothesis, tokenizer: SubwordTokenizer, alignment: st
 def nbest_text(nbest: NBest, nbest_format: str) -> str:
     """The text of one n-best list in `nbest_format` (newline-terminated):
 
-    - `jsonl`: one line, the JSON object of `NBest.to_json` (UTF-8 text, not escaped);
+    - `jsonl`: one line, the JSON object of `NBest.to_json` (`attnlab.data.text.json_line`: UTF-8 text,
+      not escaped, but for the line breaks U+0085, U+2028 and U+2029);
     - `fairseq`: fairseq-generate's lines, tab-separated: `S-i` the source, `T-i` the reference (when
       known), then per hypothesis best first `H-i` its normalized score and pieces without eos, `D-i` the
       same normalized score and the detokenized text, `P-i` each token's log-probability (eos included),
@@ -155,7 +155,7 @@ def nbest_text(nbest: NBest, nbest_format: str) -> str:
       line for readers that split on universal newlines (JSON Lines escapes them).
     """
     if nbest_format == "jsonl":
-        return json.dumps(nbest.to_json(), ensure_ascii=False) + "\n"
+        return json_line(nbest.to_json())
     i, lines = nbest.index, [f"S-{nbest.index}\t{nbest.source}"]
     if nbest.reference is not None:
         lines.append(f"T-{i}\t{nbest.reference}")
