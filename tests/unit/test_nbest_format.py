@@ -3,6 +3,7 @@ line layout and the JSON Lines object."""
 
 from __future__ import annotations
 
+import dataclasses
 import io
 import json
 import math
@@ -56,6 +57,25 @@ def test_fairseq_lines_stay_one_line_each_whatever_breaks_the_source_and_referen
     assert len(text.splitlines()) == text.count("\n") == 9
     record = json.loads(nbest_text(broken, "jsonl"))  # JSON Lines: kept as they are, escaped (below)
     assert (record["source"], record["reference"]) == (broken.source, broken.reference)
+
+
+def test_fairseq_lines_keep_their_fields_whatever_tabs_the_source_reference_and_text_hold() -> None:
+    """A tab inside a raw source or reference (or a hypothesis' text) shifted the fields of its line for
+    readers that split on tabs, as fairseq's own do (`extract_bt_data.py`: `line.rstrip().split("\\t")[1]`
+    took the source up to its first tab): written as a space, the line has the fields fairseq-generate's
+    has, and the field separators stay tabs."""
+    listed = example([(0, 0), (1, 1)])
+    ended = dataclasses.replace(listed.hypotheses[0], text="A\tdog.")
+    tabbed = NBest(3, "Ein\tHund.", listed.source_tokens, [ended], reference="A\tdog.")
+    fields = [line.rstrip().split("\t") for line in nbest_text(tabbed, "fairseq").splitlines()]
+    assert fields == [
+        ["S-3", "Ein Hund."],
+        ["T-3", "A dog."],
+        ["H-3", "-2.0", "▁A ▁dog."],
+        ["D-3", "-2.0", "A dog."],
+        ["P-3", "-1.0000 -1.5000 -0.5000"],
+        ["A-3", "0-0 1-1"],
+    ]
 
 
 def test_json_lines_hold_one_object_per_sentence() -> None:

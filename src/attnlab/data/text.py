@@ -4,7 +4,8 @@
 (spaces, tabs, ...) collapsed to one space. It changes nothing a BLEU scorer looks at beyond spacing,
 and references are never normalised: evaluation scores detokenized hypotheses against the raw lines.
 
-`one_line(text)` puts raw text on one line of a text file or a report (its line breaks as spaces);
+`one_line(text)` puts raw text on one line of a text file or a report, as one field of a tab-separated line
+(its line breaks and tabs as spaces);
 `json_line(value)` is a JSON Lines record that stays one line, its text kept.
 """
 
@@ -25,12 +26,14 @@ def normalize(line: str) -> str:
 
 
 def one_line(text: str) -> str:
-    """`text` with its line breaks as spaces: every break `str.splitlines` knows ("\\r", "\\x85",
-    U+2028, U+2029, ... besides "\\n"), so that readers splitting on universal newlines or on Unicode line
-    boundaries see one line. For raw text (a path, an error, a source line) written into a line-oriented
-    file or report: a line break there would end a table row, a list item, a LaTeX comment or an n-best
-    list's `S-i` line, and what follows it would be read as another line."""
-    return " ".join(text.splitlines())
+    """`text` with its line breaks and tabs as spaces: every break `str.splitlines` knows ("\\r",
+    "\\x85", U+2028, U+2029, ... besides "\\n"), so that readers splitting on universal newlines or on
+    Unicode line boundaries see one line, and every tab, so that readers splitting a line on tabs see one
+    field. For raw text (a path, an error, a source line) written into a line-oriented file or report: a
+    line break there would end a table row, a list item, a LaTeX comment or an n-best list's `S-i` line,
+    and what follows it would be read as another line; a tab in a tab-separated line (fairseq's `S-i`,
+    `D-i`) would cut the field there (fairseq's own readers take `line.split("\\t")[1]`)."""
+    return " ".join(text.splitlines()).replace("\t", " ")
 
 
 def json_line(value: Any) -> str:

@@ -150,26 +150,27 @@ def nbest_text(nbest: NBest, nbest_format: str) -> str:
       same normalized score and the detokenized text, `P-i` each token's log-probability (eos included),
       and with an alignment `A-i` (hard: `source-output` pairs; soft: per token its weights joined by
       commas). Scores there are in base 2, as fairseq prints them (JSON Lines: natural log). A line
-      break inside a line's text (a raw source or reference may hold a lone "\\r", U+0085, U+2028 or
-      U+2029) is written as a space (`attnlab.data.text.one_line`), so that each of these lines stays one
-      line for readers that split on universal newlines (JSON Lines escapes them).
+      break or a tab inside a field's text (a raw source or reference may hold a tab, a lone "\\r",
+      U+0085, U+2028 or U+2029) is written as a space (`attnlab.data.text.one_line`), so that each of
+      these lines stays one line, of the same fields, for readers that split on universal newlines or on
+      tabs (JSON Lines escapes them).
     """
     if nbest_format == "jsonl":
         return json_line(nbest.to_json())
-    i, lines = nbest.index, [f"S-{nbest.index}\t{nbest.source}"]
+    i, lines = nbest.index, [[f"S-{nbest.index}", nbest.source]]
     if nbest.reference is not None:
-        lines.append(f"T-{i}\t{nbest.reference}")
+        lines.append([f"T-{i}", nbest.reference])
     for h in nbest.hypotheses:
-        score = h.normalized / math.log(2)
+        score = f"{h.normalized / math.log(2)}"
         pieces = h.tokens[:-1] if h.ended else h.tokens
-        lines.append(f"H-{i}\t{score}\t{' '.join(pieces)}")
-        lines.append(f"D-{i}\t{score}\t{h.text}")
-        lines.append(f"P-{i}\t" + " ".join(f"{s / math.log(2):.4f}" for s in h.token_scores))
+        lines.append([f"H-{i}", score, " ".join(pieces)])
+        lines.append([f"D-{i}", score, h.text])
+        lines.append([f"P-{i}", " ".join(f"{s / math.log(2):.4f}" for s in h.token_scores)])
         if h.alignment is not None:  # hard: (source, output) tuples; soft: rows of weights
             pairs = all(isinstance(a, tuple) for a in h.alignment)
             cells = (
                 f"{a[0]}-{a[1]}" if pairs else ",".join(f"{w:.{SOFT_DECIMALS}f}" for w in a)
                 for a in h.alignment
             )
-            lines.append(f"A-{i}\t" + " ".join(cells))
-    return "".join(f"{one_line(line)}\n" for line in lines)
+            lines.append([f"A-{i}", " ".join(cells)])
+    return "".join("\t".join(map(one_line, fields)) + "\n" for fields in lines)
