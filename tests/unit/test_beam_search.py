@@ -392,6 +392,42 @@ def test_a_beam_whose_growing_keys_and_values_cannot_fit_is_refused_before_they_
     )
 
 
+def test_greedy_decoding_checks_its_memory_as_beam_search_does(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Greedy decoding on the CPU allocated without a check: a model that never ends an output (an
+    untrained one) with a long length limit over a large batch doubled its keys and values buffers until
+    the out-of-memory killer ended the process. Its first step and each doubling are checked as beam
+    search's are, naming greedy decoding and its fixes. The process is told it can take 40 kB
+    (`available_memory` patched, as above); 2 sentences need 16,944 bytes at the first step (scores and 16
+    positions), 16,384 more at step 17, 32,768 at step 33, then 65,536 at step 65: refused there."""
+    import attnlab.decoding.search as search
+    from helpers import count_steps
+
+    monkeypatch.setattr(search, "_SURELY_FITS", 0)
+    monkeypatch.setattr(search, "available_memory", lambda: 40_000)
+    torch.manual_seed(3)
+    model = Transformer(tiny_config(src_vocab_size=50, tgt_vocab_size=70, tie="decoder")).eval()
+    src = random_source([3, 4], 50, 3)
+    steps = count_steps(monkeypatch)
+    assert greedy_decode(model, src, max_len_a=0, max_len_b=64, min_len=64).shape == (2, 64)
+    assert steps[0] == 64
+    steps[0] = 0
+    with pytest.raises(ConfigError) as refused:
+        greedy_decode(model, src, max_len_a=0, max_len_b=80, min_len=80)
+    assert steps[0] == 65  # the 65th step, refused before its buffers grow
+    assert str(refused.value) == (
+        "greedy decoding for 2 sentence(s) needs at least 0.0 GiB more at step 65 (2 × 1 rows of 8192 "
+        "float32 numbers: keys and values for as many more positions as the buffers held, in every decoder "
+        "layer), more than the 0.0 GiB of memory this process can take: decode fewer sentences at once "
+        "(decode.batch_size, decode.max_tokens), or lower the length limit (decode.max_len_a, "
+        "decode.max_len_b)"
+    )
+    monkeypatch.setattr(search, "available_memory", lambda: 4_000)  # below one sentence's first step
+    model.encode = lambda *a: pytest.fail("encoded before the memory check")  # type: ignore[method-assign]
+    with pytest.raises(ConfigError, match=r"^greedy decoding for 1 sentence\(s\) .* at its first step .*"
+                       r": lower the length limit \(decode.max_len_a, decode.max_len_b\)$"):  # fmt: skip
+        translate(model, src[:1], DecodeConfig(beam=1))
+
+
 def test_the_memory_check_refuses_just_past_what_is_available_and_not_before() -> None:
     available = available_memory()
     if available is None:

@@ -193,17 +193,23 @@ def greedy_decode(
 
     Raises:
         ValueError: `min_len` < 1.
+        ConfigError: On the CPU, its first step or a later growth of its keys and values buffers needs more
+            memory than this process can take (`check_beam_memory`, as beam search's), before it allocates.
         NonFiniteScores: A sentence's scores are NaN (or +inf): NaN or infinite weights or inputs.
     """
     if min_len < 1:
         raise ValueError(f"min_len={min_len} must be >= 1 (the length counts eos)")
     cfg = model.config
-    memory, src_mask = model.encode(src)
-    src_mask = decoder_mask(src_mask)
     batch = src.size(0)
     limits = max_output_lengths(src, cfg.pad_id, max_len_a, max_len_b, cfg.position_limit)  # (B,)
-    out = torch.full((batch, int(limits.max())), cfg.pad_id, dtype=torch.long, device=src.device)
-    decoder = decoding_step(model, memory, src_mask, capacity=out.size(1), use_cache=use_cache)
+    longest = int(limits.max())
+    if src.device.type == "cpu":
+        check_beam_memory(batch, 1, *_first_step_floats(model, longest), _decode_fix(batch, 1))
+    memory, src_mask = model.encode(src)
+    src_mask = decoder_mask(src_mask)
+    out = torch.full((batch, longest), cfg.pad_id, dtype=torch.long, device=src.device)
+    decoder = decoding_step(model, memory, src_mask, capacity=longest, use_cache=use_cache,
+                            memory_check=functools.partial(_check_growth, 1))  # fmt: skip
     alive = torch.arange(batch, device=src.device)  # the sentence each decoder row belongs to
     token = torch.full((batch, 1), cfg.start_id, dtype=torch.long, device=src.device)
     prefix = token
@@ -436,23 +442,24 @@ def check_beam_memory(
     allocating until the out-of-memory killer ends this process or another one. The CPU beam search checks
     again whenever its keys and values buffers double (`StepDecoder.memory_check`: they grow with the
     output: at 512 positions, 32 times the keys and values of the first step's 16), before they are
-    allocated. Where the memory is not known, nothing is checked; an accelerator's allocator raises its own
-    out-of-memory error.
+    allocated; so do greedy decoding's (`beam` 1: the message names greedy decoding). Where the memory is
+    not known, nothing is checked; an accelerator's allocator raises its own out-of-memory error.
     """
     needed = 4 * sentences * beam * row_floats
     if needed <= _SURELY_FITS:  # no files read for the usual beams (beam search runs per batch)
         return
     available = available_memory()
     if available is not None and needed > available:
+        search = f"beam={beam}" if beam > 1 else "greedy decoding"
         raise ConfigError(
-            f"beam={beam} for {sentences} sentence(s) needs at least {needed / 2**30:,.1f} GiB {when} "
+            f"{search} for {sentences} sentence(s) needs at least {needed / 2**30:,.1f} GiB {when} "
             f"({sentences} × {beam} rows of {row_floats} float32 numbers: {what}), more than the "
             f"{available / 2**30:,.1f} GiB of memory this process can take: {fix}"
         )
 
 
 def _first_step_floats(model: Transformer, capacity: int) -> tuple[int, str]:
-    """Float32 numbers per decoder row of a CPU beam search's first step (an ensemble's models summed):
+    """Float32 numbers per decoder row of a CPU search's first step (an ensemble's models summed):
     the row's scores over the target vocabulary, and its self-attention keys and values for the first
     min(capacity, 16) positions in every decoder layer (`StepDecoder`'s first buffers; the modules' cache
     holds as many by its 16th step); and what they are."""
@@ -465,17 +472,23 @@ def _first_step_floats(model: Transformer, capacity: int) -> tuple[int, str]:
 
 
 def _check_growth(beam: int, step: int, rows: int, row_floats: int) -> None:
-    """`check_beam_memory` for a CPU beam search's keys and values buffers doubling before `step` (a
-    `StepDecoder.memory_check`): `rows` decoder rows of `beam` beams each grow by `row_floats`."""
+    """`check_beam_memory` for a CPU search's keys and values buffers doubling before `step` (a
+    `StepDecoder.memory_check`): `rows` decoder rows of `beam` beams each (1: greedy decoding) grow by
+    `row_floats`."""
     sentences = rows // beam
     what = "keys and values for as many more positions as the buffers held, in every decoder layer"
-    check_beam_memory(sentences, beam, row_floats, what, _beam_fix(sentences), f"more at step {step + 1}")
-
-
-def _beam_fix(sentences: int) -> str:
-    more = (
-        "" if sentences == 1 else ", or decode fewer sentences at once (decode.batch_size, decode.max_tokens)"
+    check_beam_memory(
+        sentences, beam, row_floats, what, _decode_fix(sentences, beam), f"more at step {step + 1}"
     )
+
+
+def _decode_fix(sentences: int, beam: int) -> str:
+    """The advice of `check_beam_memory`'s error for a search of `beam` beams over `sentences` sentences."""
+    fewer = "decode fewer sentences at once (decode.batch_size, decode.max_tokens)"
+    if beam == 1:
+        shorter = "lower the length limit (decode.max_len_a, decode.max_len_b)"
+        return shorter if sentences == 1 else f"{fewer}, or {shorter}"
+    more = "" if sentences == 1 else f", or {fewer}"
     return f"lower the beam (decode.beam; decode.val_beam for validation in training){more}"
 
 
@@ -564,7 +577,7 @@ def beam_search(
     limit_list = limits.tolist()
     longest = max(limit_list)
     if device.type == "cpu":
-        check_beam_memory(batch, k, *_first_step_floats(model, longest), _beam_fix(batch))
+        check_beam_memory(batch, k, *_first_step_floats(model, longest), _decode_fix(batch, k))
     memory, source_mask = model.encode(src)  # (B, S, D); (B, S) for the attention rows of finished hypotheses
     decoder = decoding_step(model, memory, decoder_mask(source_mask), beams=k, capacity=longest,
                             use_cache=use_cache, need_weights=need_attention,
