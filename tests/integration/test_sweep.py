@@ -86,7 +86,7 @@ def test_a_sweep_rerun_with_another_logger_finds_its_jobs_directories_named_befo
     again. They are named without them now; a directory named the old way is found by the overrides its
     manifest.json records (a finished one first), so no earlier sweep is orphaned. A sweep over a
     bookkeeping key, whose jobs would share a directory, is refused."""
-    from omegaconf import OmegaConf
+    from omegaconf import DictConfig, OmegaConf
 
     from attnlab.cli.app import check_no_swept_bookkeeping
     from attnlab.typed import ConfigError
@@ -110,9 +110,40 @@ def test_a_sweep_rerun_with_another_logger_finds_its_jobs_directories_named_befo
     assert job_dir("logger=csv", "model.n_heads=4") != old  # another job
     (sweep_dir / new).mkdir()
     assert job_dir("logger=csv") == new  # a directory of the name itself comes first
-    check_no_swept_bookkeeping(["model.pe=learned,none", "seed=1,2", "logger=csv"])
-    with pytest.raises(ConfigError, match=r"allocator=keep,release sweeps a bookkeeping key"):
-        check_no_swept_bookkeeping(["allocator=keep,release", "seed=1,2"])
+
+    def task(*overrides: str) -> DictConfig:  # a multirun's config, its command line alone
+        return OmegaConf.create({"hydra": {"overrides": {"task": list(overrides)}}})
+
+    check_no_swept_bookkeeping(task("model.pe=learned,none", "seed=1,2", "logger=csv"))
+    with pytest.raises(ConfigError, match=r"allocator=keep,release \(in the command line\) sweeps a bookk"):
+        check_no_swept_bookkeeping(task("allocator=keep,release", "seed=1,2"))
+
+
+def test_a_sweep_an_experiment_file_declares_over_a_bookkeeping_key_is_refused(tmp_path: Path) -> None:
+    """An experiment file (or `hparams_search`) declares its sweep in `hydra.sweeper.params`, which both
+    Hydra's basic sweeper and Optuna's read: a bookkeeping key swept there was not refused (only the
+    command line's overrides were checked), and its jobs shared one directory."""
+    from attnlab.cli.app import check_no_swept_bookkeeping
+    from attnlab.typed import ConfigError
+    from helpers import compose_train
+
+    (tmp_path / "conf" / "experiment").mkdir(parents=True)
+    declared = {"seed": "1,2", "model.pe": "learned,none"}
+    for name, params in (("ok", declared), ("bad", {**declared, "allocator": "keep,release"})):
+        text = "".join(f"      {key}: {value}\n" for key, value in params.items())
+        (tmp_path / "conf" / "experiment" / f"{name}.yaml").write_text(
+            f"# @package _global_\nhydra:\n  sweeper:\n    params:\n{text}"
+        )
+    search = f"hydra.searchpath=[file://{tmp_path / 'conf'}]"
+    check_no_swept_bookkeeping(compose_train([search, "experiment=ok"], tmp_path, hydra_node=True))
+    told = r"allocator=keep,release \(in hydra.sweeper.params\) sweeps a bookkeeping key"
+    with pytest.raises(ConfigError, match=told):
+        check_no_swept_bookkeeping(compose_train([search, "experiment=bad"], tmp_path, hydra_node=True))
+    pytest.importorskip("hydra_plugins.hydra_optuna_sweeper", reason="needs the [sweep] extra")
+    check_no_swept_bookkeeping(compose_train(["hparams_search=optuna"], tmp_path, hydra_node=True))
+    optuna = ["hparams_search=optuna", "+hydra.sweeper.params.logger='choice(csv, tensorboard)'"]
+    with pytest.raises(ConfigError, match=r"logger=choice\(csv, tensorboard\) \(in hydra.sweeper.params"):
+        check_no_swept_bookkeeping(compose_train(optuna, tmp_path, hydra_node=True))
 
 
 def test_the_wandb_sweep_file_passes_valid_overrides(tmp_path: Path) -> None:
@@ -215,7 +246,9 @@ def test_a_sweep_over_a_bookkeeping_key_is_refused_before_any_job(tmp_path: Path
     directory (and count as one setting in W&B and attnlab-compare)."""
     done = sweep(tmp_path, "allocator=keep,release")
     assert done.returncode == 1, done.stderr[-3000:]
-    told = "attnlab-train: config error: allocator=keep,release sweeps a bookkeeping key"
+    told = (
+        "attnlab-train: config error: allocator=keep,release (in the command line) sweeps a bookkeeping key"
+    )
     assert told in done.stderr and "Traceback" not in done.stderr, done.stderr[-3000:]
     assert not (tmp_path / "sweep").exists()
 

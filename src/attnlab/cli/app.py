@@ -70,25 +70,38 @@ def earlier_job_dir(sweep_dir: Path, kept: str) -> str | None:
     return min(found)[1] if found else None
 
 
-def check_no_swept_bookkeeping(overrides: Sequence[str]) -> None:
-    """Refuse a multirun's overrides (`hydra.overrides.task` of the sweep: `allocator=keep,release`) that
-    sweep a bookkeeping key (`attnlab.runs.layout.setting_overrides`): its jobs would differ in nothing
-    that names their directory (`job_dirname`), nor in their setting (W&B groups and attnlab-compare would
-    take them for runs of one setting).
+def sweep_overrides(config: DictConfig) -> list[tuple[str, str]]:
+    """What a multirun's sweeper sweeps, each with where it is given: the `key=value` of every entry of
+    `hydra.sweeper.params` (as Hydra's basic and Optuna's sweepers read it; an experiment file can declare
+    its sweep there), then the command line's overrides (`hydra.overrides.task`)."""
+    params = OmegaConf.select(config, "hydra.sweeper.params")
+    declared = OmegaConf.to_container(params, resolve=False) if isinstance(params, DictConfig) else {}
+    task = OmegaConf.select(config, "hydra.overrides.task") or []
+    return [(f"{key}={value}", "hydra.sweeper.params") for key, value in declared.items()] + [
+        (str(item), "the command line") for item in task
+    ]
+
+
+def check_no_swept_bookkeeping(config: DictConfig) -> None:
+    """Refuse a multirun that sweeps a bookkeeping key (`attnlab.runs.layout.setting_overrides`), on the
+    command line (`allocator=keep,release`) or in the sweeper's params (`hydra.sweeper.params`:
+    `sweep_overrides`): its jobs would differ in nothing that names their directory (`job_dirname`), nor
+    in their setting (W&B groups and attnlab-compare would take them for runs of one setting).
 
     Raises:
-        ConfigError: Naming the override and the fix.
+        ConfigError: Naming the override, where it is given, and the fix.
     """
     from hydra.core.override_parser.overrides_parser import OverridesParser
 
-    parsed = OverridesParser.create().parse_overrides([str(item) for item in overrides])
-    swept = [o.input_line for o in parsed if o.is_sweep_override() and not setting_overrides([o.input_line])]
-    if swept:
-        raise ConfigError(
-            f"{swept[0]} sweeps a bookkeeping key (attnlab.runs.layout.BOOKKEEPING): its jobs would share "
-            "one job directory and count as one setting; run one sweep per value, each with its own "
-            "hydra.sweep.dir"
-        )
+    parser = OverridesParser.create()
+    for line, where in sweep_overrides(config):
+        (parsed,) = parser.parse_overrides([line])
+        if parsed.is_sweep_override() and not setting_overrides([line]):
+            raise ConfigError(
+                f"{line} (in {where}) sweeps a bookkeeping key (attnlab.runs.layout.BOOKKEEPING): its jobs "
+                "would share one job directory and count as one setting; run one sweep per value, each "
+                "with its own hydra.sweep.dir"
+            )
 
 
 # The run directory of this process's command (`hydra.run.dir`, resolved) -> it and its parents that were
@@ -204,7 +217,7 @@ class RunDirectoryCheck(Callback):
             from attnlab.training.experiment import check_sweep_objective, sweep_skip_done  # (sacreBLEU)
 
             try:
-                check_no_swept_bookkeeping(config.hydra.overrides.task)
+                check_no_swept_bookkeeping(config)
                 sweep_skip_done(config.get("sweep"))
                 check_sweep_objective(config.get("optimized_metric"), config.hydra.sweeper.get("direction"))
             except ConfigError as exc:
