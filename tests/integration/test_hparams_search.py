@@ -171,3 +171,24 @@ def test_a_sweeper_going_the_wrong_way_for_the_optimized_metric_is_refused_befor
     with pytest.raises(SystemExit, match=r"optimized_metric=best/val/blue is no final metric of a training"):
         run_sweep(sweep_dir, "optimized_metric=best/val/blue")  # was reported once each trial had trained
     assert not sweep_dir.exists()  # no trial ran
+
+
+def test_a_trial_repeating_an_earlier_trials_parameters_reuses_its_result_without_training_again(
+    tmp_path: Any, capsys: pytest.CaptureFixture[str], caplog: pytest.LogCaptureFixture
+) -> None:
+    """Optuna's sampler may propose the same parameters twice (here certainly: three trials of two
+    choices). Such a trial names the job directory of the earlier one: it trained again there, over that
+    run's checkpoints and results. It is now given the earlier trial's result, and nothing trains twice."""
+    fixed = ["optim.peak_lr=0.001", "optim.warmup_steps=1", "optim.label_smoothing=0.1", "logger=csv"]
+    with caplog.at_level("INFO", logger="attnlab.training.launchers"):
+        told = run_sweep(tmp_path / "sweep", *fixed, "model.dropout=choice(0.1,0.2)")
+    assert len(told) == 3 and all(values is not None for _, values in told)
+    by_dropout: dict[float, list[list[float] | None]] = {}
+    for params, values in told:
+        by_dropout.setdefault(params["model.dropout"], []).append(values)
+    assert sorted(map(len, by_dropout.values())) == [1, 2]
+    assert all(len({tuple(v or ()) for v in values}) == 1 for values in by_dropout.values())
+    jobs = sorted(p for p in (tmp_path / "sweep").iterdir() if (p / "results.json").is_file())
+    assert len(jobs) == 2
+    assert capsys.readouterr().out.count("attnlab-train: test/") == 2  # two trainings, not three
+    assert caplog.text.count("its result is reused, not trained again") == 1

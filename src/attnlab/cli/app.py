@@ -21,6 +21,7 @@ from attnlab.runs.layout import (
     RunDir,
     UnreadableRunFile,
     check_no_credentials,
+    job_setting,
     setting_overrides,
 )
 from attnlab.runs.manifest import Manifest
@@ -44,7 +45,7 @@ def job_dirname(overrides: Sequence[str], sweep_dir: str | None = None) -> str:
     `pe=learned,seed=2-1b2c3d4e`. Under `sweep_dir`, a directory a job of the same setting overrides wrote
     before (`earlier_job_dir`: named with its bookkeeping overrides, as sweeps made before were) is that
     name when none has it yet, so `sweep.skip_done` and `resume=auto` find those jobs too."""
-    kept = ",".join(sorted(setting_overrides([str(item) for item in overrides])))
+    kept = job_setting(overrides)
     digest = hashlib.sha256(kept.encode("utf-8")).hexdigest()[:8]
     short = [f"{key.rsplit('.', 1)[-1]}={value}" for key, _, value in (item.partition("=") for item in
              kept.split(",") if "=" in item)]  # fmt: skip
@@ -57,7 +58,7 @@ def job_dirname(overrides: Sequence[str], sweep_dir: str | None = None) -> str:
 
 def earlier_job_dir(sweep_dir: Path, kept: str) -> str | None:
     """The name of a directory of `sweep_dir` whose `manifest.json` records a job with the setting
-    overrides `kept` (`job_dirname`'s sorted, comma-joined ones), a finished one first; None if none does."""
+    overrides `kept` (`job_setting`), a finished one first; None if none does."""
     found = []
     for manifest_file in sorted(sweep_dir.glob(f"*/{MANIFEST_FILE}")):
         try:
@@ -65,7 +66,7 @@ def earlier_job_dir(sweep_dir: Path, kept: str) -> str | None:
         except UnreadableRunFile:
             continue
         overrides = manifest.get("overrides")
-        if isinstance(overrides, list) and ",".join(sorted(setting_overrides(map(str, overrides)))) == kept:
+        if isinstance(overrides, list) and job_setting(overrides) == kept:
             found.append((manifest.get("status") != "finished", manifest_file.parent.name))
     return min(found)[1] if found else None
 

@@ -116,6 +116,13 @@ def setting_overrides(overrides: Sequence[str]) -> list[str]:
     return kept
 
 
+def job_setting(overrides: Sequence[str]) -> str:
+    """What tells a multirun's jobs apart: their `setting_overrides`, sorted and comma-joined (the same
+    for the same job in any order, whatever its bookkeeping overrides). A job's directory is named from
+    it (`attnlab.cli.app.job_dirname`); a sweep runs each once (`attnlab.training.launchers.OncePerSweep`)."""
+    return ",".join(sorted(setting_overrides([str(item) for item in overrides])))
+
+
 # What must not be in a run's config, which a run writes into config.yaml, manifest.json (its command),
 # Hydra's .hydra/ and every logger (W&B uploads it with `wandb sync`): a value of a key named like a
 # credential (its last part, any case), a URL with a password (`https://user:password@host`) and one whose

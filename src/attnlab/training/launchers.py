@@ -14,10 +14,15 @@ Every multirun, whichever launcher, ends with a one-line summary from `attnlab-t
 jobs failed and their manifest.json files) and a non-zero exit status when any job failed: each job's
 outcome is recorded with `record_job`, by the job itself under Hydra's basic launcher (which runs the
 jobs in this process) or by these launchers from the jobs' manifests.
+
+`hparams_search=optuna`'s sweeper (`hydra_plugins.attnlab_launchers.OptunaSweeper`) launches through
+`OncePerSweep`: a trial proposing the parameters of an earlier trial of the sweep (a sampler may) would
+train again in that trial's job directory, over its run; it is given the earlier trial's result instead.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 from collections.abc import Sequence
 from pathlib import Path
@@ -27,7 +32,7 @@ from hydra.core.singleton import Singleton
 from hydra.core.utils import JobReturn, JobStatus, filter_overrides
 from omegaconf import OmegaConf
 
-from attnlab.runs.layout import MANIFEST_FILE, RunDir, UnreadableRunFile
+from attnlab.runs.layout import MANIFEST_FILE, RunDir, UnreadableRunFile, job_setting
 from attnlab.runs.manifest import Manifest
 
 log = logging.getLogger(__name__)
@@ -141,3 +146,34 @@ def mark_failed(sweep_dir: Path, overrides: list[str], error: str) -> Path | Non
             manifest.finish("failed", error=error)
             return path.parent
     return None
+
+
+class OncePerSweep:
+    """A sweeper's launcher that runs each job once a sweep: a job whose overrides are those of a job
+    launched before in the sweep (`attnlab.runs.layout.job_setting`: the same setting and seed, so the
+    same job directory), in an earlier batch or the same one, is not launched; it gets that job's return
+    (its result, or its failure) and a log line saying so. Without this, an Optuna trial repeating an
+    earlier trial's parameters trained again in that trial's directory, over its checkpoints and results."""
+
+    def __init__(self, launcher: Any) -> None:
+        self.launcher = launcher
+        self.returns: dict[str, JobReturn] = {}  # `job_setting` -> its job's return
+
+    def launch(self, job_overrides: Sequence[Sequence[str]], initial_job_idx: int) -> Sequence[JobReturn]:
+        keys = [job_setting(overrides) for overrides in job_overrides]
+        first: dict[str, int] = {}  # each new job's first place in this batch
+        for i, key in enumerate(keys):
+            if key not in self.returns:
+                first.setdefault(key, i)
+        new = sorted(first.values())
+        if new:
+            launched = self.launcher.launch([job_overrides[i] for i in new], initial_job_idx)
+            self.returns.update({keys[i]: ret for i, ret in zip(new, launched, strict=True)})
+        results = []
+        for i, (overrides, key) in enumerate(zip(job_overrides, keys, strict=True)):
+            if i not in new:
+                shown = " ".join(filter_overrides(overrides))
+                log.info("job %s repeats an earlier job of this sweep (the same setting and seed): its "
+                         "result is reused, not trained again", shown)  # fmt: skip
+            results.append(dataclasses.replace(self.returns[key], overrides=list(overrides)))
+        return results
