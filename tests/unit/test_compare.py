@@ -15,7 +15,7 @@ import yaml
 
 from attnlab.cli.compare import main as compare_main
 from attnlab.cli.compare import report
-from attnlab.reports.compare import load_runs, render, summarize, varying_keys
+from attnlab.reports.compare import load_runs, render, shell_word, summarize, varying_keys
 from attnlab.reports.stats import t_quantile
 
 BLEU = {("sinusoidal", 1): 30.0, ("sinusoidal", 2): 32.0, ("sinusoidal", 3): 34.0,
@@ -128,9 +128,10 @@ def test_the_baseline_is_its_config_value_and_an_unknown_one_lists_the_groups_qu
     )
     path.write_text(path.read_text().replace(json.dumps(value), json.dumps("it's\nnew")))
     with pytest.raises(
-        SystemExit, match=r"give one of 'model\.pe=a\|b\\c<d e', \$'model\.pe=it\\'s\\U0000000anew'"
+        SystemExit, match=r"""give one of 'model\.pe=a\|b\\c<d e', 'model\.pe="it'\\''s\\nnew"'"""
     ):
-        compare_main([str(sweep), "--baseline", "model.pe=rotary"])
+        compare_main([str(sweep), "--baseline", "model.pe=rotary"])  # (YAML's one-line "\n" for a break)
+    assert shell_word("it's\nnew") == "$'it\\'s\\U0000000anew'"  # a word holding a line break
 
 
 @pytest.mark.parametrize(
@@ -649,15 +650,17 @@ def test_config_values_paths_and_errors_are_text_in_the_markdown_and_latex_repor
     failed.write_text(json.dumps({"status": "failed", "error": "boom\n\n# <b>heading</b>"}))
     text = report([sweep], baseline="model.pe=sinusoidal")
     cell = (
-        "model.pe=a\\|b  \\| injected \\| row \\| \\<img src=x onerror=alert(1)> ![x]\\(https://host/p.png)"
+        r'model.pe="a\|b\\n\\n\| injected \| row \|\\n\<img src=x onerror=alert(1)> '
+        r'![x]\(https://host/p.png)"'
     )
+    # (the value as YAML writes it on one line, its line breaks `\n`)
     assert f"\n| {cell} | 3 | 22.00 ± 2.65 [±6.57] | -10.00 |" in text
     assert "(failed: boom  # \\<b>heading\\</b>)\n" in text
     lines = text.splitlines()
     assert sum(line.startswith("|") for line in lines) == 4  # header, rule, two groups: no injected rows
     assert not any(line.startswith(("#", "<")) for line in lines)
     latex = report([sweep], fmt="latex", baseline="model.pe=sinusoidal")
-    assert "model.pe=a|b  | injected | row | \\textless{}img" in latex and "\n\n" not in latex
+    assert "| injected | row |\\textbackslash{}n\\textless{}img" in latex and "\n\n" not in latex
 
 
 def test_no_csv_cell_from_a_run_file_is_a_spreadsheet_formula(sweep: Path) -> None:
@@ -714,3 +717,28 @@ def test_training_minutes_of_a_resumed_run_leave_out_the_pause_before_its_resump
     path.write_text(json.dumps(manifest))
     groups, _ = summarize(load_runs([sweep]), baseline="model.pe=sinusoidal")
     assert {g.name: g for g in groups}["model.pe=none"].stats["train_minutes"].n == 2
+
+
+def test_group_names_show_config_values_as_yaml_writes_them_and_the_baseline_matches_them(
+    sweep: Path,
+) -> None:
+    """Group names showed config values through Python's str (`True`, `None`), while config.yaml and the
+    command line say `true` and `null`: `--baseline model.tie=true` found no group. Every format and
+    `--baseline` use the YAML spelling; a text YAML would read as another type stays quoted (`'true'`)."""
+    from attnlab.reports.compare import yaml_value
+
+    for pe, tie in (("none", "true"), ("sinusoidal", "null")):
+        for seed in (1, 2, 3):
+            path = sweep / f"pe={pe},seed={seed}" / "config.yaml"
+            path.write_text(path.read_text().replace("  d_model: 32\n", f"  d_model: 32\n  tie: {tie}\n"))
+    baseline = "model.pe=none,model.tie=true"
+    text = report([sweep], baseline=baseline)
+    assert f"\n| {baseline} | 3 |" in text and "\n| model.pe=sinusoidal,model.tie=null | 3 |" in text
+    assert "True" not in text and "None" not in text
+    for fmt in ("csv", "latex"):
+        assert "model.tie=null" in report([sweep], fmt=fmt, baseline=baseline)
+    with pytest.raises(SystemExit, match=r"did you mean 'model\.pe=none,model\.tie=true'"):
+        compare_main([str(sweep), "--baseline", "model.pe=none,model.tie=True"])
+    assert [yaml_value(v) for v in (True, None, "true", "1", 0.1, 1e-5, [1, "a"], "a\nb")] == [
+        "true", "null", "'true'", "'1'", "0.1", "1.0e-05", "[1, a]", '"a\\nb"',
+    ]  # fmt: skip

@@ -93,8 +93,8 @@ def main(argv: Sequence[str] | None = None) -> None:
         "paths", nargs="+", help="run directories, sweep directories, or directories above them"
     )
     parser.add_argument("--baseline", help="the group the others are compared with (default: the first), "
-                        "its config values as in the runs' config.yaml (not as the Markdown table escapes "
-                        "them): 'model.pe=sinusoidal'")  # fmt: skip
+                        "its config values as the runs' config.yaml writes them (true, null; not as the "
+                        "Markdown table escapes them): 'model.pe=sinusoidal'")  # fmt: skip
     parser.add_argument("--format", choices=["md", "csv", "latex"], default="md")
     parser.add_argument("--out", help="write the table to this file instead of stdout")
     parser.add_argument("--plots", help="also save PNG plots (BLEU per group, validation curves, BLEU vs "

@@ -26,7 +26,9 @@ import bisect
 import csv
 import io
 import itertools
+import json
 import logging
+import math
 import os
 import re
 from collections.abc import Sequence
@@ -34,6 +36,8 @@ from dataclasses import dataclass, field
 from datetime import datetime
 from pathlib import Path
 from typing import Any
+
+import yaml
 
 from attnlab.data.text import one_line
 from attnlab.io import FileLock
@@ -252,9 +256,19 @@ def varying_keys(runs: Sequence[Run], seed_key: str = "seed") -> list[str]:
     return [key for key in keys if len({values.get(key, "null") for values in settings}) > 1]
 
 
+def yaml_value(value: Any) -> str:
+    """A config value as YAML writes it (`config.yaml`, Hydra's command line), on one line: `true`,
+    `null`, `0.1`, `1.0e-05`, `[1, a]`, `{a: 1}`; a text plain (`learned`), or quoted where YAML would
+    read it as something else (`'true'`, `'1'`) or it holds a line break (`"two\\nlines"`). Group names are
+    made of these (`group_name`), so `--baseline model.x=true` names the group of runs with `x: true`."""
+    text = yaml.safe_dump(value, default_flow_style=True, width=math.inf, allow_unicode=True)
+    text = text.removesuffix("\n...\n").removesuffix("\n")
+    return json.dumps(value, ensure_ascii=False) if isinstance(value, str) and "\n" in text else text
+
+
 def group_name(run: Run, keys: Sequence[str]) -> str:
-    """`model.pe=learned,model.n_heads=4` for the values of `keys` (or `all` with no keys)."""
-    return ",".join(f"{k}={run.config.get(k)}" for k in keys) or "all"
+    """`model.pe=learned,model.n_heads=4` for the values of `keys` (`yaml_value`; `all` with no keys)."""
+    return ",".join(f"{k}={yaml_value(run.config.get(k))}" for k in keys) or "all"
 
 
 @dataclass
