@@ -84,6 +84,25 @@ def test_a_bookkeeping_key_changes_no_group_no_compared_key_no_name_and_may_chan
         check_same_experiment(RunDir(tmp_path / "a").config_file, changed(first, entry))
 
 
+def test_what_the_console_shows_is_bookkeeping_but_the_logging_interval_is_a_setting(tmp_path: Path) -> None:
+    """`trainer.enable_progress_bar` and `trainer.enable_model_summary` change only the console (two runs
+    differing in both wrote the same results.json and csv/metrics.csv, the speed aside), yet runs differing
+    in them were different settings: other W&B groups, compared keys and job directories.
+    `trainer.log_every_n_steps` decides which step rows the run logs: a setting still."""
+    first = resolved(tmp_path / "a", trainer={"max_epochs": 4, "enable_progress_bar": True})
+    quiet = {"max_epochs": 4, "enable_progress_bar": False, "enable_model_summary": False}
+    second = resolved(tmp_path / "b", trainer=quiet)
+    assert config_group(first) == config_group(second)
+    assert compared_keys(tmp_path / "console", first, second) == []
+    overrides = ["trainer.enable_progress_bar=false", "+trainer.enable_model_summary=false"]
+    assert job_dirname([*overrides, "model.pe=none"]) == job_dirname(["model.pe=none"])
+    assert run_name([*overrides, "model.pe=none"]) == "pe=none"
+    logging = resolved(tmp_path / "a", trainer={**first["trainer"], "log_every_n_steps": 10})
+    assert config_group(first) != config_group(logging)
+    assert compared_keys(tmp_path / "logging", first, logging) == ["trainer.log_every_n_steps"]
+    check_same_experiment(RunDir(tmp_path / "logging" / "a").config_file, logging)  # (a resumption may)
+
+
 def test_a_setting_changes_the_group_the_compared_keys_and_the_name_and_is_no_resumption(
     tmp_path: Path,
 ) -> None:

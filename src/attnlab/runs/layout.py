@@ -52,9 +52,11 @@ RUN_LOCK = ".lock"  # `<pid> <host>` of the process running in the run directory
 # The config keys that never define a run's setting: where the run writes (`paths.`, `hydra.`, the
 # `callbacks.`, which hold run-directory paths such as the checkpoint directory, and with them their other
 # settings), how it is tracked, named and shown (`logger.`, `task_name`, `progress.`), how it is started or
-# continued (`ckpt_path`, `resume`, `sweep.`), what a sweeper reads from it (`optimized_metric`) and how
+# continued (`ckpt_path`, `resume`, `sweep.`), what a sweeper reads from it (`optimized_metric`), how
 # the C heap hands memory back (`allocator`: speed only, the same numbers; runs made before the key existed
-# have none). An
+# have none) and what the console shows (`trainer.enable_progress_bar`, `trainer.enable_model_summary`:
+# the same results.json and csv/metrics.csv but for the speed; `trainer.log_every_n_steps` is a setting,
+# since it decides which step rows csv/metrics.csv and the loggers get). An
 # entry ending in `.` names a config group (every key below it, and its choice); any other one a key (and
 # every key it starts). The seed is no bookkeeping: the runs of one setting differ in it, and W&B groups and
 # `attnlab-compare` group over it. W&B groups (`attnlab.runs.wandb.config_group`) and run names
@@ -62,7 +64,8 @@ RUN_LOCK = ".lock"  # `<pid> <host>` of the process running in the run directory
 # (`attnlab.training.resume.RESUMABLE_CHANGES`) all leave these keys out.
 BOOKKEEPING = (
     "paths.", "hydra.", "logger.", "callbacks.", "sweep.", "progress.",
-    "ckpt_path", "resume", "task_name", "optimized_metric", "allocator",
+    "ckpt_path", "resume", "task_name", "optimized_metric", "allocator", "trainer.enable_progress_bar",
+    "trainer.enable_model_summary",
 )  # fmt: skip
 # Keys below a `BOOKKEEPING` group that do define a run's setting: early stopping's patience and minimum
 # improvement decide when training stops, and with it the run's results (the metric it watches is

@@ -45,7 +45,7 @@ log = logging.getLogger(__name__)
 # intervals.
 RESUMABLE_CHANGES = (
     *(key for key in BOOKKEEPING if key != "task_name"), "decode.", "metrics.", "test", "average_last",
-    "trainer.max_epochs", "trainer.max_steps", "trainer.enable_progress_bar", "trainer.log_every_n_steps",
+    "trainer.max_epochs", "trainer.max_steps", "trainer.log_every_n_steps",
 )  # fmt: skip
 
 
