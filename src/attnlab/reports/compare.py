@@ -250,10 +250,24 @@ def run_dir_of(path: str | Path, paths: Sequence[str | Path]) -> Path | None:
 def varying_keys(runs: Sequence[Run], seed_key: str = "seed") -> list[str]:
     """Config keys whose values differ between runs: those of their settings (`attnlab.runs.layout.setting`,
     which W&B groups by too: the seed and the bookkeeping keys left out, values derived from the run
-    directory counting as the same)."""
+    directory counting as the same). A key some runs lack (written by a version before the key existed, or
+    after it was removed) varies only when the runs that have it differ in it: lacking it is no setting of
+    its own (`partial_keys` names such keys; a run lacking a varying key shows `ABSENT` for it)."""
     settings = [setting(run.config, seed_key) for run in runs]
     keys = sorted({key for values in settings for key in values})
-    return [key for key in keys if len({values.get(key, "null") for values in settings}) > 1]
+    return [key for key in keys if len({values[key] for values in settings if key in values}) > 1]
+
+
+def partial_keys(runs: Sequence[Run], seed_key: str = "seed") -> list[str]:
+    """The keys of the runs' settings that some runs lack but that do not vary (`varying_keys`): runs are
+    grouped as if those that lack one held the others' value."""
+    settings = [setting(run.config, seed_key) for run in runs]
+    varying = set(varying_keys(runs, seed_key))
+    keys = sorted({key for values in settings for key in values} - varying)
+    return [key for key in keys if any(key not in values for values in settings)]
+
+
+ABSENT = "(absent)"  # how a group's name shows a varying key its runs' config.yaml lacks (`group_name`)
 
 
 def yaml_value(value: Any) -> str:
@@ -267,8 +281,10 @@ def yaml_value(value: Any) -> str:
 
 
 def group_name(run: Run, keys: Sequence[str]) -> str:
-    """`model.pe=learned,model.n_heads=4` for the values of `keys` (`yaml_value`; `all` with no keys)."""
-    return ",".join(f"{k}={yaml_value(run.config.get(k))}" for k in keys) or "all"
+    """`model.pe=learned,model.n_heads=4` for the values of `keys` (`yaml_value`; `ABSENT` for a key the run's
+    config lacks; `all` with no keys)."""
+    values = [yaml_value(run.config[k]) if k in run.config else ABSENT for k in keys]
+    return ",".join(f"{k}={v}" for k, v in zip(keys, values, strict=True)) or "all"
 
 
 @dataclass
@@ -293,6 +309,13 @@ def summarize(runs: Sequence[Run], baseline: str | None = None) -> tuple[list[Gr
     finished = [r for r in runs if r.status == "finished"]
     others = [r for r in runs if r.status != "finished"]
     keys = varying_keys(finished)
+    partial = partial_keys(finished)
+    if partial:
+        log.warning(
+            "%s: in the config of some runs only (the others were written before the key existed, or after "
+            "it was removed); each has one value in the runs that have it, so the runs are grouped as if "
+            "it were the same in all", ", ".join(partial),
+        )  # fmt: skip
     grouped: dict[str, list[Run]] = {}
     for run in finished:
         grouped.setdefault(group_name(run, keys), []).append(run)
