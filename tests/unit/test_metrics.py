@@ -435,3 +435,29 @@ def test_paired_bootstrap_equals_the_sacrebleu_command(shared_data: Path, tmp_pa
     )
     assert ours.baseline == pytest.approx(printed[0]["BLEU"]["score"])
     assert ours.seed == "12345" and 0.0 < ours.p_value <= 1.0
+
+
+def test_metric_names_outside_attnlab_metrics_are_derived_from_it_not_spelled_by_hand() -> None:
+    """The W&B summaries, attnlab-compare's columns and main metric, and the validation-curve plot spelled
+    metric names by hand ("val/bleu", "train/tokens_per_sec_epoch"): a name changed in attnlab.metrics
+    would leave them reading nothing. They are built with its functions now (which refuse an undeclared
+    name), and no module spells one as a string literal."""
+    import re
+    from pathlib import Path
+
+    from attnlab.metrics import fit_metrics
+    from attnlab.reports.compare import DEFAULT_METRICS
+    from attnlab.runs.wandb import SUMMARIES
+
+    src = Path(__file__).resolve().parents[2] / "src" / "attnlab"
+    literal = re.compile(r"""["'](?:val|test|best|train|data)/[A-Za-z0-9_/]+["']""")
+    spelled = [
+        f"{path.relative_to(src)}:{number}: {line.strip()}"
+        for path in sorted(src.rglob("*.py")) if path.name != "metrics.py"
+        for number, line in enumerate(path.read_text(encoding="utf-8").splitlines(), 1)
+        if literal.search(line)
+    ]  # fmt: skip
+    assert not spelled, "metric names spelled by hand (use attnlab.metrics):\n" + "\n".join(spelled)
+    summaries = {"val/bleu": "max", "val/chrf": "max", "val/loss": "min", "val/nll": "min", "val/ppl": "min"}
+    assert summaries == SUMMARIES and set(SUMMARIES) <= set(fit_metrics())
+    assert DEFAULT_METRICS == ("val/ppl", "params", "train/tokens_per_sec_epoch", "train_minutes")

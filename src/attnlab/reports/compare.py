@@ -41,6 +41,7 @@ import yaml
 
 from attnlab.data.text import one_line
 from attnlab.io import FileLock
+from attnlab.metrics import SET_SCORES, set_metric, split_metric, train_metric
 from attnlab.reports.stats import Stat, stat
 from attnlab.runs.layout import (
     CONFIG_FILE,
@@ -143,11 +144,17 @@ def _result_metrics(run: RunDir) -> dict[str, float]:
         scores = [entry.get(m) for m in ("bleu", "chrf")] if isinstance(entry, dict) else [None]
         if not all(map(_is_number, scores)):
             raise UnreadableRunFile(f"cannot read {path}: test set {name!r} has no numeric 'bleu' and 'chrf'")
+        try:
+            names = {score: set_metric(name, score) for score in SET_SCORES}
+        except ValueError:
+            raise UnreadableRunFile(
+                f"cannot read {path}: {name!r} is no test set name attnlab writes"
+            ) from None
         for metric, value in zip(("bleu", "chrf"), scores, strict=True):
-            metrics[f"test/{name}/{metric}"] = _number(path, f"{name!r} {metric}", value)
+            metrics[names[metric]] = _number(path, f"{name!r} {metric}", value)
         ter = entry.get("ter")  # (results from before TER was scored have none)
         if _is_number(ter):
-            metrics[f"test/{name}/ter"] = _number(path, f"{name!r} ter", ter)
+            metrics[names["ter"]] = _number(path, f"{name!r} ter", ter)
     return metrics
 
 
@@ -298,7 +305,14 @@ class GroupSummary:
     p_values: dict[str, list[tuple[Any, float]]] = field(default_factory=dict)  # set -> [(seed, p)]
 
 
-DEFAULT_METRICS = ("val/ppl", "params", "train/tokens_per_sec_epoch", "train_minutes")
+# The columns after the test scores: validation perplexity, tokens/s (`attnlab.metrics` names), and the two
+# numbers `read_run` adds (`params` from csv/metrics.csv, `train_minutes` from manifest.json)
+DEFAULT_METRICS = (
+    split_metric("val", "ppl"),
+    "params",
+    train_metric("tokens_per_sec", "_epoch"),
+    "train_minutes",
+)
 
 
 def summarize(runs: Sequence[Run], baseline: str | None = None) -> tuple[list[GroupSummary], list[Run]]:
@@ -682,6 +696,7 @@ def main_metric(groups: Sequence[GroupSummary]) -> tuple[str | None, list[str]]:
     scored = [m for m in tested if m.endswith(scores)] or tested  # BLEU/chrF/TER when translated
     columns = [*scored, *(m for m in DEFAULT_METRICS if any(m in g.stats for g in groups))]
     bleu = [m for m in scored if m.endswith("/bleu")]
-    validation = [m for m in ("val/bleu", "val/loss") if any(m in g.stats for g in groups)]
+    validation = [split_metric("val", m) for m in ("bleu", "loss")]
+    validation = [m for m in validation if any(m in g.stats for g in groups)]
     main = (bleu or scored or validation or [None])[0]
     return main, columns

@@ -18,6 +18,7 @@ from collections.abc import Sequence
 from pathlib import Path
 
 from attnlab.io import atomic_write_files
+from attnlab.metrics import split_metric
 from attnlab.reports.compare import GroupSummary, LengthTable, Run
 from attnlab.runs.layout import UnreadableRunFile
 
@@ -124,8 +125,8 @@ def _validation_curves(groups: Sequence[GroupSummary]) -> object:
     """Per group, the mean over seeds of `val/bleu` (else `val/loss`) per epoch, the range shaded."""
     import matplotlib.pyplot as plt
 
-    bleu_logged = any(validation_curve(r, "val/bleu") for g in groups for r in g.runs)
-    curve_metric = "val/bleu" if bleu_logged else "val/loss"
+    bleu, loss = split_metric("val", "bleu"), split_metric("val", "loss")
+    curve_metric = bleu if any(validation_curve(r, bleu) for g in groups for r in g.runs) else loss
     fig, ax = plt.subplots(figsize=(7, 4.5))
     for i, g in enumerate(groups):
         curves = [c for c in (validation_curve(r, curve_metric) for r in g.runs) if c]

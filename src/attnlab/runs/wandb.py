@@ -26,6 +26,7 @@ from typing import Any
 
 from lightning.pytorch.loggers import WandbLogger as _LightningWandbLogger
 
+from attnlab.metrics import SPLIT_NAMES, better, split_metric
 from attnlab.runs.layout import RunDir, setting, setting_overrides
 from attnlab.typed import ConfigError
 
@@ -34,10 +35,7 @@ __all__ = ["WandbLogger", "config_group", "finish_wandb", "log_results", "run_na
 
 # How W&B summarises a metric of the history (`define_metric(summary=...)`): its best value, not the last,
 # for validation scores and losses; everything else keeps W&B's default, the last value.
-SUMMARIES = {
-    "val/bleu": "max", "val/chrf": "max",
-    "val/loss": "min", "val/nll": "min", "val/ppl": "min",
-}  # fmt: skip
+SUMMARIES = {split_metric("val", name): better(name) for name in SPLIT_NAMES["val"]}
 # The modes W&B runs in (`wandb.init(mode=...)`; `dryrun` and `run` are its old names of offline and online)
 WANDB_MODES = ("offline", "online", "disabled", "shared", "dryrun", "run")
 _SET_BY_US: dict[str, str] = {}  # W&B directory variables this process set (for the next run of a multirun)
