@@ -51,7 +51,8 @@ def attnlab_train(
         *final(run_dir),
         *extra,
     ]
-    environment = {**os.environ, "PYTHONPATH": str(TESTS), **(env or {})}
+    path = os.pathsep.join(filter(None, [str(TESTS), os.environ.get("PYTHONPATH")]))  # (the tests' attnlab)
+    environment = {**os.environ, "PYTHONPATH": path, **(env or {})}
     return run_all(command, env=environment)
 
 
