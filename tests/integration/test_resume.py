@@ -287,6 +287,29 @@ def test_a_ddp_runs_epoch_loss_is_over_every_ranks_tokens(ddp_resumption: dict[s
         assert value != pytest.approx(sum(s for s, _ in own) / sum(t for _, t in own), rel=1e-6)
 
 
+DDP_SIGNAL_RUN = ("trainer=ddp_cpu", "data.n_val=32")  # a validation batch per rank
+
+
+def ddp_signalled(run_dir: Path, signum: int, rank: int, group: bool = False) -> subprocess.CompletedProcess:
+    """A two-process run of `runs.RUN` that rank `rank` sends `signum` at the end of step 3 (with `group`,
+    to the whole process group, as a terminal's Ctrl-C reaches every rank)."""
+    kill = ["+callbacks.kill._target_=probes.SignalAt", "+callbacks.kill.step=3",
+            f"+callbacks.kill.rank={rank}", f"+callbacks.kill.signum={signum}",
+            f"+callbacks.kill.group={str(group).lower()}"]  # fmt: skip
+    return attnlab_train(run_dir, *DDP_SIGNAL_RUN, *kill, env={"OMP_NUM_THREADS": "1"})
+
+
+@pytest.mark.ddp
+def test_a_ddp_runs_ctrl_c_is_told_once_and_every_rank_saves_and_stops(tmp_path: Path) -> None:
+    run_dir = tmp_path / "run"
+    stopped = ddp_signalled(run_dir, int(signal.SIGINT), rank=0, group=True)  # both ranks get it
+    assert stopped.returncode == 128 + signal.SIGINT, stopped.stderr[-3000:]
+    assert stopped.stderr.count("Ctrl-C: saving last.ckpt at the end of this training step") == 1
+    manifest = json.loads((run_dir / "manifest.json").read_text())
+    assert manifest["status"] == "interrupted" and "SIGINT at step 4" in manifest["error"], manifest
+    assert torch.load(run_dir / "checkpoints" / "last.ckpt", weights_only=True)["global_step"] == 4
+
+
 def callback_states(checkpoint: Path) -> dict[str, Any]:
     """The callbacks' saved states in `checkpoint`, with the run's own directory written as `<run>`.
     Lightning's ModelCheckpoint does not restore its `current_score` (the score of the last save, which

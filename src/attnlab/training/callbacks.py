@@ -261,7 +261,8 @@ class Preemption(_StepEnds):
 
     Ctrl-C is the same stop, asked for at a terminal: the first says on stderr that the run saves and stops
     at the end of the step (after a validation that is running) and gives SIGINT back to its handler before
-    training (Python's KeyboardInterrupt), so a second Ctrl-C stops at once, without the save.
+    training (Python's KeyboardInterrupt), so a second Ctrl-C stops at once, without the save. A terminal's
+    Ctrl-C reaches every rank of a DDP run started there: rank 0 alone says so, once a run.
 
     While training runs, this callback's handlers replace Lightning's SIGTERM handler (which would stop
     training at the end of the step without a checkpoint) and whatever handled SIGUSR1. A SIGUSR1 handler
@@ -278,17 +279,20 @@ class Preemption(_StepEnds):
         self.dirpath, self.filename = dirpath, filename
         self._received: int | None = None
         self._previous: dict[int, Any] = {}
+        self._rank = 0
 
     def _on_signal(self, signum: int, frame: Any) -> None:
         self._received = signum
         if signum == signal.SIGINT:  # a second Ctrl-C goes to the handler before: it stops at once
             previous = self._previous.pop(signal.SIGINT)
             signal.signal(signal.SIGINT, previous if previous is not None else signal.default_int_handler)
-            os.write(2, _CTRL_C.encode())
+            if self._rank == 0:  # (the other ranks of a terminal's run got the same Ctrl-C)
+                os.write(2, _CTRL_C.encode())
 
     def on_train_start(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
         if threading.current_thread() is not threading.main_thread():
             return  # signals reach only the main thread
+        self._rank = trainer.global_rank
         for signum in (signal.SIGTERM, signal.SIGUSR1, signal.SIGINT):
             self._previous[signum] = signal.getsignal(signum)
             signal.signal(signum, self._on_signal)
