@@ -310,6 +310,17 @@ def test_a_ddp_runs_ctrl_c_is_told_once_and_every_rank_saves_and_stops(tmp_path:
     assert torch.load(run_dir / "checkpoints" / "last.ckpt", weights_only=True)["global_step"] == 4
 
 
+@pytest.mark.ddp
+def test_a_signal_that_reached_one_rank_alone_is_the_one_the_ddp_run_names(tmp_path: Path) -> None:
+    """Rank 1 alone gets SIGINT: both ranks save and stop at the end of the next step, and rank 0's manifest
+    and exit status name SIGINT (rank 0 had no signal of its own to name)."""
+    run_dir = tmp_path / "run"
+    stopped = ddp_signalled(run_dir, int(signal.SIGINT), rank=1)
+    assert stopped.returncode == 128 + signal.SIGINT, stopped.stderr[-3000:]
+    manifest = json.loads((run_dir / "manifest.json").read_text())
+    assert manifest["status"] == "interrupted" and "SIGINT at step 4" in manifest["error"], manifest
+
+
 def callback_states(checkpoint: Path) -> dict[str, Any]:
     """The callbacks' saved states in `checkpoint`, with the run's own directory written as `<run>`.
     Lightning's ModelCheckpoint does not restore its `current_score` (the score of the last save, which

@@ -307,32 +307,38 @@ class Preemption(_StepEnds):
     ) -> None:
         if not self._ended_a_step(trainer):  # inside an accumulation: save after its step
             return
-        if not self._asked_to_stop(trainer):
+        signum = self._agreed_signal(trainer)
+        if not signum:
             return
         path = self._save(trainer)
         # The module's own end of the batch (what it logs there: attnlab's lr and tokens seen), which
         # Lightning would run after this hook, runs before training stops here: the step's row holds them.
         pl_module.on_train_batch_end(outputs, batch, batch_idx)
         self._log_this_step(trainer)
-        self._stop(trainer, path)
+        self._stop(trainer, path, signum)
 
     def on_train_end(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
         """A signal after the last training step (in the last validation) ends no step: the run saves and
         stops here, before the final evaluation, as it said it would."""
-        if self._asked_to_stop(trainer):
-            self._stop(trainer, self._save(trainer))
+        signum = self._agreed_signal(trainer)
+        if signum:
+            self._stop(trainer, self._save(trainer), signum)
 
-    def _asked_to_stop(self, trainer: L.Trainer) -> bool:
-        """Whether a signal reached this rank or any other (the ranks agree)."""
-        return trainer.strategy.reduce_boolean_decision(self._received is not None, all=False)
+    def _agreed_signal(self, trainer: L.Trainer) -> int:
+        """The signal that reached this rank or any other (0: none). The ranks agree on which (the highest
+        number where they got different ones): the one the run names and acts on (SIGUSR1's requeue on rank
+        0) when another rank alone got it."""
+        import torch
+
+        received = torch.tensor(self._received or 0, device=trainer.strategy.root_device)
+        return int(trainer.strategy.reduce(received, reduce_op="max"))
 
     def _save(self, trainer: L.Trainer) -> str:
         path = f"{self.dirpath}/{self.filename}.ckpt"
         trainer.save_checkpoint(path, weights_only=False)  # all of it, to resume (Lightning logs its default)
         return path
 
-    def _stop(self, trainer: L.Trainer, path: str) -> None:
-        signum = int(self._received or signal.SIGTERM)  # (another rank's signal)
+    def _stop(self, trainer: L.Trainer, path: str, signum: int) -> None:
         previous = self._previous.get(signal.SIGUSR1)
         self._received = None
         self._restore()
