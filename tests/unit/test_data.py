@@ -334,6 +334,20 @@ def test_a_process_forked_after_the_fork_server_started_spawns_its_workers() -> 
     os.close(read)
 
 
+def test_a_process_of_the_fork_server_ignores_ctrl_c_from_its_start() -> None:
+    """A DataLoader worker forked from the fork server ignores SIGINT from its first instruction, not only
+    once its `worker_init_fn` (`end_with`) runs: a Ctrl-C while it starts would end it and leave the run,
+    which stops at the end of its step, without batches. This process still gets its KeyboardInterrupt."""
+    before = signal.getsignal(signal.SIGINT)
+    context = worker_context()
+    assert context.get_start_method() == "forkserver"
+    child = context.Process(target=signal.raise_signal, args=(signal.SIGINT,))  # its first instruction
+    child.start()
+    child.join(60)
+    assert child.exitcode == 0  # (a KeyboardInterrupt: 1)
+    assert signal.getsignal(signal.SIGINT) is before is signal.default_int_handler
+
+
 @pytest.mark.parametrize("split", ["val", "test"])
 def test_eval_loaders_are_deterministic_and_restore_the_original_order(split: str) -> None:
     dm = datamodule()

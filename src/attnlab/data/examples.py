@@ -190,7 +190,9 @@ def end_with(pid: int, worker_id: int) -> None:
     zombie) still counts as running: the worker ends once the run's parent has reaped it.
 
     The worker ignores SIGINT: a Ctrl-C at a terminal reaches every process of the foreground group, and a
-    worker's KeyboardInterrupt would end it under a run that stops at the end of its step (`Preemption`)."""
+    worker's KeyboardInterrupt would end it under a run that stops at the end of its step (`Preemption`).
+    One forked from the fork server ignores it from its start (`attnlab.data.worker_server`); a spawned one
+    from here."""
     signal.signal(signal.SIGINT, signal.SIG_IGN)
     threading.Thread(target=_exit_after, args=(pid,), name=f"end-with-{pid}", daemon=True).start()
 

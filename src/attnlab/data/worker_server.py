@@ -7,12 +7,21 @@ that it is already in `sys.modules` ("this may result in unpredictable behaviour
 run's stderr. The server preloads it so that workers start without importing its dependencies again;
 running its top level again is the point of `__mp_main__`. The warning is silenced in the server, whose
 filters its workers inherit, and nowhere else.
+
+The server ignores SIGINT from here on, and its workers from their start: each worker is given the SIGINT
+handler the server had before it began serving (Python's KeyboardInterrupt, had this not ignored it).
+A terminal's Ctrl-C reaches every process of the foreground group, and a worker that got its
+KeyboardInterrupt while starting (before `attnlab.data.examples.end_with` ignores SIGINT in it) would end
+and leave the run, which stops at the end of its step (`Preemption`), without batches. The run's own
+process keeps its handler.
 """
 
 from __future__ import annotations
 
+import signal
 import warnings
 
 warnings.filterwarnings(
     "ignore", message=r"'[\w.]+' found in sys\.modules after import of package", category=RuntimeWarning
 )
+signal.signal(signal.SIGINT, signal.SIG_IGN)
