@@ -230,6 +230,15 @@ def test_an_unwritable_run_directory_fails_before_training(tmp_path: Path) -> No
     assert blocker.read_text() == "not a directory"
 
 
+def test_a_run_gives_back_the_signal_handlers_it_found(tmp_path: Path) -> None:
+    """Lightning's SIGTERM handler (which `Preemption` replaces while training runs) stayed installed after
+    a run: a SIGTERM later in the process (decoding the test sets, another run) was logged and ignored."""
+    signals = (signal.SIGTERM, signal.SIGINT, signal.SIGUSR1)
+    before = {signum: signal.getsignal(signum) for signum in signals}
+    train(compose_train(RUN, tmp_path))
+    assert {signum: signal.getsignal(signum) for signum in signals} == before
+
+
 def test_a_second_ctrl_c_before_any_save_reads_interrupted_without_naming_resume(tmp_path: Path) -> None:
     """Two Ctrl-C at step 1 (last.ckpt is saved every 2 steps): the run stops at once with nothing saved,
     so the manifest does not send the user to resume=true, which would be refused for lack of last.ckpt."""

@@ -265,7 +265,8 @@ class Preemption(_StepEnds):
     Ctrl-C reaches every rank of a DDP run started there: rank 0 alone says so, once a run.
 
     While training runs, this callback's handlers replace Lightning's SIGTERM handler (which would stop
-    training at the end of the step without a checkpoint) and whatever handled SIGUSR1. A SIGUSR1 handler
+    training at the end of the step without a checkpoint) and whatever handled SIGUSR1; they give the
+    signals back when training ends, before Lightning gives back the handlers it replaced. A SIGUSR1 handler
     that was installed before (Lightning's SLURM auto-requeue, which saves its own checkpoint and calls
     `scontrol requeue`, or submitit's, which requeues the job) runs after the save.
 
@@ -323,6 +324,7 @@ class Preemption(_StepEnds):
         signum = self._agreed_signal(trainer)
         if signum:
             self._stop(trainer, self._save(trainer), signum)
+        self._restore()  # before Lightning puts back the handlers it replaced (after this hook)
 
     def _agreed_signal(self, trainer: L.Trainer) -> int:
         """The signal that reached this rank or any other (0: none). The ranks agree on which (the highest
@@ -359,6 +361,11 @@ class Preemption(_StepEnds):
             return
         for logger in trainer.loggers:
             logger.save()
+
+    def on_exception(
+        self, trainer: L.Trainer, pl_module: L.LightningModule, exception: BaseException
+    ) -> None:
+        self._restore()  # (as at the end of training)
 
     def teardown(self, trainer: L.Trainer, pl_module: L.LightningModule, stage: str) -> None:
         self._restore()
