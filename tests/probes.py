@@ -22,19 +22,29 @@ from attnlab.data import SyntheticData
 
 class SignalAt(L.Callback):
     """Send `signum` to this process at the end of training step `step` (global step, counted from 1),
-    on every rank, or only on rank `rank` when given; `times` times in a row; with `group`, to every
-    process of this process's group, as a terminal's Ctrl-C does (DataLoader workers too: run the run in a
-    session of its own, as `runs.run_all` does)."""
+    or with `stage="test"` at the end of test batch `step` (counted from 1), on every rank, or only on rank
+    `rank` when given; `times` times in a row; with `group`, to every process of this process's group, as
+    a terminal's Ctrl-C does (DataLoader workers too: run the run in a session of its own, as
+    `runs.run_all` does)."""
 
     def __init__(
-        self, step: int, signum: int, rank: int | None = None, times: int = 1, group: bool = False
-    ) -> None:
+        self, step: int, signum: int, rank: int | None = None, times: int = 1, group: bool = False,
+        stage: str = "train",
+    ) -> None:  # fmt: skip
         self.step, self.signum, self.rank, self.times, self.group = step, signum, rank, times, group
+        self.stage = stage
 
-    def on_train_batch_end(self, trainer: L.Trainer, *args: Any) -> None:
-        if trainer.global_step == self.step and self.rank in (None, trainer.global_rank):
+    def _send(self, trainer: L.Trainer, stage: str, step: int) -> None:
+        if stage == self.stage and step == self.step and self.rank in (None, trainer.global_rank):
             for _ in range(self.times):
                 os.killpg(os.getpgid(0), self.signum) if self.group else os.kill(os.getpid(), self.signum)
+
+    def on_train_batch_end(self, trainer: L.Trainer, *args: Any) -> None:
+        self._send(trainer, "train", trainer.global_step)
+
+    def on_test_batch_end(self, trainer: L.Trainer, pl_module: Any, outputs: Any, batch: Any, index: int,
+                          *args: Any) -> None:  # fmt: skip
+        self._send(trainer, "test", index + 1)
 
 
 class SleepAt(L.Callback):

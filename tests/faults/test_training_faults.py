@@ -239,6 +239,32 @@ def test_a_run_gives_back_the_signal_handlers_it_found(tmp_path: Path) -> None:
     assert {signum: signal.getsignal(signum) for signum in signals} == before
 
 
+def test_a_sigterm_in_the_final_evaluation_stops_it_and_names_the_command_that_redoes_it(
+    tmp_path: Path,
+) -> None:
+    """SIGTERM at the first test batch, after training: the run stops at once (exit status 128 + SIGTERM),
+    keeps its checkpoints, and its manifest reads interrupted with the attnlab-eval command that evaluates
+    them; SIGTERM's own handler is back afterwards. (Lightning's handler, in place while testing, set a
+    flag that its last test batch does not read: the run went on; while decoding, SIGTERM ended the
+    process and left the manifest `running`.)"""
+    kill = ["+callbacks.kill._target_=probes.SignalAt", "+callbacks.kill.stage=test",
+            "+callbacks.kill.step=1", f"+callbacks.kill.signum={int(signal.SIGTERM)}"]  # fmt: skip
+    before = signal.getsignal(signal.SIGTERM)
+    with pytest.raises(SystemExit) as stopped:
+        train(compose_train([*RUN, "test=true", *kill], tmp_path))
+    assert stopped.value.code == 128 + signal.SIGTERM
+    assert signal.getsignal(signal.SIGTERM) == before
+    assert read_checkpoint(tmp_path / "checkpoints" / "last.ckpt")["global_step"] == 10  # training ended
+    (best,) = (tmp_path / "checkpoints").glob("best-*.ckpt")
+    manifest = json.loads((tmp_path / "manifest.json").read_text())
+    assert manifest["status"] == "interrupted", manifest
+    assert manifest["error"] == (
+        "EvaluationStopped: stopped by SIGTERM in the final evaluation, after training (the checkpoints are "
+        f"kept); evaluate them alone with: attnlab-eval ckpt_path={best}"
+    )
+    assert not (tmp_path / "results.json").exists()
+
+
 def test_a_second_ctrl_c_before_any_save_reads_interrupted_without_naming_resume(tmp_path: Path) -> None:
     """Two Ctrl-C at step 1 (last.ckpt is saved every 2 steps): the run stops at once with nothing saved,
     so the manifest does not send the user to resume=true, which would be refused for lack of last.ckpt."""

@@ -25,7 +25,11 @@ from __future__ import annotations
 import copy
 import logging
 import os
+import signal
 import sys
+import threading
+from collections.abc import Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -181,7 +185,7 @@ def _run(plan: RunPlan) -> dict[str, float]:
             # stays as it was.
             _restore_run_records(previous)
         elif manifest is not None:
-            status = "interrupted" if isinstance(exc, Preempted) or ctrl_c else "failed"
+            status = "interrupted" if isinstance(exc, (Preempted, EvaluationStopped)) or ctrl_c else "failed"
             manifest.finish(status, error=ctrl_c or f"{type(exc).__name__}: {exc}".splitlines()[0])
         _finish_tracking(exit_code=1)
         if ctrl_c:  # Lightning exits with 1 after a KeyboardInterrupt; a shell expects 128 + SIGINT
@@ -250,7 +254,8 @@ def _train_and_evaluate(plan: RunPlan, manifest: Manifest | None) -> dict[str, f
     if best is not None:  # what sweepers optimize: the monitor's value at the selected checkpoint
         metrics[best_metric(plan.cfg.monitor.metric)] = best
     if plan.cfg.get("test", True):
-        test_metrics, evaluation = final_evaluation(plan, trainer, module, datamodule)
+        with stopping_evaluation(redo_evaluation(plan, trainer)):
+            test_metrics, evaluation = final_evaluation(plan, trainer, module, datamodule)
         metrics.update(test_metrics)
     else:  # no test sets: results.json holds the final metrics alone (what sweeps and reports read)
         from attnlab.inference.translator import Evaluation
@@ -581,6 +586,51 @@ def _best_score(cfg: DictConfig, trainer: Any) -> float | None:
     if callback is None or callback.monitor != metric or callback.best_model_score is None:
         return None
     return float(callback.best_model_score)
+
+
+class EvaluationStopped(SystemExit):
+    """A signal stopped the final evaluation, after training; `redo` evaluates the kept checkpoints alone.
+    Exit status 128 + the signal number, as `attnlab.training.callbacks.Preempted`."""
+
+    def __init__(self, signum: int, redo: str) -> None:
+        super().__init__(128 + signum)
+        self.signum, self.redo = signum, redo
+        self.message = (
+            f"stopped by {signal.Signals(signum).name} in the final evaluation, after training (the "
+            f"checkpoints are kept); evaluate them alone with: {redo}"
+        )
+
+    def __str__(self) -> str:
+        return self.message
+
+
+def redo_evaluation(plan: RunPlan, trainer: Any) -> str:
+    """The `attnlab-eval` command that evaluates what `final_evaluation` evaluates: the average of the
+    run's last `average_last` checkpoints, its best checkpoint, or else its last.ckpt."""
+    average_last = int(plan.cfg.get("average_last") or 0)
+    if average_last > 0:
+        return f"attnlab-eval ckpt_path={plan.run.path} average_last={average_last}"
+    return f"attnlab-eval ckpt_path={_best_checkpoint(plan.cfg, trainer) or plan.run.last_checkpoint}"
+
+
+@contextmanager
+def stopping_evaluation(redo: str) -> Iterator[None]:
+    """While the final evaluation runs, SIGTERM and SIGINT (Ctrl-C) stop it at once with `EvaluationStopped`:
+    SIGTERM's default would end the process before the manifest says so, and decoding the test sets can
+    take minutes. There is nothing to save: training has ended and its checkpoints are on disk."""
+    if threading.current_thread() is not threading.main_thread():  # signals reach only the main thread
+        yield
+        return
+
+    def stop(signum: int, frame: Any) -> None:
+        raise EvaluationStopped(signum, redo)
+
+    previous = {signum: signal.signal(signum, stop) for signum in (signal.SIGTERM, signal.SIGINT)}
+    try:
+        yield
+    finally:
+        for signum, handler in previous.items():
+            signal.signal(signum, handler if handler is not None else signal.SIG_DFL)
 
 
 def final_evaluation(
