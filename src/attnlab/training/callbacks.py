@@ -329,7 +329,10 @@ class Preemption(_StepEnds):
     def _agreed_signal(self, trainer: L.Trainer) -> int:
         """The signal that reached this rank or any other (0: none). The ranks agree on which (the highest
         number where they got different ones): the one the run names and acts on (SIGUSR1's requeue on rank
-        0) when another rank alone got it."""
+        0) when another rank alone got it. A single process asks no collective: a tensor on the GPU read back
+        every step would make the CPU wait for the step's kernels."""
+        if trainer.world_size == 1:
+            return int(self._received or 0)
         import torch
 
         received = torch.tensor(self._received or 0, device=trainer.strategy.root_device)
