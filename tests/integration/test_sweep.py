@@ -257,7 +257,8 @@ def test_skip_done_does_not_train_an_interrupted_job_afresh_over_its_checkpoints
     """Re-running an interrupted sweep with `sweep.skip_done=true`, as the README says, skipped the
     finished jobs and trained the interrupted one from scratch in its directory, over its checkpoints
     (hours of a long job's training). That job is recorded as failed, its files untouched, naming
-    resume=auto, which then continues it from its last.ckpt."""
+    resume=auto, which then continues it from its last.ckpt. Without `sweep.skip_done`, the re-run trained
+    the finished job again too, over its results: it is held as well, naming sweep.skip_done=true."""
     command = [
         sys.executable, "-m", "attnlab.cli.train", "-m", "data=synthetic", "model=tiny", "data.n_train=32",
         "data.n_val=8", "data.n_test=8", "trainer.max_epochs=1", "logger=csv", "seed=1,2",
@@ -270,8 +271,16 @@ def test_skip_done_does_not_train_an_interrupted_job_afresh_over_its_checkpoints
     manifest = json.loads((job / "manifest.json").read_text())
     (job / "manifest.json").write_text(json.dumps({**manifest, "status": "interrupted"}))  # (as SIGTERM)
     (job / "results.json").unlink()
-    hydra_own = {".hydra", "train.log"}  # Hydra's record and job log, written by every command
-    kept = {p: p.read_bytes() for p in job.rglob("*") if p.is_file() and not hydra_own & set(p.parts)}
+    hydra_own = {".hydra", "train.log", "multirun.yaml"}  # Hydra's records and job log: every command writes
+    files = [p for p in (tmp_path / "sweep").rglob("*") if p.is_file() and not hydra_own & set(p.parts)]
+    kept = {p: p.read_bytes() for p in files}
+    plain = [x for x in command if x != "sweep.skip_done=true"]  # without it, the finished job is held too
+    again = subprocess.run(plain, capture_output=True, text=True, timeout=600, env=env, cwd=tmp_path)
+    assert again.returncode == 1 and "multirun: 0 finished, 2 failed" in again.stderr, again.stderr[-3000:]
+    done = next(p for p in (tmp_path / "sweep").iterdir() if "seed=1" in p.name)
+    told = f"job {done.name} not run: the run directory {done} holds a run already (status finished"
+    assert told in again.stdout and "Add sweep.skip_done=true to the sweep's command" in again.stdout
+    assert {p: p.read_bytes() for p in kept} == kept  # results, checkpoints, manifests: both jobs'
     again = subprocess.run(command, capture_output=True, text=True, timeout=600, env=env, cwd=tmp_path)
     assert again.returncode == 1 and "multirun: 1 finished, 1 failed" in again.stderr, again.stderr[-3000:]
     told = f"job {job.name} not run: the run directory {job} holds a run already (status interrupted"

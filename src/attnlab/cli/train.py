@@ -60,12 +60,15 @@ def _main(cfg: DictConfig) -> float | None:
         skip_done = sweep_skip_done(cfg.get("sweep"))  # (a job's own swept value: the sweep's was checked)
     except ConfigError as exc:
         return _config_error(run, exc, multirun)
+    continues = continues_run(run, cfg.get("resume"), cfg.get("ckpt_path"))
     if skip_done:
-        skipped = _skip_done(run, multirun, continues_run(run, cfg.get("resume"), cfg.get("ckpt_path")))
+        skipped = _skip_done(run, multirun, continues)
         if skipped is _NOT_RUN:  # named as a failed job already: no metric to miss
             return None
         if skipped is not None:
             return _sweeper_value(skipped, metric, multirun)
+    elif multirun and not continues and _held_run(run, skip_finished=False):
+        return None
     from attnlab.training.pipeline import train  # imports lightning
 
     try:
@@ -199,23 +202,34 @@ def _skip_done(run: RunDir, multirun: bool, continues: bool) -> dict[str, Any] |
         record_job("failed", run.results_file)
         return _NOT_RUN
     if done is None:
-        try:
-            if multirun and not continues:
-                run.check_no_run(skip_finished=True)
-        except (
-            ConfigError
-        ) as exc:  # (resume=auto continues a job with a last.ckpt; one without, nothing does)
-            hint = ". Add resume=auto to the sweep's command to continue its unfinished jobs"
-            log.error(
-                "job %s not run: %s%s", run.path.name, exc, hint if run.last_checkpoint.is_file() else ""
-            )
-            record_job("failed", run.manifest_file)
-            return _NOT_RUN
-        return None
+        return _NOT_RUN if multirun and not continues and _held_run(run, skip_finished=True) else None
     print(f"attnlab-train: {run.path} already finished (sweep.skip_done=true): skipped")
     if multirun:
         record_job("finished", run.manifest_file)
     return done.get("metrics", {})
+
+
+def _held_run(run: RunDir, *, skip_finished: bool) -> bool:
+    """Whether a multirun job that does not continue its run must not run: its directory holds a run's
+    checkpoints, or a finished run (unless `skip_finished`: `sweep.skip_done` skips those), which a new run
+    would train afresh over (`RunDir.check_no_run`; a single run is refused so before Hydra starts,
+    `attnlab.cli.app.RunDirectoryCheck`). Such a job is recorded as failed, its files untouched, and the
+    log names the fix: `sweep.skip_done=true` for a finished job, `resume=auto` for an unfinished one
+    with a last.ckpt (one without has nothing to continue from)."""
+    try:
+        run.check_no_run(skip_finished=skip_finished)
+    except ConfigError as exc:
+        if run.saved_training()[1] == "finished":
+            hint = (". Add sweep.skip_done=true to the sweep's command to skip its finished jobs, or give "
+                    "the sweep another hydra.sweep.dir to train them again")  # fmt: skip
+        elif run.last_checkpoint.is_file():
+            hint = ". Add resume=auto to the sweep's command to continue its unfinished jobs"
+        else:
+            hint = ""
+        log.error("job %s not run: %s%s", run.path.name, exc, hint)
+        record_job("failed", run.manifest_file)
+        return True
+    return False
 
 
 def finished_results(run: RunDir) -> dict[str, Any] | None:
