@@ -265,6 +265,32 @@ def test_a_sigterm_in_the_final_evaluation_stops_it_and_names_the_command_that_r
     assert not (tmp_path / "results.json").exists()
 
 
+def test_the_command_that_redoes_a_stopped_final_evaluation_reads_back_a_multirun_jobs_path(
+    tmp_path: Path,
+) -> None:
+    """SIGTERM in the final evaluation of a run whose directory is named as a multirun job's (`=`, `,`) and
+    holds a space and a quote: the attnlab-eval command the manifest names is one the shell splits into
+    its words and Hydra parses back into the best checkpoint's path. (It wrote the path unquoted, which
+    Hydra refused: `mismatched input '='`.)"""
+    import shlex
+
+    from hydra.core.override_parser.overrides_parser import OverridesParser
+
+    run_dir = tmp_path / "pe=learned,seed=2-1b2c3d4e it's"
+    kill = ["+callbacks.kill._target_=probes.SignalAt", "+callbacks.kill.stage=test",
+            "+callbacks.kill.step=1", f"+callbacks.kill.signum={int(signal.SIGTERM)}"]  # fmt: skip
+    where = f'paths.output_dir="{run_dir}"'
+    with pytest.raises(SystemExit):
+        train(compose_train([*RUN, "test=true", *kill, where], tmp_path))
+    (best,) = (run_dir / "checkpoints").glob("best-*.ckpt")
+    error = json.loads((run_dir / "manifest.json").read_text())["error"]
+    command = error.partition("evaluate them alone with: ")[2]
+    words = shlex.split(command)
+    assert words[0] == "attnlab-eval" and len(words) == 2, command
+    (override,) = OverridesParser.create().parse_overrides(words[1:])
+    assert (override.key_or_group, override.value()) == ("ckpt_path", str(best)), command
+
+
 def test_a_second_ctrl_c_before_any_save_reads_interrupted_without_naming_resume(tmp_path: Path) -> None:
     """Two Ctrl-C at step 1 (last.ckpt is saved every 2 steps): the run stops at once with nothing saved,
     so the manifest does not send the user to resume=true, which would be refused for lack of last.ckpt."""

@@ -6,18 +6,24 @@ and references are never normalised: evaluation scores detokenized hypotheses ag
 
 `one_line(text)` puts raw text on one line of a text file or a report, as one field of a tab-separated line
 (its line breaks and tabs as spaces);
-`json_line(value)` is a JSON Lines record that stays one line, its text kept.
+`json_line(value)` is a JSON Lines record that stays one line, its text kept;
+`shell_word(text)` is one word of a shell command, and `override_word(key, value)` one that Hydra reads as
+the override `key=value` (a command to copy, naming a path).
 """
 
 from __future__ import annotations
 
 import json
+import re
 import unicodedata
 from typing import Any
 
 # The line breaks `str.splitlines` (and JavaScript's line terminators, U+2028 and U+2029) know that JSON
 # leaves raw in a string (it escapes the control characters below U+0020 itself), with their escapes
 _JSON_RAW_BREAKS = {"\x85": "\\u0085", "\u2028": "\\u2028", "\u2029": "\\u2029"}
+# A value the shell and Hydra's override grammar both read as it is: a path of letters, digits, `_`, `.`
+# and `-` (a `=` or `,`, as a multirun job's directory holds, is another override or a sweep to Hydra)
+_PLAIN_PATH = re.compile(r"[\w.-]*/[\w./-]*", re.ASCII)
 
 
 def normalize(line: str) -> str:
@@ -45,3 +51,28 @@ def json_line(value: Any) -> str:
     for char, escape in _JSON_RAW_BREAKS.items():
         text = text.replace(char, escape)
     return text + "\n"
+
+
+def shell_word(text: str) -> str:
+    """`text` as one word of a shell command, to copy into one (`--baseline`): in single quotes, a quote
+    inside as `'\\''`; text holding a line break or another unprintable character as bash's `$'...'`, each as
+    `\\U` and its code point (a line break: `\\U0000000a`), so the word stays on one line."""
+    if text.isprintable():
+        return "'" + text.replace("'", "'\\''") + "'"
+    escaped = "".join(
+        c if c.isprintable() and c not in "\\'" else "\\" + c if c in "\\'" else f"\\U{ord(c):08x}"
+        for c in text
+    )
+    return f"$'{escaped}'"
+
+
+def override_word(key: str, value: str) -> str:
+    """The Hydra override `key=value` as one word of a shell command (a command to copy, naming a path),
+    which Hydra reads back as the text `value`: plain for a path of letters, digits, `_`, `.`, `-` and `/`;
+    otherwise `value` in Hydra's double quotes (a `"`, and the backslashes before one or at its end,
+    escaped) and the whole a `shell_word`. Unquoted, a multirun job's directory (`pe=learned,seed=2-...`)
+    is no override Hydra parses, and a space splits the word in two."""
+    if _PLAIN_PATH.fullmatch(value):
+        return f"{key}={value}"
+    quoted = re.sub(r'(\\+)("|\Z)', lambda m: 2 * m.group(1) + m.group(2), value).replace('"', '\\"')
+    return shell_word(f'{key}="{quoted}"')

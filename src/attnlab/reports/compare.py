@@ -39,7 +39,7 @@ from typing import Any
 
 import yaml
 
-from attnlab.data.text import one_line
+from attnlab.data.text import one_line, shell_word
 from attnlab.io import FileLock
 from attnlab.metrics import SET_SCORES, set_metric, split_metric, train_metric
 from attnlab.reports.stats import Stat, stat
@@ -625,19 +625,6 @@ LATEX_ESCAPES = {
 # escapes (`\\`), written escaped in the Markdown report; and the `](` of an inline link or image
 # (`![x](https://host/pixel.png)`, an <img> fetched from that host when the report is shown), its `(` escaped
 MARKDOWN_ESCAPES = {"\\": "\\\\", "|": "\\|", "<": "\\<"}
-
-
-def shell_word(text: str) -> str:
-    """`text` as one word of a shell command, to copy into one (`--baseline`): in single quotes, a quote
-    inside as `'\\''`; text holding a line break or another unprintable character as bash's `$'...'`, each as
-    `\\U` and its code point (a line break: `\\U0000000a`), so the word stays on one line."""
-    if text.isprintable():
-        return "'" + text.replace("'", "'\\''") + "'"
-    escaped = "".join(
-        c if c.isprintable() and c not in "\\'" else "\\" + c if c in "\\'" else f"\\U{ord(c):08x}"
-        for c in text
-    )
-    return f"$'{escaped}'"
 
 
 def markdown_text(text: str) -> str:

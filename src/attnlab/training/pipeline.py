@@ -36,6 +36,7 @@ from typing import TYPE_CHECKING, Any
 
 from omegaconf import DictConfig, OmegaConf
 
+from attnlab.data.text import override_word
 from attnlab.io import atomic_write_bytes, removing_new_directories
 from attnlab.metrics import SET_SCORES, best_metric, set_metric, truncated_metric
 from attnlab.runs.layout import RESULTS_FILE, RunDir, UnreadableRunFile, check_no_credentials
@@ -606,11 +607,13 @@ class EvaluationStopped(SystemExit):
 
 def redo_evaluation(plan: RunPlan, trainer: Any) -> str:
     """The `attnlab-eval` command that evaluates what `final_evaluation` evaluates: the average of the
-    run's last `average_last` checkpoints, its best checkpoint, or else its last.ckpt."""
+    run's last `average_last` checkpoints, its best checkpoint, or else its last.ckpt; the path written so
+    that the shell and Hydra read it back (`override_word`: a multirun job's directory holds `=` and `,`)."""
     average_last = int(plan.cfg.get("average_last") or 0)
     if average_last > 0:
-        return f"attnlab-eval ckpt_path={plan.run.path} average_last={average_last}"
-    return f"attnlab-eval ckpt_path={_best_checkpoint(plan.cfg, trainer) or plan.run.last_checkpoint}"
+        return f"attnlab-eval {override_word('ckpt_path', str(plan.run.path))} average_last={average_last}"
+    checkpoint = _best_checkpoint(plan.cfg, trainer) or plan.run.last_checkpoint
+    return f"attnlab-eval {override_word('ckpt_path', str(checkpoint))}"
 
 
 @contextmanager
