@@ -745,6 +745,20 @@ def test_group_names_show_config_values_as_yaml_writes_them_and_the_baseline_mat
     ]  # fmt: skip
 
 
+def test_a_group_names_values_stay_on_one_line_and_read_back_as_yaml() -> None:
+    """A line break inside a list or mapping (YAML folded it onto new lines there) or a Unicode one
+    (U+2028, U+0085: YAML wrote it raw, and `str.splitlines` splits there) is escaped too: a group's name
+    stays one line (a log line, a CSV cell, the --baseline to type), and YAML reads each back as the value."""
+    import yaml
+
+    from attnlab.reports.compare import yaml_value
+
+    values = (["a\nb", "c"], {"k\nx": "v"}, "a\u2028b", ["\x85"], "t\tab", "a\nb", [1, "a"], "it's")
+    for value in values:
+        text = yaml_value(value)
+        assert len(text.splitlines()) == 1 and yaml.safe_load(text) == value, (value, text)
+
+
 def test_a_key_that_older_runs_lack_is_no_varying_setting_unless_the_runs_having_it_differ(
     sweep: Path, caplog: pytest.LogCaptureFixture
 ) -> None:

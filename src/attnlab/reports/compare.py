@@ -26,7 +26,6 @@ import bisect
 import csv
 import io
 import itertools
-import json
 import logging
 import math
 import os
@@ -39,7 +38,7 @@ from typing import Any
 
 import yaml
 
-from attnlab.data.text import one_line, shell_word
+from attnlab.data.text import json_line, one_line, shell_word
 from attnlab.io import FileLock
 from attnlab.metrics import SET_SCORES, set_metric, split_metric, train_metric
 from attnlab.reports.stats import Stat, stat
@@ -280,11 +279,13 @@ ABSENT = "(absent)"  # how a group's name shows a varying key its runs' config.y
 def yaml_value(value: Any) -> str:
     """A config value as YAML writes it (`config.yaml`, Hydra's command line), on one line: `true`,
     `null`, `0.1`, `1.0e-05`, `[1, a]`, `{a: 1}`; a text plain (`learned`), or quoted where YAML would
-    read it as something else (`'true'`, `'1'`) or it holds a line break (`"two\\nlines"`). Group names are
-    made of these (`group_name`), so `--baseline model.x=true` names the group of runs with `x: true`."""
+    read it as something else (`'true'`, `'1'`). A value YAML would write on several lines (a line break,
+    U+2028 or U+0085 in a text, a list's or a mapping's too) is written as JSON, which YAML reads too, its
+    breaks escaped (`attnlab.data.text.json_line`: `"two\\nlines"`). Group names are made of these
+    (`group_name`), so `--baseline model.x=true` names the group of runs with `x: true`."""
     text = yaml.safe_dump(value, default_flow_style=True, width=math.inf, allow_unicode=True)
     text = text.removesuffix("\n...\n").removesuffix("\n")
-    return json.dumps(value, ensure_ascii=False) if isinstance(value, str) and "\n" in text else text
+    return text if len(text.splitlines()) == 1 else json_line(value).removesuffix("\n")
 
 
 def group_name(run: Run, keys: Sequence[str]) -> str:
