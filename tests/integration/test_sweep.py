@@ -271,9 +271,10 @@ def test_skip_done_does_not_train_an_interrupted_job_afresh_over_its_checkpoints
     manifest = json.loads((job / "manifest.json").read_text())
     (job / "manifest.json").write_text(json.dumps({**manifest, "status": "interrupted"}))  # (as SIGTERM)
     (job / "results.json").unlink()
-    hydra_own = {".hydra", "train.log", "multirun.yaml"}  # Hydra's records and job log: every command writes
-    files = [p for p in (tmp_path / "sweep").rglob("*") if p.is_file() and not hydra_own & set(p.parts)]
-    kept = {p: p.read_bytes() for p in files}
+    logs = {"train.log", "multirun.yaml"}  # the job's log and the sweep's record: every command writes them
+    files = [p for p in (tmp_path / "sweep").rglob("*") if p.is_file() and not logs & set(p.parts)]
+    kept = {p: p.read_bytes() for p in files}  # the jobs' .hydra/ records too: neither job runs
+    assert any(".hydra" in p.parts for p in kept)
     plain = [x for x in command if x != "sweep.skip_done=true"]  # without it, the finished job is held too
     again = subprocess.run(plain, capture_output=True, text=True, timeout=600, env=env, cwd=tmp_path)
     assert again.returncode == 1 and "multirun: 0 finished, 2 failed" in again.stderr, again.stderr[-3000:]

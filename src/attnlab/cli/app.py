@@ -142,12 +142,17 @@ def _remove_hydra_record(run_dir: Path) -> bool:
 
 
 def hydra_output_subdir(output_dir: Any, resume: Any = False, ckpt_path: Any = None) -> str | None:
-    """Where Hydra records a command (`hydra.output_subdir`): `.hydra`, but nowhere (None) for a command
-    that continues the run in `output_dir` (`resume=true|auto`, `ckpt_path=last`) when the run has its
-    record already. A resumption keeps the record of the run's first command (each resumption's command
-    is in `manifest.json`), and a refused one leaves the run directory as it was."""
-    resuming = continues_own_run(resume, ckpt_path)
-    return None if resuming and (Path(str(output_dir)) / ".hydra").is_dir() else ".hydra"
+    """Where Hydra records a command (`hydra.output_subdir`): `.hydra`, but nowhere (None) when the run in
+    `output_dir` has its record already and the command continues it (`resume=true|auto`,
+    `ckpt_path=last`) or the run holds checkpoints or finished (a multirun job that `sweep.skip_done`
+    skips, or that is refused, `attnlab.cli.train._held_run`). A resumption keeps the record of the run's
+    first command (each resumption's command is in `manifest.json`), and a skipped or refused one leaves
+    the run directory as it was."""
+    run = RunDir(Path(str(output_dir)))
+    if not (run.path / ".hydra").is_dir():
+        return ".hydra"
+    checkpoints, status = run.saved_training()
+    return None if continues_own_run(resume, ckpt_path) or checkpoints or status == "finished" else ".hydra"
 
 
 def register_resolvers() -> None:
