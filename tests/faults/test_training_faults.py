@@ -139,10 +139,10 @@ def test_a_diverged_model_failing_its_test_decoding_ends_the_run_in_one_line(tmp
 
 
 def test_a_run_preempted_inside_an_epoch_logs_that_epochs_values_as_an_uninterrupted_run(
-    tmp_path: Path,
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
     """SIGUSR1 at the end of step 6 of 10 (`Preemption` saves last.ckpt at the next step's end, 7, and
-    stops); resumed, the run
+    stops, saying so on stderr); resumed, the run
     logs the epoch's values (`runs.EPOCH_VALUES`) and its skipped batch (step 3, before the stop) as the
     uninterrupted run does: the sums before the stop come from the checkpoint."""
     skip = ["optim.on_nonfinite=skip", "model.dropout=0.1"]
@@ -153,6 +153,10 @@ def test_a_run_preempted_inside_an_epoch_logs_that_epochs_values_as_an_uninterru
     with pytest.raises(SystemExit):
         train(compose_train([*RUN, *skip, *nonfinite_at(3, "loss"), *stop, *final(run_dir)], run_dir))
     assert read_checkpoint(run_dir / "checkpoints" / "last.ckpt")["global_step"] == 7  # inside the epoch
+    told = (
+        f"attnlab-train: stopped by SIGUSR1 at step 7 after saving {run_dir / 'checkpoints' / 'last.ckpt'}; "
+    )
+    assert told in capsys.readouterr().err
     train(compose_train([*RUN, *skip, *final(run_dir), "resume=true"], run_dir))
     assert_same_training(run_dir, reference)
     assert (
@@ -240,7 +244,7 @@ def test_a_run_gives_back_the_signal_handlers_it_found(tmp_path: Path) -> None:
 
 
 def test_a_sigterm_in_the_final_evaluation_stops_it_and_names_the_command_that_redoes_it(
-    tmp_path: Path,
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
     """SIGTERM at the first test batch, after training: the run stops at once (exit status 128 + SIGTERM),
     keeps its checkpoints, and its manifest reads interrupted with the attnlab-eval command that evaluates
@@ -261,6 +265,9 @@ def test_a_sigterm_in_the_final_evaluation_stops_it_and_names_the_command_that_r
     assert manifest["error"] == (
         "EvaluationStopped: stopped by SIGTERM in the final evaluation, after training (the checkpoints are "
         f"kept); evaluate them alone with: attnlab-eval ckpt_path={best}"
+    )
+    assert (
+        f"attnlab-train: {manifest['error'].removeprefix('EvaluationStopped: ')}\n" in capsys.readouterr().err
     )
     assert not (tmp_path / "results.json").exists()
 

@@ -186,8 +186,11 @@ def _run(plan: RunPlan) -> dict[str, float]:
             # stays as it was.
             _restore_run_records(previous)
         elif manifest is not None:
-            status = "interrupted" if isinstance(exc, (Preempted, EvaluationStopped)) or ctrl_c else "failed"
+            stopped = isinstance(exc, (Preempted, EvaluationStopped))
+            status = "interrupted" if stopped or ctrl_c else "failed"
             manifest.finish(status, error=ctrl_c or f"{type(exc).__name__}: {exc}".splitlines()[0])
+            if stopped:  # where it saved and how to go on: a batch job's log shows it, not only the manifest
+                print(f"attnlab-train: {exc}", file=sys.stderr, flush=True)
         _finish_tracking(exit_code=1)
         if ctrl_c:  # Lightning exits with 1 after a KeyboardInterrupt; a shell expects 128 + SIGINT
             raise SystemExit(130) from None
