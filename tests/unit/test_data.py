@@ -346,6 +346,18 @@ def test_a_process_of_the_fork_server_ignores_ctrl_c_from_its_start() -> None:
     child.join(60)
     assert child.exitcode == 0  # (a KeyboardInterrupt: 1)
     assert signal.getsignal(signal.SIGINT) is before is signal.default_int_handler
+    import importlib
+    import warnings
+
+    import attnlab.data.worker_server as server
+
+    filters = list(warnings.filters)
+    try:  # imported anywhere else (a tool walking the package), it changes nothing
+        importlib.reload(server)
+        assert signal.getsignal(signal.SIGINT) is before and warnings.filters == filters
+    finally:
+        signal.signal(signal.SIGINT, before)
+        warnings.filters[:] = filters
 
 
 @pytest.mark.parametrize("split", ["val", "test"])
