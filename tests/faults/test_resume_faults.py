@@ -100,6 +100,7 @@ def test_a_position_at_the_end_of_an_epoch_loads_as_the_start_of_the_next() -> N
         ({"max_tokens": 128}, "max_tokens: 64 saved, 128 now"),
         ({"batch_size": 8}, "batch_size: None saved, 8 now"),
         ({"num_replicas": 2}, "num_replicas: 1 saved, 2 now"),
+        ({"bucket": False}, "bucket: True saved, False now"),
     ],
 )
 def test_a_position_saved_for_other_batches_is_refused(change: dict, named: str) -> None:

@@ -153,6 +153,15 @@ def test_an_oversize_example_gets_a_batch_of_its_own_and_one_warning(
     assert "2 of 6 examples are longer than max_tokens=50" in warnings[0].getMessage()
 
 
+def test_an_example_of_exactly_max_tokens_fits_and_is_not_warned_of(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    with caplog.at_level(logging.WARNING, logger="attnlab.data.batching"):
+        sampler = TokenBatchSampler([50, 25, 25], max_tokens=50, shuffle=False)
+    assert list(sampler) == [[1, 2], [0]]  # 2 x 25 and 1 x 50: both exactly the budget
+    assert not [r for r in caplog.records if r.levelno >= logging.WARNING]
+
+
 def test_batch_size_alone_gives_fixed_size_batches() -> None:
     sampler = TokenBatchSampler([9, 1, 8, 2, 7, 3, 6], batch_size=3, shuffle=False)
     assert list(sampler) == [[1, 3, 5], [6, 4, 2], [0]]
@@ -420,6 +429,7 @@ def test_restore_order_round_trip() -> None:
     [
         ([0, 2, 2], "duplicate indices 2; missing indices 1"),
         ([0, 1, 5], "out-of-range indices 5; missing indices 2"),
+        ([0, 1, 3], "out-of-range indices 3; missing indices 2"),  # one past the last
         ([0, 1], "2 indices for 3 items"),
     ],
 )
