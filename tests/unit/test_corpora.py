@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import dataclasses
+import hashlib
 import itertools
 import json
 import os
@@ -476,6 +477,23 @@ def test_length_ratio_filter_drops_unbalanced_training_pairs(corpus: Path, tmp_p
     assert any(max(s, t) > ratio * min(s, t) for s, t in val)  # unbalanced validation pairs were kept
 
 
+def test_a_pair_failing_several_filters_is_counted_once_by_the_first(corpus: Path, tmp_path: Path) -> None:
+    limit, ratio = 8, 1.5
+    unfiltered = prepare(files_spec(corpus, tmp_path))
+    sizes = list(zip(lengths(unfiltered, "train", "src"), lengths(unfiltered, "train", "tgt"), strict=True))
+    too_long = [s > limit for s, _ in sizes]
+    unbalanced = [max(s, t) > ratio * min(s, t) for s, t in sizes]
+    assert any(a and b for a, b in zip(too_long, unbalanced, strict=True))  # pairs failing both
+
+    prepared = prepare(files_spec(corpus, tmp_path, max_source_tokens=limit, max_length_ratio=ratio))
+    counts = prepared.stats["dropped_filter"]
+    assert counts == {
+        "source_too_long": sum(too_long),
+        "length_ratio": sum(b and not a for a, b in zip(too_long, unbalanced, strict=True)),
+    }
+    assert sum(counts.values()) == len(sizes) - prepared.stats["train_examples"]
+
+
 # ---------------------------------------------------------------------------------------------------------
 # The tokenizer's training text: every pair, a seeded sample, or a tokenizer file
 
@@ -692,6 +710,10 @@ def test_separate_tokenizer_files_and_a_sentencepiece_model(corpus: Path, tmp_pa
     again = prepare(spec)
     assert again.tgt_tokenizer.to_json() == prepared.tgt_tokenizer.to_json()
     assert again.tgt_tokenizer.model == tgt_file.read_bytes()  # type: ignore[attr-defined]
+    other_tgt = trained_tokenizer_file(corpus, tmp_path, "other.model", model="sentencepiece", vocab_size=60)
+    other = dataclasses.replace(spec, tgt_tokenizer_path=str(other_tgt))
+    assert prepared_dir(other) != prepared_dir(spec)  # another target tokenizer: not the cached data
+    assert prepare(other).tgt_tokenizer.vocab_size == 60
 
 
 def test_a_tokenizer_file_breaking_the_contract_or_missing_fails_preparing_by_name(
@@ -818,15 +840,23 @@ def test_a_second_prepare_loads_without_rebuilding(
         {"max_length_ratio": 2.0},
         {"src_lang": "en", "tgt_lang": "de"},
         "content",
+        "PREPARE_VERSION",
     ],
 )
 def test_a_changed_setting_or_file_content_builds_anew(
-    corpus: Path, tmp_path: Path, train_calls: list[dict[str, Any]], change: dict[str, Any] | str
+    corpus: Path,
+    tmp_path: Path,
+    train_calls: list[dict[str, Any]],
+    monkeypatch: pytest.MonkeyPatch,
+    change: dict[str, Any] | str,
 ) -> None:
     base = files_spec(corpus, tmp_path)
     prepare(base)
     old = prepared_dir(base)
-    if change == "content":
+    if change == "PREPARE_VERSION":  # bumped with a change of the prepared format: nothing older is read
+        monkeypatch.setattr(prepare_module, "PREPARE_VERSION", prepare_module.PREPARE_VERSION + 1)
+        spec = files_spec(corpus, tmp_path)
+    elif change == "content":
         tgt = read_lines(corpus / "test2.en")
         write_lines(corpus / "test2.en", [tgt[0] + " green", *tgt[1:]])
         spec = files_spec(corpus, tmp_path)
@@ -839,6 +869,17 @@ def test_a_changed_setting_or_file_content_builds_anew(
     assert prepared_dir(spec).is_dir() and old.is_dir()
     if change == "content":
         assert prepared.splits["test2"].raw_tgt[0].endswith(" green")
+
+
+def test_a_test_set_of_the_same_text_under_another_name_is_prepared_under_that_name(
+    corpus: Path, tmp_path: Path
+) -> None:
+    first = prepare(files_spec(corpus, tmp_path))
+    for lang in ("de", "en"):
+        shutil.copy(corpus / f"test2.{lang}", corpus / f"newstest.{lang}")
+    renamed = prepare(files_spec(corpus, tmp_path, test=("test", "newstest")))
+    assert list(renamed.splits) == ["train", "val", "test", "newstest"]
+    assert renamed.splits["newstest"] == first.splits["test2"]
 
 
 @pytest.mark.parametrize("change", [{"max_tokens": 64}, {"batch_size": 8}, {"seed": 7}, {"num_workers": 2}])
@@ -1110,6 +1151,51 @@ def test_offsets_that_do_not_increase_deep_in_a_large_array_are_found_and_rebuil
     path.unlink()
     np.save(path, offsets)
     assert_rebuilt(spec, f"{name} gives an example {step} ids: its offsets do not increase", first, caplog)
+
+
+def ids_cut_by_one(ids: np.ndarray, offsets: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    return ids[:-1], offsets
+
+
+def ids_widened(ids: np.ndarray, offsets: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    return ids.astype(np.uint32), offsets
+
+
+def offsets_from_one(ids: np.ndarray, offsets: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    return ids, np.concatenate([[1], offsets[1:]])
+
+
+@pytest.mark.parametrize(
+    ("damage", "reason"),
+    [
+        (ids_cut_by_one, "train.src.offsets.npy does not span the {ids} ids of train.src.ids.npy in "),
+        (ids_widened, "train.src.ids.npy holds a uint32 array of shape"),
+        (offsets_from_one, "train.src.offsets.npy does not span the {ids} ids of train.src.ids.npy in "),
+    ],
+)
+def test_arrays_that_disagree_under_matching_checksums_are_found_and_rebuilt(
+    corpus: Path, tmp_path: Path, caplog: pytest.LogCaptureFixture, damage: Any, reason: str
+) -> None:
+    """The checksums vouch for each file's bytes; the arrays are also checked against each other and
+    their vocabulary (what another writer, or a bug, could record consistently)."""
+    spec = files_spec(corpus, tmp_path)
+    first = pairs(prepare(spec).splits["train"])
+    directory = prepared_dir(spec)
+    paths = [directory / f"train.src.{kind}.npy" for kind in ("ids", "offsets")]
+    arrays = damage(*(np.load(path) for path in paths))
+    checksums = json.loads((directory / "checksums.json").read_text())
+    for path, array in zip(paths, arrays, strict=True):
+        path.unlink()  # a new file: the maps of the earlier load stay valid
+        np.save(path, array)
+        data = path.read_bytes()
+        checksums["files"][path.name] = {"size": len(data), "sha256": hashlib.sha256(data).hexdigest()}
+    (directory / "checksums.json").write_text(json.dumps(checksums))
+    caplog.clear()
+    with caplog.at_level("WARNING"):
+        again = prepare(spec)
+    warnings = [r.getMessage() for r in caplog.records if r.levelname == "WARNING"]
+    assert len(warnings) == 1 and reason.format(ids=len(arrays[0])) in warnings[0]
+    assert pairs(again.splits["train"]) == first
 
 
 # ---------------------------------------------------------------------------------------------------------
