@@ -142,6 +142,29 @@ def test_t_quantiles_match_the_tables(df: int, expected: float) -> None:
     assert t_quantile(0.975, df) == pytest.approx(expected, abs=1e-4)
 
 
+def closed_form_t_quantile(p: float, df: int) -> float:
+    """Student's t quantile where it has a closed form: df=1 (Cauchy), df=2 and df=4 (Shaw 2006)."""
+    if df == 1:
+        return math.tan(math.pi * (p - 0.5))
+    alpha = 4 * p * (1 - p)
+    if df == 2:
+        return (2 * p - 1) / math.sqrt(alpha / 2)
+    q = math.cos(math.acos(math.sqrt(alpha)) / 3) / math.sqrt(alpha)
+    return math.copysign(2 * math.sqrt(q - 1), p - 0.5)
+
+
+@pytest.mark.parametrize("df", [1, 2, 4])
+@pytest.mark.parametrize("p", [0.0005, 0.025, 0.2, 0.5, 0.9, 0.975, 0.9995])
+def test_t_quantiles_of_either_tail_match_the_closed_forms(p: float, df: int) -> None:
+    # abs: the CDF goes through x = df / (df + t^2), which rounds to 1 for |t| below about 1e-8
+    assert t_quantile(p, df) == pytest.approx(closed_form_t_quantile(p, df), rel=1e-6, abs=1e-7)
+
+
+def test_a_t_quantile_without_degrees_of_freedom_is_refused() -> None:
+    with pytest.raises(ValueError, match=re.escape("df=0 must be >= 1")):
+        t_quantile(0.975, 0)
+
+
 def test_each_seed_is_tested_against_the_same_seed_baseline_run(sweep: Path) -> None:
     from attnlab.metrics import paired_bootstrap
 
