@@ -343,6 +343,9 @@ DAMAGES = {
     "data.max_source_tokens=0 (every source cut to nothing)": lambda ckpt: ckpt[BUNDLE_KEY]["data"].update(
         max_source_tokens=0
     ),
+    "data.max_source_tokens=1 (eos alone fits)": lambda ckpt: ckpt[BUNDLE_KEY]["data"].update(
+        max_source_tokens=1
+    ),
 }
 
 

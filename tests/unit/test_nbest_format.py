@@ -114,6 +114,7 @@ def test_hard_alignment_is_the_argmax_over_source_tokens_without_eos() -> None:
     assert hard_alignment(attention, [7, 9, EOS_ID], EOS_ID) == [(0, 0), (1, 1)]  # row 0: eos ignored
     assert hard_alignment(attention, [7, 9, 11], EOS_ID) == [(0, 0), (1, 1), (0, 2)]
     assert soft_alignment(attention / 3)[0] == [0.066667, 0.033333, 0.233333]
+    assert hard_alignment(torch.ones(2, 1), [7, EOS_ID], EOS_ID) == []  # a source of eos alone: no pairs
 
 
 def test_an_evaluation_written_again_leaves_no_earlier_nbest_file_of_its_sets(tmp_path: Path) -> None:

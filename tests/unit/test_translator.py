@@ -1,0 +1,71 @@
+"""`Translator` on a small random model with real tokenizers (no training): what it counts and reports
+whatever the model outputs (sources cut to the limit, translations cut at the length limit, line ends)."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pytest
+import torch
+
+from attnlab.data.tokenizer import SubwordTokenizer
+from attnlab.decoding import DecodeConfig
+from attnlab.inference.translator import Translator
+from attnlab.model.config import TransformerConfig
+from attnlab.model.transformer import Transformer
+
+pytestmark = pytest.mark.usefixtures("one_torch_thread")
+
+GERMAN = ["Ein Mann fährt Fahrrad.", "Zwei Hunde spielen im Schnee.", "Eine Frau liest ein Buch."]
+ENGLISH = ["A man rides a bike.", "Two dogs play in the snow.", "A woman reads a book."]
+LINES = [*GERMAN, "Hund", "Schnee im Buch", "Ein Buch."]
+
+
+@pytest.fixture(scope="module")
+def joint() -> SubwordTokenizer:
+    return SubwordTokenizer.train((GERMAN + ENGLISH) * 3, model="bpe", vocab_size=80)
+
+
+def random_translator(joint: SubwordTokenizer, eos_bias: float = 0.0, **decode: Any) -> Translator:
+    """A random model whose output bias adds `eos_bias` to eos at every step (2: some hypotheses end
+    before the length limit of 4 tokens, others run to it)."""
+    torch.manual_seed(0)
+    config = TransformerConfig(d_model=32, n_heads=4, d_ff=64, n_encoder_layers=2, n_decoder_layers=2,
+                               output_bias=True)  # fmt: skip
+    model = Transformer(config.with_vocab(joint.vocab_size, joint.vocab_size))
+    with torch.no_grad():
+        model.output.bias[config.eos_id] = eos_bias
+    settings = {"beam": 1, "alpha": 0.0, "max_len_a": 0.0, "max_len_b": 4, **decode}
+    return Translator(model, joint, joint, DecodeConfig(**settings))
+
+
+def test_a_source_of_exactly_the_limit_is_neither_cut_nor_counted(joint: SubwordTokenizer) -> None:
+    line = GERMAN[1]
+    pieces = [*joint.id_pieces(joint.encode(line)), "</s>"]
+    exact = random_translator(joint, max_source_tokens=len(pieces))
+    assert exact.nbest([line])[0].source_tokens == pieces
+    exact.translate([line])
+    assert exact.truncated == 0
+    over = random_translator(joint, max_source_tokens=len(pieces) - 1)
+    assert over.nbest([line])[0].source_tokens == [*pieces[:-2], "</s>"]  # cut, keeping eos
+    assert over.truncated == 1
+
+
+def test_nbest_lists_count_their_first_hypotheses_that_ran_to_the_limit_as_translate_does(
+    joint: SubwordTokenizer,
+) -> None:
+    searching = random_translator(joint, eos_bias=2.0, beam=4)
+    searching.translate(LINES)
+    listing = random_translator(joint, eos_bias=2.0, beam=4, nbest=4)
+    lists = listing.nbest(LINES)
+    ended = [h.ended for n in lists for h in n.hypotheses]
+    assert True in ended and False in ended  # some hypotheses ran to the limit, others did not
+    assert listing.unfinished == searching.unfinished == sum(not n.hypotheses[0].ended for n in lists)
+
+
+def test_streamed_lines_lose_their_line_ends_crlf_included(joint: SubwordTokenizer) -> None:
+    translator = random_translator(joint, nbest=2, beam=2)
+    streamed = list(translator.stream_nbest([f"{line}\r\n" for line in LINES[:2]] + [LINES[2]], 2))
+    assert [n.source for n in streamed] == LINES[:3]
+    assert [n.index for n in streamed] == [0, 1, 2]
+    assert list(translator.stream(["Hund\r\n", "\r\n"])) == [*translator.translate(["Hund"]), ""]
