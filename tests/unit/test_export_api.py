@@ -231,6 +231,17 @@ def test_hf_generation_config_carries_sampling(tmp_path: Path) -> None:
     assert len(lost) == 1 and lost[0].startswith("decode.seed=4")
 
 
+def test_a_topk_of_every_target_token_is_carried_as_0() -> None:
+    """CTranslate2 refuses a topk past the target vocabulary: one of all its tokens exports as 0 (all)."""
+    from attnlab.interop.export import carried_decoding
+
+    def carried_topk(topk: int) -> int:
+        settings, _ = carried_decoding(DecodeConfig(beam=1, sampling=True, topk=topk), vocab_size=50)
+        return settings["sampling"]["topk"]
+
+    assert [carried_topk(k) for k in (0, 49, 50, 51)] == [0, 49, 0, 0]
+
+
 def first_tokens(engine: Any, ids: list[int], draws: int) -> set[int]:
     """The first output token of `draws` samples of one source sentence (eos for an empty output)."""
     outputs = engine.translate_ids([ids] * draws, max_len_a=0.0, max_len_b=1, batch_size=draws)
