@@ -209,3 +209,18 @@ def cuts(messages: list[str]) -> list[str]:
     """attnlab-translate's warnings but its count of translations without eos (models of the tests that
     rarely emit eos: `test_translations_without_eos_are_counted_in_a_warning` tests that one)."""
     return [m for m in messages if "ran to their length limit" not in m]
+
+
+def eos_biased_model(vocab_size: int, eos_bias: float) -> Any:
+    """A small random model (seed 0, shared source and target vocabularies of `vocab_size`) whose output
+    bias adds `eos_bias` to eos at every step (50: always eos first; -50: never eos; 2: some hypotheses end
+    early, others run to the length limit)."""
+    from attnlab.model.transformer import Transformer
+
+    torch.manual_seed(0)
+    config = TransformerConfig(d_model=32, n_heads=4, d_ff=64, n_encoder_layers=2, n_decoder_layers=2,
+                               output_bias=True)  # fmt: skip
+    model = Transformer(config.with_vocab(vocab_size, vocab_size))
+    with torch.no_grad():
+        model.output.bias[config.eos_id] = eos_bias
+    return model

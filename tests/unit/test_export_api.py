@@ -21,6 +21,7 @@ from attnlab.interop.export import ExportError, export
 from attnlab.model.config import TransformerConfig
 from attnlab.model.transformer import Transformer
 from attnlab.typed import ConfigError
+from helpers import eos_biased_model
 
 pytestmark = pytest.mark.usefixtures("one_torch_thread")
 
@@ -83,18 +84,6 @@ def test_hf_export_of_a_greedy_checkpoint_generates_attnlab_outputs(tmp_path: Pa
     assert generated.size(1) == 1 + 8  # the start id and max_len_b tokens: no eos forced or generated
 
 
-def eos_biased_model(joint: SubwordTokenizer, eos_bias: float) -> Transformer:
-    """A small random model whose output bias adds `eos_bias` to eos at every step (50: always eos first;
-    -50: never eos)."""
-    torch.manual_seed(0)
-    config = TransformerConfig(d_model=32, n_heads=4, d_ff=64, n_encoder_layers=2, n_decoder_layers=2,
-                               output_bias=True)  # fmt: skip
-    model = Transformer(config.with_vocab(joint.vocab_size, joint.vocab_size))
-    with torch.no_grad():
-        model.output.bias[config.eos_id] = eos_bias
-    return model
-
-
 def test_min_len_means_the_same_in_both_formats(tmp_path: Path) -> None:
     """A model whose every step prefers eos: the outputs are exactly `min_len` long, eos included, in
     attnlab, CTranslate2 (greedy and beam) and generate()."""
@@ -106,7 +95,7 @@ def test_min_len_means_the_same_in_both_formats(tmp_path: Path) -> None:
     from attnlab.interop.ct2 import CT2Translator
 
     joint = SubwordTokenizer.train(GERMAN + ENGLISH, model="bpe", vocab_size=80)
-    model = eos_biased_model(joint, 50.0)
+    model = eos_biased_model(joint.vocab_size, 50.0)
     config = model.config
     lines = ["Zwei Hunde spielen."]
     for min_len in (1, 4):
@@ -138,7 +127,7 @@ def test_outputs_long_as_the_settings_allow_decode_the_same_in_the_exports(
     from attnlab.interop.ct2 import CT2Translator
 
     joint = SubwordTokenizer.train(GERMAN + ENGLISH, model="bpe", vocab_size=80)
-    model = eos_biased_model(joint, -50.0)
+    model = eos_biased_model(joint.vocab_size, -50.0)
     config = model.config
     ours = Translator(model, joint, joint, DecodeConfig(beam=1, alpha=0.0, max_len_a=0.0, max_len_b=5000))
     ids = ours._source_ids(["Zwei Hunde."])
@@ -170,7 +159,7 @@ def test_an_export_from_before_positions_were_recorded_stops_at_its_table(
     from attnlab.interop.export import SETTINGS_FILE
 
     joint = SubwordTokenizer.train(GERMAN + ENGLISH, model="bpe", vocab_size=80)
-    ours = Translator(eos_biased_model(joint, -50.0), joint, joint,
+    ours = Translator(eos_biased_model(joint.vocab_size, -50.0), joint, joint,
                       DecodeConfig(beam=1, alpha=0.0, max_len_a=0.0, max_len_b=8))  # fmt: skip
     ids = ours._source_ids(["Zwei Hunde."])
     path = export(ours, "ctranslate2", tmp_path / "ct2")

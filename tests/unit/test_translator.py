@@ -6,13 +6,11 @@ from __future__ import annotations
 from typing import Any
 
 import pytest
-import torch
 
 from attnlab.data.tokenizer import SubwordTokenizer
 from attnlab.decoding import DecodeConfig
 from attnlab.inference.translator import Translator
-from attnlab.model.config import TransformerConfig
-from attnlab.model.transformer import Transformer
+from helpers import eos_biased_model
 
 pytestmark = pytest.mark.usefixtures("one_torch_thread")
 
@@ -29,14 +27,8 @@ def joint() -> SubwordTokenizer:
 def random_translator(joint: SubwordTokenizer, eos_bias: float = 0.0, **decode: Any) -> Translator:
     """A random model whose output bias adds `eos_bias` to eos at every step (2: some hypotheses end
     before the length limit of 4 tokens, others run to it)."""
-    torch.manual_seed(0)
-    config = TransformerConfig(d_model=32, n_heads=4, d_ff=64, n_encoder_layers=2, n_decoder_layers=2,
-                               output_bias=True)  # fmt: skip
-    model = Transformer(config.with_vocab(joint.vocab_size, joint.vocab_size))
-    with torch.no_grad():
-        model.output.bias[config.eos_id] = eos_bias
     settings = {"beam": 1, "alpha": 0.0, "max_len_a": 0.0, "max_len_b": 4, **decode}
-    return Translator(model, joint, joint, DecodeConfig(**settings))
+    return Translator(eos_biased_model(joint.vocab_size, eos_bias), joint, joint, DecodeConfig(**settings))
 
 
 def test_a_source_of_exactly_the_limit_is_neither_cut_nor_counted(joint: SubwordTokenizer) -> None:
