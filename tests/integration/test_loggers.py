@@ -151,7 +151,7 @@ def test_mlflow_defaults_a_local_store_and_a_name_from_the_overrides(
     finally:
         HydraConfig.instance().cfg = None
     name = plan.resolved["logger"]["mlflow"]["run_name"]
-    assert name == "enable_progress_bar=false,data=synthetic,model=tiny,seed=3"  # logger=mlflow: bookkeeping
+    assert name == "data=synthetic,model=tiny,seed=3"  # logger=, trainer.enable_progress_bar=: bookkeeping
     monkeypatch.delenv("MLFLOW_TRACKING_URI", raising=False)
     local = MLflowLogger(save_dir=str(tmp_path / "run"))
     assert local._tracking_uri == f"sqlite:///{tmp_path / 'run' / 'mlruns' / 'mlflow.db'}"
