@@ -244,6 +244,13 @@ _CTRL_C = (
 )
 
 
+def restore_signal_handlers(previous: dict[int, Any]) -> None:
+    """Put back the handlers `signal.signal` returned when they were replaced (`signum -> handler`); None,
+    a handler installed outside Python, as the default action."""
+    for signum, handler in previous.items():
+        signal.signal(signum, handler if handler is not None else signal.SIG_DFL)
+
+
 class Preemption(_StepEnds):
     """On SIGTERM, SIGUSR1 or a first Ctrl-C (SIGINT), save a checkpoint at the end of the current training
     step (after the last one: when training ends, before the final evaluation) and stop.
@@ -299,8 +306,7 @@ class Preemption(_StepEnds):
             signal.signal(signum, self._on_signal)
 
     def _restore(self) -> None:
-        for signum, handler in self._previous.items():
-            signal.signal(signum, handler if handler is not None else signal.SIG_DFL)
+        restore_signal_handlers(self._previous)
         self._previous = {}
 
     def on_train_batch_end(

@@ -628,6 +628,8 @@ def stopping_evaluation(redo: str) -> Iterator[None]:
         yield
         return
 
+    from attnlab.training.callbacks import restore_signal_handlers  # (lightning: loaded by then)
+
     def stop(signum: int, frame: Any) -> None:
         raise EvaluationStopped(signum, redo)
 
@@ -635,8 +637,7 @@ def stopping_evaluation(redo: str) -> Iterator[None]:
     try:
         yield
     finally:
-        for signum, handler in previous.items():
-            signal.signal(signum, handler if handler is not None else signal.SIG_DFL)
+        restore_signal_handlers(previous)
 
 
 def final_evaluation(
