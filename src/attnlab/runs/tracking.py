@@ -194,55 +194,43 @@ class MLflowLogger(_LightningMLFlowLogger):
         super().log_hyperparams(params)
 
 
-def _unknown_scheme(uri: str, schemes: tuple[str, ...], plugin_group: str) -> tuple[str, str] | None:
-    """When MLflow has nothing for the scheme of `uri` (neither in `schemes` nor an installed plugin's, the
-    entry points of `plugin_group`): that scheme, and the end of a message naming the plugins' schemes
-    (empty without plugins). None when it has, or when `uri` is a local path (no scheme, or a Windows
-    drive's `C:`). A scheme naming its driver (`postgresql+psycopg2`) counts as its first part."""
+def _check_scheme(key: str, uri: str, schemes: tuple[str, ...], plugin_group: str, refusal: str) -> None:
+    """Refuse `uri` when MLflow has nothing for its scheme (neither in `schemes` nor an installed plugin's,
+    the entry points of `plugin_group`), with `refusal` (holding `{scheme}`) and the plugins' schemes;
+    a local path (no scheme, or a Windows drive's `C:`) passes. A scheme naming its driver
+    (`postgresql+psycopg2`) counts as its first part. The URI itself, which may hold a password, is not
+    shown.
+
+    Raises:
+        ConfigError: Naming `key`, the scheme and the forms MLflow accepts.
+    """
     scheme = urllib.parse.urlparse(uri).scheme.lower()
     scheme = "" if len(scheme) == 1 else scheme.split("+", 1)[0]  # (`C:\\...`: a Windows drive's path)
     plugins = sorted(entry.name for entry in importlib.metadata.entry_points(group=plugin_group))
-    if not scheme or scheme in (*schemes, *plugins):
-        return None
-    return scheme, f", or an installed plugin's ({', '.join(plugins)}:)" if plugins else ""
+    if scheme and scheme not in (*schemes, *plugins):
+        also = f", or an installed plugin's ({', '.join(plugins)}:)" if plugins else ""
+        raise ConfigError(f"{key}: {refusal.format(scheme=scheme)}{also}")
 
 
 def check_tracking_uri(key: str, uri: str) -> None:
     """Refuse an MLflow tracking URI whose scheme MLflow has no store for (`MLFLOW_SCHEMES`, and the
     schemes of installed plugins): a typo (`htp://`, `fiel:`) or a host without one (`localhost:5000`)
-    failed only when training began, after the data was prepared.
-
-    Raises:
-        ConfigError: Naming `key`, the scheme and the forms MLflow accepts (not the URI, which may hold a
-            password).
-    """
-    unknown = _unknown_scheme(uri, MLFLOW_SCHEMES, MLFLOW_STORE_PLUGINS)
-    if unknown:
-        scheme, also = unknown
-        raise ConfigError(
-            f"{key}: MLflow keeps no runs at a {scheme}: URI. Use a local path or file:///abs/path, "
-            "http://host:5000 or https://... (a tracking server), databricks, or a database: "
-            f"sqlite:////abs/path/mlflow.db, postgresql://, mysql://, mssql://{also}"
-        )
+    failed only when training began, after the data was prepared (`_check_scheme`)."""
+    _check_scheme(key, uri, MLFLOW_SCHEMES, MLFLOW_STORE_PLUGINS,
+                  "MLflow keeps no runs at a {scheme}: URI. Use a local path or file:///abs/path, "
+                  "http://host:5000 or https://... (a tracking server), databricks, or a database: "
+                  "sqlite:////abs/path/mlflow.db, postgresql://, mysql://, mssql://")  # fmt: skip
 
 
 def check_artifact_location(key: str, uri: str) -> None:
     """Refuse an MLflow artifact location whose scheme MLflow has no artifact store for
     (`MLFLOW_ARTIFACT_SCHEMES`, and the schemes of installed plugins): a typo (`s4://`) trained the whole
-    run and failed when its hypotheses files were uploaded, at the end.
-
-    Raises:
-        ConfigError: Naming `key`, the scheme and the forms MLflow accepts (not the URI, which may hold a
-            password).
-    """
-    unknown = _unknown_scheme(uri, MLFLOW_ARTIFACT_SCHEMES, MLFLOW_ARTIFACT_PLUGINS)
-    if unknown:
-        scheme, also = unknown
-        raise ConfigError(
-            f"{key}: MLflow stores no artifacts at a {scheme}: URI. Use a local path or file:///abs/path, "
-            "s3://bucket/path (or r2://, b2://), gs://, wasbs://, abfss://, dbfs:/, hdfs://, viewfs://, "
-            f"ftp://, sftp://, http(s)://host/path or mlflow-artifacts:/ (a tracking server's){also}"
-        )
+    run and failed when its hypotheses files were uploaded, at the end (`_check_scheme`)."""
+    _check_scheme(key, uri, MLFLOW_ARTIFACT_SCHEMES, MLFLOW_ARTIFACT_PLUGINS,
+                  "MLflow stores no artifacts at a {scheme}: URI. Use a local path or file:///abs/path, "
+                  "s3://bucket/path (or r2://, b2://), gs://, wasbs://, abfss://, dbfs:/, hdfs://, "
+                  "viewfs://, ftp://, sftp://, http(s)://host/path or mlflow-artifacts:/ (a tracking "
+                  "server's)")  # fmt: skip
 
 
 def result_summary(results: Mapping[str, Any]) -> dict[str, Any]:
