@@ -258,19 +258,19 @@ def varying_keys(runs: Sequence[Run], seed_key: str = "seed") -> list[str]:
     which W&B groups by too: the seed and the bookkeeping keys left out, values derived from the run
     directory counting as the same). A key some runs lack (written by a version before the key existed, or
     after it was removed) varies only when the runs that have it differ in it: lacking it is no setting of
-    its own (`partial_keys` names such keys; a run lacking a varying key shows `ABSENT` for it)."""
+    its own (a run lacking a varying key shows `ABSENT` for it)."""
+    return setting_keys(runs, seed_key)[0]
+
+
+def setting_keys(runs: Sequence[Run], seed_key: str = "seed") -> tuple[list[str], list[str]]:
+    """The `varying_keys` of `runs`, and the keys of their settings that some runs lack but that do not
+    vary: runs are grouped as if those that lack one held the others' value."""
     settings = [setting(run.config, seed_key) for run in runs]
     keys = sorted({key for values in settings for key in values})
-    return [key for key in keys if len({values[key] for values in settings if key in values}) > 1]
-
-
-def partial_keys(runs: Sequence[Run], seed_key: str = "seed") -> list[str]:
-    """The keys of the runs' settings that some runs lack but that do not vary (`varying_keys`): runs are
-    grouped as if those that lack one held the others' value."""
-    settings = [setting(run.config, seed_key) for run in runs]
-    varying = set(varying_keys(runs, seed_key))
-    keys = sorted({key for values in settings for key in values} - varying)
-    return [key for key in keys if any(key not in values for values in settings)]
+    values = {key: [values[key] for values in settings if key in values] for key in keys}
+    varying = [key for key in keys if len(set(values[key])) > 1]
+    partial = [key for key in keys if key not in varying and len(values[key]) < len(settings)]
+    return varying, partial
 
 
 ABSENT = "(absent)"  # how a group's name shows a varying key its runs' config.yaml lacks (`group_name`)
@@ -323,8 +323,7 @@ def summarize(runs: Sequence[Run], baseline: str | None = None) -> tuple[list[Gr
     the baseline's."""
     finished = [r for r in runs if r.status == "finished"]
     others = [r for r in runs if r.status != "finished"]
-    keys = varying_keys(finished)
-    partial = partial_keys(finished)
+    keys, partial = setting_keys(finished)
     if partial:
         log.warning(
             "%s: in the config of some runs only (the others were written before the key existed, or after "
