@@ -191,4 +191,4 @@ def test_a_trial_repeating_an_earlier_trials_parameters_reuses_its_result_withou
     jobs = sorted(p for p in (tmp_path / "sweep").iterdir() if (p / "results.json").is_file())
     assert len(jobs) == 2
     assert capsys.readouterr().out.count("attnlab-train: test/") == 2  # two trainings, not three
-    assert caplog.text.count("its result is reused, not trained again") == 1
+    assert caplog.text.count("not run again, it gets that job's result") == 1

@@ -146,6 +146,40 @@ def test_a_sweep_an_experiment_file_declares_over_a_bookkeeping_key_is_refused(t
         check_no_swept_bookkeeping(compose_train(optuna, tmp_path, hydra_node=True))
 
 
+def test_a_job_listed_twice_runs_once_and_the_repeat_is_named(
+    tmp_path: Path,
+    monkeypatch: pytest.MonkeyPatch,
+    capsys: pytest.CaptureFixture[str],
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    """Hydra's basic sweeper launches a value listed twice (`seed=1,1`) as two jobs of one job directory:
+    the second was refused there as holding the first one's finished run, failing the sweep (or, under
+    hydra/launcher=local, raced it). It is not launched, a log line naming it, and gets the first's result."""
+    from hydra.core.global_hydra import GlobalHydra
+
+    from attnlab.cli.train import main
+    from attnlab.training import launchers
+
+    monkeypatch.setattr(launchers, "JOBS", [])  # (this process's earlier multiruns)
+    monkeypatch.setattr(sys, "argv", [
+        "attnlab-train", "-m", "data=synthetic", "model=tiny", "data.n_train=32", "data.n_val=8",
+        "data.n_test=8", "trainer.max_epochs=1", "logger=csv", "trainer.enable_progress_bar=false",
+        "seed=1,1", f"hydra.sweep.dir={tmp_path / 'sweep'}", "hydra/job_logging=none",
+        "hydra/hydra_logging=none",
+    ])  # fmt: skip
+    GlobalHydra.instance().clear()
+    try:
+        with caplog.at_level("INFO", logger="attnlab.training.launchers"):
+            main()
+    finally:
+        GlobalHydra.instance().clear()
+    out = capsys.readouterr().out
+    assert out.count("attnlab-train: test/") == 1 and "attnlab-train: multirun: 1 finished, 0 failed" in out
+    told = "seed=1 repeats an earlier job of this sweep (the same setting and seed): not run again"
+    assert caplog.text.count(told) == 1
+    assert len([p for p in (tmp_path / "sweep").iterdir() if p.is_dir()]) == 1
+
+
 def test_the_wandb_sweep_file_passes_valid_overrides(tmp_path: Path) -> None:
     import itertools
 

@@ -151,9 +151,10 @@ def mark_failed(sweep_dir: Path, overrides: list[str], error: str) -> Path | Non
 class OncePerSweep:
     """A sweeper's launcher that runs each job once a sweep: a job whose overrides are those of a job
     launched before in the sweep (`attnlab.runs.layout.job_setting`: the same setting and seed, so the
-    same job directory), in an earlier batch or the same one, is not launched; it gets that job's return
-    (its result, or its failure) and a log line saying so. Without this, an Optuna trial repeating an
-    earlier trial's parameters trained again in that trial's directory, over its checkpoints and results."""
+    same job directory), in an earlier batch or the same one, is not launched; a log line names it before
+    the batch is launched, and it gets that job's return (its result, or its failure). Without this, an
+    Optuna trial repeating an earlier trial's parameters, or a job listed twice on the command line
+    (`seed=1,1`), trained again in that job's directory, over its checkpoints and results."""
 
     def __init__(self, launcher: Any) -> None:
         self.launcher = launcher
@@ -166,14 +167,13 @@ class OncePerSweep:
             if key not in self.returns:
                 first.setdefault(key, i)
         new = sorted(first.values())
+        for i, overrides in enumerate(job_overrides):
+            if i not in new:
+                shown = " ".join(filter_overrides(overrides))
+                log.info("job %s repeats an earlier job of this sweep (the same setting and seed): not run "
+                         "again, it gets that job's result", shown)  # fmt: skip
         if new:
             launched = self.launcher.launch([job_overrides[i] for i in new], initial_job_idx)
             self.returns.update({keys[i]: ret for i, ret in zip(new, launched, strict=True)})
-        results = []
-        for i, (overrides, key) in enumerate(zip(job_overrides, keys, strict=True)):
-            if i not in new:
-                shown = " ".join(filter_overrides(overrides))
-                log.info("job %s repeats an earlier job of this sweep (the same setting and seed): its "
-                         "result is reused, not trained again", shown)  # fmt: skip
-            results.append(dataclasses.replace(self.returns[key], overrides=list(overrides)))
-        return results
+        return [dataclasses.replace(self.returns[key], overrides=list(overrides))
+                for overrides, key in zip(job_overrides, keys, strict=True)]  # fmt: skip

@@ -1,10 +1,28 @@
 """attnlab's launchers for `hydra/launcher=local` and `hydra/launcher=slurm`, in the namespace Hydra takes
 launchers from: hydra-submitit-launcher's, collecting every job's result even when a job's process is
-killed (`attnlab.training.launchers`); and the sweeper of `hparams_search=optuna`: hydra-optuna-sweeper's,
-running each job once a sweep (`attnlab.training.launchers.OncePerSweep`). Empty without those plugins
-(the `[sweep]` extra)."""
+killed (`attnlab.training.launchers`); and its sweepers, running each job once a sweep
+(`attnlab.training.launchers.OncePerSweep`): Hydra's basic one (`hydra/sweeper=basic_once`, the default)
+and the one of `hparams_search=optuna`, hydra-optuna-sweeper's. Only the basic sweeper without those
+plugins (the `[sweep]` extra)."""
 
 from importlib.util import find_spec
+from typing import Any
+
+from hydra._internal.core_plugins import basic_sweeper
+
+from attnlab.training.launchers import OncePerSweep
+
+
+class BasicSweeper(basic_sweeper.BasicSweeper):
+    """Hydra's basic sweeper, a job listed twice (`seed=1,1`: the same setting and seed, so the same job
+    directory) launched once, the other logged and given its result (`OncePerSweep`); without this, the
+    second trained again in the first one's directory (refused there as holding a finished run, or racing
+    it under `hydra/launcher=local`)."""
+
+    def setup(self, **kwargs: Any) -> None:
+        super().setup(**kwargs)
+        self.launcher = OncePerSweep(self.launcher)
+
 
 if find_spec("hydra_plugins.hydra_submitit_launcher") is not None:
     from hydra_plugins.hydra_submitit_launcher import submitit_launcher
@@ -19,11 +37,7 @@ if find_spec("hydra_plugins.hydra_submitit_launcher") is not None:
 
 
 if find_spec("hydra_plugins.hydra_optuna_sweeper") is not None:
-    from typing import Any
-
     from hydra_plugins.hydra_optuna_sweeper import optuna_sweeper
-
-    from attnlab.training.launchers import OncePerSweep
 
     class OptunaSweeper(optuna_sweeper.OptunaSweeper):
         """Optuna's sweeper, a trial repeating an earlier trial's parameters given its result instead of
