@@ -121,8 +121,9 @@ def test_a_sweep_rerun_with_another_logger_finds_its_jobs_directories_named_befo
 
 def test_a_sweep_an_experiment_file_declares_over_a_bookkeeping_key_is_refused(tmp_path: Path) -> None:
     """An experiment file (or `hparams_search`) declares its sweep in `hydra.sweeper.params`, which both
-    Hydra's basic sweeper and Optuna's read: a bookkeeping key swept there was not refused (only the
-    command line's overrides were checked), and its jobs shared one directory."""
+    Hydra's basic sweeper and Optuna's read (or Optuna's deprecated `search_space`): a bookkeeping key
+    swept there was not refused (only the command line's overrides were checked), and its jobs shared one
+    directory."""
     from attnlab.cli.app import check_no_swept_bookkeeping
     from attnlab.typed import ConfigError
     from helpers import compose_train
@@ -144,6 +145,17 @@ def test_a_sweep_an_experiment_file_declares_over_a_bookkeeping_key_is_refused(t
     optuna = ["hparams_search=optuna", "+hydra.sweeper.params.logger='choice(csv, tensorboard)'"]
     with pytest.raises(ConfigError, match=r"logger=choice\(csv, tensorboard\) \(in hydra.sweeper.params"):
         check_no_swept_bookkeeping(compose_train(optuna, tmp_path, hydra_node=True))
+    # Optuna's deprecated search_space, which its sweeper reads when params is null: checked the same way
+    for name, key in (("space_ok", "model.dropout"), ("space_bad", "allocator")):
+        (tmp_path / "conf" / "experiment" / f"{name}.yaml").write_text(
+            "# @package _global_\nhydra:\n  sweeper:\n    search_space:\n"
+            f"      {key}:\n        type: categorical\n        choices: [a, b]\n"
+        )
+    space = ["hparams_search=optuna", search, "hydra.sweeper.params=null"]
+    check_no_swept_bookkeeping(compose_train([*space, "experiment=space_ok"], tmp_path, hydra_node=True))
+    told = r"allocator={type: categorical, choices: \[a, b\]} \(in hydra.sweeper.search_space\) sweeps a"
+    with pytest.raises(ConfigError, match=told):
+        check_no_swept_bookkeeping(compose_train([*space, "experiment=space_bad"], tmp_path, hydra_node=True))
 
 
 def test_a_job_listed_twice_runs_once_and_the_repeat_is_named(

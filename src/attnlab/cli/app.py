@@ -12,6 +12,7 @@ from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
+import yaml
 from hydra.experimental.callback import Callback
 from omegaconf import DictConfig, OmegaConf
 
@@ -71,33 +72,48 @@ def earlier_job_dir(sweep_dir: Path, kept: str) -> str | None:
     return min(found)[1] if found else None
 
 
-def sweep_overrides(config: DictConfig) -> list[tuple[str, str]]:
-    """What a multirun's sweeper sweeps, each with where it is given: the `key=value` of every entry of
-    `hydra.sweeper.params` (as Hydra's basic and Optuna's sweepers read it; an experiment file can declare
-    its sweep there), then the command line's overrides (`hydra.overrides.task`)."""
-    params = OmegaConf.select(config, "hydra.sweeper.params")
-    declared = OmegaConf.to_container(params, resolve=False) if isinstance(params, DictConfig) else {}
-    task = OmegaConf.select(config, "hydra.overrides.task") or []
-    return [(f"{key}={value}", "hydra.sweeper.params") for key, value in declared.items()] + [
-        (str(item), "the command line") for item in task
-    ]
+def sweep_overrides(config: DictConfig) -> list[tuple[str, str, bool]]:
+    """What a multirun's sweeper reads, each with where it is given and whether it sweeps (a list of
+    values, a range, a distribution): the `key=value` of every entry of `hydra.sweeper.params` (as
+    Hydra's basic and Optuna's sweepers read it; an experiment file can declare its sweep there), or,
+    when that is null, of Optuna's deprecated `hydra.sweeper.search_space` (`key={type: categorical,
+    choices: [...]}`, each a distribution: its sweeper reads it only then), then the command line's
+    overrides (`hydra.overrides.task`)."""
+    from hydra.core.override_parser.overrides_parser import OverridesParser
+
+    parser = OverridesParser.create()
+
+    def swept(line: str) -> bool:
+        (parsed,) = parser.parse_overrides([line])
+        return parsed.is_sweep_override()
+
+    declared, where = OmegaConf.select(config, "hydra.sweeper.params"), "hydra.sweeper.params"
+    if declared is None:
+        declared, where = OmegaConf.select(config, "hydra.sweeper.search_space"), "hydra.sweeper.search_space"
+    entries = OmegaConf.to_container(declared, resolve=False) if isinstance(declared, DictConfig) else {}
+    found = []
+    for key, value in entries.items():
+        if where == "hydra.sweeper.params":
+            found.append((f"{key}={value}", where, swept(f"{key}={value}")))
+        else:
+            flow = yaml.safe_dump(value, default_flow_style=True, sort_keys=False, width=10**6).strip()
+            found.append((f"{key}={flow}", where, True))
+    task = [str(item) for item in OmegaConf.select(config, "hydra.overrides.task") or []]
+    return found + [(item, "the command line", swept(item)) for item in task]
 
 
 def check_no_swept_bookkeeping(config: DictConfig) -> None:
     """Refuse a multirun that sweeps a bookkeeping key (`attnlab.runs.layout.setting_overrides`), on the
-    command line (`allocator=keep,release`) or in the sweeper's params (`hydra.sweeper.params`:
-    `sweep_overrides`): its jobs would differ in nothing that names their directory (`job_dirname`), nor
-    in their setting (W&B groups and attnlab-compare would take them for runs of one setting).
+    command line (`allocator=keep,release`) or in what the sweeper reads from the config
+    (`hydra.sweeper.params`, Optuna's `hydra.sweeper.search_space`: `sweep_overrides`): its jobs would
+    differ in nothing that names their directory (`job_dirname`), nor in their setting (W&B groups and
+    attnlab-compare would take them for runs of one setting).
 
     Raises:
         ConfigError: Naming the override, where it is given, and the fix.
     """
-    from hydra.core.override_parser.overrides_parser import OverridesParser
-
-    parser = OverridesParser.create()
-    for line, where in sweep_overrides(config):
-        (parsed,) = parser.parse_overrides([line])
-        if parsed.is_sweep_override() and not setting_overrides([line]):
+    for line, where, swept in sweep_overrides(config):
+        if swept and not setting_overrides([line]):
             raise ConfigError(
                 f"{line} (in {where}) sweeps a bookkeeping key (attnlab.runs.layout.BOOKKEEPING): its jobs "
                 "would share one job directory and count as one setting; run one sweep per value, each "
