@@ -804,3 +804,20 @@ def test_a_key_that_older_runs_lack_is_no_varying_setting_unless_the_runs_having
         ("model.pe=sinusoidal,model.tie=(absent)", 1), ("model.pe=none,model.tie=false", 2),
         ("model.pe=none,model.tie=true", 1), ("model.pe=sinusoidal,model.tie=false", 2),
     ]  # fmt: skip
+
+
+def test_a_run_whose_value_is_the_text_absent_is_no_run_lacking_the_key(sweep: Path) -> None:
+    """A run whose setting is the text `(absent)` and a run lacking that key were both named
+    `model.tie=(absent)`: one group, two settings averaged together. The text is quoted, as YAML reads it
+    too; the other values look as before."""
+    for pe, seed in BLEU:
+        path = sweep / f"pe={pe},seed={seed}" / "config.yaml"
+        tie = {1: None, 2: "'(absent)'"}.get(seed, "false") if pe == "sinusoidal" else "false"
+        if tie is not None:
+            path.write_text(path.read_text().replace("  d_model: 32\n", f"  d_model: 32\n  tie: {tie}\n"))
+    groups, _ = summarize(load_runs([sweep]), baseline="model.pe=sinusoidal,model.tie=(absent)")
+    assert groups[0].name == "model.pe=sinusoidal,model.tie=(absent)"
+    assert {g.name: len(g.runs) for g in groups} == {
+        "model.pe=sinusoidal,model.tie=(absent)": 1, "model.pe=sinusoidal,model.tie='(absent)'": 1,
+        "model.pe=sinusoidal,model.tie=false": 1, "model.pe=none,model.tie=false": 3,
+    }  # fmt: skip
