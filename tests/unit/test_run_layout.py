@@ -192,7 +192,12 @@ def test_the_config_reader_parses_once_and_reads_no_string_document_as_yaml(tmp_
         (inner, "it holds YAML aliases"),
         ("- 1\n", "it holds a YAML list, not a config"),
         ("3\n", "it holds a YAML scalar, not a config"),
-        ("a: 1\na: 2\n", "while constructing a mapping"),  # OmegaConf refuses duplicate keys
+        # OmegaConf refuses duplicate keys: named, with the line, not PyYAML's "while constructing a mapping"
+        (
+            "m:\n  a: 1\n  a: 3\n",
+            r"the key a is given twice in one mapping \(again on line 3\): remove one of them$",
+        ),
+        ("a: [1\n", r"expected ',' or ']', but got '<stream end>' \(line 2\)$"),  # the problem, not context
     ):
         path.write_text(content)
         with pytest.raises(UnreadableRunFile, match=f"cannot read {path}: .*{reason}"):

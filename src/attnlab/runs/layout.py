@@ -318,6 +318,8 @@ def read_config_file(path: Path) -> dict[str, Any]:
             return flatten(OmegaConf.to_container(OmegaConf.create(value or {})))
     except _Aliased:
         raise UnreadableRunFile(f"cannot read {path}: {ALIASED}") from None
+    except yaml.MarkedYAMLError as exc:
+        raise UnreadableRunFile(f"cannot read {path}: {yaml_problem(exc)}") from None
     except (OSError, ValueError, yaml.YAMLError, OmegaConfBaseException) as exc:
         reason = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
         raise UnreadableRunFile(f"cannot read {path}: {reason}") from None
@@ -325,6 +327,20 @@ def read_config_file(path: Path) -> dict[str, Any]:
         raise UnreadableRunFile(f"cannot read {path}: {NESTED}") from None
     kind = {list: "list", str: "string"}.get(type(value), "scalar")
     raise UnreadableRunFile(f"cannot read {path}: it holds a YAML {kind}, not a config")
+
+
+def yaml_problem(exc: yaml.MarkedYAMLError) -> str:
+    """PyYAML's error on one line: its problem and the line it is on (`mapping values are not allowed here
+    (line 3)`), not the first line of its text, which is often only its context (`while constructing a
+    mapping`); a key given twice in one mapping (which OmegaConf's loader refuses) is named with the fix."""
+    problem = (exc.problem or exc.context or type(exc).__name__).strip()
+    mark = exc.problem_mark or exc.context_mark
+    line = f"line {mark.line + 1}" if mark is not None else "somewhere"
+    duplicate = re.fullmatch(r"found duplicate key (.*)", problem)
+    if duplicate:
+        key = duplicate.group(1)
+        return f"the key {key} is given twice in one mapping (again on {line}): remove one of them"
+    return f"{problem} ({line})"
 
 
 def read_metrics_csv(path: Path, columns: Sequence[str] | None = None) -> list[dict[str, float]]:
