@@ -360,11 +360,12 @@ def make_writable_directory(directory: Path) -> None:
 
 
 def missing_directories(directories: Iterable[Path]) -> set[Path]:
-    """Each of `directories` and their parents that does not exist now (absolute): what
-    `remove_empty_directories` may remove after a refused command."""
-    return {path for directory in directories
-            for path in (Path(directory).resolve(), *Path(directory).resolve().parents)
-            if not path.exists()}  # fmt: skip
+    """Each of `directories` and their parents that does not exist now (absolute, resolved): what
+    `remove_empty_directories` may remove after a refused command. The parents are those of the path as
+    written, as `mkdir(parents=True)` makes them: `a/../b` with `a` missing makes `a` too."""
+    resolved = (path.resolve() for directory in directories
+                for path in (Path(directory).absolute(), *Path(directory).absolute().parents))  # fmt: skip
+    return {path for path in resolved if not path.exists()}
 
 
 def remove_empty_directories(directories: Iterable[Path]) -> None:

@@ -276,15 +276,21 @@ def test_a_refused_command_leaves_no_run_directory_and_keeps_one_that_existed(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch, command: str, args: list[str], told: str
 ) -> None:
     """Each mistyped command left a run directory holding only Hydra's record of it (`.hydra/`): removed
-    with the parents Hydra made for it. A run directory that existed before the command is kept, and so
-    are the directories above it that existed."""
+    with the parents Hydra made for it, those of the path as written too (`made/../new` makes `made`). A
+    run directory that existed before the command is kept, and so are the directories above it that
+    existed."""
     import importlib
 
     from hydra.core.global_hydra import GlobalHydra
 
     main = importlib.import_module(f"attnlab.cli.{command}").main
     (tmp_path / "kept").mkdir()
-    for run_dir, left in [(tmp_path / "kept/new/run", ["kept"]), (tmp_path / "kept", ["kept"])]:
+    runs = [
+        (tmp_path / "kept/new/run", ["kept"]),
+        (tmp_path / "made/../new", ["kept"]),
+        (tmp_path / "kept", ["kept"]),
+    ]
+    for run_dir, left in runs:
         argv = [f"attnlab-{command}", *args, f"hydra.run.dir={run_dir}", "hydra/job_logging=none",
                 "hydra/hydra_logging=none"]  # fmt: skip
         monkeypatch.setattr(sys, "argv", argv)

@@ -213,7 +213,7 @@ class RunDirectoryCheck(Callback):
     def on_run_start(self, config: DictConfig, **kwargs: Any) -> None:
         run_dir = Path(config.hydra.run.dir).resolve()  # what Hydra is about to make: removed if refused
         _made_for_this_run.clear()
-        _made_for_this_run[run_dir] = missing_directories([run_dir])
+        _made_for_this_run[run_dir] = missing_directories([Path(config.hydra.run.dir)])  # (`a/../b`: `a`)
         self._check(config, Path(config.hydra.run.dir))
         run, task = RunDir(Path(config.hydra.run.dir)), config.get("task_name", "train")
         if task == "train":  # a live or saved run there: refused before Hydra writes
