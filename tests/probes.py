@@ -22,7 +22,8 @@ from attnlab.data import SyntheticData
 
 class SignalAt(L.Callback):
     """Send `signum` to this process at the end of training step `step` (global step, counted from 1),
-    or with `stage="test"` at the end of test batch `step` (counted from 1), on every rank, or only on rank
+    or with `stage="test"` at the end of test batch `step` (counted from 1), with `stage="sanity"` of the
+    sanity validation's batch `step`, before training, on every rank, or only on rank
     `rank` when given; `times` times in a row; with `group`, to every process of this process's group, as
     a terminal's Ctrl-C does (DataLoader workers too: run the run in a session of its own, as
     `runs.run_all` does)."""
@@ -38,6 +39,11 @@ class SignalAt(L.Callback):
         if stage == self.stage and step == self.step and self.rank in (None, trainer.global_rank):
             for _ in range(self.times):
                 os.killpg(os.getpgid(0), self.signum) if self.group else os.kill(os.getpid(), self.signum)
+
+    def on_validation_batch_end(self, trainer: L.Trainer, pl_module: Any, outputs: Any, batch: Any,
+                                index: int, *args: Any) -> None:  # fmt: skip
+        if trainer.sanity_checking:
+            self._send(trainer, "sanity", index + 1)
 
     def on_train_batch_end(self, trainer: L.Trainer, *args: Any) -> None:
         self._send(trainer, "train", trainer.global_step)

@@ -40,7 +40,7 @@ def final(run_dir: Path) -> list[str]:
 
 
 def attnlab_train(
-    run_dir: Path, *extra: str, env: dict[str, str] | None = None
+    run_dir: Path, *extra: str, env: dict[str, str] | None = None, timeout: float = 600
 ) -> subprocess.CompletedProcess:
     command = [
         sys.executable,
@@ -53,7 +53,7 @@ def attnlab_train(
     ]
     path = os.pathsep.join(filter(None, [str(TESTS), os.environ.get("PYTHONPATH")]))  # (the tests' attnlab)
     environment = {**os.environ, "PYTHONPATH": path, **(env or {})}
-    return run_all(command, env=environment)
+    return run_all(command, timeout=timeout, env=environment)
 
 
 def run_all(command: list[str], timeout: float = 600, **kwargs: Any) -> subprocess.CompletedProcess:

@@ -290,13 +290,16 @@ def test_a_ddp_runs_epoch_loss_is_over_every_ranks_tokens(ddp_resumption: dict[s
 DDP_SIGNAL_RUN = ("trainer=ddp_cpu", "data.n_val=32")  # a validation batch per rank
 
 
-def ddp_signalled(run_dir: Path, signum: int, rank: int, group: bool = False) -> subprocess.CompletedProcess:
+def ddp_signalled(
+    run_dir: Path, signum: int, rank: int, group: bool = False, stage: str = "train", step: int = 3
+) -> subprocess.CompletedProcess:
     """A two-process run of `runs.RUN` that rank `rank` sends `signum` at the end of step 3 (with `group`,
-    to the whole process group, as a terminal's Ctrl-C reaches every rank)."""
-    kill = ["+callbacks.kill._target_=probes.SignalAt", "+callbacks.kill.step=3",
+    to the whole process group, as a terminal's Ctrl-C reaches every rank; `stage` and `step`: another
+    point, `probes.SignalAt`'s). Stopped after 3 minutes (a run takes under one): a run that hangs fails."""
+    kill = ["+callbacks.kill._target_=probes.SignalAt", f"+callbacks.kill.step={step}",
             f"+callbacks.kill.rank={rank}", f"+callbacks.kill.signum={signum}",
-            f"+callbacks.kill.group={str(group).lower()}"]  # fmt: skip
-    return attnlab_train(run_dir, *DDP_SIGNAL_RUN, *kill, env={"OMP_NUM_THREADS": "1"})
+            f"+callbacks.kill.group={str(group).lower()}", f"+callbacks.kill.stage={stage}"]  # fmt: skip
+    return attnlab_train(run_dir, *DDP_SIGNAL_RUN, *kill, env={"OMP_NUM_THREADS": "1"}, timeout=180)
 
 
 @pytest.mark.ddp
@@ -319,6 +322,21 @@ def test_a_signal_that_reached_one_rank_alone_is_the_one_the_ddp_run_names(tmp_p
     assert stopped.returncode == 128 + signal.SIGINT, stopped.stderr[-3000:]
     manifest = json.loads((run_dir / "manifest.json").read_text())
     assert manifest["status"] == "interrupted" and "SIGINT at step 4" in manifest["error"], manifest
+
+
+@pytest.mark.ddp
+def test_a_signal_to_one_rank_before_training_stops_every_rank_at_the_end_of_the_first_step(
+    tmp_path: Path,
+) -> None:
+    """Rank 1 alone gets SIGTERM in the sanity validation, before training: both ranks save and stop at the
+    end of step 1. Lightning's own SIGTERM handler (left out of attnlab's trainers) started a broadcast
+    inside the handler on rank 1 alone, and the run hung until gloo's 30-minute timeout."""
+    run_dir = tmp_path / "run"
+    stopped = ddp_signalled(run_dir, int(signal.SIGTERM), rank=1, stage="sanity", step=1)
+    assert stopped.returncode == 128 + signal.SIGTERM, stopped.stderr[-3000:]
+    manifest = json.loads((run_dir / "manifest.json").read_text())
+    assert manifest["status"] == "interrupted" and "SIGTERM at step 1" in manifest["error"], manifest
+    assert torch.load(run_dir / "checkpoints" / "last.ckpt", weights_only=True)["global_step"] == 1
 
 
 def callback_states(checkpoint: Path) -> dict[str, Any]:

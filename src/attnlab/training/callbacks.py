@@ -18,6 +18,7 @@ from typing import Any
 import lightning as L
 from lightning.pytorch.callbacks import EarlyStopping as _LightningEarlyStopping
 from lightning.pytorch.callbacks import ModelCheckpoint
+from lightning.pytorch.trainer.connectors.signal_connector import _SignalConnector
 
 
 class EarlyStopping(_LightningEarlyStopping):
@@ -251,6 +252,23 @@ def restore_signal_handlers(previous: dict[int, Any]) -> None:
         signal.signal(signum, handler if handler is not None else signal.SIG_DFL)
 
 
+class SignalConnector(_SignalConnector):
+    """Lightning's signal connector (`trainer._signal_connector`, set in every trainer attnlab builds) less
+    its SIGTERM handler: attnlab's own handlers own SIGTERM and SIGINT, `Preemption` from the setup of
+    training on and `attnlab.training.pipeline.stopping_evaluation` in the final evaluation. Lightning's
+    handler, installed for every `fit` and `test` before it runs the loops, forwards the signal to the other
+    local ranks and starts a collective inside the handler (a broadcast from rank 0): a DDP run where one
+    rank alone got SIGTERM before training (in the sanity validation) or while testing hung there until
+    the process group's timeout (30 minutes). Its SIGUSR1 handler (SLURM's auto-requeue) stays. Relies on
+    Lightning 2.6's `_SignalConnector`, which registers and gives back every handler with `_register_signal`
+    (compare with Lightning's when upgrading it)."""
+
+    @staticmethod
+    def _register_signal(signum: Any, handlers: Any) -> None:
+        if signum not in (signal.SIGTERM, signal.SIGINT):  # (theirs to give back, not Lightning's)
+            _SignalConnector._register_signal(signum, handlers)
+
+
 class Preemption(_StepEnds):
     """On SIGTERM, SIGUSR1 or a first Ctrl-C (SIGINT), save a checkpoint at the end of the current training
     step (after the last one: when training ends, before the final evaluation) and stop.
@@ -271,11 +289,13 @@ class Preemption(_StepEnds):
     training (Python's KeyboardInterrupt), so a second Ctrl-C stops at once, without the save. A terminal's
     Ctrl-C reaches every rank of a DDP run started there: rank 0 alone says so, once a run.
 
-    While training runs, this callback's handlers replace Lightning's SIGTERM handler (which would stop
-    training at the end of the step without a checkpoint) and whatever handled SIGUSR1; they give the
-    signals back when training ends, before Lightning gives back the handlers it replaced. A SIGUSR1 handler
-    that was installed before (Lightning's SLURM auto-requeue, which saves its own checkpoint and calls
-    `scontrol requeue`, or submitit's, which requeues the job) runs after the save.
+    This callback's handlers hold SIGTERM and SIGINT from the setup of training on (a signal in the sanity
+    validation, on any rank, stops the run at the end of the first step; Lightning's own SIGTERM handler is
+    left out of attnlab's trainers, `SignalConnector`) and SIGUSR1 from the start of training, replacing
+    whatever handled it; they give the signals back when training ends, before Lightning gives back the
+    handlers it replaced. A SIGUSR1 handler that was installed before (Lightning's SLURM auto-requeue, which
+    saves its own checkpoint and calls `scontrol requeue`, or submitit's, which requeues the job) runs after
+    the save.
 
     Args:
         dirpath: Directory of the checkpoint.
@@ -297,11 +317,20 @@ class Preemption(_StepEnds):
             if self._rank == 0:  # (the other ranks of a terminal's run got the same Ctrl-C)
                 os.write(2, _CTRL_C.encode())
 
+    def setup(self, trainer: L.Trainer, pl_module: L.LightningModule, stage: str) -> None:
+        """SIGTERM and SIGINT from here on (before the sanity validation): a signal before training is acted
+        on at the end of the first step, where the ranks agree on it."""
+        if stage == "fit":
+            self._rank = trainer.global_rank
+            self._take(signal.SIGTERM, signal.SIGINT)
+
     def on_train_start(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
+        self._take(signal.SIGUSR1)  # after Lightning set its own (SLURM's auto-requeue), run after the save
+
+    def _take(self, *signums: int) -> None:
         if threading.current_thread() is not threading.main_thread():
             return  # signals reach only the main thread
-        self._rank = trainer.global_rank
-        for signum in (signal.SIGTERM, signal.SIGUSR1, signal.SIGINT):
+        for signum in signums:
             self._previous[signum] = signal.getsignal(signum)
             signal.signal(signum, self._on_signal)
 

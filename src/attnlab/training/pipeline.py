@@ -403,6 +403,7 @@ def build_trainer(
     from hydra.utils import instantiate
 
     from attnlab.runs.tracking import MLflowLogger
+    from attnlab.training.callbacks import SignalConnector
     from attnlab.training.checkpoint_io import AtomicCheckpointIO
     from attnlab.training.console import console_callbacks
 
@@ -424,6 +425,7 @@ def build_trainer(
         default_root_dir=str(plan.run.path),
         plugins=[*cluster_plugins(), AtomicCheckpointIO(own_run=plan.continuing)],
     )
+    trainer._signal_connector = SignalConnector(trainer)  # SIGTERM: attnlab's handlers, not Lightning's
     datamodule.check_feeds(trainer.world_size, test=bool(cfg.get("test", True)))  # before any training
     for logger in trainer.loggers:
         if isinstance(logger, MLflowLogger):
