@@ -291,15 +291,22 @@ DDP_SIGNAL_RUN = ("trainer=ddp_cpu", "data.n_val=32")  # a validation batch per 
 
 
 def ddp_signalled(
-    run_dir: Path, signum: int, rank: int, group: bool = False, stage: str = "train", step: int = 3
+    run_dir: Path,
+    signum: int,
+    rank: int,
+    *extra: str,
+    group: bool = False,
+    stage: str = "train",
+    step: int = 3,
 ) -> subprocess.CompletedProcess:
-    """A two-process run of `runs.RUN` that rank `rank` sends `signum` at the end of step 3 (with `group`,
-    to the whole process group, as a terminal's Ctrl-C reaches every rank; `stage` and `step`: another
-    point, `probes.SignalAt`'s). Stopped after 3 minutes (a run takes under one): a run that hangs fails."""
+    """A two-process run of `runs.RUN` (and the overrides `extra`) that rank `rank` sends `signum` at the
+    end of step 3 (with `group`, to the whole process group, as a terminal's Ctrl-C reaches every rank;
+    `stage` and `step`: another point, `probes.SignalAt`'s). Stopped after 3 minutes (a run takes under
+    one): a run that hangs fails."""
     kill = ["+callbacks.kill._target_=probes.SignalAt", f"+callbacks.kill.step={step}",
             f"+callbacks.kill.rank={rank}", f"+callbacks.kill.signum={signum}",
             f"+callbacks.kill.group={str(group).lower()}", f"+callbacks.kill.stage={stage}"]  # fmt: skip
-    return attnlab_train(run_dir, *DDP_SIGNAL_RUN, *kill, env={"OMP_NUM_THREADS": "1"}, timeout=180)
+    return attnlab_train(run_dir, *DDP_SIGNAL_RUN, *kill, *extra, env={"OMP_NUM_THREADS": "1"}, timeout=180)
 
 
 @pytest.mark.ddp
@@ -337,6 +344,26 @@ def test_a_signal_to_one_rank_before_training_stops_every_rank_at_the_end_of_the
     manifest = json.loads((run_dir / "manifest.json").read_text())
     assert manifest["status"] == "interrupted" and "SIGTERM at step 1" in manifest["error"], manifest
     assert torch.load(run_dir / "checkpoints" / "last.ckpt", weights_only=True)["global_step"] == 1
+
+
+@pytest.mark.ddp
+def test_a_signal_to_one_rank_in_the_final_evaluation_stops_every_rank_and_names_the_eval_command(
+    tmp_path: Path,
+) -> None:
+    """Rank 1 alone gets SIGTERM at its first test batch, after training: every rank stops at the end of
+    testing, with exit status 128 + SIGTERM and a manifest that reads interrupted and names the attnlab-eval
+    command. (Raised at once on rank 1, it ended rank 0 with gloo's `Connection closed by peer`: failed.)"""
+    run_dir = tmp_path / "run"
+    evaluated = ("test=true", "data.n_test=32", "trainer.max_epochs=1")  # a test batch per rank
+    stopped = ddp_signalled(run_dir, int(signal.SIGTERM), 1, *evaluated, stage="test", step=1)
+    assert stopped.returncode == 128 + signal.SIGTERM, stopped.stderr[-3000:]
+    manifest = json.loads((run_dir / "manifest.json").read_text())
+    assert manifest["status"] == "interrupted", manifest
+    assert manifest["error"].startswith("EvaluationStopped: stopped by SIGTERM in the final evaluation"), (
+        manifest
+    )
+    assert "evaluate them alone with: attnlab-eval ckpt_path=" in manifest["error"], manifest
+    assert not (run_dir / "results.json").exists()
 
 
 def callback_states(checkpoint: Path) -> dict[str, Any]:

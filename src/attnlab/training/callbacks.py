@@ -239,6 +239,60 @@ class Preempted(SystemExit):
         return self.message
 
 
+class EvaluationStopped(SystemExit):
+    """A signal stopped the final evaluation, after training; `redo` evaluates the kept checkpoints alone.
+    Exit status 128 + the signal number, as `Preempted`."""
+
+    def __init__(self, signum: int, redo: str) -> None:
+        super().__init__(128 + signum)
+        self.signum, self.redo = signum, redo
+        self.message = (
+            f"stopped by {signal.Signals(signum).name} in the final evaluation, after training (the "
+            f"checkpoints are kept); evaluate them alone with: {redo}"
+        )
+
+    def __str__(self) -> str:
+        return self.message
+
+
+def agreed_signal(trainer: L.Trainer, received: int | None) -> int:
+    """The signal that reached this rank (`received`) or any other (0: none), at a point every rank
+    reaches. The ranks agree on which (the highest number where they got different ones): the one the run
+    names and acts on (SIGUSR1's requeue on rank 0) when another rank alone got it. A single process asks
+    no collective: a tensor on the GPU read back every step would make the CPU wait for the step's
+    kernels."""
+    if trainer.world_size == 1:
+        return int(received or 0)
+    import torch
+
+    signum = torch.tensor(received or 0, device=trainer.strategy.root_device)
+    return int(trainer.strategy.reduce(signum, reduce_op="max"))
+
+
+class EvaluationStop(L.Callback):
+    """SIGTERM and SIGINT in the final evaluation (its handler `on_signal`, and this callback in the
+    trainer, for its length: `attnlab.training.pipeline.stopping_evaluation`) stop it with
+    `EvaluationStopped`: at once in a single process, and on rank 0 once testing has ended (it decodes the
+    test sets alone); under DDP while testing, at the end of testing, where the ranks agree on it (their
+    test batches may differ by one: no earlier point is common to all), so that every rank stops and rank
+    0's manifest says so. (Raised at once on one rank, it ended that rank and the others with gloo's
+    `Connection closed by peer`: the manifest said `failed`.)"""
+
+    def __init__(self, redo: str, world_size: int) -> None:
+        self.redo, self._received, self._testing = redo, None, world_size > 1
+
+    def on_signal(self, signum: int, frame: Any) -> None:
+        if not self._testing:
+            raise EvaluationStopped(signum, self.redo)
+        self._received = signum
+
+    def on_test_end(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
+        self._testing = False
+        signum = agreed_signal(trainer, self._received)
+        if signum:
+            raise EvaluationStopped(signum, self.redo)
+
+
 _CTRL_C = (
     "\nCtrl-C: saving last.ckpt at the end of this training step, then stopping (continue with resume=true); "
     "Ctrl-C again stops now, without saving\n"
@@ -343,7 +397,7 @@ class Preemption(_StepEnds):
     ) -> None:
         if not self._ended_a_step(trainer):  # inside an accumulation: save after its step
             return
-        signum = self._agreed_signal(trainer)
+        signum = agreed_signal(trainer, self._received)
         if not signum:
             return
         path = self._save(trainer)
@@ -356,22 +410,10 @@ class Preemption(_StepEnds):
     def on_train_end(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
         """A signal after the last training step (in the last validation) ends no step: the run saves and
         stops here, before the final evaluation, as it said it would."""
-        signum = self._agreed_signal(trainer)
+        signum = agreed_signal(trainer, self._received)
         if signum:
             self._stop(trainer, self._save(trainer), signum)
         self._restore()  # before Lightning puts back the handlers it replaced (after this hook)
-
-    def _agreed_signal(self, trainer: L.Trainer) -> int:
-        """The signal that reached this rank or any other (0: none). The ranks agree on which (the highest
-        number where they got different ones): the one the run names and acts on (SIGUSR1's requeue on rank
-        0) when another rank alone got it. A single process asks no collective: a tensor on the GPU read back
-        every step would make the CPU wait for the step's kernels."""
-        if trainer.world_size == 1:
-            return int(self._received or 0)
-        import torch
-
-        received = torch.tensor(self._received or 0, device=trainer.strategy.root_device)
-        return int(trainer.strategy.reduce(received, reduce_op="max"))
 
     def _save(self, trainer: L.Trainer) -> str:
         path = f"{self.dirpath}/{self.filename}.ckpt"

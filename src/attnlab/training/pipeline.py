@@ -168,7 +168,7 @@ def _run(plan: RunPlan) -> dict[str, float]:
     from lightning.pytorch.utilities import rank_zero_only
 
     from attnlab.data.download import DataError
-    from attnlab.training.callbacks import Preempted
+    from attnlab.training.callbacks import EvaluationStopped, Preempted
     from attnlab.training.console import route_lightning_logging
 
     route_lightning_logging()  # each Lightning message once, on the handlers set up (Hydra's)
@@ -258,7 +258,7 @@ def _train_and_evaluate(plan: RunPlan, manifest: Manifest | None) -> dict[str, f
     if best is not None:  # what sweepers optimize: the monitor's value at the selected checkpoint
         metrics[best_metric(plan.cfg.monitor.metric)] = best
     if plan.cfg.get("test", True):
-        with stopping_evaluation(redo_evaluation(plan, trainer)):
+        with stopping_evaluation(redo_evaluation(plan, trainer), trainer):
             test_metrics, evaluation = final_evaluation(plan, trainer, module, datamodule)
         metrics.update(test_metrics)
     else:  # no test sets: results.json holds the final metrics alone (what sweeps and reports read)
@@ -594,22 +594,6 @@ def _best_score(cfg: DictConfig, trainer: Any) -> float | None:
     return float(callback.best_model_score)
 
 
-class EvaluationStopped(SystemExit):
-    """A signal stopped the final evaluation, after training; `redo` evaluates the kept checkpoints alone.
-    Exit status 128 + the signal number, as `attnlab.training.callbacks.Preempted`."""
-
-    def __init__(self, signum: int, redo: str) -> None:
-        super().__init__(128 + signum)
-        self.signum, self.redo = signum, redo
-        self.message = (
-            f"stopped by {signal.Signals(signum).name} in the final evaluation, after training (the "
-            f"checkpoints are kept); evaluate them alone with: {redo}"
-        )
-
-    def __str__(self) -> str:
-        return self.message
-
-
 def redo_evaluation(plan: RunPlan, trainer: Any) -> str:
     """The `attnlab-eval` command that evaluates what `final_evaluation` evaluates: the average of the
     run's last `average_last` checkpoints, its best checkpoint, or else its last.ckpt; the path written so
@@ -622,23 +606,25 @@ def redo_evaluation(plan: RunPlan, trainer: Any) -> str:
 
 
 @contextmanager
-def stopping_evaluation(redo: str) -> Iterator[None]:
-    """While the final evaluation runs, SIGTERM and SIGINT (Ctrl-C) stop it at once with `EvaluationStopped`:
-    SIGTERM's default would end the process before the manifest says so, and decoding the test sets can
-    take minutes. There is nothing to save: training has ended and its checkpoints are on disk."""
+def stopping_evaluation(redo: str, trainer: Any) -> Iterator[None]:
+    """While the final evaluation runs, SIGTERM and SIGINT (Ctrl-C) stop it with `EvaluationStopped`, at
+    once or, under DDP while testing, at the end of testing on every rank
+    (`attnlab.training.callbacks.EvaluationStop`): SIGTERM's default would end the process before the
+    manifest says so, and decoding the test sets can take minutes. There is nothing to save: training has
+    ended and its checkpoints are on disk."""
     if threading.current_thread() is not threading.main_thread():  # signals reach only the main thread
         yield
         return
 
-    from attnlab.training.callbacks import restore_signal_handlers  # (lightning: loaded by then)
+    from attnlab.training.callbacks import EvaluationStop, restore_signal_handlers  # (lightning: loaded)
 
-    def stop(signum: int, frame: Any) -> None:
-        raise EvaluationStopped(signum, redo)
-
-    previous = {signum: signal.signal(signum, stop) for signum in (signal.SIGTERM, signal.SIGINT)}
+    stop = EvaluationStop(redo, trainer.world_size)
+    previous = {signum: signal.signal(signum, stop.on_signal) for signum in (signal.SIGTERM, signal.SIGINT)}
+    trainer.callbacks.append(stop)
     try:
         yield
     finally:
+        trainer.callbacks = [callback for callback in trainer.callbacks if callback is not stop]
         restore_signal_handlers(previous)
 
 
