@@ -123,6 +123,14 @@ CASES = [
     Case(["trainer.precision=8"], E, "trainer.precision=8", "bf16-mixed"),
     Case(["trainer.accelerator=tpuu"], E, "trainer.accelerator='tpuu'", "'cpu'"),
     Case(["trainer.gradient_clip_val=-1"], E, "trainer.gradient_clip_val=-1", ">= 0 (or null)"),
+    # (0 failed with a ZeroDivisionError after the first step, -1 and 1.5 when the Trainer was built)
+    Case(
+        ["trainer.val_check_interval=0"], E, "trainer.val_check_interval=0", "fraction of an epoch in (0, 1]"
+    ),
+    Case(["trainer.val_check_interval=-1"], E, "trainer.val_check_interval=-1", "training batches >= 1"),
+    Case(["trainer.val_check_interval=1.5"], E, "trainer.val_check_interval=1.5", "in (0, 1]"),
+    # (the linear schedule failed when the optimizer was built, once the run had started)
+    Case(["trainer.max_epochs=-1"], E, "trainer.max_epochs=-1", "set trainer.max_steps or optim.total_steps"),
     Case(["trainer=nope"], MissingConfigException, "trainer/nope", "Available options in 'trainer'"),
     # --- top level: unknown keys, seed, run control, monitor -------------------------------------------
     Case(["foo=1"], ConfigCompositionException, "'foo'", "+foo=1"),
@@ -130,6 +138,9 @@ CASES = [
     Case(["+sed=3"], E, "sed is not a key of the training config", "did you mean seed?"),
     Case(["seed=abc"], E, "seed='abc'", "must be an integer"),
     Case(["seed=1.5"], E, "seed=1.5", "must be an integer"),
+    # (out of NumPy's range: Lightning's seed_everything failed once the run had started)
+    Case(["seed=-1"], E, "seed=-1", "an integer from 0 to 4294967295"),
+    Case(["seed=4294967296"], E, "seed=4294967296", "an integer from 0 to 4294967295"),
     Case(["average_last=-1"], E, "average_last=-1", "integer >= 0"),
     Case(["average_every_n_steps=0"], E, "average_every_n_steps=0", "positive integer"),
     Case(["test=no"], E, "test='no'", "true or false"),

@@ -30,6 +30,7 @@ POSITIVE_TRAINER_COUNTS = {
     "check_val_every_n_epoch": True,
 }
 ACCELERATORS = {"auto", "cpu", "gpu", "cuda", "mps", "tpu"}
+MAX_SEED = 2**32 - 1  # Lightning's `seed_everything` (NumPy's seeds) takes 0 to this
 PRECISIONS = {
     "32",
     "32-true",
@@ -154,8 +155,8 @@ def _check_top_level(cfg: DictConfig) -> None:
             f"remove the +{key}=... override or fix its name; known keys: {', '.join(known)}"
         )
     seed = cfg.get("seed")
-    if seed is not None and not is_int(seed):
-        raise ConfigError(f"seed={seed!r} must be an integer (or null)")
+    if seed is not None and (not is_int(seed) or not 0 <= seed <= MAX_SEED):
+        raise ConfigError(f"seed={seed!r} must be an integer from 0 to {MAX_SEED} (or null)")
     average_last = cfg.get("average_last", 0)
     if not is_int(average_last) or average_last < 0:
         raise ConfigError(
@@ -283,6 +284,24 @@ def _check_trainer(trainer: DictConfig) -> None:
     devices = trainer.get("devices")
     if isinstance(devices, int) and (devices == 0 or devices < -1):
         raise ConfigError(f"trainer.devices={devices} must be a positive count, -1 (all) or 'auto'")
+    interval = trainer.get("val_check_interval")  # (0 failed with a ZeroDivisionError after the first step)
+    fraction = isinstance(interval, float) and 0 < interval <= 1
+    if interval is not None and not fraction and (not is_int(interval) or interval < 1):
+        raise ConfigError(
+            f"trainer.val_check_interval={interval!r} must be a number of training batches >= 1, a fraction "
+            "of an epoch in (0, 1], or null (at each epoch's end)"
+        )
+
+
+def _check_run_length(trainer: DictConfig, optim: OptimConfig) -> None:
+    """A linear schedule decays to 0 at the run's last step: it needs a run of known length (it failed
+    when the optimizer was built, once the run had started)."""
+    unbounded = trainer.get("max_epochs") == -1 and trainer.get("max_steps", -1) in (-1, None)
+    if optim.schedule == "linear" and optim.total_steps is None and unbounded:
+        raise ConfigError(
+            "trainer.max_epochs=-1 (no limit) with the linear schedule, which decays to 0 at the run's last "
+            "step: set trainer.max_steps or optim.total_steps, or use optim=inverse_sqrt or optim=noam"
+        )
 
 
 def _check_fit(model: TransformerConfig, data: Any) -> TransformerConfig:
@@ -346,6 +365,7 @@ def validate(cfg: DictConfig) -> Experiment:
     except ValueError as exc:
         raise ConfigError(f"metrics.{exc}") from None
     _check_trainer(cfg.trainer)
+    _check_run_length(cfg.trainer, optim)
     _check_progress(cfg.get("progress"))
     return Experiment(model=_check_fit(model, data), optim=optim, data=data, decode=decode, metrics=metrics)
 
