@@ -131,6 +131,25 @@ CASES = [
     Case(["trainer.val_check_interval=1.5"], E, "trainer.val_check_interval=1.5", "in (0, 1]"),
     # (the linear schedule failed when the optimizer was built, once the run had started)
     Case(["trainer.max_epochs=-1"], E, "trainer.max_epochs=-1", "set trainer.max_steps or optim.total_steps"),
+    # (refused when the callback was built, once the run had started, as a Hydra InstantiationException)
+    Case(
+        ["callbacks.last_checkpoint.every_n_minutes=-1"],
+        E,
+        "callbacks.last_checkpoint.every_n_minutes=-1",
+        "a number > 0",
+    ),
+    Case(
+        ["callbacks.last_checkpoint.every_n_train_steps=0"],
+        E,
+        "callbacks.last_checkpoint.every_n_train_steps=0",
+        "an integer >= 1",
+    ),
+    Case(
+        ["callbacks.last_checkpoint.every_n_train_steps=ten"],
+        E,
+        "callbacks.last_checkpoint.every_n_train_steps='ten'",
+        "an integer >= 1",
+    ),
     Case(["trainer=nope"], MissingConfigException, "trainer/nope", "Available options in 'trainer'"),
     # --- top level: unknown keys, seed, run control, monitor -------------------------------------------
     Case(["foo=1"], ConfigCompositionException, "'foo'", "+foo=1"),

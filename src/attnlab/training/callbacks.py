@@ -9,16 +9,20 @@ again and count it as an epoch without improvement. Checkpointing avoids the sam
 
 from __future__ import annotations
 
+import math
 import os
 import signal
 import threading
 import time
+from collections.abc import Mapping
 from typing import Any
 
 import lightning as L
 from lightning.pytorch.callbacks import EarlyStopping as _LightningEarlyStopping
 from lightning.pytorch.callbacks import ModelCheckpoint
 from lightning.pytorch.trainer.connectors.signal_connector import _SignalConnector
+
+from attnlab.typed import ConfigError, is_int
 
 
 class EarlyStopping(_LightningEarlyStopping):
@@ -126,16 +130,8 @@ class LastCheckpoint(_StepEnds, ModelCheckpoint):
         every_n_train_steps: int | None = None,
         every_n_minutes: float | None = None,
     ) -> None:
-        if every_n_train_steps is not None and every_n_train_steps < 1:
-            raise ValueError(
-                f"callbacks.last_checkpoint.every_n_train_steps={every_n_train_steps} must be >= 1 "
-                "(or null: at the end of every epoch)"
-            )
-        if every_n_minutes is not None and not every_n_minutes > 0:
-            raise ValueError(
-                f"callbacks.last_checkpoint.every_n_minutes={every_n_minutes} must be > 0 "
-                "(or null: no time-based saves)"
-            )
+        settings = {"every_n_train_steps": every_n_train_steps, "every_n_minutes": every_n_minutes}
+        self.check_config("callbacks.last_checkpoint", settings)
         super().__init__(
             dirpath=dirpath,
             filename=filename,
@@ -147,6 +143,26 @@ class LastCheckpoint(_StepEnds, ModelCheckpoint):
         self._since: float | None = None  # when training (re)started or last.ckpt was last written
         self._stepped = True  # whether the last training batch ended with an optimizer step
         self._after_validation = False  # a save due at the last batch, delayed to the validation's end
+
+    @classmethod
+    def check_config(cls, key: str, node: Mapping[str, Any]) -> None:
+        """Refuse, when the config is checked (`attnlab.training.experiment.check_constructor_keys`), the
+        periods the callback cannot save by (they failed when it was built, once the run had started).
+
+        Raises:
+            ConfigError: Naming the key and the values it takes.
+        """
+        steps, minutes = node.get("every_n_train_steps"), node.get("every_n_minutes")
+        if steps is not None and (not is_int(steps) or steps < 1):
+            raise ConfigError(
+                f"{key}.every_n_train_steps={steps!r} must be an integer >= 1 (or null: at the end of every "
+                "epoch)"
+            )
+        number = isinstance(minutes, (int, float)) and not isinstance(minutes, bool)
+        if minutes is not None and not (number and 0 < minutes < math.inf):
+            raise ConfigError(
+                f"{key}.every_n_minutes={minutes!r} must be a number > 0 (or null: no time-based saves)"
+            )
 
     def on_train_start(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
         super().on_train_start(trainer, pl_module)
