@@ -385,9 +385,9 @@ def test_bleu_by_length_refuses_runs_of_other_sentences(sweep: Path) -> None:
     with pytest.raises(SystemExit, match="attnlab-compare: the runs scored different"):
         compare_main([str(sweep), "--by-length"])
     other.unlink()  # a run whose references are gone: named, not taken for other sentences
-    for by_length_too in (["--by-length"], []):  # (the paired test left its seed out without a word)
-        with pytest.raises(SystemExit, match=rf"{re.escape(str(other))} is missing \(the run has hypotheses"):
-            compare_main([str(sweep), *by_length_too])
+    for by_length_too in (True, False):  # (the paired test left its seed out without a word)
+        listed = report([sweep], lengths=by_length_too).split("Unreadable, not compared:\n")[1]
+        assert re.search(rf"{re.escape(str(other))} is missing \(the run has hypotheses", listed), listed
 
 
 @pytest.mark.parametrize("scoring", [{"bleu_tokenize": "flores101"}, {"bleu_tokenize": "13a", "x": 1}, "13a"])
@@ -569,10 +569,12 @@ def test_latex_escapes_every_special_character_and_csv_length_tables_have_titles
     )
 
 
-def test_damaged_saved_lines_are_refused_naming_the_file(sweep: Path) -> None:
-    """A hypotheses or sources file whose line count is not the references', or that is not UTF-8, is
-    refused naming it (the by-length table scored half the set with half the sources; the paired test
-    failed without naming a file); a last line without its newline is a line (it was dropped)."""
+def test_damaged_saved_lines_leave_their_run_out_naming_the_file(sweep: Path) -> None:
+    """A hypotheses or sources file whose line count is not the references', that is not UTF-8, or
+    hypotheses without their references, make that run unreadable, naming the file, and the others are
+    compared (one damaged run stopped the whole comparison; before that, the by-length table scored half the
+    set with half the sources and the paired test failed without naming a file); a last line without its
+    newline is a line (it was dropped)."""
     from attnlab.reports.compare import by_length
 
     run = sweep / "pe=none,seed=2"
@@ -581,19 +583,27 @@ def test_damaged_saved_lines_are_refused_naming_the_file(sweep: Path) -> None:
     groups, _ = summarize(load_runs([sweep]), baseline="model.pe=sinusoidal")
     assert len({g.name: g for g in groups}["model.pe=none"].p_values["test2016"]) == 3
     assert sum(by_length(groups)[0].sentences) == 60
-    hyps.write_text("".join(f"{line}\n" for line in hypotheses("none", 2)[:-1]))
-    damaged = rf"do not match: .* has 60 lines, .*{re.escape(str(hyps))} has 59 lines"
-    with pytest.raises(SystemExit, match=damaged):
-        compare_main([str(sweep)])
-    hyps.write_bytes(b"\xff\n" * 60)
-    with pytest.raises(SystemExit, match=rf"cannot read {re.escape(str(hyps))}: not UTF-8 text"):
-        compare_main([str(sweep)])
-    hyps.write_text("".join(f"{line}\n" for line in hypotheses("none", 2)))
     sources = sweep / "pe=sinusoidal,seed=1" / "sources" / "test2016.txt"  # the first run's, bucketed by
     sources.parent.mkdir()
-    sources.write_text("".join(f"{line}\n" for line in source_lines()[:30]))
-    with pytest.raises(SystemExit, match=rf"{re.escape(str(sources))} has 30 lines"):
-        compare_main([str(sweep), "--by-length", "--baseline", "model.pe=sinusoidal"])
+    sources.write_text("".join(f"{line}\n" for line in source_lines()))
+    assert "Unreadable" not in report([sweep], lengths=True)
+    damaged = [
+        (hyps, "".join(f"{line}\n" for line in hypotheses("none", 2)[:-1]).encode(),
+         rf"do not match: {re.escape(str(hyps))} has 59 lines, .* has 60 lines"),
+        (hyps, b"\xff\n" * 60, rf"cannot read {re.escape(str(hyps))}: not UTF-8"),
+        (run / "references" / "test2016.txt", None, r"test2016\.txt is missing \(the run has hypotheses"),
+        (sources, "".join(f"{line}\n" for line in source_lines()[:30]).encode(),
+         rf"{re.escape(str(sources))} has 30 lines"),
+    ]  # fmt: skip
+    for path, content, message in damaged:
+        kept = path.read_bytes()
+        path.unlink() if content is None else path.write_bytes(content)
+        table = report([sweep], baseline="model.pe=none", lengths=True)
+        listed = table.split("Unreadable, not compared:\n")[1]
+        assert re.search(message, listed) and listed.count("\n- ") == 0, listed
+        assert path.parent.parent.name in listed and "BLEU on test2016 by" in table
+        path.write_bytes(kept)
+    assert "Unreadable" not in report([sweep], lengths=True)
 
 
 def test_an_epoch_that_is_no_epoch_number_is_refused_naming_the_file(sweep: Path, tmp_path: Path) -> None:

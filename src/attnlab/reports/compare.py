@@ -10,9 +10,8 @@ seed the p-value of sacreBLEU's paired bootstrap test against the baseline run o
 Runs that failed or never finished are listed, not dropped (a `running` run whose process is gone from
 this host as `stopped`: `attnlab.io.FileLock.holder_died`); so is a run whose `config.yaml`,
 `manifest.json`, `results.json` or `csv/metrics.csv` cannot be read (status `unreadable`, with the file
-and why), and the others are compared without it. Saved hypotheses, sources or references that are
-damaged (not UTF-8, or line counts that differ) stop the comparison, naming the file: they are read only
-where a paired test or a length table needs them.
+and why), and the others are compared without it; so is a finished run whose saved hypotheses, sources or
+references of a test set are damaged (not UTF-8, line counts that differ, references missing).
 
 `by_length` breaks each group's test BLEU down by sentence length (compare-mt's length buckets): the
 sentences of a test set are bucketed by the number of words of their source (`sources/<set>.txt`; by
@@ -193,6 +192,7 @@ def _read_run(run_dir: Path) -> Run:
         status = status if status != "finished" else "unfinished"
         return Run(run_dir, config, status, error=manifest.get("error"))
     metrics = _result_metrics(run)
+    _check_saved_lines(run)  # (a paired test or a length table reads them; one damaged run stopped them all)
     params = _params(run)
     if params is not None:
         metrics["params"] = params
@@ -437,14 +437,27 @@ def _same_count(files: Sequence[tuple[Path, list[str]]]) -> None:
         )
 
 
-def _saved_references(run: Run, name: str) -> list[str]:
+def _check_saved_lines(run: RunDir) -> None:
+    """Raise `UnreadableRunFile` naming the file when the lines `run` saved of a test set it decoded are
+    damaged: its references missing, a file not UTF-8, or hypotheses, references and sources of other
+    line counts."""
+    for hyp_file in sorted(run.hypotheses_dir.glob("*.txt")):
+        files = [(hyp_file, _lines(hyp_file) or []),
+                 (run.references_dir / hyp_file.name, _saved_references(run, hyp_file.name))]  # fmt: skip
+        sources = _lines(run.sources_dir / hyp_file.name)
+        if sources is not None:
+            files.append((run.sources_dir / hyp_file.name, sources))
+        _same_count(files)
+
+
+def _saved_references(run: RunDir, name: str) -> list[str]:
     """The references of test set `name` (a file name, `test2016.txt`) that `run` saved beside its
     hypotheses of it.
 
     Raises:
         UnreadableRunFile: They are missing (or not UTF-8), naming the file and the fix.
     """
-    path = run.files.references_dir / name
+    path = run.references_dir / name
     saved = _lines(path)
     if saved is None:
         raise UnreadableRunFile(
@@ -476,11 +489,11 @@ def paired_tests(baseline: Sequence[Run], runs: Sequence[Run], n_samples: int = 
             continue
         for hyp_file in sorted(run.files.hypotheses_dir.glob("*.txt")):
             name = hyp_file.name
-            refs = _saved_references(run, name)
+            refs = _saved_references(run.files, name)
             base_hyps = _lines(base.files.hypotheses_dir / name)
             if base_hyps is None:  # the baseline did not decode the set: no paired test
                 continue
-            if refs != _saved_references(base, name):  # other sentences: no paired test, said
+            if refs != _saved_references(base.files, name):  # other sentences: no paired test, said
                 log.warning("no paired test of %s against %s on %s: they saved different references (other "
                             "sentences)", run.path, base.path, hyp_file.stem)  # fmt: skip
                 continue
@@ -564,8 +577,8 @@ def by_length(groups: Sequence[GroupSummary], edges: Sequence[int] = LENGTH_EDGE
     tokenizers = {r.path: _bleu_tokenizer(r) for r in runs}  # as each run scored its BLEU
     tables = []
     for name in sorted(names):
-        references = _saved_references(runs[0], f"{name}.txt")
-        if any(_saved_references(r, f"{name}.txt") != references for r in runs[1:]):
+        references = _saved_references(runs[0].files, f"{name}.txt")
+        if any(_saved_references(r.files, f"{name}.txt") != references for r in runs[1:]):
             raise ValueError(f"the runs scored different {name!r} sentences: compare runs of one test set")
         sources_file = runs[0].files.sources_dir / f"{name}.txt"
         sources = _lines(sources_file)
