@@ -105,7 +105,8 @@ class TranslationModule(L.LightningModule):
 
     @property
     def tokens_seen(self) -> int:
-        """Non-padding target tokens trained on so far (summed over ranks; kept across a resumption)."""
+        """Non-padding target tokens trained on so far in this run (summed over ranks; kept across a
+        resumption; 0 in a module from `load_from_checkpoint`, whose fit is a new run)."""
         return self._tokens_seen
 
     def forward(self, src: Tensor, tgt_in: Tensor) -> Tensor:
@@ -497,10 +498,9 @@ class TranslationModule(L.LightningModule):
         # Before anything is allocated: settings that do not fit the weights could ask for any amount.
         check_weights_fit(model, checkpoint["state_dict"], checkpoint_path, strict=strict is not False)
         module = cls(**{**settings, "model": model})
-        module.on_load_checkpoint(checkpoint)
-        # A loaded module's fit is a new run: the saved run's random streams and epoch sums are put back only
-        # by `trainer.fit(ckpt_path=...)`, which continues that run (and calls `on_load_checkpoint` itself).
-        module._rng_to_restore = module._epoch_to_restore = None
+        # A loaded module's fit is a new run, as `init_from=`'s: its counts (`tokens_seen`, skipped batches),
+        # random streams and epoch sums start afresh. The saved run's are put back only by
+        # `trainer.fit(ckpt_path=...)`, which continues that run (and calls `on_load_checkpoint` itself).
         strict = module.strict_loading if strict is None else strict
         module.load_state_dict(checkpoint["state_dict"], strict=strict)
         return module.to(map_location) if map_location is not None else module
@@ -510,7 +510,7 @@ class TranslationModule(L.LightningModule):
         if state is None:  # a checkpoint from before exact resumption: weights and optimizer only
             return
         # A resumption's state is checked before training (`attnlab.training.resume.check_training_state`);
-        # what else loads a checkpoint (`load_from_checkpoint`: inference) takes its counts leniently.
+        # a `trainer.fit(ckpt_path=...)` of your own takes its counts leniently.
         tokens, skipped = state.get("tokens_seen", 0), state.get("skipped", 0)
         self._tokens_seen = tokens if type(tokens) is int else 0
         self._skipped = skipped if type(skipped) is int else 0  # (the count log messages report)
