@@ -1542,6 +1542,33 @@ def test_hf_evaluation_text_with_a_line_break_is_named(tmp_path: Path, hf_datase
     assert len(prepare(hf_spec(saved("fixed", ("train",)), tmp_path)).splits["train"]) == HF_SIZES["train"]
 
 
+def test_hf_evaluation_text_with_a_line_break_prepared_before_it_was_refused_is_named(
+    tmp_path: Path, hf_datasets: Any, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
+) -> None:
+    """Data prepared before a line break inside an evaluation sentence was refused (its checksums all
+    right) was loaded as it was, and the run's saved references came out longer than its hypotheses; now it
+    is rebuilt, which refuses the text naming the row. Prepared by the checks of then: without the line
+    break check (`HFData._check_texts` with `one_line` ignored)."""
+    splits = {}
+    for part, n in HF_SIZES.items():
+        de, en = hf_rows(part, n)
+        en[2] = "two\nlines" if part == "validation" else en[2]
+        splits[part] = hf_datasets.Dataset.from_dict({"de": de, "en": en})
+    hf_datasets.DatasetDict(splits).save_to_disk(str(tmp_path / "hfds"))
+    spec = hf_spec(str(tmp_path / "hfds"), tmp_path)
+    checks = HFData._check_texts
+    with monkeypatch.context() as old, prepare_module.building(prepared_dir(spec)) as tmp:
+        lenient = staticmethod(lambda side, where, start, _: checks(side, where, start, False))
+        old.setattr(HFData, "_check_texts", lenient)
+        prepare_module._build(spec, spec.readers(), tmp)  # as `prepare` builds, without loading it
+    assert "two\\nlines" in (prepared_dir(spec) / "val.raw.json").read_text()
+    message = f"row 2 of split 'validation' of {spec.name} has en='two\\nlines', a line break inside one "
+    with caplog.at_level("WARNING"), pytest.raises(DataError, match=re.escape(message)):
+        prepare(spec)
+    assert "val.raw.json holds a line break inside sentence 2" in caplog.text
+    assert not prepared_dir(spec).exists()
+
+
 def test_a_cache_dir_that_is_a_file_is_a_data_error_naming_it(corpus: Path, tmp_path: Path) -> None:
     """A NotADirectoryError's traceback before."""
     (tmp_path / "a-file").write_text("not a directory")

@@ -36,7 +36,9 @@ extended or overwritten at either end and a broken header; a flipped bit deep in
 not caught. Opening a 1.2 GB prepared corpus (uint32 ids, 140M a side, 4.5M examples, so its 36 MB
 offsets arrays are hashed whole) took 0.09 s. A directory with a file missing, cut short or changed,
 or without a readable `checksums.json` (one built before checksums were recorded included), is rebuilt,
-with a warning naming it; so is one whose arrays disagree.
+with a warning naming it; so is one whose arrays disagree, and one whose raw validation or test text holds
+a line break inside a sentence (`data=hf` data prepared before such text was refused: its rebuild refuses
+it, naming the row).
 """
 
 from __future__ import annotations
@@ -648,6 +650,13 @@ class _Checked:
         if name != "train":
             raw = json.loads(self.read(f"{name}.raw.json"))
             arrays["raw_src"], arrays["raw_tgt"] = raw["src"], raw["tgt"]
+            lines = (enumerate(raw["src"]), enumerate(raw["tgt"]))
+            broken = next((i for side in lines for i, line in side if "\n" in line), None)
+            if broken is not None:  # (built before data=hf refused them: rebuilt, that refusal names the row)
+                raise self.damaged(
+                    f"{name}.raw.json holds a line break inside sentence {broken}, which a run saving the "
+                    "set one sentence per line cannot keep aligned"
+                )
         return EncodedSplit(**arrays)
 
 
