@@ -210,3 +210,24 @@ def test_an_epoch_checkpoint_that_is_a_directory_is_named_as_one(good: Path, tmp
         CheckpointError, match=rf"^{re.escape(str(epochs / 'epoch001.ckpt'))} is a directory, not a"
     ):
         read_averaged(paths)
+
+
+@pytest.mark.skipif(not Path("/dev/zero").exists(), reason="needs /dev/zero")
+def test_a_checkpoint_that_is_a_device_is_named_as_one(tmp_path: Path) -> None:
+    """A link to /dev/zero given as a checkpoint was reported as "checkpoint not found", by the commands as
+    a run directory without a best checkpoint, and by training as no such file; it is named as a device
+    (never read: it would not end)."""
+    from attnlab.training.resume import resume_path
+
+    path = tmp_path / "zero.ckpt"
+    path.symlink_to("/dev/zero")
+    named = rf"^{re.escape(str(path))} is a device, a pipe or a socket, not a checkpoint file: give a \.ckpt"
+    with pytest.raises(CheckpointError, match=named):
+        read_checkpoint(path)
+    with pytest.raises(CheckpointError, match=named):  # attnlab-eval, -translate, -export's ckpt_path=
+        Translator.from_checkpoints(resolve_checkpoints(str(path)))
+    cfg = compose_train([*RUN, f"ckpt_path={path}"], tmp_path / "run")
+    with pytest.raises(
+        ConfigError, match=r"it is a directory or a device, not a checkpoint file; give a \.ckpt"
+    ):
+        resume_path(cfg, tmp_path / "run")

@@ -624,7 +624,7 @@ def _one_checkpoint(ckpt_path: str | Path, average_last: int) -> list[Path]:
         raise CheckpointError(f"ckpt_path={ckpt_path} does not exist")
     if average_last > 0:
         return last_kept_checkpoints(path.parent if path.is_file() else path, average_last)
-    if path.is_file():
+    if not path.is_dir():  # a file (or a device, which `read_checkpoint` names: no run directory)
         return [path]
     for directory in (path / CHECKPOINTS_DIR, path):
         best = sorted(directory.glob("best-*.ckpt"))

@@ -117,7 +117,11 @@ def read_checkpoint(path: str | Path, map_location: Any = "cpu", *, mmap: bool =
     path = Path(path)
     if path.is_dir():  # (a run directory stands for its best checkpoint only in the commands' ckpt_path=)
         raise CheckpointError(f"{path} is a directory, not a checkpoint file: give a .ckpt file")
-    if not path.is_file():
+    if not path.is_file():  # (a device such as /dev/zero would be read without end)
+        if path.exists():
+            raise CheckpointError(
+                f"{path} is a device, a pipe or a socket, not a checkpoint file: give a .ckpt file"
+            )
         raise CheckpointError(f"checkpoint not found: {path}")
     try:
         mapped = mmap and zipfile.is_zipfile(path)

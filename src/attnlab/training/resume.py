@@ -71,8 +71,10 @@ def resume_path(cfg: DictConfig, output_dir: Path) -> str | None:
     if ckpt_path is not None:
         if mode not in (False, None):
             raise ConfigError(f"resume={mode} and ckpt_path={ckpt_path}: give one of them")
-        if not Path(ckpt_path).is_file():
-            raise ConfigError(f"ckpt_path={ckpt_path}: no such checkpoint file")
+        if not Path(ckpt_path).is_file():  # (a device such as /dev/zero would be read without end)
+            what = "it is a directory or a device, not a checkpoint file" if Path(ckpt_path).exists() else (
+                "no such checkpoint file")  # fmt: skip
+            raise ConfigError(f"ckpt_path={ckpt_path}: {what}; give a .ckpt file written by attnlab-train")
         return str(ckpt_path)
     if not continues_own_run(mode, ckpt_path):
         return None
