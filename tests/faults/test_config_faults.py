@@ -214,3 +214,18 @@ def test_a_top_level_key_a_config_file_defines_is_not_mistaken_for_a_typo(tmp_pa
     with open_dict(cfg):
         cfg.hydra.overrides.task = [o for o in cfg.hydra.overrides.task if not o.startswith("+tags")]
     assert validate(cfg).model.d_model == 256
+
+
+@pytest.mark.parametrize("value", ['"00:00:30:00"', "{minutes:30}"])
+def test_a_time_between_validations_is_left_to_lightning(value: str, tmp_path: Path) -> None:
+    """`trainer.val_check_interval` as a time (Lightning's `"DD:HH:MM:SS"` or timedelta arguments) is not a
+    number of batches: the check of numbers lets it through, and Lightning's trainer takes it."""
+    import lightning as L
+
+    from attnlab.training.experiment import validate
+
+    cfg = compose_train([f"trainer.val_check_interval={value}"], tmp_path, hydra_node=True)
+    validate(cfg)
+    interval = cfg.trainer.val_check_interval
+    plain = interval if isinstance(interval, str) else dict(interval)
+    L.Trainer(val_check_interval=plain, logger=False, enable_checkpointing=False, enable_progress_bar=False)

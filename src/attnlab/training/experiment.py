@@ -284,12 +284,15 @@ def _check_trainer(trainer: DictConfig) -> None:
     devices = trainer.get("devices")
     if isinstance(devices, int) and (devices == 0 or devices < -1):
         raise ConfigError(f"trainer.devices={devices} must be a positive count, -1 (all) or 'auto'")
-    interval = trainer.get("val_check_interval")  # (0 failed with a ZeroDivisionError after the first step)
+    # A number: 0 failed with a ZeroDivisionError after the first step. (A text or a mapping is a time,
+    # `"00:00:30:00"` or `{minutes: 30}`, which Lightning checks when it builds the trainer.)
+    interval = trainer.get("val_check_interval")
+    number = isinstance(interval, (int, float)) and not isinstance(interval, bool)
     fraction = isinstance(interval, float) and 0 < interval <= 1
-    if interval is not None and not fraction and (not is_int(interval) or interval < 1):
+    if number and not fraction and (not is_int(interval) or interval < 1):
         raise ConfigError(
             f"trainer.val_check_interval={interval!r} must be a number of training batches >= 1, a fraction "
-            "of an epoch in (0, 1], or null (at each epoch's end)"
+            'of an epoch in (0, 1], a time ("DD:HH:MM:SS"), or null (at each epoch\'s end)'
         )
 
 
