@@ -243,6 +243,33 @@ def test_a_run_gives_back_the_signal_handlers_it_found(tmp_path: Path) -> None:
     assert {signum: signal.getsignal(signum) for signum in signals} == before
 
 
+def test_without_preemption_a_sigterm_stops_training_at_the_step_end_and_the_manifest_says_so(
+    tmp_path: Path,
+) -> None:
+    """`callbacks.preemption=null`: Lightning's own SIGTERM handler stays in the trainer (attnlab's trainers
+    leave it out only where attnlab's handlers hold SIGTERM) and stops training at the end of the step,
+    without a save; the run ends interrupted, naming the last.ckpt saved before, with status 128 + SIGTERM
+    (Lightning's `SIGTERMException` exits with 0). A handler of the caller's stands in for SIGTERM's
+    default, which would end this test's process: without Lightning's it would be all that ran."""
+    kill = ["+callbacks.kill._target_=probes.SignalAt", "+callbacks.kill.step=3",
+            f"+callbacks.kill.signum={int(signal.SIGTERM)}", "callbacks.preemption=null"]  # fmt: skip
+    seen: list[int] = []
+    before = signal.signal(signal.SIGTERM, lambda signum, frame: seen.append(signum))
+    try:
+        with pytest.raises(SystemExit) as stopped:
+            train(compose_train([*RUN, *kill], tmp_path))
+    finally:
+        signal.signal(signal.SIGTERM, before)
+    assert stopped.value.code == 128 + signal.SIGTERM and seen == [signal.SIGTERM]
+    manifest = json.loads((tmp_path / "manifest.json").read_text())
+    assert manifest["status"] == "interrupted", manifest
+    assert manifest["error"] == (
+        "SIGTERMException: stopped by SIGTERM without saving (callbacks.preemption=null); resume=true "
+        "continues from the last.ckpt saved before"
+    )
+    assert read_checkpoint(tmp_path / "checkpoints" / "last.ckpt")["global_step"] == 2  # none at step 3
+
+
 def test_a_sigterm_in_the_final_evaluation_stops_it_and_names_the_command_that_redoes_it(
     tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:

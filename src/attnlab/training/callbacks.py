@@ -324,18 +324,20 @@ def restore_signal_handlers(previous: dict[int, Any]) -> None:
 
 class SignalConnector(_SignalConnector):
     """Lightning's signal connector (`trainer._signal_connector`, set in every trainer attnlab builds) less
-    its SIGTERM handler: attnlab's own handlers own SIGTERM and SIGINT, `Preemption` from the setup of
-    training on and `attnlab.training.pipeline.stopping_evaluation` in the final evaluation. Lightning's
-    handler, installed for every `fit` and `test` before it runs the loops, forwards the signal to the other
-    local ranks and starts a collective inside the handler (a broadcast from rank 0): a DDP run where one
-    rank alone got SIGTERM before training (in the sanity validation) or while testing hung there until
-    the process group's timeout (30 minutes). Its SIGUSR1 handler (SLURM's auto-requeue) stays. Relies on
-    Lightning 2.6's `_SignalConnector`, which registers and gives back every handler with `_register_signal`
-    (compare with Lightning's when upgrading it)."""
+    its SIGTERM handler where attnlab's own handlers own SIGTERM and SIGINT: `Preemption` from the setup of
+    training on and `attnlab.training.pipeline.stopping_evaluation` (`EvaluationStop`) in the final
+    evaluation, each while it is in the trainer. Lightning's handler, installed for every `fit` and `test`
+    before it runs the loops, forwards the signal to the other local ranks and starts a collective inside
+    the handler (a broadcast from rank 0): a DDP run where one rank alone got SIGTERM before training (in
+    the sanity validation) or while testing hung there until the process group's timeout (30 minutes).
+    Without those callbacks (`callbacks.preemption=null`, training) Lightning's handler stays: SIGTERM
+    stops training at the end of the step, without a save. Its SIGUSR1 handler (SLURM's auto-requeue)
+    stays. Relies on Lightning 2.6's `_SignalConnector`, which registers and gives back every handler with
+    `_register_signal` (compare with Lightning's when upgrading it)."""
 
-    @staticmethod
-    def _register_signal(signum: Any, handlers: Any) -> None:
-        if signum not in (signal.SIGTERM, signal.SIGINT):  # (theirs to give back, not Lightning's)
+    def _register_signal(self, signum: Any, handlers: Any) -> None:  # (a static method in Lightning's)
+        owned = any(isinstance(callback, (Preemption, EvaluationStop)) for callback in self.trainer.callbacks)
+        if not owned or signum not in (signal.SIGTERM, signal.SIGINT):  # (theirs to give back)
             _SignalConnector._register_signal(signum, handlers)
 
 

@@ -180,20 +180,21 @@ def _run(plan: RunPlan) -> dict[str, float]:
     try:
         metrics = _train_and_evaluate(plan, manifest)
     except BaseException as exc:
-        ctrl_c = _ctrl_c(exc, run)
+        unsaved = _ctrl_c(exc, run) or _unsaved_sigterm(exc, run)
         if manifest is not None and previous is not None and isinstance(exc, (ConfigError, DataError)):
             # A refused continuation (other training data, a split too small) trained nothing: the run
             # stays as it was.
             _restore_run_records(previous)
         elif manifest is not None:
             stopped = isinstance(exc, (Preempted, EvaluationStopped))
-            status = "interrupted" if stopped or ctrl_c else "failed"
-            manifest.finish(status, error=ctrl_c or f"{type(exc).__name__}: {exc}".splitlines()[0])
+            status = "interrupted" if stopped or unsaved else "failed"
+            manifest.finish(status, error=unsaved or f"{type(exc).__name__}: {exc}".splitlines()[0])
             if stopped:  # where it saved and how to go on: a batch job's log shows it, not only the manifest
                 print(f"attnlab-train: {exc}", file=sys.stderr, flush=True)
         _finish_tracking(exit_code=1)
-        if ctrl_c:  # Lightning exits with 1 after a KeyboardInterrupt; a shell expects 128 + SIGINT
-            raise SystemExit(130) from None
+        if unsaved:  # Lightning exits with 1 after Ctrl-C, 0 after SIGTERM: a shell expects 128 + N
+            code = signal.SIGINT if unsaved.startswith("KeyboardInterrupt") else signal.SIGTERM
+            raise SystemExit(128 + code) from None
         raise
     if manifest is not None:
         manifest.finish("finished")
@@ -216,6 +217,19 @@ def _ctrl_c(exc: BaseException, run: RunDir) -> str:
         "KeyboardInterrupt: stopped by Ctrl-C without saving; resume=true continues from the last.ckpt "
         "saved before"
     )
+
+
+def _unsaved_sigterm(exc: BaseException, run: RunDir) -> str:
+    """What the manifest says of a run in `run` that Lightning's own SIGTERM handler stopped at the end of a
+    training step, without a save (`callbacks.preemption=null`: Lightning raises its `SIGTERMException`, a
+    `SystemExit` of status 0), or "" for any other end."""
+    from lightning.pytorch.utilities.exceptions import SIGTERMException
+
+    if not isinstance(exc, SIGTERMException):
+        return ""
+    saved = "resume=true continues from the last.ckpt saved before" if run.last_checkpoint.is_file() else (
+        "no checkpoint was saved: run the command again")  # fmt: skip
+    return f"SIGTERMException: stopped by SIGTERM without saving (callbacks.preemption=null); {saved}"
 
 
 def _train_and_evaluate(plan: RunPlan, manifest: Manifest | None) -> dict[str, float]:
