@@ -166,13 +166,15 @@ def test_a_job_listed_twice_runs_once_and_the_repeat_is_named(
 ) -> None:
     """Hydra's basic sweeper launches a value listed twice (`seed=1,1`) as two jobs of one job directory:
     the second was refused there as holding the first one's finished run, failing the sweep (or, under
-    hydra/launcher=local, raced it). It is not launched, a log line naming it, and gets the first's result."""
+    hydra/launcher=local, raced it). It is not launched, a log line naming it, and gets the first's result.
+    The summary counts this multirun's jobs alone."""
     from hydra.core.global_hydra import GlobalHydra
 
     from attnlab.cli.train import main
     from attnlab.training import launchers
 
-    monkeypatch.setattr(launchers, "JOBS", [])  # (this process's earlier multiruns)
+    # An earlier multirun of this process (a notebook's): its jobs are not this one's to count.
+    monkeypatch.setattr(launchers, "JOBS", [("failed", tmp_path / "earlier")])
     monkeypatch.setattr(sys, "argv", [
         "attnlab-train", "-m", "data=synthetic", "model=tiny", "data.n_train=32", "data.n_val=8",
         "data.n_test=8", "trainer.max_epochs=1", "logger=csv", "trainer.enable_progress_bar=false",

@@ -36,7 +36,7 @@ from attnlab.runs.layout import (
     json_type,
 )
 from attnlab.runs.manifest import Manifest
-from attnlab.training.launchers import multirun_summary, record_job
+from attnlab.training.launchers import forget_jobs, multirun_summary, record_job
 from attnlab.typed import ConfigError
 
 log = logging.getLogger(__name__)
@@ -284,6 +284,7 @@ def main() -> None:
     if any(arg in ("--help", "-h") for arg in sys.argv[1:]):
         sys.stdout.write(help_text())
         return
+    forget_jobs()  # (an earlier multirun's in this process: a notebook's)
     with refusal_leaves_no_run_directory():
         _main()
     summary = multirun_summary()  # None unless this was a multirun

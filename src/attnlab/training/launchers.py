@@ -47,6 +47,12 @@ def record_job(status: str, where: Path) -> None:
     JOBS.append((status, Path(where)))
 
 
+def forget_jobs() -> None:
+    """Forget the jobs recorded so far: those of an earlier multirun in this process (a notebook's, run
+    through `attnlab.cli.train.main` again), which its summary would count."""
+    JOBS.clear()
+
+
 def multirun_summary() -> tuple[str, bool] | None:
     """The summary line of this process's multirun and whether any job failed; None when no job ran."""
     if not JOBS:
