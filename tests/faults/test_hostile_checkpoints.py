@@ -294,6 +294,20 @@ UNUSABLE_WEIGHTS: dict[str, tuple[Callable[[torch.Tensor], torch.Tensor], str]] 
 }  # fmt: skip
 
 
+def test_an_entry_outside_the_model_is_named_by_load_from_checkpoint(
+    trained: dict[str, Any], tmp_path: Path
+) -> None:
+    """An entry of the state_dict outside `model.` failed `load_from_checkpoint` with torch's raw
+    "Unexpected key(s)": named as resuming names it; `strict=False` loads the weights without it."""
+    _, last = run_with_edited_last(trained, tmp_path, lambda c: c["state_dict"].update(extra=torch.zeros(3)))
+    message = rf"{re.escape(str(last))}: its state_dict holds 'extra', no entry of a module.*use another"
+    with pytest.raises(CheckpointError, match=message):
+        TranslationModule.load_from_checkpoint(last)
+    loaded = TranslationModule.load_from_checkpoint(last, strict=False)
+    saved = torch.load(trained["last"], weights_only=True)["state_dict"][WEIGHT]
+    assert torch.equal(loaded.state_dict()[WEIGHT], saved)
+
+
 @pytest.mark.parametrize("kind", UNUSABLE_WEIGHTS)
 def test_a_weight_that_is_no_dense_tensor_of_floats_is_refused_by_every_reader(
     kind: str, trained: dict[str, Any], tmp_path: Path

@@ -22,7 +22,7 @@ import random
 import re
 import reprlib
 import zipfile
-from collections.abc import Sequence
+from collections.abc import Iterable, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -379,6 +379,25 @@ def check_weights_fit(
         problem = _value_problem(weights[key], tensor) if key in weights else None
         if problem:
             raise CheckpointError(f"{path}: its weight {prefix}{key} {problem}{advice}")
+
+
+def check_no_foreign_entries(
+    state_dict: dict[str, Any], ours: Iterable[str], path: str | Path, whose: str
+) -> None:
+    """Refuse a checkpoint whose `state_dict` holds an entry outside the module that loads it (`ours`, its
+    keys; `check_weights_fit` checks those under `model.`): `load_state_dict` would fail with torch's
+    "Unexpected key(s)".
+
+    Raises:
+        CheckpointError: Naming the file and the first such entry.
+    """
+    keys = set(ours)
+    foreign = [key for key in state_dict if key not in keys]
+    if foreign:
+        raise CheckpointError(
+            f"{path}: its state_dict holds {foreign[0]!r}, no entry of {whose}: the file is damaged or not "
+            "written by attnlab-train; use another checkpoint"
+        )
 
 
 def _value_problem(saved: Tensor, expected: Tensor) -> str | None:

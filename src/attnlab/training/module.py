@@ -468,6 +468,7 @@ class TranslationModule(L.LightningModule):
         """
         from attnlab.runs.checkpoint import (
             CheckpointError,
+            check_no_foreign_entries,
             check_weights_fit,
             read_checkpoint,
             saved_settings,
@@ -502,6 +503,10 @@ class TranslationModule(L.LightningModule):
         # random streams and epoch sums start afresh. The saved run's are put back only by
         # `trainer.fit(ckpt_path=...)`, which continues that run (and calls `on_load_checkpoint` itself).
         strict = module.strict_loading if strict is None else strict
+        if strict:
+            check_no_foreign_entries(
+                checkpoint["state_dict"], module.state_dict(), checkpoint_path, "a module"
+            )
         module.load_state_dict(checkpoint["state_dict"], strict=strict)
         return module.to(map_location) if map_location is not None else module
 

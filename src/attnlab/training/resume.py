@@ -153,20 +153,21 @@ def check_training_state(path: str | Path, module: Any, precision: Any = "32-tru
             trained with, another checkpoint, or `init_from=` (its weights, a fresh optimizer); or weights
             that do not fit the run's model settings (`attnlab.runs.checkpoint.check_weights_fit`).
     """
-    from attnlab.runs.checkpoint import RESUME_KEY, CheckpointError, check_weights_fit, read_checkpoint
+    from attnlab.runs.checkpoint import (
+        RESUME_KEY,
+        CheckpointError,
+        check_no_foreign_entries,
+        check_weights_fit,
+        read_checkpoint,
+    )
 
     try:
         checkpoint = read_checkpoint(path, mmap=True)
         # Lightning would fail loading them after the run started (its run directory changed)
         check_weights_fit(module.model_config, checkpoint["state_dict"], path)
+        check_no_foreign_entries(checkpoint["state_dict"], module.state_dict(), path, "this run's module")
     except CheckpointError as exc:
         raise ConfigError(f"ckpt_path: {exc}") from None
-    ours = module.state_dict()  # the model's weights (checked above) and any other entry of the module
-    foreign = [key for key in checkpoint["state_dict"] if key not in ours]
-    if foreign:
-        raise ConfigError(f"ckpt_path: {path}: its state_dict holds {foreign[0]!r}, no entry of this run's "
-                          "module: the file is damaged or not written by attnlab-train; use another "
-                          "checkpoint")  # fmt: skip
     problems = []
     for key in ("optimizer_states", "lr_schedulers"):
         if checkpoint.get(key) is None:
