@@ -178,19 +178,21 @@ def lines(path: Path) -> list[str]:
     return path.read_text("utf-8").splitlines()
 
 
-def count_steps(monkeypatch: pytest.MonkeyPatch) -> list[int]:
-    """Count calls of `attnlab.decoding.step.StepDecoder` (the CPU decoding step) from here on: the
-    returned one-element list holds the count."""
-    from attnlab.decoding.step import StepDecoder
+def count_steps(monkeypatch: pytest.MonkeyPatch, modules: bool = False) -> list[int]:
+    """Count calls of `attnlab.decoding.step.StepDecoder` (the CPU decoding step), or with `modules` of
+    `ModuleStep` (the step through the model's modules), from here on: the returned one-element list holds
+    the count."""
+    from attnlab.decoding.step import ModuleStep, StepDecoder
 
+    step = ModuleStep if modules else StepDecoder
     calls = [0]
-    call = StepDecoder.__call__
+    call = step.__call__
 
-    def counted(self: StepDecoder, tokens: Tensor) -> Tensor:
+    def counted(self: Any, tokens: Tensor) -> Any:
         calls[0] += 1
         return call(self, tokens)
 
-    monkeypatch.setattr(StepDecoder, "__call__", counted)
+    monkeypatch.setattr(step, "__call__", counted)
     return calls
 
 

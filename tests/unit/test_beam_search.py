@@ -387,9 +387,48 @@ def test_a_beam_whose_growing_keys_and_values_cannot_fit_is_refused_before_they_
     assert steps[0] == 33  # the 33rd step, refused before its buffers grow
     assert str(refused.value).startswith(
         "beam=4 for 2 sentence(s) needs at least 0.0 GiB more at step 33 (2 × 4 rows of 4096 float32 "
-        "numbers: keys and values for as many more positions as the buffers held, in every decoder layer), "
+        "numbers: keys and values for as many more positions as the search held, in every decoder layer), "
         "more than the 0.0 GiB of memory this process can take: lower the beam (decode.beam;"
     )
+
+
+def test_a_beam_keeping_attention_is_refused_before_its_cache_and_attention_grow_past_memory(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """Beam search with alignments (`need_attention`, `decode.print_alignment`) decodes through the
+    modules' cache (`ModuleStep`) and keeps each output's cross-attention: it was checked at its first
+    step only, then grew until the out-of-memory killer ended it. It is checked as the CPU step's buffers
+    are, before each doubling, its attention rows counted. 100 kB available (as above), 2 × 4 rows over a
+    source of 5 positions: 70,336 bytes at the first step (scores, 16 positions of keys and values and of
+    attention), 68,096 more at step 17, then 136,192 more at step 33 (32 × 4,256 float32 numbers: 16 more
+    positions of 2 layers' keys and values, 2 × 32 × 16 × 2, and of attention, 5 × 32): refused there."""
+    import attnlab.decoding.search as search
+    from helpers import count_steps
+
+    monkeypatch.setattr(search, "_SURELY_FITS", 0)
+    monkeypatch.setattr(search, "available_memory", lambda: 100_000)
+    torch.manual_seed(3)
+    model = Transformer(tiny_config(src_vocab_size=50, tgt_vocab_size=70, tie="decoder")).eval()
+    src = random_source([3, 4], 50, 3)
+    steps = count_steps(monkeypatch, modules=True)
+    kept = beam_search(model, src, beam=4, max_len_a=0, max_len_b=32, min_len=32, need_attention=True)
+    assert [hyps[0].attention.shape for hyps in kept] == [(32, 4), (32, 5)]
+    assert steps[0] == 32
+    steps[0] = 0
+    with pytest.raises(ConfigError) as refused:
+        beam_search(model, src, beam=4, max_len_a=0, max_len_b=40, min_len=40, need_attention=True)
+    assert steps[0] == 33  # the 33rd step, refused before its cache grows
+    assert str(refused.value).startswith(
+        "beam=4 for 2 sentence(s) needs at least 0.0 GiB more at step 33 (2 × 4 rows of 4256 float32 "
+        "numbers: keys and values for as many more positions as the search held, in every decoder layer, and "
+        "their cross-attention over 5 source positions), more than the 0.0 GiB of memory this process can "
+        "take: lower the beam (decode.beam;"
+    )
+    monkeypatch.setattr(search, "available_memory", lambda: 70_000)  # below the first step with attention
+    with pytest.raises(ConfigError, match=r"at its first step \(2 × 4 rows of 2198 float32 numbers: .* "
+                       r"16 positions and their cross-attention over 5 source positions\)"):  # fmt: skip
+        beam_search(model, src, beam=4, max_len_a=0, max_len_b=16, need_attention=True)
+    assert len(beam_search(model, src, beam=4, max_len_a=0, max_len_b=16)) == 2  # 67,776 bytes without
 
 
 def test_greedy_decoding_checks_its_memory_as_beam_search_does(monkeypatch: pytest.MonkeyPatch) -> None:
@@ -416,7 +455,7 @@ def test_greedy_decoding_checks_its_memory_as_beam_search_does(monkeypatch: pyte
     assert steps[0] == 65  # the 65th step, refused before its buffers grow
     assert str(refused.value) == (
         "greedy decoding for 2 sentence(s) needs at least 0.0 GiB more at step 65 (2 × 1 rows of 8192 "
-        "float32 numbers: keys and values for as many more positions as the buffers held, in every decoder "
+        "float32 numbers: keys and values for as many more positions as the search held, in every decoder "
         "layer), more than the 0.0 GiB of memory this process can take: decode fewer sentences at once "
         "(decode.batch_size, decode.max_tokens), or lower the length limit (decode.max_len_a, "
         "decode.max_len_b)"

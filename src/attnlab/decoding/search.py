@@ -17,7 +17,7 @@ import torch
 from torch import Tensor
 
 from attnlab.decoding.settings import DecodeConfig
-from attnlab.decoding.step import decoding_step
+from attnlab.decoding.step import FIRST_POSITIONS, decoding_step
 from attnlab.model.config import TransformerConfig
 from attnlab.model.transformer import Transformer
 from attnlab.typed import ConfigError
@@ -440,10 +440,12 @@ def check_beam_memory(
     A lower bound of what the search holds, so that it never refuses a search that would fit: a legal but
     huge beam (10^6, 2^31-1, in a config or an export) is refused before anything is allocated, instead of
     allocating until the out-of-memory killer ends this process or another one. The CPU beam search checks
-    again whenever its keys and values buffers double (`StepDecoder.memory_check`: they grow with the
-    output: at 512 positions, 32 times the keys and values of the first step's 16), before they are
-    allocated; so do greedy decoding's (`beam` 1: the message names greedy decoding). Where the memory is
-    not known, nothing is checked; an accelerator's allocator raises its own out-of-memory error.
+    again whenever its keys and values double (`StepDecoder.memory_check`, `ModuleStep`'s over the
+    modules' cache: they grow with the output: at 512 positions, 32 times the keys and values of the first
+    step's 16), before they are allocated, with the cross-attention it keeps of as many more outputs when
+    asked for it (alignments); so does greedy decoding (`beam` 1: the message names greedy decoding). Where
+    the memory is not known, nothing is checked; an accelerator's allocator raises its own out-of-memory
+    error.
     """
     needed = 4 * sentences * beam * row_floats
     if needed <= _SURELY_FITS:  # no files read for the usual beams (beam search runs per batch)
@@ -458,25 +460,30 @@ def check_beam_memory(
         )
 
 
-def _first_step_floats(model: Transformer, capacity: int) -> tuple[int, str]:
+def _first_step_floats(model: Transformer, capacity: int, source: int = 0) -> tuple[int, str]:
     """Float32 numbers per decoder row of a CPU search's first step (an ensemble's models summed):
     the row's scores over the target vocabulary, and its self-attention keys and values for the first
-    min(capacity, 16) positions in every decoder layer (`StepDecoder`'s first buffers; the modules' cache
-    holds as many by its 16th step); and what they are."""
-    positions = min(capacity, 16)
-    floats = 0
+    min(capacity, `FIRST_POSITIONS`) positions in every decoder layer (`StepDecoder`'s first buffers; the
+    modules' cache holds as many by then), with `source` (the source length of a search that keeps each
+    output's cross-attention) also those outputs' attention rows; and what they are."""
+    positions = min(capacity, FIRST_POSITIONS)
+    floats = source * positions
     for member in getattr(model, "models", [model]):
         cfg = member.config
         floats += cfg.tgt_vocab_size + 2 * cfg.n_decoder_layers * cfg.n_heads * cfg.head_dim * positions
-    return floats, f"the scores over the target vocabulary, and keys and values for {positions} positions"
+    what = f"the scores over the target vocabulary, and keys and values for {positions} positions"
+    return floats, what + (f" and their cross-attention over {source} source positions" if source else "")
 
 
-def _check_growth(beam: int, step: int, rows: int, row_floats: int) -> None:
-    """`check_beam_memory` for a CPU search's keys and values buffers doubling before `step` (a
-    `StepDecoder.memory_check`): `rows` decoder rows of `beam` beams each (1: greedy decoding) grow by
-    `row_floats`."""
+def _check_growth(beam: int, step: int, rows: int, row_floats: int, source: int = 0) -> None:
+    """`check_beam_memory` for a CPU search's keys and values doubling before `step` (a `memory_check` of
+    `StepDecoder` or `ModuleStep`): `rows` decoder rows of `beam` beams each (1: greedy decoding) grow by
+    `row_floats`, and with `source` (as `_first_step_floats`) by the attention rows of `step` more outputs."""
     sentences = rows // beam
-    what = "keys and values for as many more positions as the buffers held, in every decoder layer"
+    what = "keys and values for as many more positions as the search held, in every decoder layer"
+    if source:
+        row_floats += source * step
+        what += f", and their cross-attention over {source} source positions"
     check_beam_memory(
         sentences, beam, row_floats, what, _decode_fix(sentences, beam), f"more at step {step + 1}"
     )
@@ -566,6 +573,9 @@ def beam_search(
 
     Raises:
         ValueError: The arguments (`_check_beam_args`).
+        ConfigError: On the CPU, its first step or a later growth of its keys and values (and of the
+            attention it keeps, with `need_attention`) needs more memory than this process can take
+            (`check_beam_memory`), before it allocates.
         NonFiniteScores: Scores that are NaN (no hypothesis found).
     """
     _check_beam_args(beam, alpha, penalty, min_len, n_best)
@@ -576,12 +586,14 @@ def beam_search(
     limits = max_output_lengths(src, cfg.pad_id, max_len_a, max_len_b, cfg.position_limit)  # (B,)
     limit_list = limits.tolist()
     longest = max(limit_list)
+    kept_source = src.size(1) if need_attention else 0  # the attention rows each output keeps
     if device.type == "cpu":
-        check_beam_memory(batch, k, *_first_step_floats(model, longest), _decode_fix(batch, k))
+        floats, what = _first_step_floats(model, longest, kept_source)
+        check_beam_memory(batch, k, floats, what, _decode_fix(batch, k))
     memory, source_mask = model.encode(src)  # (B, S, D); (B, S) for the attention rows of finished hypotheses
     decoder = decoding_step(model, memory, decoder_mask(source_mask), beams=k, capacity=longest,
                             use_cache=use_cache, need_weights=need_attention,
-                            memory_check=functools.partial(_check_growth, k))  # fmt: skip
+                            memory_check=functools.partial(_check_growth, k, source=kept_source))  # fmt: skip
     # Step 0 has one live beam per sentence: where the step can (`narrow_start`; CTranslate2 does the same
     # on the CPU), only that row is decoded and the first reorder makes the K beams from it.
     width = 1 if decoder.narrow_start and 2 * k <= vocab else k  # decoder rows per sentence this step

@@ -42,6 +42,9 @@ from attnlab.model.transformer import Transformer
 _STATELESS = (nn.Embedding, nn.Linear, nn.LayerNorm)
 _ACTIVATIONS: dict[str, Callable[[Tensor], Tensor]] = {"relu": F.relu, "gelu": F.gelu, "silu": F.silu}
 _OWN_MODULES = ("attnlab.", "torch.nn.")  # where the classes the step may stand in for are defined
+# positions a search's keys and values are first held for: `StepDecoder`'s first buffers; both steps check
+# the memory before each doubling past them (`memory_check`)
+FIRST_POSITIONS = 16
 # every module's forward hooks (`nn.modules.module.register_module_forward_pre_hook` / `_hook`)
 _global_hooks = {"pre": getattr(_module, "_global_forward_pre_hooks", None),
                  "post": getattr(_module, "_global_forward_hooks", None)}  # fmt: skip
@@ -95,8 +98,8 @@ class StepDecoder:
         src_mask: (B, S), True at real source tokens; None: no padding.
         beams: K decoder rows per sentence.
         capacity: The most positions the search may need (its longest output). Buffers for
-            min(capacity, 16) positions are allocated first and doubled when full: they hold at most
-            max(16, 2·T) positions after T steps, where a `KVCache` holds T.
+            min(capacity, `FIRST_POSITIONS`) positions are allocated first and doubled when full: they
+            hold at most max(16, 2·T) positions after T steps, where a `KVCache` holds T.
         memory_check: Called before the buffers are doubled, with the step, the decoder rows and the
             float32 numbers each row's buffers grow by (their keys and values for as many positions as
             they held, in every layer): a search's check that the memory is there (it raises if not).
@@ -120,7 +123,7 @@ class StepDecoder:
         capacity: int = 32,
         memory_check: Callable[[int, int, int], None] | None = None,
     ) -> None:
-        capacity = max(1, min(capacity, 16))
+        capacity = max(1, min(capacity, FIRST_POSITIONS))
         self.memory_check = memory_check
         cfg = model.config
         self.heads, self.d_head = cfg.n_heads, cfg.head_dim
@@ -295,7 +298,10 @@ class ModuleStep:
     mask the modules read, and drops a finished sentence's rows from them.
 
     Call it with the newest token of each row (N, 1), or the whole prefix (N, t) when uncached, to get the
-    logits (N, 1 | t, V), and with `need_weights` also each layer's cross-attention weights. The model is
+    logits (N, 1 | t, V), and with `need_weights` also each layer's cross-attention weights. Its
+    `memory_check` is called as `StepDecoder`'s: before each call at step t, a power of two from
+    `FIRST_POSITIONS` on, with the float32 numbers each row's cache grows by until step 2t (as many
+    positions as it holds, in every layer; none when uncached). The model is
     called as the searches always called it, so that models of its own kind (`Ensemble`, subclasses) need
     no more: `need_weights` only when given (None: left to `decode`'s default) and `new_cache()` without
     arguments for one beam.
@@ -313,8 +319,10 @@ class ModuleStep:
         beams: int = 1,
         use_cache: bool = True,
         need_weights: bool | None = None,
+        memory_check: Callable[[int, int, int], None] | None = None,
     ) -> None:
         self.model, self.beams = model, beams
+        self.memory_check, self.length = memory_check, 0
         self.cache = None
         if use_cache:
             self.cache = model.new_cache(beams=beams) if beams > 1 else model.new_cache()
@@ -325,6 +333,13 @@ class ModuleStep:
         self.memory, self.src_mask = memory, src_mask
 
     def __call__(self, fed: Tensor) -> Tensor | tuple[Tensor, list[Tensor]]:
+        t = self.length
+        if self.memory_check is not None and t >= FIRST_POSITIONS and t & (t - 1) == 0:
+            per_position = 0  # float32 numbers a row's cache holds per position
+            if self.cache is not None:
+                per_position = sum(2 * kv.self_k.size(1) * kv.self_k.size(3) for kv in self.cache.layers)
+            self.memory_check(t, fed.size(0), per_position * t)
+        self.length = t + 1
         return self.model.decode(fed, self.memory, self.src_mask, cache=self.cache, **self.options)
 
     def reorder(self, rows: Tensor, sentences: Tensor | None = None) -> None:
@@ -351,9 +366,12 @@ def decoding_step(
     need_weights: bool | None = None,
     memory_check: Callable[[int, int, int], None] | None = None,
 ) -> StepDecoder | ModuleStep:
-    """The step a search decodes with: a `StepDecoder` where it `applies` (and the cache is used; with
-    its `memory_check`), otherwise the model's modules (`ModuleStep`; `need_weights` as there). Both are
-    called once per step and reordered after it."""
+    """The step a search decodes with: a `StepDecoder` where it `applies` (and the cache is used),
+    otherwise the model's modules (`ModuleStep`; `need_weights` as there), either with `memory_check` on
+    the CPU (an accelerator's allocator raises its own out-of-memory error). Both are called once per step
+    and reordered after it."""
     if use_cache and StepDecoder.applies(model, memory, bool(need_weights)):
         return StepDecoder(model, memory, src_mask, beams=beams, capacity=capacity, memory_check=memory_check)
-    return ModuleStep(model, memory, src_mask, beams=beams, use_cache=use_cache, need_weights=need_weights)
+    check = memory_check if memory.device.type == "cpu" else None
+    return ModuleStep(model, memory, src_mask, beams=beams, use_cache=use_cache, need_weights=need_weights,
+                      memory_check=check)  # fmt: skip
