@@ -537,24 +537,60 @@ def test_an_exported_beam_whose_step_cannot_fit_in_memory_is_refused_before_ctra
             rf"^beam={huge} for {sentences} sentence\(s\) needs at least [\d,.]+ GiB .*{scores}\), .*: {fix}$"
         )
 
-    with pytest.raises(ConfigError, match=refused(2, r"translate with a smaller beam= or batch_size=")):
+    batch = r" or batch_size= \(fewer sentences at once\)"
+    with pytest.raises(ConfigError, match=refused(2, r"translate with a smaller beam=" + batch)):
         engine.translate(lines, beam=huge)  # the caller's beam: no word of the export's
     with pytest.raises(ConfigError, match=refused(1, r"translate with a smaller beam=")):
         engine.translate(lines, beam=huge, batch_size=1)  # one sentence at a time
-    with pytest.raises(ConfigError, match=refused(2, r"translate with a smaller beam= or batch_size=")):
+    with pytest.raises(ConfigError, match=refused(2, r"translate with a smaller beam=" + batch)):
         engine.translate(lines, beam=huge, batch_size=0)  # no limit: both at once
     side_by_side = CT2Translator(path, intra_threads=1, inter_threads=2)
-    with pytest.raises(ConfigError, match=refused(2, r"translate with a smaller beam= or batch_size=")):
-        side_by_side.translate(lines, beam=huge, batch_size=1)
+    threads = r" or inter_threads= of CT2Translator \(2 batches side by side\)"
+    with pytest.raises(ConfigError, match=refused(2, r"translate with a smaller beam=" + threads)):
+        side_by_side.translate(lines, beam=huge, batch_size=1)  # batch_size is 1 already
     settings = json.loads((path / SETTINGS_FILE).read_text())
     settings["decode"]["beam"] = huge
     (path / SETTINGS_FILE).write_text(json.dumps(settings))
     for device in ("cpu", "auto"):
         translator = CT2Translator(path, device=device, intra_threads=1)
-        saved = rf"translate with a smaller beam= \(this export's decode.beam is {huge}\) or batch_size="
+        saved = rf"translate with a smaller beam= \(this export's decode.beam is {huge}\){batch}"
         with pytest.raises(ConfigError, match=refused(2, saved)):
             translator.translate(lines)
         assert translator.translate(lines, beam=2) == expected
+
+
+def test_ctranslate2_greedy_decoding_that_cannot_fit_is_refused_naming_what_lowers_it(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """At beam 1 the refusal advised "a smaller beam=", which cannot go lower: it names the batch size or
+    the translators side by side, whichever is above 1, and neither the beam nor the length limit (the
+    check counts the first step's scores only). The process is told it can take 300 bytes
+    (`available_memory` patched, as in test_beam_search.py): one sentence's scores over the 50 target tokens
+    take 200, two 400."""
+    pytest.importorskip("ctranslate2", reason='needs the [export] extra: pip install -e ".[export]"')
+    import attnlab.decoding.search as search
+    from attnlab.interop.ct2 import CT2Translator
+
+    src, tgt = separate_vocabularies()
+    path = export(random_translator(src, tgt, tie="decoder"), "ctranslate2", tmp_path / "ct2")
+    lines = ["Ein Hund.", "Zwei Hunde spielen im Schnee."]
+    expected = CT2Translator(path, intra_threads=1).translate(lines, beam=1)
+    monkeypatch.setattr(search, "_SURELY_FITS", 0)
+    monkeypatch.setattr(search, "available_memory", lambda: 300)
+    engine = CT2Translator(path, intra_threads=1)
+    two = r"^greedy decoding for 2 sentence\(s\) .*: translate with a smaller "
+    with pytest.raises(ConfigError, match=two + r"batch_size= \(fewer sentences at once\)$"):
+        engine.translate(lines, beam=1)
+    assert engine.translate(lines, beam=1, batch_size=1) == expected  # one at a time fits
+    side_by_side = CT2Translator(path, intra_threads=1, inter_threads=2)
+    with pytest.raises(
+        ConfigError, match=two + r"inter_threads= of CT2Translator \(2 batches side by side\)$"
+    ):
+        side_by_side.translate(lines, beam=1, batch_size=1)
+    monkeypatch.setattr(search, "available_memory", lambda: 100)  # not even one sentence's scores
+    with pytest.raises(ConfigError, match=r"^greedy decoding for 1 sentence\(s\) .*: free memory for this "
+                       r"process, or raise its limit \(ulimit -v, its cgroup's memory.max\)$"):  # fmt: skip
+        engine.translate(lines[:1], beam=1)
 
 
 BAD_CALLS: dict[str, tuple[dict[str, Any], str]] = {

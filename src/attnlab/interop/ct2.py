@@ -296,15 +296,22 @@ class CT2Translator:
         """`check_beam_memory` for one `translate_batch` call on the CPU: batches of `at_once` of its
         `sentences`, as many at a time as CTranslate2 has translators (`inter_threads`), each holding its
         scores over the target vocabulary at the first step (its cache grows from empty, and the model's
-        sizes are not in the export)."""
+        sizes are not in the export). The advice names only what lowers that count: the beam above 1, the
+        batch size above 1, the translators side by side above 1 (not the length limit: it is not counted)."""
         if self.translator.device != "cpu":
             return
         batches = min(self.translator.num_translators, -(-sentences // at_once))  # run side by side
-        fix = "translate with a smaller beam="
-        if saved_beam:
-            fix += f" (this export's decode.beam is {self.settings['decode']['beam']})"
-        if at_once > 1 or batches > 1:
-            fix += " or batch_size="
+        smaller = []
+        if beam > 1:
+            saved = f" (this export's decode.beam is {beam})" if saved_beam else ""
+            smaller.append(f"beam={saved}")
+        if at_once > 1:
+            smaller.append("batch_size= (fewer sentences at once)")
+        if batches > 1:
+            smaller.append(f"inter_threads= of CT2Translator ({batches} batches side by side)")
+        fix = "free memory for this process, or raise its limit (ulimit -v, its cgroup's memory.max)"
+        if smaller:
+            fix = f"translate with a smaller {' or '.join(smaller)}"
         check_beam_memory(at_once * batches, beam, self.tgt_tokenizer.vocab_size,
                           "the scores over the target vocabulary", fix)  # fmt: skip
 
