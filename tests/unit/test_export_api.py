@@ -49,11 +49,14 @@ def test_ctranslate2_with_separate_source_and_target_vocabularies(tmp_path: Path
     src, tgt = separate_vocabularies()
     assert src.vocab_size != tgt.vocab_size
     ours = random_translator(src, tgt, tie="decoder")
+    ours.decode = DecodeConfig(beam=1, alpha=0.0, max_len_a=0.0, max_len_b=8, max_source_tokens=5)
     (tmp_path / "ct2").mkdir()  # `out` may be new or an empty directory (here the latter)
     engine = CT2Translator(export(ours, "ctranslate2", tmp_path / "ct2"), intra_threads=1)
     lines = ["Zwei Männer fahren.", "Ein Hund liest.", "Schnee"]
     assert engine.translate(lines) == ours.translate(lines)
     assert len(set(ours.translate(lines))) > 1  # outputs depend on the source
+    # the source limit is the translator's (not the model's 1024 positions), cut as attnlab cuts
+    assert engine.source_ids(lines) == ours._source_ids(lines) and len(engine.source_ids(lines)[0]) == 5
 
 
 def test_hf_refuses_separate_vocabularies_and_sentencepiece(tmp_path: Path) -> None:
@@ -114,6 +117,33 @@ def test_min_len_means_the_same_in_both_formats(tmp_path: Path) -> None:
         assert tokenizer.batch_decode(generated, skip_special_tokens=True) == ours.translate(lines)
 
 
+def test_neither_export_generates_pad_or_bos_as_attnlab_never_does(tmp_path: Path) -> None:
+    """A model whose every step prefers bos, then pad, over every other token: attnlab never generates
+    them, nor does either export (generate()'s `suppress_tokens`, CTranslate2's `suppress_sequences`)."""
+    pytest.importorskip("ctranslate2", reason='needs the [export] extra: pip install -e ".[export]"')
+    from transformers import AutoTokenizer, MarianMTModel
+
+    from attnlab.interop.ct2 import CT2Translator
+
+    joint = SubwordTokenizer.train(GERMAN + ENGLISH, model="bpe", vocab_size=80)
+    model = eos_biased_model(joint.vocab_size, -50.0)
+    with torch.no_grad():
+        model.output.bias[model.config.bos_id] = 50.0
+        model.output.bias[model.config.pad_id] = 40.0
+    ours = Translator(model, joint, joint, DecodeConfig(beam=1, alpha=0.0, max_len_a=0.0, max_len_b=6))
+    lines = ["Zwei Hunde spielen.", "Schnee"]
+    expected = ours.translate(lines)
+    assert all(expected)
+    engine = CT2Translator(export(ours, "ctranslate2", tmp_path / "ct2"), intra_threads=1)
+    assert engine.translate(lines) == expected
+    out = export(ours, "hf", tmp_path / "hf")
+    tokenizer = AutoTokenizer.from_pretrained(out, local_files_only=True)
+    hf = MarianMTModel.from_pretrained(out, local_files_only=True).eval()
+    with torch.no_grad():
+        generated = hf.generate(**tokenizer(lines, return_tensors="pt", padding=True))
+    assert tokenizer.batch_decode(generated, skip_special_tokens=True) == expected
+
+
 def test_outputs_long_as_the_settings_allow_decode_the_same_in_the_exports(
     tmp_path: Path, caplog: pytest.LogCaptureFixture
 ) -> None:
@@ -142,6 +172,8 @@ def test_outputs_long_as_the_settings_allow_decode_the_same_in_the_exports(
     short = CT2Translator(export(ours, "ctranslate2", tmp_path / "short"), intra_threads=1)
     assert short.settings["positions"] == config.max_positions == 1024
     with caplog.at_level(logging.WARNING, logger="attnlab.interop.ct2"):
+        assert [len(row) for row in short.translate_ids(ids, max_len_b=1024)] == [1024]
+        assert caplog.text == ""  # outputs as long as its positions: nothing stops early
         assert [len(row) for row in short.translate_ids(ids, max_len_b=5000)] == [1024]
     assert "allow outputs of up to 4096 tokens, but this export encodes 1024 positions" in caplog.text
 
@@ -294,6 +326,10 @@ def test_ctranslate2_samples_with_the_saved_topk_topp_and_temperature(
     every = CT2Translator(export(ours, "ctranslate2", tmp_path / "every"), intra_threads=1)
     assert every.settings["decode"]["sampling"]["topk"] == 0 and len(every.settings["not_carried"]) == 1
     assert len(first_tokens(every, source, 200)) > 10
+    edited = json.loads((tmp_path / "every" / "attnlab_export.json").read_text())
+    edited["decode"]["sampling"]["topk"] = 80  # every one of the 80 target tokens, as a user may write it
+    (tmp_path / "every" / "attnlab_export.json").write_text(json.dumps(edited))
+    assert len(first_tokens(CT2Translator(tmp_path / "every", intra_threads=1), source, 200)) > 10
 
     ours.decode = DecodeConfig(beam=1, max_len_a=0.0, max_len_b=8)
     searching = CT2Translator(export(ours, "ctranslate2", tmp_path / "greedy"), intra_threads=1)
@@ -406,6 +442,7 @@ def test_an_interrupted_overwrite_puts_the_earlier_export_back(
         (lambda s: s.update(pad_id=-1), "pad_id is -1, not an integer of at least 0"),
         (lambda s: s.pop("eos_id"), r"eos_id is missing \(or null\)"),
         (lambda s: s.update(eos_id=10**6), "eos_id is 1000000, not an id of the"),
+        (lambda s: s.update(pad_id=50), "pad_id is 50, not an id of the 50-token vocabulary"),  # the smaller
         (lambda s: s.update(eos_id=3), "eos_id is 3, not the end token of config.json beside it \\('2'\\)"),
         (lambda s: s.pop("decode"), r"decode is missing \(or null\)"),
         (lambda s: s.update(decode=[]), r"decode is \[\], not a JSON object"),
@@ -417,6 +454,7 @@ def test_an_interrupted_overwrite_puts_the_earlier_export_back(
         (lambda s: s["decode"].update(max_len_a=float("nan")), "decode holds .*: max_len_a=nan must be >= 0"),
         (lambda s: s["decode"].update(min_len=0), "decode holds .*: min_len=0 must be positive"),
         (lambda s: s["decode"].update(length_penalty=-1), "decode.length_penalty is -1, not a finite number"),
+        (lambda s: s["decode"].update(length_penalty=True), "decode.length_penalty is True, not a finite"),
         (lambda s: s["decode"].update(length_penalty=10**400),
          r"decode.length_penalty is 10+…0{8} \(401 characters\), not a finite number"),
         (lambda s: s["decode"].update(sampling=[]), r"decode.sampling is \[\], not a JSON object"),
@@ -596,12 +634,14 @@ def test_ctranslate2_greedy_decoding_that_cannot_fit_is_refused_naming_what_lowe
 BAD_CALLS: dict[str, tuple[dict[str, Any], str]] = {
     "beam 0": ({"beam": 0}, r"beam=0 must be positive"),
     "negative beam": ({"beam": -1}, r"beam=-1 must be positive"),
+    "beam past 2^31-1": ({"beam": 2**31}, r"beam=2147483648 must be at most 2147483647 \(CTranslate2 takes"),
     "fractional beam": ({"beam": 2.5}, r"beam=2\.5 is not valid: expected int"),
     "min_len 0": ({"min_len": 0}, r"min_len=0 must be positive"),
     "negative max_len_b": ({"max_len_b": -20}, r"max_len_b=-20 must be >= 0"),
     "NaN max_len_a": ({"max_len_a": float("nan")}, r"max_len_a=nan must be >= 0 and finite"),
     "negative batch_size": ({"batch_size": -3}, r"batch_size=-3 must be a whole number of sentences"),
     "NaN length_penalty": ({"length_penalty": float("nan")}, r"length_penalty=nan must be a finite number"),
+    "bool length_penalty": ({"length_penalty": True}, r"length_penalty=True must be a finite number"),
 }  # fmt: skip
 
 
@@ -698,3 +738,27 @@ def test_a_source_limit_whose_position_tables_cannot_fit_in_memory_is_refused_be
     assert "because data.max_source_tokens=1000000000000" in message
     assert "export with a lower decode.max_source_tokens" in message
     assert list(tmp_path.iterdir()) == []  # nothing half-written
+
+
+def test_a_request_the_format_cannot_write_or_an_out_of_the_users_is_refused_before_loading(
+    tmp_path: Path,
+) -> None:
+    """`check_request` alone (no model): quantization with format=hf is refused naming the fix, and
+    overwrite=true replaces only an earlier export, never a directory of the user's own (nothing in it
+    lost); an earlier export is replaced."""
+    from attnlab.interop.export import SETTINGS_FILE, check_request
+
+    with pytest.raises(ExportError, match=r"^quantization=int8 applies to format=ctranslate2; format=hf "
+                       r"writes float32 weights \(drop quantization or set it to none\)$"):  # fmt: skip
+        check_request("hf", "int8", tmp_path / "new", overwrite=False)
+    assert check_request("ctranslate2", "int8", tmp_path / "new", overwrite=False) == tmp_path / "new"
+    mine = tmp_path / "mine"
+    mine.mkdir()
+    (mine / "notes.txt").write_text("mine")
+    with pytest.raises(
+        ExportError, match=rf"^out={mine} is not an earlier export \(it has no {SETTINGS_FILE}\)"
+    ):
+        check_request("hf", "none", mine, overwrite=True)
+    assert [p.name for p in mine.iterdir()] == ["notes.txt"]
+    (mine / SETTINGS_FILE).write_text('{"format": "hf"}')  # as an export writes it
+    assert check_request("hf", "none", mine, overwrite=True) == mine
