@@ -173,6 +173,24 @@ def init_from(checkpoint: Path) -> list[str]:
     return ["+callbacks.init._target_=probes.InitWeights", f"+callbacks.init.path={checkpoint}"]
 
 
+@contextmanager
+def address_space_capped(extra: int = 2 << 30) -> Iterator[None]:
+    """Cap this process's address space at what it maps now plus `extra` bytes while the block runs: a test
+    of a memory refusal that broke then fails on the allocation (a MemoryError, or a RuntimeError from C++)
+    instead of growing until the out-of-memory killer ends the test run (CTranslate2 allocating for a beam
+    of 2^31-1 grew past 17 GB)."""
+    import resource
+
+    soft, hard = resource.getrlimit(resource.RLIMIT_AS)
+    mapped = int(Path("/proc/self/statm").read_text().split()[0]) * os.sysconf("SC_PAGE_SIZE")
+    cap = mapped + extra if hard == resource.RLIM_INFINITY else min(mapped + extra, hard)
+    resource.setrlimit(resource.RLIMIT_AS, (cap, hard))
+    try:
+        yield
+    finally:
+        resource.setrlimit(resource.RLIMIT_AS, (soft, hard))
+
+
 def lines(path: Path) -> list[str]:
     """The lines of a text file (UTF-8, without their newlines)."""
     return path.read_text("utf-8").splitlines()

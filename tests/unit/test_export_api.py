@@ -21,7 +21,7 @@ from attnlab.interop.export import ExportError, export
 from attnlab.model.config import TransformerConfig
 from attnlab.model.transformer import Transformer
 from attnlab.typed import ConfigError
-from helpers import eos_biased_model
+from helpers import address_space_capped, eos_biased_model
 
 pytestmark = pytest.mark.usefixtures("one_torch_thread")
 
@@ -576,25 +576,26 @@ def test_an_exported_beam_whose_step_cannot_fit_in_memory_is_refused_before_ctra
         )
 
     batch = r" or batch_size= \(fewer sentences at once\)"
-    with pytest.raises(ConfigError, match=refused(2, r"translate with a smaller beam=" + batch)):
-        engine.translate(lines, beam=huge)  # the caller's beam: no word of the export's
-    with pytest.raises(ConfigError, match=refused(1, r"translate with a smaller beam=")):
-        engine.translate(lines, beam=huge, batch_size=1)  # one sentence at a time
-    with pytest.raises(ConfigError, match=refused(2, r"translate with a smaller beam=" + batch)):
-        engine.translate(lines, beam=huge, batch_size=0)  # no limit: both at once
-    side_by_side = CT2Translator(path, intra_threads=1, inter_threads=2)
-    threads = r" or inter_threads= of CT2Translator \(2 batches side by side\)"
-    with pytest.raises(ConfigError, match=refused(2, r"translate with a smaller beam=" + threads)):
-        side_by_side.translate(lines, beam=huge, batch_size=1)  # batch_size is 1 already
-    settings = json.loads((path / SETTINGS_FILE).read_text())
-    settings["decode"]["beam"] = huge
-    (path / SETTINGS_FILE).write_text(json.dumps(settings))
-    for device in ("cpu", "auto"):
-        translator = CT2Translator(path, device=device, intra_threads=1)
-        saved = rf"translate with a smaller beam= \(this export's decode.beam is {huge}\){batch}"
-        with pytest.raises(ConfigError, match=refused(2, saved)):
-            translator.translate(lines)
-        assert translator.translate(lines, beam=2) == expected
+    with address_space_capped():  # a refusal that broke fails here, not by the out-of-memory killer
+        with pytest.raises(ConfigError, match=refused(2, r"translate with a smaller beam=" + batch)):
+            engine.translate(lines, beam=huge)  # the caller's beam: no word of the export's
+        with pytest.raises(ConfigError, match=refused(1, r"translate with a smaller beam=")):
+            engine.translate(lines, beam=huge, batch_size=1)  # one sentence at a time
+        with pytest.raises(ConfigError, match=refused(2, r"translate with a smaller beam=" + batch)):
+            engine.translate(lines, beam=huge, batch_size=0)  # no limit: both at once
+        side_by_side = CT2Translator(path, intra_threads=1, inter_threads=2)
+        threads = r" or inter_threads= of CT2Translator \(2 batches side by side\)"
+        with pytest.raises(ConfigError, match=refused(2, r"translate with a smaller beam=" + threads)):
+            side_by_side.translate(lines, beam=huge, batch_size=1)  # batch_size is 1 already
+        settings = json.loads((path / SETTINGS_FILE).read_text())
+        settings["decode"]["beam"] = huge
+        (path / SETTINGS_FILE).write_text(json.dumps(settings))
+        for device in ("cpu", "auto"):
+            translator = CT2Translator(path, device=device, intra_threads=1)
+            saved = rf"translate with a smaller beam= \(this export's decode.beam is {huge}\){batch}"
+            with pytest.raises(ConfigError, match=refused(2, saved)):
+                translator.translate(lines)
+            assert translator.translate(lines, beam=2) == expected
 
 
 def test_ctranslate2_greedy_decoding_that_cannot_fit_is_refused_naming_what_lowers_it(
