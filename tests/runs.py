@@ -1,4 +1,5 @@
-"""Real `attnlab-train` subprocess runs shared by the resumption and fault tests.
+"""Real `attnlab-train` subprocess runs shared by the resumption and fault tests (`train_here`: the same
+run in this process).
 
 Kept apart from `helpers` so that importing the helpers does not import torch's checkpoint loading.
 """
@@ -35,8 +36,20 @@ RUN = [
 ]  # 10 steps per epoch: checkpoints at steps 4, 8, 12, 16, 20
 
 
+IN_PROCESS = [o for o in RUN if not o.startswith("trainer.enable_progress_bar")]  # compose_train sets it
+
+
 def final(run_dir: Path) -> list[str]:
     return ["+callbacks.final._target_=probes.SaveFinalWeights", f"+callbacks.final.dirpath={run_dir}"]
+
+
+def train_here(run_dir: Path, *extra: str) -> dict[str, float]:
+    """`attnlab_train(run_dir, *extra)` in this process (`train(cfg)`: no new process's 10 s of imports),
+    for the runs of a test that is not about processes or the command line; raises where that one fails."""
+    from attnlab.training.pipeline import train
+    from helpers import compose_train
+
+    return train(compose_train([*IN_PROCESS, *final(run_dir), *extra], run_dir))
 
 
 def attnlab_train(

@@ -28,10 +28,9 @@ from attnlab.training.module import TranslationModule
 from attnlab.training.pipeline import train
 from attnlab.typed import ConfigError
 from helpers import compose_train, require_shared_data, write_corpus
-from runs import RUN, assert_same_training, attnlab_train, final, step_losses, weights
+from runs import IN_PROCESS, assert_same_training, attnlab_train, final, step_losses, weights
 
 DEFAULT = "callbacks.last_checkpoint.every_n_train_steps=null"  # last.ckpt at the end of each epoch
-IN_PROCESS = [o for o in RUN if not o.startswith("trainer.enable_progress_bar")]  # compose_train sets it
 
 
 def kill_at(step: int) -> list[str]:

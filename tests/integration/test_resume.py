@@ -20,7 +20,16 @@ from typing import Any
 import pytest
 import torch
 
-from runs import EPOCH_VALUES, RUN, assert_same_training, attnlab_train, final, logged_rows, running
+from runs import (
+    EPOCH_VALUES,
+    RUN,
+    assert_same_training,
+    attnlab_train,
+    final,
+    logged_rows,
+    running,
+    train_here,
+)
 
 
 def test_a_run_killed_with_sigkill_resumes_to_the_same_weights(
@@ -106,8 +115,7 @@ def test_ctrl_c_saves_at_the_end_of_the_step_and_resumes_to_the_same_weights(
     manifest = json.loads((run_dir / "manifest.json").read_text())
     assert manifest["status"] == "interrupted" and "SIGINT at step 7" in manifest["error"]
     assert torch.load(run_dir / "checkpoints" / "last.ckpt", weights_only=True)["global_step"] == 7
-    resumed = attnlab_train(run_dir, "resume=true")
-    assert resumed.returncode == 0, resumed.stderr[-3000:]
+    train_here(run_dir, "resume=true")
     assert_same_training(run_dir, resume_reference)
 
 
@@ -124,8 +132,7 @@ def test_a_signal_after_the_last_step_saves_and_stops_before_the_final_evaluatio
     manifest = json.loads((run_dir / "manifest.json").read_text())
     assert manifest["status"] == "interrupted" and "SIGTERM at step 20" in manifest["error"], manifest
     assert torch.load(run_dir / "checkpoints" / "last.ckpt", weights_only=True)["global_step"] == 20
-    resumed = attnlab_train(run_dir, "resume=true")
-    assert resumed.returncode == 0, resumed.stderr[-3000:]
+    train_here(run_dir, "resume=true")
     assert json.loads((run_dir / "manifest.json").read_text())["status"] == "finished"
     assert_same_training(run_dir, resume_reference)
 
@@ -147,8 +154,8 @@ def test_a_signal_inside_a_gradient_accumulation_saves_after_its_optimizer_step(
     inside step 3's accumulation, whose first batch's gradients no checkpoint holds: the save waits for
     the end of step 3, and the resumed run ends as the uninterrupted one, bitwise."""
     accumulate = ["trainer.accumulate_grad_batches=2"]  # 5 steps an epoch: checkpoints at steps 4 and 8
-    reference = attnlab_train(tmp_path / "reference", *accumulate)
-    assert reference.returncode == 0, reference.stderr[-3000:]
+    reference = tmp_path / "reference"
+    train_here(reference, *accumulate)
     run_dir = tmp_path / "run"
     kill = ["+callbacks.kill._target_=probes.SignalAt", "+callbacks.kill.step=2",
             f"+callbacks.kill.signum={int(signal.SIGTERM)}"]  # fmt: skip
@@ -158,9 +165,8 @@ def test_a_signal_inside_a_gradient_accumulation_saves_after_its_optimizer_step(
     saved = torch.load(run_dir / "checkpoints" / "last.ckpt", weights_only=True)
     assert saved["global_step"] == 3
     assert saved["loops"]["fit_loop"]["epoch_loop.batch_progress"]["total"]["processed"] == 6  # 3 steps × 2
-    resumed = attnlab_train(run_dir, *accumulate, "resume=true")
-    assert resumed.returncode == 0, resumed.stderr[-3000:]
-    assert_same_training(run_dir, tmp_path / "reference")
+    train_here(run_dir, *accumulate, "resume=true")
+    assert_same_training(run_dir, reference)
 
 
 def test_sigusr1_under_slurm_saves_requeues_and_resumes(resume_reference: Path, tmp_path: Path) -> None:
@@ -181,18 +187,13 @@ def test_sigusr1_under_slurm_saves_requeues_and_resumes(resume_reference: Path, 
     assert calls.read_text().split() == ["requeue", "4242"]
     assert torch.load(run_dir / "checkpoints" / "last.ckpt", weights_only=True)["global_step"] == 6
     assert (run_dir / "hpc_ckpt_1.ckpt").is_file()  # Lightning's own, saved by its requeue handler
-    resumed = attnlab_train(run_dir, "resume=auto")  # what the requeued job runs
-    assert resumed.returncode == 0, resumed.stderr[-3000:]
+    train_here(run_dir, "resume=auto")  # what the requeued job runs
     assert_same_training(run_dir, resume_reference)
 
 
 def test_two_runs_with_one_seed_have_identical_histories(resume_reference: Path, tmp_path: Path) -> None:
-    from attnlab.training.pipeline import train
-    from helpers import compose_train
-
     run_dir = tmp_path / "again"
-    overrides = [o for o in RUN if not o.startswith("trainer.enable_progress_bar")] + final(run_dir)
-    train(compose_train(overrides, run_dir))
+    train_here(run_dir)
     assert_same_training(run_dir, resume_reference)
 
 
