@@ -216,10 +216,11 @@ def test_a_top_level_key_a_config_file_defines_is_not_mistaken_for_a_typo(tmp_pa
     assert validate(cfg).model.d_model == 256
 
 
-@pytest.mark.parametrize("value", ['"00:00:30:00"', "{minutes:30}"])
+@pytest.mark.parametrize("value", ['"00:00:30:00"', "{minutes:30}", "2000.0"])
 def test_a_time_between_validations_is_left_to_lightning(value: str, tmp_path: Path) -> None:
     """`trainer.val_check_interval` as a time (Lightning's `"DD:HH:MM:SS"` or timedelta arguments) is not a
-    number of batches: the check of numbers lets it through, and Lightning's trainer takes it."""
+    number of batches: the check of numbers lets it through, and Lightning's trainer takes it. So does a
+    whole float above 1 (`2000.0`, YAML's `2e3`), which Lightning takes as that many batches."""
     import lightning as L
 
     from attnlab.training.experiment import validate
@@ -227,5 +228,5 @@ def test_a_time_between_validations_is_left_to_lightning(value: str, tmp_path: P
     cfg = compose_train([f"trainer.val_check_interval={value}"], tmp_path, hydra_node=True)
     validate(cfg)
     interval = cfg.trainer.val_check_interval
-    plain = interval if isinstance(interval, str) else dict(interval)
+    plain = interval if isinstance(interval, (str, float)) else dict(interval)
     L.Trainer(val_check_interval=plain, logger=False, enable_checkpointing=False, enable_progress_bar=False)

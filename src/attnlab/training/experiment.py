@@ -285,11 +285,13 @@ def _check_trainer(trainer: DictConfig) -> None:
     if isinstance(devices, int) and (devices == 0 or devices < -1):
         raise ConfigError(f"trainer.devices={devices} must be a positive count, -1 (all) or 'auto'")
     # A number: 0 failed with a ZeroDivisionError after the first step. (A text or a mapping is a time,
-    # `"00:00:30:00"` or `{minutes: 30}`, which Lightning checks when it builds the trainer.)
+    # `"00:00:30:00"` or `{minutes: 30}`, which Lightning checks when it builds the trainer.) A whole
+    # float above 1 (`5000.0`, YAML's `5e3`) is a number of batches, as Lightning takes it.
     interval = trainer.get("val_check_interval")
     number = isinstance(interval, (int, float)) and not isinstance(interval, bool)
     fraction = isinstance(interval, float) and 0 < interval <= 1
-    if number and not fraction and (not is_int(interval) or interval < 1):
+    batches = number and interval >= 1 and float(interval).is_integer()
+    if number and not (fraction or batches):
         raise ConfigError(
             f"trainer.val_check_interval={interval!r} must be a number of training batches >= 1, a fraction "
             'of an epoch in (0, 1], a time ("DD:HH:MM:SS"), or null (at each epoch\'s end)'
