@@ -158,6 +158,28 @@ def test_a_sweep_an_experiment_file_declares_over_a_bookkeeping_key_is_refused(t
         check_no_swept_bookkeeping(compose_train([*space, "experiment=space_bad"], tmp_path, hydra_node=True))
 
 
+def test_a_declared_sweep_over_a_bookkeeping_key_fixed_on_the_command_line_is_not_refused(
+    tmp_path: Path,
+) -> None:
+    """The refusal's advice, one sweep per value (`allocator=keep` on the command line over an experiment
+    file's `allocator: keep,release`), works: both sweepers take the command line's value of a key the
+    config also declares, so its jobs sweep it no more. It was refused as the declared sweep."""
+    from attnlab.cli.app import check_no_swept_bookkeeping
+    from attnlab.typed import ConfigError
+    from helpers import compose_train
+
+    (tmp_path / "conf" / "experiment").mkdir(parents=True)
+    (tmp_path / "conf" / "experiment" / "bad.yaml").write_text(
+        "# @package _global_\nhydra:\n  sweeper:\n    params:\n      allocator: keep,release\n"
+    )
+    bad = [f"hydra.searchpath=[file://{tmp_path / 'conf'}]", "experiment=bad"]
+    fixed = compose_train([*bad, "allocator=keep"], tmp_path, hydra_node=True)
+    check_no_swept_bookkeeping(fixed)
+    fixed.hydra.overrides.task[-1] = "allocator=release,keep"  # (the command line sweeps it again)
+    with pytest.raises(ConfigError, match=r"allocator=release,keep \(in the command line\) sweeps a"):
+        check_no_swept_bookkeeping(fixed)
+
+
 def test_a_job_listed_twice_runs_once_and_the_repeat_is_named(
     tmp_path: Path,
     monkeypatch: pytest.MonkeyPatch,

@@ -73,33 +73,38 @@ def earlier_job_dir(sweep_dir: Path, kept: str) -> str | None:
 
 
 def sweep_overrides(config: DictConfig) -> list[tuple[str, str, bool]]:
-    """What a multirun's sweeper reads, each with where it is given and whether it sweeps (a list of
+    """What a multirun's sweeper sweeps by, each with where it is given and whether it sweeps (a list of
     values, a range, a distribution): the `key=value` of every entry of `hydra.sweeper.params` (as
     Hydra's basic and Optuna's sweepers read it; an experiment file can declare its sweep there), or,
     when that is null, of Optuna's deprecated `hydra.sweeper.search_space` (`key={type: categorical,
     choices: [...]}`, each a distribution: its sweeper reads it only then), then the command line's
-    overrides (`hydra.overrides.task`)."""
+    overrides (`hydra.overrides.task`). A key given again on the command line is the command line's alone
+    (`allocator=keep` over a declared `allocator: keep,release`): both sweepers take that one."""
     from hydra.core.override_parser.overrides_parser import OverridesParser
 
     parser = OverridesParser.create()
 
-    def swept(line: str) -> bool:
-        (parsed,) = parser.parse_overrides([line])
-        return parsed.is_sweep_override()
+    def parsed(line: str) -> tuple[str, bool]:  # its key (`+` and `@package` kept) and whether it sweeps
+        (override,) = parser.parse_overrides([line])
+        return override.get_key_element(), override.is_sweep_override()
 
     declared, where = OmegaConf.select(config, "hydra.sweeper.params"), "hydra.sweeper.params"
     if declared is None:
         declared, where = OmegaConf.select(config, "hydra.sweeper.search_space"), "hydra.sweeper.search_space"
     entries = OmegaConf.to_container(declared, resolve=False) if isinstance(declared, DictConfig) else {}
-    found = []
+    found: dict[str, tuple[str, str, bool]] = {}  # each key's last entry
     for key, value in entries.items():
         if where == "hydra.sweeper.params":
-            found.append((f"{key}={value}", where, swept(f"{key}={value}")))
+            name, swept = parsed(f"{key}={value}")
+            found[name] = (f"{key}={value}", where, swept)
         else:
             flow = yaml.safe_dump(value, default_flow_style=True, sort_keys=False, width=10**6).strip()
-            found.append((f"{key}={flow}", where, True))
-    task = [str(item) for item in OmegaConf.select(config, "hydra.overrides.task") or []]
-    return found + [(item, "the command line", swept(item)) for item in task]
+            found[str(key)] = (f"{key}={flow}", where, True)
+    for item in (str(item) for item in OmegaConf.select(config, "hydra.overrides.task") or []):
+        key, swept = parsed(item)
+        found.pop(key, None)
+        found[key] = (item, "the command line", swept)
+    return list(found.values())
 
 
 def check_no_swept_bookkeeping(config: DictConfig) -> None:
