@@ -131,6 +131,13 @@ CASES = [
     Case(["trainer.val_check_interval=1.5"], E, "trainer.val_check_interval=1.5", "in (0, 1]"),
     # (the linear schedule failed when the optimizer was built, once the run had started)
     Case(["trainer.max_epochs=-1"], E, "trainer.max_epochs=-1", "set trainer.max_steps or optim.total_steps"),
+    # (Lightning sets no epoch limit for max_epochs=null with a time limit)
+    Case(
+        ["trainer.max_epochs=null", "+trainer.max_time=00:01:00:00"],
+        E,
+        "trainer.max_epochs=null with trainer.max_time (no epoch limit)",
+        "set trainer.max_steps or optim.total_steps",
+    ),
     # (refused when the callback was built, once the run had started, as a Hydra InstantiationException)
     Case(
         ["callbacks.last_checkpoint.every_n_minutes=-1"],

@@ -300,12 +300,21 @@ def _check_trainer(trainer: DictConfig) -> None:
 
 def _check_run_length(trainer: DictConfig, optim: OptimConfig) -> None:
     """A linear schedule decays to 0 at the run's last step: it needs a run of known length (it failed
-    when the optimizer was built, once the run had started)."""
-    unbounded = trainer.get("max_epochs") == -1 and trainer.get("max_steps", -1) in (-1, None)
-    if optim.schedule == "linear" and optim.total_steps is None and unbounded:
+    when the optimizer was built, once the run had started). Lightning sets no epoch limit for
+    max_epochs=-1, and for max_epochs=null with a time limit (`max_time`); 1000 epochs for null alone."""
+    max_epochs, timed = trainer.get("max_epochs"), trainer.get("max_time") is not None
+    unbounded = max_epochs == -1 or (max_epochs is None and timed)
+    if (
+        optim.schedule == "linear"
+        and optim.total_steps is None
+        and unbounded
+        and trainer.get("max_steps", -1) in (-1, None)
+    ):
+        given = "-1" if max_epochs == -1 else "null with trainer.max_time"
         raise ConfigError(
-            "trainer.max_epochs=-1 (no limit) with the linear schedule, which decays to 0 at the run's last "
-            "step: set trainer.max_steps or optim.total_steps, or use optim=inverse_sqrt or optim=noam"
+            f"trainer.max_epochs={given} (no epoch limit) with the linear schedule, which decays to 0 at the "
+            "run's last step: set trainer.max_steps or optim.total_steps, or use optim=inverse_sqrt or "
+            "optim=noam"
         )
 
 
