@@ -431,6 +431,51 @@ def test_a_beam_keeping_attention_is_refused_before_its_cache_and_attention_grow
     assert len(beam_search(model, src, beam=4, max_len_a=0, max_len_b=16)) == 2  # 67,776 bytes without
 
 
+class _OwnCache:
+    """A cache of a model's own kind: a `KVCache` inside, no `layers` of its own."""
+
+    def __init__(self, inner: Any) -> None:
+        self.inner = inner
+
+    def reorder(self, rows: Tensor, sentences: Tensor | None = None) -> None:
+        self.inner.reorder(rows, sentences)
+
+
+class _OwnCacheModel(Transformer):
+    """A model whose `new_cache` is of its own kind, which its `decode` reads."""
+
+    def new_cache(self, beams: int = 1) -> Any:  # type: ignore[override]
+        return _OwnCache(super().new_cache(beams))
+
+    def decode(self, tgt: Tensor, memory: Tensor, src_mask: Tensor | None, *, cache: Any = None,
+               need_weights: bool = False) -> Any:  # fmt: skip
+        inner = cache.inner if cache is not None else None
+        return super().decode(tgt, memory, src_mask, cache=inner, need_weights=need_weights)
+
+
+def test_a_model_with_a_cache_of_its_own_kind_is_decoded_past_the_first_memory_check(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """`ModuleStep`'s memory check at step 16 read a `KVCache`'s layers from any cache: a model of its own
+    kind whose cache has none (a subclass, as `ModuleStep` promises to decode) failed there with an
+    AttributeError. Its cache is not counted; the search's outputs are the plain model's."""
+    import attnlab.decoding.search as search
+
+    monkeypatch.setattr(search, "_SURELY_FITS", 0)  # every check runs (memory: this machine's)
+    torch.manual_seed(3)
+    config = tiny_config(src_vocab_size=50, tgt_vocab_size=70, tie="decoder")
+    own, plain = _OwnCacheModel(config).eval(), Transformer(config).eval()
+    plain.load_state_dict(own.state_dict())
+    src = random_source([3, 4], 50, 3)
+    for beam in (1, 3):
+        ours = beam_search(own, src, beam=beam, max_len_a=0, max_len_b=40, min_len=40, need_attention=True)
+        theirs = beam_search(
+            plain, src, beam=beam, max_len_a=0, max_len_b=40, min_len=40, need_attention=True
+        )
+        assert [h[0].tokens for h in ours] == [h[0].tokens for h in theirs]
+        assert all(len(h[0].tokens) >= 40 for h in ours)  # past the checks at steps 16 and 32
+
+
 def test_greedy_decoding_checks_its_memory_as_beam_search_does(monkeypatch: pytest.MonkeyPatch) -> None:
     """Greedy decoding on the CPU allocated without a check: a model that never ends an output (an
     untrained one) with a long length limit over a large batch doubled its keys and values buffers until

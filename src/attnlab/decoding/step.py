@@ -28,6 +28,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Callable
+from typing import Any
 
 import torch
 import torch.nn.functional as F
@@ -335,10 +336,7 @@ class ModuleStep:
     def __call__(self, fed: Tensor) -> Tensor | tuple[Tensor, list[Tensor]]:
         t = self.length
         if self.memory_check is not None and t >= FIRST_POSITIONS and t & (t - 1) == 0:
-            per_position = 0  # float32 numbers a row's cache holds per position
-            if self.cache is not None:
-                per_position = sum(2 * kv.self_k.size(1) * kv.self_k.size(3) for kv in self.cache.layers)
-            self.memory_check(t, fed.size(0), per_position * t)
+            self.memory_check(t, fed.size(0), _floats_per_position(self.cache) * t)
         self.length = t + 1
         return self.model.decode(fed, self.memory, self.src_mask, cache=self.cache, **self.options)
 
@@ -353,6 +351,18 @@ class ModuleStep:
             self.src_mask = None if self.src_mask is None else self.src_mask.index_select(0, kept)
         if self.cache is not None:
             self.cache.reorder(rows, sentences)
+
+
+def _floats_per_position(cache: Any) -> int:
+    """Float32 numbers a decoder row of a modules' cache holds per position: the keys and values of every
+    layer of a `KVCache`; 0 without a cache, or for a cache of a model's own kind, which `ModuleStep` cannot
+    see into (its memory is then not counted)."""
+    floats = 0
+    for layer in getattr(cache, "layers", None) or []:
+        keys = getattr(layer, "self_k", None)
+        if isinstance(keys, Tensor) and keys.dim() == 4:  # (N, H, T, Dh)
+            floats += 2 * keys.size(1) * keys.size(3)
+    return floats
 
 
 def decoding_step(
