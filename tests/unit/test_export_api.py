@@ -52,9 +52,9 @@ def test_ctranslate2_with_separate_source_and_target_vocabularies(tmp_path: Path
     ours.decode = DecodeConfig(beam=1, alpha=0.0, max_len_a=0.0, max_len_b=8, max_source_tokens=5)
     (tmp_path / "ct2").mkdir()  # `out` may be new or an empty directory (here the latter)
     engine = CT2Translator(export(ours, "ctranslate2", tmp_path / "ct2"), intra_threads=1)
-    lines = ["Zwei Männer fahren.", "Ein Hund liest.", "Schnee"]
+    lines = ["Zwei Männer fahren.", "", "Ein Hund liest.", "Schnee"]
     assert engine.translate(lines) == ours.translate(lines)
-    assert len(set(ours.translate(lines))) > 1  # outputs depend on the source
+    assert len(set(ours.translate(lines))) > 1  # outputs depend on the source; the empty line stays empty
     # the source limit is the translator's (not the model's 1024 positions), cut as attnlab cuts
     assert engine.source_ids(lines) == ours._source_ids(lines) and len(engine.source_ids(lines)[0]) == 5
 
@@ -70,14 +70,26 @@ def test_hf_refuses_separate_vocabularies_and_sentencepiece(tmp_path: Path) -> N
     assert list(tmp_path.iterdir()) == []  # nothing written, no staging directory left
 
 
-def test_hf_export_of_a_greedy_checkpoint_generates_attnlab_outputs(tmp_path: Path) -> None:
+@pytest.mark.parametrize("start", [None, 0])
+def test_hf_export_of_a_greedy_checkpoint_generates_attnlab_outputs(
+    tmp_path: Path, start: int | None
+) -> None:
     """A checkpoint decoding greedily (decode.beam=1) exports a valid generation config; on a random model
-    the outputs run to the length limit, so the saved limit means attnlab's."""
+    the outputs run to the length limit, so the saved limit means attnlab's. A model starting its outputs
+    from pad (MarianMT's `decoder_start_id`) starts from it in generate() too. The directory has the
+    usual permissions of the umask (not those of the private staging directory it was written in)."""
+    import os
+
     from transformers import AutoTokenizer, MarianMTModel
 
     joint = SubwordTokenizer.train(GERMAN + ENGLISH, model="bpe", vocab_size=80)
-    ours = random_translator(joint, joint, tie="all")
-    out = export(ours, "hf", tmp_path / "hf")
+    ours = random_translator(joint, joint, tie="all", decoder_start_id=start)
+    umask = os.umask(0o027)
+    try:
+        out = export(ours, "hf", tmp_path / "hf")
+    finally:
+        os.umask(umask)
+    assert out.stat().st_mode & 0o777 == 0o750
     tokenizer = AutoTokenizer.from_pretrained(out, local_files_only=True)
     model = MarianMTModel.from_pretrained(out, local_files_only=True).eval()
     lines = ["Zwei Männer fahren.", "Ein Hund liest ein Buch im Schnee."]
@@ -85,6 +97,21 @@ def test_hf_export_of_a_greedy_checkpoint_generates_attnlab_outputs(tmp_path: Pa
         generated = model.generate(**tokenizer(lines, return_tensors="pt", padding=True))
     assert tokenizer.batch_decode(generated, skip_special_tokens=True) == ours.translate(lines)
     assert generated.size(1) == 1 + 8  # the start id and max_len_b tokens: no eos forced or generated
+
+
+def test_the_hf_tokenizer_encodes_and_decodes_as_attnlab_does() -> None:
+    """`hf_tokenizer`: whitespace around and inside the text (a no-break space, a newline) is collapsed and
+    stripped as attnlab's normalisation does (a trailing space was a piece of its own), eos appended; the
+    unknown id decodes as the text "<unk>", as in attnlab, not skipped as a special token."""
+    from attnlab.data.tokenizer import EOS_ID, UNK_ID
+    from attnlab.interop.export import hf_tokenizer
+
+    joint = SubwordTokenizer.train(GERMAN + ENGLISH, model="bpe", vocab_size=80)
+    tokenizer = hf_tokenizer(joint, EOS_ID)
+    for text in (" Zwei\u00a0 Hunde.\n", "Zwei Hunde.  "):
+        assert tokenizer(text)["input_ids"] == [*joint.encode(text), EOS_ID], text
+    ids = [*joint.encode("Zwei Hunde."), UNK_ID, *joint.encode("Schnee")]
+    assert tokenizer.decode(ids, skip_special_tokens=True) == joint.decode(ids) == "Zwei Hunde.<unk> Schnee"
 
 
 def test_min_len_means_the_same_in_both_formats(tmp_path: Path) -> None:
@@ -236,6 +263,27 @@ def test_hf_generation_config_carries_a_fairseq_length_penalty(
         assert lost == [] and not caplog.records
 
 
+def test_ctranslate2_decodes_with_the_saved_fairseq_length_penalty(tmp_path: Path) -> None:
+    """A checkpoint decoding with decode.length_penalty=fairseq, alpha=2 and beams: CTranslate2 divides the
+    scores by length^2 unless a call names another penalty. On a model whose eos is often near the top,
+    without the penalty (0) some beams end at once; with the saved one each runs to its limit."""
+    pytest.importorskip("ctranslate2", reason='needs the [export] extra: pip install -e ".[export]"')
+    from attnlab.interop.ct2 import CT2Translator
+
+    joint = SubwordTokenizer.train(GERMAN + ENGLISH, model="bpe", vocab_size=80)
+    ours = Translator(
+        eos_biased_model(joint.vocab_size, 1.0),
+        joint,
+        joint,
+        DecodeConfig(beam=4, length_penalty="fairseq", alpha=2.0, max_len_a=0.0, max_len_b=8),
+    )
+    engine = CT2Translator(export(ours, "ctranslate2", tmp_path / "ct2"), intra_threads=1)
+    assert engine.settings["decode"]["length_penalty"] == 2.0
+    ids = ours._source_ids(GERMAN[:3])
+    assert [len(row) for row in engine.translate_ids(ids)] == [8, 8, 8]
+    assert [len(row) for row in engine.translate_ids(ids, length_penalty=0.0)] == [8, 0, 8]
+
+
 def test_hf_generation_config_carries_sampling(tmp_path: Path) -> None:
     """decode.sampling's topk (0: every token, as generate()'s top_k=0), topp and temperature; the seed
     cannot be carried (generate() draws from torch's generator) and is listed as not carried."""
@@ -362,15 +410,17 @@ def test_a_model_marianmt_cannot_hold_is_refused_naming_what_exports(
 
 
 def test_an_out_that_cannot_be_written_is_refused_naming_it_and_the_fix(tmp_path: Path) -> None:
-    """A dangling symbolic link (the finished export could not be renamed onto it), a path under a file,
-    and a directory that takes no new entries (/proc, whatever the permission bits say): refused naming
-    `out=` and what to do, not with the OSError of a hidden staging directory, and nothing is left."""
+    """A dangling symbolic link (the finished export could not be renamed onto it), a file (which the
+    export would have replaced), a path under a file, and a directory that takes no new entries (/proc,
+    whatever the permission bits say): refused naming `out=` and what to do, not with the OSError of a
+    hidden staging directory, and nothing is left."""
     joint = SubwordTokenizer.train(GERMAN + ENGLISH, model="bpe", vocab_size=80)
     ours = random_translator(joint, joint, tie="all", pe_layout="split")
     (tmp_path / "dangling").symlink_to(tmp_path / "nowhere")
     (tmp_path / "file").write_text("mine")
     refusals = {
         tmp_path / "dangling": rf"is a symbolic link to {tmp_path / 'nowhere'}, which does not exist: name a",
+        tmp_path / "file": "is a file: name a directory to export into",
         tmp_path / "file" / "out": rf"cannot write the export in {tmp_path / 'file'} \(not a directory\)",
         Path("/proc/attnlab-export"): r"cannot write the export in /proc \(.*\): choose a directory you can",
     }
@@ -705,6 +755,8 @@ def test_an_export_whose_source_limit_grows_its_position_table_says_so(
     ours = random_translator(joint, joint, tie="all")
     with caplog.at_level(logging.WARNING, logger="attnlab.interop.export"):
         export(ours, "hf", tmp_path / "ordinary")
+        # a model of more positions than the output cap exports its own table as it is: nothing to say
+        export(random_translator(joint, joint, tie="all", max_positions=5000), "hf", tmp_path / "long model")
     assert "sinusoid positions" not in caplog.text
     ours.decode = DecodeConfig(beam=1, alpha=0.0, max_len_a=0.0, max_len_b=8, max_source_tokens=6000)
     with caplog.at_level(logging.WARNING, logger="attnlab.interop.export"):
@@ -735,7 +787,9 @@ def test_a_source_limit_whose_position_tables_cannot_fit_in_memory_is_refused_be
         export(ours, fmt, tmp_path / "out")
     assert resource.getrusage(resource.RUSAGE_SELF).ru_maxrss - peak < 500_000  # KiB: < 0.5 GB
     message = str(caught.value)
-    assert message.startswith(f"format={fmt}: its sinusoid tables of 1000000000000 positions need "), message
+    assert message.startswith(
+        f"format={fmt}: its sinusoid tables of 1000000000000 positions need 238,418.6 GiB, more than the "
+    ), message  # 2 tables x 10^12 x 32 float32
     assert "because data.max_source_tokens=1000000000000" in message
     assert "export with a lower decode.max_source_tokens" in message
     assert list(tmp_path.iterdir()) == []  # nothing half-written
@@ -762,4 +816,33 @@ def test_a_request_the_format_cannot_write_or_an_out_of_the_users_is_refused_bef
         check_request("hf", "none", mine, overwrite=True)
     assert [p.name for p in mine.iterdir()] == ["notes.txt"]
     (mine / SETTINGS_FILE).write_text('{"format": "hf"}')  # as an export writes it
+    with pytest.raises(
+        ExportError, match=rf"^out={mine} exists and is not empty: choose a new directory, or"
+    ):
+        check_request("hf", "none", mine, overwrite=False)
     assert check_request("hf", "none", mine, overwrite=True) == mine
+
+
+def test_a_request_out_of_reach_or_without_its_package_is_refused_naming_the_fix(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """`check_request` alone: a missing parent directory is named (not "not a directory"); /proc/sys,
+    where no user may add an entry, root included, is not writable (named before a staging directory is
+    tried); format=ctranslate2 without ctranslate2 names the extra to install, and format=hf does not
+    need it."""
+    import sys
+
+    from attnlab.interop.export import check_request
+
+    missing = tmp_path / "missing"
+    with pytest.raises(ExportError, match=rf"^out={missing / 'out'}: its parent directory {missing} does not "
+                       "exist; create it first$"):  # fmt: skip
+        check_request("hf", "none", missing / "out", overwrite=False)
+    with pytest.raises(ExportError, match=r"^out=/proc/sys/attnlab: cannot write the export in /proc/sys "
+                       r"\(not writable\)"):  # fmt: skip
+        check_request("hf", "none", "/proc/sys/attnlab", overwrite=False)
+    monkeypatch.setitem(sys.modules, "ctranslate2", None)  # not installed: find_spec gives None
+    with pytest.raises(ExportError, match=r'^format=ctranslate2 needs the ctranslate2 package: pip install '
+                       r'"attnlab\[export\]"$'):  # fmt: skip
+        check_request("ctranslate2", "none", tmp_path / "out", overwrite=False)
+    assert check_request("hf", "none", tmp_path / "out", overwrite=False) == tmp_path / "out"
