@@ -216,8 +216,11 @@ def test_a_run_killed_while_validating_the_step_of_a_due_save_resumes_from_the_s
 @pytest.mark.parametrize("value", [0, -1])
 def test_a_non_positive_last_ckpt_interval_is_refused(value: int, tmp_path: Path) -> None:
     overrides = [*IN_PROCESS, DEFAULT, f"callbacks.last_checkpoint.every_n_minutes={value}"]
-    with pytest.raises(Exception, match=f"every_n_minutes={value} must be > 0"):
+    with pytest.raises(
+        ConfigError, match=rf"^callbacks\.last_checkpoint\.every_n_minutes={value} must be a number > 0"
+    ):
         train(compose_train(overrides, tmp_path / "run"))
+    assert not (tmp_path / "run").exists()  # refused with the config, before the run started
 
 
 def test_a_checkpoint_saved_by_a_validation_inside_the_epoch_resumes_exactly(tmp_path: Path) -> None:
