@@ -37,8 +37,9 @@ class SignalAt(L.Callback):
 
     def _send(self, trainer: L.Trainer, stage: str, step: int) -> None:
         if stage == self.stage and step == self.step and self.rank in (None, trainer.global_rank):
-            for _ in range(self.times):
-                os.killpg(os.getpgid(0), self.signum) if self.group else os.kill(os.getpid(), self.signum)
+            for _ in range(self.times):  # (to this thread: its handler has run when the next is sent; two
+                # sent to the process at once can reach another thread and be handled as one, late)
+                os.killpg(os.getpgid(0), self.signum) if self.group else signal.raise_signal(self.signum)
 
     def on_validation_batch_end(self, trainer: L.Trainer, pl_module: Any, outputs: Any, batch: Any,
                                 index: int, *args: Any) -> None:  # fmt: skip
