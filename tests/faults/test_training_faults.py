@@ -326,11 +326,14 @@ def test_the_command_that_redoes_a_stopped_final_evaluation_reads_back_a_multiru
 
 def test_a_second_ctrl_c_before_any_save_reads_interrupted_without_naming_resume(tmp_path: Path) -> None:
     """Two Ctrl-C at step 1 (last.ckpt is saved every 2 steps): the run stops at once with nothing saved,
-    so the manifest does not send the user to resume=true, which would be refused for lack of last.ckpt."""
+    so the manifest does not send the user to resume=true, which would be refused for lack of last.ckpt;
+    Ctrl-C is handled afterwards as before the run (`keeping_signal_handlers`)."""
     ctrl_c = ["+callbacks.kill._target_=probes.SignalAt", "+callbacks.kill.step=1", "+callbacks.kill.times=2",
               f"+callbacks.kill.signum={int(signal.SIGINT)}"]  # fmt: skip
+    before = signal.getsignal(signal.SIGINT)
     with pytest.raises(SystemExit) as stopped:
         train(compose_train([*RUN, *ctrl_c], tmp_path))
+    assert signal.getsignal(signal.SIGINT) is before  # (Lightning left it ignored)
     assert stopped.value.code == 128 + signal.SIGINT and not (tmp_path / "checkpoints" / "last.ckpt").exists()
     manifest = json.loads((tmp_path / "manifest.json").read_text())
     assert manifest["status"] == "interrupted" and "resume=true" not in manifest["error"], manifest

@@ -159,8 +159,27 @@ def train(cfg: DictConfig) -> dict[str, float]:
     with removing_new_directories([plan.run.path, *logger_directories(loggers).values()]):
         plan.run.check_writable()  # a refusal leaves none of the directories these two made
         check_logger_directories(loggers)
-    with plan.run.lock():  # a second process in this run directory is refused here
+    with plan.run.lock(), keeping_signal_handlers():  # a second process in this run directory: refused here
         return _run(plan)
+
+
+@contextmanager
+def keeping_signal_handlers() -> Iterator[None]:
+    """Put back the handlers of SIGINT, SIGTERM and SIGUSR1 the run found, however it ends: Lightning
+    ignores SIGINT once a Ctrl-C's KeyboardInterrupt stops training (for its own shutdown) and gives back
+    only the handlers it replaced, so a notebook or a program training in its own process ignored Ctrl-C
+    from then on."""
+    if threading.current_thread() is not threading.main_thread():  # signals reach only the main thread
+        yield
+        return
+    signals = (signal.SIGINT, signal.SIGTERM, signal.SIGUSR1)
+    previous = {signum: signal.getsignal(signum) for signum in signals}
+    try:
+        yield
+    finally:
+        from attnlab.training.callbacks import restore_signal_handlers  # (lightning: loaded by then)
+
+        restore_signal_handlers(previous)
 
 
 def _run(plan: RunPlan) -> dict[str, float]:
