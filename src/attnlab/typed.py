@@ -131,6 +131,16 @@ def is_int(value: Any) -> bool:
     return isinstance(value, int) and not isinstance(value, bool)
 
 
+def whole_count(value: Any) -> int | None:
+    """`value` as an int when it is a whole number >= 1: an int, or a whole float (YAML's `1e2` is 100.0),
+    which Lightning takes as the int; None for anything else (a bool, a fraction, infinity, text)."""
+    if is_int(value):
+        return value if value >= 1 else None
+    if isinstance(value, float) and value >= 1 and value.is_integer():
+        return int(value)
+    return None
+
+
 def did_you_mean(name: str, known: list[str], prefix: str = "") -> str:
     """`did you mean <prefix><closest known name>? ` for a mistyped key, or "" when none is close."""
     close = difflib.get_close_matches(name, known, n=1)

@@ -237,3 +237,17 @@ def test_a_time_between_validations_is_left_to_lightning(value: str, tmp_path: P
     interval = cfg.trainer.val_check_interval
     plain = interval if isinstance(interval, (str, float)) else dict(interval)
     L.Trainer(val_check_interval=plain, logger=False, enable_checkpointing=False, enable_progress_bar=False)
+
+
+@pytest.mark.parametrize("value", ["1e2", "100"])
+def test_a_whole_float_step_count_for_last_checkpoint_is_taken_as_the_int(value: str, tmp_path: Path) -> None:
+    """`callbacks.last_checkpoint.every_n_train_steps=1e2` (YAML's whole float 100.0) is a number of steps,
+    as `trainer.val_check_interval=2e3` is a number of batches: checked with the config and built as 100."""
+    from hydra.utils import instantiate
+
+    from attnlab.training.experiment import check_constructor_keys
+
+    cfg = compose_train([f"callbacks.last_checkpoint.every_n_train_steps={value}"], tmp_path, hydra_node=True)
+    check_constructor_keys(cfg)
+    callback = instantiate(cfg.callbacks.last_checkpoint)
+    assert callback._every_n_train_steps == 100 and type(callback._every_n_train_steps) is int

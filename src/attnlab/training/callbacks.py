@@ -22,7 +22,7 @@ from lightning.pytorch.callbacks import EarlyStopping as _LightningEarlyStopping
 from lightning.pytorch.callbacks import ModelCheckpoint
 from lightning.pytorch.trainer.connectors.signal_connector import _SignalConnector
 
-from attnlab.typed import ConfigError, is_int
+from attnlab.typed import ConfigError, whole_count
 
 
 class EarlyStopping(_LightningEarlyStopping):
@@ -119,7 +119,8 @@ class LastCheckpoint(_StepEnds, ModelCheckpoint):
     Args:
         dirpath: The run's `checkpoints/` directory.
         filename: The file's name without `.ckpt`.
-        every_n_train_steps: null: at the end of validations; N: every N optimizer steps instead.
+        every_n_train_steps: null: at the end of validations; N: every N optimizer steps instead (a whole
+            float, YAML's `1e3`, is taken as the int).
         every_n_minutes: null: no time-based saves; M (> 0): also every M minutes of training.
     """
 
@@ -137,7 +138,7 @@ class LastCheckpoint(_StepEnds, ModelCheckpoint):
             filename=filename,
             save_top_k=1,
             enable_version_counter=False,
-            every_n_train_steps=every_n_train_steps,
+            every_n_train_steps=whole_count(every_n_train_steps),  # 100.0 (YAML's 1e2) as 100
         )
         self.every_n_minutes = every_n_minutes
         self._since: float | None = None  # when training (re)started or last.ckpt was last written
@@ -153,7 +154,7 @@ class LastCheckpoint(_StepEnds, ModelCheckpoint):
             ConfigError: Naming the key and the values it takes.
         """
         steps, minutes = node.get("every_n_train_steps"), node.get("every_n_minutes")
-        if steps is not None and (not is_int(steps) or steps < 1):
+        if steps is not None and whole_count(steps) is None:
             raise ConfigError(
                 f"{key}.every_n_train_steps={steps!r} must be an integer >= 1 (or null: at the end of every "
                 "epoch)"

@@ -21,7 +21,15 @@ from attnlab.metrics import VAL_SCORES, MetricsConfig, better, check_metric_name
 from attnlab.model.config import TransformerConfig
 from attnlab.optim import OptimConfig
 from attnlab.training.allocator import check_mode
-from attnlab.typed import RESERVED_KEYS, ConfigError, build_from, did_you_mean, is_int, reject_unknown_keys
+from attnlab.typed import (
+    RESERVED_KEYS,
+    ConfigError,
+    build_from,
+    did_you_mean,
+    is_int,
+    reject_unknown_keys,
+    whole_count,
+)
 
 # Trainer counts that must be positive integers (True: null is allowed too).
 POSITIVE_TRAINER_COUNTS = {
@@ -290,7 +298,7 @@ def _check_trainer(trainer: DictConfig) -> None:
     interval = trainer.get("val_check_interval")
     number = isinstance(interval, (int, float)) and not isinstance(interval, bool)
     fraction = isinstance(interval, float) and 0 < interval <= 1
-    batches = number and interval >= 1 and float(interval).is_integer()
+    batches = whole_count(interval) is not None
     if number and not (fraction or batches):
         raise ConfigError(
             f"trainer.val_check_interval={interval!r} must be a number of training batches >= 1, a fraction "
