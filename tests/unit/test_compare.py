@@ -831,3 +831,24 @@ def test_a_run_whose_value_is_the_text_absent_is_no_run_lacking_the_key(sweep: P
         "model.pe=sinusoidal,model.tie=(absent)": 1, "model.pe=sinusoidal,model.tie='(absent)'": 1,
         "model.pe=sinusoidal,model.tie=false": 1, "model.pe=none,model.tie=false": 3,
     }  # fmt: skip
+
+
+def test_a_text_holding_a_comma_is_quoted_so_two_settings_never_share_a_name(sweep: Path) -> None:
+    """Group names join `key=value` with commas: a text value holding `,<key>=` gave two settings one
+    name (`model.pe=none,model.tie=x,model.tie=y` for pe `none,model.tie=x` with tie `y`, and for pe `none`
+    with tie `x,model.tie=y`), their runs averaged as one group. Such a text is quoted, as YAML reads it;
+    the other values look as before."""
+    import yaml
+
+    settings = {1: ("none,model.tie=x", "y"), 2: ("none", "x,model.tie=y"), 3: ("none", "it's,z")}
+    for pe, seed in BLEU:
+        path = sweep / f"pe={pe},seed={seed}" / "config.yaml"
+        config = yaml.safe_load(path.read_text())
+        config["model"]["pe"], config["model"]["tie"] = settings[seed] if pe == "none" else (pe, False)
+        path.write_text(yaml.safe_dump(config))
+    groups, _ = summarize(load_runs([sweep]), baseline="model.pe=sinusoidal,model.tie=false")
+    assert {g.name: len(g.runs) for g in groups} == {
+        "model.pe=sinusoidal,model.tie=false": 3, "model.pe='none,model.tie=x',model.tie=y": 1,
+        "model.pe=none,model.tie='x,model.tie=y'": 1, "model.pe=none,model.tie='it''s,z'": 1,
+    }  # fmt: skip
+    assert yaml.safe_load("'it''s,z'") == "it's,z"

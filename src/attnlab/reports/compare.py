@@ -290,16 +290,21 @@ def yaml_value(value: Any) -> str:
 
 def group_name(run: Run, keys: Sequence[str]) -> str:
     """`model.pe=learned,model.n_heads=4` for the values of `keys` (`yaml_value`; `ABSENT` for a key the run's
-    config lacks, and the text `(absent)` quoted, `'(absent)'`, as YAML reads it too; `all` with no keys)."""
+    config lacks; the text `(absent)` and a text holding a comma quoted, `'(absent)'`, `'a,b'`, as YAML
+    reads them too; `all` with no keys)."""
     values = [_group_value(run.config[k]) if k in run.config else ABSENT for k in keys]
     return ",".join(f"{k}={v}" for k, v in zip(keys, values, strict=True)) or "all"
 
 
 def _group_value(value: Any) -> str:
-    """`yaml_value(value)`, but a text that would read as `ABSENT` single-quoted: the runs holding it and the
-    runs lacking the key are two groups, of two names."""
+    """`yaml_value(value)`, but a plain text single-quoted as YAML quotes it where it would make two
+    settings one name: `ABSENT` (the runs holding it and the runs lacking the key are two groups), and a
+    text holding a comma, which separates a name's settings (a tag `a,model.pe=learned` would read as a
+    second `model.pe`)."""
     text = yaml_value(value)
-    return f"'{text}'" if text == ABSENT else text
+    if isinstance(value, str) and text == value and (text == ABSENT or "," in text):
+        return "'{}'".format(text.replace("'", "''"))
+    return text
 
 
 @dataclass
