@@ -158,6 +158,36 @@ def test_a_sweep_an_experiment_file_declares_over_a_bookkeeping_key_is_refused(t
         check_no_swept_bookkeeping(compose_train([*space, "experiment=space_bad"], tmp_path, hydra_node=True))
 
 
+def test_an_optuna_search_space_entry_of_one_value_over_a_bookkeeping_key_is_no_sweep() -> None:
+    """Every entry of Optuna's `search_space` counted as sweeping: one over a bookkeeping key was refused
+    though it can take one value only (a categorical of one choice, a range with low == high or a step
+    beyond high), and its jobs would not differ. An entry of several values is still refused."""
+    from omegaconf import DictConfig, OmegaConf
+
+    from attnlab.cli.app import check_no_swept_bookkeeping
+    from attnlab.typed import ConfigError
+
+    pytest.importorskip("hydra_plugins.hydra_optuna_sweeper", reason="needs the [sweep] extra")
+
+    def space(**entries: dict) -> DictConfig:  # a multirun's config: the search space alone
+        sweeper = {"params": None, "search_space": entries}
+        return OmegaConf.create({"hydra": {"sweeper": sweeper, "overrides": {"task": []}}})
+
+    def dist(kind: str, low: float, high: float, **more: object) -> dict:
+        return {"type": kind, "low": low, "high": high, **more}
+
+    single = {
+        "allocator": {"type": "categorical", "choices": ["keep"]},
+        "progress.every_n_steps": dist("int", 50, 50),
+        "callbacks.last_checkpoint.every_n_train_steps": dist("int", 100, 150, step=100),
+        "callbacks.last_checkpoint.every_n_minutes": dist("float", 30.0, 30.0, log=True),
+    }
+    check_no_swept_bookkeeping(space(**single, **{"model.dropout": dist("float", 0.0, 0.3)}))
+    told = r"progress.every_n_steps={type: int, low: 50, high: 60} \(in hydra.sweeper.search_space\) sweeps"
+    with pytest.raises(ConfigError, match=told):
+        check_no_swept_bookkeeping(space(**{**single, "progress.every_n_steps": dist("int", 50, 60)}))
+
+
 def test_a_declared_sweep_over_a_bookkeeping_key_fixed_on_the_command_line_is_not_refused(
     tmp_path: Path,
 ) -> None:

@@ -7,6 +7,7 @@ import hashlib
 import os
 import re
 import secrets
+import warnings
 from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
 from pathlib import Path
@@ -77,7 +78,8 @@ def sweep_overrides(config: DictConfig) -> list[tuple[str, str, bool]]:
     values, a range, a distribution): the `key=value` of every entry of `hydra.sweeper.params` (as
     Hydra's basic and Optuna's sweepers read it; an experiment file can declare its sweep there), or,
     when that is null, of Optuna's deprecated `hydra.sweeper.search_space` (`key={type: categorical,
-    choices: [...]}`, each a distribution: its sweeper reads it only then), then the command line's
+    choices: [...]}`, each a distribution: its sweeper reads it only then; one that can take a single value
+    does not sweep, `_takes_several_values`), then the command line's
     overrides (`hydra.overrides.task`). A key given again on the command line is the command line's alone
     (`allocator=keep` over a declared `allocator: keep,release`): both sweepers take that one."""
     from hydra.core.override_parser.overrides_parser import OverridesParser
@@ -99,12 +101,27 @@ def sweep_overrides(config: DictConfig) -> list[tuple[str, str, bool]]:
             found[name] = (f"{key}={value}", where, swept)
         else:
             flow = yaml.safe_dump(value, default_flow_style=True, sort_keys=False, width=10**6).strip()
-            found[str(key)] = (f"{key}={flow}", where, True)
+            found[str(key)] = (f"{key}={flow}", where, _takes_several_values(value))
     for item in (str(item) for item in OmegaConf.select(config, "hydra.overrides.task") or []):
         key, swept = parsed(item)
         found.pop(key, None)
         found[key] = (item, "the command line", swept)
     return list(found.values())
+
+
+def _takes_several_values(entry: Any) -> bool:
+    """Whether an Optuna `search_space` entry sweeps: the distribution its sweeper builds from it can take
+    more than one value (not a categorical of one choice, nor a range of one value, `low == high` or a
+    `step` beyond `high`: Optuna's `single()`). One the sweeper cannot build counts as sweeping (it is
+    refused when the sweep starts)."""
+    try:
+        from hydra_plugins.hydra_optuna_sweeper._impl import create_optuna_distribution_from_config
+
+        with warnings.catch_warnings():  # (Optuna's warning of a step that does not divide the range)
+            warnings.simplefilter("ignore")
+            return not create_optuna_distribution_from_config(entry).single()
+    except (ImportError, AssertionError, AttributeError, KeyError, TypeError, ValueError):
+        return True
 
 
 def check_no_swept_bookkeeping(config: DictConfig) -> None:
