@@ -45,9 +45,9 @@ def _coerce(value: Any, tp: Any) -> tuple[bool, Any]:
     if tp is bool:
         return isinstance(value, bool), value
     if tp is int:
-        return isinstance(value, int) and not isinstance(value, bool), value
+        return is_int(value), value
     if tp is float:
-        if isinstance(value, (int, float)) and not isinstance(value, bool):
+        if is_number(value):
             try:
                 return True, float(value)
             except OverflowError:  # an int past a float's range (about 1.8e308)
@@ -129,6 +129,11 @@ class ConfigError(ValueError):
 
 def is_int(value: Any) -> bool:
     return isinstance(value, int) and not isinstance(value, bool)
+
+
+def is_number(value: Any) -> bool:
+    """Whether `value` is an int or a float (True and False are not, though Python counts them)."""
+    return isinstance(value, (int, float)) and not isinstance(value, bool)
 
 
 def whole_count(value: Any) -> int | None:

@@ -50,7 +50,7 @@ from attnlab.runs.layout import (
     json_type,
     setting,
 )
-from attnlab.typed import did_you_mean
+from attnlab.typed import did_you_mean, is_number
 
 log = logging.getLogger(__name__)
 
@@ -114,11 +114,6 @@ def _seconds(manifest: dict[str, Any], path: Path) -> float | None:
         ) from None
 
 
-def _is_number(value: Any) -> bool:
-    """Whether a parsed JSON value is a number (`true` and `false` are not, though Python counts them)."""
-    return isinstance(value, (int, float)) and not isinstance(value, bool)
-
-
 def _number(path: Path, what: str, value: float) -> float:
     """`value` of results file `path` as a float (`what` names it in the error).
 
@@ -137,10 +132,10 @@ def _result_metrics(run: RunDir) -> dict[str, float]:
     sets = results.get("sets", {})
     if not isinstance(numbers, dict) or not isinstance(sets, dict):
         raise UnreadableRunFile(f"cannot read {path}: its 'metrics' and 'sets' must be JSON objects")
-    metrics = {k: _number(path, repr(k), v) for k, v in numbers.items() if _is_number(v)}
+    metrics = {k: _number(path, repr(k), v) for k, v in numbers.items() if is_number(v)}
     for name, entry in sets.items():
         scores = [entry.get(m) for m in ("bleu", "chrf")] if isinstance(entry, dict) else [None]
-        if not all(map(_is_number, scores)):
+        if not all(map(is_number, scores)):
             raise UnreadableRunFile(f"cannot read {path}: test set {name!r} has no numeric 'bleu' and 'chrf'")
         try:
             names = {score: set_metric(name, score) for score in SET_SCORES}
@@ -151,7 +146,7 @@ def _result_metrics(run: RunDir) -> dict[str, float]:
         for metric, value in zip(("bleu", "chrf"), scores, strict=True):
             metrics[names[metric]] = _number(path, f"{name!r} {metric}", value)
         ter = entry.get("ter")  # (results from before TER was scored have none)
-        if _is_number(ter):
+        if is_number(ter):
             metrics[names["ter"]] = _number(path, f"{name!r} ter", ter)
     return metrics
 

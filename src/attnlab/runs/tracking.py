@@ -34,7 +34,7 @@ from lightning.pytorch.utilities import rank_zero_only
 
 from attnlab.io import make_writable_directory
 from attnlab.runs.layout import RunDir
-from attnlab.typed import ConfigError
+from attnlab.typed import ConfigError, is_number
 
 __all__ = ["LOGGER_PACKAGES", "MLflowLogger", "check_logger_directories", "check_logger_packages",
            "log_results", "log_run_config", "logger_directories", "missing_packages",
@@ -247,8 +247,7 @@ def result_summary(results: Mapping[str, Any]) -> dict[str, Any]:
 
 
 def _numbers(summary: Mapping[str, Any]) -> dict[str, float]:
-    return {k: float(v) for k, v in summary.items()
-            if isinstance(v, (int, float)) and not isinstance(v, bool)}  # fmt: skip
+    return {k: float(v) for k, v in summary.items() if is_number(v)}
 
 
 # The keys of a logger's config that name a directory it writes into (W&B's `dir` too)

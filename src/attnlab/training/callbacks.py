@@ -22,7 +22,7 @@ from lightning.pytorch.callbacks import EarlyStopping as _LightningEarlyStopping
 from lightning.pytorch.callbacks import ModelCheckpoint
 from lightning.pytorch.trainer.connectors.signal_connector import _SignalConnector
 
-from attnlab.typed import ConfigError, whole_count
+from attnlab.typed import ConfigError, is_number, whole_count
 
 
 class EarlyStopping(_LightningEarlyStopping):
@@ -159,8 +159,7 @@ class LastCheckpoint(_StepEnds, ModelCheckpoint):
                 f"{key}.every_n_train_steps={steps!r} must be an integer >= 1 (or null: at the end of every "
                 "epoch)"
             )
-        number = isinstance(minutes, (int, float)) and not isinstance(minutes, bool)
-        if minutes is not None and not (number and 0 < minutes < math.inf):
+        if minutes is not None and not (is_number(minutes) and 0 < minutes < math.inf):
             raise ConfigError(
                 f"{key}.every_n_minutes={minutes!r} must be a number > 0 (or null: no time-based saves)"
             )

@@ -27,6 +27,7 @@ from attnlab.typed import (
     build_from,
     did_you_mean,
     is_int,
+    is_number,
     reject_unknown_keys,
     whole_count,
 )
@@ -234,8 +235,7 @@ PROGRESS_KEYS = ("every_n_seconds", "every_n_steps")
 def check_progress(every_n_seconds: Any = None, every_n_steps: Any = None) -> None:
     """The `progress` settings (`attnlab.training.console.ProgressLines`): a period in seconds > 0 and one
     in optimizer steps >= 1, each or both null."""
-    number = isinstance(every_n_seconds, (int, float)) and not isinstance(every_n_seconds, bool)
-    if every_n_seconds is not None and (not number or every_n_seconds <= 0):
+    if every_n_seconds is not None and (not is_number(every_n_seconds) or every_n_seconds <= 0):
         raise ConfigError(
             f"progress.every_n_seconds={every_n_seconds!r} must be a number of seconds > 0, or null for no "
             "time period"
@@ -296,10 +296,8 @@ def _check_trainer(trainer: DictConfig) -> None:
     # `"00:00:30:00"` or `{minutes: 30}`, which Lightning checks when it builds the trainer.) A whole
     # float above 1 (`5000.0`, YAML's `5e3`) is a number of batches, as Lightning takes it.
     interval = trainer.get("val_check_interval")
-    number = isinstance(interval, (int, float)) and not isinstance(interval, bool)
     fraction = isinstance(interval, float) and 0 < interval <= 1
-    batches = whole_count(interval) is not None
-    if number and not (fraction or batches):
+    if is_number(interval) and not fraction and whole_count(interval) is None:
         raise ConfigError(
             f"trainer.val_check_interval={interval!r} must be a number of training batches >= 1, a fraction "
             'of an epoch in (0, 1], a time ("DD:HH:MM:SS"), or null (at each epoch\'s end)'
@@ -310,14 +308,11 @@ def _check_run_length(trainer: DictConfig, optim: OptimConfig) -> None:
     """A linear schedule decays to 0 at the run's last step: it needs a run of known length (it failed
     when the optimizer was built, once the run had started). Lightning sets no epoch limit for
     max_epochs=-1, and for max_epochs=null with a time limit (`max_time`); 1000 epochs for null alone."""
-    max_epochs, timed = trainer.get("max_epochs"), trainer.get("max_time") is not None
-    unbounded = max_epochs == -1 or (max_epochs is None and timed)
-    if (
-        optim.schedule == "linear"
-        and optim.total_steps is None
-        and unbounded
-        and trainer.get("max_steps", -1) in (-1, None)
-    ):
+    bounded = optim.total_steps is not None or trainer.get("max_steps", -1) not in (-1, None)
+    if optim.schedule != "linear" or bounded:
+        return
+    max_epochs = trainer.get("max_epochs")
+    if max_epochs == -1 or (max_epochs is None and trainer.get("max_time") is not None):
         given = "-1" if max_epochs == -1 else "null with trainer.max_time"
         raise ConfigError(
             f"trainer.max_epochs={given} (no epoch limit) with the linear schedule, which decays to 0 at the "

@@ -199,7 +199,8 @@ def _run(plan: RunPlan) -> dict[str, float]:
     try:
         metrics = _train_and_evaluate(plan, manifest)
     except BaseException as exc:
-        unsaved = _ctrl_c(exc, run) or _unsaved_sigterm(exc, run)
+        ctrl_c = _ctrl_c(exc, run)
+        unsaved = ctrl_c or _unsaved_sigterm(exc, run)  # stopped at once by a signal, without a save
         if manifest is not None and previous is not None and isinstance(exc, (ConfigError, DataError)):
             # A refused continuation (other training data, a split too small) trained nothing: the run
             # stays as it was.
@@ -212,8 +213,7 @@ def _run(plan: RunPlan) -> dict[str, float]:
                 print(f"attnlab-train: {exc}", file=sys.stderr, flush=True)
         _finish_tracking(exit_code=1)
         if unsaved:  # Lightning exits with 1 after Ctrl-C, 0 after SIGTERM: a shell expects 128 + N
-            code = signal.SIGINT if unsaved.startswith("KeyboardInterrupt") else signal.SIGTERM
-            raise SystemExit(128 + code) from None
+            raise SystemExit(128 + (signal.SIGINT if ctrl_c else signal.SIGTERM)) from None
         raise
     if manifest is not None:
         manifest.finish("finished")
