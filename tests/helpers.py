@@ -69,6 +69,24 @@ def compose_app(name: str, overrides: list[str], *, hydra_node: bool = False) ->
         return compose(name, overrides=list(overrides), return_hydra_config=hydra_node)
 
 
+def command_here(monkeypatch: pytest.MonkeyPatch, task: str, *args: str) -> None:
+    """`attnlab-<task> <args>` (`attnlab.cli.<task>.main`, Hydra's own logging off) in this process: no new
+    process's 10 s of imports. Raises what the command raises (a refusal's `SystemExit`)."""
+    import importlib
+    import sys
+
+    from hydra.core.global_hydra import GlobalHydra
+
+    main = importlib.import_module(f"attnlab.cli.{task}").main
+    argv = [f"attnlab-{task}", *args, "hydra/job_logging=none", "hydra/hydra_logging=none"]
+    monkeypatch.setattr(sys, "argv", argv)
+    GlobalHydra.instance().clear()
+    try:
+        main()
+    finally:
+        GlobalHydra.instance().clear()
+
+
 def compose_train(overrides: list[str], output_dir: Path, *, hydra_node: bool = False) -> DictConfig:
     """Compose `conf/train.yaml` with `overrides`, writing the run into `output_dir`."""
     overrides = [f"paths.output_dir={output_dir}", "trainer.enable_progress_bar=false", *overrides]

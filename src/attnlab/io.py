@@ -28,10 +28,12 @@ _POLL_S = 0.05  # seconds between tries of a lock held by another process
 class FileLock:
     """An exclusive inter-process lock held on `path` with ``fcntl.flock``.
 
-    The lock file is created (with its parent directories) and never deleted: deleting it would let
-    two processes lock two different files of the same name. The kernel drops the lock when the
-    holder closes it or dies. Not reentrant: acquiring a held lock again from another ``FileLock``
-    in the same process waits like any other process would.
+    The lock file is created (with its parent directories) and left in place when released; only its
+    holder deletes it (`release(delete=True)`), and a process that locked a file no longer at `path`
+    (deleted or replaced after it opened it) drops it and locks the file now there, so two processes never
+    hold two files of the same name. The kernel drops the lock when the holder closes it or dies. Not
+    reentrant: acquiring a held lock again from another ``FileLock`` in the same process waits like any
+    other process would (`held_here` says whether this process holds a path's lock).
 
     With `record_holder`, the holder writes ``<pid> <host>`` into the file while it holds the lock (and
     empties it on release), so a process that cannot take the lock can say who holds it (`holder()`).
@@ -83,20 +85,26 @@ class FileLock:
         """
         if self._fd is not None:
             raise RuntimeError(f"FileLock({self.path}) is already held by this object")
-        self.path.parent.mkdir(parents=True, exist_ok=True)
-        fd = os.open(self.path, os.O_RDWR | os.O_CREAT, 0o644)
-        try:
-            notice = self.waiting is not None and self.timeout != 0
-            if not (notice and _try_lock(fd)):
-                if notice:
-                    self.waiting()
-                if self.timeout is None:
-                    fcntl.flock(fd, fcntl.LOCK_EX)
-                else:
-                    self._wait(fd, time.monotonic() + self.timeout)
-        except BaseException:
-            os.close(fd)
-            raise
+        deadline = None if self.timeout is None else time.monotonic() + self.timeout
+        notice = self.waiting is not None and self.timeout != 0
+        while True:
+            self.path.parent.mkdir(parents=True, exist_ok=True)
+            fd = os.open(self.path, os.O_RDWR | os.O_CREAT, 0o644)
+            try:
+                if not (notice and _try_lock(fd)):
+                    if notice:
+                        self.waiting()
+                        notice = False
+                    if deadline is None:
+                        fcntl.flock(fd, fcntl.LOCK_EX)
+                    else:
+                        self._wait(fd, deadline)
+            except BaseException:
+                os.close(fd)
+                raise
+            if _same_file(fd, self.path):
+                break
+            os.close(fd)  # its holder deleted it meanwhile: the lock is the file now at the path
         self._fd = fd
         _HELD.add(self)
         if self.record_holder:
@@ -142,14 +150,18 @@ class FileLock:
                 )
             time.sleep(min(_POLL_S, remaining))
 
-    def release(self) -> None:
-        """Drop the lock (a no-op when not held)."""
+    def release(self, *, delete: bool = False) -> None:
+        """Drop the lock (a no-op when not held); with `delete`, delete the lock file first (while still
+        holding it: a process waiting on the deleted file then takes the one created after it)."""
         if self._fd is None:
             return
         fd, self._fd = self._fd, None
         _HELD.discard(self)
         try:
-            if self.record_holder:
+            if delete:
+                with suppress(FileNotFoundError):
+                    self.path.unlink()
+            elif self.record_holder:
                 os.ftruncate(fd, 0)
             fcntl.flock(fd, fcntl.LOCK_UN)
         finally:
@@ -166,6 +178,21 @@ class FileLock:
         tb: TracebackType | None,
     ) -> None:
         self.release()
+
+
+def _same_file(fd: int, path: Path) -> bool:
+    """Whether `path` still names the file open as `fd`."""
+    try:
+        found, held = os.stat(path), os.fstat(fd)
+    except FileNotFoundError:
+        return False
+    return (found.st_dev, found.st_ino) == (held.st_dev, held.st_ino)
+
+
+def held_here(path: Path) -> FileLock | None:
+    """The `FileLock` on `path` this process holds, or None."""
+    wanted = Path(path).resolve()
+    return next((lock for lock in list(_HELD) if lock.path.resolve() == wanted), None)
 
 
 def _try_lock(fd: int) -> bool:

@@ -20,13 +20,14 @@ from typing import Any, ClassVar
 
 import lightning as L
 import pytest
+from hydra.experimental.callback import Callback
 
 from attnlab.data.download import DataError
 from attnlab.io import FileLock
 from attnlab.runs.layout import RUN_LOCK, RunDir
 from attnlab.training.pipeline import train
 from attnlab.typed import ConfigError
-from helpers import compose_app, compose_train
+from helpers import command_here, compose_app, compose_train
 from runs import RUN, TESTS, running
 
 WORDS = ["ein", "mann", "frau", "hund", "katze", "spielt", "läuft", "im", "park", "mit", "ball", "und"]
@@ -279,11 +280,6 @@ def test_a_refused_command_leaves_no_run_directory_and_keeps_one_that_existed(
     with the parents Hydra made for it, those of the path as written too (`made/../new` makes `made`). A
     run directory that existed before the command is kept, and so are the directories above it that
     existed."""
-    import importlib
-
-    from hydra.core.global_hydra import GlobalHydra
-
-    main = importlib.import_module(f"attnlab.cli.{command}").main
     (tmp_path / "kept").mkdir()
     runs = [
         (tmp_path / "kept/new/run", ["kept"]),
@@ -291,15 +287,8 @@ def test_a_refused_command_leaves_no_run_directory_and_keeps_one_that_existed(
         (tmp_path / "kept", ["kept"]),
     ]
     for run_dir, left in runs:
-        argv = [f"attnlab-{command}", *args, f"hydra.run.dir={run_dir}", "hydra/job_logging=none",
-                "hydra/hydra_logging=none"]  # fmt: skip
-        monkeypatch.setattr(sys, "argv", argv)
-        GlobalHydra.instance().clear()
-        try:
-            with pytest.raises(SystemExit, match=f"^{re.escape(told)}"):
-                main()
-        finally:
-            GlobalHydra.instance().clear()
+        with pytest.raises(SystemExit, match=f"^{re.escape(told)}"):
+            command_here(monkeypatch, command, *args, f"hydra.run.dir={run_dir}")
         assert sorted(p.name for p in tmp_path.iterdir()) == left
     assert sorted(p.name for p in (tmp_path / "kept").iterdir()) == [".hydra"]  # as Hydra left it
 
@@ -563,6 +552,59 @@ def test_a_second_process_in_a_running_run_directory_is_refused(tmp_path: Path) 
     assert (run_dir / RUN_LOCK).read_text() == ""  # released when the run ended
     with FileLock(run_dir / RUN_LOCK, timeout=0):
         pass
+
+
+class ClaimSeen(Callback):
+    """A Hydra callback after attnlab's `RunDirectoryCheck` (`+hydra.callbacks.seen._target_=`): records,
+    before Hydra writes anything into the run directory, whether the command holds its lock."""
+
+    seen: ClassVar[dict[str, Any]] = {}
+
+    def on_run_start(self, config: Any, **kwargs: Any) -> None:
+        run_dir = Path(config.hydra.run.dir)
+        ClaimSeen.seen["record"] = (run_dir / ".hydra").exists()
+        try:
+            with FileLock(run_dir / RUN_LOCK, timeout=0):  # (another open file: refused as another process)
+                ClaimSeen.seen["free"] = True
+        except TimeoutError:
+            ClaimSeen.seen["free"] = False
+            ClaimSeen.seen["holder"] = (run_dir / RUN_LOCK).read_text()
+
+
+def test_a_command_claims_its_run_directory_before_hydra_writes_there(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Two commands started at once on one new run directory both passed the check for a live process
+    there (no lock yet), both wrote `.hydra/`, and the one refused first removed the other's record (a
+    directory holding only Hydra's files is a refused command's own). The command now holds the run's lock
+    from before Hydra writes anything, and a refused command still leaves no directory, lock file included."""
+    ClaimSeen.seen.clear()
+    run_dir = tmp_path / "new" / "run"
+    with pytest.raises(SystemExit, match=r"model.n_heads=5 does not divide d_model=32"):
+        seen = f"+hydra.callbacks.seen._target_={__name__}.ClaimSeen"  # (after attnlab's own callback)
+        command_here(monkeypatch, "train", "data=synthetic", "model=tiny", "model.n_heads=5", seen,
+                     f"hydra.run.dir={run_dir}")  # fmt: skip
+    me = f"{os.getpid()} {socket.gethostname()}\n"
+    assert ClaimSeen.seen == {"record": False, "free": False, "holder": me}
+    assert list(tmp_path.iterdir()) == []  # refused: the run directory and its parent are gone, .lock too
+
+
+@pytest.mark.parametrize("task", ["eval", "export"])
+def test_eval_and_export_are_refused_in_a_directory_another_command_holds(
+    task: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """attnlab-eval and attnlab-export write their results and record into their run directory: one
+    another live command holds (its `.lock`) is refused at once, naming that process, with nothing
+    written (the checkpoint named here does not exist: it is not even looked for)."""
+    run_dir = tmp_path / "run"
+    extra = ["format=hf", f"out={tmp_path / 'out'}"] if task == "export" else []
+    with FileLock(run_dir / RUN_LOCK, record_holder=True), pytest.raises(SystemExit) as refused:
+        command_here(
+            monkeypatch, task, f"ckpt_path={tmp_path / 'none.ckpt'}", *extra, f"hydra.run.dir={run_dir}"
+        )
+    me = f"pid {os.getpid()} on host {socket.gethostname()}"
+    assert f"attnlab-{task}: config error: the run directory {run_dir} is in use: {me}" in str(refused.value)
+    assert [p.name for p in run_dir.iterdir()] == [RUN_LOCK]
 
 
 @pytest.mark.parametrize("split", ["train", "val", "test"])

@@ -596,6 +596,29 @@ def test_file_lock_times_out_naming_the_lock(tmp_path: Path) -> None:
         assert lock.locked
 
 
+def test_a_lock_file_its_holder_deletes_is_never_held_twice(tmp_path: Path) -> None:
+    """A process waiting on a lock file that its holder deletes (`release(delete=True)`: a refused command
+    removing the run directory it made) takes the file at the path afterwards, not the deleted one: a
+    third process then finds the lock held, not a fresh free file of the same name."""
+    import threading
+
+    path = tmp_path / ".lock"
+    holder, waiting = FileLock(path), threading.Event()
+    holder.acquire()
+    waiter = FileLock(path, timeout=5, waiting=waiting.set)  # (another open file: flock applies in-process)
+    thread = threading.Thread(target=waiter.acquire)
+    thread.start()
+    assert waiting.wait(5)  # the waiter has the deleted file open
+    holder.release(delete=True)
+    thread.join(5)
+    assert waiter.locked and path.is_file()
+    with pytest.raises(TimeoutError), FileLock(path, timeout=0):
+        pass
+    waiter.release()
+    with FileLock(path, timeout=0):
+        pass
+
+
 def test_atomic_write_bytes_leaves_no_temporary_files(tmp_path: Path) -> None:
     path = tmp_path / "new" / "file.bin"
     atomic_write_bytes(path, b"one")

@@ -17,13 +17,15 @@ import yaml
 from hydra.experimental.callback import Callback
 from omegaconf import DictConfig, OmegaConf
 
-from attnlab.io import missing_directories, remove_empty_directories
+from attnlab.io import FileLock, missing_directories, remove_empty_directories
 from attnlab.runs.layout import (
     MANIFEST_FILE,
+    RUN_LOCK,
     RunDir,
     UnreadableRunFile,
     check_no_credentials,
     job_setting,
+    launched_rank,
     setting_overrides,
 )
 from attnlab.runs.manifest import Manifest
@@ -146,6 +148,9 @@ def check_no_swept_bookkeeping(config: DictConfig) -> None:
 # The run directory of this process's command (`hydra.run.dir`, resolved) -> it and its parents that were
 # missing when the command started (`RunDirectoryCheck.on_run_start`): Hydra makes them
 _made_for_this_run: dict[Path, set[Path]] = {}
+# The run directory's lock, claimed by `RunDirectoryCheck.on_run_start` for the whole command, and whether
+# the claim made its file
+_claimed_for_this_run: list[tuple[FileLock, bool]] = []
 
 
 @contextmanager
@@ -154,22 +159,33 @@ def refusal_leaves_no_run_directory() -> Iterator[None]:
     message (a `SystemExit` with text: a config error, a missing file), remove the run directory Hydra made
     for it if it holds nothing but Hydra's record (`.hydra/`) and log (`<task>.log`), with the parents
     made along with it: a mistyped command leaves no empty run behind. A directory that existed before the
-    command, or that holds anything the command wrote (a manifest, a checkpoint), is kept."""
+    command, or that holds anything the command wrote (a manifest, a checkpoint), is kept. The run
+    directory's lock the command claimed (`RunDirectoryCheck`) is held until then; a refused command
+    deletes its file if the claim made it."""
     try:
         yield
     except SystemExit as exc:
+        refused = isinstance(exc.code, str)
+        claims = {lock.path.resolve(): (lock, made) for lock, made in _claimed_for_this_run}
         for run_dir, missing in _made_for_this_run.items():
-            if isinstance(exc.code, str) and run_dir in missing and _remove_hydra_record(run_dir):
+            lock, made = claims.get(run_dir / RUN_LOCK, (None, False))
+            removed = refused and run_dir in missing and _remove_hydra_record(run_dir, lock is not None)
+            if lock is not None:  # its file last, while still held (`FileLock.release`)
+                lock.release(delete=refused and made)
+            if removed:
                 remove_empty_directories(missing)
         raise
     finally:
         _made_for_this_run.clear()
+        while _claimed_for_this_run:
+            _claimed_for_this_run.pop()[0].release()
 
 
-def _remove_hydra_record(run_dir: Path) -> bool:
-    """Remove `run_dir`'s `.hydra/` and top-level `*.log` files if it holds nothing else; whether it did."""
+def _remove_hydra_record(run_dir: Path, claimed: bool) -> bool:
+    """Remove `run_dir`'s `.hydra/` and top-level `*.log` files if it holds nothing else (but the lock file,
+    when this command `claimed` the directory); whether it did."""
     record = run_dir / ".hydra"
-    found = list(run_dir.rglob("*"))
+    found = [p for p in run_dir.rglob("*") if not (claimed and p == run_dir / RUN_LOCK)]
     hydras = [p for p in found if p == record or (p.parent == record and p.is_file() and not p.is_symlink())]
     logs = [p for p in found if p.parent == run_dir and p.suffix == ".log" and p.is_file()]
     if len(hydras) + len(logs) != len(found):
@@ -221,14 +237,14 @@ def continues_run(run: RunDir, resume: Any, ckpt_path: Any) -> bool:
 
 class RunDirectoryCheck(Callback):
     """Refuses a run (`hydra.run.dir`) or sweep (`hydra.sweep.dir`) directory that cannot be created or
-    written, before Hydra creates it (`conf/hydra/default.yaml` registers this callback): the command
-    exits with one line naming the key and the fix instead of Hydra's traceback. A training run
-    directory in which another live process runs is refused here too, before Hydra writes `.hydra/`
-    into it, and so is one holding a saved run (`RunDir.check_no_run`) for a command that does not continue
-    it (`resume=false`), and a training sweep whose `optimized_metric` no run writes or whose sweeper
-    would optimise it the wrong way (`check_sweep_objective`). So is a config holding a credential
-    (`check_no_credentials`), which Hydra would write into `.hydra/`, its own node included
-    (`hydra.job.env_set.HF_TOKEN=...`).
+    written, before Hydra creates it (`conf/hydra/default.yaml` registers this callback): the command exits
+    with one line naming the key and the fix instead of Hydra's traceback. It claims the run directory
+    (`RunDir.claim`) for the whole command before Hydra writes `.hydra/` into it: a directory in which another
+    live command runs is refused, and so is a training run directory holding a saved run
+    (`RunDir.check_no_run`) for a command that does not continue it (`resume=false`), and a training sweep
+    whose `optimized_metric` no run writes or whose sweeper would optimise it the wrong way
+    (`check_sweep_objective`). So is a config holding a credential (`check_no_credentials`), which Hydra would
+    write into `.hydra/`, its own node included (`hydra.job.env_set.HF_TOKEN=...`).
     attnlab-eval and attnlab-export refuse a directory holding a training run (`RunDir.check_no_training`):
     they would replace its results and Hydra record with their own."""
 
@@ -238,11 +254,16 @@ class RunDirectoryCheck(Callback):
         _made_for_this_run[run_dir] = missing_directories([Path(config.hydra.run.dir)])  # (`a/../b`: `a`)
         self._check(config, Path(config.hydra.run.dir))
         run, task = RunDir(Path(config.hydra.run.dir)), config.get("task_name", "train")
-        if task == "train":  # a live or saved run there: refused before Hydra writes
+        try:  # held until the command ends (`refusal_leaves_no_run_directory`): no other command writes here
+            if launched_rank() == 0:
+                made = not run.run_lock.exists()
+                _claimed_for_this_run.append((run.claim(), made))
+        except ConfigError as exc:
+            raise SystemExit(f"attnlab-{task}: config error: {exc}") from None
+        if task == "train":  # a saved run there: refused before Hydra writes
             from attnlab.training.experiment import sweep_skip_done
 
             try:
-                run.check_free()
                 skip_finished = sweep_skip_done(config.get("sweep"))
                 if not continues_run(run, config.get("resume"), config.get("ckpt_path")):
                     run.check_no_run(skip_finished=skip_finished)

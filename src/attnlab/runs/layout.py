@@ -33,7 +33,7 @@ from omegaconf import OmegaConf
 from omegaconf._utils import get_yaml_loader
 from omegaconf.errors import OmegaConfBaseException
 
-from attnlab.io import FileLock, atomic_write_bytes, atomic_write_files, make_writable_directory
+from attnlab.io import FileLock, atomic_write_bytes, atomic_write_files, held_here, make_writable_directory
 from attnlab.runs.results import results_bytes
 from attnlab.typed import ConfigError
 
@@ -578,46 +578,38 @@ class RunDir:
         process running there. The lock is `attnlab.io.FileLock` (``flock``): released when the run ends,
         however it ends — the kernel frees it when a killed process dies, so a dead run's stale lock is
         taken over (`resume=true` continues it). Under DDP only the first process (rank 0) takes it; the
-        other ranks run in the same directory.
+        other ranks run in the same directory. A command that claimed the directory already (`claim`,
+        before Hydra wrote into it) runs under its claim.
 
         Raises:
             RunDirectoryInUse: Another live process holds the lock.
         """
-        if launched_rank() != 0:
+        if launched_rank() != 0 or held_here(self.run_lock) is not None:
             yield
             return
-        lock = self._take_lock(record_holder=True)
+        lock = self.claim()
         try:
             yield
         finally:
             lock.release()
 
-    def check_free(self) -> None:
-        """Refuse at once a run directory whose lock a live process holds (`lock`), before anything writes
-        there: Hydra writes `.hydra/` and the job log into the run directory before the task starts
-        (`attnlab.cli.app.RunDirectoryCheck` calls this first). The lock itself is taken by `train`.
-
-        Raises:
-            RunDirectoryInUse: Another live process holds the lock.
-        """
-        if launched_rank() != 0 or not self.run_lock.is_file():
-            return
-        self._take_lock(record_holder=False).release()
-
-    def _take_lock(self, *, record_holder: bool) -> FileLock:
-        """The run directory's lock, taken without waiting.
+    def claim(self) -> FileLock:
+        """Take the run directory's lock without waiting, this process recorded in it (`<pid> <host>`);
+        the caller releases it. `attnlab.cli.app.RunDirectoryCheck` claims a command's run directory before
+        Hydra writes `.hydra/` and the command's log into it, so two commands started at once on one new
+        directory cannot both write there: the second is refused with nothing written.
 
         Raises:
             RunDirectoryInUse: Another live process holds it (named, when it recorded itself).
         """
-        lock = FileLock(self.run_lock, timeout=0, record_holder=record_holder)
+        lock = FileLock(self.run_lock, timeout=0, record_holder=True)
         try:
             lock.acquire()
         except TimeoutError:
             raise RunDirectoryInUse(
                 f"the run directory {self.path} is in use: {lock.holder()} is running there "
-                f"({self.run_lock}). Two runs in one directory would mix their checkpoints and logs: wait "
-                "for it to end (or stop it; resume=true then continues it), or set hydra.run.dir to "
-                "another directory"
+                f"({self.run_lock}). Two commands in one directory would mix their checkpoints, logs and "
+                "results: wait for it to end (a training run stopped early continues with resume=true), "
+                "or set hydra.run.dir to another directory"
             ) from None
         return lock
