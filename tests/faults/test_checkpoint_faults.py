@@ -89,6 +89,9 @@ def write_damaged(kind: str, good: Path, path: Path) -> None:
         "other format": lambda: torch.save(
             {**torch.load(good, weights_only=True), BUNDLE_KEY: {"format": 99}}, path
         ),
+        "data no dict": lambda: torch.save(
+            {**torch.load(good, weights_only=True), BUNDLE_KEY: {"format": 1, "data": ["synthetic"]}}, path
+        ),
         "deeply nested": lambda: write_deeply_nested(good, path),
         "shared references": lambda: write_shared_references(good, path),
     }
@@ -104,6 +107,7 @@ DAMAGED = [
     ("a list", r"bad\.ckpt holds a list, not a Lightning checkpoint"),
     ("bare state dict", r"bad\.ckpt lacks hyper_parameters, attnlab: it was not written by attnlab-train"),
     ("other format", r"bad\.ckpt has attnlab checkpoint format 99; this version reads format 1"),
+    ("data no dict", r"bad\.ckpt has a list as attnlab\.data, not the dict of data settings attnlab-train"),
     ("deeply nested", r"bad\.ckpt holds data nested more than 64 levels deep, .*use another checkpoint"),
     (
         "shared references",
@@ -172,6 +176,25 @@ def test_checkpoints_of_two_models_are_not_averaged(good: Path, tmp_path: Path) 
     states = [read_checkpoint(p)["state_dict"] for p in (good, other_dir / "checkpoints" / "last.ckpt")]
     with pytest.raises(CheckpointError, match=r"ffn\.w_1\.weight is \(48, 32\) in other but \(.*\) in good"):
         average_state_dicts(states, ["good", "other"])
+
+
+def test_checkpoints_of_other_settings_or_tokenizers_are_not_averaged(good: Path, tmp_path: Path) -> None:
+    """Averaging takes checkpoints of one model: the same model settings (also those that leave the weights'
+    shapes as they are, such as dropout) and the same tokenizers; others are refused, naming the file."""
+    from attnlab.data.tokenizer import SubwordTokenizer
+
+    tokenizer = SubwordTokenizer.train(["a small corpus", "of two lines"], model="bpe", vocab_size=40)
+    edits = {
+        "model config": lambda c: c["hyper_parameters"]["model"].update(dropout=0.5),
+        "tokenizer": lambda c: c[BUNDLE_KEY].update(tgt_tokenizer=tokenizer.to_json()),
+    }
+    for name, edit in edits.items():
+        checkpoint = torch.load(good, weights_only=True)
+        edit(checkpoint)
+        other = tmp_path / f"{name.replace(' ', '_')}.ckpt"
+        torch.save(checkpoint, other)
+        with pytest.raises(CheckpointError, match=rf"^{re.escape(str(other))} has another {name} than "):
+            read_averaged([good, other])
 
 
 WEIGHT = "model.encoder.layers.0.ffn.w_1.weight"

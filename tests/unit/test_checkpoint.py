@@ -1,7 +1,11 @@
-"""Checkpoint averaging, epoch-checkpoint discovery and decoding-setting overrides."""
+"""Checkpoint averaging, epoch-checkpoint discovery, decoding-setting overrides, the settings and weights
+a checkpoint holds, and the generator states a resumption restores."""
 
 from __future__ import annotations
 
+import io
+import random
+import re
 from pathlib import Path
 
 import pytest
@@ -9,13 +13,20 @@ import torch
 
 from attnlab.decoding import DecodeConfig
 from attnlab.inference.translator import decode_settings, resolve_checkpoints
+from attnlab.metrics import MetricsConfig
+from attnlab.model.transformer import Transformer
 from attnlab.runs.checkpoint import (
     CheckpointError,
     average_state_dicts,
+    check_weights_fit,
     kept_checkpoints,
     last_kept_checkpoints,
     model_weights,
+    rng_states,
+    saved_settings,
+    set_rng_states,
 )
+from helpers import TINY, tiny_config
 
 
 def test_average_is_the_elementwise_mean_in_the_original_dtype() -> None:
@@ -66,6 +77,7 @@ def touch(directory: Path, *names: str) -> None:
 def test_epoch_checkpoints_are_found_in_epoch_order_from_any_level_of_a_run(tmp_path: Path) -> None:
     epochs = tmp_path / "run" / "checkpoints" / "epochs"
     touch(epochs, "epoch009.ckpt", "epoch010.ckpt", "epoch002.ckpt", "notes.txt", "epoch1.tmp")
+    touch(epochs, "epoch010-v1.ckpt")  # (Lightning's name for a second file of one name: not kept)
     expected = [epochs / n for n in ("epoch002.ckpt", "epoch009.ckpt", "epoch010.ckpt")]
     for level in (tmp_path / "run", tmp_path / "run" / "checkpoints", epochs):
         assert kept_checkpoints(level) == expected
@@ -196,3 +208,47 @@ def test_saved_nbest_and_alignment_settings_are_not_kept_by_the_commands() -> No
     assert decode_settings(saved, {"beam": 2}).beam == 2  # not refused for the saved nbest=3 > beam
     asked = decode_settings(saved, {"nbest": 2, "print_alignment": "soft"})
     assert (asked.nbest, asked.print_alignment, asked.nbest_format) == (2, "soft", "jsonl")  # the default
+
+
+def test_saved_settings_default_decoding_and_scoring_and_refuse_what_no_class_builds() -> None:
+    """A checkpoint from before decoding or scoring settings were saved gets the defaults; missing model
+    settings, keys that are no names, and values the class refuses are a `CheckpointError` naming the file."""
+    assert saved_settings({"hyper_parameters": {}}, "metrics", "old.ckpt") == MetricsConfig()
+    assert saved_settings({"hyper_parameters": {}}, "decode", "old.ckpt") == DecodeConfig()
+    assert saved_settings({"hyper_parameters": {"model": dict(TINY)}}, "model", "a.ckpt") == tiny_config()
+    refused = [
+        ({}, r"a\.ckpt has no model settings \(hyper_parameters\.model\)"),
+        ({"model": {**TINY, 1: 2}}, r"a\.ckpt has no model settings"),  # a key of no name
+        ({"model": {**TINY, "d_model": "big"}},
+         r"a\.ckpt holds model settings this version cannot use: model\.d_model='big' is not valid"),
+    ]  # fmt: skip
+    for hyper_parameters, message in refused:
+        with pytest.raises(CheckpointError, match=message):
+            saved_settings({"hyper_parameters": hyper_parameters}, "model", "a.ckpt")
+
+
+def test_weights_outside_the_settings_are_refused_unless_strict_is_off() -> None:
+    """`strict=False` allows missing and extra weights, as `load_state_dict(strict=False)` does."""
+    config = tiny_config()
+    weights = {f"model.{k}": v for k, v in Transformer(config).state_dict().items()}
+    extra = {**weights, "model.extra.weight": torch.zeros(2)}
+    missing = {k: v for k, v in weights.items() if k != "model.output.weight"}
+    check_weights_fit(config, weights, "a.ckpt")
+    refused = [(extra, "model.extra.weight, unexpected"), (missing, "model.output.weight, missing")]
+    for state, named in refused:
+        with pytest.raises(CheckpointError, match=re.escape(f"(first differing key: {named})")):
+            check_weights_fit(config, state, "a.ckpt")
+    check_weights_fit(config, extra, "a.ckpt", strict=False)
+    check_weights_fit(config, missing, "a.ckpt", strict=False)
+
+
+def test_saved_generator_states_read_back_weights_only_restore_torch_and_python_draws() -> None:
+    """What `rng_states` saves goes through `torch.save` and `torch.load(weights_only=True)`, and
+    `set_rng_states` makes torch's and Python's generators repeat the draws made after the save."""
+    saved = io.BytesIO()
+    torch.save(rng_states(), saved)
+    drawn = (torch.rand(4), [random.random() for _ in range(4)])
+    saved.seek(0)
+    set_rng_states(torch.load(saved, weights_only=True))
+    assert torch.equal(torch.rand(4), drawn[0])
+    assert [random.random() for _ in range(4)] == drawn[1]
