@@ -454,6 +454,23 @@ def test_a_moved_state_follows_although_a_file_it_replaced_since_is_gone(tmp_pat
     assert list(steps["best_k_models"]) == [str(new / "steps" / f"step0000000{k}.ckpt") for k in (3, 6)]
 
 
+def test_a_state_whose_top_k_files_name_one_outside_the_run_is_dropped(tmp_path: Path) -> None:
+    """Lightning deletes a top-k file that a better checkpoint replaces: a state whose best file is the
+    run's but whose `best_k_models` names a file elsewhere is dropped, as one naming it as the best is."""
+    checkpoints = tmp_path / "run" / "checkpoints"
+    checkpoints.mkdir(parents=True)
+    best = checkpoints / "best-epoch001-step20.ckpt"
+    best.write_bytes(b"")
+    precious = tmp_path / "precious.ckpt"
+    precious.write_bytes(b"")
+    state = {"dirpath": str(checkpoints), "best_model_path": str(best),
+             "best_k_models": {str(best): 1.0, str(precious): 2.0}, "kth_best_model_path": "",
+             "last_model_path": ""}  # fmt: skip
+    checkpoint = {"callbacks": {"best": state}}
+    trusted_callback_states(checkpoint, checkpoints / "last.ckpt", own_run=True)
+    assert checkpoint["callbacks"] == {}
+
+
 def test_a_last_ckpt_written_every_n_steps_holds_the_tokens_of_its_steps(tmp_path: Path) -> None:
     """last.ckpt of `every_n_train_steps` is written in the callbacks' `on_train_batch_end`, which
     Lightning runs before the module's: it held the tokens of one step fewer than it counts as done,

@@ -222,6 +222,28 @@ def test_a_full_disk_during_a_save_names_the_file_and_keeps_the_previous_checkpo
     assert not list(last.parent.glob(".*partial*"))
 
 
+def test_a_first_save_that_fails_says_nothing_was_written_and_a_full_quota_is_a_full_disk(
+    tmp_path: Path,
+) -> None:
+    """A save that fails where no checkpoint was before leaves no file and says so; a disk quota reached
+    (EDQUOT) gets the advice of a full disk."""
+    from attnlab.training.checkpoint_io import AtomicCheckpointIO, CheckpointWriteError
+
+    class OverQuota(AtomicCheckpointIO):  # the quota reached after torch wrote the first bytes
+        def write(self, checkpoint: dict, file) -> None:
+            file.write(b"PK")
+            raise OSError(errno.EDQUOT, "Disk quota exceeded")
+
+    last = tmp_path / "last.ckpt"
+    with pytest.raises(CheckpointWriteError) as raised:
+        OverQuota().save_checkpoint({"step": 1}, last)
+    assert (
+        f"cannot write checkpoint {last}: Disk quota exceeded; nothing was written. Free disk space"
+        in str(raised.value)
+    )
+    assert list(tmp_path.iterdir()) == []  # neither the checkpoint nor its temporary file
+
+
 def test_an_unwritable_run_directory_fails_before_training(tmp_path: Path) -> None:
     blocker = tmp_path / "a_file"
     blocker.write_text("not a directory")
