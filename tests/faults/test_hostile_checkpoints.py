@@ -807,6 +807,35 @@ def test_an_optimizer_state_the_settings_do_not_build_is_refused_before_training
     assert files_of(run) == kept
 
 
+def test_adam_step_counts_behind_the_schedule_are_taken_only_where_steps_are_skipped(
+    trained: dict[str, Any], tmp_path: Path
+) -> None:
+    """Under fp16 mixed precision the gradient scaler skips optimizer steps, so Adam's step counts may be
+    behind the schedule's, never ahead; otherwise they are the schedule's. Moments of no parameter at a
+    schedule position past 0 are refused too (torch would start them afresh, silently)."""
+    from attnlab.training.resume import check_training_state
+
+    module = TranslationModule(**{k: trained["plain"]["hyper_parameters"][k] for k in ("model", "optim")})
+    position = trained["plain"]["global_step"]
+    assert position > 1
+
+    def saved(name: str, edit: Callable[[dict[str, Any]], None]) -> Path:
+        checkpoint = copy.deepcopy(trained["plain"])
+        edit(checkpoint)
+        torch.save(checkpoint, tmp_path / name)
+        return tmp_path / name
+
+    behind = saved("behind.ckpt", set_steps(position - 1))
+    ahead = saved("ahead.ckpt", set_steps(position + 1))
+    check_training_state(behind, module, "16-mixed")
+    for path, step, precision in ((behind, position - 1, "32-true"), (ahead, position + 1, "16-mixed")):
+        with pytest.raises(ConfigError, match=f"Adam's step count {step} is not the schedule's {position}"):
+            check_training_state(path, module, precision)
+    empty = saved("empty.ckpt", lambda c: c["optimizer_states"][0]["state"].clear())
+    with pytest.raises(ConfigError, match=r"state: moments of 0 of the \d+ parameters"):
+        check_training_state(empty, module, "32-true")
+
+
 def test_other_optim_settings_than_the_checkpoints_are_refused_naming_init_from(
     trained: dict[str, Any], tmp_path: Path
 ) -> None:
@@ -876,6 +905,7 @@ def _python_state(state: dict[str, Any]) -> None:
     ("change", "named"),
     [
         (lambda state: state.update(tokens_seen="many"), "tokens_seen: 'many' is no count"),
+        (lambda state: state.update(tokens_seen=-1), "tokens_seen: -1 is no count"),
         (
             lambda state: state.update(rng="seeded"),
             "rng: 'seeded' holds no torch and python generator states",
@@ -885,7 +915,7 @@ def _python_state(state: dict[str, Any]) -> None:
         (lambda state: state["rng"].update(cuda="all"), r"rng\.cuda: 'all' is no list of CUDA generator"),
         (lambda state: state.update(rng_ranks=[{"torch": 1}]), r"rng_ranks\[0\]: \{'torch': 1\} holds no"),
     ],
-    ids=["tokens_seen", "rng", "torch", "python", "cuda", "rng_ranks"],
+    ids=["tokens_seen", "negative tokens_seen", "rng", "torch", "python", "cuda", "rng_ranks"],
 )
 def test_a_resumption_state_not_as_written_is_refused_before_the_run_changes(
     change: Callable[[dict[str, Any]], None], named: str, trained: dict[str, Any], tmp_path: Path

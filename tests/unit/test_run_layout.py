@@ -25,7 +25,7 @@ from attnlab.runs.layout import (
 )
 from attnlab.runs.manifest import Manifest, git_state
 from attnlab.runs.wandb import config_group, run_name, wandb_names
-from attnlab.training.resume import check_same_experiment, csv_history
+from attnlab.training.resume import check_same_experiment, csv_history, resume_path
 from attnlab.typed import ConfigError
 
 
@@ -210,11 +210,36 @@ def test_the_resumed_csv_history_keeps_the_rows_before_the_step_parameter_counts
     """(A resumed fit does not log the parameter counts again: `TranslationModule.log_parameter_counts`.)"""
     run = RunDir(tmp_path)
     run.metrics_csv.parent.mkdir()
-    run.metrics_csv.write_text("params/total,step,epoch,val/loss\n1234,0,,\n,9,0,4.5\n,19,1,4.0\n,29,2,3.0\n")
+    # (step 20 is the checkpoint's own: the resumed run logs it again)
+    run.metrics_csv.write_text(
+        "params/total,step,epoch,val/loss\n1234,0,,\n,9,0,4.5\n,19,1,4.0\n,20,2,3.5\n,29,2,3.0\n"
+    )
     history = csv_history(tmp_path, before_step=20)
     assert history == [{"params/total": 1234.0, "step": 0}, {"step": 9, "epoch": 0, "val/loss": 4.5},
                        {"step": 19, "epoch": 1, "val/loss": 4.0}]  # fmt: skip
     assert all(isinstance(row["step"], int) and isinstance(row.get("epoch", 0), int) for row in history)
+
+
+def test_which_checkpoint_resume_and_ckpt_path_continue_from(tmp_path: Path) -> None:
+    """`resume=true` and `ckpt_path=last` continue from the run's last.ckpt, `auto` too when there is one
+    (else a new run), `false` never; a `ckpt_path` file starts from it, and with `resume` is refused."""
+    from omegaconf import OmegaConf
+
+    def chosen(**settings: Any) -> str | None:
+        return resume_path(OmegaConf.create({"resume": False, "ckpt_path": None, **settings}), tmp_path)
+
+    assert chosen(resume="auto") is None  # nothing to resume: a new run
+    last = RunDir(tmp_path).last_checkpoint
+    last.parent.mkdir()
+    last.write_bytes(b"")
+    other = tmp_path / "other.ckpt"
+    other.write_bytes(b"")
+    for settings in ({"resume": True}, {"resume": "auto"}, {"ckpt_path": "last"}):
+        assert chosen(**settings) == str(last), settings
+    assert chosen() is None
+    assert chosen(ckpt_path=str(other)) == str(other)
+    with pytest.raises(ConfigError, match=f"resume=True and ckpt_path={other}: give one of them"):
+        chosen(resume=True, ckpt_path=str(other))
 
 
 def test_the_manifest_is_one_object_written_on_every_change(tmp_path: Path) -> None:
