@@ -6,6 +6,7 @@ import base64
 import itertools
 import json
 import random
+import re
 import sys
 import unicodedata
 from collections.abc import Iterator
@@ -25,6 +26,7 @@ from attnlab.data.tokenizer import (
     HuggingFaceTokenizer,
     SentencePieceTokenizer,
     SubwordTokenizer,
+    VocabSizeError,
     load_tokenizer_file,
 )
 
@@ -86,6 +88,11 @@ def test_normalize_composes_to_nfc() -> None:
     assert len(decomposed) == 13
     assert normalize(decomposed) == "Caf\u00e9 M\u00fcller"
     assert unicodedata.is_normalized("NFC", normalize(decomposed))
+
+
+def test_normalize_keeps_compatibility_characters() -> None:
+    """NFC, not NFKC: a ligature, a superscript and a full-width letter are characters of their own."""
+    assert normalize("\ufb01le x\u00b2 \uff21") == "\ufb01le x\u00b2 \uff21"
 
 
 def test_normalize_strips_and_collapses_whitespace() -> None:
@@ -229,8 +236,20 @@ def test_an_error_while_reading_the_training_text_reaches_the_caller(model: str)
 @pytest.mark.parametrize("model", MODELS)
 @pytest.mark.parametrize("vocab_size", [0, 3, 4])
 def test_vocab_size_without_room_beyond_specials_is_rejected(model: str, vocab_size: int) -> None:
-    with pytest.raises(ValueError, match=f"vocab_size={vocab_size}"):
+    with pytest.raises(VocabSizeError, match=f"^vocab_size={vocab_size} must exceed the 4 special tokens$"):
         SubwordTokenizer.train(LINES, model=model, vocab_size=vocab_size)  # type: ignore[arg-type]
+
+
+@pytest.mark.parametrize("model", MODELS)
+def test_the_characters_a_too_small_vocab_size_is_told_fit_with_the_specials(model: str) -> None:
+    """The error counts the text's distinct characters: the special tokens plus that many is a vocab_size
+    that trains, whichever model (unigram needs every one of them)."""
+    texts = ["ab c", "ca b"]
+    with pytest.raises(VocabSizeError) as raised:
+        SubwordTokenizer.train(texts, model=model, vocab_size=5)  # type: ignore[arg-type]
+    counted = int(re.search(r"plus the (\d+) distinct characters", str(raised.value)).group(1))
+    trained = SubwordTokenizer.train(texts, model=model, vocab_size=4 + counted)  # type: ignore[arg-type]
+    assert trained.decode(trained.encode("cab")) == "cab"
 
 
 @pytest.mark.parametrize("model", MODELS)
