@@ -788,6 +788,22 @@ def test_files_data_rejects_bad_values(tmp_path: Path, overrides: dict[str, Any]
         files_spec(tmp_path, tmp_path, **overrides)
 
 
+def test_a_length_ratio_of_one_is_a_setting_not_refused(tmp_path: Path) -> None:
+    """It keeps the pairs of equal length (the refusal says: at least 1)."""
+    assert files_spec(tmp_path, tmp_path, max_length_ratio=1).max_length_ratio == 1
+
+
+def test_load_reads_the_splits_asked_for_and_names_an_unknown_one(corpus: Path, tmp_path: Path) -> None:
+    spec = files_spec(corpus, tmp_path)
+    val = (read_lines(corpus / "valid.de"), read_lines(corpus / "valid.en"))
+    assert spec.load(["val"]) == {"val": val}
+    assert list(spec.load()) == ["train", "val", "test", "test2"]
+    with pytest.raises(
+        DataError, match="no split named 'valid' in this corpus: it has train, val, test, test2"
+    ):
+        spec.load(["valid"])
+
+
 def test_files_data_maps_prefixes_to_language_files(tmp_path: Path) -> None:
     spec = files_spec(tmp_path, tmp_path, test=["test", "sub/test2"])
     root = tmp_path.resolve()
@@ -1499,6 +1515,18 @@ def test_hf_rows_without_text_are_named(tmp_path: Path, hf_datasets: Any, split:
     spec = hf_spec(str(tmp_path / "hfds"), tmp_path)
     with pytest.raises(DataError, match=f"row 3 of split '{split}' of .* has en=None, not text"):
         prepare(spec)
+
+
+def test_hf_rows_without_text_are_named_by_their_row_in_the_split_past_the_first_chunk(
+    tmp_path: Path, hf_datasets: Any
+) -> None:
+    de, en = hf_rows("train", 6)
+    en[5] = None
+    train = hf_datasets.Dataset.from_dict({"de": de, "en": en})
+    hf_datasets.DatasetDict({"train": train}).save_to_disk(str(tmp_path / "hfds"))
+    reader = hf_spec(str(tmp_path / "hfds"), tmp_path).readers()["train"]
+    with pytest.raises(DataError, match=r"^row 5 of split 'train' of .* has en=None, not text"):
+        list(reader(2))  # chunks of rows 0-1, 2-3, 4-5
 
 
 @pytest.mark.parametrize("value", ["ein Satz", ["ein Satz", "a sentence"]])
