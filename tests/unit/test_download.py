@@ -106,10 +106,13 @@ def test_a_download_waiting_for_another_process_says_so_then_fetches_what_is_mis
         while "another process is downloading" not in caplog.text and time.monotonic() < deadline:
             time.sleep(0.01)
         assert not got and not mirror.counts  # still waiting, nothing fetched
+        for name in ("train.de", "train.en"):  # what the other process fetched meanwhile
+            atomic_write_bytes(directory / name, (shared_data / "multi30k" / name).read_bytes())
     waiter.join(60)
     assert [path.read_bytes() for path in got[0].values()] == [
         (shared_data / "multi30k" / name).read_bytes() for name in NAMES
     ]
+    assert mirror.counts == Counter({upstream_path(name): 1 for name in NAMES if name[:5] != "train"})
     notices = [r.getMessage() for r in caplog.records if r.getMessage().startswith("another process")]
     assert notices == [
         f"another process is downloading into {directory} (it holds {directory / '.lock'}): waiting for it"
@@ -122,9 +125,29 @@ def test_cached_file_with_wrong_bytes_is_fetched_again(
     cache = tmp_path / "cache"
     paths = multi30k_paths(LANGS, root=None, cache_dir=cache, base_url=mirror.base_url)
     paths["test2016.de"].write_text("edited\n", encoding="utf-8")
+    os.link(paths["test2016.de"], tmp_path / "linked")  # another name of the cached file's bytes
     multi30k_paths(LANGS, root=None, cache_dir=cache, base_url=mirror.base_url)
     assert paths["test2016.de"].read_bytes() == (shared_data / "multi30k" / "test2016.de").read_bytes()
+    # written atomically: a new file renamed over the old one, whose bytes were not written into
+    assert (tmp_path / "linked").read_text(encoding="utf-8") == "edited\n"
     assert mirror.counts[upstream_path("test2016.de")] == 2
+
+
+def test_a_base_url_ending_in_a_slash_names_the_same_files(mirror: Mirror, tmp_path: Path) -> None:
+    multi30k_paths(["de"], root=None, cache_dir=tmp_path, base_url=mirror.base_url + "/")
+    assert mirror.counts == Counter(
+        {upstream_path(f"{split}.de"): 1 for split in ("train", "val", "test2016")}
+    )
+
+
+def test_multi30k_data_reads_each_split_from_its_source_and_target_files(shared_data: Path) -> None:
+    from attnlab.data.corpora import Multi30kData
+
+    root = (shared_data / "multi30k").resolve()
+    spec = Multi30kData(src_lang="fr", tgt_lang="de", root=str(root))
+    splits = ("train", "val", "test2016")
+    assert spec.files() == {split: (root / f"{split}.fr", root / f"{split}.de") for split in splits}
+    assert spec.test_split_names() == ["test2016"]
 
 
 def test_root_is_used_without_network(
@@ -171,6 +194,22 @@ def test_a_payload_larger_than_any_multi30k_file_is_refused_unread(
     with pytest.raises(DataError, match=rf"val\.de\.gz {what} more than 32 MB.*mirror is wrong"):
         fetch_gzipped(f"{mirror.base_url}/val.de.gz", dest, MULTI30K_SHA256["val.de"])
     assert not dest.parent.exists() or os.listdir(dest.parent) == []
+
+
+def test_a_gzip_bomb_is_inflated_only_up_to_the_size_limit(mirror: Mirror, tmp_path: Path) -> None:
+    """Eight gzip members of `MAX_FILE_BYTES` zeros each (256 MB inflated, 256 KB sent): the memory the
+    refusal takes stays within a small multiple of the limit, not of the inflated size."""
+    import tracemalloc
+
+    mirror.file("val.de").write_bytes(gzip.compress(bytes(download.MAX_FILE_BYTES), 9) * 8)
+    tracemalloc.start()
+    try:
+        with pytest.raises(DataError, match=r"val\.de\.gz unpacks to more than 32 MB"):
+            fetch_gzipped(f"{mirror.base_url}/val.de.gz", tmp_path / "val.de", MULTI30K_SHA256["val.de"])
+        peak = tracemalloc.get_traced_memory()[1]
+    finally:
+        tracemalloc.stop()
+    assert peak < 3 * download.MAX_FILE_BYTES
 
 
 @contextlib.contextmanager
@@ -369,7 +408,11 @@ def test_root_with_a_modified_file_is_rejected(shared_data: Path, tmp_path: Path
 
 @pytest.mark.parametrize(
     ("langs", "message"),
-    [(("de", "cs"), r"unknown Multi30k language 'cs': known languages are de, en, fr"), ("de", "list")],
+    [
+        (("de", "cs"), r"unknown Multi30k language 'cs': known languages are de, en, fr"),
+        ("de", "list"),
+        ((), r"langs is empty: name at least one Multi30k language \(de, en, fr\)"),
+    ],
 )
 def test_bad_languages_are_rejected(langs: Any, message: str, tmp_path: Path) -> None:
     with pytest.raises(DataError, match=message):
