@@ -10,6 +10,7 @@ import pickle
 import random
 import re
 import signal
+import subprocess
 import time
 from collections import Counter
 from copy import deepcopy
@@ -24,7 +25,7 @@ from torch import Tensor
 
 from attnlab.data.batching import Collator, pad, restore_order
 from attnlab.data.datamodule import SyntheticDataModule
-from attnlab.data.examples import Examples, worker_context
+from attnlab.data.examples import Examples, end_with, worker_context
 from attnlab.data.prepare import EncodedSplit
 from attnlab.data.synthetic import SyntheticData
 from attnlab.data.tokenizer import SPECIAL_IDS
@@ -311,6 +312,57 @@ def test_kept_examples_indices_reach_a_worker_through_shared_memory_not_as_a_cop
         assert copy[:50] == expected and copy[-1] == examples[-1] and len(filler) == 20
 
 
+def test_examples_index_keep_and_cut_as_documented() -> None:
+    """Indices as on a list; a second `keep` selects among the examples served (which keep their example
+    indices), also in what a DataLoader worker gets; a second, looser `cut` leaves the first one's limits."""
+    pairs = [([FIRST_SYMBOL + k] * (k % 5 + 1) + [EOS], [FIRST_SYMBOL + k] * (k % 4 + 1)) for k in range(20)]
+    examples = Examples(EncodedSplit.from_pairs(pairs, vocab_size=30), eos_id=EOS)
+    assert examples[-1] == examples[19] == (pairs[19][0], pairs[19][1], 19)
+    for k in (20, -21):
+        with pytest.raises(IndexError):
+            examples[k]
+    examples.keep(np.arange(20) % 2 == 0)
+    ForkingPickler.dumps(examples)  # the served indices now in shared memory
+    examples.keep(np.arange(10) < 5)
+    expected = [(*pairs[i], i) for i in (0, 2, 4, 6, 8)]
+    assert list(examples) == expected
+    assert list(pickle.loads(ForkingPickler.dumps(examples))) == expected
+    cut = Examples(EncodedSplit.from_pairs(pairs, vocab_size=30), eos_id=EOS)
+    cut.cut(3, 2)
+    assert not cut.cut(5, 4).any()
+    for (src, tgt, i), (s, t, j) in zip(cut, Examples(cut.split, eos_id=EOS), strict=True):
+        assert i == j and src == (s if len(s) <= 3 else [*s[:2], EOS]) and tgt == t[:2]
+
+
+def _serve_until_ended(pid: int, pidfd: bool) -> None:
+    if not pidfd:  # as on a platform without pidfds (macOS): `end_with` polls
+        delattr(os, "pidfd_open")
+    end_with(pid, 0)
+    time.sleep(60)
+    os._exit(3)
+
+
+@pytest.mark.parametrize("pidfd", [True, False])
+def test_a_dataloader_worker_ends_as_soon_as_the_process_it_serves_ends(pidfd: bool) -> None:
+    """`end_with`: a worker whose run's process was killed (its parent, the fork server, may live on)."""
+    served = subprocess.Popen(["sleep", "60"])
+    fork = multiprocessing.get_context("fork")
+    worker = fork.Process(target=_serve_until_ended, args=(served.pid, pidfd))
+    worker.start()
+    try:
+        time.sleep(1.0)
+        assert worker.is_alive()  # while the process it serves runs
+        served.kill()
+        served.wait()
+        worker.join(20)
+        assert worker.exitcode == 0
+    finally:
+        served.kill()
+        served.wait()
+        worker.kill()
+        worker.join()
+
+
 def test_a_process_forked_after_the_fork_server_started_spawns_its_workers() -> None:
     """The fork server belongs to the process that started it: a fork of that process (fork-based DDP after
     an earlier run in the same process) spawns its workers instead of failing."""
@@ -386,8 +438,6 @@ def test_a_dataloader_worker_ignores_ctrl_c_which_its_run_handles() -> None:
     """A terminal's Ctrl-C reaches the workers too; the run saves at the end of its step (`Preemption`),
     which a worker ended by its KeyboardInterrupt would leave without batches."""
     from functools import partial
-
-    from attnlab.data.examples import end_with
 
     loader = torch.utils.data.DataLoader(_SigintHandler(), num_workers=1, batch_size=None,
                                          worker_init_fn=partial(end_with, os.getpid()))  # fmt: skip
