@@ -273,6 +273,12 @@ def test_pieces_hold_no_spaces_and_decoded_text_no_marker(tokenizer: SubwordToke
     assert any(p.startswith(MARKER) for p in tokenizer.pieces("der Hund"))
 
 
+def test_id_pieces_name_each_id_specials_included(tokenizer: SubwordTokenizer) -> None:
+    text = "der Hund läuft über die Straße"
+    assert tokenizer.id_pieces(tokenizer.encode(text)) == tokenizer.pieces(text)
+    assert tokenizer.id_pieces([PAD, BOS, EOS, UNK, EOS]) == [*SPECIAL_TOKENS, "</s>"]
+
+
 def test_special_token_strings_in_text_are_not_special_ids(tokenizer: SubwordTokenizer) -> None:
     ids = tokenizer.encode("der <pad> Hund <s> läuft </s> schnell")
     assert not {PAD, BOS, EOS} & set(ids)
