@@ -608,7 +608,7 @@ def test_damaged_saved_lines_leave_their_run_out_naming_the_file(sweep: Path) ->
 
 def test_an_epoch_that_is_no_epoch_number_is_refused_naming_the_file(sweep: Path, tmp_path: Path) -> None:
     metrics = sweep / "pe=none,seed=3" / "csv" / "metrics.csv"
-    for epoch in ("inf", "nan", "1.5"):
+    for epoch in ("inf", "nan", "1.5", "-1.0"):
         metrics.write_text(f"params/total,step,epoch,val/loss\n1234.0,0,,\n,10,{epoch},4.0\n")
         with pytest.raises(SystemExit, match=rf"cannot read {re.escape(str(metrics))}: epoch {epoch} is no"):
             compare_main([str(sweep), "--plots", str(tmp_path / "plots")])
@@ -651,6 +651,8 @@ def test_a_config_with_yaml_aliases_is_an_unreadable_run(sweep: Path) -> None:
     path.write_text("\n".join(lines) + "\n")
     text = report([sweep])
     assert f"(cannot read {path}: it holds YAML aliases (*name), which no config.yaml attnlab writes" in text
+    not_finished = text.split("Not finished:\n")[1].split("Unreadable, not compared:")[0]
+    assert "pe=learned,seed=1" in not_finished and "pe=none,seed=1" not in not_finished  # listed once
     assert "| model.pe=none | 2 |" in text
 
 
@@ -731,6 +733,9 @@ def test_true_and_false_in_results_are_no_scores(sweep: Path) -> None:
     path.write_text(json.dumps({**results, "sets": {"test2016": {"bleu": True, "chrf": True}}}))
     text = report([sweep])
     assert "| model.pe=none | 2 |" in text and "test set 'test2016' has no numeric 'bleu' and 'chrf'" in text
+    path.write_text(json.dumps({**results, "sets": {"test2016": {"bleu": 30.0}}}))  # no chrF
+    text = report([sweep])
+    assert "| model.pe=none | 2 |" in text and "test set 'test2016' has no numeric 'bleu' and 'chrf'" in text
 
 
 def test_training_minutes_of_a_resumed_run_leave_out_the_pause_before_its_resumption(sweep: Path) -> None:
@@ -807,6 +812,8 @@ def test_a_key_that_older_runs_lack_is_no_varying_setting_unless_the_runs_having
         groups, _ = summarize(load_runs([sweep]), baseline="model.pe=sinusoidal")
     assert [(g.name, len(g.runs)) for g in groups] == [("model.pe=sinusoidal", 3), ("model.pe=none", 3)]
     assert "model.tie: in the config of some runs only" in caplog.text
+    partial = [m.split(": ")[0] for m in caplog.messages if "in the config of some runs only" in m]
+    assert partial == ["model.tie"]  # the keys every run holds are not named
     path = sweep / "pe=none,seed=3" / "config.yaml"
     path.write_text(path.read_text().replace("tie: false", "tie: true"))
     groups, _ = summarize(load_runs([sweep]), baseline="model.pe=sinusoidal,model.tie=(absent)")
@@ -852,3 +859,86 @@ def test_a_text_holding_a_comma_is_quoted_so_two_settings_never_share_a_name(swe
         "model.pe=none,model.tie='x,model.tie=y'": 1, "model.pe=none,model.tie='it''s,z'": 1,
     }  # fmt: skip
     assert yaml.safe_load("'it''s,z'") == "it's,z"
+
+
+def test_only_a_running_run_can_be_stopped_and_a_finished_run_needs_its_results(sweep: Path) -> None:
+    """A finished run whose process was killed after it recorded how the run ended (while a logger
+    finished, say) leaves its dead pid in the lock file: it is compared, not listed as `stopped` (only a
+    `running` run's dead process says it stopped). A finished run without results.json is listed as
+    unfinished, not counted as a seed of its group."""
+    import socket
+
+    dead = subprocess.Popen(["true"])
+    dead.wait()
+    (sweep / "pe=none,seed=1" / ".lock").write_text(f"{dead.pid} {socket.gethostname()}\n")
+    text = report([sweep])
+    assert "| model.pe=none | 3 |" in text and "stopped" not in text
+    (sweep / "pe=none,seed=2" / "results.json").unlink()
+    text = report([sweep])
+    assert "| model.pe=none | 2 |" in text and "pe=none,seed=2 (unfinished)" in text
+
+
+def test_a_test_set_only_some_runs_decoded_has_no_paired_test_and_no_length_table(sweep: Path) -> None:
+    """A run that decoded a test set the baseline run of its seed did not (an extra `test2017`) gets no
+    paired test on it, and the by-length tables cover the sets every run decoded."""
+    import shutil
+
+    from attnlab.reports.compare import by_length
+
+    run = sweep / "pe=none,seed=1"
+    for sub in ("references", "hypotheses"):
+        shutil.copy(run / sub / "test2016.txt", run / sub / "test2017.txt")
+    groups, _ = summarize(load_runs([sweep]), baseline="model.pe=sinusoidal")
+    assert list({g.name: g for g in groups}["model.pe=none"].p_values) == ["test2016"]
+    assert [table.test_set for table in by_length(groups)] == ["test2016"]
+
+
+def test_hydras_record_is_no_run_even_when_given(sweep: Path) -> None:
+    """`.hydra/` holds a config.yaml too: given as the path (or below a job killed before it wrote its
+    records), it holds no run."""
+    job = sweep / "killed"
+    (job / ".hydra").mkdir(parents=True)
+    (job / ".hydra" / "config.yaml").write_text("seed: 1\n")
+    assert load_runs([job / ".hydra"]) == [] and len(load_runs([sweep])) == 8
+
+
+def test_the_plots_draw_each_groups_interval_seeds_range_and_parameters(sweep: Path) -> None:
+    """The numbers behind the plots, derived from the runs' values: each group's mean with its 95%
+    t-interval and its seeds as dots (a group without the metric has no point), the range over seeds
+    shaded around the validation curve, the metric against the parameter count, and each length bucket's
+    interval."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    from attnlab.reports.compare import GroupSummary, LengthTable
+    from attnlab.reports.plots import _by_group, _length_figure, _validation_curves, _vs_params
+    from attnlab.reports.stats import stat
+
+    for run in sweep.iterdir():  # val/loss of seed s at epoch e: 5 - e + s / 10
+        seed = int(run.name.split("seed=")[1])
+        rows = "".join(f",{10 * (e + 1)},{e},{5.0 - e + seed / 10}\n" for e in range(2))
+        (run / "csv" / "metrics.csv").write_text(f"params/total,step,epoch,val/loss\n1234.0,0,,\n{rows}")
+    groups, _ = summarize(load_runs([sweep]), baseline="model.pe=sinusoidal")
+    metric = "test/test2016/bleu"
+    half = 4.302653 * 2.0 / math.sqrt(3)  # seeds 30, 32, 34: std 2
+    figure = _by_group([*groups, GroupSummary("no scores", [], {})], metric)
+    axes = figure.axes[0]
+    bar = axes.containers[0].lines[2][0].get_segments()[0]
+    assert bar[0][1] == pytest.approx(32.0 - half, rel=1e-6) and bar[1][1] == pytest.approx(
+        32.0 + half, rel=1e-6
+    )
+    dots = [sorted(c.get_offsets()[:, 1]) for c in axes.collections if len(c.get_offsets()) == 3]
+    assert dots == [[30.0, 32.0, 34.0], [20.0, 21.0, 25.0]] and len(axes.containers) == 2
+    figure = _validation_curves(groups)
+    shaded = figure.axes[0].collections[0].get_paths()[0].vertices[:, 1]
+    assert (shaded.min(), shaded.max()) == pytest.approx((4.1, 5.3))  # epochs 0-1, seeds 1-3
+    figure = _vs_params(groups, metric)
+    assert [list(c.lines[0].get_xydata()[0]) for c in figure.axes[0].containers] == [[1234, 32], [1234, 22]]
+    table = LengthTable("t", "source", ["<10", "10+"], [2, 0], {"g": [stat([10.0, 14.0]), None]})
+    figure = _length_figure(table)
+    bar = figure.axes[0].containers[0].lines[2][0].get_segments()[0]
+    assert bar[1][1] - bar[0][1] == pytest.approx(2 * 12.7062 * statistics.stdev([10.0, 14.0]) / math.sqrt(2),
+                                                  rel=1e-4)  # fmt: skip
+    plt.close("all")
