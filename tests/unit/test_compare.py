@@ -893,6 +893,17 @@ def test_a_test_set_only_some_runs_decoded_has_no_paired_test_and_no_length_tabl
     assert [table.test_set for table in by_length(groups)] == ["test2016"]
 
 
+def test_without_test_scores_the_main_metric_is_the_validation_bleu_else_the_loss() -> None:
+    """What `--plots` draws for runs that decoded no test set: `val/bleu` when they logged it."""
+    from attnlab.reports.compare import GroupSummary, main_metric
+    from attnlab.reports.stats import stat
+
+    stats = {"val/loss": stat([2.0, 3.0]), "val/bleu": stat([20.0, 30.0]), "val/ppl": stat([7.0, 8.0])}
+    assert main_metric([GroupSummary("all", [], stats)]) == ("val/bleu", ["val/ppl"])
+    del stats["val/bleu"]
+    assert main_metric([GroupSummary("all", [], stats)])[0] == "val/loss"
+
+
 def test_hydras_record_is_no_run_even_when_given(sweep: Path) -> None:
     """`.hydra/` holds a config.yaml too: given as the path (or below a job killed before it wrote its
     records), it holds no run."""

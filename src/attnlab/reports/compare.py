@@ -696,8 +696,8 @@ def render(rows: list[list[str]], fmt: str = "md") -> str:
 
 def main_metric(groups: Sequence[GroupSummary]) -> tuple[str | None, list[str]]:
     """The metric a comparison is about (the first test BLEU, else the first test metric, else the
-    validation loss) and the table's columns (test BLEU/chrF/TER or test metrics, then
-    `DEFAULT_METRICS`). TER is an error rate: its Δ is better when negative."""
+    validation BLEU, else the validation loss) and the table's columns (test BLEU/chrF/TER or test
+    metrics, then `DEFAULT_METRICS`). TER is an error rate: its Δ is better when negative."""
     tested = sorted({m for g in groups for m in g.stats if m.startswith("test/")})
     scores = ("/bleu", "/chrf", "/ter")
     scored = [m for m in tested if m.endswith(scores)] or tested  # BLEU/chrF/TER when translated
