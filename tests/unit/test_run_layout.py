@@ -348,3 +348,68 @@ def test_git_state_names_the_checkouts_commit_and_whether_a_tracked_file_changed
     assert git_state(repo)["dirty"] is True
     (tmp_path / "elsewhere").mkdir()
     assert git_state(tmp_path / "elsewhere") == {"commit": None, "dirty": None}
+
+
+def test_the_runs_records_readers_read_what_they_promise(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Reading chosen columns of csv/metrics.csv reads no other cell (a damaged one elsewhere is no
+    error); a manifest that cannot be read is a training run of status `unknown` (attnlab-eval there is
+    refused); a process of another node (RANK=2, LOCAL_RANK=0) is no first process, which checks the run
+    directory."""
+    path = tmp_path / "metrics.csv"
+    path.write_bytes(b"params/total,step,val/loss\n1234,0,x\n,10,4.5,9\n")
+    assert read_metrics_csv(path, columns=("params/total",)) == [{"params/total": 1234.0}, {}]
+    run = RunDir(tmp_path / "run")
+    run.path.mkdir()
+    run.manifest_file.write_text("{not json")
+    assert run.saved_training() == ([], "unknown")
+    with pytest.raises(ConfigError, match=r"holds a training run \(status unknown, no checkpoint\)"):
+        run.check_no_training("attnlab-eval", "paths.output_dir", "its results.json")
+    run.manifest_file.write_text(json.dumps({"status": "finished"}))
+    for name in ("RANK", "LOCAL_RANK", "NODE_RANK", "GROUP_RANK", "SLURM_PROCID"):
+        monkeypatch.delenv(name, raising=False)
+    monkeypatch.setenv("RANK", "2")
+    monkeypatch.setenv("LOCAL_RANK", "0")
+    run.check_no_run()  # (the first process refuses it: test_run_guards.py)
+
+
+def test_an_atomic_write_through_a_symbolic_link_replaces_its_target_and_keeps_the_link(
+    tmp_path: Path,
+) -> None:
+    from attnlab.io import atomic_write_bytes, atomic_write_files
+
+    for write in (atomic_write_bytes, lambda path, data: atomic_write_files({path: data})):
+        target, link = tmp_path / "kept" / "results.json", tmp_path / "results.json"
+        target.parent.mkdir(exist_ok=True)
+        target.write_bytes(b"old")
+        link.unlink(missing_ok=True)
+        link.symlink_to(target)
+        write(link, b"new")
+        assert link.is_symlink() and target.read_bytes() == b"new"
+
+
+def test_a_forked_child_does_not_keep_its_parents_lock(tmp_path: Path) -> None:
+    """A lock is freed when its holder dies (here: closes its descriptor without unlocking), even while a
+    child it forked (a DataLoader worker) still runs."""
+    from attnlab.io import FileLock
+
+    held = FileLock(tmp_path / ".lock")
+    held.acquire()
+    (told, tell), (ready, up) = os.pipe(), os.pipe()
+    child = os.fork()
+    if child == 0:  # the child (its fork handlers have run): says so, waits until told, then leaves
+        os.write(up, b"x")
+        os.read(told, 1)
+        os._exit(0)
+    try:
+        os.read(ready, 1)
+        os.close(held._fd)  # the holder "dies": its descriptor closed, never unlocked
+        held._fd = None
+        with FileLock(tmp_path / ".lock", timeout=0):
+            pass
+    finally:
+        os.write(tell, b"x")
+        os.waitpid(child, 0)
+        for fd in (told, tell, ready, up):
+            os.close(fd)
