@@ -200,6 +200,7 @@ def test_progress_by_seconds(tmp_path: Path, caplog: pytest.LogCaptureFixture) -
     [
         ("progress.every_n_steps=0", "progress.every_n_steps=0 must be an integer >= 1"),
         ("progress.every_n_seconds=-1", "progress.every_n_seconds=-1 must be a number of seconds > 0"),
+        ("progress.every_n_seconds=0", "progress.every_n_seconds=0 must be a number of seconds > 0"),
         ("+progress.every_n_step=3", "progress.every_n_step is not a progress setting: did you mean"),
     ],
 )

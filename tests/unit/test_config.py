@@ -360,6 +360,15 @@ def test_a_sweep_objective_no_run_writes_is_refused_naming_the_closest_name() ->
             check_sweep_objective(name, "maximize")
     with pytest.raises(ConfigError, match=re.escape("test/<set>/{bleu,chrf,ter}, best/<monitor.metric>")):
         check_sweep_objective("best/test/loss", None)
+    # Optuna's direction for one objective, also as a one-entry list; several objectives are not checked
+    for direction in ("maximize", ["maximize"], ["MAXIMIZE"]):
+        with pytest.raises(
+            ConfigError, match=r"best/val/loss is better lower, but hydra\.sweeper\.direction="
+        ):
+            check_sweep_objective("best/val/loss", direction)
+    check_sweep_objective("best/val/loss", ["maximize", "minimize"])
+    check_sweep_objective("best/val/loss", "minimize")
+    check_sweep_objective("best/val/loss", "MINIMIZE")  # the name of Optuna's Direction enum
 
 
 @pytest.mark.parametrize(("overrides", "message"), INVALID, ids=[" ".join(o) for o, _ in INVALID])
@@ -370,6 +379,37 @@ def test_invalid_values_are_rejected_naming_the_key(
     with pytest.raises(ConfigError) as excinfo:
         validate(cfg)
     assert message in str(excinfo.value)
+
+
+# Values at the edge of what the checks take, each accepted (a check one step too strict refused them).
+ACCEPTED = [
+    ["seed=4294967295"],  # NumPy's largest seed
+    ["trainer.gradient_clip_val=0"],  # no clipping
+    ["trainer.max_epochs=-1", "optim.total_steps=1000"],  # the linear schedule's length from optim
+    ["trainer.max_epochs=null"],  # Lightning's 1000 epochs: a run of known length for the linear schedule
+    ["init_from=%(file)s", "ckpt_path=last"],  # ckpt_path=last is resume=true: the fine-tuning run goes on
+]
+
+
+@pytest.mark.parametrize("overrides", ACCEPTED, ids=[" ".join(o) for o in ACCEPTED])
+def test_values_at_the_edge_of_the_checks_are_accepted(overrides: list[str], tmp_path: Path) -> None:
+    checkpoint = tmp_path / "start.ckpt"
+    checkpoint.write_bytes(b"")  # (validate checks only that init_from is a file)
+    overrides = [o % {"file": checkpoint} for o in overrides]
+    validate(compose_train(["model=small", "data=synthetic", "data.n_symbols=16", *overrides], tmp_path))
+
+
+def test_a_group_of_your_own_added_with_plus_is_not_taken_for_a_misspelt_key(tmp_path: Path) -> None:
+    """`+study=a` adds a config group of your own (from `hydra.searchpath`): a config file defines its key,
+    unlike `+foo=1`, which is refused as a typo."""
+    (tmp_path / "conf" / "study").mkdir(parents=True)
+    (tmp_path / "conf" / "study" / "a.yaml").write_text("note: x\n")
+    own = [f"hydra.searchpath=[file://{tmp_path / 'conf'}]", "model=small", "data=synthetic"]
+    cfg = compose_train([*own, "+study=a"], tmp_path / "run", hydra_node=True)
+    assert cfg.study.note == "x"
+    validate(cfg)
+    with pytest.raises(ConfigError, match="foo is not a key of the training config"):
+        validate(compose_train([*own, "+foo=1"], tmp_path / "run", hydra_node=True))
 
 
 def test_a_null_skip_done_reads_as_false(tmp_path: Path) -> None:
