@@ -191,6 +191,7 @@ def test_mlflow_tags_or_experiment_name_of_the_wrong_kind_are_rejected_before_da
         ("logger.mlflow.tags=foo", "logger.mlflow.tags='foo' must map tag names to values, e.g. "
          "+logger.mlflow.tags.a=b"),
         ("logger.mlflow.experiment_name=null", "logger.mlflow.experiment_name=None must be a name (text)"),
+        ("logger.mlflow.experiment_name=''", "logger.mlflow.experiment_name='' must be a name (text)"),
     ):  # fmt: skip
         with pytest.raises(ConfigError) as caught:
             train(compose_train([*corpus_run(tmp_path), "logger=mlflow", override], tmp_path / "run"))
@@ -325,6 +326,19 @@ def test_a_logger_directory_that_cannot_be_written_is_refused_before_data_prepar
     assert not (tmp_path / "cache").exists()  # no data was prepared
     assert sorted(p.name for p in tmp_path.iterdir()) == ["a_file", "corpus", "kept"]  # no "new"
     assert list((tmp_path / "kept").iterdir()) == [] and blocker.read_text() == "not a directory\n"
+
+
+def test_a_wandb_dir_that_cannot_be_written_is_refused_as_a_save_dir_is(tmp_path: Path) -> None:
+    """W&B writes into `logger.wandb.dir` when it is set (its `save_dir` otherwise): checked the same way."""
+    from attnlab.runs.tracking import check_logger_directories
+
+    blocker = tmp_path / "a_file"
+    blocker.write_text("not a directory\n")
+    loggers = {"wandb": {"save_dir": str(tmp_path / "run"), "dir": str(blocker / "wandb")}}
+    with pytest.raises(
+        ConfigError, match=re.escape(f"logger.wandb.dir={blocker / 'wandb'}: cannot create it")
+    ):
+        check_logger_directories(loggers)
 
 
 @pytest.mark.parametrize("name", ["config.yaml", "manifest.json", "csv/metrics.csv"])

@@ -122,6 +122,48 @@ def test_every_logger_gets_the_same_final_results(many_run: dict[str, Any]) -> N
         assert [value for _, value in rows] == pytest.approx([value for _, value in logged], rel=1e-6), key
 
 
+def test_final_results_reach_tensorboard_and_mlflow_at_the_given_step_texts_apart(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """`log_results` without a run: results.json's numbers (`RESULT_KEYS` of each set, the test metrics)
+    as TensorBoard scalars and MLflow metrics at the step it is given, its signatures as TensorBoard text
+    and MLflow tags, the hypotheses files as MLflow artifacts; the set entries' other keys (files, timings,
+    details) go to neither."""
+    from lightning.pytorch.loggers import TensorBoardLogger
+
+    from attnlab.runs.tracking import MLflowLogger, log_results
+
+    monkeypatch.delenv("MLFLOW_TRACKING_URI", raising=False)
+    entry = {"bleu": 31.5, "chrf": 55.25, "ter": 50.0, "bleu_signature": "nrefs:1|tok:13a", "sentences": 3,
+             "bleu_details": {"bp": 1.0}, "hypotheses": "hypotheses/test.txt", "decode_seconds": 0.5,
+             "unfinished": 0}  # fmt: skip
+    results = {"sets": {"test": entry}, "test_metrics": {"test/loss": 1.5}}
+    (tmp_path / "hypotheses").mkdir()
+    (tmp_path / "hypotheses" / "test.txt").write_text("a b\n", encoding="utf-8")
+    tensorboard = TensorBoardLogger(str(tmp_path), name="tensorboard", version="", default_hp_metric=False)
+    tensorboard.log_hyperparams({"seed": 1})
+    mlflow = MLflowLogger(save_dir=str(tmp_path))
+    log_results([tensorboard, mlflow], results, tmp_path, step=7)
+
+    numbers = {"results/test/bleu": 31.5, "results/test/chrf": 55.25, "results/test/ter": 50.0,
+               "results/test/sentences": 3.0, "results/test/loss": 1.5}  # fmt: skip
+    events = _tensorboard(tmp_path)
+    assert {key: [(e.step, e.value) for e in events.Scalars(key)] for key in numbers} == {
+        key: [(7, value)] for key, value in numbers.items()
+    }
+    assert {tag for tag in events.Tags()["scalars"] if tag.startswith("results/")} == set(numbers)
+    (text,) = events.Tensors("results/test/bleu_signature/text_summary")
+    assert (text.step, text.tensor_proto.string_val[0].decode()) == (7, "nrefs:1|tok:13a")
+    client, run = _mlflow(tmp_path)
+    assert {key: [(m.step, m.value) for m in client.get_metric_history(run.info.run_id, key)]
+            for key in run.data.metrics} == {key: [(7, value)] for key, value in numbers.items()}  # fmt: skip
+    assert {k: v for k, v in run.data.tags.items() if k.startswith("results/")} == {
+        "results/test/bleu_signature": "nrefs:1|tok:13a"
+    }
+    files = [a.path for a in client.list_artifacts(run.info.run_id, "hypotheses")]
+    assert files == ["hypotheses/test.txt"]
+
+
 @pytest.mark.parametrize(
     ("logger", "module"), [("tensorboard", "tensorboard"), ("mlflow", "mlflow"), ("many", "sqlalchemy")]
 )
