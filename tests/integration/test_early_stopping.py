@@ -62,3 +62,23 @@ def test_early_stopping_stops_at_patience_and_tests_the_best_checkpoint(tmp_path
     assert tested and tested == _test_metrics(best, cfg)  # the reported test metrics: the best weights'
     last_tested = _test_metrics(tmp_path / "checkpoints" / "last.ckpt", cfg)
     assert last_tested["test/loss"] > tested["test/loss"]  # not the last (diverged) weights'
+
+
+@pytest.mark.parametrize(
+    "validation", [[], ["trainer.val_check_interval=4"]], ids=["epoch_end", "by_batches"]
+)
+def test_early_stopping_checks_only_every_n_epochs_and_counts_patience_in_checks(
+    validation: list[str], tmp_path: Path
+) -> None:
+    """`monitor.every_n_epochs=2`: checked at the end of epochs 2, 4, ... (counted from 1), patience counted
+    in checks. The loss improves until epoch 2 and gets worse from epoch 3 (index 2) on: the check after
+    epoch 4 is the first without improvement, so the run stops there (index 3), not after epoch 3. The
+    same with validations by batches (Lightning then checks at the validation's end, not the epoch's)."""
+    cfg = compose_train([*DIVERGING, "monitor.every_n_epochs=2", "test=false", *validation], tmp_path)
+    train(cfg)
+    with open(tmp_path / "csv" / "metrics.csv", newline="") as f:
+        val = {int(r["epoch"]): float(r["val/loss"]) for r in csv.DictReader(f) if r.get("val/loss")}
+    assert sorted(val) == [0, 1, 2, 3] and val[1] < val[3]  # the check after epoch 4 saw no improvement
+    last = torch.load(tmp_path / "checkpoints" / "last.ckpt", weights_only=True)
+    (state,) = [v for k, v in last["callbacks"].items() if k.startswith("EarlyStopping")]
+    assert (state["stopped_epoch"], state["wait_count"], state["best_score"].item()) == (3, 1, val[1])
