@@ -2,8 +2,9 @@
 
 Every config object in attnlab (`TransformerConfig`, `OptimConfig`, the data specs) is a dataclass whose
 `__post_init__` calls :func:`check_fields`. Values arriving from Hydra are coerced where that is lossless
-(an OmegaConf list becomes a tuple, an integral float stays a float) and rejected with a message naming the
-field, the value and the accepted values otherwise.
+(an OmegaConf list becomes a tuple, an integral float stays a float; a mapping's keys and values are
+checked as its annotation says) and rejected with a message naming the field, the value and the accepted
+values otherwise.
 """
 
 from __future__ import annotations
@@ -13,6 +14,7 @@ import difflib
 import inspect
 import types
 import typing
+from collections.abc import Mapping
 from typing import Any, Literal, Union, get_args, get_origin
 
 
@@ -26,6 +28,8 @@ def _describe(tp: Any) -> str:
         return "null"
     if origin is tuple:
         return "[" + ", ".join(_describe(a) for a in get_args(tp) if a is not Ellipsis) + "]"
+    if origin is dict:
+        return "{" + ": ".join(_describe(a) for a in get_args(tp)) + "}"
     return getattr(tp, "__name__", str(tp))
 
 
@@ -71,7 +75,24 @@ def _coerce(value: Any, tp: Any) -> tuple[bool, Any]:
                 return False, value
             out.append(coerced)
         return True, tuple(out)
+    if origin is dict:
+        return _coerce_dict(value, tp)
     return True, value
+
+
+def _coerce_dict(value: Any, tp: Any) -> tuple[bool, Any]:
+    """`_coerce` for a `dict[K, V]` annotation: a mapping whose every key is a K and value a V."""
+    if not isinstance(value, Mapping):
+        return False, value
+    key_tp, value_tp = get_args(tp)
+    out = {}
+    for key, item in value.items():
+        key_ok, key = _coerce(key, key_tp)
+        item_ok, item = _coerce(item, value_tp)
+        if not (key_ok and item_ok):
+            return False, value
+        out[key] = item
+    return True, out
 
 
 def shown(value: Any, most: int = 48) -> str:

@@ -111,6 +111,13 @@ CASES = [
     Case(["data=files", f"data.dir={MISSING}"], E, f"data.dir={MISSING}", "set dir to the directory"),
     Case(["data=files"], E, "data.dir is required", "set data.dir=<value>"),
     Case(["data=nope"], MissingConfigException, "data/nope", "Available options in 'data'"),
+    # (a file name, not a split -> file mapping: an AttributeError once the run directory was written)
+    Case(
+        ["data=hf", "data.name=json", "data.data_files=train.json"],
+        E,
+        "data.data_files='train.json'",
+        "expected {str: str} | null",
+    ),
     # --- trainer: epochs, accumulation, devices, presets -----------------------------------------------
     Case(["trainer.accumulate_grad_batches=0"], E, "trainer.accumulate_grad_batches=0", "positive integer"),
     Case(["trainer.accumulate_grad_batches=two"], E, "trainer.accumulate_grad_batches='two'", "positive"),
