@@ -110,6 +110,8 @@ CASES = [
     Case([f"data.root={MISSING}"], E, f"data.root={MISSING}", "or set root=null to download them"),
     Case(["data=files", f"data.dir={MISSING}"], E, f"data.dir={MISSING}", "set dir to the directory"),
     Case(["data=files"], E, "data.dir is required", "set data.dir=<value>"),
+    # (a name, not a list: taken as a sequence, its letters were test prefixes)
+    Case(["data=files", f"data.dir={MISSING}", "data.test=abc"], E, "data.test='abc'", "expected [str]"),
     Case(["data=nope"], MissingConfigException, "data/nope", "Available options in 'data'"),
     # (a file name, not a split -> file mapping: an AttributeError once the run directory was written)
     Case(

@@ -16,7 +16,15 @@ TRAINED = {"src_lang": "de", "tgt_lang": "en"}
 
 @pytest.mark.parametrize(
     ("src", "tgt"),
-    [("de", "en"), ("DE", "EN"), ("de_DE", "en-US"), ("src", "tgt"), ("source", "target"), ("de", None)],
+    [
+        ("de", "en"),
+        ("DE", "EN"),
+        ("de_DE", "en-US"),
+        ("src", "tgt"),
+        ("source", "target"),
+        ("de", "text"),
+        ("de", None),
+    ],
 )
 def test_data_of_the_models_languages_or_without_language_codes_is_scored(src: str, tgt: str | None) -> None:
     check_languages(TRAINED, SimpleNamespace(src_lang=src, tgt_lang=tgt))

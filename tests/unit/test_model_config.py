@@ -68,6 +68,7 @@ BAD_VALUES = [
     pytest.param({"n_heads": True}, ["n_heads=True"], id="bool-for-int"),
     pytest.param({"dropout": "0.1"}, ["dropout=", "0.1"], id="string-dropout"),
     pytest.param({"norm_first": 1}, ["norm_first=1"], id="int-for-bool"),
+    pytest.param({"layer_norm_eps": True}, ["layer_norm_eps=True"], id="bool-for-float"),
     pytest.param({"pad_id": 2}, ["pad_id=2", "eos_id=2"], id="pad-equals-eos"),
     pytest.param({"pad_id": VOCAB}, ["pad_id=50", "src_vocab_size=50"], id="pad-outside-vocab"),
     pytest.param({"pad_id": -1}, ["pad_id=-1"], id="negative-pad"),
