@@ -766,6 +766,49 @@ def test_an_ensemble_of_models_of_different_sizes_decodes_the_same_with_and_with
     torch.testing.assert_close(combined, expected, atol=1e-5, rtol=1e-5)
 
 
+def test_an_ensembles_attention_map_is_its_members_last_layer_maps_averaged_over_heads_and_models() -> None:
+    """What alignments are read from (`decode.print_alignment`): one map (B, 1, T, S) per step."""
+    from attnlab.decoding.ensemble import Ensemble
+
+    torch.manual_seed(0)
+    members = [Transformer(tiny_config()).eval(), Transformer(tiny_config(n_decoder_layers=3)).eval()]
+    ensemble = Ensemble(members)
+    src = random_source([5, 3, 7], seed=3)
+    tgt = torch.tensor([[1, 7, 9], [1, 4, 4], [1, 8, 5]])
+    with torch.inference_mode():
+        _, maps = ensemble.decode(tgt, *ensemble.encode(src), need_weights=True)
+        each = [m.decode(tgt, *m.encode(src), need_weights=True)[1][-1] for m in members]  # (B, H, T, S)
+    assert len(maps) == 1 and maps[0].shape == (3, 1, 3, src.size(1))
+    torch.testing.assert_close(maps[0], (each[0].mean(1, keepdim=True) + each[1].mean(1, keepdim=True)) / 2)
+
+
+@pytest.mark.parametrize("beam", [1, 3])
+def test_an_ensemble_decodes_within_the_smallest_position_limit_of_its_members(beam: int) -> None:
+    """Members with learned position tables of 16 and 8 beside an unlimited one (sinusoidal, first): the
+    outputs are cut at 8 (one decoder input position per token), where the small table would raise."""
+    from attnlab.decoding.ensemble import Ensemble
+
+    torch.manual_seed(0)
+    limits = [tiny_config(pe="learned", max_positions=n) for n in (16, 8)]
+    ensemble = Ensemble([Transformer(config).eval() for config in (tiny_config(), *limits)])
+    src = random_source([5, 3], seed=1)
+    settings = DecodeConfig(beam=beam, max_len_a=1.0, max_len_b=100, min_len=50)
+    assert [len(row) for row in translate(ensemble, src, settings)] == [8, 8]
+
+
+def test_an_ensemble_needs_a_model_and_every_member_sharing_the_vocabularies() -> None:
+    from attnlab.decoding.ensemble import Ensemble
+
+    with pytest.raises(ValueError, match="an ensemble needs at least one model"):
+        Ensemble([])
+    same, other = Transformer(tiny_config()), Transformer(tiny_config(src_vocab_size=60, tgt_vocab_size=60))
+    for members, which in (([same, other, same], 1), ([same, same, other], 2)):
+        with pytest.raises(
+            ValueError, match=f"model {which} of the ensemble has tgt_vocab_size=60 but model 0"
+        ):
+            Ensemble(members)
+
+
 class _KeepsItsLogits(Transformer):
     """A model whose `decode` keeps what it returns, with a copy taken at the time (searches run its
     `decode` through the modules, not the CPU step)."""
