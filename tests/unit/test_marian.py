@@ -64,6 +64,31 @@ def test_config_maps_marian_options() -> None:
         config_from_marian(transformers.MarianConfig(pad_token_id=PAD, vocab_size=60, encoder_layerdrop=0.1))
 
 
+def test_the_config_keeps_marians_dropout_rates_and_start_token() -> None:
+    """Fine-tuning a converted model drops out as MarianMT does; decoding starts where Marian's does."""
+    config = config_from_marian(transformers.MarianConfig(
+        pad_token_id=PAD, eos_token_id=EOS, vocab_size=60, decoder_start_token_id=3,
+        activation_function="relu", dropout=0.1, attention_dropout=0.2, activation_dropout=0.3,
+    ))  # fmt: skip
+    assert (config.dropout, config.attention_dropout, config.activation_dropout) == (0.1, 0.2, 0.3)
+    assert (config.decoder_start_id, config.activation) == (3, "relu")
+
+
+@pytest.mark.parametrize(
+    ("option", "named"),
+    [({"decoder_attention_heads": 2}, "different head counts"), ({"decoder_ffn_dim": 32}, "decoder_ffn_dim"),
+     ({"activation_function": "tanh"}, "activation_function='tanh'"),
+     ({"decoder_layerdrop": 0.1}, "layer drop")],
+)  # fmt: skip
+def test_a_marian_option_attnlab_cannot_express_is_refused_naming_it(option: dict, named: str) -> None:
+    """(Different head counts converted silently into another function; different feed-forward widths and
+    an unknown activation would fail as a shape error or a KeyError.)"""
+    options = {"encoder_attention_heads": 4, "decoder_attention_heads": 4, "encoder_ffn_dim": 64,
+               "decoder_ffn_dim": 64, **option}  # fmt: skip
+    with pytest.raises(ValueError, match=named):
+        config_from_marian(transformers.MarianConfig(pad_token_id=PAD, vocab_size=60, d_model=32, **options))
+
+
 def test_converted_model_gives_the_same_logits(marian) -> None:
     ours = from_marian(marian)
     src, tgt = batch()
@@ -73,19 +98,38 @@ def test_converted_model_gives_the_same_logits(marian) -> None:
 
 
 def test_a_model_without_shared_embeddings_converts_with_its_own_target_embedding() -> None:
-    """`share_encoder_decoder_embeddings=False`: the source embedding is the encoder's alone, the target
-    embedding the decoder's and the output layer's (`tie=decoder`), and the logits stay MarianMT's."""
+    """`share_encoder_decoder_embeddings=False`: the source embedding is the encoder's alone (here of its own
+    vocabulary size), the target embedding the decoder's and the output layer's (`tie=decoder`), and the
+    logits stay MarianMT's."""
     config = transformers.MarianConfig(
-        vocab_size=60, d_model=32, encoder_layers=1, decoder_layers=1, encoder_attention_heads=4,
-        decoder_attention_heads=4, encoder_ffn_dim=64, decoder_ffn_dim=64, max_position_embeddings=64,
-        pad_token_id=PAD, eos_token_id=EOS, decoder_start_token_id=PAD, activation_function="swish",
-        share_encoder_decoder_embeddings=False, init_std=0.5,
+        vocab_size=70, decoder_vocab_size=60, d_model=32, encoder_layers=1, decoder_layers=1,
+        encoder_attention_heads=4, decoder_attention_heads=4, encoder_ffn_dim=64, decoder_ffn_dim=64,
+        max_position_embeddings=64, pad_token_id=PAD, eos_token_id=EOS, decoder_start_token_id=PAD,
+        activation_function="swish", share_encoder_decoder_embeddings=False, init_std=0.5,
     )  # fmt: skip
     torch.manual_seed(0)
     theirs = transformers.MarianMTModel(config).eval()
     ours = from_marian(theirs)
-    assert ours.config.tie == "decoder"
+    assert (ours.config.tie, ours.config.src_vocab_size, ours.config.tgt_vocab_size) == ("decoder", 70, 60)
     assert ours.encoder.embed.token.weight is not ours.decoder.embed.token.weight
+    src, tgt = batch()
+    with torch.no_grad():
+        expected = theirs(input_ids=src, attention_mask=src != PAD, decoder_input_ids=tgt).logits
+        torch.testing.assert_close(ours(src, tgt), expected, atol=2e-5, rtol=1e-5)
+
+
+def test_a_model_with_an_untied_output_layer_converts_with_its_own_output_weights() -> None:
+    """`tie_word_embeddings=False`: the output layer is not the target embedding (`tie=none`)."""
+    config = transformers.MarianConfig(
+        vocab_size=60, d_model=32, encoder_layers=1, decoder_layers=1, encoder_attention_heads=4,
+        decoder_attention_heads=4, encoder_ffn_dim=64, decoder_ffn_dim=64, max_position_embeddings=64,
+        pad_token_id=PAD, eos_token_id=EOS, decoder_start_token_id=PAD, activation_function="swish",
+        tie_word_embeddings=False, init_std=0.5,
+    )  # fmt: skip
+    torch.manual_seed(0)
+    theirs = transformers.MarianMTModel(config).eval()
+    ours = from_marian(theirs)
+    assert ours.config.tie == "none"
     src, tgt = batch()
     with torch.no_grad():
         expected = theirs(input_ids=src, attention_mask=src != PAD, decoder_input_ids=tgt).logits
