@@ -19,6 +19,7 @@ from hypothesis import assume, given, settings
 from hypothesis import strategies as st
 
 from attnlab.cli.translate import main as translate_main
+from attnlab.cli.translate import parse_args, utf8_lines
 from attnlab.data.batching import TokenBatchSampler
 from attnlab.data.text import normalize
 from attnlab.data.tokenizer import SPECIAL_TOKENS, UNK_ID, SubwordTokenizer
@@ -332,11 +333,29 @@ def test_attnlab_translate_file_gives_one_line_per_input_line(
     assert cuts(messages) == ["1 sources were cut to the model's max_positions"]
 
 
-def test_attnlab_translate_ignores_a_byte_order_mark(checkpoint: dict[str, Any], tmp_path: Path) -> None:
+def test_attnlab_translate_ignores_a_byte_order_mark(
+    checkpoint: dict[str, Any], tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    """The mark opening a file is no text: dropped without the warning of an invisible character inside
+    the input (which the same bytes later in the file get)."""
     source, target = tmp_path / "in.txt", tmp_path / "out.txt"
     source.write_bytes(b"\xef\xbb\xbf" + input_bytes(list(EDGE_LINES.values())))
-    translate_main([f"ckpt_path={checkpoint['path']}", f"input={source}", f"output={target}", "device=cpu"])
+    with caplog.at_level(logging.WARNING, logger="attnlab.cli.translate"):
+        translate_main(
+            [f"ckpt_path={checkpoint['path']}", f"input={source}", f"output={target}", "device=cpu"]
+        )
     assert target.read_text(encoding="utf-8") == "".join(f"{out}\n" for out in checkpoint["expected"])
+    assert not [r for r in caplog.records if "invisible" in r.getMessage()]
+    assert list(utf8_lines(io.BytesIO(b"\xef\xbb\xbfeins\n\xef\xbb\xbfzwei\n"), "x")) == [
+        "eins\n",
+        "\ufeffzwei\n",
+    ]
+
+
+def test_a_list_of_checkpoints_is_split_at_commas_and_stripped() -> None:
+    """`ckpt_path=[a.ckpt, b.ckpt]` (as Hydra's lists are written, a space after each comma) names the two
+    files, not one with a leading space; a trailing comma names no empty file."""
+    assert parse_args(["ckpt_path=[a.ckpt, b.ckpt,]", "ensemble=true"])["ckpt_path"] == ["a.ckpt", "b.ckpt"]
 
 
 def test_attnlab_translate_stdin_gives_one_line_per_input_line(
