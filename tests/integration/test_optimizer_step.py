@@ -15,6 +15,7 @@ from typing import Any
 import lightning as L
 import pytest
 import torch
+import torch.nn.functional as F
 from omegaconf import OmegaConf
 from torch.utils.data import DataLoader
 
@@ -102,6 +103,50 @@ def test_two_accumulated_micro_batches_take_the_step_of_one_batch_holding_both()
     assert_same_weights(accumulated, joined)
     # Adam ignores a constant factor on the gradient; its norm (what clipping sees) does not
     assert accumulated_norms == pytest.approx(joined_norms, rel=1e-5) and len(joined_norms) == 4
+
+
+class StepStarts(L.Callback):
+    """The weights at the start of each optimizer step (before its first micro-batch)."""
+
+    def __init__(self, accumulate: int) -> None:
+        self.accumulate, self.weights = accumulate, []
+
+    def on_train_batch_start(self, trainer: L.Trainer, module: L.LightningModule, batch: Any, i: int) -> None:
+        if i % self.accumulate == 0:
+            self.weights.append({k: v.detach().clone() for k, v in module.state_dict().items()})
+
+
+def test_each_steps_gradient_is_that_of_the_mean_loss_over_its_own_target_tokens() -> None:
+    """README, "The loss is normalised by tokens per optimizer step": `train/grad_norm` of every step is
+    the norm of the gradient of the NLL summed over that step's target tokens (its micro-batches only, not
+    the steps before) divided by their number, computed here with plain cross-entropy."""
+    collate = Collator(pad_id=0, bos_id=1, eos_id=2)
+    batches = [collate(b) for b in micro_batches(seed=1)]
+    torch.manual_seed(0)
+    optim = OptimConfig(schedule="inverse_sqrt", peak_lr=3e-3, warmup_steps=2, label_smoothing=0.0)
+    module = TranslationModule(model=tiny_config(dropout=0.0), optim=optim)
+    starts = StepStarts(accumulate=2)
+    norms = GradNorms()
+    trainer = L.Trainer(
+        accelerator="cpu", max_epochs=1, accumulate_grad_batches=2, logger=False, enable_checkpointing=False,
+        enable_progress_bar=False, enable_model_summary=False, limit_val_batches=0, callbacks=[starts, norms],
+    )  # fmt: skip
+    trainer.fit(module, train_dataloaders=DataLoader(batches, batch_size=None))
+    expected = []
+    for step, weights in enumerate(starts.weights):
+        reference = TranslationModule(model=tiny_config(dropout=0.0), optim=optim)
+        reference.load_state_dict(weights)
+        step_batches = batches[2 * step : 2 * step + 2]
+        total = sum(
+            F.cross_entropy(reference(b["src"], b["tgt_in"]).flatten(0, 1), b["tgt_out"].flatten(),
+                            ignore_index=0, reduction="sum")
+            for b in step_batches
+        )  # fmt: skip
+        (total / sum(int((b["tgt_out"] != 0).sum()) for b in step_batches)).backward()
+        grads = [p.grad.norm() for p in reference.parameters() if p.grad is not None]
+        expected.append(float(torch.linalg.vector_norm(torch.stack(grads))))
+    assert len(expected) == len(norms.norms) == 4
+    assert norms.norms == pytest.approx(expected, rel=1e-4)
 
 
 @pytest.mark.ddp
