@@ -73,6 +73,7 @@ def test_logged_metrics(tiny_run: dict[str, Any]) -> None:
     expected += ["params/total", "params/embedding", "params/non_embedding"]
     for name in expected:
         assert name in columns, name
+    assert "train/skipped_steps" not in columns  # logged only for an epoch with skipped batches
     params = next(r for r in rows if r["params/total"])
     model = TranslationModule(**torch.load(last_checkpoint(tiny_run), weights_only=True)["hyper_parameters"])
     assert {k: int(float(params[f"params/{k}"])) for k in ("total", "embedding", "non_embedding")} == (
@@ -115,6 +116,29 @@ def test_loss_falls(tiny_run: dict[str, Any]) -> None:
 
 def last_checkpoint(run: dict[str, Any]) -> Path:
     return run["dir"] / "checkpoints" / "last.ckpt"
+
+
+def test_each_validations_nll_is_that_of_the_whole_validation_set_alone(tiny_run: dict[str, Any]) -> None:
+    """The last `val/nll` is the NLL per target token of the final weights (last.ckpt, saved after that
+    validation) on the validation set, computed here with plain cross-entropy: not summed with the earlier
+    validations' (or the sanity check's) batches."""
+    import torch.nn.functional as F
+
+    module = TranslationModule.load_from_checkpoint(last_checkpoint(tiny_run)).eval()
+    data = SyntheticData(**{k: v for k, v in tiny_run["cfg"].data.items() if k != "_target_"})
+    datamodule = data.datamodule()
+    datamodule.setup()
+    pad, nll, tokens = module.model_config.pad_id, 0.0, 0
+    with torch.no_grad():
+        for batch in datamodule.val_dataloader():
+            logits = module(batch["src"], batch["tgt_in"])
+            target = batch["tgt_out"]
+            nll += float(
+                F.cross_entropy(logits.flatten(0, 1), target.flatten(), ignore_index=pad, reduction="sum")
+            )
+            tokens += int((target != pad).sum())
+    logged = [float(r["val/nll"]) for r in read_metrics(tiny_run["dir"]) if r["val/nll"]]
+    assert len(logged) == 2 and logged[-1] == pytest.approx(nll / tokens, rel=1e-4)
 
 
 def test_checkpoint_loads_with_weights_only_and_restores_the_model(tiny_run: dict[str, Any]) -> None:
