@@ -14,7 +14,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from attnlab.runs.checkpoint import read_checkpoint
+from attnlab.runs.checkpoint import RESUME_KEY, read_checkpoint
 from attnlab.training.pipeline import train
 from attnlab.typed import ConfigError
 from helpers import compose_train
@@ -84,6 +84,7 @@ def test_skip_leaves_the_weights_untouched_by_the_bad_batch_and_trains_on(what: 
         skipped = [float(r["train/skipped_steps"]) for r in csv.DictReader(f) if r.get("train/skipped_steps")]
     assert skipped == [1.0]  # the epoch's count
     assert torch.load(last, weights_only=True)["global_step"] == 10  # the step counts; it updated nothing
+    assert read_checkpoint(last)[RESUME_KEY]["skipped"] == 1  # the run's count, kept across a resumption
     # Adam's step counts are then one behind the schedule's: the run still resumes (here for one epoch more)
     saved = torch.load(last, weights_only=True)
     assert {float(s["step"]) for s in saved["optimizer_states"][0]["state"].values()} == {9.0}
@@ -91,6 +92,7 @@ def test_skip_leaves_the_weights_untouched_by_the_bad_batch_and_trains_on(what: 
     more = [*overrides, "trainer.max_epochs=2", "optim.on_nonfinite=skip", "resume=true"]
     train(compose_train(more, tmp_path))
     assert torch.load(last, weights_only=True)["global_step"] == 20
+    assert read_checkpoint(last)[RESUME_KEY]["skipped"] == 1
 
 
 def test_skipped_steps_are_counted_per_epoch(tmp_path: Path) -> None:
