@@ -84,6 +84,9 @@ def test_skip_leaves_the_weights_untouched_by_the_bad_batch_and_trains_on(what: 
         skipped = [float(r["train/skipped_steps"]) for r in csv.DictReader(f) if r.get("train/skipped_steps")]
     assert skipped == [1.0]  # the epoch's count
     assert torch.load(last, weights_only=True)["global_step"] == 10  # the step counts; it updated nothing
+    # train/tokens_seen counts the tokens trained on: not the skipped batch's (step 5's)
+    seen = [value for _, value in logged_rows(tmp_path, "train/tokens_seen_step")]
+    assert len(seen) == 10 and seen[4] == seen[3] < seen[5]
     assert read_checkpoint(last)[RESUME_KEY]["skipped"] == 1  # the run's count, kept across a resumption
     # Adam's step counts are then one behind the schedule's: the run still resumes (here for one epoch more)
     saved = torch.load(last, weights_only=True)

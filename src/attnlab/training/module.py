@@ -105,8 +105,9 @@ class TranslationModule(L.LightningModule):
 
     @property
     def tokens_seen(self) -> int:
-        """Non-padding target tokens trained on so far in this run (summed over ranks; kept across a
-        resumption; 0 in a module from `load_from_checkpoint`, whose fit is a new run)."""
+        """Non-padding target tokens trained on so far in this run (summed over ranks; not those of batches
+        skipped for a non-finite loss or gradient; kept across a resumption; 0 in a module from
+        `load_from_checkpoint`, whose fit is a new run)."""
         return self._tokens_seen
 
     def forward(self, src: Tensor, tgt_in: Tensor) -> Tensor:
@@ -215,6 +216,8 @@ class TranslationModule(L.LightningModule):
             # (float16's gradient scaler skips overflowing steps itself)
             self._nonfinite(f"gradient norm is {norm_value}", None)
             optimizer.zero_grad(set_to_none=True)  # skip: parameters without gradients are not updated
+            # not trained on: the step's tokens leave `tokens_seen` (as a skipped loss's never enter it)
+            self._tokens_seen -= int(local_tokens) * self.trainer.world_size
             return
         if math.isfinite(norm_value):
             self._log_mean("grad_norm", norm_value)
