@@ -182,6 +182,10 @@ def test_attnlab_eval_reproduces_the_training_run_scores(text_run: dict[str, Any
     )
     results = evaluate_checkpoint(cfg)
     trained = json.loads((text_run["dir"] / "results.json").read_text())
+    # average_last=2 averages the run's last two epoch checkpoints, as training did (the converged model
+    # decodes its best checkpoint alone to the same text, so only the record tells them apart)
+    last_two = [str(path.resolve()) for path in kept_checkpoints(text_run["dir"])[-2:]]
+    assert results["averaged"] is True and results["checkpoints"] == last_two == trained["checkpoints"]
     for name in ("test", "test2"):
         assert results["sets"][name]["bleu"] == trained["sets"][name]["bleu"]
         assert (tmp_path / "hypotheses" / f"{name}.txt").read_text() == (
