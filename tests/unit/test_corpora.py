@@ -1316,6 +1316,35 @@ def test_limit_positions_drops_long_training_pairs_and_truncates_evaluation_sets
     assert sorted(seen) == list(range(SIZES["test"]))
 
 
+def test_truncated_counts_the_sentences_any_cut_shortened(corpus: Path, tmp_path: Path) -> None:
+    """Evaluation sources cut to data.max_source_tokens when the data is set up, then to a learned
+    position table (`limit_positions`, targets too): `truncated` counts each sentence either cut
+    shortened once, not only those of the last cut."""
+    uncut = setup_datamodule(files_spec(corpus, tmp_path)).splits
+    limit, positions = 8, 12
+    dm = setup_datamodule(files_spec(corpus, tmp_path, max_source_tokens=limit))
+    dm.limit_positions(positions)
+    for name in ("val", "test", "test2"):
+        long_source = [len(s) > limit for s, _, _ in uncut[name]]
+        long_target = [len(t) + 1 > positions for _, t, _ in uncut[name]]
+        either = sum(a or b for a, b in zip(long_source, long_target, strict=True))
+        assert dm.truncated[name] == either
+    assert any(
+        dm.truncated[name] > sum(len(s) > limit for s, _, _ in uncut[name]) for name in ("val", "test")
+    )
+
+
+def test_an_empty_test_set_beside_others_is_refused_before_training(corpus: Path, tmp_path: Path) -> None:
+    """README: an empty test set with test=true is refused before training; the second of two too."""
+    write_pair(corpus, "test2", [], [])
+    dm = setup_datamodule(files_spec(corpus, tmp_path))
+    with pytest.raises(
+        DataError, match=rf"split 'test2' is empty \({re.escape(str(corpus / 'test2.de'))} and"
+    ):
+        dm.check_feeds(1)
+    dm.check_feeds(1, test=False)  # a run with test=false never reads it
+
+
 def test_batches_read_at_once_equal_batches_of_examples_read_one_by_one(corpus: Path, tmp_path: Path) -> None:
     """`Examples.__getitems__` (the DataLoader's path) + the collator give, for any indices, kept rows and
     cuts, the batch that collating `examples[k]` one by one gives; its tensors share one buffer."""
