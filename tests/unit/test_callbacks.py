@@ -1,0 +1,199 @@
+"""When attnlab's checkpoint callbacks write their files, in a Lightning trainer of a one-layer model (a
+fit takes milliseconds): `LastCheckpoint` (at validations, every N steps, every M minutes, never inside a
+gradient accumulation, a save due at a validated step after its validation) and `AveragingCheckpoints`
+(the weights of the last `keep` epochs or of every K-th step)."""
+
+from __future__ import annotations
+
+import math
+import time
+from pathlib import Path
+from typing import Any
+
+import lightning as L
+import pytest
+import torch
+from lightning.pytorch.callbacks import ModelCheckpoint
+
+from attnlab.runs.checkpoint import kept_checkpoints
+from attnlab.training.callbacks import AveragingCheckpoints, LastCheckpoint
+from attnlab.typed import ConfigError
+
+pytestmark = pytest.mark.usefixtures("one_torch_thread")
+
+BATCHES = 10  # training batches an epoch
+
+
+class Tiny(L.LightningModule):
+    def __init__(self) -> None:
+        super().__init__()
+        self.layer = torch.nn.Linear(2, 1)
+
+    def training_step(self, batch: torch.Tensor, index: int) -> torch.Tensor:
+        return self.layer(batch).sum()
+
+    def validation_step(self, batch: torch.Tensor, index: int) -> None:
+        pass
+
+    def configure_optimizers(self) -> torch.optim.Optimizer:
+        return torch.optim.SGD(self.parameters(), lr=0.1)
+
+    def train_dataloader(self) -> torch.utils.data.DataLoader:
+        return torch.utils.data.DataLoader(torch.randn(BATCHES, 2), batch_size=1)
+
+    def val_dataloader(self) -> torch.utils.data.DataLoader:
+        return torch.utils.data.DataLoader(torch.randn(2, 2), batch_size=1)
+
+
+class Saves(L.Callback):
+    """Every checkpoint the trainer writes, as (optimizer step, training batches ended, validations ended)
+    when it is written; `sleep` seconds before the given training batches (counted from 1)."""
+
+    def __init__(self, sleep: dict[int, float] | None = None) -> None:
+        self.seen: list[tuple[int, int, int]] = []
+        self.batches = self.validations = 0
+        self.sleep = sleep or {}
+
+    def on_train_batch_start(self, *args: Any) -> None:
+        time.sleep(self.sleep.get(self.batches + 1, 0))
+
+    def on_train_batch_end(self, *args: Any) -> None:
+        self.batches += 1
+
+    def on_validation_end(self, *args: Any) -> None:
+        self.validations += 1
+
+    def on_save_checkpoint(self, trainer: L.Trainer, *args: Any) -> None:
+        self.seen.append((trainer.global_step, self.batches, self.validations))
+
+
+def trainer(*callbacks: L.Callback, epochs: int = 2, **settings: Any) -> L.Trainer:
+    """A quiet CPU trainer with `callbacks`, and no checkpoint callback of Lightning's (in the working
+    directory) beside them."""
+    return L.Trainer(
+        max_epochs=epochs, callbacks=list(callbacks), logger=False, enable_progress_bar=False,
+        enable_model_summary=False, num_sanity_val_steps=0, accelerator="cpu",
+        enable_checkpointing=any(isinstance(c, ModelCheckpoint) for c in callbacks), **settings,
+    )  # fmt: skip
+
+
+def fit(
+    callback: L.Callback, epochs: int = 2, sleep: dict[int, float] | None = None, **settings: Any
+) -> Saves:
+    saves = Saves(sleep)
+    trainer(callback, saves, epochs=epochs, **settings).fit(Tiny())
+    return saves
+
+
+def test_last_ckpt_is_written_after_each_epochs_validation_with_the_state_to_resume(tmp_path: Path) -> None:
+    saves = fit(LastCheckpoint(str(tmp_path)))
+    assert saves.seen == [(10, 10, 1), (20, 20, 2)]
+    saved = torch.load(tmp_path / "last.ckpt", weights_only=True)
+    assert saved["global_step"] == 20 and saved["optimizer_states"]  # all of it, to resume
+    assert [p.name for p in tmp_path.iterdir()] == ["last.ckpt"]
+
+
+def test_last_ckpt_every_n_steps_waits_at_a_validated_step_for_its_validation(tmp_path: Path) -> None:
+    saves = fit(LastCheckpoint(str(tmp_path), every_n_train_steps=4))
+    assert saves.seen == [(4, 4, 0), (8, 8, 0), (12, 12, 1), (16, 16, 1), (20, 20, 2)]  # 20: validated
+
+
+def test_last_ckpt_by_time_is_written_only_where_an_optimizer_step_ends(tmp_path: Path) -> None:
+    """Due at every batch (1e-9 minutes), with 3 batches a step: written after batches 3, 6, 9 and the
+    epoch's last (its own step), that one after the epoch's validation."""
+    saves = fit(LastCheckpoint(str(tmp_path), every_n_minutes=1e-9), epochs=1, accumulate_grad_batches=3)
+    assert saves.seen == [(1, 3, 0), (2, 6, 0), (3, 9, 0), (4, 10, 1)]
+
+
+def test_a_save_by_time_at_a_validated_step_between_step_saves_is_written_after_the_validation(
+    tmp_path: Path,
+) -> None:
+    """Every 4 steps and at every step by time: step 10, the epoch's last, is saved after its validation
+    (the steps alone would not save it)."""
+    saves = fit(LastCheckpoint(str(tmp_path), every_n_train_steps=4, every_n_minutes=1e-9), epochs=1)
+    assert saves.seen == [*((step, step, 0) for step in range(1, 10)), (10, 10, 1)]
+
+
+def test_last_ckpt_by_time_counts_its_minutes_from_the_last_save(tmp_path: Path) -> None:
+    """Every 2 s (1/30 minute, not seconds): 0.2 s before batch 2 writes nothing; 2.5 s before batch 4,
+    written after it; the clock then starts again, and the quick batches after it write nothing until the
+    epoch's end."""
+    saves = fit(LastCheckpoint(str(tmp_path), every_n_minutes=1 / 30), epochs=1, sleep={2: 0.2, 4: 2.5})
+    assert saves.seen == [(4, 4, 0), (10, 10, 1)]
+
+
+def test_a_save_by_steps_restarts_the_clock_of_the_saves_by_time(tmp_path: Path) -> None:
+    """Every 4 steps and every 2 s: 2.5 s before batch 4, whose step-save is due too: written once there,
+    and the clock restarts (nothing after batch 5)."""
+    last = LastCheckpoint(str(tmp_path), every_n_train_steps=4, every_n_minutes=1 / 30)
+    saves = fit(last, epochs=1, sleep={4: 2.5})
+    assert saves.seen == [(4, 4, 0), (8, 8, 0)]
+
+
+@pytest.mark.parametrize("minutes", [0, -1, math.inf, math.nan, "10"])
+def test_last_ckpt_refuses_a_time_interval_that_is_not_a_positive_number(minutes: Any) -> None:
+    with pytest.raises(ConfigError, match=r"^k\.every_n_minutes=.* must be a number > 0 \(or null: no time"):
+        LastCheckpoint.check_config("k", {"every_n_minutes": minutes})
+
+
+class StopsAt5(Tiny):
+    """Stops training at the end of step 5, in its own `on_train_batch_end` (after the callbacks')."""
+
+    def on_train_batch_end(self, outputs: Any, batch: Any, index: int) -> None:
+        if self.trainer.global_step == 5:
+            self.trainer.should_stop = True
+
+
+def test_a_save_by_time_before_a_validation_it_could_not_foresee_is_written_again_after_it(
+    tmp_path: Path,
+) -> None:
+    """Training stopped by the module after step 5's time-based save: Lightning validates that step, and
+    last.ckpt is written again, holding the validation's outcome."""
+    saves = Saves()
+    trainer(LastCheckpoint(str(tmp_path), every_n_minutes=1e-9), saves).fit(StopsAt5())
+    assert saves.seen == [(1, 1, 0), (2, 2, 0), (3, 3, 0), (4, 4, 0), (5, 5, 0), (5, 5, 1)]
+
+
+def test_a_validation_inside_a_gradient_accumulation_writes_no_last_ckpt(tmp_path: Path) -> None:
+    """2 batches a step, validations after batches 3, 6 and 9 of each epoch: only those after 6 (of 10)
+    and 16 end a step; the others would hold no gradients of their half-accumulated step."""
+    saves = fit(LastCheckpoint(str(tmp_path)), accumulate_grad_batches=2, val_check_interval=3)
+    assert saves.seen == [(3, 6, 2), (8, 16, 5)]
+
+
+def test_averaging_checkpoints_keep_the_weights_of_the_last_epochs(tmp_path: Path) -> None:
+    fit(AveragingCheckpoints(str(tmp_path), keep=2), epochs=3)
+    kept = kept_checkpoints(tmp_path)
+    assert [p.relative_to(tmp_path) for p in kept] == [
+        Path("epochs/epoch001.ckpt"),
+        Path("epochs/epoch002.ckpt"),
+    ]
+    saved = torch.load(kept[-1], weights_only=True)
+    assert saved["global_step"] == 30 and "optimizer_states" not in saved  # weights only
+
+
+def test_averaging_checkpoints_every_n_steps_keep_the_last_ones(tmp_path: Path) -> None:
+    fit(AveragingCheckpoints(str(tmp_path), keep=2, every_n_steps=3), epochs=1)
+    kept = kept_checkpoints(tmp_path)
+    assert [p.relative_to(tmp_path) for p in kept] == [Path(f"steps/step0000000{k}.ckpt") for k in (6, 9)]
+    assert "optimizer_states" not in torch.load(kept[-1], weights_only=True)
+    assert not (tmp_path / "epochs").exists()
+
+
+def test_averaging_checkpoints_keep_none_by_default(tmp_path: Path) -> None:
+    fit(AveragingCheckpoints(str(tmp_path)), epochs=2)
+    assert kept_checkpoints(tmp_path) == []
+
+
+def test_an_epoch_trained_again_writes_over_its_averaging_checkpoint(tmp_path: Path) -> None:
+    """A run resumed from a last.ckpt before a crash trains an epoch again: its file is replaced, not kept
+    beside a second one (`epoch000-v1.ckpt`, which averaging would not count)."""
+    for _ in range(2):
+        fit(AveragingCheckpoints(str(tmp_path), keep=2), epochs=1)
+    assert [p.name for p in (tmp_path / "epochs").iterdir()] == ["epoch000.ckpt"]
+
+
+@pytest.mark.parametrize("steps", [0, -1])
+def test_averaging_checkpoints_refuse_a_step_interval_below_one(steps: int, tmp_path: Path) -> None:
+    with pytest.raises(ValueError, match=rf"^every_n_steps={steps} must be >= 1 \(or null: one per epoch\)"):
+        AveragingCheckpoints(str(tmp_path), keep=2, every_n_steps=steps)
