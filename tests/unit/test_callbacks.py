@@ -1,11 +1,13 @@
 """When attnlab's checkpoint callbacks write their files, in a Lightning trainer of a one-layer model (a
 fit takes milliseconds): `LastCheckpoint` (at validations, every N steps, every M minutes, never inside a
 gradient accumulation, a save due at a validated step after its validation) and `AveragingCheckpoints`
-(the weights of the last `keep` epochs or of every K-th step)."""
+(the weights of the last `keep` epochs or of every K-th step); and which handlers hold the stop signals in
+attnlab's trainers (`SignalConnector`) while training and testing."""
 
 from __future__ import annotations
 
 import math
+import signal
 import time
 from pathlib import Path
 from typing import Any
@@ -16,7 +18,13 @@ import torch
 from lightning.pytorch.callbacks import ModelCheckpoint
 
 from attnlab.runs.checkpoint import kept_checkpoints
-from attnlab.training.callbacks import AveragingCheckpoints, LastCheckpoint
+from attnlab.training.callbacks import (
+    AveragingCheckpoints,
+    LastCheckpoint,
+    Preemption,
+    SignalConnector,
+    agreed_signal,
+)
 from attnlab.typed import ConfigError
 
 pytestmark = pytest.mark.usefixtures("one_torch_thread")
@@ -35,6 +43,8 @@ class Tiny(L.LightningModule):
     def validation_step(self, batch: torch.Tensor, index: int) -> None:
         pass
 
+    test_step = validation_step
+
     def configure_optimizers(self) -> torch.optim.Optimizer:
         return torch.optim.SGD(self.parameters(), lr=0.1)
 
@@ -43,6 +53,8 @@ class Tiny(L.LightningModule):
 
     def val_dataloader(self) -> torch.utils.data.DataLoader:
         return torch.utils.data.DataLoader(torch.randn(2, 2), batch_size=1)
+
+    test_dataloader = val_dataloader
 
 
 class Saves(L.Callback):
@@ -197,3 +209,62 @@ def test_an_epoch_trained_again_writes_over_its_averaging_checkpoint(tmp_path: P
 def test_averaging_checkpoints_refuse_a_step_interval_below_one(steps: int, tmp_path: Path) -> None:
     with pytest.raises(ValueError, match=rf"^every_n_steps={steps} must be >= 1 \(or null: one per epoch\)"):
         AveragingCheckpoints(str(tmp_path), keep=2, every_n_steps=steps)
+
+
+SIGNALS = (signal.SIGTERM, signal.SIGINT, signal.SIGUSR1)
+
+
+class Handlers(L.Callback):
+    """The handlers of `SIGNALS` at the first training (or test) batch's end."""
+
+    def __init__(self) -> None:
+        self.seen: dict[int, Any] = {}
+
+    def on_train_batch_end(self, *args: Any) -> None:
+        self.seen = self.seen or {signum: signal.getsignal(signum) for signum in SIGNALS}
+
+    on_test_batch_end = on_train_batch_end
+
+
+def test_preemption_holds_the_stop_signals_while_training_and_gives_back_the_handlers_it_found(
+    tmp_path: Path,
+) -> None:
+    """In attnlab's trainers (`SignalConnector`) SIGTERM, SIGINT and SIGUSR1 reach `Preemption` alone while
+    training runs, not Lightning's SIGTERM handler; after fitting, every handler is the one before."""
+    preemption, handlers = Preemption(str(tmp_path)), Handlers()
+    fitting = trainer(preemption, handlers, epochs=1)
+    fitting._signal_connector = SignalConnector(fitting)
+    before = {signum: signal.getsignal(signum) for signum in SIGNALS}
+    fitting.fit(Tiny())
+    assert handlers.seen == dict.fromkeys(SIGNALS, preemption._on_signal)
+    assert {signum: signal.getsignal(signum) for signum in SIGNALS} == before
+
+
+def test_without_preemption_lightnings_sigterm_handler_stays(tmp_path: Path) -> None:
+    handlers = Handlers()
+    fitting = trainer(handlers, epochs=1)
+    fitting._signal_connector = SignalConnector(fitting)
+    before = signal.getsignal(signal.SIGTERM)
+    fitting.fit(Tiny())
+    assert handlers.seen[signal.SIGTERM] not in (before, signal.SIG_DFL)  # Lightning's: stops at a step end
+    assert signal.getsignal(signal.SIGTERM) == before
+
+
+def test_in_the_final_evaluation_sigterm_and_sigint_reach_its_stop_alone() -> None:
+    """Without `Preemption` in the trainer (`callbacks.preemption=null`), `stopping_evaluation`'s handlers
+    hold SIGTERM and SIGINT while testing, not Lightning's SIGTERM handler (its collective hung DDP runs)."""
+    from attnlab.training.pipeline import stopping_evaluation
+
+    handlers = Handlers()
+    testing = trainer(handlers)
+    testing._signal_connector = SignalConnector(testing)
+    with stopping_evaluation("attnlab-eval ckpt_path=run", testing):
+        stop = testing.callbacks[-1]
+        testing.test(Tiny(), verbose=False)
+    assert handlers.seen[signal.SIGTERM] == handlers.seen[signal.SIGINT] == stop.on_signal
+
+
+def test_a_single_process_agrees_on_the_signal_it_received() -> None:
+    single = trainer()
+    assert agreed_signal(single, None) == 0
+    assert agreed_signal(single, int(signal.SIGUSR1)) == signal.SIGUSR1
