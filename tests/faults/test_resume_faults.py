@@ -238,6 +238,22 @@ def test_a_checkpoint_saved_by_a_validation_inside_the_epoch_resumes_exactly(tmp
     assert_same_training(run_dir, reference)
 
 
+def test_a_save_owed_by_a_validation_inside_an_accumulation_resumes_exactly(tmp_path: Path) -> None:
+    """3 batches a step (steps end after batches 3, 6, 9 and 10 of each epoch), validations after batches
+    4 and 8, inside steps 2 and 3: each validation writes last.ckpt at the end of its step. Killed at the
+    end of step 3 (before its save), the run resumes from step 2 mid-epoch and ends bitwise as an
+    uninterrupted run."""
+    inside = [DEFAULT, "trainer.accumulate_grad_batches=3", "+trainer.val_check_interval=4"]
+    reference, run_dir = tmp_path / "reference", tmp_path / "run"
+    train(compose_train([*IN_PROCESS, *final(reference), *inside], reference))
+    killed = attnlab_train(run_dir, *inside, *kill_at(3))
+    assert killed.returncode == -signal.SIGKILL
+    assert saved_step(run_dir) == 2
+    train(compose_train([*IN_PROCESS, *final(run_dir), *inside, "resume=true"], run_dir))
+    assert saved_step(run_dir) == 7  # the second epoch's validations: steps 6 and 7 (of 4 an epoch)
+    assert_same_training(run_dir, reference)
+
+
 @pytest.fixture(scope="module")
 def one_epoch(tmp_path_factory: pytest.TempPathFactory) -> Path:
     """A finished 1-epoch `runs.RUN` run with the default checkpoints (do not change it: copy it)."""

@@ -166,11 +166,35 @@ def test_a_save_by_time_before_a_validation_it_could_not_foresee_is_written_agai
     assert saves.seen == [(1, 1, 0), (2, 2, 0), (3, 3, 0), (4, 4, 0), (5, 5, 0), (5, 5, 1)]
 
 
-def test_a_validation_inside_a_gradient_accumulation_writes_no_last_ckpt(tmp_path: Path) -> None:
-    """2 batches a step, validations after batches 3, 6 and 9 of each epoch: only those after 6 (of 10)
-    and 16 end a step; the others would hold no gradients of their half-accumulated step."""
+def test_a_validation_inside_a_gradient_accumulation_saves_at_the_end_of_its_step(tmp_path: Path) -> None:
+    """2 batches a step, validations after batches 3, 6 and 9 of each epoch: those after 6 (of 10) and 16
+    end a step and save there; the others fall inside a step (a save there would hold none of its
+    gradients) and save at its end, after batches 4, 10, 14 and 20."""
     saves = fit(LastCheckpoint(str(tmp_path)), accumulate_grad_batches=2, val_check_interval=3)
-    assert saves.seen == [(3, 6, 2), (8, 16, 5)]
+    assert saves.seen == [(2, 4, 1), (3, 6, 2), (5, 10, 3), (7, 14, 4), (8, 16, 5), (10, 20, 6)]
+
+
+def test_with_no_validation_at_a_step_end_last_ckpt_is_still_written(tmp_path: Path) -> None:
+    """3 batches a step, validations after batches 4 and 8 of 10: no validation ends a step (steps end
+    after 3, 6, 9 and the epoch's last batch), and each validation's save is written at its step's end."""
+    saves = fit(LastCheckpoint(str(tmp_path)), epochs=1, accumulate_grad_batches=3, val_check_interval=4)
+    assert saves.seen == [(2, 6, 1), (3, 9, 2)]
+
+
+def test_saving_every_n_steps_a_validation_inside_an_accumulation_owes_no_save(tmp_path: Path) -> None:
+    """Every 4 steps, 2 batches a step, validations after batches 3, 6 and 9: validations do not save in
+    this mode, those inside a step neither (only step 4, after batch 8, is written)."""
+    last = LastCheckpoint(str(tmp_path), every_n_train_steps=4)
+    saves = fit(last, epochs=1, accumulate_grad_batches=2, val_check_interval=3)
+    assert saves.seen == [(4, 8, 2)]
+
+
+def test_a_save_owed_to_a_validated_step_is_written_once_after_its_validation(tmp_path: Path) -> None:
+    """4 batches a step, validations after every second batch: those after batches 2 and 6 owe their
+    saves to the steps ending at 4 and 8, which are validated themselves: each written once, after that
+    validation (holding its outcome)."""
+    saves = fit(LastCheckpoint(str(tmp_path)), epochs=1, accumulate_grad_batches=4, val_check_interval=2)
+    assert saves.seen == [(1, 4, 2), (2, 8, 4), (3, 10, 5)]
 
 
 def test_averaging_checkpoints_keep_the_weights_of_the_last_epochs(tmp_path: Path) -> None:

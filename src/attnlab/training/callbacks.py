@@ -104,17 +104,19 @@ class _StepEnds(L.Callback):
 class LastCheckpoint(_StepEnds, ModelCheckpoint):
     """`last.ckpt`: the latest training state, which `resume=true` continues from.
 
-    Written at the end of every validation (by default once per epoch, `trainer.check_val_every_n_epoch`;
-    also inside epochs with `trainer.val_check_interval`), or every `every_n_train_steps` optimizer steps
-    instead; with `every_n_minutes`, also whenever that much time has passed since training (re)started
-    or since the last save, at the end of the first optimizer step after it — for corpora whose epochs
-    take hours, an interrupted run then loses at most about that much work, whatever a step costs. No
-    save falls inside a gradient accumulation (its gradients are not in a checkpoint), so every last.ckpt
-    resumes exactly; a save due at a step that is then validated (by steps or by time) is written after
-    the validation instead: it holds the validation's outcome (best checkpoint, early-stopping counts),
-    and a run killed during the validation resumes from the save before, so that it validates that step
-    (a run resumed from a save at the step would count it as done and skip its validation). Under DDP,
-    rank 0's clock decides and all ranks save together.
+    Written at the end of every validation (by default once per epoch, `trainer.check_val_every_n_epoch`; also
+    inside epochs with `trainer.val_check_interval`), or every `every_n_train_steps` optimizer steps instead;
+    with `every_n_minutes`, also whenever that much time has passed since training (re)started or since the
+    last save, at the end of the first optimizer step after it — for corpora whose epochs take hours, an
+    interrupted run then loses at most about that much work, whatever a step costs. No save falls inside a
+    gradient accumulation (its gradients are not in a checkpoint), so every last.ckpt resumes exactly: a
+    validation inside one (`val_check_interval` not a multiple of `accumulate_grad_batches`) owes its save to
+    the end of that accumulation's optimizer step, where it is written, holding the validation's outcome. A
+    save due at a step that is then validated (by steps or by time) is written after the validation instead:
+    it holds the validation's outcome (best checkpoint, early-stopping counts), and a run killed during the
+    validation resumes from the save before, so that it validates that step (a run resumed from a save at the
+    step would count it as done and skip its validation). Under DDP, rank 0's clock decides and all ranks save
+    together.
 
     Args:
         dirpath: The run's `checkpoints/` directory.
@@ -144,6 +146,7 @@ class LastCheckpoint(_StepEnds, ModelCheckpoint):
         self._since: float | None = None  # when training (re)started or last.ckpt was last written
         self._stepped = True  # whether the last training batch ended with an optimizer step
         self._after_validation = False  # a save due at the last batch, delayed to the validation's end
+        self._owed = False  # a validation inside an accumulation: saved at the end of its optimizer step
 
     @classmethod
     def check_config(cls, key: str, node: Mapping[str, Any]) -> None:
@@ -179,8 +182,13 @@ class LastCheckpoint(_StepEnds, ModelCheckpoint):
             # validation leaves, and a run resumed from it would start after this step without validating
             # it (Lightning counts the step as done), its validation and epoch rows lost.
             self._after_validation = self._due_by_steps(trainer) or self._due_by_time(trainer)
+            self._owed = False  # the validation writes last.ckpt itself
             return
         super().on_train_batch_end(trainer, pl_module, outputs, batch, batch_idx)  # every N steps
+        if self._owed and not self._saved_now(trainer):  # the save of a validation inside this step
+            self._save_topk_checkpoint(trainer, self._monitor_candidates(trainer))
+            self._saved_now(trainer)
+        self._owed = False
         if not self._saved_now(trainer) and self._due_by_time(trainer):
             saved_before = self._last_global_step_saved
             self._save_topk_checkpoint(trainer, self._monitor_candidates(trainer))
@@ -210,12 +218,18 @@ class LastCheckpoint(_StepEnds, ModelCheckpoint):
             return False
 
     def on_validation_end(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
-        if not self._stepped:  # a validation inside an accumulation (val_check_interval): no save
+        if not self._stepped:  # a validation inside an accumulation (val_check_interval): saved at its step
+            self._owed = self._owed or self._saves_at_validations(trainer)
             return
         super().on_validation_end(trainer, pl_module)  # a validation inside the epoch: written here
         if not self._should_save_on_train_epoch_end(trainer):
             self._save_delayed(trainer)
         self._saved_now(trainer)
+
+    def _saves_at_validations(self, trainer: L.Trainer) -> bool:
+        """Whether a validation writes last.ckpt (`ModelCheckpoint.on_validation_end`'s condition: saves by
+        validation, not every N steps, and not at the epoch's end instead)."""
+        return self._every_n_epochs >= 1 and not self._should_save_on_train_epoch_end(trainer)
 
     def on_train_epoch_end(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
         super().on_train_epoch_end(trainer, pl_module)  # the epoch's validation: written here, after it
