@@ -79,6 +79,24 @@ class SaveFinalWeights(L.Callback):
         torch.save(state, Path(self.dirpath) / f"final_weights_rank{trainer.global_rank}.pt")
 
 
+class CountTokens(L.Callback):
+    """Count the non-padding target tokens of the batches this rank trains on, and write them with the
+    module's `tokens_seen` at the end of fitting to `<dirpath>/tokens_rank<r>.json`."""
+
+    def __init__(self, dirpath: str) -> None:
+        self.dirpath, self.counted = dirpath, 0
+
+    def on_train_batch_end(
+        self, trainer: L.Trainer, pl_module: Any, outputs: Any, batch: Any, index: int
+    ) -> None:
+        self.counted += int((batch["tgt_out"] != pl_module.model_config.pad_id).sum())
+
+    def on_fit_end(self, trainer: L.Trainer, pl_module: Any) -> None:
+        Path(self.dirpath).mkdir(parents=True, exist_ok=True)
+        found = {"counted": self.counted, "tokens_seen": pl_module.tokens_seen}
+        (Path(self.dirpath) / f"tokens_rank{trainer.global_rank}.json").write_text(json.dumps(found))
+
+
 class KillDuringSave(L.Callback):
     """SIGKILL this process halfway through writing the `nth` save of `name` (bytes on disk, no rename)."""
 

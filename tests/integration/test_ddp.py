@@ -53,6 +53,7 @@ def test_ddp_bleu_equals_a_single_process_evaluation_of_the_same_checkpoint(
         "trainer.log_every_n_steps=1",
         "trainer.enable_progress_bar=false", "logger=wandb",
         "+callbacks.final._target_=probes.SaveFinalWeights", f"+callbacks.final.dirpath={tmp_path / 'final'}",
+        "+callbacks.count._target_=probes.CountTokens", f"+callbacks.count.dirpath={tmp_path / 'final'}",
     ]  # fmt: skip
     done = run_all(command, env=env, cwd=tmp_path)  # every rank killed at the timeout
     assert done.returncode == 0, done.stderr[-4000:]
@@ -62,6 +63,15 @@ def test_ddp_bleu_equals_a_single_process_evaluation_of_the_same_checkpoint(
     assert len(list(run.rglob("run-*.wandb"))) == 1  # one W&B run, from rank 0
     ranks = [torch.load(tmp_path / "final" / f"final_weights_rank{r}.pt", weights_only=True) for r in (0, 1)]
     assert all(torch.equal(ranks[0][k], ranks[1][k]) for k in ranks[0])  # the same parameters on both ranks
+    # train/tokens_seen: the target tokens both ranks trained on, the same count on each rank (and
+    # logged), not a rank's own tokens x 2 (the ranks' shares differ).
+    counts = [json.loads((tmp_path / "final" / f"tokens_rank{r}.json").read_text()) for r in (0, 1)]
+    total = counts[0]["counted"] + counts[1]["counted"]
+    assert counts[0]["counted"] != counts[1]["counted"]
+    assert counts[0]["tokens_seen"] == counts[1]["tokens_seen"] == total
+    with open(run / "csv" / "metrics.csv") as f:
+        seen = [float(r["train/tokens_seen_step"]) for r in csv.DictReader(f) if r["train/tokens_seen_step"]]
+    assert seen[-1] == total
     effective = json.loads((run / "manifest.json").read_text())["effective_batch"]
     assert (effective["devices"], effective["per_optimizer_step"]) == (2, 600)  # 300 tokens x 2 ranks
     assert "effective batch: 300 tokens per device batch x 2 devices x 1 nodes x 1 accumulated" in done.stdout

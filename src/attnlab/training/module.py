@@ -39,12 +39,12 @@ class TranslationModule(L.LightningModule):
 
     Logs per step and epoch `train/loss` (label-smoothed), `train/nll`, `train/ppl`, `train/grad_norm`,
     `train/lr`, `train/tokens_per_sec` (non-padding target tokens over the whole step: forward, backward,
-    optimizer, summed over ranks), `train/tokens_seen` (epoch values: `attnlab.training.epoch_metrics`,
-    kept in checkpoints); per epoch with skipped batches `train/skipped_steps`; per validation epoch
-    `val/loss`, `val/nll`, `val/ppl`, and every `decode.every_n_epochs` epochs `val/bleu` and `val/chrf`
-    (detokenized sacreBLEU on decoded validation sentences, corpora with a tokenizer only); on test
-    `test/loss`, `test/ppl` and `test/exact_match` (greedy decoding). Parameter counts go to the loggers
-    at the start of fitting.
+    optimizer; under DDP this rank's tokens x ranks), `train/tokens_seen` (summed over ranks; epoch values:
+    `attnlab.training.epoch_metrics`, kept in checkpoints); per epoch with skipped batches
+    `train/skipped_steps`; per validation epoch `val/loss`, `val/nll`, `val/ppl`, and every
+    `decode.every_n_epochs` epochs `val/bleu` and `val/chrf` (detokenized sacreBLEU on decoded validation
+    sentences, corpora with a tokenizer only); on test `test/loss`, `test/ppl` and `test/exact_match` (greedy
+    decoding). Parameter counts go to the loggers at the start of fitting.
 
     Args:
         model: The architecture (a `TransformerConfig` or its dict form, with vocabulary sizes set).
@@ -209,6 +209,9 @@ class TranslationModule(L.LightningModule):
         if self.trainer.world_size > 1:
             stats = self.trainer.strategy.reduce(stats, reduce_op="sum")
         tokens, nonfinite, norm_sq = stats.tolist()
+        # `training_step` counted its rank's tokens x ranks (its checkpoint must hold them); the sum over
+        # ranks is known here, before the step's end: `tokens_seen` holds the exact count from now on.
+        self._tokens_seen += int(tokens) - local_tokens * self.trainer.world_size
         factor = self.trainer.world_size * self.trainer.accumulate_grad_batches / max(tokens, 1.0)
         torch._foreach_mul_(grads, factor)
         norm_value = (math.sqrt(norm_sq) if sharded else float(norm)) * factor
@@ -217,7 +220,7 @@ class TranslationModule(L.LightningModule):
             self._nonfinite(f"gradient norm is {norm_value}", None)
             optimizer.zero_grad(set_to_none=True)  # skip: parameters without gradients are not updated
             # not trained on: the step's tokens leave `tokens_seen` (as a skipped loss's never enter it)
-            self._tokens_seen -= int(local_tokens) * self.trainer.world_size
+            self._tokens_seen -= int(tokens)
             return
         if math.isfinite(norm_value):
             self._log_mean("grad_norm", norm_value)
