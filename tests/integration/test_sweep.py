@@ -119,6 +119,23 @@ def test_a_sweep_rerun_with_another_logger_finds_its_jobs_directories_named_befo
         check_no_swept_bookkeeping(task("allocator=keep,release", "seed=1,2"))
 
 
+def test_a_job_directory_with_an_unreadable_manifest_hides_no_other_job_of_the_sweep(tmp_path: Path) -> None:
+    """A re-run sweep looks through its job directories' manifest.json files for the one a job of the same
+    setting wrote: a directory whose manifest cannot be read (cut short, no JSON object) is passed over,
+    the job named the old way is still found, and a new job is named as without them."""
+    sweep_dir = tmp_path / "sweep"
+    old = "logger=csv,pe=learned,seed=2-0123abcd"  # as a sweep made before named it
+    task = ["model.pe=learned", "seed=2", "logger=csv"]
+    for name, text in (("a-cut-short", '{"status": "finished", "overr'), ("b-no-object", "[1]"),
+                       (old, json.dumps({"status": "finished", "overrides": task}))):  # fmt: skip
+        (sweep_dir / name).mkdir(parents=True)
+        (sweep_dir / name / "manifest.json").write_text(text)
+    assert job_dirname(["model.pe=learned", "seed=2", "logger=tensorboard"], str(sweep_dir)) == old
+    assert job_dirname(["model.pe=none", "seed=2"], str(sweep_dir)) == job_dirname(
+        ["model.pe=none", "seed=2"]
+    )
+
+
 def test_a_sweep_an_experiment_file_declares_over_a_bookkeeping_key_is_refused(tmp_path: Path) -> None:
     """An experiment file (or `hparams_search`) declares its sweep in `hydra.sweeper.params`, which both
     Hydra's basic sweeper and Optuna's read (or Optuna's deprecated `search_space`): a bookkeeping key
