@@ -242,6 +242,29 @@ def test_which_checkpoint_resume_and_ckpt_path_continue_from(tmp_path: Path) -> 
         chosen(resume=True, ckpt_path=str(other))
 
 
+def test_hydra_records_a_command_except_over_the_record_of_a_run_it_continues_skips_or_refuses(
+    tmp_path: Path,
+) -> None:
+    """`hydra.output_subdir`: a new run directory, or one whose failed run saved no checkpoint (started
+    over), gets the command's `.hydra/` record; a resumption of the run there keeps the first command's
+    record, and so does a command that the run's checkpoints or finished status skip or refuse."""
+    from attnlab.cli.app import hydra_output_subdir
+
+    run = RunDir(tmp_path / "run")
+    assert hydra_output_subdir(run.path, True) == ".hydra"  # nothing recorded yet
+    (run.path / ".hydra").mkdir(parents=True)
+    (run.path / MANIFEST_FILE).write_text(json.dumps({"status": "failed"}))
+    assert hydra_output_subdir(run.path) == ".hydra"  # a failed run started over
+    for resume, ckpt_path in ((True, None), ("auto", None), (False, "last")):
+        assert hydra_output_subdir(run.path, resume, ckpt_path) is None, (resume, ckpt_path)
+    run.checkpoints_dir.mkdir()
+    (run.checkpoints_dir / "epoch001.ckpt").write_bytes(b"")
+    assert hydra_output_subdir(run.path) is None  # refused, or a sweep's job recorded as failed
+    (run.checkpoints_dir / "epoch001.ckpt").unlink()
+    (run.path / MANIFEST_FILE).write_text(json.dumps({"status": "finished"}))
+    assert hydra_output_subdir(str(run.path), False, None) is None  # skipped by sweep.skip_done, or refused
+
+
 def test_the_manifest_is_one_object_written_on_every_change(tmp_path: Path) -> None:
     run = RunDir(tmp_path / "run")
     manifest = Manifest.start(run)
