@@ -8,6 +8,7 @@ import os
 import subprocess
 import sys
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -315,6 +316,35 @@ def test_a_sweep_of_ddp_jobs_runs_each_job_as_its_own_process_group(tmp_path: Pa
     # Lightning's messages go to the job's logging (Hydra's console handler, standard output).
     told = [p.read_text() + p.with_name(p.name.replace("_log.err", "_log.out")).read_text() for p in logs]
     assert sum("GLOBAL_RANK: 1, MEMBER: 2/2" in text for text in told) == 2  # rank 1 of each job
+
+
+@pytest.mark.parametrize(
+    ("trainer", "refused"),
+    [({}, None), ({"devices": 1, "num_nodes": 1}, None),
+     ({"strategy": "ddp", "devices": 2}, "runs 2 processes"),
+     ({"strategy": "ddp", "devices": 1, "num_nodes": 2}, "runs 2 processes"),
+     ({"strategy": "ddp", "devices": 2, "num_nodes": 3}, "runs 6 processes"),
+     ({"strategy": "ddp", "devices": -1}, "runs several processes"),
+     ({"strategy": {"_target_": "attnlab.training.strategies.fsdp"}, "devices": "auto"}, "runs several")],
+)  # fmt: skip
+def test_a_sweep_of_multi_process_jobs_under_the_basic_launcher_is_refused_counting_every_node(
+    trainer: dict[str, Any], refused: str | None
+) -> None:
+    """Hydra's basic launcher runs each job inside this process, where Lightning cannot start its other
+    ranks: a job of devices x nodes processes (or an unknown number, under a distributed strategy) is
+    refused naming the launcher to use; a launcher that starts each job's processes takes them all."""
+    from omegaconf import OmegaConf
+
+    from attnlab.cli.train import check_launcher
+
+    cfg = OmegaConf.create({"trainer": trainer})
+    basic = "hydra._internal.core_plugins.basic_launcher.BasicLauncher"
+    check_launcher(cfg, "hydra_plugins.hydra_submitit_launcher.submitit_launcher.LocalLauncher")
+    if refused is None:
+        check_launcher(cfg, basic)
+        return
+    with pytest.raises(SystemExit, match=f"each job of this sweep {refused} .*add hydra/launcher=local"):
+        check_launcher(cfg, basic)
 
 
 def test_a_run_without_test_sets_writes_its_final_metrics_for_sweeps_and_reports(tmp_path: Path) -> None:
