@@ -603,6 +603,29 @@ def test_a_command_claims_its_run_directory_before_hydra_writes_there(
     assert list(tmp_path.iterdir()) == []  # refused: the run directory and its parent are gone, .lock too
 
 
+def test_a_refused_command_keeps_what_its_run_directory_held_or_it_wrote_there(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A refused command removes only a new run directory holding nothing but Hydra's record of it. One it
+    made and started a run in (manifest.json) keeps the record beside the run's files; one that existed
+    keeps its files, the lock file of the run before included."""
+    monkeypatch.delenv("HYDRA_FULL_ERROR", raising=False)  # (a data error's message, no traceback)
+    made = tmp_path / "new" / "run"
+    empty_valid = corpus_run(tmp_path, {"train": 40, "valid": 0, "test": 4})
+    with pytest.raises(SystemExit, match=r"^attnlab-train: data error: .*split 'val' is empty"):
+        command_here(monkeypatch, "train", *empty_valid, f"hydra.run.dir={made}")
+    assert_refused_before_training(made)
+    assert (made / ".hydra" / "overrides.yaml").is_file()
+
+    earlier = tmp_path / "earlier"  # a run that failed before its first checkpoint: started over
+    saved_run(earlier, "failed", [])
+    (earlier / RUN_LOCK).write_text("")
+    with pytest.raises(SystemExit, match=r"model\.n_heads=3 does not divide"):
+        command_here(monkeypatch, "train", "data=synthetic", "model=tiny", "model.n_heads=3",
+                     f"hydra.run.dir={earlier}")  # fmt: skip
+    assert (earlier / RUN_LOCK).is_file() and (earlier / "manifest.json").is_file()
+
+
 @pytest.mark.parametrize("task", ["eval", "export"])
 def test_eval_and_export_are_refused_in_a_directory_another_command_holds(
     task: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
