@@ -658,6 +658,40 @@ def test_the_fsdp_strategy_reads_a_checkpoint_by_attnlabs_reader(
     assert loaded["callbacks"] == {}  # another run's callback states: not loaded
 
 
+def test_the_fsdp_strategy_loads_every_weight_and_optimizer_states_only_to_fit(
+    trained: dict[str, Any], tmp_path: Path
+) -> None:
+    """`trainer=fsdp` with `ckpt_path=` loads as every other strategy does: the weights, and the optimizer
+    states for `trainer.fit` only (`validate` and `test` read the weights alone); a checkpoint holding
+    another number of optimizers than the run has is refused naming both counts, and one lacking one of
+    the model's weights is refused naming it (strict loading), not taken for a complete model."""
+    from lightning.pytorch import Trainer
+    from lightning.pytorch.trainer.states import TrainerFn
+
+    from attnlab.training.strategies import fsdp
+
+    plain = trained["plain"]
+    module = TranslationModule(**{k: plain["hyper_parameters"][k] for k in ("model", "optim")})
+    module.trainer = Trainer(accelerator="cpu", logger=False, enable_checkpointing=False)
+    strategy = fsdp(sharding_strategy="FULL_SHARD", state_dict_type="full")
+    strategy.connect(module)
+    assert plain["optimizer_states"] and not strategy.optimizers  # a run without its optimizer yet
+    module.trainer.state.fn = TrainerFn.VALIDATING
+    strategy.load_checkpoint(trained["last"])
+    assert all(torch.equal(v, plain["state_dict"][k]) for k, v in module.state_dict().items())
+    module.trainer.state.fn = TrainerFn.FITTING
+    told = r"You have configured 0 optimizers but the checkpoint contains 1 optimizers to load"
+    with pytest.raises(RuntimeError, match=told):
+        strategy.load_checkpoint(trained["last"])
+    dropped = sorted(plain["state_dict"])[-1]
+    lacking = tmp_path / "lacking.ckpt"
+    weights = {k: v for k, v in plain["state_dict"].items() if k != dropped}
+    rest = {k: v for k, v in plain.items() if k not in ("state_dict", "optimizer_states")}
+    torch.save({**rest, "state_dict": weights}, lacking)
+    with pytest.raises(RuntimeError, match=rf'Missing key\(s\) in state_dict: "{re.escape(dropped)}"'):
+        strategy.load_checkpoint(lacking)
+
+
 # ---------------------------------------------------------------------------------------------------------
 # Optimizer and schedule state: torch restores every saved parameter-group option over the run's settings
 
