@@ -107,3 +107,34 @@ def test_skip_done_neither_skips_nor_reruns_a_finished_run_with_unreadable_resul
         GlobalHydra.instance().clear()
     assert (run / "results.json").read_bytes() == results
     assert not (run / "checkpoints").exists()
+
+
+def test_a_dead_jobs_running_manifest_alone_is_marked_failed_and_counted_so(tmp_path: Path) -> None:
+    """A job whose process died left its manifest `running`: the launcher finds it among the sweep's job
+    directories by the job's overrides and marks it `failed` with the reason. A finished run of the same
+    job (an earlier sweep's, as `sweep.skip_done` leaves it), another job's running manifest and an
+    unreadable one are left as they are; the summary counts only a `finished` manifest as finished."""
+    from attnlab.runs.layout import RunDir
+    from attnlab.training.launchers import _job_status, mark_failed
+
+    sweep_dir = tmp_path / "sweep"
+    jobs = {  # sorted as they are searched: each decoy comes before the job's own directory
+        "a-finished": json.dumps({"status": "finished", "overrides": ["seed=1"]}),
+        "b-other": json.dumps({"status": "running", "overrides": ["seed=2"]}),
+        "c-damaged": '{"status": "running", "overrides": ["seed=1"]',
+        "d-dead": json.dumps({"status": "running", "overrides": ["seed=1"]}),
+    }
+    for name, text in jobs.items():
+        (sweep_dir / name).mkdir(parents=True)
+        (sweep_dir / name / "manifest.json").write_text(text)
+
+    assert mark_failed(sweep_dir, ["seed=3"], "killed") is None  # no such job: nothing marked
+    assert mark_failed(sweep_dir, ["seed=1"], "its process ended without finishing") == sweep_dir / "d-dead"
+    dead = json.loads((sweep_dir / "d-dead" / "manifest.json").read_text())
+    assert dead["status"] == "failed" and dead["error"] == "its process ended without finishing"
+    assert dead["end_time"] and dead["overrides"] == ["seed=1"]
+    for name in ("a-finished", "b-other", "c-damaged"):
+        assert (sweep_dir / name / "manifest.json").read_text() == jobs[name]
+    assert mark_failed(sweep_dir, ["seed=1"], "again") is None  # no longer running: marked once
+    counted = {name: _job_status(RunDir(sweep_dir / name)) for name in jobs}
+    assert counted == {"a-finished": "finished"} | dict.fromkeys(["b-other", "c-damaged", "d-dead"], "failed")
