@@ -264,6 +264,26 @@ def test_a_job_listed_twice_runs_once_and_the_repeat_is_named(
     assert len([p for p in (tmp_path / "sweep").iterdir() if p.is_dir()]) == 1
 
 
+def test_a_single_run_prints_no_multirun_summary(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """The summary line is a multirun's: a single run (here one skipped as finished) prints none, even
+    after a multirun of this process (a notebook's) whose jobs it would otherwise count."""
+    from attnlab.training import launchers
+    from helpers import command_here
+
+    monkeypatch.setattr(launchers, "JOBS", [("finished", tmp_path / "earlier")])
+    run = tmp_path / "run"
+    run.mkdir()
+    (run / "manifest.json").write_text(json.dumps({"status": "finished"}))
+    (run / "results.json").write_text(json.dumps({"sets": {}, "metrics": {"val/loss": 1.5}}))
+    command_here(
+        monkeypatch, "train", "data=synthetic", "model=tiny", "sweep.skip_done=true", f"hydra.run.dir={run}"
+    )
+    out = capsys.readouterr().out
+    assert out == f"attnlab-train: {run} already finished (sweep.skip_done=true): skipped\n"
+
+
 def test_the_wandb_sweep_file_passes_valid_overrides(tmp_path: Path) -> None:
     import itertools
 
