@@ -344,6 +344,32 @@ def test_the_results_table_shows_ter_and_the_papers_bleu_beside_sacrebleu_when_t
     assert "BLEU tok+compound (paper)" in header
     assert test.split()[:6] == ["test", "2", "31.23", "55.00", "48.25", "33.46"]
     assert val.split()[4:6] == ["-", "-"]
+    column = header.index("signature")  # the columns line up under their headers
+    assert test.index("nrefs:1|tok:13a") == val.index("nrefs:1|tok:13a") == column
+    assert test.index("33.46") == header.index("BLEU tok+compound")
+
+
+def test_the_decoding_summary_names_the_search_and_the_checkpoints_of_each_kind_of_results() -> None:
+    """The line `attnlab-eval` prints under the table: greedy for beam 1, the sampling settings when
+    sampling (whatever the beam), beam and length penalty otherwise (an older results file's `lenpen` as
+    the GNMT alpha), then the checkpoint, the averaged ones counted, or "-" when none is recorded."""
+    from attnlab.runs.results import decoding_summary
+
+    beam = {"beam": 4, "length_penalty": "fairseq", "alpha": 1.2}
+    sampled = {"sampling": True, "beam": 4, "topk": 10, "topp": 0.9, "temperature": 0.7, "seed": 5}
+    cases = [
+        ({"decode": {"beam": 1, "alpha": 0.6}, "checkpoints": ["/r/last.ckpt"]},
+         "decoding: greedy; checkpoints: /r/last.ckpt"),
+        ({"decode": beam, "checkpoints": ["/r/a.ckpt", "/r/b.ckpt"], "averaged": True},
+         "decoding: beam 4, fairseq length penalty alpha 1.2; checkpoints: average of 2: /r/a.ckpt, "
+         "/r/b.ckpt"),
+        ({"decode": sampled, "checkpoints": ["/r/last.ckpt"], "averaged": False, "ensemble": None},
+         "decoding: sampling (topk 10, topp 0.9, temperature 0.7, seed 5); checkpoints: /r/last.ckpt"),
+        ({"decode": {"beam": 5, "lenpen": 0.8}},  # an older results file
+         "decoding: beam 5, gnmt length penalty alpha 0.8; checkpoints: -"),
+    ]  # fmt: skip
+    for results, line in cases:
+        assert decoding_summary(results) == line
 
 
 def test_git_state_names_the_checkouts_commit_and_whether_a_tracked_file_changed(
