@@ -161,6 +161,7 @@ def test_a_wandb_mode_or_tags_wandb_would_refuse_or_misread_are_rejected_before_
         with pytest.raises(ConfigError) as caught:
             train(compose_train([*corpus_run(tmp_path), "logger=wandb", override], tmp_path / "run"))
         assert str(caught.value).startswith(message), str(caught.value)
+        assert str(caught.value).endswith("(or unset it)") == (env is not None)  # the fix for WANDB_MODE
         assert not (tmp_path / "cache").exists() and not (tmp_path / "run").exists()
 
 
