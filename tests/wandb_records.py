@@ -31,7 +31,8 @@ class WandbFileError(ValueError):
 @dataclass
 class WandbRun:
     """What an offline run holds: `run` (id, project, group, name, tags), `config`, `history` (one dict per
-    logged step), `summary`, the names of the files it saved and its logged artifacts."""
+    logged step), `summary`, the names of the files it saved, its logged artifacts and its metric
+    definitions (`define_metric`: name -> step metric, step_sync and summaries; a glob as its glob)."""
 
     run: dict[str, Any] = field(default_factory=dict)
     config: dict[str, Any] = field(default_factory=dict)
@@ -39,6 +40,7 @@ class WandbRun:
     summary: dict[str, Any] = field(default_factory=dict)
     files: list[str] = field(default_factory=list)
     artifacts: list[dict[str, Any]] = field(default_factory=list)
+    metrics: dict[str, dict[str, Any]] = field(default_factory=dict)
     exit_code: int | None = None
 
 
@@ -130,6 +132,12 @@ def read_wandb_run(path: str | Path) -> WandbRun:
             out.artifacts.append(
                 {"name": art.name, "type": art.type, "files": [e.path for e in art.manifest.contents]}
             )
+        elif kind == "metric":
+            metric = record.metric
+            summary = [f.name for f, value in metric.summary.ListFields() if value is True]
+            out.metrics[metric.name or metric.glob_name] = {
+                "step_metric": metric.step_metric, "step_sync": metric.options.step_sync, "summary": summary,
+            }  # fmt: skip
         elif kind == "exit":
             out.exit_code = record.exit.exit_code
     return out

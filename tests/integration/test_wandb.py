@@ -5,6 +5,7 @@ from __future__ import annotations
 import csv
 import json
 import os
+import re
 from pathlib import Path
 from typing import Any
 
@@ -113,6 +114,7 @@ def test_group_ignores_the_seed_and_paths_but_not_the_model() -> None:
     other = {**base, "seed": 2, "paths": {"output_dir": "/b"}, "ckpt": {"dir": "/b/c"}}
     assert config_group(base) == config_group(other)
     assert config_group(base) != config_group({**base, "model": {"pe": "learned"}})
+    assert re.fullmatch(r"[0-9a-f]{10}", config_group(base))  # (a shorter hash would split existing groups)
 
 
 def test_run_name_from_overrides() -> None:
@@ -125,6 +127,8 @@ def test_run_name_from_overrides() -> None:
     ]
     assert run_name(overrides) == "pe=learned,n_heads=4,seed=2"
     assert run_name([]) is None
+    assert run_name(["+seed=3", "~model.pe"]) == "seed=3,~pe"  # no + for an addition, ~ for a deletion
+    assert run_name(["~seed"]) == "~seed"
 
 
 def test_a_damaged_run_file_is_reported(tmp_path: Path, wandb_runs: list[dict[str, Any]]) -> None:
@@ -157,7 +161,7 @@ def test_cross_attention_heatmaps_of_probe_sentences_at_each_validation_decode(
 def test_validation_scores_are_summarised_by_their_best_value(tmp_path: Path) -> None:
     """A W&B run's summary of `val/bleu` is its maximum over the history and of the validation losses
     their minimum (`define_metric`), not the last value logged; other metrics keep the last."""
-    from attnlab.runs.wandb import SUMMARIES, WandbLogger
+    from attnlab.runs.wandb import SUMMARIES, WandbLogger, finish_wandb
 
     with pytest.MonkeyPatch.context() as patch:
         patch.setenv("WANDB_MODE", "offline")
@@ -169,7 +173,7 @@ def test_validation_scores_are_summarised_by_their_best_value(tmp_path: Path) ->
             values = {"val/bleu": score, "val/chrf": score + 1, "val/loss": loss, "val/nll": loss - 1,
                       "val/ppl": loss + 10, "train/lr": lr}  # fmt: skip
             logger.log_metrics(values, step=step)
-        logger.experiment.finish()
+        finish_wandb(0)  # (`finish` alone may return before the run file is complete)
     record = read_wandb_run(find_run_file(tmp_path))
     assert SUMMARIES == {"val/bleu": "max", "val/chrf": "max", "val/loss": "min", "val/nll": "min",
                          "val/ppl": "min"}  # fmt: skip
@@ -178,6 +182,9 @@ def test_validation_scores_are_summarised_by_their_best_value(tmp_path: Path) ->
     assert record.summary["val/ppl"] == {"min": 13.0}
     assert record.summary["train/lr"] == 3.0
     assert [row["val/bleu"] for row in record.history if "val/bleu" in row] == [10.0, 30.0, 20.0]
+    for metric, summary in SUMMARIES.items():  # charted against the trainer's step, as a resumed run needs
+        assert record.metrics[metric] == {"step_metric": "trainer/global_step", "step_sync": True,
+                                          "summary": [summary]}  # fmt: skip
 
 
 def test_the_wandb_mode_environment_variable_wins_over_the_loggers_mode(tmp_path: Path) -> None:
@@ -194,3 +201,63 @@ def test_the_wandb_mode_environment_variable_wins_over_the_loggers_mode(tmp_path
         logger.experiment.finish()
     assert not list((tmp_path / "wandb").rglob("*.wandb"))
     assert not list((tmp_path / "wandb").glob("offline-run-*"))
+
+
+def test_the_users_own_wandb_directories_are_kept(tmp_path: Path) -> None:
+    """A W&B directory variable the user set (`WANDB_DIR`, ...) is neither replaced nor created; the unset
+    ones go under `<save_dir>/wandb/`, and a later logger of the process (the next job of a multirun) moves
+    those, but still not the user's."""
+    from attnlab.runs.wandb import WandbLogger
+
+    mine = tmp_path / "my-wandb-cache"
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setenv("WANDB_MODE", "disabled")
+        for variable in ("WANDB_DIR", "WANDB_DATA_DIR", "WANDB_CONFIG_DIR"):
+            patch.setenv(variable, "")  # (recorded: the logger's own values are undone after the test)
+            patch.delenv(variable)
+        patch.setenv("WANDB_CACHE_DIR", str(mine))
+        for job in ("a", "b"):
+            WandbLogger(save_dir=str(tmp_path / job))
+            assert os.environ["WANDB_CACHE_DIR"] == str(mine)
+            ours = (("WANDB_DIR", ""), ("WANDB_DATA_DIR", "data"), ("WANDB_CONFIG_DIR", "config"))
+            for variable, sub in ours:
+                assert os.environ[variable] == str(tmp_path / job / "wandb" / sub)
+                assert (tmp_path / job / "wandb" / sub).is_dir()
+    assert not mine.exists() and not (tmp_path / "a" / "wandb" / "cache").exists()
+
+
+def test_results_go_to_the_summary_tables_and_artifact_and_the_exit_code_to_the_run(tmp_path: Path) -> None:
+    """`log_results` puts results.json's scores into the run's summary, each set's hypotheses into a table
+    (every line once, in order, an empty translation included, no row for the file's final newline) and the
+    hypotheses files into one artifact; `finish_wandb` records the exit code it is given (a failed run's)."""
+    from attnlab.runs.tracking import result_summary
+    from attnlab.runs.wandb import WandbLogger, finish_wandb, log_results
+
+    hypotheses = {"test": ["a b", "", "c d e"], "test2": ["x y"]}  # (an empty translation is a row too)
+    (tmp_path / "hypotheses").mkdir()
+    sets = {}
+    for name, rows in hypotheses.items():
+        text = "".join(f"{row}\n" for row in rows)
+        (tmp_path / "hypotheses" / f"{name}.txt").write_text(text, encoding="utf-8")
+        sets[name] = {"bleu": 12.5, "chrf": 40.0, "sentences": len(rows), "bleu_signature": "nrefs:1",
+                      "hypotheses": f"hypotheses/{name}.txt"}  # fmt: skip
+    results = {"sets": sets, "test_metrics": {"test/loss": 2.5}}
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setenv("WANDB_MODE", "offline")
+        for variable in ("WANDB_DIR", "WANDB_DATA_DIR", "WANDB_CACHE_DIR", "WANDB_CONFIG_DIR"):
+            patch.setenv(variable, "")  # (recorded: the logger's own values are undone after the test)
+            patch.delenv(variable)
+        logger = WandbLogger(save_dir=str(tmp_path), project="attnlab-test")
+        log_results([logger.experiment], result_summary(results), results, tmp_path)
+        finish_wandb(3)
+    record = read_wandb_run(find_run_file(tmp_path))
+    assert record.summary["results/test/bleu"] == 12.5 and record.summary["results/test2/chrf"] == 40.0
+    assert record.summary["results/test/loss"] == 2.5
+    for name, rows in hypotheses.items():
+        key = f"test/{name}/hypotheses"
+        (table,) = [row[key] for row in record.history if key in row]
+        (path,) = tmp_path.rglob(f"files/{table['path']}")
+        logged = json.loads(path.read_text(encoding="utf-8"))["data"]
+        assert logged == [[i + 1, row] for i, row in enumerate(rows)]
+    (artifact,) = [a for a in record.artifacts if a["type"] == "hypotheses"]
+    assert sorted(artifact["files"]) == ["test.txt", "test2.txt"] and record.exit_code == 3
