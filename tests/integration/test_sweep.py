@@ -345,7 +345,10 @@ def test_a_sweep_of_ddp_jobs_runs_each_job_as_its_own_process_group(tmp_path: Pa
      ({"strategy": "ddp", "devices": 1, "num_nodes": 2}, "runs 2 processes"),
      ({"strategy": "ddp", "devices": 2, "num_nodes": 3}, "runs 6 processes"),
      ({"strategy": "ddp", "devices": -1}, "runs several processes"),
-     ({"strategy": {"_target_": "attnlab.training.strategies.fsdp"}, "devices": "auto"}, "runs several")],
+     ({"strategy": {"_target_": "attnlab.training.strategies.fsdp"}, "devices": "auto"}, "runs several"),
+     ({"devices": [0, 1]}, "runs 2 processes"), ({"devices": "0,1"}, "runs 2 processes"),
+     ({"devices": [1]}, None), ({"devices": "2", "num_nodes": 2}, "runs 4 processes"),
+     ({"accelerator": "cpu", "devices": "auto"}, None)],
 )  # fmt: skip
 def test_a_sweep_of_multi_process_jobs_under_the_basic_launcher_is_refused_counting_every_node(
     trainer: dict[str, Any], refused: str | None
@@ -365,6 +368,28 @@ def test_a_sweep_of_multi_process_jobs_under_the_basic_launcher_is_refused_count
         return
     with pytest.raises(SystemExit, match=f"each job of this sweep {refused} .*add hydra/launcher=local"):
         check_launcher(cfg, basic)
+
+
+@pytest.mark.parametrize("gpus", [0, 1, 2])
+def test_a_sweep_of_jobs_on_every_gpu_is_refused_under_the_basic_launcher_where_there_are_several(
+    gpus: int, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """`trainer.devices=-1` (or auto) with Lightning's default strategy: every GPU of the machine, DDP
+    over them where there are several (the machine's GPUs as torch counts them)."""
+    import torch
+    from omegaconf import OmegaConf
+
+    from attnlab.cli.train import check_launcher
+
+    monkeypatch.setattr(torch.cuda, "device_count", lambda: gpus)
+    basic = "hydra._internal.core_plugins.basic_launcher.BasicLauncher"
+    for devices in (-1, "auto", "-1"):
+        cfg = OmegaConf.create({"trainer": {"accelerator": "gpu", "devices": devices}})
+        if gpus < 2:
+            check_launcher(cfg, basic)
+        else:
+            with pytest.raises(SystemExit, match="each job of this sweep runs 2 processes"):
+                check_launcher(cfg, basic)
 
 
 def test_a_run_without_test_sets_writes_its_final_metrics_for_sweeps_and_reports(tmp_path: Path) -> None:

@@ -140,13 +140,27 @@ def told_message(exc: BaseException) -> str | None:
 
 
 def trainer_processes(cfg: DictConfig) -> int | None:
-    """Processes one job's trainer runs (devices × nodes for a distributed strategy; None: unknown)."""
+    """Processes one job's trainer runs: devices × nodes, the devices a number, a list of device ids
+    (`[0,1]`, `"0,1"`) or, as Lightning takes them, every GPU of this machine (`-1`, `auto`; one device on
+    the CPU); None: unknown (all devices, under a distributed strategy)."""
     trainer = cfg.get("trainer") or {}
     strategy = str(trainer.get("strategy", "auto"))
     devices, nodes = trainer.get("devices", 1), int(trainer.get("num_nodes", 1) or 1)
-    if not isinstance(devices, int) or devices < 0:
-        return None if ("ddp" in strategy or "fsdp" in strategy) else 1
-    return devices * nodes
+    if isinstance(devices, str) and devices.strip().lstrip("-").isdigit():
+        devices = int(devices)
+    elif isinstance(devices, str) and "," in devices:
+        devices = [i for i in devices.split(",") if i.strip()]
+    if isinstance(devices, int) and devices >= 0:
+        return devices * nodes
+    if not isinstance(devices, (int, str)):  # a list of device ids
+        return len(devices) * nodes
+    if "ddp" in strategy or "fsdp" in strategy:
+        return None
+    if str(trainer.get("accelerator", "auto")) == "cpu":
+        return nodes
+    import torch
+
+    return max(torch.cuda.device_count(), 1) * nodes  # Lightning's default strategy: DDP over several
 
 
 def check_launcher(cfg: DictConfig, launcher: str) -> None:
