@@ -85,17 +85,24 @@ def test_changing_n_train_leaves_val_and_test_unchanged() -> None:
 @pytest.mark.parametrize("task", ["reverse", "rotate"])
 def test_lengths_ids_and_eos(task: str) -> None:
     data = small(task=task, n_symbols=5, min_len=3, max_len=6)
-    lengths = set()
+    lengths, drawn = set(), set()
     for split in SPLITS:
         for src, tgt in data.examples(split):
             assert src[-1] == EOS
             symbols = src[:-1]
             lengths.add(len(symbols))
+            drawn.update(symbols)
             assert 3 <= len(symbols) <= 6
             assert all(FIRST_SYMBOL <= t < FIRST_SYMBOL + 5 for t in symbols + tgt)
             assert len(tgt) == len(symbols)
             assert sorted(tgt) == sorted(symbols)
     assert lengths == {3, 4, 5, 6}  # both ends of the range are drawn
+    assert drawn == set(range(FIRST_SYMBOL, FIRST_SYMBOL + 5))  # every symbol of the vocabulary
+
+
+def test_sentences_of_one_length_when_min_len_equals_max_len() -> None:
+    examples = small(min_len=5, max_len=5, task="rotate").examples("val")
+    assert {len(src) for src, _ in examples} == {6}
 
 
 def test_reverse_targets() -> None:
@@ -148,6 +155,9 @@ def test_bag_of_source_tokens_does_not_determine_the_target(task: str) -> None:
 BAD_DATA: list[tuple[dict[str, Any], str]] = [
     ({"min_len": 5, "max_len": 3}, "min_len=5"),
     ({"n_symbols": 0}, "n_symbols=0"),
+    ({"min_len": 0}, "min_len=0"),
+    ({"n_val": 0}, "n_val=0"),
+    ({"n_test": -1}, "n_test=-1"),
     ({"batch_size": 0}, "batch_size=0"),
     ({"num_workers": -1}, "num_workers=-1"),
     ({"task": "sort"}, "task='sort'"),
@@ -410,6 +420,29 @@ def test_a_process_of_the_fork_server_ignores_ctrl_c_from_its_start() -> None:
     finally:
         signal.signal(signal.SIGINT, before)
         warnings.filters[:] = filters
+
+
+RUNPY_WARNING = (
+    "'attnlab.cli.train' found in sys.modules after import of package 'attnlab.cli', but prior to execution "
+    "of 'attnlab.cli.train'; this may result in unpredictable behaviour"
+)
+
+
+def test_a_process_of_the_fork_server_silences_runpys_warning_about_the_preloaded_main_module() -> None:
+    """A worker of a run started with `python -m attnlab.cli.train` runs the main module again, and runpy
+    warns that the fork server preloaded it; the worker silences that warning alone: another RuntimeWarning
+    is still shown (the child's exit status counts the warnings it would show)."""
+    code = (
+        "import sys, warnings\n"
+        "with warnings.catch_warnings(record=True) as shown:\n"
+        f"    warnings.warn({RUNPY_WARNING!r}, RuntimeWarning)\n"
+        "    warnings.warn('overflow encountered in exp', RuntimeWarning)\n"
+        "sys.exit(len(shown))\n"
+    )
+    child = worker_context().Process(target=exec, args=(code,))
+    child.start()
+    child.join(60)
+    assert child.exitcode == 1  # (no filter: 2; every RuntimeWarning silenced: 0)
 
 
 @pytest.mark.parametrize("split", ["val", "test"])
