@@ -20,12 +20,16 @@ from lightning.pytorch.callbacks import ModelCheckpoint
 from attnlab.runs.checkpoint import kept_checkpoints
 from attnlab.training.callbacks import (
     AveragingCheckpoints,
+    EvaluationStop,
+    EvaluationStopped,
     LastCheckpoint,
+    Preempted,
     Preemption,
     SignalConnector,
     agreed_signal,
 )
 from attnlab.typed import ConfigError
+from probes import SignalAt
 
 pytestmark = pytest.mark.usefixtures("one_torch_thread")
 
@@ -292,3 +296,181 @@ def test_a_single_process_agrees_on_the_signal_it_received() -> None:
     single = trainer()
     assert agreed_signal(single, None) == 0
     assert agreed_signal(single, int(signal.SIGUSR1)) == signal.SIGUSR1
+
+
+def preempted(
+    tmp_path: Path, *callbacks: L.Callback, epochs: int = 1, **settings: Any
+) -> tuple[Preempted, Saves]:
+    """Fit with `Preemption` (last.ckpt in `tmp_path`) and `callbacks` in a trainer of attnlab's
+    (`SignalConnector`), which must stop with `Preempted`; the handlers of `SIGNALS` are those before."""
+    saves = Saves()
+    fitting = trainer(saves, Preemption(str(tmp_path)), *callbacks, epochs=epochs, **settings)
+    fitting._signal_connector = SignalConnector(fitting)
+    before = {signum: signal.getsignal(signum) for signum in SIGNALS}
+    with pytest.raises(Preempted) as stopped:
+        fitting.fit(Tiny())
+    assert {signum: signal.getsignal(signum) for signum in SIGNALS} == before
+    return stopped.value, saves
+
+
+@pytest.fixture
+def sigterm_caught() -> Any:
+    """SIGTERM handled in Python while the test runs (its default would end the test process)."""
+    before = signal.signal(signal.SIGTERM, lambda signum, frame: None)
+    yield
+    signal.signal(signal.SIGTERM, before)
+
+
+class FailsAtStep2(Tiny):
+    def training_step(self, batch: torch.Tensor, index: int) -> torch.Tensor:
+        if self.trainer.global_step == 2:
+            raise RuntimeError("diverged")
+        return super().training_step(batch, index)
+
+
+def test_a_training_error_gives_back_the_handlers_preemption_replaced(tmp_path: Path) -> None:
+    """Lightning runs no `teardown` hook of a callback when training fails: `on_exception` puts back the
+    handlers of SIGTERM, SIGINT and SIGUSR1 there."""
+    fitting = trainer(Preemption(str(tmp_path)), epochs=1)
+    fitting._signal_connector = SignalConnector(fitting)
+    before = {signum: signal.getsignal(signum) for signum in SIGNALS}
+    with pytest.raises(RuntimeError, match="diverged"):
+        fitting.fit(FailsAtStep2())
+    assert {signum: signal.getsignal(signum) for signum in SIGNALS} == before
+
+
+@pytest.mark.usefixtures("sigterm_caught")
+def test_a_sigterm_saves_last_ckpt_at_the_end_of_the_next_step_and_stops_with_128_plus_the_signal(
+    tmp_path: Path,
+) -> None:
+    """SIGTERM after step 3 (`SignalAt` runs after `Preemption` in the batch's end): last.ckpt, with the
+    state to resume, written at the end of step 4, then `Preempted` with exit status 143."""
+    stopped, saves = preempted(tmp_path, SignalAt(step=3, signum=signal.SIGTERM))
+    assert saves.seen == [(4, 4, 0)]
+    assert (stopped.code, stopped.signum, stopped.step) == (128 + signal.SIGTERM, signal.SIGTERM, 4)
+    assert str(stopped) == (
+        f"stopped by SIGTERM at step 4 after saving {tmp_path}/last.ckpt; continue with resume=true "
+        "(same run directory)"
+    )
+    saved = torch.load(tmp_path / "last.ckpt", weights_only=True)
+    assert saved["global_step"] == 4 and saved["optimizer_states"]
+
+
+@pytest.mark.usefixtures("sigterm_caught")
+def test_a_signal_inside_a_gradient_accumulation_saves_at_the_end_of_its_optimizer_step(
+    tmp_path: Path,
+) -> None:
+    """3 batches a step, SIGTERM at the end of batches 3, 4 and 5 (global step 1): batches 4 and 5 end no
+    step, so the save waits for batch 6, which ends step 2."""
+    stopped, saves = preempted(tmp_path, SignalAt(step=1, signum=signal.SIGTERM), accumulate_grad_batches=3)
+    assert saves.seen == [(2, 6, 0)] and stopped.step == 2
+
+
+class SignalInValidation(L.Callback):
+    """SIGTERM at the end of the validation of epoch `epoch`."""
+
+    def __init__(self, epoch: int) -> None:
+        self.epoch = epoch
+
+    def on_validation_end(self, trainer: L.Trainer, *args: Any) -> None:
+        if trainer.current_epoch == self.epoch:
+            signal.raise_signal(signal.SIGTERM)
+
+
+@pytest.mark.usefixtures("sigterm_caught")
+def test_a_signal_in_the_last_validation_saves_and_stops_when_training_ends(tmp_path: Path) -> None:
+    """No training step follows the last epoch's validation: the run saves and stops where training ends,
+    before the final evaluation would start."""
+    stopped, saves = preempted(tmp_path, SignalInValidation(epoch=1), epochs=2)
+    assert saves.seen == [(20, 20, 2)] and stopped.step == 20
+
+
+@pytest.mark.usefixtures("sigterm_caught")
+@pytest.mark.parametrize("signum", [signal.SIGUSR1, signal.SIGTERM])
+def test_sigusr1_runs_the_handler_it_replaced_after_the_save(signum: int, tmp_path: Path) -> None:
+    """SLURM's auto-requeue or submitit's SIGUSR1 handler (here a recorder) runs once, after last.ckpt is
+    written, on a stop by SIGUSR1 alone: a SIGTERM stop does not requeue the job."""
+    calls: list[tuple[int, bool]] = []
+    before = signal.signal(signal.SIGUSR1, lambda signum, frame: calls.append((signum, last.exists())))
+    last = tmp_path / "last.ckpt"
+    try:
+        stopped, saves = preempted(tmp_path, SignalAt(step=2, signum=signum))
+    finally:
+        signal.signal(signal.SIGUSR1, before)
+    assert calls == ([(signal.SIGUSR1, True)] if signum == signal.SIGUSR1 else [])
+    assert stopped.code == 128 + signum and saves.seen == [(3, 3, 0)]
+
+
+class SigintHandler(L.Callback):
+    """The SIGINT handler at the start of each training batch."""
+
+    def __init__(self) -> None:
+        self.seen: list[Any] = []
+
+    def on_train_batch_start(self, *args: Any) -> None:
+        self.seen.append(signal.getsignal(signal.SIGINT))
+
+
+def test_a_first_ctrl_c_says_so_on_stderr_and_gives_ctrl_c_back_to_its_handler(
+    tmp_path: Path, capfd: pytest.CaptureFixture[str]
+) -> None:
+    """Ctrl-C after step 2: the run says once that it saves at the end of the step and that a second
+    Ctrl-C stops at once, and Python's KeyboardInterrupt holds SIGINT for the rest of the step."""
+    handlers = SigintHandler()
+    before = signal.signal(signal.SIGINT, signal.default_int_handler)  # (a background job's is SIG_IGN)
+    try:
+        stopped, saves = preempted(tmp_path, SignalAt(step=2, signum=signal.SIGINT), handlers)
+    finally:
+        signal.signal(signal.SIGINT, before)
+    assert stopped.code == 128 + signal.SIGINT and saves.seen == [(3, 3, 0)]
+    assert handlers.seen[1] is not signal.default_int_handler  # (Preemption's)
+    assert handlers.seen[2] is signal.default_int_handler
+    err = capfd.readouterr().err
+    assert err.count("Ctrl-C: saving last.ckpt at the end of this training step, then stopping") == 1, err
+    assert "Ctrl-C again stops now, without saving" in err
+
+
+class EndedTestBatches(L.Callback):
+    def __init__(self) -> None:
+        self.ended = 0
+
+    def on_test_batch_end(self, *args: Any) -> None:
+        self.ended += 1
+
+
+@pytest.mark.usefixtures("sigterm_caught")
+def test_a_sigterm_in_a_single_process_final_evaluation_stops_it_at_once() -> None:
+    """SIGTERM at the first of the 2 test batches: `EvaluationStopped` (exit status 143, naming the command
+    that redoes the evaluation) before the second runs."""
+    from attnlab.training.pipeline import stopping_evaluation
+
+    batches = EndedTestBatches()
+    testing = trainer(batches, SignalAt(step=1, signum=signal.SIGTERM, stage="test"))
+    testing._signal_connector = SignalConnector(testing)
+    with (
+        pytest.raises(EvaluationStopped) as stopped,
+        stopping_evaluation("attnlab-eval ckpt_path=run", testing),
+    ):
+        testing.test(Tiny(), verbose=False)
+    assert batches.ended == 1 and stopped.value.code == 128 + signal.SIGTERM
+    assert str(stopped.value).endswith(
+        "(the checkpoints are kept); evaluate them alone with: attnlab-eval ckpt_path=run"
+    )
+
+
+def test_under_ddp_a_signal_while_testing_stops_at_its_end_and_one_after_testing_at_once() -> None:
+    """The ranks of a DDP run (here one process standing for them, with `world_size=2`) note a signal while
+    testing and stop at the end of testing, where they agree on it; after testing (rank 0 decodes the test
+    sets alone) a signal stops at once. Without a signal, testing ends as usual."""
+    quiet = EvaluationStop("attnlab-eval ckpt_path=run", world_size=2)
+    quiet.on_test_end(trainer(), Tiny())
+    stop = EvaluationStop("attnlab-eval ckpt_path=run", world_size=2)
+    stop.on_signal(signal.SIGINT, None)
+    with pytest.raises(EvaluationStopped) as at_end:
+        stop.on_test_end(trainer(), Tiny())
+    assert at_end.value.code == 128 + signal.SIGINT and "stopped by SIGINT in the final evaluation" in str(
+        at_end.value
+    )
+    with pytest.raises(EvaluationStopped) as at_once:
+        stop.on_signal(signal.SIGTERM, None)
+    assert at_once.value.code == 128 + signal.SIGTERM
