@@ -297,6 +297,42 @@ def test_the_manifest_is_one_object_written_on_every_change(tmp_path: Path) -> N
         Manifest.read(run)
 
 
+def test_each_resumption_keeps_the_runs_record_and_a_refused_job_never_marks_a_started_run_failed(
+    tmp_path: Path,
+) -> None:
+    """A run resumed twice keeps its start time, its tracker runs and the checkpoint it was fine-tuned
+    from, and lists both resumptions (the second after a part killed before its end: no `previous_end`);
+    a lost manifest starts a fresh record. `Manifest.failed` writes over nothing but a manifest of a run
+    that never started; times are UTC."""
+    from datetime import datetime, timedelta
+
+    run = RunDir(tmp_path / "run")
+    first = Manifest.start(run)
+    kept = {"wandb_run_id": "w1", "mlflow_run_id": "m1", "init_from": {"path": "/base.ckpt", "step": 7}}
+    first.update(**kept)
+    first.fields["status"] = "changed"  # a copy: the manifest is unchanged
+    assert first.get("status") == "running"
+    first.finish("interrupted")
+    Manifest.start(run, resumed_from="a.ckpt")  # killed before it could record its end
+    third = Manifest.start(run, resumed_from="b.ckpt").fields
+    assert {key: third[key] for key in kept} == kept and third["start_time"] == first.get("start_time")
+    assert [(r["checkpoint"], r["previous_end"]) for r in third["resumed"]] == [
+        ("a.ckpt", first.get("end_time")),
+        ("b.ckpt", None),
+    ]
+    assert datetime.fromisoformat(third["start_time"]).utcoffset() == timedelta(0)
+
+    lost = Manifest.start(RunDir(tmp_path / "lost"), resumed_from="c.ckpt").fields
+    assert [r["checkpoint"] for r in lost["resumed"]] == ["c.ckpt"] and "wandb_run_id" not in lost
+
+    assert Manifest.failed(run, "ConfigError: refused") is False
+    assert Manifest.read(run).get("status") == "running" and "error" not in Manifest.read(run).fields
+    damaged = RunDir(tmp_path / "damaged")
+    damaged.write_files({MANIFEST_FILE: b"{not json"})
+    assert Manifest.failed(damaged, "ConfigError: x") is True
+    assert Manifest.read(damaged).get("status") == "failed"
+
+
 def test_a_tagged_atomic_write_uses_one_temporary_per_process_and_removes_those_left(tmp_path: Path) -> None:
     target = tmp_path / "checkpoints" / "last.ckpt"
     target.parent.mkdir()
