@@ -69,3 +69,20 @@ def test_system_after_keep_in_one_process_reports_the_options_still_set_and_warn
     assert out.stdout.split() == ["False", "True", "True"]
     assert "allocator=system: an earlier run in this process set glibc's malloc options" in out.stderr
     assert "hydra/launcher=local" in out.stderr
+
+
+def test_keep_without_glibc_changes_nothing_and_says_so(
+    monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
+) -> None:
+    """On a C library other than glibc (macOS, musl) `keep` sets nothing, says so, and the run records the
+    options as not in force."""
+    from attnlab.training import allocator
+
+    monkeypatch.setattr(allocator, "_set_here", False)
+    monkeypatch.setattr(sys, "platform", "darwin")
+    assert glibc() is None
+    with caplog.at_level("INFO", logger=allocator.__name__):
+        assert configure_allocator("keep") is False
+        assert configure_allocator("system") is False
+    assert "allocator=keep: this C library is not glibc; its allocator is left as it is" in caplog.text
+    assert "an earlier run in this process" not in caplog.text and not allocator.in_force()
