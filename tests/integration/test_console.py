@@ -223,11 +223,17 @@ class Clock:
 
 
 def progress_run(
-    monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture, lines: Any, events: list[tuple]
+    monkeypatch: pytest.MonkeyPatch,
+    caplog: pytest.LogCaptureFixture,
+    lines: Any,
+    events: list[tuple],
+    end: bool = False,
+    **trainer_state: Any,
 ) -> list[str]:
     """Feed `lines` (a ProgressLines) a run: ("step", time, tokens seen[, loss]) ends an optimizer step
-    (of loss 2.0 unless given), ("validate", start, end) a validation; returns the progress lines it
-    logged."""
+    (of loss 2.0 unless given), ("accumulate", time, tokens seen) a batch that accumulates gradients (no
+    optimizer step), ("validate", start, end) a validation, then the end of training with `end`; returns
+    the progress lines it logged. `trainer_state` sets the stub trainer's attributes."""
     import torch
 
     from attnlab.training import console
@@ -237,6 +243,7 @@ def progress_run(
     trainer = SimpleNamespace(is_global_zero=True, current_epoch=0, global_step=0, sanity_checking=False,
                               callback_metrics={"train/loss_step": torch.tensor(2.0)},
                               estimated_stepping_batches=100, max_epochs=1)  # fmt: skip
+    vars(trainer).update(trainer_state)
     module = SimpleNamespace(tokens_seen=0)
     with caplog.at_level(logging.INFO, logger=console.__name__):
         caplog.clear()
@@ -250,8 +257,10 @@ def progress_run(
             else:
                 clock.now, module.tokens_seen = first, second
                 trainer.callback_metrics["train/loss_step"] = torch.tensor(loss[0] if loss else 2.0)
-                trainer.global_step += 1
+                trainer.global_step += kind == "step"
                 lines.on_train_batch_end(trainer, module, None, None, trainer.global_step - 1)
+        if end:
+            lines.on_train_end(trainer, module)
         return [r.getMessage() for r in caplog.records if r.getMessage().startswith("progress: ")]
 
 
@@ -307,3 +316,75 @@ def test_progress_loss_and_speed_are_since_the_previous_line_and_the_eta_counts_
         # 2000 tokens in the 2 s of training since line 1; 96 steps left at 14 s / 4 steps: 5 min 36 s
         "progress: step 4/100 (4%) | epoch 1/1 | loss 1 | 1000 tgt tok/s | elapsed 0:00:14 | ETA 0:05:36",
     ]
+
+
+def test_progress_lines_leave_out_nan_losses_sanity_checks_and_accumulation_and_end_once(
+    monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
+) -> None:
+    """A non-finite step loss is left out of the mean, a sanity check's validation is no pause in
+    training, a batch that only accumulates gradients writes no line, and the last step gets one line
+    (none more when it had one); rank 0 only."""
+    from attnlab.training.console import ProgressLines
+
+    events = [("validate", 0.0, 4.0), ("step", 10.0, 1000, float("nan")), ("step", 20.0, 2000, 3.0),
+              ("accumulate", 40.0, 2000), ("step", 41.0, 2100, 1.0)]  # fmt: skip
+    lines = progress_run(monkeypatch, caplog, ProgressLines(every_n_seconds=15), events, end=True,
+                         sanity_checking=True)  # fmt: skip
+    assert [line.split(" | ")[:4] for line in lines] == [
+        ["progress: step 2/100 (2%)", "epoch 1/1", "loss 3", "100 tgt tok/s"],
+        ["progress: step 3/100 (3%)", "epoch 1/1", "loss 1.5", "5 tgt tok/s"],  # the accumulating batch's 2
+    ]
+    once = progress_run(monkeypatch, caplog, ProgressLines(every_n_steps=1), events[1:3], end=True)
+    assert [line.split(" | ")[0] for line in once] == [
+        "progress: step 1/100 (1%)",
+        "progress: step 2/100 (2%)",
+    ]
+    other_rank = progress_run(monkeypatch, caplog, ProgressLines(every_n_steps=1), events, end=True,
+                              is_global_zero=False)  # fmt: skip
+    assert other_rank == []
+
+
+def test_durations_read_in_hours_minutes_and_seconds() -> None:
+    from attnlab.training.console import duration
+
+    assert [duration(s) for s in (3725.2, 59.6, 86399, -3)] == ["1:02:05", "0:01:00", "23:59:59", "0:00:00"]
+
+
+def test_the_model_summary_keeps_flops_when_measured(caplog: pytest.LogCaptureFixture) -> None:
+    from attnlab.training.console import ModelSummary
+
+    data = [("Name", ["encoder", "decoder"]), ("Params", ["1.2 K", "800"]), ("FLOPs", ["3 K", "2 K"])]
+    with caplog.at_level(logging.INFO, logger="attnlab.training.console"):
+        ModelSummary.summarize(data, 2000, 1500, 0.008, {"train": 5, "eval": 1}, total_flops=5000)
+        ModelSummary.summarize(data, 2000, 1500, 0.008, {"train": 5}, total_flops=0)
+    measured, unmeasured = (r.getMessage().splitlines() for r in caplog.records)
+    assert measured[1].split(" | ") == ["Name   ", "Params", "FLOPs"] and measured[3].endswith("| 3 K")
+    assert [(line[:10].strip(), line[11:]) for line in measured[-7:]] == [
+        ("1.5 K", "trainable params"), ("500", "non-trainable params"), ("2.0 K", "total params"),
+        ("0.008", "estimated model params size (MB)"), ("5", "modules in train mode"),
+        ("1", "modules in eval mode"), ("5.0 K", "FLOPs of a forward pass")]  # fmt: skip
+    assert "FLOPs" not in "\n".join(unmeasured)
+    assert unmeasured[-1] == f"{'0':<10} modules in eval mode"
+
+
+def test_lightnings_own_handler_goes_only_when_a_root_handler_prints_its_messages(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """README, "The console": with no logging set up (no root handler) Lightning's console handler stays,
+    or its messages would be lost; with one, it goes and Lightning's records reach the root's handler
+    once. The advertising tips are dropped either way."""
+    from attnlab.training.console import RANK_ZERO_LOGGER, route_lightning_logging
+
+    lightning, root = logging.getLogger("lightning.fabric"), logging.getLogger()
+    own = logging.StreamHandler()
+    monkeypatch.setattr(lightning, "handlers", [own])
+    monkeypatch.setattr(lightning, "propagate", False)
+    monkeypatch.setattr(root, "handlers", [])
+    route_lightning_logging()
+    assert lightning.handlers == [own] and not lightning.propagate
+    monkeypatch.setattr(root, "handlers", [logging.NullHandler()])
+    route_lightning_logging()
+    assert lightning.handlers == [] and lightning.propagate
+    rank_zero = logging.getLogger(RANK_ZERO_LOGGER)
+    assert not rank_zero.filter(logging.makeLogRecord({"msg": "💡 Tip: For seamless cloud logging, try"}))
+    assert rank_zero.filter(logging.makeLogRecord({"msg": "GPU available: False, used: False"}))
