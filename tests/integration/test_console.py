@@ -175,6 +175,8 @@ def test_a_terminal_gets_lightnings_bar_and_no_lines(terminal: Any, monkeypatch:
     assert added == [] and arguments == {}
     added, _ = console_callbacks([TQDMProgressBar()], {}, progress)  # a configured bar is kept
     assert [type(cb) for cb in added] == [ModelSummary]
+    added, arguments = console_callbacks([ModelSummary(max_depth=2)], {}, progress)  # a configured summary
+    assert [type(cb) for cb in added] == [ProgressLines] and arguments == {}
 
 
 def test_progress_by_seconds(tmp_path: Path, caplog: pytest.LogCaptureFixture) -> None:
@@ -296,8 +298,9 @@ def test_progress_tokens_per_second_leave_validation_time_out(
     from attnlab.training.console import ProgressLines
 
     events = [("validate", 2.0, 8.0), ("step", 12.0, 600)]  # 600 tokens in 12 s, 6 of them validating
-    (line,) = progress_run(monkeypatch, caplog, ProgressLines(every_n_seconds=10), events)
-    assert "| 100 tgt tok/s |" in line
+    events.append(("step", 24.0, 1800))  # then 1200 in 12 s of training
+    lines = progress_run(monkeypatch, caplog, ProgressLines(every_n_seconds=10), events)
+    assert [line.split(" | ")[3] for line in lines] == ["100 tgt tok/s"] * 2
 
 
 def test_progress_loss_and_speed_are_since_the_previous_line_and_the_eta_counts_validation(
