@@ -356,3 +356,53 @@ def test_step_based_validation_and_averaging_of_step_checkpoints(tmp_path: Path)
     average = read_averaged([steps / name for name in kept])["state_dict"]
     first = read_checkpoint(steps / kept[0])["state_dict"]
     assert any(not torch.equal(average[k], first[k]) for k in first if first[k].is_floating_point())
+
+
+def planned_stages(overrides: list[str], run_dir: Path) -> tuple[Any, Any]:
+    """`plan_run` and `build_data` of a small synthetic run (nothing trained): the plan and its data."""
+    from attnlab.training.pipeline import build_data, plan_run
+
+    plan = plan_run(compose_train(["data=synthetic", "model=tiny", "data.n_train=64", *overrides], run_dir))
+    return plan, build_data(plan)
+
+
+@pytest.mark.parametrize(
+    ("setting", "message"),
+    [
+        ("model.pad_id=5", "model.pad_id=5 but the data's vocabulary uses 0: set model.pad_id=0"),
+        ("model.eos_id=3", "model.eos_id=3 but the data's vocabulary uses 2: set model.eos_id=2"),
+        (
+            "model.decoder_start_id=0",
+            "model.decoder_start_id=0 but the data starts targets with bos id 1: set "
+            "model.decoder_start_id=null",
+        ),
+    ],
+)
+def test_model_special_ids_other_than_the_datas_are_refused_naming_the_value_to_set(
+    setting: str, message: str, tmp_path: Path
+) -> None:
+    """A model whose pad, eos or decoder start id is not the data's would train on the wrong ids without an
+    error: `fit_model_to_data` refuses it before the model is built."""
+    from attnlab.training.pipeline import fit_model_to_data
+
+    plan, datamodule = planned_stages([setting], tmp_path)
+    with pytest.raises(ConfigError) as refused:
+        fit_model_to_data(plan, datamodule)
+    assert str(refused.value) == message
+    plan, datamodule = planned_stages([], tmp_path / "default")
+    model = fit_model_to_data(plan, datamodule)  # the data's own ids, and its vocabulary sizes filled in
+    sizes = (datamodule.src_vocab_size, datamodule.tgt_vocab_size)
+    assert (model.src_vocab_size, model.tgt_vocab_size) == sizes
+
+
+def test_a_run_without_loggers_gets_none_of_lightnings_defaults(tmp_path: Path) -> None:
+    """`~logger` (no logger group): the trainer logs nowhere, not to the TensorBoard or CSV logger
+    Lightning adds when it is given no logger argument."""
+    from attnlab.training.pipeline import build_module, build_trainer, fit_model_to_data
+
+    plan, datamodule = planned_stages(["~logger"], tmp_path)
+    build_module(plan, fit_model_to_data(plan, datamodule))
+    trainer = build_trainer(plan, datamodule)
+    assert trainer.loggers == [] and trainer.logger is None
+    plan, datamodule = planned_stages(["logger=csv"], tmp_path / "csv")
+    assert [type(lg).__name__ for lg in build_trainer(plan, datamodule).loggers] == ["CSVLogger"]
