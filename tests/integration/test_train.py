@@ -109,6 +109,18 @@ def test_every_metric_the_run_writes_is_a_declared_name(tiny_run: dict[str, Any]
     assert "train/grad_norm_clipped_step" in fitting and fitting <= set(fit_metrics())
 
 
+def test_results_name_the_best_checkpoint_tested_and_its_test_metrics(tiny_run: dict[str, Any]) -> None:
+    """Without average_last the final evaluation tests the best checkpoint alone (not averaged), and
+    `results.json` names it and holds the test metrics `train` returned, with the monitor's best value."""
+    results = json.loads((tiny_run["dir"] / "results.json").read_text())
+    (best,) = (tiny_run["dir"] / "checkpoints").glob("best-*.ckpt")
+    assert results["checkpoints"] == [str(best.resolve())] and results["averaged"] is False
+    metrics = tiny_run["metrics"]
+    assert results["test_metrics"] == {k: v for k, v in metrics.items() if k.startswith("test/")}
+    lowest = min(float(r["val/loss"]) for r in read_metrics(tiny_run["dir"]) if r["val/loss"])
+    assert results["metrics"]["best/val/loss"] == metrics["best/val/loss"] == pytest.approx(lowest, rel=1e-6)
+
+
 def test_loss_falls(tiny_run: dict[str, Any]) -> None:
     val = [float(r["val/loss"]) for r in read_metrics(tiny_run["dir"]) if r["val/loss"]]
     assert len(val) == 2 and val[1] < val[0]
