@@ -297,3 +297,14 @@ def test_ctranslate2_carries_a_fairseq_length_penalty(
     assert differ <= len(lines) // 5, f"{differ} of {len(lines)} outputs differ"
     saved, zero = engines[30.0].translate(lines), engines[30.0].translate(lines, length_penalty=0.0)
     assert saved == engines[30.0].translate(lines, length_penalty=30.0) and saved != zero
+
+
+@pytest.mark.parametrize("key", ["ckpt_path", "format", "out"])
+def test_an_empty_required_value_is_refused_naming_the_key(key: str, tmp_path: Path) -> None:
+    """`out=` (empty) is no directory: never the working directory, which an export would fill or
+    replace."""
+    given = {"ckpt_path": str(tmp_path / "a.ckpt"), "format": "hf", "out": str(tmp_path / "out")}
+    refused = refusal(*(f"{k}={'' if k == key else v}" for k, v in given.items()), "overwrite=true")
+    assert refused == (
+        f"{key}= is required (attnlab-export ckpt_path=<run> format=hf|ctranslate2 out=<directory>)"
+    )
