@@ -253,6 +253,20 @@ def test_planning_a_run_leaves_the_callers_config_as_it_was_and_freezes_its_own(
     assert not tmp_path.joinpath("config.yaml").exists()  # planning writes nothing
 
 
+def test_planning_a_run_without_a_monitor_leaves_the_callers_config_writable(tmp_path: Path) -> None:
+    """`monitor=null` (nothing to resolve): the plan freezes a copy, never the caller's config."""
+    from omegaconf.errors import ReadonlyConfigError
+
+    from attnlab.training.pipeline import plan_run
+
+    cfg = compose_train(["data=synthetic", "monitor=null", "callbacks=none"], tmp_path)
+    plan = plan_run(cfg)
+    cfg.trainer.max_epochs = 7  # still the caller's to change
+    with pytest.raises(ReadonlyConfigError):
+        plan.cfg.trainer.max_epochs = 7
+    assert plan.cfg.trainer.max_epochs != 7 and plan.cfg.monitor is None
+
+
 @pytest.mark.parametrize(
     ("overrides", "message"),
     [
