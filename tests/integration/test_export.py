@@ -308,3 +308,22 @@ def test_an_empty_required_value_is_refused_naming_the_key(key: str, tmp_path: P
     assert refused == (
         f"{key}= is required (attnlab-export ckpt_path=<run> format=hf|ctranslate2 out=<directory>)"
     )
+
+
+def test_an_export_over_the_directory_holding_its_checkpoint_is_refused_and_the_checkpoint_kept(
+    translating_run: dict[str, Any], tmp_path: Path
+) -> None:
+    """overwrite=true replaces an earlier export only once the new one is complete, which would delete
+    a checkpoint kept in it: the export of that checkpoint into that directory is refused."""
+    import shutil
+
+    earlier = export_in_process(f"ckpt_path={translating_run['dir']}", "format=hf", f"out={tmp_path / 'hf'}")
+    kept = earlier / "model.ckpt"
+    shutil.copy(next((translating_run["dir"] / "checkpoints").glob("best-*.ckpt")), kept)
+    before = sorted(p.name for p in earlier.iterdir())
+    refused = refusal(f"ckpt_path={kept}", "format=hf", f"out={earlier}", "overwrite=true")
+    assert refused == (
+        f"out={earlier} holds the checkpoint being exported ({kept}): replacing it would delete it; "
+        "choose another directory"
+    )
+    assert sorted(p.name for p in earlier.iterdir()) == before and "model.ckpt" in before
