@@ -23,6 +23,18 @@ from attnlab.cli.app import config_dir, register_resolvers
 from attnlab.data.download import MULTI30K_COMMIT
 from attnlab.model.config import TransformerConfig
 
+TESTS = Path(__file__).resolve().parent
+
+
+def subprocess_path() -> str:
+    """PYTHONPATH for a test's subprocess: the tests' modules (probes), the attnlab this process imported
+    (a checkout's `src/` where PYTHONPATH names it, else the installed one) and the caller's PYTHONPATH."""
+    import attnlab
+
+    parts = [str(TESTS), str(Path(attnlab.__file__).resolve().parents[1]), os.environ.get("PYTHONPATH")]
+    return os.pathsep.join(dict.fromkeys(p for p in parts if p))
+
+
 TINY = {
     "src_vocab_size": 50,
     "tgt_vocab_size": 50,

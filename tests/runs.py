@@ -16,7 +16,8 @@ from typing import Any
 
 import torch
 
-TESTS = Path(__file__).resolve().parent
+from helpers import subprocess_path
+
 RUN = [
     "data=synthetic",
     "model=tiny",
@@ -64,8 +65,7 @@ def attnlab_train(
         *final(run_dir),
         *extra,
     ]
-    path = os.pathsep.join(filter(None, [str(TESTS), os.environ.get("PYTHONPATH")]))  # (the tests' attnlab)
-    environment = {**os.environ, "PYTHONPATH": path, **(env or {})}
+    environment = {**os.environ, "PYTHONPATH": subprocess_path(), **(env or {})}
     return run_all(command, timeout=timeout, env=environment)
 
 

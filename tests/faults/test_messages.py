@@ -15,6 +15,8 @@ from pathlib import Path
 import pytest
 import torch
 
+from helpers import subprocess_path
+
 
 @pytest.fixture
 def small_disk(tmp_path: Path) -> Iterator[Path]:
@@ -276,8 +278,7 @@ def test_a_nonfinite_loss_ends_the_cli_run_with_its_message_and_no_traceback(
 ) -> None:
     """`attnlab-train` prints a training error whose message is complete (here a NaN loss; a full disk's
     `CheckpointWriteError` likewise) in one line, exit status 1, the manifest saying failed."""
-    tests = str(Path(__file__).resolve().parents[1])  # probes.NonFiniteAt poisons step 3's loss
-    monkeypatch.setenv("PYTHONPATH", os.pathsep.join(filter(None, [tests, os.environ.get("PYTHONPATH")])))
+    monkeypatch.setenv("PYTHONPATH", subprocess_path())  # probes.NonFiniteAt poisons step 3's loss
     run_dir = tmp_path / "run"
     done = attnlab_train(
         "data=synthetic", "data.n_train=64", "data.batch_size=16", "test=false", f"hydra.run.dir={run_dir}",

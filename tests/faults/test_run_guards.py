@@ -27,8 +27,8 @@ from attnlab.io import FileLock
 from attnlab.runs.layout import RUN_LOCK, RunDir
 from attnlab.training.pipeline import train
 from attnlab.typed import ConfigError
-from helpers import command_here, compose_app, compose_train
-from runs import RUN, TESTS, running
+from helpers import command_here, compose_app, compose_train, subprocess_path
+from runs import RUN, running
 
 WORDS = ["ein", "mann", "frau", "hund", "katze", "spielt", "läuft", "im", "park", "mit", "ball", "und"]
 
@@ -706,7 +706,7 @@ def test_resuming_a_killed_run_takes_over_its_stale_lock_and_its_worker_processe
             "+callbacks.workers._target_=probes.RecordWorkers",
             f"+callbacks.workers.dirpath={tmp_path}"]  # fmt: skip
     command = [sys.executable, "-m", "attnlab.cli.train", *worker, f"hydra.run.dir={run_dir}", *kill]
-    env = {**os.environ, "PYTHONPATH": str(TESTS), "RUN_OF": str(run_dir)}  # `processes_of` finds them
+    env = {**os.environ, "PYTHONPATH": subprocess_path(), "RUN_OF": str(run_dir)}  # `processes_of` finds them
     with open(tmp_path / "killed.log", "w") as log:  # not a pipe, which the worker would hold open
         killed = subprocess.run(command, stdout=log, stderr=subprocess.STDOUT, timeout=300, env=env)
     assert killed.returncode == -9  # returns as soon as the main process died

@@ -10,7 +10,8 @@ from pathlib import Path
 
 import pytest
 
-TESTS = Path(__file__).resolve().parents[1]
+from helpers import subprocess_path
+
 SECRETS = {
     "WANDB_API_KEY": "local-0123456789abcdef0123456789abcdef01234567",  # W&B's key shape (40 hex)
     "HF_TOKEN": "hf_PlantedFakeTokenForTheSecretsTest0000",
@@ -26,7 +27,7 @@ def test_planted_credentials_appear_in_no_file_of_the_run(tmp_path: Path) -> Non
         "data.n_val=16", "data.n_test=16", "trainer.max_epochs=1", "logger=wandb", f"hydra.run.dir={run_dir}",
         "trainer.enable_progress_bar=false",
     ]  # fmt: skip
-    env = {**os.environ, **SECRETS, "WANDB_MODE": "offline", "PYTHONPATH": str(TESTS)}
+    env = {**os.environ, **SECRETS, "WANDB_MODE": "offline", "PYTHONPATH": subprocess_path()}
     done = subprocess.run(command, capture_output=True, text=True, timeout=600, env=env)
     assert done.returncode == 0, done.stderr[-3000:]
     files = [p for p in run_dir.rglob("*") if p.is_file()]
@@ -60,8 +61,7 @@ def test_credentials_in_the_config_are_refused_before_anything_is_written(tmp_pa
                                        f"logger.mlflow.tracking_uri=https://me:{key}@mlflow.example.com",
                                        f"hydra.sweep.dir={tmp_path / 'sweep'}"],
     }  # fmt: skip
-    path = os.pathsep.join(filter(None, [str(TESTS), os.environ.get("PYTHONPATH")]))
-    env = {**os.environ, "WANDB_MODE": "offline", "PYTHONPATH": path}
+    env = {**os.environ, "WANDB_MODE": "offline", "PYTHONPATH": subprocess_path()}
     for name, command in commands.items():
         done = subprocess.run(command, capture_output=True, text=True, timeout=120, env=env)
         assert done.returncode == 1, done.stderr[-3000:]

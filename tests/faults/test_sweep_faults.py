@@ -13,8 +13,7 @@ from pathlib import Path
 import pytest
 
 from attnlab.cli.compare import report
-
-TESTS = Path(__file__).resolve().parents[1]
+from helpers import subprocess_path
 
 
 def local_sweep(
@@ -27,8 +26,7 @@ def local_sweep(
         "+callbacks.kill._target_=probes.KillIfSeed", "+callbacks.kill.step=3",
         "seed=1,2,3", f"hydra.sweep.dir={tmp_path / 'sweep'}", "trainer.enable_progress_bar=false", *extra,
     ]  # fmt: skip
-    path = os.pathsep.join([str(TESTS.parent / "src"), str(TESTS)])  # the checkout's attnlab, as pytest runs
-    env = {**os.environ, "ATTNLAB_LOG_DIR": str(tmp_path / "logs"), "PYTHONPATH": path}
+    env = {**os.environ, "ATTNLAB_LOG_DIR": str(tmp_path / "logs"), "PYTHONPATH": subprocess_path()}
     env.pop("PROBE_KILL_SEED", None)
     if kill_seed is not None:
         env["PROBE_KILL_SEED"] = str(kill_seed)

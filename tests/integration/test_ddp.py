@@ -14,7 +14,7 @@ import torch
 
 from attnlab.inference.translator import Translator, decode_settings, evaluate, resolve_checkpoints
 from attnlab.metrics import corpus_bleu
-from helpers import init_from, lines
+from helpers import init_from, lines, subprocess_path
 from runs import run_all
 
 
@@ -45,7 +45,7 @@ def test_ddp_bleu_equals_a_single_process_evaluation_of_the_same_checkpoint(
     start = translating_run["dir"] / "checkpoints" / "last.ckpt"
     env = {**os.environ, "ATTNLAB_LOG_DIR": str(tmp_path / "logs"), "OMP_NUM_THREADS": "1",
            "ATTNLAB_CACHE_DIR": str(tmp_path / "cache"), "WANDB_MODE": "offline",
-           "PYTHONPATH": str(Path(__file__).resolve().parents[1])}  # fmt: skip
+           "PYTHONPATH": subprocess_path()}  # fmt: skip
     command = [
         sys.executable, "-m", "attnlab.cli.train", "trainer=ddp_cpu", *data, *init_from(start),
         "data.max_tokens=300", "trainer.max_epochs=2",

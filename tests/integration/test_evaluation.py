@@ -24,7 +24,7 @@ from attnlab.runs.checkpoint import CheckpointError, kept_checkpoints, read_chec
 from attnlab.training.experiment import validate
 from attnlab.training.module import TranslationModule
 from attnlab.typed import ConfigError
-from helpers import compose_eval, lines
+from helpers import compose_eval, lines, subprocess_path
 
 
 @pytest.fixture(scope="module")
@@ -479,7 +479,7 @@ def test_the_decoding_commands_keep_freed_memory_unless_told_otherwise(
             f"sys.argv = {eval_system!r}\nmain()\n{state}sys.argv = {eval_default!r}\nmain()\n{state}"
         ),
     }
-    env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONPATH": str(Path(__file__).parents[1])}
+    env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONPATH": subprocess_path()}
     expected = {"attnlab-translate": ["False", "True"], "attnlab-eval": ["False", "False", "True"]}
     for command, script in scripts.items():
         done = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, env=env,

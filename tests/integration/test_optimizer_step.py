@@ -25,10 +25,8 @@ from attnlab.runs.checkpoint import read_checkpoint
 from attnlab.training.experiment import validate
 from attnlab.training.module import TranslationModule
 from attnlab.training.pipeline import effective_batch, train
-from helpers import TEXT_SPLITS, compose_train, lines, tiny_config, write_corpus
+from helpers import TEXT_SPLITS, compose_train, lines, subprocess_path, tiny_config, write_corpus
 from runs import run_all
-
-TESTS = Path(__file__).resolve().parents[1]
 
 
 def micro_batches(seed: int = 0) -> list[list[tuple[list[int], list[int]]]]:
@@ -167,7 +165,7 @@ def test_two_ddp_ranks_take_the_step_of_one_process_whose_batch_holds_both_ranks
         "+callbacks.final._target_=probes.SaveFinalWeights", f"+callbacks.final.dirpath={run}",
         "+callbacks.batches._target_=probes.RecordRankBatches", f"+callbacks.batches.dirpath={run}",
     ]  # fmt: skip
-    env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONPATH": str(TESTS)}
+    env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONPATH": subprocess_path()}
     command = [sys.executable, "-m", "attnlab.cli.train", *overrides, f"hydra.run.dir={run}",
                "trainer.enable_progress_bar=false"]  # fmt: skip
     done = run_all(command, env=env, cwd=tmp_path)  # every rank killed at the timeout

@@ -18,7 +18,7 @@ from attnlab.inference.translator import Translator, evaluate, resolve_checkpoin
 from attnlab.runs.checkpoint import read_checkpoint
 from attnlab.training.module import NonFiniteError, TranslationModule
 from attnlab.training.pipeline import train
-from helpers import compose_train, write_corpus
+from helpers import compose_train, subprocess_path, write_corpus
 from runs import run_all
 
 pytestmark = pytest.mark.usefixtures("one_torch_thread")
@@ -179,7 +179,7 @@ def test_fsdp_cannot_train_on_cpus(tmp_path: Path) -> None:
     this test fails: then check here that its full checkpoint loads into one process and that its losses
     equal trainer=ddp_cpu's."""
     env = {**os.environ, "OMP_NUM_THREADS": "1", "WANDB_MODE": "disabled",
-           "PYTHONPATH": str(Path(__file__).resolve().parents[1])}  # fmt: skip
+           "PYTHONPATH": subprocess_path()}  # fmt: skip
     run = tmp_path / "run"
     command = [
         sys.executable, "-m", "attnlab.cli.train", *FSDP_CPU, "data=synthetic", "model=tiny",

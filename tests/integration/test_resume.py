@@ -20,6 +20,7 @@ from typing import Any
 import pytest
 import torch
 
+from helpers import subprocess_path
 from runs import (
     EPOCH_VALUES,
     RUN,
@@ -403,7 +404,7 @@ def test_a_text_run_monitored_by_bleu_keeps_its_best_checkpoint_and_early_stoppi
     command = [sys.executable, "-m", "attnlab.cli.train", *overrides, *final(run_dir), *kill,
                f"hydra.run.dir={run_dir}"]  # fmt: skip
     threads = str(torch.get_num_threads())  # this process's: float sums are split by thread count
-    env = {**os.environ, "OMP_NUM_THREADS": threads, "PYTHONPATH": str(Path(__file__).resolve().parents[1])}
+    env = {**os.environ, "OMP_NUM_THREADS": threads, "PYTHONPATH": subprocess_path()}
     killed = subprocess.run(command, capture_output=True, text=True, timeout=600, env=env)
     assert killed.returncode == -signal.SIGKILL, killed.stderr[-3000:]
     last = run_dir / "checkpoints" / "last.ckpt"
