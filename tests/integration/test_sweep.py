@@ -348,14 +348,16 @@ def test_a_sweep_of_ddp_jobs_runs_each_job_as_its_own_process_group(tmp_path: Pa
      ({"strategy": {"_target_": "attnlab.training.strategies.fsdp"}, "devices": "auto"}, "runs several"),
      ({"devices": [0, 1]}, "runs 2 processes"), ({"devices": "0,1"}, "runs 2 processes"),
      ({"devices": [1]}, None), ({"devices": "2", "num_nodes": 2}, "runs 4 processes"),
-     ({"accelerator": "cpu", "devices": "auto"}, None)],
+     ({"accelerator": "cpu", "devices": "auto"}, None), ({"devices": "0,"}, None),
+     ({"devices": None}, None), ({"devices": 2.5}, None)],
 )  # fmt: skip
 def test_a_sweep_of_multi_process_jobs_under_the_basic_launcher_is_refused_counting_every_node(
     trainer: dict[str, Any], refused: str | None
 ) -> None:
     """Hydra's basic launcher runs each job inside this process, where Lightning cannot start its other
     ranks: a job of devices x nodes processes (or an unknown number, under a distributed strategy) is
-    refused naming the launcher to use; a launcher that starts each job's processes takes them all."""
+    refused naming the launcher to use; a launcher that starts each job's processes takes them all. A
+    value Lightning refuses (`null`, `2.5`) is left to the job's trainer, which names it."""
     from omegaconf import OmegaConf
 
     from attnlab.cli.train import check_launcher
@@ -375,7 +377,7 @@ def test_a_sweep_of_jobs_on_every_gpu_is_refused_under_the_basic_launcher_where_
     gpus: int, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     """`trainer.devices=-1` (or auto) with Lightning's default strategy: every GPU of the machine, DDP
-    over them where there are several (the machine's GPUs as torch counts them)."""
+    over them where there are several (the machine's GPUs as torch counts them); `null` is none of them."""
     import torch
     from omegaconf import OmegaConf
 
@@ -390,6 +392,7 @@ def test_a_sweep_of_jobs_on_every_gpu_is_refused_under_the_basic_launcher_where_
         else:
             with pytest.raises(SystemExit, match="each job of this sweep runs 2 processes"):
                 check_launcher(cfg, basic)
+    check_launcher(OmegaConf.create({"trainer": {"accelerator": "gpu", "devices": None}}), basic)
 
 
 def test_a_run_without_test_sets_writes_its_final_metrics_for_sweeps_and_reports(tmp_path: Path) -> None:

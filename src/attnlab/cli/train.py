@@ -20,6 +20,7 @@ import logging
 import os
 import sys
 import zlib
+from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
@@ -152,10 +153,12 @@ def trainer_processes(cfg: DictConfig) -> int | None:
         devices = [i for i in devices.split(",") if i.strip()]
     if isinstance(devices, int) and devices >= 0:
         return devices * nodes
-    if not isinstance(devices, (int, str)):  # a list of device ids
+    if isinstance(devices, Sequence) and not isinstance(devices, str):  # a list of device ids
         return len(devices) * nodes
     if "ddp" in strategy or "fsdp" in strategy:
         return None
+    if devices not in (-1, "auto"):  # a value Lightning refuses (null, 2.5): the job's trainer names it
+        return 1
     if str(trainer.get("accelerator", "auto")) == "cpu":
         return nodes
     import torch
