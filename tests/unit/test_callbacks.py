@@ -201,6 +201,15 @@ def test_a_save_owed_to_a_validated_step_is_written_once_after_its_validation(tm
     assert saves.seen == [(1, 4, 2), (2, 8, 4), (3, 10, 5)]
 
 
+def test_a_save_owed_to_a_validated_step_is_not_owed_again_by_the_next_step(tmp_path: Path) -> None:
+    """4 batches a step, a validation every 3 batches counted across epochs (check_val_every_n_epoch=null):
+    the one after batch 15 owes its save to step 5, ending at batch 18, which is validated and saved once
+    there; step 6 (batches 19 and 20), with no validation inside, writes nothing."""
+    last = LastCheckpoint(str(tmp_path))
+    saves = fit(last, accumulate_grad_batches=4, val_check_interval=3, check_val_every_n_epoch=None)
+    assert saves.seen == [(1, 4, 1), (2, 8, 2), (3, 10, 3), (4, 14, 4), (5, 18, 6)]
+
+
 def test_averaging_checkpoints_keep_the_weights_of_the_last_epochs(tmp_path: Path) -> None:
     fit(AveragingCheckpoints(str(tmp_path), keep=2), epochs=3)
     kept = kept_checkpoints(tmp_path)
