@@ -170,8 +170,8 @@ def check_launcher(cfg: DictConfig, launcher: str) -> None:
     """A multirun of jobs that each run several processes needs a launcher that gives every job its own
     processes: Hydra's basic launcher runs the jobs inside this process, where Lightning cannot start
     the other ranks (it would re-run this whole command line for them)."""
-    processes = trainer_processes(cfg)
-    if launcher.endswith("BasicLauncher") and processes != 1:
+    processes = trainer_processes(cfg)  # (0 devices: refused by the job's own checks, naming the key)
+    if launcher.endswith("BasicLauncher") and (processes is None or processes > 1):
         raise SystemExit(
             f"attnlab-train: each job of this sweep runs {processes or 'several'} processes "
             f"(trainer.strategy={cfg.trainer.get('strategy')}, trainer.devices={cfg.trainer.get('devices')}, "
