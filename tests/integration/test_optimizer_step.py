@@ -103,6 +103,33 @@ def test_two_accumulated_micro_batches_take_the_step_of_one_batch_holding_both()
     assert accumulated_norms == pytest.approx(joined_norms, rel=1e-5) and len(joined_norms) == 4
 
 
+class Millions(L.Callback):
+    """Adds `extra` target tokens to every optimizer step's count (as `training_step` counts a batch's),
+    as a step over that many tokens would (on one process, or summed over ranks)."""
+
+    def __init__(self, extra: int) -> None:
+        self.extra = extra
+
+    def on_before_optimizer_step(self, trainer: L.Trainer, module: Any, optimizer: Any) -> None:
+        module._window_tokens += self.extra
+        module._tokens_seen += self.extra
+
+
+def test_tokens_seen_stays_exact_for_steps_of_more_tokens_than_float32_counts() -> None:
+    """Steps of over 2**25 target tokens each (float32 holds whole numbers exactly only up to 2**24):
+    `tokens_seen` is every step's tokens, to the token."""
+    collate = Collator(pad_id=0, bos_id=1, eos_id=2)
+    batches = [collate(b) for b in micro_batches()]
+    extra, module = 2**25 + 1, seeded_module()
+    trainer = L.Trainer(
+        accelerator="cpu", max_epochs=1, logger=False, enable_checkpointing=False, enable_progress_bar=False,
+        enable_model_summary=False, limit_val_batches=0, callbacks=[Millions(extra)],
+    )  # fmt: skip
+    trainer.fit(module, train_dataloaders=DataLoader(batches, batch_size=None))
+    tokens = sum(int((b["tgt_out"] != 0).sum()) for b in batches)
+    assert module.tokens_seen == tokens + len(batches) * extra
+
+
 class StepStarts(L.Callback):
     """The weights at the start of each optimizer step (before its first micro-batch)."""
 

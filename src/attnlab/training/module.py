@@ -201,10 +201,11 @@ class TranslationModule(L.LightningModule):
         sharded = self._sharded()
         norm = self._local_norm(grads)
         # One all-reduce: the step's tokens, the ranks with a non-finite gradient and (sharded) the norm².
+        exact = torch.float32 if norm.device.type == "mps" else torch.float64  # token sums past 2**24
         stats = torch.stack([
-            torch.tensor(float(local_tokens), device=norm.device),
-            (~torch.isfinite(norm)).float(),
-            norm.square() if sharded else torch.zeros((), device=norm.device),
+            torch.tensor(float(local_tokens), device=norm.device, dtype=exact),
+            (~torch.isfinite(norm)).to(exact),
+            norm.square().to(exact) if sharded else torch.zeros((), device=norm.device, dtype=exact),
         ])  # fmt: skip
         if self.trainer.world_size > 1:
             stats = self.trainer.strategy.reduce(stats, reduce_op="sum")
