@@ -394,6 +394,31 @@ def test_a_signal_in_the_last_validation_saves_and_stops_when_training_ends(tmp_
     assert saves.seen == [(20, 20, 2)] and stopped.step == 20
 
 
+class StopsInValidationAt3(Tiny):
+    """Stops training (as early stopping does) in the validation after training batch 3."""
+
+    def on_validation_end(self) -> None:
+        if self.trainer.global_step == 1 and not self.trainer.sanity_checking:
+            self.trainer.should_stop = True
+            signal.raise_signal(signal.SIGTERM)
+
+
+@pytest.mark.usefixtures("sigterm_caught")
+def test_a_signal_when_training_stopped_early_inside_an_accumulation_saves_nothing(tmp_path: Path) -> None:
+    """2 batches a step, a validation after batch 3 (inside step 2) stops training early, and SIGTERM
+    comes in it: no checkpoint is written (it would lack batch 3's gradients and resume past the stop);
+    the stop says so."""
+    saves = Saves()
+    fitting = trainer(saves, Preemption(str(tmp_path)), epochs=1, accumulate_grad_batches=2,
+                      val_check_interval=3)  # fmt: skip
+    fitting._signal_connector = SignalConnector(fitting)
+    with pytest.raises(Preempted) as stopped:
+        fitting.fit(StopsInValidationAt3())
+    assert saves.seen == [] and not (tmp_path / "last.ckpt").exists()
+    assert (stopped.value.code, stopped.value.step, stopped.value.path) == (128 + signal.SIGTERM, 1, None)
+    assert "inside a gradient accumulation, which no checkpoint can hold: nothing saved" in str(stopped.value)
+
+
 @pytest.mark.usefixtures("sigterm_caught")
 @pytest.mark.parametrize("signum", [signal.SIGUSR1, signal.SIGTERM])
 def test_sigusr1_runs_the_handler_it_replaced_after_the_save(signum: int, tmp_path: Path) -> None:

@@ -257,12 +257,17 @@ class Preempted(SystemExit):
     signal number, as a process killed by that signal would report.
     """
 
-    def __init__(self, signum: int, step: int, path: str) -> None:
+    def __init__(self, signum: int, step: int, path: str | None) -> None:
         super().__init__(128 + signum)
         self.signum, self.step, self.path = signum, step, path
+        name = signal.Signals(signum).name
         self.message = (
-            f"stopped by {signal.Signals(signum).name} at step {step} after saving {path}; "
-            "continue with resume=true (same run directory)"
+            f"stopped by {name} at step {step} after saving {path}; continue with resume=true (same run "
+            "directory)"
+            if path is not None
+            else f"stopped by {name} at step {step}, where training had stopped early inside a gradient "
+            "accumulation, which no checkpoint can hold: nothing saved; resume=true (same run directory) "
+            "continues from the run's last.ckpt and stops at the same step"
         )
 
     def __str__(self) -> str:
@@ -441,10 +446,13 @@ class Preemption(_StepEnds):
 
     def on_train_end(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
         """A signal after the last training step (in the last validation) ends no step: the run saves and
-        stops here, before the final evaluation, as it said it would."""
+        stops here, before the final evaluation, as it said it would. Where training stopped early inside
+        a gradient accumulation (early stopping at a validation there), nothing is saved: a checkpoint
+        there would resume after batches whose gradients it lacks, and train on past the stop; one
+        resumed from the last.ckpt before replays the steps up to that validation and stops there."""
         signum = agreed_signal(trainer, self._received)
         if signum:
-            self._stop(trainer, self._save(trainer), signum)
+            self._stop(trainer, self._save(trainer) if self._ended_a_step(trainer) else None, signum)
         self._restore()  # before Lightning puts back the handlers it replaced (after this hook)
 
     def _save(self, trainer: L.Trainer) -> str:
@@ -452,7 +460,7 @@ class Preemption(_StepEnds):
         trainer.save_checkpoint(path, weights_only=False)  # all of it, to resume (Lightning logs its default)
         return path
 
-    def _stop(self, trainer: L.Trainer, path: str, signum: int) -> None:
+    def _stop(self, trainer: L.Trainer, path: str | None, signum: int) -> None:
         previous = self._previous.get(signal.SIGUSR1)
         self._received = None
         self._restore()
