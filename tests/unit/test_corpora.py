@@ -696,6 +696,35 @@ def test_the_unknown_id_warning_starts_above_one_percent_of_a_sides_ids(
         assert len(warnings) == warned and all(f"training source ids (de, {k} of " in w for w in warnings)
 
 
+def test_characters_only_outside_the_tokenizer_sample_are_warned_of_with_the_sample_as_the_fix(
+    corpus: Path, tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    """A trained tokenizer (no tokenizer file) gives the unknown id to characters that only lines outside
+    its training sample (`data.tokenizer_sample`) hold: here a letter added to every target line outside
+    the sample, over 1% of the target ids. The warning counts the target side's ids and names the sample as
+    the fix, and training the tokenizer on every pair (the fix) leaves no unknown id and no warning."""
+    sampled = sample_pairs([([str(i) for i in range(200)], [""] * 200)], 50, seed=1)[0][0]
+    tgt = read_lines(corpus / "train.en")
+    outside = [i for i in range(200) if str(i) not in sampled]
+    write_lines(corpus / "train.en", [f"{line} ж" if i in outside else line for i, line in enumerate(tgt)])
+    for sample, unknown in ((50, len(outside)), (None, 0)):
+        caplog.clear()
+        with caplog.at_level("WARNING"):
+            dm = setup_datamodule(files_spec(corpus, tmp_path, tokenizer_sample=sample))
+        assert dm.stats["train_unknown_ids"] == {"src": 0, "tgt": unknown}
+        warnings = [r.getMessage() for r in caplog.records if "as the unknown id" in r.getMessage()]
+        if not unknown:
+            assert warnings == []
+            continue
+        ids = len(dm.prepared.splits["train"].tgt_ids)
+        assert len(dm.prepared.splits["train"].src_ids) != ids  # the target side's own count is named
+        assert warnings == [
+            f"the tokenizer encodes {100 * unknown / ids:.1f}% of the training target ids (en, {unknown} of "
+            f"{ids}) as the unknown id: its characters are missing from the tokenizer's training text: raise "
+            "data.tokenizer_sample (null: all pairs)"
+        ]
+
+
 def test_separate_tokenizer_files_and_a_sentencepiece_model(corpus: Path, tmp_path: Path) -> None:
     src_file = trained_tokenizer_file(corpus, tmp_path, "src.model", model="sentencepiece")
     tgt_file = trained_tokenizer_file(corpus, tmp_path, "tgt.model", model="sentencepiece", vocab_size=50)
