@@ -272,6 +272,17 @@ def test_train_order_depends_only_on_the_seed() -> None:
     assert a != b
 
 
+def test_training_batches_mix_sentence_lengths() -> None:
+    """The synthetic task's training batches are drawn without length bucketing (its docstring: batches of
+    similar lengths were measured to slow its learning): sentences of 4 to 12 symbols, batches of 8 whose
+    lengths spread about as widely as the whole set's, where buckets of sorted lengths span one or two."""
+    spreads = []
+    for batch in datamodule().train_dataloader():
+        lengths = (batch["src"] != PAD).sum(dim=1)
+        spreads.append(int(lengths.max() - lengths.min()))
+    assert sum(spreads) / len(spreads) > 4, spreads
+
+
 def test_loader_workers_start_from_the_fork_server_and_serve_the_batches_of_a_loader_without_them() -> None:
     """A run's process has threads when its loaders start workers (queue feeder threads, gloo's): a
     worker forked from it inherits any lock one of them held, and one was seen to hang that way. Workers
