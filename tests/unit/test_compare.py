@@ -606,6 +606,27 @@ def test_damaged_saved_lines_leave_their_run_out_naming_the_file(sweep: Path) ->
     assert "Unreadable" not in report([sweep], lengths=True)
 
 
+def test_emptied_hypotheses_and_references_leave_their_runs_out_naming_the_files(sweep: Path) -> None:
+    """Saved hypotheses and references of a test set that hold no lines (emptied files: no run decodes a
+    set without sentences) make their run unreadable, naming both files, and the others are compared: two
+    such runs of one seed failed the paired bootstrap ("empty corpus"), and one such run the by-length
+    table ("different sentences"), stopping the whole comparison."""
+    emptied = [sweep / "pe=none,seed=2", sweep / "pe=sinusoidal,seed=2"]
+    for run in emptied:
+        for sub in ("hypotheses", "references"):
+            (run / sub / "test2016.txt").write_bytes(b"")
+    groups, _ = summarize(load_runs([sweep]), baseline="model.pe=sinusoidal")
+    assert [seed for seed, _ in {g.name: g for g in groups}["model.pe=none"].p_values["test2016"]] == [1, 3]
+    table = report([sweep], baseline="model.pe=sinusoidal", lengths=True)
+    listed = table.split("Unreadable, not compared:\n")[1]
+    for run in emptied:
+        files = (
+            f"{run / 'hypotheses' / 'test2016.txt'} and {run / 'references' / 'test2016.txt'} hold no lines"
+        )
+        assert f"- {run} ({files}" in listed, listed
+    assert "BLEU on test2016 by" in table and "seed 1: " in table and "seed 2: " not in table
+
+
 def test_an_epoch_that_is_no_epoch_number_is_refused_naming_the_file(sweep: Path, tmp_path: Path) -> None:
     metrics = sweep / "pe=none,seed=3" / "csv" / "metrics.csv"
     for epoch in ("inf", "nan", "1.5", "-1.0"):

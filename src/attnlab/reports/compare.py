@@ -11,7 +11,7 @@ Runs that failed or never finished are listed, not dropped (a `running` run whos
 this host as `stopped`: `attnlab.io.FileLock.holder_died`); so is a run whose `config.yaml`,
 `manifest.json`, `results.json` or `csv/metrics.csv` cannot be read (status `unreadable`, with the file
 and why), and the others are compared without it; so is a finished run whose saved hypotheses, sources or
-references of a test set are damaged (not UTF-8, line counts that differ, references missing).
+references of a test set are damaged (not UTF-8, line counts that differ, references missing, no lines).
 
 `by_length` breaks each group's test BLEU down by sentence length (compare-mt's length buckets): the
 sentences of a test set are bucketed by the number of words of their source (`sources/<set>.txt`; by
@@ -439,8 +439,8 @@ def _same_count(files: Sequence[tuple[Path, list[str]]]) -> None:
 
 def _check_saved_lines(run: RunDir) -> None:
     """Raise `UnreadableRunFile` naming the file when the lines `run` saved of a test set it decoded are
-    damaged: its references missing, a file not UTF-8, or hypotheses, references and sources of other
-    line counts."""
+    damaged: its references missing, a file not UTF-8, hypotheses, references and sources of other line
+    counts, or none of them holding a line (no run decodes a test set without sentences: emptied files)."""
     for hyp_file in sorted(run.hypotheses_dir.glob("*.txt")):
         files = [(hyp_file, _lines(hyp_file) or []),
                  (run.references_dir / hyp_file.name, _saved_references(run, hyp_file.name))]  # fmt: skip
@@ -448,6 +448,12 @@ def _check_saved_lines(run: RunDir) -> None:
         if sources is not None:
             files.append((run.sources_dir / hyp_file.name, sources))
         _same_count(files)
+        if not files[0][1]:
+            raise UnreadableRunFile(
+                f"{' and '.join(str(path) for path, _ in files)} hold no lines (a decoded test set has at "
+                "least one sentence); restore the files (attnlab-eval on the run's checkpoint writes them "
+                "again) or leave that run out of the comparison"
+            )
 
 
 def _saved_references(run: RunDir, name: str) -> list[str]:
