@@ -639,6 +639,42 @@ def test_file_lock_times_out_naming_the_lock(tmp_path: Path) -> None:
         assert lock.locked
 
 
+def test_file_lock_with_timeout_zero_fails_at_once_naming_the_holder(tmp_path: Path) -> None:
+    """`timeout=0` tries once (a run directory in use is refused so): while another holds the lock it raises
+    at once, naming the holder it recorded, without announcing a wait (`waiting`); once the lock is free,
+    it takes it."""
+    path = tmp_path / ".lock"
+    announced: list[bool] = []
+    outcome: list[BaseException | None] = []
+
+    def try_once() -> None:
+        try:
+            with FileLock(path, timeout=0, record_holder=True, waiting=lambda: announced.append(True)):
+                outcome.append(None)
+        except TimeoutError as exc:
+            outcome.append(exc)
+
+    with FileLock(path, record_holder=True) as holder:
+        tried = threading.Thread(target=try_once)
+        start = time.monotonic()
+        tried.start()
+        tried.join(5)
+        waited = time.monotonic() - start
+        if tried.is_alive():  # waiting for the lock: free it so the thread ends, then fail
+            holder.release()
+            tried.join(5)
+            pytest.fail("FileLock(timeout=0) waited for a held lock")
+    assert waited < 1 and not announced
+    (refused,) = outcome
+    assert isinstance(refused, TimeoutError)
+    assert (
+        f"could not lock {path} within 0 s: pid {os.getpid()} on host {socket.gethostname()} holds it"
+        in str(refused)
+    )
+    try_once()
+    assert outcome[1:] == [None] and not announced
+
+
 def test_a_lock_file_its_holder_deletes_is_never_held_twice(tmp_path: Path) -> None:
     """A process waiting on a lock file that its holder deletes (`release(delete=True)`: a refused command
     removing the run directory it made) takes the file at the path afterwards, not the deleted one: a
