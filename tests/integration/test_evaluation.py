@@ -119,6 +119,41 @@ def test_validation_bleu_with_val_subset_scores_the_first_sentences_only(text_ru
     assert logged[n]["val/loss"] == logged[None]["val/loss"]
 
 
+def test_training_decodes_exactly_val_subset_sentences_and_not_in_the_sanity_check(
+    text_run: dict[str, Any], monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
+) -> None:
+    """Fitting with `decode.val_subset=5` decodes the first 5 validation sentences once per decoding
+    epoch, and nothing in Lightning's sanity check before training (its validation batches are scored
+    for the loss only: a decode there would cost a whole validation decode and log a "val BLEU" line
+    that no metric keeps)."""
+    import dataclasses
+
+    import lightning as L
+
+    module, datamodule, _ = greedy_validation(text_run)
+    module.decode_config = dataclasses.replace(module.decode_config, val_subset=5, every_n_epochs=1)
+    decoded: list[list[int]] = []
+    translate = module.translate
+
+    def recorded(src: torch.Tensor, beam: int | None = None) -> list[list[int]]:
+        decoded.append(src.tolist())
+        return translate(src, beam)
+
+    monkeypatch.setattr(module, "translate", recorded)
+    trainer = L.Trainer(
+        accelerator="cpu", logger=False, enable_checkpointing=False, enable_progress_bar=False,
+        enable_model_summary=False, max_epochs=1, limit_train_batches=1, num_sanity_val_steps=2,
+    )  # fmt: skip
+    with caplog.at_level("INFO", logger="attnlab.training.module"):
+        trainer.fit(module, datamodule=datamodule)
+    sources = [[t for t in row if t != datamodule.pad_id] for batch in decoded for row in batch]
+    first = [src for src, _, _ in datamodule.splits["val"][:5]]
+    assert sorted(sources) == sorted(first)
+    assert [r.getMessage().split(" (")[0] for r in caplog.records if "val BLEU" in r.getMessage()] == [
+        f"val BLEU {trainer.callback_metrics['val/bleu']:.2f}"
+    ]
+
+
 def test_validation_decodes_with_val_beam(text_run: dict[str, Any]) -> None:
     """`decode.val_beam` is the beam of the validation decodes: a validation pass with val_beam=4 logs
     the BLEU of beam 4's decodes, not greedy's. The model's greedy and beam-4 decodes of its validation set
