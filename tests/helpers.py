@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import os
+import resource
+import signal
 import threading
 from collections import Counter
 from collections.abc import Iterator
@@ -219,6 +221,20 @@ def address_space_capped(extra: int = 2 << 30) -> Iterator[None]:
         yield
     finally:
         resource.setrlimit(resource.RLIMIT_AS, (soft, hard))
+
+
+@contextmanager
+def file_size_limit(nbytes: int) -> Iterator[None]:
+    """Writes that would grow any file of this process past `nbytes` fail with EFBIG ("File too large"),
+    as writes fail on a full disk (RLIMIT_FSIZE; SIGXFSZ ignored so that the write returns the error)."""
+    soft, hard = resource.getrlimit(resource.RLIMIT_FSIZE)
+    handler = signal.signal(signal.SIGXFSZ, signal.SIG_IGN)
+    resource.setrlimit(resource.RLIMIT_FSIZE, (nbytes, hard))
+    try:
+        yield
+    finally:
+        resource.setrlimit(resource.RLIMIT_FSIZE, (soft, hard))
+        signal.signal(signal.SIGXFSZ, handler)
 
 
 def lines(path: Path) -> list[str]:

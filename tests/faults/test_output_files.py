@@ -10,8 +10,6 @@ import io
 import json
 import os
 import re
-import resource
-import signal
 import stat
 import sys
 from collections.abc import Iterator
@@ -29,7 +27,7 @@ from attnlab.cli.translate import main as translate_main
 from attnlab.runs.checkpoint import BUNDLE_KEY
 from attnlab.training.pipeline import train
 from attnlab.typed import ConfigError
-from helpers import compose_eval, compose_train, require_shared_data, write_corpus
+from helpers import compose_eval, compose_train, file_size_limit, require_shared_data, write_corpus
 
 SPLITS = (("train", "train", 300), ("valid", "val", 30), ("test", "test2016", 20))
 OLD = b"an earlier translation\nthat must survive\n" * 40  # 1640 bytes
@@ -71,20 +69,6 @@ def translate(trained: dict[str, Any], *args: str) -> str:
         assert exc.code not in (None, 0)
         return str(exc.code)
     return ""
-
-
-@contextmanager
-def file_size_limit(nbytes: int) -> Iterator[None]:
-    """Writes that would grow any file of this process past `nbytes` fail with EFBIG ("File too large"),
-    as writes fail on a full disk (RLIMIT_FSIZE; SIGXFSZ ignored so that the write returns the error)."""
-    soft, hard = resource.getrlimit(resource.RLIMIT_FSIZE)
-    handler = signal.signal(signal.SIGXFSZ, signal.SIG_IGN)
-    resource.setrlimit(resource.RLIMIT_FSIZE, (nbytes, hard))
-    try:
-        yield
-    finally:
-        resource.setrlimit(resource.RLIMIT_FSIZE, (soft, hard))
-        signal.signal(signal.SIGXFSZ, handler)
 
 
 # ---------------------------------------------------------------------------------------------------------

@@ -13,7 +13,7 @@ from typing import Any
 
 import pytest
 
-from helpers import compose_app, forced_log_probs
+from helpers import compose_app, file_size_limit, forced_log_probs
 
 pytest.importorskip("transformers", reason='needs the [interop] extra: pip install -e ".[interop]"')
 
@@ -327,3 +327,19 @@ def test_an_export_over_the_directory_holding_its_checkpoint_is_refused_and_the_
         "choose another directory"
     )
     assert sorted(p.name for p in earlier.iterdir()) == before and "model.ckpt" in before
+
+
+def test_an_export_the_file_system_stops_while_writing_is_refused_naming_out_and_leaves_nothing(
+    translating_run: dict[str, Any], tmp_path: Path
+) -> None:
+    """A write that fails (here the file size limit, as on a full disk: EFBIG where ENOSPC) is refused
+    naming `out=`, the system's reason and what to do, where attnlab-export printed the bare OSError
+    ("[Errno 27] File too large", no path); no half-written directory or staging directory is left."""
+    out = tmp_path / "hf"
+    with file_size_limit(64):  # config.json, written first, is larger
+        refused = refusal(f"ckpt_path={translating_run['dir']}", "format=hf", f"out={out}")
+    assert refused == (
+        f"out={out}: writing the export failed (File too large): free some space or choose another "
+        "directory; nothing was written"
+    )
+    assert list(tmp_path.iterdir()) == []

@@ -166,7 +166,8 @@ def export(translator: Translator, fmt: str, out: str | Path, quantization: str 
     logged as a warning and listed in `attnlab_export.json` (`not_carried`).
 
     Raises:
-        ExportError: A bad request (`check_request`), or a model or tokenizer the format cannot express.
+        ExportError: A bad request (`check_request`), a model or tokenizer the format cannot express, or a
+            write that failed (a full disk).
     """
     path = check_request(fmt, quantization, out, overwrite)
     try:
@@ -184,6 +185,9 @@ def export(translator: Translator, fmt: str, out: str | Path, quantization: str 
         _move_into_place(staging, path)
     except ValueError as exc:  # to_marian's and the tokenizer's: name what the format cannot express
         raise ExportError(f"format={fmt}: {exc}") from None
+    except OSError as exc:  # a full disk, a file size limit: the staging directory goes, out stays as it was
+        raise ExportError(f"out={out}: writing the export failed ({exc.strerror or exc}): free some space or "
+                          "choose another directory; nothing was written") from None  # fmt: skip
     finally:
         shutil.rmtree(staging, ignore_errors=True)
     for sentence in lost:
