@@ -627,6 +627,29 @@ def test_a_refused_command_keeps_what_its_run_directory_held_or_it_wrote_there(
     assert (earlier / RUN_LOCK).is_file() and (earlier / "manifest.json").is_file()
 
 
+class CrashingCheck(L.Callback):
+    """A callback whose own check of its settings (`check_config`, run before the run starts) fails with an
+    unexpected error: a command that crashes, with a traceback, after Hydra wrote its record."""
+
+    @classmethod
+    def check_config(cls, key: str, node: Any) -> None:
+        raise RuntimeError(f"{key}: the check itself is broken")
+
+
+def test_a_command_that_crashes_keeps_its_run_directory_and_hydra_record(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Only a refusal (a one-line message) removes the run directory Hydra made: a command that crashed
+    with a traceback (exit status 1) keeps its record (`.hydra/`), what was run, to debug it with."""
+    monkeypatch.delenv("HYDRA_FULL_ERROR", raising=False)  # (Hydra prints the traceback, exits with 1)
+    run_dir = tmp_path / "new" / "run"
+    with pytest.raises(SystemExit) as crashed:
+        command_here(monkeypatch, "train", "data=synthetic", "model=tiny", f"hydra.run.dir={run_dir}",
+                     f"+callbacks.crash._target_={__name__}.CrashingCheck")  # fmt: skip
+    assert crashed.value.code == 1
+    assert (run_dir / ".hydra" / "overrides.yaml").is_file() and not (run_dir / "manifest.json").exists()
+
+
 @pytest.mark.parametrize("task", ["eval", "export"])
 def test_eval_and_export_are_refused_in_a_directory_another_command_holds(
     task: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
