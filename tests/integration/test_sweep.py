@@ -538,3 +538,34 @@ def test_an_interrupted_job_without_a_last_ckpt_is_not_told_to_add_resume_auto(
     with caplog.at_level("ERROR", logger="attnlab.cli.train"):
         assert _skip_done(run, multirun=True, continues=False) is _NOT_RUN
     assert "Add resume=auto to the sweep's command" in caplog.text
+
+
+def test_a_job_whose_directory_another_process_has_claimed_fails_writing_nothing_there(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
+) -> None:
+    """A job whose directory another live process has claimed (the same sweep started twice, the other
+    still before its manifest) is counted as failed, naming that process, and writes no `failed`
+    manifest.json of a job that never ran into the directory of a run that is starting."""
+    from attnlab.runs.layout import RUN_LOCK
+    from helpers import command_here
+
+    job = tmp_path / "sweep" / "job"
+    job.mkdir(parents=True)
+    hold = (
+        "import fcntl, os, socket, sys, time\nf = open(sys.argv[1], 'w')\nfcntl.flock(f, fcntl.LOCK_EX)\n"
+        "f.write(f'{os.getpid()} {socket.gethostname()}\\n'); f.flush()\nprint(flush=True)\ntime.sleep(120)"
+    )
+    other = subprocess.Popen([sys.executable, "-c", hold, str(job / RUN_LOCK)], stdout=subprocess.PIPE)
+    try:
+        other.stdout.readline()  # (it holds the lock)
+        with pytest.raises(SystemExit) as failed, caplog.at_level("ERROR", logger="attnlab.cli.train"):
+            command_here(monkeypatch, "train", "-m", "data=synthetic", "model=tiny", "data.n_train=32",
+                         "data.n_val=8", "data.n_test=8", "trainer.max_epochs=1", "logger=csv", "seed=1",
+                         f"hydra.sweep.dir={tmp_path / 'sweep'}", "hydra.sweep.subdir=job")  # fmt: skip
+    finally:
+        other.kill()
+        other.wait()
+    assert str(failed.value) == f"attnlab-train: multirun: 0 finished, 1 failed (see {job})"
+    told = f"job job failed: config error: the run directory {job} is in use: pid {other.pid} on host"
+    assert told in caplog.text
+    assert not (job / "manifest.json").exists()
