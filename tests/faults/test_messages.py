@@ -15,7 +15,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from helpers import subprocess_path
+from helpers import command_here, subprocess_path
 
 
 @pytest.fixture
@@ -50,6 +50,23 @@ def test_a_full_disk_during_a_checkpoint_save_names_the_file_and_keeps_the_previ
     saved = torch.load(last, weights_only=True)
     assert saved["step"] == 1 and torch.equal(saved["w"], torch.arange(1000.0))
     assert [p.name for p in last.parent.iterdir()] == ["last.ckpt"]  # the partial file removed
+
+
+def test_a_full_disk_ends_the_cli_run_with_the_checkpoint_message_and_no_traceback(
+    small_disk: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """`attnlab-train` on a disk that fills up at the first checkpoint ends with the save's message
+    (the file, the previous checkpoint kept, the fix) as its one line, the manifest saying failed."""
+    monkeypatch.delenv("HYDRA_FULL_ERROR", raising=False)
+    run_dir = small_disk / "run"
+    with pytest.raises(SystemExit) as failed:
+        command_here(monkeypatch, "train", "data=synthetic", "model=tiny", "model.d_model=128",
+                     "data.n_train=32", "data.n_val=8", "data.n_test=8", "trainer.max_epochs=1", "logger=csv",
+                     "trainer.enable_progress_bar=false", f"hydra.run.dir={run_dir}")  # fmt: skip
+    told = str(failed.value)
+    assert told.startswith(f"attnlab-train: cannot write checkpoint {run_dir / 'checkpoints'}/"), told
+    assert "No space left on device" in told and "Free disk space" in told
+    assert json.loads((run_dir / "manifest.json").read_text())["status"] == "failed"
 
 
 def write_run(directory: Path, seed: int, bleu: float) -> None:

@@ -136,8 +136,9 @@ def told_message(exc: BaseException) -> str | None:
     from attnlab.training.checkpoint_io import CheckpointWriteError  # lightning is loaded once training ran
     from attnlab.training.module import NonFiniteError
 
-    told = (CheckpointWriteError, NonFiniteError, NonFiniteScores)
-    return str(exc) if isinstance(exc, told) else None
+    if isinstance(exc, CheckpointWriteError):  # its message, without OSError's `[Errno 28] ` before it
+        return exc.strerror or str(exc)
+    return str(exc) if isinstance(exc, (NonFiniteError, NonFiniteScores)) else None
 
 
 def trainer_processes(cfg: DictConfig) -> int | None:
