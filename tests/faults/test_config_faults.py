@@ -120,6 +120,11 @@ CASES = [
         "data.data_files='train.json'",
         "expected {str: str} | null",
     ),
+    # --- interpolations that cannot be resolved (an unset environment variable, a missing key) ----------
+    Case(["model.d_model=${oc.env:ATTNLAB_UNSET}"], E, "model.d_model: ", "ATTNLAB_UNSET' not found"),
+    Case(["trainer.max_epochs=${oc.env:ATTNLAB_UNSET}"], E, "trainer.max_epochs: ", "export it) or give"),
+    Case(["optim.peak_lr=${no_such_key}"], E, "optim.peak_lr: ", "Interpolation key 'no_such_key' not found"),
+    Case(["+extra=${oc.env:ATTNLAB_UNSET}"], E, "extra is not a key", "remove the +extra=..."),
     # --- trainer: epochs, accumulation, devices, presets -----------------------------------------------
     Case(["trainer.accumulate_grad_batches=0"], E, "trainer.accumulate_grad_batches=0", "positive integer"),
     Case(["trainer.accumulate_grad_batches=two"], E, "trainer.accumulate_grad_batches='two'", "positive"),

@@ -14,7 +14,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from omegaconf import DictConfig, OmegaConf
+from omegaconf import DictConfig, ListConfig, OmegaConf
+from omegaconf.errors import InterpolationResolutionError
 
 from attnlab.decoding import DecodeConfig
 from attnlab.metrics import VAL_SCORES, MetricsConfig, better, check_metric_name, split_metric
@@ -150,7 +151,9 @@ def _added_keys(cfg: DictConfig) -> list[str]:
             return []
         hydra = HydraConfig.get()
     groups = set(hydra.runtime.choices)
-    added = {o[1:].split("=", 1)[0] for o in hydra.overrides.task if o.startswith("+") and o[1:2] != "+"}
+    task = hydra.overrides.task  # the overrides as typed (`+k=${oc.env:X}` not resolved: X may be unset)
+    typed = OmegaConf.to_container(task, resolve=False) if isinstance(task, ListConfig) else list(task)
+    added = {o[1:].split("=", 1)[0] for o in typed if o.startswith("+") and o[1:2] != "+"}
     return sorted(k for k in added if k in cfg and k not in groups and not set(k) & set("./@"))
 
 
@@ -365,8 +368,37 @@ def validate(cfg: DictConfig) -> Experiment:
     """Validate a composed training config without importing torch.
 
     Raises:
-        ConfigError: naming the offending key, its value and the fix.
+        ConfigError: naming the offending key, its value and the fix (an interpolation that cannot be
+            resolved, such as `${oc.env:VAR}` of an unset variable, included).
     """
+    try:
+        return _validate(cfg)
+    except InterpolationResolutionError as exc:
+        reason = str(exc).splitlines()[0]
+        key = exc.full_key or _unresolvable_key(cfg) or "a value"
+        raise ConfigError(
+            f"{key}: {reason}: set what it refers to (an environment variable: export it) or give the key a "
+            "value"
+        ) from None
+
+
+def _unresolvable_key(node: DictConfig, prefix: str = "") -> str | None:
+    """The first key under `node` whose interpolation cannot be resolved (Hydra's own node left out)."""
+    for key in node:
+        path = f"{prefix}{key}"
+        if path == "hydra":
+            continue
+        try:
+            value = node[key]
+        except InterpolationResolutionError:
+            return path
+        found = _unresolvable_key(value, f"{path}.") if isinstance(value, DictConfig) else None
+        if found:
+            return found
+    return None
+
+
+def _validate(cfg: DictConfig) -> Experiment:
     for key in ("model", "optim", "data", "decode", "trainer"):
         if key not in cfg or cfg[key] is None:
             raise ConfigError(f"the config has no `{key}` node: select one, e.g. `{key}=<name>`")
