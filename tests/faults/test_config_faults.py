@@ -114,12 +114,7 @@ CASES = [
     Case(["data=files", f"data.dir={MISSING}", "data.test=abc"], E, "data.test='abc'", "expected [str]"),
     Case(["data=nope"], MissingConfigException, "data/nope", "Available options in 'data'"),
     # (a file name, not a split -> file mapping: an AttributeError once the run directory was written)
-    Case(
-        ["data=hf", "data.name=json", "data.data_files=train.json"],
-        E,
-        "data.data_files='train.json'",
-        "expected {str: str} | null",
-    ),
+    Case(["data=hf", "data.name=json", "data.data_files=train.json"], E, "files='train.json'", "{str: str}"),
     # --- interpolations that cannot be resolved (an unset environment variable, a missing key) ----------
     Case(["model.d_model=${oc.env:ATTNLAB_UNSET}"], E, "model.d_model: ", "ATTNLAB_UNSET' not found"),
     Case(["trainer.max_epochs=${oc.env:ATTNLAB_UNSET}"], E, "trainer.max_epochs: ", "export it) or give"),

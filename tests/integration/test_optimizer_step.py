@@ -104,15 +104,14 @@ def test_two_accumulated_micro_batches_take_the_step_of_one_batch_holding_both()
 
 
 class Millions(L.Callback):
-    """Adds `extra` target tokens to every optimizer step's count (as `training_step` counts a batch's),
-    as a step over that many tokens would (on one process, or summed over ranks)."""
+    """Adds `extra` target tokens to every optimizer step's count (where `training_step` adds a batch's),
+    as a step over that many more tokens would (on one process, or summed over ranks)."""
 
     def __init__(self, extra: int) -> None:
         self.extra = extra
 
     def on_before_optimizer_step(self, trainer: L.Trainer, module: Any, optimizer: Any) -> None:
         module._window_tokens += self.extra
-        module._tokens_seen += self.extra
 
 
 def test_tokens_seen_stays_exact_for_steps_of_more_tokens_than_float32_counts() -> None:

@@ -170,11 +170,7 @@ class TranslationModule(L.LightningModule):
             self._step_tokens = 0
             return self._nonfinite(f"training loss is {value}", batch_idx)
         self._step_tokens = local_tokens * self.trainer.world_size
-        # Counted here, not in `on_train_batch_end`: Lightning runs the callbacks' `on_train_batch_end`
-        # (last.ckpt every N steps or minutes, preemption) before the module's, and their checkpoint, of a
-        # step it counts as done, must hold that step's tokens.
-        self._tokens_seen += self._step_tokens
-        self._window_tokens += local_tokens
+        self._window_tokens += local_tokens  # added to `tokens_seen` by the optimizer step, over all ranks
         # per step the batch's values; per epoch sums over all its tokens (on every rank) divided by their
         # number: train/ppl_epoch is exp of the epoch's NLL, not the mean of the steps' perplexities
         steps = {"loss": (value, loss), "nll": (nll_value, nll), "ppl": (nll_value, torch.exp(nll.detach()))}
@@ -210,9 +206,6 @@ class TranslationModule(L.LightningModule):
         if self.trainer.world_size > 1:
             stats = self.trainer.strategy.reduce(stats, reduce_op="sum")
         tokens, nonfinite, norm_sq = stats.tolist()
-        # `training_step` counted its rank's tokens x ranks (its checkpoint must hold them); the sum over
-        # ranks is known here, before the step's end: `tokens_seen` holds the exact count from now on.
-        self._tokens_seen += int(tokens) - local_tokens * self.trainer.world_size
         factor = self.trainer.world_size * self.trainer.accumulate_grad_batches / max(tokens, 1.0)
         torch._foreach_mul_(grads, factor)
         norm_value = (math.sqrt(norm_sq) if sharded else float(norm)) * factor
@@ -220,9 +213,11 @@ class TranslationModule(L.LightningModule):
             # (float16's gradient scaler skips overflowing steps itself)
             self._nonfinite(f"gradient norm is {norm_value}", None)
             optimizer.zero_grad(set_to_none=True)  # skip: parameters without gradients are not updated
-            # not trained on: the step's tokens leave `tokens_seen` (as a skipped loss's never enter it)
-            self._tokens_seen -= int(tokens)
-            return
+            return  # not trained on: its tokens stay out of `tokens_seen`
+        # The step's tokens, summed over ranks, counted before the step ends: the callbacks' checkpoints at
+        # its end (last.ckpt every N steps or minutes, preemption; Lightning runs their `on_train_batch_end`
+        # before the module's) hold them.
+        self._tokens_seen += int(tokens)
         if math.isfinite(norm_value):
             self._log_mean("grad_norm", norm_value)
 
