@@ -195,6 +195,22 @@ def held_here(path: Path) -> FileLock | None:
     return next((lock for lock in list(_HELD) if lock.path.resolve() == wanted), None)
 
 
+def held_elsewhere(path: Path) -> bool:
+    """Whether another live process holds the `FileLock` on `path` (this process's own: False; no file: False,
+    and none is made). Reads it by taking the lock without waiting and freeing it at once: a process that
+    tries the lock in that instant finds it taken, as it would while any process held it."""
+    if held_here(path) is not None:
+        return False
+    try:
+        fd = os.open(path, os.O_RDONLY)
+    except (FileNotFoundError, NotADirectoryError):
+        return False
+    try:
+        return not _try_lock(fd)
+    finally:
+        os.close(fd)  # (frees the lock, if taken)
+
+
 def _try_lock(fd: int) -> bool:
     """Take the ``flock`` of `fd` if no one holds it: whether it was taken."""
     try:

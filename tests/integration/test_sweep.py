@@ -545,7 +545,8 @@ def test_a_job_whose_directory_another_process_has_claimed_fails_writing_nothing
 ) -> None:
     """A job whose directory another live process has claimed (the same sweep started twice, the other
     still before its manifest) is counted as failed, naming that process, and writes no `failed`
-    manifest.json of a job that never ran into the directory of a run that is starting."""
+    manifest.json of a job that never ran, nor Hydra's record of its command, into the directory of a run
+    that is starting."""
     from attnlab.runs.layout import RUN_LOCK
     from helpers import command_here
 
@@ -569,3 +570,4 @@ def test_a_job_whose_directory_another_process_has_claimed_fails_writing_nothing
     told = f"job job failed: config error: the run directory {job} is in use: pid {other.pid} on host"
     assert told in caplog.text
     assert not (job / "manifest.json").exists()
+    assert [p.name for p in job.iterdir()] == [RUN_LOCK]  # nor Hydra's record (.hydra/) of its command

@@ -9,6 +9,8 @@ import multiprocessing
 import os
 import re
 import socket
+import subprocess
+import sys
 import threading
 import time
 from collections import Counter
@@ -28,7 +30,7 @@ from attnlab.data.download import (
     fetch_gzipped,
     multi30k_paths,
 )
-from attnlab.io import FileLock, atomic_write_bytes
+from attnlab.io import FileLock, atomic_write_bytes, held_elsewhere
 from helpers import Mirror, serve_mirror, upstream_path
 
 LANGS = ("de", "en")
@@ -673,6 +675,28 @@ def test_file_lock_with_timeout_zero_fails_at_once_naming_the_holder(tmp_path: P
     )
     try_once()
     assert outcome[1:] == [None] and not announced
+
+
+def test_held_elsewhere_tells_another_processs_lock_from_this_processs_own(tmp_path: Path) -> None:
+    """`held_elsewhere` (a multirun job's Hydra record is not written into a directory another process
+    holds): no file is not held (and none is made); this process's own lock is not held elsewhere; a live
+    process's is, until it dies; the check leaves the lock free."""
+    path = tmp_path / "run" / ".lock"
+    assert not held_elsewhere(path) and not path.parent.exists()
+    with FileLock(path):
+        assert not held_elsewhere(path)
+    hold = "import fcntl, sys, time\nf = open(sys.argv[1])\nfcntl.flock(f, fcntl.LOCK_EX)\n"
+    hold += "print(flush=True)\ntime.sleep(60)"
+    other = subprocess.Popen([sys.executable, "-c", hold, str(path)], stdout=subprocess.PIPE)
+    try:
+        other.stdout.readline()  # (it holds the lock)
+        assert held_elsewhere(path)
+    finally:
+        other.kill()
+        other.wait()
+    assert not held_elsewhere(path)
+    with FileLock(path, timeout=0):
+        pass
 
 
 def test_a_lock_file_its_holder_deletes_is_never_held_twice(tmp_path: Path) -> None:

@@ -17,7 +17,7 @@ import yaml
 from hydra.experimental.callback import Callback
 from omegaconf import DictConfig, OmegaConf
 
-from attnlab.io import FileLock, missing_directories, remove_empty_directories
+from attnlab.io import FileLock, held_elsewhere, missing_directories, remove_empty_directories
 from attnlab.runs.layout import (
     MANIFEST_FILE,
     RUN_LOCK,
@@ -199,10 +199,14 @@ def hydra_output_subdir(output_dir: Any, resume: Any = False, ckpt_path: Any = N
     """Where Hydra records a command (`hydra.output_subdir`): `.hydra`, but nowhere (None) when the run in
     `output_dir` has its record already and the command continues it (`resume=true|auto`,
     `ckpt_path=last`) or the run holds checkpoints or finished (a multirun job that `sweep.skip_done`
-    skips, or that is refused, `attnlab.cli.train._held_run`). A resumption keeps the record of the run's
-    first command (each resumption's command is in `manifest.json`), and a skipped or refused one leaves
-    the run directory as it was."""
+    skips, or that is refused, `attnlab.cli.train._held_run`), or another live process holds the directory
+    (a multirun job there is refused, `RunDir.lock`, after Hydra wrote its record: a single run claims its
+    directory before, `RunDirectoryCheck`). A resumption keeps the record of the run's first command (each
+    resumption's command is in `manifest.json`), and a skipped or refused one leaves the run directory as
+    it was."""
     run = RunDir(Path(str(output_dir)))
+    if held_elsewhere(run.run_lock):
+        return None
     if not (run.path / ".hydra").is_dir():
         return ".hydra"
     checkpoints, status = run.saved_training()
