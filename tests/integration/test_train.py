@@ -418,3 +418,17 @@ def test_a_run_without_loggers_gets_none_of_lightnings_defaults(tmp_path: Path) 
     assert trainer.loggers == [] and trainer.logger is None
     plan, datamodule = planned_stages(["logger=csv"], tmp_path / "csv")
     assert [type(lg).__name__ for lg in build_trainer(plan, datamodule).loggers] == ["CSVLogger"]
+
+
+def test_a_run_validating_after_every_batch_saves_and_checks_after_every_validation(tmp_path: Path) -> None:
+    """`trainer.val_check_interval=1` (validate after every batch, which Lightning's callbacks take for once
+    an epoch): the run's checkpoint and early-stopping callbacks are readied to save and check after each
+    validation (`attnlab.training.callbacks.follow_every_batchs_validation`, tested there)."""
+    from attnlab.training.pipeline import build_module, build_trainer, fit_model_to_data
+
+    plan, datamodule = planned_stages(["trainer.val_check_interval=1", "callbacks=early_stopping"], tmp_path)
+    build_module(plan, fit_model_to_data(plan, datamodule))
+    trainer = build_trainer(plan, datamodule)
+    saving = {type(c).__name__: c._save_on_train_epoch_end for c in trainer.checkpoint_callbacks}
+    assert saving == {"ModelCheckpoint": False, "AveragingCheckpoints": True, "LastCheckpoint": False}
+    assert [c._check_on_train_epoch_end for c in trainer.early_stopping_callbacks] == [False]

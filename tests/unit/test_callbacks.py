@@ -20,6 +20,7 @@ from lightning.pytorch.callbacks import ModelCheckpoint
 from attnlab.runs.checkpoint import kept_checkpoints
 from attnlab.training.callbacks import (
     AveragingCheckpoints,
+    EarlyStopping,
     EvaluationStop,
     EvaluationStopped,
     LastCheckpoint,
@@ -27,6 +28,7 @@ from attnlab.training.callbacks import (
     Preemption,
     SignalConnector,
     agreed_signal,
+    follow_every_batchs_validation,
 )
 from attnlab.typed import ConfigError
 from probes import SignalAt
@@ -240,6 +242,67 @@ def test_an_epoch_trained_again_writes_over_its_averaging_checkpoint(tmp_path: P
     for _ in range(2):
         fit(AveragingCheckpoints(str(tmp_path), keep=2), epochs=1)
     assert [p.name for p in (tmp_path / "epochs").iterdir()] == ["epoch000.ckpt"]
+
+
+@pytest.mark.parametrize("interval", [4, 1])
+def test_an_epochs_averaging_checkpoint_holds_its_end_when_validating_inside_epochs(
+    interval: int, tmp_path: Path
+) -> None:
+    """Validations after every 4th batch (or every batch) of 10: each epoch's file holds the weights at the
+    epoch's end, not those of its last validation (after batch 8 of 10)."""
+    averaging = AveragingCheckpoints(str(tmp_path), keep=2)
+    trainer_following(averaging, val_check_interval=interval).fit(Tiny())
+    saved = [torch.load(path, weights_only=True)["global_step"] for path in kept_checkpoints(tmp_path)]
+    assert saved == [BATCHES, 2 * BATCHES]
+
+
+def trainer_following(*callbacks: L.Callback, **settings: Any) -> L.Trainer:
+    """`trainer`, readied by `follow_every_batchs_validation` as attnlab's `build_trainer` readies its own."""
+    built = trainer(*callbacks, **settings)
+    follow_every_batchs_validation(built)
+    return built
+
+
+@pytest.mark.parametrize("kind", ["last", "best"])
+def test_validating_after_every_batch_saves_after_every_validation(kind: str, tmp_path: Path) -> None:
+    """`val_check_interval=1` (the int: validate after every batch), which Lightning takes for 1.0 (once an
+    epoch): last.ckpt and the best checkpoint are written after each validation, as for any other number
+    of batches, not at the epoch's end alone."""
+    if kind == "last":
+        checkpoint: ModelCheckpoint = LastCheckpoint(str(tmp_path))
+    else:
+        checkpoint = ModelCheckpoint(str(tmp_path), monitor="step", mode="max", enable_version_counter=False)
+    saves = Saves()
+    trainer_following(checkpoint, saves, epochs=1, val_check_interval=1).fit(Tiny())
+    assert saves.seen == [(k, k, k) for k in range(1, BATCHES + 1)]
+
+
+class Flat(Tiny):
+    """Validation logs the same `val/x` every time: no check ever sees it improve."""
+
+    def validation_step(self, batch: torch.Tensor, index: int) -> None:
+        self.log("val/x", 1.0)
+
+
+def test_validating_after_every_batch_checks_early_stopping_after_every_validation() -> None:
+    """`val_check_interval=1` with patience 1: the second validation (after batch 2) stops training, not the
+    epoch's end."""
+    stopping = EarlyStopping(monitor="val/x", mode="min", patience=1)
+    fitted = trainer_following(stopping, epochs=1, val_check_interval=1)
+    fitted.fit(Flat())
+    assert fitted.global_step == 2
+
+
+def test_every_batchs_validation_leaves_other_intervals_and_explicit_choices_to_lightning(
+    tmp_path: Path,
+) -> None:
+    """Only the int 1 is changed: 1.0 (once an epoch) and other numbers of batches are Lightning's, and a
+    callback's own `save_on_train_epoch_end` is kept."""
+    own = ModelCheckpoint(str(tmp_path), save_on_train_epoch_end=True)
+    assert trainer_following(own, val_check_interval=1).checkpoint_callbacks[0]._save_on_train_epoch_end
+    for interval in (1.0, 2):
+        free = trainer_following(ModelCheckpoint(str(tmp_path)), val_check_interval=interval)
+        assert free.checkpoint_callbacks[0]._save_on_train_epoch_end is None
 
 
 @pytest.mark.parametrize("steps", [0, -1])

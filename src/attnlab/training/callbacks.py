@@ -79,9 +79,28 @@ class AveragingCheckpoints(ModelCheckpoint):
             save_weights_only=True,
             every_n_train_steps=every_n_steps,
             every_n_epochs=None if by_steps else 1,
+            # An epoch's file holds the weights at its end, also when validating inside epochs
+            # (`trainer.val_check_interval`), where Lightning would save at each validation instead.
+            save_on_train_epoch_end=None if by_steps else True,
             auto_insert_metric_name=False,
             enable_version_counter=False,  # an epoch replayed after a crash writes over its file
         )
+
+
+def follow_every_batchs_validation(trainer: L.Trainer) -> None:
+    """With `trainer.val_check_interval=1` (the int: validate after every training batch), make the
+    trainer's checkpoint and early-stopping callbacks that leave it to Lightning save and check after each
+    validation, as they do for any other number of batches: Lightning takes that 1 for 1.0 (once an epoch)
+    and saves and checks at epoch ends only. Called on a built trainer, before it fits."""
+    interval = trainer.val_check_interval
+    if type(interval) is not int or interval != 1 or not trainer.limit_val_batches:
+        return
+    for checkpoint in trainer.checkpoint_callbacks:
+        if checkpoint._save_on_train_epoch_end is None:
+            checkpoint._save_on_train_epoch_end = False
+    for stopping in trainer.early_stopping_callbacks:
+        if stopping._check_on_train_epoch_end is None:
+            stopping._check_on_train_epoch_end = False
 
 
 class _StepEnds(L.Callback):

@@ -436,7 +436,7 @@ def build_trainer(
     from hydra.utils import instantiate
 
     from attnlab.runs.tracking import MLflowLogger
-    from attnlab.training.callbacks import SignalConnector
+    from attnlab.training.callbacks import SignalConnector, follow_every_batchs_validation
     from attnlab.training.checkpoint_io import AtomicCheckpointIO
     from attnlab.training.console import console_callbacks
 
@@ -459,6 +459,7 @@ def build_trainer(
         plugins=[*cluster_plugins(), AtomicCheckpointIO(own_run=plan.continuing)],
     )
     trainer._signal_connector = SignalConnector(trainer)  # SIGTERM: attnlab's handlers, not Lightning's
+    follow_every_batchs_validation(trainer)
     datamodule.check_feeds(trainer.world_size, test=bool(cfg.get("test", True)))  # before any training
     for logger in trainer.loggers:
         if isinstance(logger, MLflowLogger):
