@@ -129,6 +129,15 @@ CASES = [
     Case(["trainer.check_val_every_n_epoch=0"], E, "trainer.check_val_every_n_epoch=0", "positive integer"),
     Case(["trainer.num_nodes=0"], E, "trainer.num_nodes=0", "positive integer"),
     Case(["trainer.devices=0"], E, "trainer.devices=0", "-1 (all) or 'auto'"),
+    # (a TypeError of Lightning's once the run had started)
+    Case(
+        ["trainer.accelerator=cpu", "trainer.devices=[0,1]"],
+        E,
+        "trainer.devices=[0, 1] lists device ids",
+        "trainer.accelerator=cpu runs a number of processes: give that number (trainer.devices=2)",
+    ),
+    Case(["trainer.accelerator=cpu", "trainer.devices='0,1'"], E, "devices='0,1' lists", "'auto' for one"),
+    Case(["trainer.accelerator=cpu", "trainer.devices=-1"], E, "trainer.devices=-1 counts GPUs", "devices=2"),
     Case(["trainer.precision=8"], E, "trainer.precision=8", "bf16-mixed"),
     Case(["trainer.accelerator=tpuu"], E, "trainer.accelerator='tpuu'", "'cpu'"),
     Case(["trainer.gradient_clip_val=-1"], E, "trainer.gradient_clip_val=-1", ">= 0 (or null)"),

@@ -349,7 +349,8 @@ def test_a_sweep_of_ddp_jobs_runs_each_job_as_its_own_process_group(tmp_path: Pa
      ({"devices": [0, 1]}, "runs 2 processes"), ({"devices": "0,1"}, "runs 2 processes"),
      ({"devices": [1]}, None), ({"devices": "2", "num_nodes": 2}, "runs 4 processes"),
      ({"accelerator": "cpu", "devices": "auto"}, None), ({"devices": "0,"}, None),
-     ({"devices": None}, None), ({"devices": 2.5}, None), ({"devices": 0}, None), ({"devices": "0"}, None)],
+     ({"devices": None}, None), ({"devices": 2.5}, None), ({"devices": 0}, None), ({"devices": "0"}, None),
+     ({"accelerator": "cpu", "devices": [0, 1]}, None), ({"accelerator": "cpu", "devices": "0,1"}, None)],
 )  # fmt: skip
 def test_a_sweep_of_multi_process_jobs_under_the_basic_launcher_is_refused_counting_every_node(
     trainer: dict[str, Any], refused: str | None
@@ -357,8 +358,8 @@ def test_a_sweep_of_multi_process_jobs_under_the_basic_launcher_is_refused_count
     """Hydra's basic launcher runs each job inside this process, where Lightning cannot start its other
     ranks: a job of devices x nodes processes (or an unknown number, under a distributed strategy) is
     refused naming the launcher to use; a launcher that starts each job's processes takes them all. A
-    value Lightning refuses (`null`, `2.5`, `0`) is left to the job, whose checks name it (another launcher,
-    which the refusal would name, fails it the same)."""
+    value Lightning refuses (`null`, `2.5`, `0`, device ids on the CPU) is left to the job, whose checks name
+    it (another launcher, which the refusal would name, fails it the same)."""
     from omegaconf import OmegaConf
 
     from attnlab.cli.train import check_launcher

@@ -155,7 +155,8 @@ def trainer_processes(cfg: DictConfig) -> int | None:
     if isinstance(devices, int) and devices >= 0:
         return devices * nodes
     if isinstance(devices, Sequence) and not isinstance(devices, str):  # a list of device ids
-        return len(devices) * nodes
+        # (none on the CPU: the job's config check refuses it, `attnlab.training.experiment`)
+        return 1 if str(trainer.get("accelerator", "auto")) == "cpu" else len(devices) * nodes
     if "ddp" in strategy or "fsdp" in strategy:
         return None
     if devices not in (-1, "auto"):  # a value Lightning refuses (null, 2.5): the job's trainer names it

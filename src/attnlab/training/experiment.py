@@ -292,9 +292,7 @@ def _check_trainer(trainer: DictConfig) -> None:
     clip = trainer.get("gradient_clip_val")
     if clip is not None and (not isinstance(clip, (int, float)) or clip < 0):
         raise ConfigError(f"trainer.gradient_clip_val={clip!r} must be a number >= 0 (or null)")
-    devices = trainer.get("devices")
-    if isinstance(devices, int) and (devices == 0 or devices < -1):
-        raise ConfigError(f"trainer.devices={devices} must be a positive count, -1 (all) or 'auto'")
+    _check_devices(trainer)
     # A number: 0 failed with a ZeroDivisionError after the first step. (A text or a mapping is a time,
     # `"00:00:30:00"` or `{minutes: 30}`, which Lightning checks when it builds the trainer.) A whole
     # float above 1 (`5000.0`, YAML's `5e3`) is a number of batches, as Lightning takes it.
@@ -304,6 +302,22 @@ def _check_trainer(trainer: DictConfig) -> None:
         raise ConfigError(
             f"trainer.val_check_interval={interval!r} must be a number of training batches >= 1, a fraction "
             'of an epoch in (0, 1], a time ("DD:HH:MM:SS"), or null (at each epoch\'s end)'
+        )
+
+
+def _check_devices(trainer: DictConfig) -> None:
+    """`trainer.devices`: a count, -1 (every GPU) or `auto`; a list of device ids (`[0,1]`, `"0,1"`) or -1
+    only off the CPU, where Lightning takes a number of processes alone (it failed with a TypeError once the
+    run had started)."""
+    devices = trainer.get("devices")
+    if isinstance(devices, int) and (devices == 0 or devices < -1):
+        raise ConfigError(f"trainer.devices={devices} must be a positive count, -1 (all) or 'auto'")
+    listed = isinstance(devices, ListConfig) or (isinstance(devices, str) and "," in devices)
+    if trainer.get("accelerator") == "cpu" and (listed or str(devices).strip() == "-1"):
+        raise ConfigError(
+            f"trainer.devices={devices!r} {'lists device ids' if listed else 'counts GPUs'}, but "
+            "trainer.accelerator=cpu runs a number of processes: give that number (trainer.devices=2), or "
+            "'auto' for one"
         )
 
 
