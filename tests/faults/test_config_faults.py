@@ -17,6 +17,9 @@ defaults: `data=multi30k`, `model=mini`, `optim=linear`, ...) and the config goe
 Rows are grouped by config node: model, optim, decode, data, trainer, top level. "Before training
 starts" is checked by the run directory: `train` creates it right after these checks, so after every
 case it must not exist (and reaching the training loop fails the test outright).
+
+`UNLOADABLE` lists config files a user writes that Hydra cannot load while composing (not YAML, a key
+given twice, not a mapping, not UTF-8): each refuses the command in one line naming the file and the line.
 """
 
 from __future__ import annotations
@@ -30,7 +33,7 @@ from hydra.errors import ConfigCompositionException, MissingConfigException
 import attnlab.training.pipeline
 from attnlab.training.pipeline import train
 from attnlab.typed import ConfigError
-from helpers import compose_train
+from helpers import command_here, compose_train
 
 MISSING = "/nonexistent/attnlab-faults"  # a path that exists nowhere
 
@@ -269,3 +272,103 @@ def test_a_whole_float_step_count_for_last_checkpoint_is_taken_as_the_int(value:
     check_constructor_keys(cfg)
     callback = instantiate(cfg.callbacks.last_checkpoint)
     assert callback._every_n_train_steps == 100 and type(callback._every_n_train_steps) is int
+
+
+# --- config files a user writes (`--config-dir`, `hydra.searchpath`) that Hydra cannot load -------------
+# Each is `(file's bytes, what the one-line refusal says after the file's name)`.
+UNLOADABLE = {
+    "duplicate key": (
+        b"# @package _global_\nmodel:\n  d_model: 64\n  d_model: 32\n",
+        ": the key d_model is given twice in one mapping (again on line 4): remove one of them",
+    ),
+    "tab": (
+        b"# @package _global_\nmodel:\n\td_model: 64\n",
+        " is not valid YAML: found character '\\t' that cannot start any token (line 3): indent with spaces, "
+        "YAML allows no tabs there",
+    ),
+    "unclosed list": (
+        b"# @package _global_\nmodel:\n  pe: [learned\n",
+        " is not valid YAML: expected ',' or ']', but got '<stream end>' (line 4): correct the YAML there",
+    ),
+    "list": (b"# a list\n- model: tiny\n", " holds a YAML list (line 2), not a mapping of keys to values"),
+    "string": (b"model tiny\n", " holds a YAML scalar (line 1), not a mapping of keys to values"),
+    "number": (b"42\n", " holds a YAML scalar (line 1), not a mapping of keys to values"),
+    "latin-1": (
+        b"# @package _global_\nmodel:\n  pe: caf\xe9\n",
+        " is not UTF-8 text (byte 0xe9 on line 3): save it as UTF-8",
+    ),
+    "NUL": (
+        b"# @package _global_\nmodel:\n  pe: a\x00\n",
+        " holds U+0000 on line 3, which YAML does not allow",
+    ),
+}
+
+
+def user_config(root: Path, group: str, text: bytes) -> Path:
+    """A user's config directory `root` holding `<group>/mine.yaml` with `text`; the directory."""
+    (root / group).mkdir(parents=True)
+    (root / group / "mine.yaml").write_bytes(text)
+    return root
+
+
+@pytest.mark.parametrize("name", list(UNLOADABLE))
+def test_a_config_file_hydra_cannot_load_refuses_the_command_in_one_line(
+    name: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """`attnlab-train --config-dir ./mine experiment=mine` with a file that is not YAML, gives a key twice,
+    holds no mapping or is not UTF-8: one line naming the file, the line, the problem and the fix (no
+    traceback: PyYAML's before), and no run directory."""
+    monkeypatch.delenv("HYDRA_FULL_ERROR", raising=False)
+    text, said = UNLOADABLE[name]
+    conf, run_dir = user_config(tmp_path / "mine", "experiment", text), tmp_path / "runs" / "run"
+    with pytest.raises(SystemExit) as refused:
+        command_here(monkeypatch, "train", "--config-dir", str(conf), "experiment=mine", "data=synthetic",
+                     f"hydra.run.dir={run_dir}")  # fmt: skip
+    file = conf / "experiment" / "mine.yaml"
+    assert str(refused.value.code).startswith(f"attnlab-train: config error: {file}{said}"), refused.value
+    assert "\n" not in str(refused.value.code) and not (tmp_path / "runs").exists()
+
+
+@pytest.mark.parametrize(
+    ("task", "group", "args"), [("eval", "data", []), ("export", "paths", ["format=hf"])]
+)
+def test_eval_and_export_refuse_a_config_file_they_cannot_load_named_on_the_search_path(
+    task: str, group: str, args: list[str], tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """`attnlab-eval` and `attnlab-export` compose the same way: a file of theirs that is not YAML, on
+    `hydra.searchpath`, refuses them in one line before the checkpoint is looked for."""
+    monkeypatch.delenv("HYDRA_FULL_ERROR", raising=False)
+    conf = user_config(tmp_path / "mine", group, UNLOADABLE["tab"][0])
+    with pytest.raises(SystemExit) as refused:
+        command_here(monkeypatch, task, f"hydra.searchpath=[file://{conf}]", f"{group}=mine", *args,
+                     f"ckpt_path={tmp_path / 'none.ckpt'}", f"hydra.run.dir={tmp_path / 'run'}")  # fmt: skip
+    said = UNLOADABLE["tab"][1]
+    assert str(refused.value.code).startswith(f"attnlab-{task}: config error: {conf}/{group}/mine.yaml{said}")
+    assert list(tmp_path.iterdir()) == [conf]
+
+
+def test_hydra_full_error_shows_the_traceback_of_a_config_file_hydra_cannot_load(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """With `HYDRA_FULL_ERROR=1` (set for the tests) the refusal is a `ConfigError` with the same message,
+    raised from PyYAML's error: both tracebacks are shown."""
+    import yaml
+
+    conf = user_config(tmp_path / "mine", "experiment", UNLOADABLE["duplicate key"][0])
+    with pytest.raises(ConfigError, match="the key d_model is given twice") as refused:
+        command_here(monkeypatch, "train", "--config-dir", str(conf), "experiment=mine", "data=synthetic",
+                     f"hydra.run.dir={tmp_path / 'run'}")  # fmt: skip
+    assert isinstance(refused.value.__cause__, yaml.constructor.ConstructorError)
+
+
+@pytest.mark.parametrize(
+    "text", [b"", b"# @package _global_\n# nothing yet\n", b"# @package _global_\nfoo: null\n"]
+)
+def test_an_empty_config_file_or_one_key_without_a_value_is_composed(
+    text: bytes, tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """An empty file is an empty config, and a file of one key without a value is a mapping (as a file that
+    is a string is not, which OmegaConf reads as that one key): neither is refused."""
+    conf = user_config(tmp_path / "mine", "experiment", text)
+    command_here(monkeypatch, "train", "--cfg", "job", "--config-dir", str(conf), "experiment=mine")
+    assert "d_model:" in capsys.readouterr().out

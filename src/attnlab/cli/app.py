@@ -1,21 +1,25 @@
-"""The Hydra application shared by the commands: where the configs live, the resolvers they use, and the
-callback that checks run directories before Hydra writes into them."""
+"""The Hydra application shared by the commands: where the configs live, the resolvers they use, the
+callback that checks run directories before Hydra writes into them, and the refusal of a config file
+Hydra cannot load (`unloadable_config_refused`)."""
 
 from __future__ import annotations
 
+import functools
 import hashlib
 import os
 import re
 import secrets
 import warnings
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
+from importlib import resources
 from pathlib import Path
 from typing import Any
 
 import yaml
 from hydra.experimental.callback import Callback
 from omegaconf import DictConfig, OmegaConf
+from omegaconf.errors import OmegaConfBaseException
 
 from attnlab.io import FileLock, held_elsewhere, missing_directories, remove_empty_directories
 from attnlab.runs.layout import (
@@ -27,6 +31,7 @@ from attnlab.runs.layout import (
     job_setting,
     launched_rank,
     setting_overrides,
+    yaml_problem,
 )
 from attnlab.runs.manifest import Manifest
 from attnlab.training.resume import continues_own_run
@@ -154,16 +159,18 @@ _claimed_for_this_run: list[tuple[FileLock, bool]] = []
 
 
 @contextmanager
-def refusal_leaves_no_run_directory() -> Iterator[None]:
-    """Run a command (`attnlab-train`, `-eval`, `-export` without `-m`); when it is refused with its one-line
+def refusal_leaves_no_run_directory(task: str) -> Iterator[None]:
+    """Run the command `attnlab-<task>` (`train`, `eval`, `export`); when it is refused with its one-line
     message (a `SystemExit` with text: a config error, a missing file), remove the run directory Hydra made
     for it if it holds nothing but Hydra's record (`.hydra/`) and log (`<task>.log`), with the parents
     made along with it: a mistyped command leaves no empty run behind. A directory that existed before the
     command, or that holds anything the command wrote (a manifest, a checkpoint), is kept. The run
     directory's lock the command claimed (`RunDirectoryCheck`) is held until then; a refused command
-    deletes its file if the claim made it."""
+    deletes its file if the claim made it. A config file Hydra cannot load while composing (not YAML, not
+    a mapping: `unloadable_config_refused`) refuses the command the same way."""
     try:
-        yield
+        with unloadable_config_refused(task):
+            yield
     except SystemExit as exc:
         refused = isinstance(exc.code, str)
         claims = {lock.path.resolve(): (lock, made) for lock, made in _claimed_for_this_run}
@@ -193,6 +200,135 @@ def _remove_hydra_record(run_dir: Path, claimed: bool) -> bool:
     for path in [*logs, *hydras[::-1]]:
         (path.rmdir if path == record else path.unlink)()
     return True
+
+
+@contextmanager
+def unloadable_config_refused(task: str) -> Iterator[None]:
+    """While it runs, a config file that Hydra cannot load as it composes the config (from a file or package
+    config source: `--config-dir`, `hydra.searchpath`, the packaged configs) ends the command with one line,
+    `attnlab-<task>: config error: <file> ...` naming the file, the line, the problem and the fix
+    (`config_file_problem`), instead of PyYAML's traceback: a file that is not YAML (a syntax error, a tab
+    indenting), gives a key twice in one mapping, is not UTF-8 text or cannot be read, or holds a list or a
+    scalar instead of a mapping of keys to values. With `HYDRA_FULL_ERROR=1` the message is a `ConfigError`
+    raised from the loading error, with its traceback."""
+    from hydra._internal.sources_registry import SourcesRegistry
+    from hydra.core.plugins import Plugins
+
+    Plugins.instance()  # (registers the config sources: the classes Hydra uses, from its scan of plugins)
+    sources = [SourcesRegistry.instance().resolve(scheme) for scheme in ("file", "pkg")]
+    loads = {source: source.__dict__["load_config"] for source in sources}
+    for source, load in loads.items():
+        source.load_config = _refusing_unloadable(load, task)
+    try:
+        yield
+    finally:
+        for source, load in loads.items():
+            source.load_config = load
+
+
+def _refusing_unloadable(load: Callable[[Any, str], Any], task: str) -> Callable[[Any, str], Any]:
+    """A config source's `load_config`, a file it cannot load as a config refusing `attnlab-<task>`."""
+    from hydra.errors import HydraException
+
+    @functools.wraps(load)
+    def checked(source: Any, config_path: str) -> Any:
+        try:
+            result = load(source, config_path)
+        except HydraException:  # (not found: Hydra's own message)
+            raise
+        except (yaml.YAMLError, UnicodeDecodeError, OSError, OmegaConfBaseException) as exc:
+            problem = config_file_problem(source, config_path, exc)
+            if os.environ.get("HYDRA_FULL_ERROR") == "1":
+                raise ConfigError(problem) from exc
+            raise SystemExit(f"attnlab-{task}: config error: {problem}") from None
+        problem = _not_a_mapping(source, config_path, result.config)
+        if problem is None:
+            return result
+        if os.environ.get("HYDRA_FULL_ERROR") == "1":
+            raise ConfigError(problem)
+        raise SystemExit(f"attnlab-{task}: config error: {problem}")
+
+    return checked
+
+
+def _config_file(source: Any, config_path: str) -> tuple[str, Any]:
+    """The name of the file `config_path` of a Hydra config source, as a user finds it (a path; `pkg://...`
+    in a package), and the file (its `read_bytes()`)."""
+    normalized = source._normalize_file_name(config_path)
+    if source.scheme() == "file":
+        return str(Path(source.path) / normalized), Path(source.path) / normalized
+    return f"{source.scheme()}://{source.path}/{normalized}", resources.files(source.path).joinpath(
+        normalized
+    )
+
+
+def config_file_problem(source: Any, config_path: str, exc: Exception) -> str:
+    """What stopped a Hydra config source from loading its config file `config_path` (`exc`), with the fix,
+    on one line naming the file and the line: YAML's error (`yaml_problem`), text that is not UTF-8 or
+    holds a character YAML does not allow, a scalar at the top level (`_not_a_mapping`), a file that cannot
+    be read."""
+    name, file = _config_file(source, config_path)
+    if isinstance(exc, yaml.MarkedYAMLError):
+        problem = yaml_problem(exc)
+        if (exc.problem or "").startswith("found duplicate key"):
+            return f"{name}: {problem}"
+        fix = (
+            "indent with spaces, YAML allows no tabs there"
+            if "'\\t'" in problem
+            else "correct the YAML there"
+        )
+        return f"{name} is not valid YAML: {problem}: {fix}"
+    try:
+        data = file.read_bytes()
+    except OSError as unreadable:
+        return f"{name} cannot be read: {unreadable.strerror or unreadable}: make it a readable file"
+    try:
+        text = data.decode("utf-8")
+    except UnicodeDecodeError as bad:
+        line = data[: bad.start].count(b"\n") + 1
+        return f"{name} is not UTF-8 text (byte 0x{data[bad.start]:02x} on line {line}): save it as UTF-8"
+    if isinstance(exc, yaml.reader.ReaderError) and isinstance(exc.character, int):
+        line = text[: exc.position].count("\n") + 1
+        return f"{name} holds U+{exc.character:04X} on line {line}, which YAML does not allow: remove it"
+    top = _top_level(text)
+    if top is not None and not isinstance(top, yaml.MappingNode):
+        return _not_a_mapping_message(name, top)
+    reason = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
+    return f"{name} cannot be loaded as a config: {reason}: correct the file"
+
+
+def _top_level(text: str) -> yaml.Node | None:
+    """The top-level node of the YAML document `text` (None for an empty one, or one that is not YAML)."""
+    try:
+        return yaml.compose(text, Loader=yaml.SafeLoader)
+    except yaml.YAMLError:
+        return None
+
+
+def _not_a_mapping(source: Any, config_path: str, config: Any) -> str | None:
+    """Why the config a Hydra config source loaded from `config_path` is not one, with the fix: its file
+    holds a list or a scalar (a string, which OmegaConf would take as a key without a value) instead of a
+    mapping of keys to values; None when it is a mapping (or empty)."""
+    plain = OmegaConf.to_container(config, resolve=False) if isinstance(config, DictConfig) else None
+    if isinstance(plain, dict) and not (len(plain) == 1 and next(iter(plain.values())) is None):
+        return None
+    name, file = _config_file(source, config_path)
+    try:
+        top = _top_level(file.read_bytes().decode("utf-8"))
+    except (OSError, UnicodeDecodeError):  # (it was read a moment ago: as loaded, then)
+        top = None
+    if top is None or isinstance(top, yaml.MappingNode):
+        return None
+    return _not_a_mapping_message(name, top)
+
+
+def _not_a_mapping_message(name: str, top: yaml.Node) -> str:
+    """`name` holds `top`, a YAML list or scalar, not a mapping: the message, with the fix."""
+    kind = "list" if isinstance(top, yaml.SequenceNode) else "scalar"
+    return (
+        f"{name} holds a YAML {kind} (line {top.start_mark.line + 1}), not a mapping of keys to values: a "
+        "config file is `key: value` lines (or empty)"
+    )
 
 
 def hydra_output_subdir(output_dir: Any, resume: Any = False, ckpt_path: Any = None) -> str | None:

@@ -143,7 +143,7 @@ def _main(cfg: DictConfig) -> float | None:
 
 def main() -> None:
     """Console-script entry point."""
-    with refusal_leaves_no_run_directory():
+    with refusal_leaves_no_run_directory("eval"):
         _main()
 
 

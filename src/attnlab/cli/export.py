@@ -70,7 +70,7 @@ def _main(cfg: DictConfig) -> None:
 
 def main() -> None:
     """Console-script entry point."""
-    with refusal_leaves_no_run_directory():
+    with refusal_leaves_no_run_directory("export"):
         _main()
 
 

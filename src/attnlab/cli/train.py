@@ -304,7 +304,7 @@ def main() -> None:
         sys.stdout.write(help_text())
         return
     forget_jobs()  # (an earlier multirun's in this process: a notebook's)
-    with refusal_leaves_no_run_directory():
+    with refusal_leaves_no_run_directory("train"):
         _main()
     summary = multirun_summary()  # None unless this was a multirun
     if summary is not None:
