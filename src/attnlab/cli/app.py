@@ -150,8 +150,9 @@ def check_no_swept_bookkeeping(config: DictConfig) -> None:
             )
 
 
-# The run directory of this process's command (`hydra.run.dir`, resolved) -> it and its parents that were
-# missing when the command started (`RunDirectoryCheck.on_run_start`): Hydra makes them
+# The run directory of this process's command (`hydra.run.dir`, resolved; a multirun's `hydra.sweep.dir`) ->
+# it and its parents that were missing when the command started (`RunDirectoryCheck.on_run_start`,
+# `on_multirun_start`): Hydra makes them
 _made_for_this_run: dict[Path, set[Path]] = {}
 # The run directory's lock, claimed by `RunDirectoryCheck.on_run_start` for the whole command, and whether
 # the claim made its file
@@ -162,9 +163,10 @@ _claimed_for_this_run: list[tuple[FileLock, bool]] = []
 def refusal_leaves_no_run_directory(task: str) -> Iterator[None]:
     """Run the command `attnlab-<task>` (`train`, `eval`, `export`); when it is refused with its one-line
     message (a `SystemExit` with text: a config error, a missing file), remove the run directory Hydra made
-    for it if it holds nothing but Hydra's record (`.hydra/`) and log (`<task>.log`), with the parents
-    made along with it: a mistyped command leaves no empty run behind. A directory that existed before the
-    command, or that holds anything the command wrote (a manifest, a checkpoint), is kept. The run
+    for it (a multirun's sweep directory) if it holds nothing but Hydra's record (`.hydra/`, a sweep's
+    `multirun.yaml`) and log (`<task>.log`), with the parents made along with it: a mistyped command
+    leaves no empty run behind (nor a sweep refused before its first job ran). A directory that existed
+    before the command, or that holds anything the command wrote (a manifest, a checkpoint), is kept. The run
     directory's lock the command claimed (`RunDirectoryCheck`) is held until then; a refused command
     deletes its file if the claim made it. A config file Hydra cannot load while composing (not YAML, not
     a mapping: `unloadable_config_refused`) refuses the command the same way."""
@@ -189,12 +191,12 @@ def refusal_leaves_no_run_directory(task: str) -> Iterator[None]:
 
 
 def _remove_hydra_record(run_dir: Path, claimed: bool) -> bool:
-    """Remove `run_dir`'s `.hydra/` and top-level `*.log` files if it holds nothing else (but the lock file,
-    when this command `claimed` the directory); whether it did."""
-    record = run_dir / ".hydra"
+    """Remove `run_dir`'s `.hydra/`, top-level `*.log` files and `multirun.yaml` (a sweep's record) if it
+    holds nothing else (but the lock file, when this command `claimed` the directory); whether it did."""
+    record, sweep = run_dir / ".hydra", run_dir / "multirun.yaml"
     found = [p for p in run_dir.rglob("*") if not (claimed and p == run_dir / RUN_LOCK)]
     hydras = [p for p in found if p == record or (p.parent == record and p.is_file() and not p.is_symlink())]
-    logs = [p for p in found if p.parent == run_dir and p.suffix == ".log" and p.is_file()]
+    logs = [p for p in found if p.parent == run_dir and p.is_file() and (p.suffix == ".log" or p == sweep)]
     if len(hydras) + len(logs) != len(found):
         return False
     for path in [*logs, *hydras[::-1]]:
@@ -418,6 +420,9 @@ class RunDirectoryCheck(Callback):
             raise SystemExit(f"attnlab-{task}: config error: {exc}") from None
 
     def on_multirun_start(self, config: DictConfig, **kwargs: Any) -> None:
+        sweep_dir = Path(config.hydra.sweep.dir)  # what Hydra is about to make: removed if refused
+        _made_for_this_run.clear()
+        _made_for_this_run[sweep_dir.resolve()] = missing_directories([sweep_dir])
         if config.get("task_name") == "train":  # a sweep optimizing nothing or the wrong way: refused now
             from attnlab.training.experiment import check_sweep_objective, sweep_skip_done  # (sacreBLEU)
 
