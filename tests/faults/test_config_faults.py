@@ -389,3 +389,25 @@ def test_a_sweep_whose_first_job_has_a_config_file_hydra_cannot_load_leaves_no_s
     file = conf / "experiment" / "mine.yaml"
     assert refused.value.code == f"attnlab-train: config error: {file}{UNLOADABLE['duplicate key'][1]}"
     assert list(tmp_path.iterdir()) == [conf]
+
+
+@pytest.mark.parametrize("name", ["tab", "string"])
+def test_a_config_file_hydra_cannot_load_from_a_package_is_named_by_its_address(
+    name: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A config file of a Python package on the search path (`hydra.searchpath=[pkg://mine_conf]`) is
+    refused the same way, named by its `pkg://` address; a list or a scalar in it too (read from the
+    package)."""
+    monkeypatch.delenv("HYDRA_FULL_ERROR", raising=False)
+    package = f"attnlab_faults_{name}_conf"
+    user_config(tmp_path / package, "experiment", UNLOADABLE[name][0])
+    (tmp_path / package / "__init__.py").write_text("")
+    monkeypatch.syspath_prepend(str(tmp_path))
+    with pytest.raises(SystemExit) as refused:
+        command_here(monkeypatch, "train", f"hydra.searchpath=[pkg://{package}]", "experiment=mine",
+                     "data=synthetic", f"hydra.run.dir={tmp_path / 'run'}")  # fmt: skip
+    said = UNLOADABLE[name][1]
+    assert str(refused.value.code).startswith(
+        f"attnlab-train: config error: pkg://{package}/experiment/mine.yaml{said}"
+    )
+    assert not (tmp_path / "run").exists()
