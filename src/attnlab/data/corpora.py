@@ -40,19 +40,25 @@ def iter_lines(path: Path) -> Iterator[str]:
     the last line, and a trailing "\\r" is dropped), read `BLOCK_BYTES` at a time as they are asked for.
 
     Raises:
-        DataError: the file is missing (at once) or not valid UTF-8 (when the reading gets there, naming
-            the file and line).
+        DataError: the file is missing or cannot be opened (at once) or not valid UTF-8 (when the reading
+            gets there, naming the file and line).
     """
     return itertools.chain.from_iterable(_line_blocks(path))
 
 
 def _line_blocks(path: Path) -> Iterator[list[str]]:
     """`iter_lines(path)` a block at a time: the lists of the lines of each `BLOCK_BYTES` read (no Python
-    step per line unless a line ends in "\\r"). Missing file: `DataError` at once, not when iterated."""
+    step per line unless a line ends in "\\r"). A missing file, or one that cannot be opened (a directory, no
+    permission): `DataError` at once, naming it, not when iterated."""
     try:
         file = open(path, "rb")  # noqa: SIM115 (closed by `_decoded_blocks`)
     except FileNotFoundError:
         raise DataError(f"data file not found: {path}") from None
+    except OSError as exc:
+        raise DataError(
+            f"data file {path} cannot be read ({exc.strerror or exc}): give a UTF-8 text file, one sentence "
+            "per line"
+        ) from None
     return _decoded_blocks(file, path)
 
 
