@@ -123,6 +123,26 @@ def test_resolve_checkpoints(tmp_path: Path) -> None:
         resolve_checkpoints(None)
 
 
+@pytest.mark.parametrize("value", ["-1", "1.5", "true", "abc"])
+def test_average_last_that_is_no_whole_number_is_refused_by_eval_and_translate_naming_it(
+    value: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """`average_last=1.5` averaged the last checkpoint alone and `true` the last one too (`int()` of the
+    value), `abc` ended with "invalid literal for int()", naming no setting."""
+    from attnlab.cli.eval import evaluate_checkpoint
+    from attnlab.cli.translate import main as translate_main
+    from attnlab.typed import ConfigError
+    from helpers import compose_eval
+
+    run = tmp_path / "run"
+    touch(run / "checkpoints" / "epochs", "epoch001.ckpt", "epoch002.ckpt")
+    named = re.escape("must be a whole number >= 0 (the last N epoch checkpoints to average; 0: none)")
+    with pytest.raises(SystemExit, match=rf"^attnlab-translate: average_last=.* {named}$"):
+        translate_main([f"ckpt_path={run}", f"average_last={value}", f"input={tmp_path}"])
+    with pytest.raises(ConfigError, match=rf"^average_last=.* {named}$"):
+        evaluate_checkpoint(compose_eval([f"ckpt_path={run}", f"average_last={value}"], tmp_path / "eval"))
+
+
 def test_a_run_with_several_best_checkpoints_is_refused_not_picked_by_name(tmp_path: Path) -> None:
     """callbacks.model_checkpoint.save_top_k=2 keeps two best-*.ckpt: the later name (epoch999 after
     epoch1000, in text order) is not the better score, so the run directory alone is refused."""

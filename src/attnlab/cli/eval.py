@@ -62,7 +62,7 @@ def evaluate_checkpoint(cfg: DictConfig) -> dict[str, Any]:
         if OmegaConf.is_config(ckpt_path):  # a list of checkpoint files
             ckpt_path = OmegaConf.to_container(ckpt_path)
         ensemble = bool(cfg.get("ensemble") or False)
-        paths = resolve_checkpoints(ckpt_path, int(cfg.get("average_last") or 0), ensemble)
+        paths = resolve_checkpoints(ckpt_path, cfg.get("average_last"), ensemble)
         device = str(cfg.get("device", "auto"))
         decode = OmegaConf.to_container(cfg.decode) if cfg.get("decode") is not None else {}  # checked after
         translator = Translator.from_checkpoints(

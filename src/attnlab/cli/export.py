@@ -46,7 +46,7 @@ def export_checkpoint(cfg: DictConfig) -> Path:
         check_request(fmt, quantization, str(cfg.out), bool(cfg.overwrite))  # before the checkpoint is read
         from attnlab.inference.translator import Translator, resolve_checkpoints
 
-        paths = resolve_checkpoints(ckpt_path, int(cfg.get("average_last") or 0))
+        paths = resolve_checkpoints(ckpt_path, cfg.get("average_last"))
         out = Path(str(cfg.out)).expanduser().resolve()
         inside = [p for p in paths if out == p.resolve() or out in p.resolve().parents]
         if inside:

@@ -208,7 +208,7 @@ def load_translator(settings: dict[str, Any]) -> tuple[Translator, list[Path]]:
     from attnlab.inference.translator import Translator, resolve_checkpoints
 
     ensemble = bool(settings["ensemble"])
-    paths = resolve_checkpoints(settings["ckpt_path"], int(settings["average_last"] or 0), ensemble)
+    paths = resolve_checkpoints(settings["ckpt_path"], settings["average_last"], ensemble)
     device = str(settings["device"])
     decode = settings["decode"] or {}  # applied before the saved ones are checked (decode=null: none)
     translator = Translator.from_checkpoints(paths, device=device, ensemble=ensemble, decode_overrides=decode)

@@ -54,7 +54,7 @@ from attnlab.runs.layout import (
     nbest_file,
 )
 from attnlab.runs.results import results_bytes
-from attnlab.typed import language_subtag
+from attnlab.typed import is_int, language_subtag
 
 log = logging.getLogger(__name__)
 
@@ -572,7 +572,7 @@ def evaluate(
 
 
 def resolve_checkpoints(
-    ckpt_path: str | Path | Sequence[str | Path], average_last: int = 0, ensemble: bool = False
+    ckpt_path: str | Path | Sequence[str | Path], average_last: int | None = 0, ensemble: bool = False
 ) -> list[Path]:
     """The checkpoint file(s) a `ckpt_path` (and `average_last`, `ensemble`) of the CLIs stands for.
 
@@ -583,12 +583,19 @@ def resolve_checkpoints(
       kept several, `callbacks.model_checkpoint.save_top_k` > 1), or with `average_last=N` its last N
       epoch checkpoints.
 
+    `average_last` as the commands read it: null is 0; anything but a whole number >= 0 is refused.
+
     Raises:
         CheckpointError: Nothing usable at `ckpt_path`, a list without `ensemble` (or `ensemble` without
-            a list, or with `average_last`); the message says what was looked for or what to do.
+            a list, or with `average_last`), an `average_last` that is no whole number >= 0; the message
+            says what was looked for or what to do.
     """
-    if average_last < 0:
-        raise CheckpointError(f"average_last={average_last} must be >= 0")
+    average_last = 0 if average_last is None else average_last
+    if not is_int(average_last) or average_last < 0:
+        raise CheckpointError(
+            f"average_last={average_last!r} must be a whole number >= 0 (the last N epoch checkpoints to "
+            "average; 0: none)"
+        )
     listed = ckpt_path is not None and not isinstance(ckpt_path, (str, Path))  # a list (or ListConfig)
     if listed and not ensemble:
         raise CheckpointError(
