@@ -395,6 +395,32 @@ def test_attnlab_translate_names_the_line_that_is_not_utf8(
     assert len(capsys.readouterr().out.splitlines()) == 2
 
 
+WIDE = [  # Python's codec, and the encoding the message names for iconv
+    ("utf-16-le", "UTF-16LE"),
+    ("utf-16", "UTF-16LE"),
+    ("utf-16-be", "UTF-16BE"),
+    ("utf-32-le", "UTF-32LE"),
+]
+
+
+@pytest.mark.parametrize(("encoding", "named"), WIDE)
+def test_attnlab_translate_refuses_utf16_and_utf32_input_naming_the_encoding(
+    checkpoint: dict[str, Any], tmp_path: Path, encoding: str, named: str
+) -> None:
+    """UTF-16 text of ASCII letters, without a byte-order mark, is valid UTF-8: it was translated as lines
+    of letters between NULs, split at each "\\n" byte (3 translations of 2 lines); as data files are, it is
+    refused naming the encoding for iconv. A few NULs inside UTF-8 text are the tokenizer's."""
+    source, target = tmp_path / "in.txt", tmp_path / "out.txt"
+    source.write_bytes("ein Hund\nzwei Hunde\n".encode(encoding))
+    message = rf"{re.escape(str(source))}: \d+ of its first \d+ bytes are NUL: it is {named} text .*"
+    with pytest.raises(SystemExit, match=message + rf"\(iconv -f {named} -t UTF-8\); nothing was written"):
+        translate_main(
+            [f"ckpt_path={checkpoint['path']}", f"input={source}", f"output={target}", "device=cpu"]
+        )
+    assert sorted(tmp_path.iterdir()) == [source]
+    assert list(utf8_lines(io.BytesIO(b"ein\0Hund\n\0\0\0\n"), "x")) == ["ein\0Hund\n", "\0\0\0\n"]
+
+
 @pytest.mark.parametrize("value", ["abc", "2.7", "true", "[4]", "0", "-1"])
 def test_chunk_lines_that_is_no_whole_number_is_refused(value: str, tmp_path: Path) -> None:
     """`chunk_lines=abc` failed with a traceback and `chunk_lines=2.7` read 2 lines at a time; checked before

@@ -1,20 +1,20 @@
 r"""`attnlab-translate`: translate text with a trained checkpoint, streaming.
 
-Reads one sentence per line from stdin (or `input=FILE`) and writes one translation per line to stdout
-(or `output=FILE`) in input order: exactly one output line per input line. An empty or whitespace-only
-line (no source tokens) translates to an empty line. A line ends at "\n" only (a "\r" just before it is
-dropped; a UTF-8 byte-order mark opening a file is ignored). Invisible formatting characters inside the
-input, a byte-order mark (files joined with `cat`) or U+200B-U+200D, U+2060 (zero-width space,
-non-joiner, joiner, word joiner), are removed where the model's source tokenizer has no piece for them
-(it would read each as <unk>, and translate the words around it wrongly), with a warning naming the
-lines; a tokenizer trained on text that holds them (a zero-width non-joiner in Persian) keeps them. Only
-here: tokenizers, training data and `Translator` read text as it is. A source longer than
-`decode.max_source_tokens` (default: the training filter's `data.max_source_tokens`) or than a learned
-position table allows is cut to fit, keeping eos, with a warning counting them. Lines are read
-`chunk_lines` at a time, each chunk decoded in length-sorted batches, so memory stays bounded on inputs
-of any length. Typed at a terminal (standard input a TTY, `chunk_lines` not given), each line is
-translated as soon as it is entered (`chunk_lines=1`); a pipe or file keeps the chunks. Log messages go to
-stderr.
+Reads one sentence per line from stdin (or `input=FILE`) and writes one translation per line to stdout (or
+`output=FILE`) in input order: exactly one output line per input line. An empty or whitespace-only line (no
+source tokens) translates to an empty line. A line ends at "\n" only (a "\r" just before it is dropped; a
+UTF-8 byte-order mark opening a file is ignored). Input that is not UTF-8 is refused naming the line, or, for
+UTF-16 or UTF-32 text (a first line mostly NUL bytes), the encoding. Invisible formatting characters inside
+the input, a byte-order mark (files joined with `cat`) or U+200B-U+200D, U+2060 (zero-width space, non-joiner,
+joiner, word joiner), are removed where the model's source tokenizer has no piece for them (it would read each
+as <unk>, and translate the words around it wrongly), with a warning naming the lines; a tokenizer trained on
+text that holds them (a zero-width non-joiner in Persian) keeps them. Only here: tokenizers, training data and
+`Translator` read text as it is. A source longer than `decode.max_source_tokens` (default: the training
+filter's `data.max_source_tokens`) or than a learned position table allows is cut to fit, keeping eos, with a
+warning counting them. Lines are read `chunk_lines` at a time, each chunk decoded in length-sorted batches, so
+memory stays bounded on inputs of any length. Typed at a terminal (standard input a TTY, `chunk_lines` not
+given), each line is translated as soon as it is entered (`chunk_lines=1`); a pipe or file keeps the chunks.
+Log messages go to stderr.
 
 `output=FILE` is written only when everything has succeeded: the checkpoint, the decoding settings, the
 input and the output's directory are checked first (an output that is the input file, or a checkpoint
@@ -123,14 +123,24 @@ def utf8_lines(stream: IO[bytes] | IO[str], name: str) -> Iterator[str]:
     lone "\r" inside a line does not split it. A byte-order mark opening the stream is no text.
 
     Raises:
-        ValueError: A line is not valid UTF-8; the message names the input, the line and the fix.
+        ValueError: A line is not valid UTF-8, or the first line is mostly NUL bytes (UTF-16 or UTF-32
+            text, which is valid UTF-8 when ASCII but split at its "\n" bytes into lines of letters between
+            NULs, as `attnlab.data.corpora.refuse_wide_text` refuses data files); the message names the
+            input, the line or the encoding, and the fix.
     """
+    from attnlab.data.corpora import refuse_wide_text
+    from attnlab.data.download import DataError
+
     for number, raw in enumerate(stream, start=1):
         if isinstance(raw, str):  # a text stream without a byte buffer: already decoded
             yield raw
             continue
-        if number == 1 and raw.startswith(codecs.BOM_UTF8):
-            raw = raw[len(codecs.BOM_UTF8) :]
+        if number == 1:
+            raw = raw.removeprefix(codecs.BOM_UTF8)
+            try:
+                refuse_wide_text(raw, name)
+            except DataError as exc:
+                raise ValueError(str(exc)) from None
         try:
             yield raw.decode("utf-8")
         except UnicodeDecodeError as exc:

@@ -80,7 +80,7 @@ def _decoded_blocks(file: IO[bytes], path: Path) -> Iterator[list[str]]:
             if first:  # a byte-order mark is not part of line 1: cut off here, not by the "utf-8-sig" codec,
                 # whose error positions count from after it (one line short for a bad byte after a line feed)
                 data, first = data.removeprefix(codecs.BOM_UTF8), False
-                _refuse_wide_text(data, path)
+                refuse_wide_text(data, path)
             try:
                 text = data.decode("utf-8")
             except UnicodeDecodeError as exc:
@@ -104,8 +104,9 @@ def _decoded_blocks(file: IO[bytes], path: Path) -> Iterator[list[str]]:
             yield lines
 
 
-def _refuse_wide_text(data: bytes, path: Path) -> None:
-    """Raise when the first lines read of `path` are mostly NUL bytes: UTF-16 or UTF-32 text without a
+def refuse_wide_text(data: bytes, path: Path | str) -> None:
+    """Raise when the first lines read of `path` (a file or a stream's name: attnlab-translate checks its
+    input's first line the same way) are mostly NUL bytes: UTF-16 or UTF-32 text without a
     byte-order mark (or binary data) is valid UTF-8 when its characters are ASCII, and would be read as
     lines of letters between NULs. The message names the encoding (`_wide_encoding`) for the fix: a
     big-endian file re-encoded as little-endian gives valid text of other letters (`䠀愀` for `Ha`). A few
