@@ -82,6 +82,21 @@ def test_a_reader_of_standard_output_that_stops_early_ends_translation_quietly(
     assert capsys.readouterr().err == ""
 
 
+def test_help_to_a_reader_that_stops_early_ends_quietly(
+    monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """`attnlab-translate --help | head -1` ended with BrokenPipeError's traceback."""
+    read, write = os.pipe()
+    os.close(read)
+    with open(write, "w", encoding="utf-8") as pipe:
+        monkeypatch.setattr(sys, "stdout", pipe)
+        with pytest.raises(SystemExit) as ended:
+            translate_main(["--help"])
+        assert ended.value.code == 1
+        assert os.path.samestat(os.fstat(pipe.fileno()), os.stat(os.devnull))
+    assert capsys.readouterr().err == ""
+
+
 # ---------------------------------------------------------------------------------------------------------
 # One very long source line
 

@@ -57,7 +57,7 @@ import re
 import sys
 from collections.abc import Iterable, Iterator, Sequence
 from pathlib import Path
-from typing import IO, TYPE_CHECKING, Any
+from typing import IO, TYPE_CHECKING, Any, NoReturn
 
 from omegaconf import OmegaConf
 from omegaconf.errors import OmegaConfBaseException
@@ -319,20 +319,26 @@ def output_file(output: str, source: IO[Any], checkpoints: Sequence[Path] = ()) 
     return path
 
 
-def _discard_stdout() -> None:
-    """Point standard output at /dev/null: what is still buffered for a reader that is gone would raise
-    BrokenPipeError again when Python flushes it at exit (the way the Python docs give, `signal` module)."""
+def _reader_gone() -> NoReturn:
+    """End quietly with status 1, as a filter does, once the reader of standard output has stopped (`| head`):
+    standard output is pointed at /dev/null, since what is still buffered for the reader that is gone would
+    raise BrokenPipeError again when Python flushes it at exit (the way the Python docs give, `signal`
+    module)."""
     with contextlib.suppress(AttributeError, OSError, ValueError):  # no file descriptor (a StringIO)
         devnull = os.open(os.devnull, os.O_WRONLY)
         os.dup2(devnull, sys.stdout.fileno())
         os.close(devnull)
+    raise SystemExit(1) from None
 
 
 def main(argv: Sequence[str] | None = None) -> None:
     """Console-script entry point."""
     argv = sys.argv[1:] if argv is None else list(argv)
     if any(arg in ("-h", "--help") for arg in argv):
-        print(__doc__)
+        try:
+            print(__doc__, flush=True)
+        except BrokenPipeError:  # `attnlab-translate --help | head`
+            _reader_gone()
         return
     logging.basicConfig(
         stream=sys.stderr, level=logging.WARNING, format="%(levelname)s %(name)s: %(message)s"
@@ -361,9 +367,8 @@ def main(argv: Sequence[str] | None = None) -> None:
                 path = output_file(output, stream, checkpoints)
                 with atomic_writer(path, encoding="utf-8") as sink:
                     translate_stream(translator, source, sink, chunk_lines)
-    except BrokenPipeError:  # the reader of the output stopped (`| head`): end quietly, as filters do
-        _discard_stdout()
-        raise SystemExit(1) from None
+    except BrokenPipeError:  # the reader of the output stopped (`| head`)
+        _reader_gone()
     except (CheckpointError, ValueError, OSError) as exc:
         if output != "-":
             after = f"; nothing was written to {output} (a file there before is unchanged)"
