@@ -143,6 +143,26 @@ def test_average_last_that_is_no_whole_number_is_refused_by_eval_and_translate_n
         evaluate_checkpoint(compose_eval([f"ckpt_path={run}", f"average_last={value}"], tmp_path / "eval"))
 
 
+@pytest.mark.parametrize("value", ["off", "maybe", "1"])
+def test_ensemble_that_is_not_true_or_false_is_refused_by_eval_and_translate_naming_it(
+    value: str, tmp_path: Path
+) -> None:
+    """`attnlab-eval ckpt_path=[a,b] ensemble=off` decoded an ensemble: Hydra reads `off` as a string, which
+    `bool()` made true (attnlab-translate reads `off` as false, `maybe` as a string)."""
+    from attnlab.cli.eval import evaluate_checkpoint
+    from attnlab.cli.translate import main as translate_main
+    from attnlab.typed import ConfigError
+    from helpers import compose_eval
+
+    touch(tmp_path, "a.ckpt", "b.ckpt")
+    listed = f"ckpt_path=[{tmp_path / 'a.ckpt'},{tmp_path / 'b.ckpt'}]"
+    with pytest.raises(ConfigError, match=r"^ensemble='?[a-z0-9]+'? must be true or false$"):
+        evaluate_checkpoint(compose_eval([listed, f"ensemble={value}"], tmp_path / "eval"))
+    if value != "off":
+        with pytest.raises(SystemExit, match=r"^attnlab-translate: ensemble=.* must be true or false$"):
+            translate_main([listed, f"ensemble={value}", f"input={tmp_path}"])
+
+
 def test_a_run_with_several_best_checkpoints_is_refused_not_picked_by_name(tmp_path: Path) -> None:
     """callbacks.model_checkpoint.save_top_k=2 keeps two best-*.ckpt: the later name (epoch999 after
     epoch1000, in text order) is not the better score, so the run directory alone is refused."""

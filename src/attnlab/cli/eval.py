@@ -61,8 +61,8 @@ def evaluate_checkpoint(cfg: DictConfig) -> dict[str, Any]:
         ckpt_path = cfg.ckpt_path
         if OmegaConf.is_config(ckpt_path):  # a list of checkpoint files
             ckpt_path = OmegaConf.to_container(ckpt_path)
-        ensemble = bool(cfg.get("ensemble") or False)
-        paths = resolve_checkpoints(ckpt_path, cfg.get("average_last"), ensemble)
+        paths = resolve_checkpoints(ckpt_path, cfg.get("average_last"), cfg.get("ensemble"))
+        ensemble = bool(cfg.get("ensemble"))  # checked: true, false or null
         device = str(cfg.get("device", "auto"))
         decode = OmegaConf.to_container(cfg.decode) if cfg.get("decode") is not None else {}  # checked after
         translator = Translator.from_checkpoints(

@@ -217,8 +217,8 @@ def load_translator(settings: dict[str, Any]) -> tuple[Translator, list[Path]]:
     """
     from attnlab.inference.translator import Translator, resolve_checkpoints
 
-    ensemble = bool(settings["ensemble"])
-    paths = resolve_checkpoints(settings["ckpt_path"], settings["average_last"], ensemble)
+    paths = resolve_checkpoints(settings["ckpt_path"], settings["average_last"], settings["ensemble"])
+    ensemble = bool(settings["ensemble"])  # checked: true, false or null
     device = str(settings["device"])
     decode = settings["decode"] or {}  # applied before the saved ones are checked (decode=null: none)
     translator = Translator.from_checkpoints(paths, device=device, ensemble=ensemble, decode_overrides=decode)

@@ -572,7 +572,7 @@ def evaluate(
 
 
 def resolve_checkpoints(
-    ckpt_path: str | Path | Sequence[str | Path], average_last: int | None = 0, ensemble: bool = False
+    ckpt_path: str | Path | Sequence[str | Path], average_last: int | None = 0, ensemble: bool | None = False
 ) -> list[Path]:
     """The checkpoint file(s) a `ckpt_path` (and `average_last`, `ensemble`) of the CLIs stands for.
 
@@ -583,12 +583,13 @@ def resolve_checkpoints(
       kept several, `callbacks.model_checkpoint.save_top_k` > 1), or with `average_last=N` its last N
       epoch checkpoints.
 
-    `average_last` as the commands read it: null is 0; anything but a whole number >= 0 is refused.
+    `average_last` and `ensemble` as the commands read them: null is 0 and false; anything but a whole
+    number >= 0, and true or false, is refused (`ensemble=off`, a string to Hydra, was an ensemble).
 
     Raises:
         CheckpointError: Nothing usable at `ckpt_path`, a list without `ensemble` (or `ensemble` without
-            a list, or with `average_last`), an `average_last` that is no whole number >= 0; the message
-            says what was looked for or what to do.
+            a list, or with `average_last`), an `average_last` that is no whole number >= 0, an
+            `ensemble` that is not true or false; the message says what was looked for or what to do.
     """
     average_last = 0 if average_last is None else average_last
     if not is_int(average_last) or average_last < 0:
@@ -596,6 +597,9 @@ def resolve_checkpoints(
             f"average_last={average_last!r} must be a whole number >= 0 (the last N epoch checkpoints to "
             "average; 0: none)"
         )
+    ensemble = False if ensemble is None else ensemble
+    if not isinstance(ensemble, bool):
+        raise CheckpointError(f"ensemble={ensemble!r} must be true or false")
     listed = ckpt_path is not None and not isinstance(ckpt_path, (str, Path))  # a list (or ListConfig)
     if listed and not ensemble:
         raise CheckpointError(
