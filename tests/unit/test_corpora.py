@@ -207,14 +207,18 @@ def test_read_lines_names_a_missing_file(tmp_path: Path) -> None:
         read_lines(tmp_path / "missing.de")
 
 
-def test_a_data_file_that_is_a_directory_is_named_when_a_set_is_loaded(corpus: Path, tmp_path: Path) -> None:
+def test_a_data_file_that_is_a_directory_is_named_when_a_set_is_loaded_or_prepared(
+    corpus: Path, tmp_path: Path
+) -> None:
     """attnlab-eval loads its sets without preparing the corpus: a test file that was a directory ended
-    it with IsADirectoryError's traceback."""
+    it with IsADirectoryError's traceback; training called it "not found"."""
     (corpus / "test.de").unlink()
     (corpus / "test.de").mkdir()
     named = f"data file {corpus.resolve() / 'test.de'} cannot be read (Is a directory): give a UTF-8 text"
     with pytest.raises(DataError, match=re.escape(named)):
         files_spec(corpus, tmp_path).load(["test"])
+    with pytest.raises(DataError, match=re.escape(named)):  # training: checked before anything is read
+        prepare(files_spec(corpus, tmp_path))
 
 
 def test_prepare_names_a_missing_file(corpus: Path, tmp_path: Path) -> None:

@@ -55,11 +55,13 @@ def _line_blocks(path: Path) -> Iterator[list[str]]:
     except FileNotFoundError:
         raise DataError(f"data file not found: {path}") from None
     except OSError as exc:
-        raise DataError(
-            f"data file {path} cannot be read ({exc.strerror or exc}): give a UTF-8 text file, one sentence "
-            "per line"
-        ) from None
+        raise unreadable(path, exc.strerror or str(exc)) from None
     return _decoded_blocks(file, path)
+
+
+def unreadable(path: Path, why: str) -> DataError:
+    """The error for a data file that exists but cannot be read as one (`why`: a directory, no permission)."""
+    return DataError(f"data file {path} cannot be read ({why}): give a UTF-8 text file, one sentence a line")
 
 
 def _decoded_blocks(file: IO[bytes], path: Path) -> Iterator[list[str]]:
@@ -424,6 +426,8 @@ class CorpusData:
         """What identifies the raw text (file contents are hashed, not paths)."""
         files = self.files()
         for path in (p for pair in files.values() for p in pair):
+            if path.is_dir():  # (open() would say "Is a directory" when reading)
+                raise unreadable(path, "Is a directory")
             if not path.is_file():
                 raise DataError(f"data file not found: {path}")
         return [(name, src, tgt) for name, (src, tgt) in files.items()]
