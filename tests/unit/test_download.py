@@ -8,6 +8,7 @@ import logging
 import multiprocessing
 import os
 import re
+import signal
 import socket
 import subprocess
 import sys
@@ -720,6 +721,39 @@ def test_a_lock_file_its_holder_deletes_is_never_held_twice(tmp_path: Path) -> N
     waiter.release()
     with FileLock(path, timeout=0):
         pass
+
+
+def test_a_process_forked_from_a_lock_holder_does_not_hold_its_lock(tmp_path: Path) -> None:
+    """A process forked from a lock's holder (a DataLoader worker forked from a run's process) does not
+    hold the lock: when the holder dies without releasing it (SIGKILL), the lock is free at once, although
+    the forked process still runs (an flock lasts while any process has the descriptor open)."""
+    path = tmp_path / ".lock"
+    ready_r, ready_w = os.pipe()  # the forked process's pid, once it runs
+    stop_r, stop_w = os.pipe()  # it runs until this closes
+    holder = os.fork()
+    if holder == 0:  # takes the lock, forks, is killed holding it
+        try:
+            lock = FileLock(path)
+            lock.acquire()
+            if os.fork() == 0:  # the forked process
+                os.close(stop_w)
+                os.write(ready_w, str(os.getpid()).encode())
+                os.read(stop_r, 1)  # until the test closes stop_w
+            else:
+                os.kill(os.getpid(), signal.SIGKILL)
+        finally:
+            os._exit(0)
+    os.close(ready_w)
+    os.close(stop_r)
+    try:
+        forked = int(os.read(ready_r, 32))
+        assert os.waitpid(holder, 0)[1] == signal.SIGKILL
+        os.kill(forked, 0)  # (still running)
+        with FileLock(path, timeout=0):
+            pass
+    finally:
+        os.close(stop_w)  # the forked process ends
+        os.close(ready_r)
 
 
 def test_atomic_write_bytes_leaves_no_temporary_files(tmp_path: Path) -> None:
