@@ -77,21 +77,24 @@ def test_credentials_in_the_config_are_refused_before_anything_is_written(tmp_pa
 
 def test_credentials_by_other_spellings_or_in_hydra_s_own_node_are_refused(tmp_path: Path) -> None:
     """A credential key spelled as environment variables and libraries spell it (`WANDB_API_KEY`,
-    `github_token`, `client_secret`, `apiKey`, `db-password`) was taken only as one of a few exact names,
-    and Hydra's own node was not looked at: `hydra.job.env_set.HF_TOKEN=<token>` went into manifest.json
-    and .hydra/hydra.yaml; a credential key in a list of mappings was not looked at. All are refused
-    before anything is written; a tokenizer's special tokens
-    (`pad_token`), `max_tokens` and the shipped configs are not."""
+    `github_token`, `client_secret`, `apiKey`, `githubToken`, `db-password`) was taken only as one of a
+    few exact names, and Hydra's own node was not looked at: `hydra.job.env_set.HF_TOKEN=<token>` went
+    into manifest.json and .hydra/hydra.yaml; a credential key in a list of mappings was not looked at.
+    All are refused before anything is written; a tokenizer's special tokens (`pad_token`, `padToken`),
+    `max_tokens` and the shipped configs are not."""
     from attnlab.cli.app import RunDirectoryCheck
     from attnlab.runs.layout import check_no_credentials
     from attnlab.typed import ConfigError
     from helpers import compose_train
 
     token = SECRETS["HF_TOKEN"]
-    for key in ("WANDB_API_KEY", "github_token", "client_secret", "apiKey", "db-password", "private_key"):
+    keys = ("WANDB_API_KEY", "github_token", "client_secret", "apiKey", "githubToken", "clientSecret",
+            "db-password", "private_key")  # fmt: skip
+    for key in keys:
         with pytest.raises(ConfigError, match=rf"^logger\.x\.{key} would put a credential"):
             check_no_credentials({"logger": {"x": {key: token}}})
-    check_no_credentials({"data": {"pad_token": "<pad>", "max_tokens": 4096, "tokenizer": "bpe"}})
+    plain = {"pad_token": "<pad>", "padToken": "<pad>", "max_tokens": 4096, "maxTokens": 4096}
+    check_no_credentials({"data": {**plain, "tokenizer": "bpe"}})
     with pytest.raises(ConfigError, match=r"^logger\.x\.headers\.token would put a credential"):  # in a list
         check_no_credentials({"logger": {"x": {"headers": [{"name": "a"}, {"token": token}]}}})
     cfg = compose_train(["data=synthetic", "logger=many", "hparams_search=optuna"], tmp_path, hydra_node=True)
