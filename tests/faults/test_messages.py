@@ -203,20 +203,30 @@ def test_a_data_error_ends_the_run_with_its_message_and_a_traceback_only_with_hy
 
 
 def test_a_multirun_with_a_failed_job_runs_every_job_then_exits_non_zero_with_a_summary(
-    tmp_path: Path,
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
+    """A job refused for its config (n_heads=3) and one whose training raises (a NaN loss under
+    `optim.on_nonfinite=stop`) are recorded failed, and the other jobs run: the sweep exits 1 after
+    all four, its last line the summary naming the failed jobs' manifests."""
+    monkeypatch.setenv("PYTHONPATH", subprocess_path())  # probes.NonFiniteAt poisons step 1's loss
     sweep_dir = tmp_path / "sweep"
     done = attnlab_train(
         "-m", "data=synthetic", "data.n_train=32", "data.n_val=8", "data.n_test=8", "data.batch_size=16",
-        "model.n_heads=4,3", "test=false", f"hydra.sweep.dir={sweep_dir}", "optimized_metric=val/bleu",
-        cwd=tmp_path,
+        "model.n_heads=4,3", "optim.on_nonfinite=stop,skip", "+callbacks.nan._target_=probes.NonFiniteAt",
+        "+callbacks.nan.step=1", "+callbacks.nan.what=loss", "test=false", f"hydra.sweep.dir={sweep_dir}",
+        "optimized_metric=val/bleu", cwd=tmp_path,
     )  # fmt: skip
     jobs = {p.name: json.loads((p / "manifest.json").read_text()) for p in sweep_dir.iterdir() if p.is_dir()}
-    failed = next(name for name, manifest in jobs.items() if manifest["status"] == "failed")
-    assert sorted(m["status"] for m in jobs.values()) == ["failed", "finished"] and "n_heads=3" in failed
+    failed = sorted(name for name, manifest in jobs.items() if manifest["status"] == "failed")
+    finished = [name for name, manifest in jobs.items() if manifest["status"] == "finished"]
+    assert len(failed) == 3 and len(finished) == 1, jobs
+    assert "n_heads=4" in finished[0] and "on_nonfinite=skip" in finished[0]
+    raised = next(name for name in failed if "n_heads=4" in name)
+    assert "training loss is nan at optimizer step 1" in jobs[raised]["error"], jobs[raised]
     assert done.returncode == 1, done.stderr[-3000:]
-    summary = f"attnlab-train: multirun: 1 finished, 1 failed (see {sweep_dir / failed / 'manifest.json'})"
-    assert done.stderr.strip().splitlines()[-1] == summary
+    last = done.stderr.strip().splitlines()[-1]
+    assert last.startswith("attnlab-train: multirun: 1 finished, 3 failed (see "), last
+    assert all(str(sweep_dir / name / "manifest.json") in last for name in failed), last
     # the finished job has no val/bleu to give the sweeper: said, naming the setting
     assert "optimized_metric=val/bleu is not among this run's final metrics" in done.stdout + done.stderr
 
