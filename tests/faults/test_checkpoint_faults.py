@@ -99,7 +99,10 @@ def write_damaged(kind: str, good: Path, path: Path) -> None:
 
 
 DAMAGED = [
-    ("empty", r"cannot read checkpoint .*bad\.ckpt: .*damaged .* use another checkpoint of the run"),
+    (
+        "empty",
+        r"cannot read checkpoint .*bad\.ckpt: .*damaged .* another checkpoint of the run \(checkpoints/last",
+    ),
     ("truncated", r"cannot read checkpoint .*bad\.ckpt: .*damaged"),
     ("random bytes", r"cannot read checkpoint .*bad\.ckpt: .*not a PyTorch checkpoint"),
     ("text", r"cannot read checkpoint .*bad\.ckpt"),

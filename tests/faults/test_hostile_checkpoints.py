@@ -440,6 +440,9 @@ def test_a_damaged_last_ckpt_on_resume_is_refused_before_the_run_changes(
         train(compose_train([*trained["overrides"], f"resume={resume}"], run))
     assert str(caught.value) == f"resume: {damaged.value}"  # the message of any damaged checkpoint
     assert re.search(r"cannot read checkpoint .*last\.ckpt: .*damaged", str(caught.value))
+    assert str(caught.value).endswith(
+        "another checkpoint of the run (checkpoints/best-*.ckpt, checkpoints/epochs/)"
+    )
     assert files_of(run) == kept
     assert json.loads((run / "manifest.json").read_text())["status"] == "finished"
 

@@ -213,10 +213,12 @@ def _load_error(path: Path, exc: Exception) -> CheckpointError:
         )
     detail = re.search(r"WeightsUnpickler error:\s*(\S[^\n]*)", text)  # without torch's advice around it
     first_line = detail.group(1) if detail else (text.splitlines()[0] if text else "")
+    # (never naming the damaged file itself as the one to use instead)
+    others = "checkpoints/best-*.ckpt" if path.name == "last.ckpt" else "checkpoints/last.ckpt"
     return CheckpointError(
         f"cannot read checkpoint {path}: {type(exc).__name__}: {first_line}"
         " — the file is damaged (an interrupted copy or save?) or not a PyTorch checkpoint; use another "
-        "checkpoint of the run (checkpoints/last.ckpt, checkpoints/epochs/)"
+        f"checkpoint of the run ({others}, checkpoints/epochs/)"
     )
 
 
