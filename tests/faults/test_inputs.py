@@ -390,9 +390,15 @@ def test_attnlab_translate_names_the_line_that_is_not_utf8(
     assert sorted(tmp_path.iterdir()) == [source]  # an output file is written only when complete
     # To standard output, which streams, the lines before it are translated.
     monkeypatch.setattr("sys.stdin", io.TextIOWrapper(io.BytesIO(source.read_bytes()), newline="\n"))
-    with pytest.raises(SystemExit, match=r"line 3, byte 24.*the lines before it were translated"):
+    with pytest.raises(SystemExit, match=r"line 3, byte 24.*; the 2 lines before it were translated to stan"):
         translate_main([f"ckpt_path={checkpoint['path']}", "device=cpu"])
     assert len(capsys.readouterr().out.splitlines()) == 2
+    monkeypatch.setattr("sys.stdin", io.TextIOWrapper(io.BytesIO(b"Stra\xdfe\n"), newline="\n"))
+    with pytest.raises(
+        SystemExit, match=r"line 1, byte 5.*\(invalid continuation byte\)[^;]*; nothing was tr"
+    ):
+        translate_main([f"ckpt_path={checkpoint['path']}", "device=cpu"])  # (no line before it)
+    assert capsys.readouterr().out == ""
 
 
 WIDE = [  # Python's codec, and the encoding the message names for iconv

@@ -258,6 +258,20 @@ def translate_stream(translator: Translator, source: Iterable[str], sink: IO[str
     return count
 
 
+class _Written:
+    """Standard output, counting the records `translate_stream` writes to it (one a source line)."""
+
+    def __init__(self, sink: IO[str]) -> None:
+        self.sink, self.records = sink, 0
+
+    def write(self, record: str) -> None:
+        self.sink.write(record)
+        self.records += 1
+
+    def flush(self) -> None:
+        self.sink.flush()
+
+
 def open_input(name: str) -> IO[bytes]:
     """The file `input=` names, opened for reading.
 
@@ -349,7 +363,7 @@ def main(argv: Sequence[str] | None = None) -> None:
     chunk_lines, output = chunk_size(settings), str(settings["output"])
     from attnlab.runs.checkpoint import CheckpointError
 
-    streaming = False
+    streaming: _Written | None = None
     try:
         configure_allocator(settings["allocator"])  # ValueError for an unknown value, before any loading
         translator, checkpoints = load_translator(settings)  # the checkpoint first: nothing opened before
@@ -361,8 +375,8 @@ def main(argv: Sequence[str] | None = None) -> None:
                 stream = stack.enter_context(open_input(name))
             source = utf8_lines(stream, name)
             if output == "-":
-                streaming = True
-                translate_stream(translator, source, sys.stdout, chunk_lines)
+                streaming = _Written(sys.stdout)
+                translate_stream(translator, source, streaming, chunk_lines)
             else:
                 path = output_file(output, stream, checkpoints)
                 with atomic_writer(path, encoding="utf-8") as sink:
@@ -372,8 +386,10 @@ def main(argv: Sequence[str] | None = None) -> None:
     except (CheckpointError, ValueError, OSError) as exc:
         if output != "-":
             after = f"; nothing was written to {output} (a file there before is unchanged)"
-        elif streaming and isinstance(exc, ValueError):
-            after = "; the lines before it were translated to standard output"
+        elif streaming is not None and isinstance(exc, ValueError):
+            done = streaming.records
+            after = f"; the {done} line{'s' * (done != 1)} before it were translated to standard output"
+            after = after if done else "; nothing was translated"
         else:
             after = ""
         raise SystemExit(f"attnlab-translate: {exc}{after}") from None
