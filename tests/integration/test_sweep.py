@@ -284,6 +284,102 @@ def test_a_single_run_prints_no_multirun_summary(
     assert out == f"attnlab-train: {run} already finished (sweep.skip_done=true): skipped\n"
 
 
+def test_a_skipped_finished_job_gives_the_sweeper_its_saved_metric_and_a_missing_one_is_named(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
+) -> None:
+    """`sweep.skip_done`: a finished job's results.json metrics are what it gives the sweeper, recorded as
+    finished; a metric a job lacks gives None, and in a multirun an error naming the metrics it has (or
+    none); a single run's value goes nowhere, said nothing of."""
+    from attnlab.cli.train import _skip_done, _sweeper_value
+    from attnlab.runs.layout import RunDir
+    from attnlab.training import launchers
+
+    monkeypatch.setattr(launchers, "JOBS", [])
+    run = RunDir(tmp_path / "run")
+    run.path.mkdir()
+    run.manifest_file.write_text(json.dumps({"status": "finished"}))
+    metrics = {"val/loss": 1.5, "best/val/loss": 1.25}
+    run.results_file.write_text(json.dumps({"sets": {}, "metrics": metrics}))
+    skipped = _skip_done(run, multirun=True, continues=False)
+    recorded = launchers.JOBS
+    assert skipped == metrics and recorded == [("finished", run.manifest_file)]
+    assert _sweeper_value(skipped, "best/val/loss", True) == 1.25
+    with caplog.at_level("ERROR", logger="attnlab.cli.train"):
+        assert _sweeper_value(skipped, "val/bleu", False) is None  # a single run: no sweeper to tell
+        assert caplog.messages == []
+        assert _sweeper_value(skipped, "val/bleu", True) is None
+        assert _sweeper_value({}, "val/bleu", True) is None
+    missing = ("optimized_metric=val/bleu is not among this run's final metrics ({}): nothing to return to "
+               "the sweeper; set optimized_metric to one of them")  # fmt: skip
+    assert caplog.messages == [missing.format("best/val/loss, val/loss"), missing.format("none")]
+
+
+def test_a_job_not_run_over_a_held_run_names_the_fix_for_what_it_holds(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
+) -> None:
+    """A multirun job whose directory holds a run is recorded as failed, its log line naming the fix:
+    `sweep.skip_done=true` for a finished run, `resume=auto` for an unfinished one with a last.ckpt, nothing
+    more for one without (nothing to continue); a free directory runs."""
+    from attnlab.cli.train import _held_run
+    from attnlab.runs.layout import RunDir
+    from attnlab.training import launchers
+
+    monkeypatch.setattr(launchers, "JOBS", [])
+    held = {"finished": ("finished", []), "unfinished": ("interrupted", ["last.ckpt", "epoch001.ckpt"]),
+            "without_last": ("interrupted", ["epoch001.ckpt"])}  # fmt: skip
+    runs = {name: RunDir(tmp_path / name) for name in [*held, "free"]}
+    for name, (status, checkpoints) in held.items():
+        runs[name].checkpoints_dir.mkdir(parents=True)
+        runs[name].manifest_file.write_text(json.dumps({"status": status}))
+        for checkpoint in checkpoints:
+            (runs[name].checkpoints_dir / checkpoint).write_bytes(b"")
+    runs["free"].path.mkdir()
+    with caplog.at_level("ERROR", logger="attnlab.cli.train"):
+        assert [_held_run(run, skip_finished=False) for run in runs.values()] == [True, True, True, False]
+    recorded = launchers.JOBS
+    assert recorded == [("failed", runs[name].manifest_file) for name in held]
+    ends = [message.rsplit("remove this one first", 1)[1] for message in caplog.messages]
+    assert ends == [
+        ". Add sweep.skip_done=true to the sweep's command to skip its finished jobs, or give the sweep "
+        "another hydra.sweep.dir to train them again",
+        ". Add resume=auto to the sweep's command to continue its unfinished jobs",
+        "",
+    ]
+    assert all(
+        m.startswith(f"job {name} not run: the run directory ")
+        for m, name in zip(caplog.messages, held, strict=True)
+    )
+
+
+def test_the_tasks_of_a_local_submitit_job_agree_on_its_master_port_and_other_jobs_get_others(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """Under submitit's local executor, each task of a job is told its rank and the job's master port, the
+    same in every task (they rendezvous there), another for the next job (two jobs running at once must
+    not share one), an unprivileged port."""
+    from attnlab.cli.train import submitit_ranks
+
+    told = {}
+    ranks = ("RANK", "LOCAL_RANK", "NODE_RANK", "WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT")
+    for job, rank in (("4100", 0), ("4100", 1), ("4101", 0), ("4101", 1)):  # (a local job's id: a pid)
+        task = {"SUBMITIT_EXECUTOR": "local", "SUBMITIT_LOCAL_JOB_ID": job, "SUBMITIT_LOCAL_NTASKS": "2",
+                "SUBMITIT_LOCAL_GLOBALID": str(rank), "SUBMITIT_LOCAL_LOCALID": str(rank),
+                "SUBMITIT_LOCAL_NODEID": "0"}  # fmt: skip
+        with monkeypatch.context() as patch:
+            for variable in ranks:  # unset now; what submitit_ranks sets is undone after
+                patch.setenv(variable, "")
+                patch.delenv(variable)
+            for variable, value in task.items():
+                patch.setenv(variable, value)
+            submitit_ranks()
+            told[job, rank] = {variable: os.environ[variable] for variable in ranks}
+    tasks = [["0", "0", "0", "2", "127.0.0.1"], ["1", "1", "0", "2", "127.0.0.1"]]  # rank, local, node, ...
+    assert [[t[v] for v in ranks[:5]] for t in told.values()] == tasks * 2
+    ports = {key: int(t["MASTER_PORT"]) for key, t in told.items()}
+    assert ports["4100", 0] == ports["4100", 1] != ports["4101", 0] == ports["4101", 1]
+    assert all(1024 <= port < 65536 for port in ports.values())
+
+
 def test_the_wandb_sweep_file_passes_valid_overrides(tmp_path: Path) -> None:
     import itertools
 
