@@ -21,8 +21,10 @@ from wandb_records import find_run_file, read_wandb_run
 @pytest.fixture(scope="module")
 def many_run(translating_run: dict[str, Any], tmp_path_factory: pytest.TempPathFactory) -> dict[str, Any]:
     """One epoch with every logger (`logger=many`, W&B offline) from the translating model, so the test
-    scores are real ones; the CSV history (every column) and results.json are what the loggers are
-    compared with."""
+    scores are real ones; the CSV history (every column), results.json and the run's last step (last.ckpt's
+    `global_step`) are what the loggers are compared with."""
+    from attnlab.runs.checkpoint import read_checkpoint
+
     run_dir = tmp_path_factory.mktemp("loggers") / "run"
     start = translating_run["dir"] / "checkpoints" / "last.ckpt"
     overrides = [*translating_run["data"], *init_from(start), "optim=inverse_sqrt", "optim.peak_lr=1e-4",
@@ -40,7 +42,9 @@ def many_run(translating_run: dict[str, Any], tmp_path_factory: pytest.TempPathF
     assert {"val/bleu", "train/loss_epoch", "train/tokens_per_sec_step", "params/total"} <= set(columns)
     history = {key: [(int(r["step"]), float(r[key])) for r in rows if r.get(key)] for key in columns}
     results = json.loads((run_dir / "results.json").read_text())
-    return {"dir": run_dir, "metrics": metrics, "history": history, "results": results}
+    step = read_checkpoint(run_dir / "checkpoints" / "last.ckpt")["global_step"]
+    assert step > 0 and step == max(s for logged in history.values() for s, _ in logged)
+    return {"dir": run_dir, "metrics": metrics, "history": history, "results": results, "step": step}
 
 
 def _tensorboard(run_dir: Path) -> Any:
@@ -67,16 +71,18 @@ def test_tensorboard_holds_the_metrics_history_hyperparameters_and_results(many_
     for key, logged in many_run["history"].items():  # every step of the CSV log, the same values
         assert logged, key
         assert [(e.step, pytest.approx(e.value, rel=1e-6)) for e in events.Scalars(key)] == logged, key
-    results = many_run["results"]
+    results, last = many_run["results"], many_run["step"]  # the final results: at the run's last step
     for name in ("test", "test2"):
         (bleu,) = events.Scalars(f"results/{name}/bleu")
         assert bleu.value == pytest.approx(results["sets"][name]["bleu"], rel=1e-6) and bleu.value >= 60
         (ter,) = events.Scalars(f"results/{name}/ter")
         assert ter.value == pytest.approx(results["sets"][name]["ter"], rel=1e-6)
+        assert bleu.step == ter.step == last
     (loss,) = events.Scalars("results/test/loss")
-    assert loss.value == pytest.approx(results["test_metrics"]["test/loss"], rel=1e-6)
+    assert loss.value == pytest.approx(results["test_metrics"]["test/loss"], rel=1e-6) and loss.step == last
     (text,) = events.Tensors("results/test/bleu_signature/text_summary")
     assert text.tensor_proto.string_val[0].decode() == results["sets"]["test"]["bleu_signature"]
+    assert text.step == last
     content = events.PluginTagToContent("hparams")["_hparams_/session_start_info"]
     hparams = plugin_data_pb2.HParamsPluginData.FromString(content).session_start_info.hparams
     assert hparams["model/d_model"].number_value == 128  # the module's hyperparameters
@@ -99,6 +105,8 @@ def test_mlflow_holds_the_metrics_history_params_and_results(many_run: dict[str,
         assert run.data.metrics[f"results/{name}/chrf"] == pytest.approx(results["sets"][name]["chrf"])
         assert run.data.tags[f"results/{name}/bleu_signature"] == results["sets"][name]["bleu_signature"]
     assert run.data.metrics["results/test/loss"] == pytest.approx(results["test_metrics"]["test/loss"])
+    for key in ("results/test/bleu", "results/test2/ter", "results/test/loss"):  # at the run's last step
+        assert [m.step for m in client.get_metric_history(run.info.run_id, key)] == [many_run["step"]], key
     files = sorted(a.path for a in client.list_artifacts(run.info.run_id, "hypotheses"))
     assert files == ["hypotheses/test.txt", "hypotheses/test2.txt"]
     artifacts = Path(run.info.artifact_uri.removeprefix("file://"))
