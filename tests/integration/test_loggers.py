@@ -233,6 +233,37 @@ def test_a_resumed_run_continues_the_same_mlflow_run(tmp_path: Path, monkeypatch
     assert len(logged) == 2 and [(m.step, pytest.approx(m.value, rel=1e-6)) for m in history] == logged
 
 
+def test_a_continued_run_logs_to_its_saved_tracker_runs_unless_the_config_names_others(
+    many_run: dict[str, Any], tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """`build_trainer` given a continued run's saved W&B and MLflow run ids (manifest.json's `wandb_run_id`,
+    `mlflow_run_id`): its loggers continue those runs; an id the config gives (`logger.wandb.id`,
+    `+logger.mlflow.run_id`) wins over the saved one. (A copy of `many_run`'s MLflow store holds both runs:
+    a new store's tables take long to create.)"""
+    import shutil
+
+    from attnlab.runs.tracking import MLflowLogger
+    from attnlab.runs.wandb import WandbLogger
+    from attnlab.training.pipeline import build_data, build_trainer, plan_run
+
+    shutil.copy(many_run["dir"] / "mlruns" / "mlflow.db", tmp_path / "mlflow.db")
+    monkeypatch.setenv("MLFLOW_TRACKING_URI", f"sqlite:///{tmp_path / 'mlflow.db'}")
+    for variable in ("WANDB_DIR", "WANDB_DATA_DIR", "WANDB_CACHE_DIR", "WANDB_CONFIG_DIR"):
+        monkeypatch.delenv(variable, raising=False)
+    saved = _mlflow(many_run["dir"])[1].info.run_id
+    given = MLflowLogger(save_dir=str(tmp_path)).run_id  # a second run in the store
+    cases = {
+        (): ("w-saved", saved),
+        ("logger.wandb.id=w-own", f"+logger.mlflow.run_id={given}"): ("w-own", given),
+    }
+    for own, (wandb_id, mlflow_id) in cases.items():
+        overrides = ["data=synthetic", "model=tiny", "data.n_train=32", "logger=many", *own]
+        plan = plan_run(compose_train(overrides, tmp_path / f"run{len(own)}"))
+        loggers = build_trainer(plan, build_data(plan), wandb_id="w-saved", mlflow_id=saved).loggers
+        assert [lg.version for lg in loggers if isinstance(lg, WandbLogger)] == [wandb_id], own
+        assert [lg.run_id for lg in loggers if isinstance(lg, MLflowLogger)] == [mlflow_id], own
+
+
 def test_resuming_when_the_mlflow_store_lost_the_run_is_refused_naming_it(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
