@@ -199,6 +199,28 @@ def test_results_json_scores_every_test_set_from_the_averaged_checkpoints(text_r
     assert not any(key.endswith(("/bleu", "/chrf")) for key in results["test_metrics"])  # the test loss only
 
 
+def test_the_final_test_loss_is_that_of_the_averaged_checkpoints(text_run: dict[str, Any]) -> None:
+    """The run's test loss is that of the averaged checkpoints results.json names, not of the weights
+    training ended with (last.ckpt's)."""
+    import lightning as L
+
+    from attnlab.runs.checkpoint import read_averaged
+
+    results = json.loads((text_run["dir"] / "results.json").read_text())
+    module = TranslationModule.load_from_checkpoint(text_run["dir"] / "checkpoints" / "last.ckpt")
+    datamodule = validate(text_run["cfg"]).data.datamodule()
+    trainer = L.Trainer(
+        accelerator="cpu", logger=False, enable_progress_bar=False, enable_model_summary=False
+    )
+    (last,) = trainer.test(module, datamodule=datamodule, verbose=False)
+    module.load_state_dict(read_averaged(results["checkpoints"])["state_dict"])
+    (averaged,) = trainer.test(module, datamodule=datamodule, verbose=False)
+    loss = results["test_metrics"]["test/loss"]
+    assert loss == pytest.approx(averaged["test/loss"], rel=1e-6)
+    assert loss != pytest.approx(last["test/loss"], rel=1e-6)
+    assert text_run["metrics"]["test/loss"] == loss == results["metrics"]["test/loss"]
+
+
 def test_every_metric_a_text_run_writes_is_a_declared_name(text_run: dict[str, Any]) -> None:
     """The scores and the test sets' names too (`test/<set>/bleu`): what `optimized_metric` and
     `monitor.metric` are checked against before a run."""
