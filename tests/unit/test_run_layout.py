@@ -265,6 +265,22 @@ def test_hydra_records_a_command_except_over_the_record_of_a_run_it_continues_sk
     assert hydra_output_subdir(str(run.path), False, None) is None  # skipped by sweep.skip_done, or refused
 
 
+def test_a_process_of_rank_above_0_leaves_hydras_record_to_rank_0(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Under torchrun or SLURM tasks every rank runs the command: a rank > 0 records nowhere
+    (`hydra.output_subdir` None), nor looks at the lock rank 0 claims (a look takes it for an instant, in
+    which rank 0's claim would be refused as another command's)."""
+    from attnlab.cli.app import hydra_output_subdir
+
+    for name in ("RANK", "LOCAL_RANK", "NODE_RANK", "GROUP_RANK", "SLURM_PROCID"):
+        monkeypatch.delenv(name, raising=False)
+    run = RunDir(tmp_path / "run")
+    assert hydra_output_subdir(run.path) == ".hydra"  # (rank 0)
+    monkeypatch.setenv("RANK", "1")
+    assert hydra_output_subdir(run.path) is None
+
+
 def test_the_manifest_is_one_object_written_on_every_change(tmp_path: Path) -> None:
     run = RunDir(tmp_path / "run")
     manifest = Manifest.start(run)

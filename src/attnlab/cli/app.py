@@ -341,7 +341,11 @@ def hydra_output_subdir(output_dir: Any, resume: Any = False, ckpt_path: Any = N
     (a multirun job there is refused, `RunDir.lock`, after Hydra wrote its record: a single run claims its
     directory before, `RunDirectoryCheck`). A resumption keeps the record of the run's first command (each
     resumption's command is in `manifest.json`), and a skipped or refused one leaves the run directory as
-    it was."""
+    it was. A process of rank > 0 (`launched_rank`: torchrun, SLURM tasks) records nowhere, as Lightning's
+    own launcher has its ranks do: rank 0 records the command, and a look at the lock (`held_elsewhere`
+    takes it for an instant) could refuse rank 0's claim of the directory in that instant."""
+    if launched_rank() != 0:
+        return None
     run = RunDir(Path(str(output_dir)))
     if held_elsewhere(run.run_lock):
         return None
