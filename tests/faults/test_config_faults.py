@@ -229,6 +229,33 @@ def test_the_table_covers_every_node_and_has_no_duplicates() -> None:
     assert {"model", "optim", "decode", "data", "trainer", "seed", "monitor", "metrics"} <= nodes
 
 
+@pytest.mark.parametrize(
+    ("devices", "told"), [("[0,1]", "[0, 1] lists device ids"), ("-1", "-1 counts GPUs")]
+)
+def test_device_ids_or_every_gpu_where_auto_finds_no_gpu_fail_before_training_naming_the_fix(
+    devices: str, told: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """`trainer.accelerator=auto` (the default) on a machine without a GPU runs on the CPU, where Lightning
+    takes a number of processes: device ids or -1 failed there with its TypeError once the run had started,
+    as with `trainer.accelerator=cpu`. With a GPU, `auto` is no CPU."""
+    import torch
+
+    from attnlab.training.experiment import runs_on_cpu
+
+    monkeypatch.setattr(torch.backends.mps, "is_available", lambda: False)
+    monkeypatch.setattr(torch.cuda, "device_count", lambda: 1)
+    assert not runs_on_cpu({"accelerator": "auto"}) and runs_on_cpu({"accelerator": "cpu"})
+    monkeypatch.setattr(torch.cuda, "device_count", lambda: 0)
+    run_dir = tmp_path / "run"
+    with pytest.raises(ConfigError) as refused:
+        train(compose_train([f"trainer.devices={devices}"], run_dir, hydra_node=True))
+    assert str(refused.value) == (
+        f"trainer.devices={told}, but trainer.accelerator=auto finds no GPU here, and the CPU runs a number "
+        "of processes: give that number (trainer.devices=2), or 'auto' for one"
+    )
+    assert not run_dir.exists()
+
+
 def test_a_top_level_key_a_config_file_defines_is_not_mistaken_for_a_typo(tmp_path: Path) -> None:
     """`tags` added by `+tags=...` is a typo-class error; the same key set by an experiment file (no `+`
     override: here the override is taken out of Hydra's record, as if a file had defined it) is not."""

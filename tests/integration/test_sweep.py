@@ -449,17 +449,19 @@ def test_a_sweep_of_ddp_jobs_runs_each_job_as_its_own_process_group(tmp_path: Pa
      ({"accelerator": "cpu", "devices": [0, 1]}, None), ({"accelerator": "cpu", "devices": "0,1"}, None)],
 )  # fmt: skip
 def test_a_sweep_of_multi_process_jobs_under_the_basic_launcher_is_refused_counting_every_node(
-    trainer: dict[str, Any], refused: str | None
+    trainer: dict[str, Any], refused: str | None, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     """Hydra's basic launcher runs each job inside this process, where Lightning cannot start its other
     ranks: a job of devices x nodes processes (or an unknown number, under a distributed strategy) is
     refused naming the launcher to use; a launcher that starts each job's processes takes them all. A
     value Lightning refuses (`null`, `2.5`, `0`, device ids on the CPU) is left to the job, whose checks name
-    it (another launcher, which the refusal would name, fails it the same)."""
+    it (another launcher, which the refusal would name, fails it the same). (On a machine with a GPU.)"""
+    import torch
     from omegaconf import OmegaConf
 
     from attnlab.cli.train import check_launcher
 
+    monkeypatch.setattr(torch.cuda, "device_count", lambda: 1)
     cfg = OmegaConf.create({"trainer": trainer})
     basic = "hydra._internal.core_plugins.basic_launcher.BasicLauncher"
     check_launcher(cfg, "hydra_plugins.hydra_submitit_launcher.submitit_launcher.LocalLauncher")
@@ -468,6 +470,24 @@ def test_a_sweep_of_multi_process_jobs_under_the_basic_launcher_is_refused_count
         return
     with pytest.raises(SystemExit, match=f"each job of this sweep {refused} .*add hydra/launcher=local"):
         check_launcher(cfg, basic)
+
+
+@pytest.mark.parametrize("devices", [[0, 1], "0,1", -1])
+def test_device_ids_or_every_gpu_on_a_machine_without_one_are_left_to_the_jobs_check(
+    devices: Any, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """`trainer.accelerator=auto` (the default) where torch finds no GPU runs on the CPU, as `cpu` does:
+    device ids or -1 there (which the job's config check refuses) are no several processes that the basic
+    launcher would refuse, advising another launcher, on any number of nodes."""
+    import torch
+    from omegaconf import OmegaConf
+
+    from attnlab.cli.train import check_launcher
+
+    monkeypatch.setattr(torch.cuda, "device_count", lambda: 0)
+    monkeypatch.setattr(torch.backends.mps, "is_available", lambda: False)
+    basic = "hydra._internal.core_plugins.basic_launcher.BasicLauncher"
+    check_launcher(OmegaConf.create({"trainer": {"devices": devices, "num_nodes": 2}}), basic)
 
 
 @pytest.mark.parametrize("gpus", [0, 1, 2])

@@ -145,6 +145,8 @@ def trainer_processes(cfg: DictConfig) -> int | None:
     """Processes one job's trainer runs: devices × nodes, the devices a number, a list of device ids
     (`[0,1]`, `"0,1"`) or, as Lightning takes them, every GPU of this machine (`-1`, `auto`; one device on
     the CPU); None: unknown (all devices, under a distributed strategy)."""
+    from attnlab.training.experiment import runs_on_cpu
+
     trainer = cfg.get("trainer") or {}
     strategy = str(trainer.get("strategy", "auto"))
     devices, nodes = trainer.get("devices", 1), int(trainer.get("num_nodes", 1) or 1)
@@ -156,13 +158,13 @@ def trainer_processes(cfg: DictConfig) -> int | None:
         return devices * nodes
     if isinstance(devices, Sequence) and not isinstance(devices, str):  # a list of device ids
         # (none on the CPU: the job's config check refuses it, `attnlab.training.experiment`)
-        return 1 if str(trainer.get("accelerator", "auto")) == "cpu" else len(devices) * nodes
+        return 1 if runs_on_cpu(trainer) else len(devices) * nodes
     if "ddp" in strategy or "fsdp" in strategy:
         return None
     if devices not in (-1, "auto"):  # a value Lightning refuses (null, 2.5): the job's trainer names it
         return 1
-    if str(trainer.get("accelerator", "auto")) == "cpu":
-        return nodes
+    if runs_on_cpu(trainer):  # one process a node; -1 (GPUs) the job's config check refuses
+        return 1 if devices == -1 else nodes
     import torch
 
     return max(torch.cuda.device_count(), 1) * nodes  # Lightning's default strategy: DDP over several

@@ -8,6 +8,7 @@ the fix.
 
 from __future__ import annotations
 
+import importlib.util
 import inspect
 from collections.abc import Sequence
 from dataclasses import dataclass, field
@@ -307,18 +308,36 @@ def _check_trainer(trainer: DictConfig) -> None:
 
 def _check_devices(trainer: DictConfig) -> None:
     """`trainer.devices`: a count, -1 (every GPU) or `auto`; a list of device ids (`[0,1]`, `"0,1"`) or -1
-    only off the CPU, where Lightning takes a number of processes alone (it failed with a TypeError once the
-    run had started)."""
+    only off the CPU (`runs_on_cpu`: `trainer.accelerator=cpu`, or `auto` on a machine without a GPU),
+    where Lightning takes a number of processes alone (it failed with a TypeError once the run had
+    started)."""
     devices = trainer.get("devices")
     if isinstance(devices, int) and (devices == 0 or devices < -1):
         raise ConfigError(f"trainer.devices={devices} must be a positive count, -1 (all) or 'auto'")
     listed = isinstance(devices, ListConfig) or (isinstance(devices, str) and "," in devices)
-    if trainer.get("accelerator") == "cpu" and (listed or str(devices).strip() == "-1"):
+    if (listed or str(devices).strip() == "-1") and runs_on_cpu(trainer):
+        cpu = "cpu" if trainer.get("accelerator") == "cpu" else "auto finds no GPU here, and the CPU"
         raise ConfigError(
             f"trainer.devices={devices!r} {'lists device ids' if listed else 'counts GPUs'}, but "
-            "trainer.accelerator=cpu runs a number of processes: give that number (trainer.devices=2), or "
+            f"trainer.accelerator={cpu} runs a number of processes: give that number (trainer.devices=2), or "
             "'auto' for one"
         )
+
+
+def runs_on_cpu(trainer: Any) -> bool:
+    """Whether Lightning runs the trainer config `trainer` on the CPU: `trainer.accelerator=cpu`, or `auto`
+    (the default) on a machine where torch finds no GPU (CUDA or Apple's MPS) and no TPU's `torch_xla`
+    is installed. Imports torch for `auto` alone."""
+    accelerator = str(trainer.get("accelerator", "auto"))
+    if accelerator != "auto":
+        return accelerator == "cpu"
+    import torch
+
+    return (
+        torch.cuda.device_count() == 0
+        and not torch.backends.mps.is_available()
+        and importlib.util.find_spec("torch_xla") is None
+    )
 
 
 def _check_run_length(trainer: DictConfig, optim: OptimConfig) -> None:
