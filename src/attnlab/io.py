@@ -197,8 +197,10 @@ def held_here(path: Path) -> FileLock | None:
 
 def held_elsewhere(path: Path) -> bool:
     """Whether another live process holds the `FileLock` on `path` (this process's own: False; no file: False,
-    and none is made). Reads it by taking the lock without waiting and freeing it at once: a process that
-    tries the lock in that instant finds it taken, as it would while any process held it."""
+    and none is made). Reads it by taking a shared lock without waiting and freeing it at once: a process
+    that tries the lock in that instant finds it taken, as it would while any process held it, but other
+    processes looking at once do not take each other for its holder; and the file is opened for reading
+    alone, where NFS takes an exclusive lock only on a file opened for writing (`flock(2)`)."""
     if held_here(path) is not None:
         return False
     try:
@@ -206,15 +208,15 @@ def held_elsewhere(path: Path) -> bool:
     except (FileNotFoundError, NotADirectoryError):
         return False
     try:
-        return not _try_lock(fd)
+        return not _try_lock(fd, shared=True)
     finally:
         os.close(fd)  # (frees the lock, if taken)
 
 
-def _try_lock(fd: int) -> bool:
-    """Take the ``flock`` of `fd` if no one holds it: whether it was taken."""
+def _try_lock(fd: int, shared: bool = False) -> bool:
+    """Take the ``flock`` of `fd` (exclusive, or `shared`) if no one holds it: whether it was taken."""
     try:
-        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        fcntl.flock(fd, (fcntl.LOCK_SH if shared else fcntl.LOCK_EX) | fcntl.LOCK_NB)
     except BlockingIOError:
         return False
     return True

@@ -700,6 +700,24 @@ def test_held_elsewhere_tells_another_processs_lock_from_this_processs_own(tmp_p
         pass
 
 
+def test_held_elsewhere_takes_no_look_of_another_process_for_a_holder(tmp_path: Path) -> None:
+    """Two looks at one lock at once (two commands starting on one directory): the other's look, a shared
+    lock for an instant (here held by another open file of the lock), is no holder of the lock; a holder's
+    exclusive lock still is."""
+    import fcntl
+
+    path = tmp_path / ".lock"
+    path.touch()
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        fcntl.flock(fd, fcntl.LOCK_SH)  # (a look at the lock, in its instant)
+        assert not held_elsewhere(path)
+        fcntl.flock(fd, fcntl.LOCK_EX)  # (a holder)
+        assert held_elsewhere(path)
+    finally:
+        os.close(fd)
+
+
 def test_a_lock_file_its_holder_deletes_is_never_held_twice(tmp_path: Path) -> None:
     """A process waiting on a lock file that its holder deletes (`release(delete=True)`: a refused command
     removing the run directory it made) takes the file at the path afterwards, not the deleted one: a
