@@ -277,6 +277,14 @@ def test_validating_after_every_batch_saves_after_every_validation(kind: str, tm
     assert saves.seen == [(k, k, k) for k in range(1, BATCHES + 1)]
 
 
+def test_validating_after_every_batch_with_no_validation_batches_saves_at_epoch_ends(tmp_path: Path) -> None:
+    """`val_check_interval=1` with `limit_val_batches=0`: no validation ever ends, so last.ckpt is written at
+    each epoch's end, as without the interval (saving after each validation would save never)."""
+    saves, last = Saves(), LastCheckpoint(str(tmp_path))
+    trainer_following(last, saves, val_check_interval=1, limit_val_batches=0).fit(Tiny())
+    assert saves.seen == [(BATCHES, BATCHES, 0), (2 * BATCHES, 2 * BATCHES, 0)]
+
+
 class Flat(Tiny):
     """Validation logs the same `val/x` every time: no check ever sees it improve."""
 
