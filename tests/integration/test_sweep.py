@@ -472,9 +472,11 @@ def test_a_sweep_of_multi_process_jobs_under_the_basic_launcher_is_refused_count
         check_launcher(cfg, basic)
 
 
-@pytest.mark.parametrize("devices", [[0, 1], "0,1", -1])
+@pytest.mark.parametrize(
+    "trainer", [{"devices": [0, 1]}, {"devices": "0,1"}, {"devices": -1}, {"devices": -1, "strategy": "ddp"}]
+)
 def test_device_ids_or_every_gpu_on_a_machine_without_one_are_left_to_the_jobs_check(
-    devices: Any, monkeypatch: pytest.MonkeyPatch
+    trainer: dict[str, Any], monkeypatch: pytest.MonkeyPatch
 ) -> None:
     """`trainer.accelerator=auto` (the default) where torch finds no GPU runs on the CPU, as `cpu` does:
     device ids or -1 there (which the job's config check refuses) are no several processes that the basic
@@ -487,7 +489,7 @@ def test_device_ids_or_every_gpu_on_a_machine_without_one_are_left_to_the_jobs_c
     monkeypatch.setattr(torch.cuda, "device_count", lambda: 0)
     monkeypatch.setattr(torch.backends.mps, "is_available", lambda: False)
     basic = "hydra._internal.core_plugins.basic_launcher.BasicLauncher"
-    check_launcher(OmegaConf.create({"trainer": {"devices": devices, "num_nodes": 2}}), basic)
+    check_launcher(OmegaConf.create({"trainer": {**trainer, "num_nodes": 2}}), basic)
 
 
 @pytest.mark.parametrize("gpus", [0, 1, 2])

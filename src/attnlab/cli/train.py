@@ -144,7 +144,8 @@ def told_message(exc: BaseException) -> str | None:
 def trainer_processes(cfg: DictConfig) -> int | None:
     """Processes one job's trainer runs: devices × nodes, the devices a number, a list of device ids
     (`[0,1]`, `"0,1"`) or, as Lightning takes them, every GPU of this machine (`-1`, `auto`; one device on
-    the CPU); None: unknown (all devices, under a distributed strategy)."""
+    the CPU); None: unknown (all devices, under a distributed strategy). Device ids or -1 on the CPU
+    (`runs_on_cpu`) count as 1: the job's config check refuses them."""
     from attnlab.training.experiment import runs_on_cpu
 
     trainer = cfg.get("trainer") or {}
@@ -156,15 +157,17 @@ def trainer_processes(cfg: DictConfig) -> int | None:
         devices = [i for i in devices.split(",") if i.strip()]
     if isinstance(devices, int) and devices >= 0:
         return devices * nodes
-    if isinstance(devices, Sequence) and not isinstance(devices, str):  # a list of device ids
-        # (none on the CPU: the job's config check refuses it, `attnlab.training.experiment`)
-        return 1 if runs_on_cpu(trainer) else len(devices) * nodes
+    listed = isinstance(devices, Sequence) and not isinstance(devices, str)  # a list of device ids
+    if (listed or devices == -1) and runs_on_cpu(trainer):
+        return 1
+    if listed:
+        return len(devices) * nodes
     if "ddp" in strategy or "fsdp" in strategy:
         return None
     if devices not in (-1, "auto"):  # a value Lightning refuses (null, 2.5): the job's trainer names it
         return 1
-    if runs_on_cpu(trainer):  # one process a node; -1 (GPUs) the job's config check refuses
-        return 1 if devices == -1 else nodes
+    if runs_on_cpu(trainer):  # (auto: one device a node)
+        return nodes
     import torch
 
     return max(torch.cuda.device_count(), 1) * nodes  # Lightning's default strategy: DDP over several
