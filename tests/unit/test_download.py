@@ -174,8 +174,14 @@ def test_corrupt_mirror_file_is_rejected_and_nothing_is_left(mirror: Mirror, tmp
     assert cache_files(cache) == {"train.de", "train.en", "val.de", ".lock"}
 
 
-def test_payload_that_is_not_gzip_is_rejected(mirror: Mirror, tmp_path: Path) -> None:
-    mirror.file("train.de").write_bytes(b"<html>captive portal</html>")
+@pytest.mark.parametrize("payload", ["html", "truncated"])
+def test_payload_that_is_not_gzip_is_rejected(
+    mirror: Mirror, tmp_path: Path, gzipped: dict[str, bytes], payload: str
+) -> None:
+    """A captive portal's page, and a gzip stream cut short (it ends before its end-of-stream marker:
+    `EOFError`, not `OSError`), are both refused by name, writing nothing."""
+    cut = gzipped["train.de"][: len(gzipped["train.de"]) // 2]
+    mirror.file("train.de").write_bytes(b"<html>captive portal</html>" if payload == "html" else cut)
     dest = tmp_path / "out" / "train.de"
     with pytest.raises(DataError, match=r"not a valid gzip file.*data\.root="):
         fetch_gzipped(f"{mirror.base_url}/train.de.gz", dest, MULTI30K_SHA256["train.de"])
