@@ -1158,6 +1158,31 @@ def test_a_non_directory_in_place_of_the_prepared_data_is_replaced(
     assert (tmp_path / "a-file").read_text() == "kept"
 
 
+def test_prepared_data_copied_under_another_corpus_key_is_rebuilt_not_loaded(
+    corpus: Path, tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    """A prepared directory copied (or renamed) to the key of another corpus passes every file check, yet
+    holds the first corpus's text: its recorded key differs from its name, so it is rebuilt, with a
+    warning, from the corpus the key names (it was loaded as that corpus)."""
+    other = tmp_path / "other"
+    shutil.copytree(corpus, other)
+    write_lines(other / "valid.en", [f"another reference {i}" for i in range(SIZES["valid"])])
+    source, spec = files_spec(corpus, tmp_path), files_spec(other, tmp_path)
+    prepare(source)
+    target = prepared_dir(spec)
+    shutil.copytree(prepared_dir(source), target)
+    caplog.clear()
+    with caplog.at_level("WARNING"):
+        loaded = prepare(spec)
+    assert loaded.splits["val"].raw_tgt == read_lines(other / "valid.en")
+    warnings = [r.getMessage() for r in caplog.records if r.levelname == "WARNING"]
+    assert len(warnings) == 1
+    assert warnings[0].startswith(
+        f"the prepared data in {target} is damaged: its checksums.json records the key "
+        f"{prepared_dir(source).name}, not its name"
+    )
+
+
 def test_an_array_of_a_few_mib_is_hashed_whole_and_a_byte_changed_in_its_middle_rebuilds_it(
     corpus: Path, tmp_path: Path, caplog: pytest.LogCaptureFixture
 ) -> None:
@@ -1660,7 +1685,7 @@ def test_hf_evaluation_text_with_a_line_break_prepared_before_it_was_refused_is_
     with monkeypatch.context() as old, prepare_module.building(prepared_dir(spec)) as tmp:
         lenient = staticmethod(lambda side, where, start, _: checks(side, where, start, False))
         old.setattr(HFData, "_check_texts", lenient)
-        prepare_module._build(spec, spec.readers(), tmp)  # as `prepare` builds, without loading it
+        prepare_module._build(spec, spec.readers(), tmp, prepared_dir(spec).name)  # as `prepare` builds it
     assert "two\\nlines" in (prepared_dir(spec) / "val.raw.json").read_text()
     message = f"row 2 of split 'validation' of {spec.name} has en='two\\nlines', a line break inside one "
     with caplog.at_level("WARNING"), pytest.raises(DataError, match=re.escape(message)):

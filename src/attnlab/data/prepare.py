@@ -24,21 +24,22 @@ that many pairs drawn in one pass (`sample_pairs`), which is all that is held (S
 training sentences: sample at WMT scale). With a tokenizer file (`tokenizer_path`) nothing is trained.
 The validation and test splits are read whole, first (their errors come before any training).
 
-`checksums.json` records the size of every other file of the directory when it is built and its SHA-256,
-except for an array over `FULL_HASH_BYTES` (64 MiB): of that, the SHA-256 of its first and of its last
-MiB (`EDGE_BYTES`). Each load checks every file it opens against it, each array's `.npy` header (1-D,
-the dtype its vocabulary gives, as many bytes as the header announces) and that each offsets array spans
-its ids. Why not hash everything: SHA-256 runs at ~1.7 GB/s on a core with SHA extensions (measured;
-several times slower without), so hashing the arrays of a 1.2 GB corpus took 0.8-1.3 s with the files
-in the page cache and, uncached, takes as long as reading all of it from disk, in every DDP rank, where
-training touches pages only as it needs them. Sizes, headers and both ends catch a file cut short,
-extended or overwritten at either end and a broken header; a flipped bit deep inside a large array is
-not caught. Opening a 1.2 GB prepared corpus (uint32 ids, 140M a side, 4.5M examples, so its 36 MB
-offsets arrays are hashed whole) took 0.09 s. A directory with a file missing, cut short or changed,
-or without a readable `checksums.json` (one built before checksums were recorded included), is rebuilt,
-with a warning naming it; so is one whose arrays disagree, and one whose raw validation or test text holds
-a line break inside a sentence (`data=hf` data prepared before such text was refused: its rebuild refuses
-it, naming the row).
+`checksums.json` records the key the directory was built under (its name, checked on each load: files that
+check out under another name are another corpus's, copied or renamed there) and the size of every other file
+of the directory when it is built and its SHA-256, except for an array over `FULL_HASH_BYTES` (64 MiB): of
+that, the SHA-256 of its first and of its last MiB (`EDGE_BYTES`). Each load checks every file it opens
+against it, each array's `.npy` header (1-D, the dtype its vocabulary gives, as many bytes as the header
+announces) and that each offsets array spans its ids. Why not hash everything: SHA-256 runs at ~1.7 GB/s on a
+core with SHA extensions (measured; several times slower without), so hashing the arrays of a 1.2 GB corpus
+took 0.8-1.3 s with the files in the page cache and, uncached, takes as long as reading all of it from disk,
+in every DDP rank, where training touches pages only as it needs them. Sizes, headers and both ends catch a
+file cut short, extended or overwritten at either end and a broken header; a flipped bit deep inside a large
+array is not caught. Opening a 1.2 GB prepared corpus (uint32 ids, 140M a side, 4.5M examples, so its 36 MB
+offsets arrays are hashed whole) took 0.09 s. A directory with a file missing, cut short or changed, or
+without a readable `checksums.json` (one built before checksums were recorded included), or one recording a
+key other than its name (built before keys were recorded included), is rebuilt, with a warning naming it; so
+is one whose arrays disagree, and one whose raw validation or test text holds a line break inside a sentence
+(`data=hf` data prepared before such text was refused: its rebuild refuses it, naming the row).
 """
 
 from __future__ import annotations
@@ -496,8 +497,9 @@ def _save_tokenizers(tokenizers: tuple[SubwordTokenizer, SubwordTokenizer], out:
         tgt_tok.save(out / "tgt.tokenizer.json")
 
 
-def _build(spec: CorpusData, readers: dict[str, Reader], out: Path) -> None:
-    """Build the prepared data of `spec` into `out` from its split `readers` (`CorpusData.readers`)."""
+def _build(spec: CorpusData, readers: dict[str, Reader], out: Path, key: str) -> None:
+    """Build the prepared data of `spec` into `out` from its split `readers` (`CorpusData.readers`), for
+    the directory named `key` (`prepared_dir`), which `checksums.json` records."""
     started = time.perf_counter()
     held = {name: read_whole(read) for name, read in readers.items() if name != "train"}
     train = _TrainingPairs(readers["train"], spec)
@@ -531,7 +533,7 @@ def _build(spec: CorpusData, readers: dict[str, Reader], out: Path) -> None:
     stats["splits"] = list(readers)
     (out / "stats.json").write_text(json.dumps(stats, indent=2))
     files = {p.name: _recorded(p) for p in sorted(out.iterdir())}
-    (out / CHECKSUMS).write_text(json.dumps({"files": files}, indent=2))
+    (out / CHECKSUMS).write_text(json.dumps({"key": key, "files": files}, indent=2))
 
 
 def _edges(path: Path, size: int) -> tuple[str, str]:
@@ -564,7 +566,8 @@ class _Checked:
     def __init__(self, directory: Path) -> None:
         self.directory = directory
         try:
-            self.files = json.loads((directory / CHECKSUMS).read_text())["files"]
+            recorded = json.loads((directory / CHECKSUMS).read_text())
+            self.files, self.key = recorded["files"], recorded.get("key")
             if not all(_well_formed(entry) for entry in self.files.values()):
                 raise TypeError("an entry without size and hashes")
         except FileNotFoundError:
@@ -662,6 +665,11 @@ class _Checked:
 
 def _load(directory: Path) -> Prepared:
     checked = _Checked(directory)
+    if checked.key != directory.name:  # its files check out, but they are another corpus's (or settings')
+        raise checked.damaged(
+            f"its {CHECKSUMS} records the key {checked.key}, not its name (copied or renamed from another "
+            "prepared directory, or built by an older attnlab): it holds other data than its key names"
+        )
     stats = json.loads(checked.read("stats.json"))
     if checked.has("tokenizer.json"):
         src_tok = tgt_tok = SubwordTokenizer.from_json(checked.read("tokenizer.json").decode("utf-8"))
@@ -729,7 +737,7 @@ def prepare(spec: CorpusData) -> Prepared:
         with building(target, damaged=recheck) as tmp:
             if tmp is not None:
                 log.info("preparing %s into %s", type(spec).__name__, target)
-                _build(spec, spec.readers(), tmp)
+                _build(spec, spec.readers(), tmp, target.name)
                 _check_unchanged(spec, target)
     except OSError as exc:
         if exc.errno not in (errno.ENOSPC, errno.EDQUOT, errno.EROFS):
