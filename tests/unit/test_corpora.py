@@ -1762,6 +1762,10 @@ def test_a_file_in_utf16_or_utf32_without_a_byte_order_mark_is_refused(
 def test_pairs_dropped_by_the_filters_are_reported_when_the_cache_is_loaded(
     corpus: Path, tmp_path: Path, caplog: pytest.LogCaptureFixture
 ) -> None:
+    src, tgt = read_lines(corpus / "train.de"), read_lines(corpus / "train.en")
+    src[:2] = ["", "der Hund"]
+    tgt[:2] = ["the dog", " "]
+    write_pair(corpus, "train", src, tgt)  # two pairs with an empty side: dropped as empty
     spec = files_spec(corpus, tmp_path, max_source_tokens=6)
     setup_datamodule(spec)  # builds
     caplog.clear()
@@ -1774,7 +1778,7 @@ def test_pairs_dropped_by_the_filters_are_reported_when_the_cache_is_loaded(
     pairs = data_identity(dm)["training_pairs"]
     assert pairs == {
         "lines": 200,
-        "dropped_empty": dm.stats["dropped_empty"],
+        "dropped_empty": 2,
         "dropped_by_filter": {"source_too_long": dropped, **dm.stats["dropped_filter"]},
         "kept": len(dm.splits["train"]),
     }
