@@ -239,10 +239,14 @@ def test_mismatched_line_counts_name_both_files_and_counts(corpus: Path, tmp_pat
         assert f"{src} has 7 lines" in message and f"{tgt} has 5" in message
 
 
-@pytest.mark.parametrize(("src_lines", "tgt_lines"), [(25, 23), (20, 30), (30, 20), (0, 3)])
+@pytest.mark.parametrize(
+    ("src_lines", "tgt_lines"), [(25, 23), (20, 30), (30, 20), (0, 3), (12, 45), (45, 12)]
+)
 def test_misaligned_files_are_counted_whole_when_read_as_a_stream(
     tmp_path: Path, src_lines: int, tgt_lines: int
 ) -> None:
+    """The counts named are the files' whole line counts, the longer file's lines after the chunk where
+    the shorter one ended included (12 and 45: found in the second chunk of 10, 25 lines later unread)."""
     write_lines(tmp_path / "a.de", [f"zeile {i}" for i in range(src_lines)])
     write_lines(tmp_path / "a.en", [f"line {i}" for i in range(tgt_lines)])
     expected = (
