@@ -43,8 +43,8 @@ class TranslationModule(L.LightningModule):
     `attnlab.training.epoch_metrics`, kept in checkpoints); per epoch with skipped batches
     `train/skipped_steps`; per validation epoch `val/loss`, `val/nll`, `val/ppl`, and every
     `decode.every_n_epochs` epochs `val/bleu` and `val/chrf` (detokenized sacreBLEU on decoded validation
-    sentences, corpora with a tokenizer only); on test `test/loss`, `test/ppl` and `test/exact_match` (greedy
-    decoding). Parameter counts go to the loggers at the start of fitting.
+    sentences, corpora with a tokenizer only); on test `test/loss`, `test/nll`, `test/ppl` and
+    `test/exact_match` (greedy decoding). Parameter counts go to the loggers at the start of fitting.
 
     Args:
         model: The architecture (a `TransformerConfig` or its dict form, with vocabulary sizes set).
