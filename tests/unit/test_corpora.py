@@ -1417,6 +1417,21 @@ def test_an_empty_test_set_beside_others_is_refused_before_training(corpus: Path
     dm.check_feeds(1, test=False)  # a run with test=false never reads it
 
 
+@pytest.mark.parametrize("sources", ["", "der Hund"])
+def test_a_validation_set_of_empty_lines_is_refused_before_training(
+    corpus: Path, tmp_path: Path, sources: str
+) -> None:
+    """A validation file of empty lines (or with empty references only) is as empty as one of no lines:
+    nothing to score, and a run trained on it chose its best checkpoint by a BLEU of 0 every epoch."""
+    write_pair(corpus, "valid", [sources] * 5, ["", " ", "", "\t", ""])
+    dm = setup_datamodule(files_spec(corpus, tmp_path))
+    files = f"({corpus / 'valid.de'} and {corpus / 'valid.en'})"
+    with pytest.raises(
+        DataError, match=re.escape(f"split 'val' has 5 lines, each empty on a side at least {files}")
+    ):
+        dm.check_feeds(1)
+
+
 def test_batches_read_at_once_equal_batches_of_examples_read_one_by_one(corpus: Path, tmp_path: Path) -> None:
     """`Examples.__getitems__` (the DataLoader's path) + the collator give, for any indices, kept rows and
     cuts, the batch that collating `examples[k]` one by one gives; its tensors share one buffer."""

@@ -131,7 +131,8 @@ class ParallelDataModule(L.LightningDataModule):
         each of the run's `processes` (DDP ranks: devices x nodes) at least one batch: otherwise a run
         trains nothing (the training batches are cut to a multiple of the ranks), or a rank without a
         validation batch leaves the others waiting at the epoch's gather. With `test`, no test set may
-        be empty either. So an empty split, or one with fewer batches than ranks, is an error.
+        be empty either. So an empty split (for a corpus, one whose every line is empty on a side at least:
+        no sentence pair to score), or one with fewer batches than ranks, is an error.
 
         Raises:
             DataError: naming the split, its sentence and batch counts, the processes and the fix.
@@ -140,7 +141,7 @@ class ParallelDataModule(L.LightningDataModule):
         names = ["train", "val", *(self.test_sets if test else [])]
         for name in names:
             examples = self.splits[name]
-            if not examples:
+            if not examples or not self._holds_pairs(name):
                 raise DataError(self._empty_split_message(name))
             if name not in ("train", "val", self.test_sets[0]):
                 continue  # decoded by one process only (no DataLoader)
@@ -154,6 +155,10 @@ class ParallelDataModule(L.LightningDataModule):
                     "needs at least one batch of each split. Use fewer trainer.devices, more data in that "
                     "split, or smaller batches (data.max_tokens / data.batch_size)"
                 )
+
+    def _holds_pairs(self, name: str) -> bool:
+        """Whether split `name` (not empty) holds a sentence pair to train on or score."""
+        return True
 
     def _empty_split_message(self, name: str) -> str:
         return f"split {name!r} is empty: it needs at least one sentence pair"
@@ -362,11 +367,20 @@ class CorpusDataModule(ParallelDataModule):
         except (NotImplementedError, KeyError, DataError):
             where = ""
         fix = "set test=false to skip the final evaluation, or " if name in self.test_sets else ""
+        lines = len(self.splits[name])
+        empty = f"has {lines} lines, each empty on a side at least" if lines else "is empty"
         return (
-            f"split {name!r} is empty{where}: it needs at least one sentence pair. Add lines to it, "
+            f"split {name!r} {empty}{where}: it needs at least one sentence pair. Add lines to it, "
             f"{fix}select another split (data=files: data.valid, data.test; data=hf: data.valid_split, "
             "data.test_splits)"
         )
+
+    def _holds_pairs(self, name: str) -> bool:
+        """Whether split `name` holds a line with text on both sides (training: every pair kept does); a
+        validation or test set of empty lines (or of sources without references) has nothing to score."""
+        if name == "train":
+            return True
+        return any(s.strip() and t.strip() for s, t in zip(*self.raw_text(name), strict=True))
 
     def raw_text(self, split: str) -> tuple[list[str], list[str]]:
         """The raw (untokenized) source and reference lines of `split`.
