@@ -3,9 +3,11 @@
 from __future__ import annotations
 
 import dataclasses
+import gzip
 import hashlib
 import itertools
 import json
+import lzma
 import os
 import pickle
 import random
@@ -1776,6 +1778,24 @@ def test_a_file_in_utf16_or_utf32_without_a_byte_order_mark_is_refused(
     stray = tmp_path / "stray.de"  # a NUL or two in UTF-8 text is no encoding: read as it is
     stray.write_bytes(b"ein\x00Hund\nzwei Katzen\n")
     assert read_lines(stray) == ["ein\x00Hund", "zwei Katzen"]
+
+
+@pytest.mark.parametrize(
+    ("compress", "named"), [("gzip", "gzip-compressed.*gunzip"), ("xz", "xz-compressed.*unxz")]
+)
+@pytest.mark.parametrize("cut", [False, True])
+def test_a_compressed_data_file_is_refused_naming_the_tool_that_unpacks_it(
+    corpus: Path, tmp_path: Path, compress: str, named: str, cut: bool
+) -> None:
+    """A corpus file given as it was downloaded (`train.de` holding gzip or xz data, whole or cut short)
+    was refused as invalid UTF-8 with re-encoding as the fix; it is named as compressed, with the tool."""
+    path = corpus / "train.de"
+    packed = {"gzip": gzip.compress, "xz": lzma.compress}[compress](path.read_bytes())
+    path.write_bytes(packed[: len(packed) // 2] if cut else packed)
+    with pytest.raises(DataError, match=rf"^{re.escape(str(path))} is {named}\)$"):
+        read_lines(path)
+    with pytest.raises(DataError, match=named):
+        prepare(files_spec(corpus, tmp_path))
 
 
 def test_pairs_dropped_by_the_filters_are_reported_when_the_cache_is_loaded(

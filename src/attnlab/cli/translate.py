@@ -125,8 +125,8 @@ def utf8_lines(stream: IO[bytes] | IO[str], name: str) -> Iterator[str]:
     Raises:
         ValueError: A line is not valid UTF-8, or the first line is mostly NUL bytes (UTF-16 or UTF-32
             text, which is valid UTF-8 when ASCII but split at its "\n" bytes into lines of letters between
-            NULs, as `attnlab.data.corpora.refuse_wide_text` refuses data files); the message names the
-            input, the line or the encoding, and the fix.
+            NULs, as `attnlab.data.corpora.refuse_wide_text` refuses data files, which also refuses gzip,
+            xz or zstd data); the message names the input, the line or the encoding, and the fix.
     """
     from attnlab.data.corpora import refuse_wide_text
     from attnlab.data.download import DataError

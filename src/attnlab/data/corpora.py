@@ -59,6 +59,14 @@ def _line_blocks(path: Path) -> Iterator[list[str]]:
     return _decoded_blocks(file, path)
 
 
+# The magic bytes opening compressed data, none of them a UTF-8 text's start: compressor, tool to unpack it.
+COMPRESSED = {
+    b"\x1f\x8b": ("gzip", "gunzip"),
+    b"\xfd7zXZ\x00": ("xz", "unxz"),
+    b"(\xb5/\xfd": ("zstd", "unzstd"),
+}
+
+
 def unreadable(path: Path, why: str) -> DataError:
     """The error for a data file that exists but cannot be read as one (`why`: a directory, no permission)."""
     return DataError(f"data file {path} cannot be read ({why}): give a UTF-8 text file, one sentence a line")
@@ -112,7 +120,12 @@ def refuse_wide_text(data: bytes, path: Path | str) -> None:
     byte-order mark (or binary data) is valid UTF-8 when its characters are ASCII, and would be read as
     lines of letters between NULs. The message names the encoding (`_wide_encoding`) for the fix: a
     big-endian file re-encoded as little-endian gives valid text of other letters (`䠀愀` for `Ha`). A few
-    NULs in UTF-8 text are left to the tokenizer."""
+    NULs in UTF-8 text are left to the tokenizer. Data opening with the magic bytes of a compressor in
+    `COMPRESSED` (a corpus given as its `.gz` download) is refused too, naming the tool that unpacks it
+    (it was called invalid UTF-8, with re-encoding as the fix); no UTF-8 text opens with those bytes."""
+    for magic, (name, tool) in COMPRESSED.items():
+        if data.startswith(magic):
+            raise DataError(f"{path} is {name}-compressed, not UTF-8 text: decompress it first ({tool})")
     nuls = data.count(0)
     if nuls * 4 > len(data):
         encoding = _wide_encoding(data)
