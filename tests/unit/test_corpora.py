@@ -338,13 +338,15 @@ def test_invalid_utf8_found_while_encoding_leaves_nothing_prepared(
 
 
 def test_validation_and_test_sets_keep_every_line(corpus: Path, tmp_path: Path) -> None:
+    """Empty lines and lines the length filters drop from training alike stay in evaluation sets."""
     src, tgt = read_lines(corpus / "test.de"), read_lines(corpus / "test.en")
     src[2], tgt[4] = "", ""
     write_pair(corpus, "test", src, tgt)
     val_src = read_lines(corpus / "valid.de")
     val_src[0] = "  \t "
     write_lines(corpus / "valid.de", val_src)
-    prepared = prepare(files_spec(corpus, tmp_path))
+    prepared = prepare(files_spec(corpus, tmp_path, max_source_tokens=6, max_length_ratio=1.5))
+    assert prepared.stats["dropped_filter"].keys() == {"source_too_long", "length_ratio"}  # (training pairs)
     test, val = prepared.splits["test"], prepared.splits["val"]
     assert len(test) == SIZES["test"] and len(val) == SIZES["valid"]
     assert test.pair(2)[0] == [EOS] and test.pair(4)[1] == [] and val.pair(0)[0] == [EOS]
