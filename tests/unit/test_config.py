@@ -385,6 +385,24 @@ def test_a_sweep_objective_no_run_writes_is_refused_naming_the_closest_name() ->
     check_sweep_objective("best/val/loss", "MINIMIZE")  # the name of Optuna's Direction enum
 
 
+def test_a_sweep_going_the_wrong_way_is_refused_for_lightnings_metric_ends_and_for_bleu_and_chrf() -> None:
+    """A metric logged with Lightning's `_epoch` or `_step` end is its metric's kind (`train/loss_epoch`
+    is better lower), and a minimized BLEU or chrF is refused as a maximized loss is, naming the fix."""
+    for name in ("train/loss_epoch", "train/loss_step"):
+        lower = f"{name} is better lower, but hydra.sweeper.direction=maximize: the search would look for"
+        with pytest.raises(ConfigError, match=re.escape(lower)):
+            check_sweep_objective(name, "maximize")
+        check_sweep_objective(name, "minimize")
+    higher = (
+        "is better higher, but hydra.sweeper.direction=minimize: the search would look for the worst"
+        " settings. Add hydra.sweeper.direction=maximize"
+    )
+    for name in ("best/val/bleu", "test/test2016/chrf"):
+        with pytest.raises(ConfigError, match=re.escape(higher)):
+            check_sweep_objective(name, "minimize")
+        check_sweep_objective(name, "maximize")
+
+
 @pytest.mark.parametrize(("overrides", "message"), INVALID, ids=[" ".join(o) for o, _ in INVALID])
 def test_invalid_values_are_rejected_naming_the_key(
     overrides: list[str], message: str, tmp_path: Path
