@@ -740,6 +740,8 @@ def test_no_csv_cell_from_a_run_file_is_a_spreadsheet_formula(sweep: Path) -> No
     assert len(groups) == 4 and all(name.startswith("'\tx=") for name in groups)  # table and lengths
     assert "+10.00" in rows[2] and "+0" in rows[1]  # Δ BLEU, Δ params: numbers
     assert render([["-10.00", "+0", "-x", "+inf"]], "csv") == "-10.00,+0,'-x,+inf\r\n"
+    for cell in hostile:  # each start (the group's name above shows the first key's alone)
+        assert next(csv.reader(io.StringIO(render([[cell]], "csv"), newline=""))) == [f"'{cell}"], cell
 
 
 def test_true_and_false_in_results_are_no_scores(sweep: Path) -> None:
