@@ -84,6 +84,18 @@ def test_a_bookkeeping_key_changes_no_group_no_compared_key_no_name_and_may_chan
         check_same_experiment(RunDir(tmp_path / "a").config_file, changed(first, entry))
 
 
+def test_the_bookkeeping_overrides_the_readme_names_leave_job_directories_and_run_names_as_they_are() -> None:
+    """README ("Sweeps"): `logger=...`, `paths.`, `sweep.`, `resume` and `trainer.enable_progress_bar`
+    are left out of a job directory's name, so a sweep re-run with them (`sweep.skip_done=true resume=auto`)
+    finds its jobs; a sweep over `allocator` is refused as bookkeeping. The test above takes its cases from
+    `BOOKKEEPING` itself, so an entry dropped there dropped its case and failed nothing."""
+    own = ["model.pe=none", "seed=1"]
+    for override in ("logger=tensorboard", "paths.log_dir=/x", "sweep.skip_done=true", "resume=auto",
+                     "trainer.enable_progress_bar=false", "allocator=release", "ckpt_path=last"):  # fmt: skip
+        assert job_dirname([*own, override]) == job_dirname(own), override
+        assert run_name([*own, override]) == "pe=none,seed=1", override
+
+
 def test_what_the_console_shows_is_bookkeeping_but_the_logging_interval_is_a_setting(tmp_path: Path) -> None:
     """`trainer.enable_progress_bar` and `trainer.enable_model_summary` change only the console (two runs
     differing in both wrote the same results.json and csv/metrics.csv, the speed aside), yet runs differing
