@@ -8,8 +8,10 @@ Each row is a set of variants in `conf/experiment/table3/` (A: heads at constant
 key size, C: layers / d_model / d_ff, D: dropout and label smoothing, E: positional encoding); the
 baseline (`base`, the recipe unchanged) always runs too. This builds and runs one Hydra multirun,
     attnlab-train -m <base> +experiment/table3=base,A1,...  seed=1,...,N hydra.sweep.dir=<dir>
-with `sweep.skip_done=true`, so running it again resumes an interrupted sweep. `--dry-run` prints the
-command instead of running it. For a quick look on the synthetic task: `--base experiment=synthetic_pe`.
+with `sweep.skip_done=true resume=auto`, so running it again resumes an interrupted sweep: finished jobs
+are skipped, interrupted ones continued from their last.ckpt (without `resume=auto` they were recorded as
+failed). `--dry-run` prints the command instead of running it. For a quick look on the synthetic task:
+`--base experiment=synthetic_pe`.
 """
 
 from __future__ import annotations
@@ -36,11 +38,12 @@ def variants(rows: list[str]) -> list[str]:
 
 
 def command(rows: list[str], seeds: int, base: str, sweep_dir: str, extra: list[str]) -> list[str]:
-    """The `attnlab-train -m ...` command line of a Table 3 sweep."""
+    """The `attnlab-train -m ...` command line of a Table 3 sweep: run again, it skips the finished jobs
+    and continues the interrupted ones from their last.ckpt."""
     seed_list = ",".join(str(s) for s in range(1, seeds + 1))
     chosen = ",".join(variants(rows))
     return ["attnlab-train", "-m", base, f"+experiment/table3={chosen}", f"seed={seed_list}",
-            f"hydra.sweep.dir={sweep_dir}", "sweep.skip_done=true", *extra]  # fmt: skip
+            f"hydra.sweep.dir={sweep_dir}", "sweep.skip_done=true", "resume=auto", *extra]  # fmt: skip
 
 
 def main(argv: list[str] | None = None) -> None:

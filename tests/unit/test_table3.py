@@ -94,5 +94,6 @@ def test_script_builds_one_resumable_multirun() -> None:
     )
     assert line == [
         "attnlab-train", "-m", "experiment=multi30k_small", "+experiment/table3=base,A1,A2,A3,A4,E1,E2",
-        "seed=1,2,3", "hydra.sweep.dir=logs/sweeps/t3", "sweep.skip_done=true", "trainer.max_epochs=2",
+        "seed=1,2,3", "hydra.sweep.dir=logs/sweeps/t3", "sweep.skip_done=true", "resume=auto",
+        "trainer.max_epochs=2",
     ]  # fmt: skip
