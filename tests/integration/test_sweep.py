@@ -535,6 +535,25 @@ def test_a_run_without_test_sets_writes_its_final_metrics_for_sweeps_and_reports
     assert "| all | 1 |" in text and "Not finished" not in text
 
 
+def test_skip_done_skips_a_run_its_manifest_says_finished_not_one_holding_an_earlier_results_json(
+    tmp_path: Path,
+) -> None:
+    """A finished run resumed for more epochs and stopped keeps the results.json of its first end: only a
+    `finished` manifest makes `sweep.skip_done` skip a job, so that one is run (continued with
+    resume=auto), not skipped with its earlier results."""
+    from attnlab.cli.train import finished_results
+    from attnlab.runs.layout import MANIFEST_FILE, RunDir
+
+    run = RunDir(tmp_path / "run")
+    run.write_results({"sets": {}, "metrics": {"val/loss": 1.0}})
+    for status in ("running", "interrupted", "failed"):
+        run.write_files({MANIFEST_FILE: json.dumps({"status": status}).encode()})
+        assert finished_results(run) is None, status
+    run.write_files({MANIFEST_FILE: json.dumps({"status": "finished"}).encode()})
+    done = finished_results(run)
+    assert done is not None and done["metrics"] == {"val/loss": 1.0}
+
+
 def test_a_skip_done_that_is_no_boolean_or_a_misspelt_sweep_key_is_refused_before_any_job(
     tmp_path: Path,
 ) -> None:
