@@ -115,6 +115,17 @@ def test_what_the_console_shows_is_bookkeeping_but_the_logging_interval_is_a_set
     check_same_experiment(RunDir(tmp_path / "logging" / "a").config_file, logging)  # (a resumption may)
 
 
+def test_the_progress_settings_may_change_when_a_run_resumes(tmp_path: Path) -> None:
+    """README, "The console": `progress.every_n_seconds` and `progress.every_n_steps` may change when a run
+    resumes (lines every 30 s in the first part, every 500 steps in the second)."""
+    first = resolved(tmp_path / "a", progress={"every_n_seconds": 30, "every_n_steps": None})
+    finished_run(tmp_path / "a", first)
+    check_same_experiment(
+        RunDir(tmp_path / "a").config_file,
+        {**first, "progress": {"every_n_seconds": None, "every_n_steps": 500}},
+    )
+
+
 def test_a_setting_changes_the_group_the_compared_keys_and_the_name_and_is_no_resumption(
     tmp_path: Path,
 ) -> None:
