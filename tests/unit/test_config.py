@@ -184,6 +184,15 @@ def test_the_readmes_config_groups_table_lists_every_option_and_each_default(tmp
             assert marked == [defaults[group]], f"README's {group} row marks {marked} as the default"
 
 
+def test_the_top_level_keys_default_to_what_the_readme_gives(tmp_path: Path) -> None:
+    """README, "Config groups": `seed` 1, `test` true (the test sets evaluated after training),
+    `average_last` 0 (the best checkpoint), `allocator` keep, and `monitor` auto in each of its keys."""
+    cfg = compose_train([], tmp_path)
+    assert (cfg.seed, cfg.test, cfg.average_last, cfg.allocator) == (1, True, 0, "keep")
+    keys = ("metric", "mode", "every_n_epochs")
+    assert {key: cfg.monitor.get(key, "auto") for key in keys} == dict.fromkeys(keys, "auto")
+
+
 @pytest.mark.parametrize(("group", "name"), OPTIONS, ids=[f"{g}={n}" for g, n in OPTIONS])
 def test_every_cpu_node_instantiates(group: str, name: str, tmp_path: Path) -> None:
     from attnlab.model import Transformer
@@ -203,6 +212,35 @@ def test_every_cpu_node_instantiates(group: str, name: str, tmp_path: Path) -> N
     if trainer_name in BUILDABLE_TRAINERS and cfg.trainer.accelerator != "gpu":
         trainer = instantiate(cfg.trainer, logger=False, enable_checkpointing=False)
         assert isinstance(trainer, L.Trainer)
+
+
+LOGGERS_AND_CALLBACKS = {
+    ("logger", "wandb"): {"wandb": "WandbLogger", "csv": "CSVLogger"},
+    ("logger", "csv"): {"csv": "CSVLogger"},
+    ("logger", "tensorboard"): {"tensorboard": "TensorBoardLogger", "csv": "CSVLogger"},
+    ("logger", "mlflow"): {"mlflow": "MLflowLogger", "csv": "CSVLogger"},
+    ("logger", "many"): {"wandb": "WandbLogger", "tensorboard": "TensorBoardLogger", "mlflow": "MLflowLogger",
+                         "csv": "CSVLogger"},
+    ("callbacks", "default"): {"model_checkpoint": "ModelCheckpoint", "last_checkpoint": "LastCheckpoint",
+                               "averaging_checkpoints": "AveragingCheckpoints", "preemption": "Preemption"},
+    ("callbacks", "none"): {},
+}  # fmt: skip
+LOGGERS_AND_CALLBACKS["callbacks", "early_stopping"] = {
+    **LOGGERS_AND_CALLBACKS["callbacks", "default"], "early_stopping": "EarlyStopping"}  # fmt: skip
+
+
+@pytest.mark.parametrize(
+    ("group", "name"), LOGGERS_AND_CALLBACKS, ids=[f"{g}={n}" for g, n in LOGGERS_AND_CALLBACKS]
+)
+def test_each_logger_and_callbacks_option_builds_what_the_readme_gives(
+    group: str, name: str, tmp_path: Path
+) -> None:
+    """README, "Config groups": `csv` is the CSV log alone, `wandb`, `tensorboard` and `mlflow` add theirs
+    to it and `many` all of them; `callbacks=default` keeps the last, the best and the averaged checkpoints
+    (and one on preemption), `early_stopping` adds `EarlyStopping` to those, `none` has no callback."""
+    node = compose_train([f"{group}={name}"], tmp_path)[group] or {}
+    built = {key: value._target_.rsplit(".", 1)[1] for key, value in node.items()}
+    assert built == LOGGERS_AND_CALLBACKS[group, name]
 
 
 MONITORS = [
@@ -520,6 +558,17 @@ def test_run_directories_never_collide(tmp_path: Path) -> None:
     assert all(re.fullmatch(pattern, Path(path).name) for path in dirs), dirs
     cfg = compose_train([], tmp_path, hydra_node=True)
     assert cfg.hydra.run.dir == cfg.hydra.run.dir  # stable within one run
+
+
+def test_runs_go_under_logs_or_attnlab_log_dir(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """README, "Config groups": `paths.log_dir` is `./logs` (relative to the working directory), or the
+    environment's `ATTNLAB_LOG_DIR`; a run's directory is `<log_dir>/train/runs/<date>_<time>_<id>`."""
+    monkeypatch.delenv("ATTNLAB_LOG_DIR", raising=False)
+    cfg = compose_train([], tmp_path, hydra_node=True)
+    assert cfg.paths.log_dir == "logs" and Path(cfg.hydra.run.dir).parent == Path("logs/train/runs")
+    monkeypatch.setenv("ATTNLAB_LOG_DIR", str(tmp_path / "mine"))
+    cfg = compose_train([], tmp_path, hydra_node=True)
+    assert Path(cfg.hydra.run.dir).parent == tmp_path / "mine" / "train" / "runs"
 
 
 def test_configs_are_packaged_into_the_wheel(tmp_path: Path) -> None:
