@@ -151,6 +151,19 @@ def test_the_model_presets_and_recipes_have_the_sizes_the_readme_gives(tmp_path:
         assert round(sum(p.numel() for p in model.parameters()), -5) == params, recipe
 
 
+def test_the_optim_presets_have_the_schedules_the_readme_gives(tmp_path: Path) -> None:
+    """README, "Config groups": `linear` (the default) and `inverse_sqrt` are their schedules, `noam` the
+    paper's with 4000 warm-up steps."""
+
+    def schedule(overrides: list[str]) -> tuple[str, int]:
+        optim = validate(compose_train(["data=synthetic", *overrides], tmp_path)).optim
+        return optim.schedule, optim.warmup_steps
+
+    assert schedule([])[0] == schedule(["optim=linear"])[0] == "linear"
+    assert schedule(["optim=inverse_sqrt"])[0] == "inverse_sqrt"
+    assert schedule(["optim=noam"]) == ("noam", 4000)
+
+
 def test_the_multi30k_small_recipe_decodes_as_the_readmes_result(tmp_path: Path) -> None:
     """README, "Results": `experiment=multi30k_small` trains 9 epochs and decodes test2016 from the best
     checkpoint by validation BLEU (no averaging) with beam 5, GNMT α 1.0, batch 64: its 37.45 BLEU."""
