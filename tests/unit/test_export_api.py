@@ -59,6 +59,24 @@ def test_ctranslate2_with_separate_source_and_target_vocabularies(tmp_path: Path
     assert engine.source_ids(lines) == ours._source_ids(lines) and len(engine.source_ids(lines)[0]) == 5
 
 
+def test_ctranslate2_reads_a_source_past_1024_tokens_whole_as_attnlab_does(tmp_path: Path) -> None:
+    """CTranslate2 cuts every source to 1024 tokens unless told otherwise: a source limit above that
+    (decode.max_source_tokens) is attnlab's alone, and a longer source translates as attnlab translates it."""
+    pytest.importorskip("ctranslate2", reason='needs the [export] extra: pip install -e ".[export]"')
+    from attnlab.interop.ct2 import CT2Translator
+
+    joint = SubwordTokenizer.train(GERMAN + ENGLISH, model="bpe", vocab_size=80)
+    ours = random_translator(joint, joint, tie="all")
+    ours.decode = DecodeConfig(beam=1, alpha=0.0, max_len_a=0.0, max_len_b=8, max_source_tokens=1500)
+    engine = CT2Translator(export(ours, "ctranslate2", tmp_path / "ct2"), intra_threads=1)
+    same = (" ".join(GERMAN[:3]) + " ") * 23  # over 1024 tokens, the same in every line
+    lines = [same + tail * 40 for tail in ("Schnee ", "Hunde. ", "Buch ")]
+    assert len(ours._source_ids([same])[0]) > 1024
+    assert all(len(row) < 1500 for row in engine.source_ids(lines))  # read whole, not cut
+    expected = ours.translate(lines)
+    assert engine.translate(lines) == expected and len(set(expected)) > 1  # each line's end counts
+
+
 def test_hf_refuses_separate_vocabularies_and_sentencepiece(tmp_path: Path) -> None:
     src, tgt = separate_vocabularies()
     with pytest.raises(ExportError, match=r"separate source and target vocabularies .* format=ctranslate2"):
