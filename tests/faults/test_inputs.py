@@ -399,6 +399,12 @@ def test_attnlab_translate_names_the_line_that_is_not_utf8(
     ):
         translate_main([f"ckpt_path={checkpoint['path']}", "device=cpu"])  # (no line before it)
     assert capsys.readouterr().out == ""
+    monkeypatch.setattr("sys.stdin", io.TextIOWrapper(io.BytesIO(b"ein Hund\nStra\xdfe\n"), newline="\n"))
+    with pytest.raises(
+        SystemExit, match=r"line 2, .*; the line before it was translated to standard output$"
+    ):
+        translate_main([f"ckpt_path={checkpoint['path']}", "device=cpu"])
+    assert len(capsys.readouterr().out.splitlines()) == 1
 
 
 WIDE = [  # Python's codec, and the encoding the message names for iconv

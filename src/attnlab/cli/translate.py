@@ -388,8 +388,8 @@ def main(argv: Sequence[str] | None = None) -> None:
             after = f"; nothing was written to {output} (a file there before is unchanged)"
         elif streaming is not None and isinstance(exc, ValueError):
             done = streaming.records
-            after = f"; the {done} line{'s' * (done != 1)} before it were translated to standard output"
-            after = after if done else "; nothing was translated"
+            lines = "the line before it was" if done == 1 else f"the {done} lines before it were"
+            after = f"; {lines} translated to standard output" if done else "; nothing was translated"
         else:
             after = ""
         raise SystemExit(f"attnlab-translate: {exc}{after}") from None
