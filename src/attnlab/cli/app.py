@@ -14,7 +14,7 @@ from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
 from importlib import resources
 from pathlib import Path
-from typing import Any
+from typing import Any, NoReturn
 
 import yaml
 from hydra.experimental.callback import Callback
@@ -239,18 +239,21 @@ def _refusing_unloadable(load: Callable[[Any, str], Any], task: str) -> Callable
         except HydraException:  # (not found: Hydra's own message)
             raise
         except (yaml.YAMLError, UnicodeDecodeError, OSError, OmegaConfBaseException) as exc:
-            problem = config_file_problem(source, config_path, exc)
-            if os.environ.get("HYDRA_FULL_ERROR") == "1":
-                raise ConfigError(problem) from exc
-            raise SystemExit(f"attnlab-{task}: config error: {problem}") from None
+            _refuse(task, config_file_problem(source, config_path, exc), exc)
         problem = _not_a_mapping(source, config_path, result.config)
-        if problem is None:
-            return result
-        if os.environ.get("HYDRA_FULL_ERROR") == "1":
-            raise ConfigError(problem)
-        raise SystemExit(f"attnlab-{task}: config error: {problem}")
+        if problem is not None:
+            _refuse(task, problem, None)
+        return result
 
     return checked
+
+
+def _refuse(task: str, problem: str, cause: Exception | None) -> NoReturn:
+    """End `attnlab-<task>` with the config error `problem` on one line; with `HYDRA_FULL_ERROR=1`, raise it
+    as a `ConfigError` from `cause`, with its traceback."""
+    if os.environ.get("HYDRA_FULL_ERROR") == "1":
+        raise ConfigError(problem) from cause
+    raise SystemExit(f"attnlab-{task}: config error: {problem}") from None
 
 
 def _config_file(source: Any, config_path: str) -> tuple[str, Any]:
