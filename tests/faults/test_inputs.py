@@ -4,8 +4,10 @@ lines (exactly one output line per input line, in order)."""
 
 from __future__ import annotations
 
+import gzip
 import io
 import logging
+import lzma
 import random
 import re
 import unicodedata
@@ -431,6 +433,22 @@ def test_attnlab_translate_refuses_utf16_and_utf32_input_naming_the_encoding(
         )
     assert sorted(tmp_path.iterdir()) == [source]
     assert list(utf8_lines(io.BytesIO(b"ein\0Hund\n\0\0\0\n"), "x")) == ["ein\0Hund\n", "\0\0\0\n"]
+
+
+@pytest.mark.parametrize(("compress", "tool"), [(gzip.compress, "gunzip"), (lzma.compress, "unxz")])
+def test_attnlab_translate_refuses_compressed_input_naming_the_tool_that_unpacks_it(
+    checkpoint: dict[str, Any], tmp_path: Path, compress: Any, tool: str
+) -> None:
+    """A `.gz` or `.xz` file given as input (or piped in) is refused naming the tool that unpacks it, as data
+    files are, not called invalid UTF-8 with re-encoding as the fix; nothing is written."""
+    source, target = tmp_path / "in.txt", tmp_path / "out.txt"
+    source.write_bytes(compress(b"ein Hund\nzwei Hunde\n"))
+    message = rf"{re.escape(str(source))} is \w+-compressed, not UTF-8 text: decompress it first \({tool}\)"
+    with pytest.raises(SystemExit, match=message + "; nothing was written"):
+        translate_main(
+            [f"ckpt_path={checkpoint['path']}", f"input={source}", f"output={target}", "device=cpu"]
+        )
+    assert sorted(tmp_path.iterdir()) == [source]
 
 
 @pytest.mark.parametrize("value", ["abc", "2.7", "true", "[4]", "0", "-1"])
