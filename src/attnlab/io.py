@@ -23,6 +23,8 @@ from types import TracebackType
 from typing import IO, Any
 
 _POLL_S = 0.05  # seconds between tries of a lock held by another process
+_LOOK_S = 1.0  # seconds a lock that only looks hold (`held_elsewhere`) is tried past a timeout
+_LOOK_POLL_S = 0.001  # seconds between those tries (a look holds it for an instant)
 
 
 class FileLock:
@@ -51,7 +53,9 @@ class FileLock:
 
     Args:
         path: The lock file.
-        timeout: Seconds to wait for the lock; None waits forever, 0 tries once.
+        timeout: Seconds to wait for the lock; None waits forever, 0 tries once. A lock that only
+            `held_elsewhere` looks hold when the time is up (each for an instant) is tried on, for at most
+            `_LOOK_S` seconds, so a look is never taken for a holder.
         record_holder: Write this process's pid and host into the lock file while holding it.
         waiting: Called once, before waiting, when another process holds the lock (to say why nothing
             happens meanwhile: a build or download can take minutes); not called when the lock is free.
@@ -140,8 +144,13 @@ class FileLock:
         return None
 
     def _wait(self, fd: int, deadline: float) -> None:
+        """Try the lock until `deadline`, and past it while only looks hold it (`_looked_at`)."""
+        looks_end: float | None = None
         while not _try_lock(fd):
             remaining = deadline - time.monotonic()
+            if remaining <= 0 and _looked_at(fd):
+                looks_end = looks_end or time.monotonic() + _LOOK_S
+                remaining = min(_LOOK_POLL_S, looks_end - time.monotonic())
             if remaining <= 0:
                 raise TimeoutError(
                     f"could not lock {self.path} within {self.timeout} s: "
@@ -198,9 +207,9 @@ def held_here(path: Path) -> FileLock | None:
 def held_elsewhere(path: Path) -> bool:
     """Whether another live process holds the `FileLock` on `path` (this process's own: False; no file: False,
     and none is made). Reads it by taking a shared lock without waiting and freeing it at once: a process
-    that tries the lock in that instant finds it taken, as it would while any process held it, but other
-    processes looking at once do not take each other for its holder; and the file is opened for reading
-    alone, where NFS takes an exclusive lock only on a file opened for writing (`flock(2)`)."""
+    that tries the lock in that instant finds it held shared only, and tries on (`FileLock`'s `timeout`);
+    other processes looking at once do not take each other for its holder; and the file is opened for
+    reading alone, where NFS takes an exclusive lock only on a file opened for writing (`flock(2)`)."""
     if held_here(path) is not None:
         return False
     try:
@@ -211,6 +220,15 @@ def held_elsewhere(path: Path) -> bool:
         return not _try_lock(fd, shared=True)
     finally:
         os.close(fd)  # (frees the lock, if taken)
+
+
+def _looked_at(fd: int) -> bool:
+    """Whether the lock `fd` could not take is held shared only (a `held_elsewhere` look, for an instant),
+    not by a holder: a shared lock is then free to take (and freed at once)."""
+    if not _try_lock(fd, shared=True):
+        return False
+    fcntl.flock(fd, fcntl.LOCK_UN)
+    return True
 
 
 def _try_lock(fd: int, shared: bool = False) -> bool:

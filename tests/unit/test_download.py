@@ -724,6 +724,32 @@ def test_held_elsewhere_takes_no_look_of_another_process_for_a_holder(tmp_path: 
         os.close(fd)
 
 
+def test_a_look_at_a_lock_does_not_refuse_a_claim_tried_in_its_instant(tmp_path: Path) -> None:
+    """A `FileLock(timeout=0)` tried while `held_elsewhere` looks at the lock (a command claiming the run
+    directory another command looks at: its shared lock, here held by another open file of the lock) is not
+    refused: it takes the lock once the look ends. A holder's lock still refuses it at once."""
+    import fcntl
+
+    path = tmp_path / ".lock"
+    path.touch()
+    fd = os.open(path, os.O_RDONLY)
+    look_ends = threading.Timer(0.1, fcntl.flock, (fd, fcntl.LOCK_UN))
+    try:
+        fcntl.flock(fd, fcntl.LOCK_SH)  # (a look at the lock, in its instant)
+        look_ends.start()
+        with FileLock(path, timeout=0, record_holder=True) as claim:
+            assert claim.locked
+        look_ends.join()
+        fcntl.flock(fd, fcntl.LOCK_EX)  # (a holder)
+        start = time.monotonic()
+        with pytest.raises(TimeoutError, match="another process holds it"), FileLock(path, timeout=0):
+            pass
+        assert time.monotonic() - start < 0.5
+    finally:
+        look_ends.cancel()
+        os.close(fd)
+
+
 def test_a_lock_file_its_holder_deletes_is_never_held_twice(tmp_path: Path) -> None:
     """A process waiting on a lock file that its holder deletes (`release(delete=True)`: a refused command
     removing the run directory it made) takes the file at the path afterwards, not the deleted one: a

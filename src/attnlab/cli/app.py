@@ -345,8 +345,7 @@ def hydra_output_subdir(output_dir: Any, resume: Any = False, ckpt_path: Any = N
     directory before, `RunDirectoryCheck`). A resumption keeps the record of the run's first command (each
     resumption's command is in `manifest.json`), and a skipped or refused one leaves the run directory as
     it was. A process of rank > 0 (`launched_rank`: torchrun, SLURM tasks) records nowhere, as Lightning's
-    own launcher has its ranks do: rank 0 records the command, and a look at the lock (`held_elsewhere`
-    takes it for an instant) could refuse rank 0's claim of the directory in that instant."""
+    own launcher has its ranks do: rank 0 records the command."""
     if launched_rank() != 0:
         return None
     run = RunDir(Path(str(output_dir)))
