@@ -15,7 +15,6 @@ import socket
 import stat
 import tempfile
 import time
-import weakref
 from collections.abc import Callable, Iterable, Iterator, Mapping
 from contextlib import contextmanager, suppress
 from pathlib import Path
@@ -45,6 +44,8 @@ class FileLock:
     A forked child (a DataLoader worker) does not hold its parent's locks: an ``flock`` belongs to the
     open file, which a fork shares, so the child closes its inherited descriptors at once
     (`_close_locks_in_child`); a lock is freed when its holder dies, even while its workers still run.
+    A ``FileLock`` dropped unreleased stays held until the process ends (it is not released when garbage
+    collected), and a child still does not hold it.
 
     Example::
 
@@ -199,7 +200,7 @@ def _same_file(fd: int, path: Path) -> bool:
 
 
 def held_here(path: Path) -> FileLock | None:
-    """The `FileLock` on `path` this process holds, or None."""
+    """The `FileLock` on `path` this process holds (one its holder dropped unreleased too), or None."""
     wanted = Path(path).resolve()
     return next((lock for lock in list(_HELD) if lock.path.resolve() == wanted), None)
 
@@ -240,7 +241,9 @@ def _try_lock(fd: int, shared: bool = False) -> bool:
     return True
 
 
-_HELD: weakref.WeakSet[FileLock] = weakref.WeakSet()  # the locks this process holds
+# The locks this process holds, kept until released: one its holder dropped unreleased stays held (its
+# descriptor open) until the process ends, so a forked child must still close it, and `held_here` finds it.
+_HELD: set[FileLock] = set()
 
 
 def _close_locks_in_child() -> None:

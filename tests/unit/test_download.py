@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import contextlib
+import gc
 import gzip
 import logging
 import multiprocessing
@@ -773,10 +774,12 @@ def test_a_lock_file_its_holder_deletes_is_never_held_twice(tmp_path: Path) -> N
         pass
 
 
-def test_a_process_forked_from_a_lock_holder_does_not_hold_its_lock(tmp_path: Path) -> None:
+@pytest.mark.parametrize("kept", [True, False], ids=["kept", "dropped"])
+def test_a_process_forked_from_a_lock_holder_does_not_hold_its_lock(tmp_path: Path, kept: bool) -> None:
     """A process forked from a lock's holder (a DataLoader worker forked from a run's process) does not
     hold the lock: when the holder dies without releasing it (SIGKILL), the lock is free at once, although
-    the forked process still runs (an flock lasts while any process has the descriptor open)."""
+    the forked process still runs (an flock lasts while any process has the descriptor open). So too for a
+    lock the holder took and dropped, never released (garbage collected: the holder still holds it)."""
     path = tmp_path / ".lock"
     ready_r, ready_w = os.pipe()  # the forked process's pid, once it runs
     stop_r, stop_w = os.pipe()  # it runs until this closes
@@ -785,6 +788,9 @@ def test_a_process_forked_from_a_lock_holder_does_not_hold_its_lock(tmp_path: Pa
         try:
             lock = FileLock(path)
             lock.acquire()
+            if not kept:
+                del lock
+                gc.collect()
             if os.fork() == 0:  # the forked process
                 os.close(stop_w)
                 os.write(ready_w, str(os.getpid()).encode())
