@@ -584,32 +584,47 @@ def test_runs_go_under_logs_or_attnlab_log_dir(tmp_path: Path, monkeypatch: pyte
     assert Path(cfg.hydra.run.dir).parent == tmp_path / "mine" / "train" / "runs"
 
 
-def test_configs_are_packaged_into_the_wheel(tmp_path: Path) -> None:
+@pytest.fixture(scope="module")
+def wheel(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """The project's wheel, built once (without build isolation: no network)."""
+    out_dir = tmp_path_factory.mktemp("wheel")
+    root = Path(__file__).resolve().parents[2]
+    command = [sys.executable, "-m", "pip", "wheel", "--no-deps", "--no-build-isolation", "-w", str(out_dir)]
+    out = subprocess.run([*command, str(root)], capture_output=True, text=True, timeout=300)
+    assert out.returncode == 0, out.stderr
+    (built,) = out_dir.glob("attnlab-*.whl")
+    return built
+
+
+def test_configs_are_packaged_into_the_wheel(wheel: Path) -> None:
     import zipfile
 
-    root = Path(__file__).resolve().parents[2]
-    out = subprocess.run(
-        [
-            sys.executable,
-            "-m",
-            "pip",
-            "wheel",
-            "--no-deps",
-            "--no-build-isolation",
-            "-w",
-            str(tmp_path),
-            str(root),
-        ],
-        capture_output=True,
-        text=True,
-        timeout=300,
-    )
-    assert out.returncode == 0, out.stderr
-    (wheel,) = tmp_path.glob("attnlab-*.whl")
     names = set(zipfile.ZipFile(wheel).namelist())
     expected = {f"attnlab/conf/{p.relative_to(CONF)}" for p in CONF.rglob("*.yaml")}
     assert expected <= names
     assert "attnlab/cli/train.py" in names
+
+
+def test_an_installed_wheel_composes_from_its_packaged_configs(wheel: Path, tmp_path: Path) -> None:
+    """`config_dir()` in a wheel install is the packaged `attnlab/conf`, not a checkout's `conf/`: a model
+    option only the installed copy has composes (`--cfg job`), run outside the checkout."""
+    installed = tmp_path / "site"
+    command = [sys.executable, "-m", "pip", "install", "--no-deps", "--quiet", "--target", str(installed)]
+    out = subprocess.run([*command, str(wheel)], capture_output=True, text=True, timeout=300)
+    assert out.returncode == 0, out.stderr
+    packaged = installed / "attnlab" / "conf"
+    (packaged / "model" / "packaged_only.yaml").write_text("defaults:\n  - base\n  - _self_\nd_model: 48\n")
+    script = (
+        f"import sys\nsys.path.insert(0, {str(installed)!r})\n"
+        "from attnlab.cli.app import config_dir\nfrom attnlab.cli.train import main\n"
+        "print('CONF', config_dir())\n"
+        "sys.argv = ['attnlab-train', 'model=packaged_only', '--cfg', 'job']\nmain()\n"
+    )
+    run = [sys.executable, "-c", script]
+    done = subprocess.run(run, capture_output=True, text=True, timeout=120, cwd=tmp_path)
+    assert done.returncode == 0, done.stderr
+    assert f"CONF {packaged}\n" in done.stdout
+    assert yaml.safe_load(done.stdout.split("\n", 1)[1])["model"]["d_model"] == 48
 
 
 INVALID_CORPUS = [
