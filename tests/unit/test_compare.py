@@ -781,6 +781,16 @@ def test_training_minutes_of_a_resumed_run_leave_out_the_pause_before_its_resump
     assert {g.name: g for g in groups}["model.pe=none"].stats["train_minutes"].n == 2
 
 
+def test_a_run_that_ends_before_it_starts_has_no_training_minutes(sweep: Path) -> None:
+    """A manifest whose end precedes its start (edited, or a clock set back) gave the group a negative
+    mean of minutes (-175170); its training time is unknown, the group's minutes are those of the others."""
+    path = sweep / "pe=none,seed=1" / "manifest.json"
+    path.write_text(json.dumps({**json.loads(path.read_text()), "end_time": "2025-01-01T00:30:00+00:00"}))
+    groups, _ = summarize(load_runs([sweep]), baseline="model.pe=sinusoidal")
+    minutes = {g.name: g for g in groups}["model.pe=none"].stats["train_minutes"]
+    assert minutes.n == 2 and minutes.mean == pytest.approx(30.0)
+
+
 def test_group_names_show_config_values_as_yaml_writes_them_and_the_baseline_matches_them(
     sweep: Path,
 ) -> None:

@@ -88,8 +88,9 @@ def _params(run: RunDir) -> float | None:
 def _seconds(manifest: dict[str, Any], path: Path) -> float | None:
     """Seconds the run of a manifest ran: from `start_time` to `end_time`, less the pauses between its
     parts when it was resumed (each `resumed` entry's `time`, and the `previous_end` of the part before).
-    None when a time is missing or no ISO time, or a part was killed before it could record its end (how
-    long it ran is not known; resumptions recorded before `previous_end` existed are such too).
+    None when a time is missing or no ISO time, a part was killed before it could record its end (how
+    long it ran is not known; resumptions recorded before `previous_end` existed are such too), or a part
+    ends before it starts (times edited or set by a clock that jumped: no duration to add).
 
     Raises:
         UnreadableRunFile: Some times have a timezone and others not (they cannot be subtracted).
@@ -105,13 +106,14 @@ def _seconds(manifest: dict[str, Any], path: Path) -> float | None:
     except (TypeError, ValueError):
         return None
     try:
-        return sum((end - start).total_seconds() for start, end in parts)
+        durations = [(end - start).total_seconds() for start, end in parts]
     except TypeError:
         times = ", ".join(map(repr, [*starts, *ends]))
         raise UnreadableRunFile(
             f"cannot read {path}: its start, resumption and end times ({times}) cannot be compared (one has "
             "a timezone, the other not)"
         ) from None
+    return sum(durations) if min(durations) >= 0 else None
 
 
 def _number(path: Path, what: str, value: float) -> float:
