@@ -651,6 +651,17 @@ def test_a_length_plot_that_cannot_be_written_leaves_the_other_plots(sweep: Path
     assert all((plots / name).read_bytes() == b"old" for name in written if name != blocked)
 
 
+def test_a_plot_directory_that_is_a_file_is_named_with_the_fix(sweep: Path, tmp_path: Path) -> None:
+    """`--plots` naming a file (or a path below one) ended in `[Errno 17] File exists: 'p'`; it is kept."""
+    (tmp_path / "p").write_text("mine")
+    for plots in (tmp_path / "p", tmp_path / "p" / "sub"):
+        with pytest.raises(SystemExit) as refused:
+            compare_main([str(sweep), "--plots", str(plots)])
+        assert str(refused.value).startswith(f"attnlab-compare: cannot make the plot directory {plots}: ")
+        assert str(refused.value).endswith("; choose another --plots directory")
+    assert (tmp_path / "p").read_text() == "mine"
+
+
 def test_a_metric_some_runs_lack_says_over_how_many_and_a_finished_run_needs_its_config(sweep: Path) -> None:
     path = sweep / "pe=none,seed=3" / "results.json"
     path.write_text(json.dumps({**json.loads(path.read_text()), "metrics": {}}))  # no val/ppl

@@ -50,14 +50,19 @@ def plot_comparison(
     groups: Sequence[GroupSummary], metric: str, out_dir: str | Path, tables: Sequence[LengthTable] = ()
 ) -> list[Path]:
     """Write the comparison plots of `groups` (from `attnlab.reports.compare.summarize`) for `metric` into
-    `out_dir`, and with `tables` (`attnlab.reports.compare.by_length`) their `bleu_by_length_<set>.png`
-    (all together once every plot is drawn: a failed write leaves every file there before unchanged);
-    returns the files written."""
+    `out_dir` (made if missing), and with `tables` (`attnlab.reports.compare.by_length`) their
+    `bleu_by_length_<set>.png` (all together once every plot is drawn: a failed write leaves every file
+    there before unchanged); returns the files written."""
     import matplotlib
 
     matplotlib.use("Agg")  # files only: no display needed
     out = Path(out_dir)
-    out.mkdir(parents=True, exist_ok=True)
+    try:
+        out.mkdir(parents=True, exist_ok=True)
+    except OSError as exc:  # a file there (or above it), no permission
+        raise OSError(
+            f"cannot make the plot directory {out}: {exc.strerror or exc}; choose another --plots directory"
+        ) from None
     written = {
         out / f"{_slug(metric)}_by_group.png": _png(_by_group(groups, metric)),
         out / "validation_curves.png": _png(_validation_curves(groups)),
