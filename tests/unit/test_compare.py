@@ -390,17 +390,23 @@ def test_bleu_by_length_refuses_runs_of_other_sentences(sweep: Path) -> None:
         assert re.search(rf"{re.escape(str(other))} is missing \(the run has hypotheses", listed), listed
 
 
-@pytest.mark.parametrize("scoring", [{"bleu_tokenize": "flores101"}, {"bleu_tokenize": "13a", "x": 1}, "13a"])
+@pytest.mark.parametrize(
+    "scoring", [{"bleu_tokenize": "flores101"}, {"bleu_tokenize": "13a", "x": 1}, "13a", [1], None]
+)
 def test_a_results_file_cannot_choose_a_bleu_tokenizer_outside_the_offline_list(
     sweep: Path, scoring: object
 ) -> None:
-    """`flores101` would download a model at first use: a results file is input, not a choice of code."""
-    from attnlab.reports.compare import by_length
-
+    """`flores101` would download a model at first use: a results file is input, not a choice of code. Its
+    run is unreadable, named with the file, and the others are compared (a damaged `scoring` of one run
+    stopped the whole comparison, when a paired test or a length table came to read it)."""
     path = sweep / "pe=none,seed=1" / "results.json"
     path.write_text(json.dumps({**json.loads(path.read_text()), "scoring": scoring}))
-    with pytest.raises(ValueError, match=re.escape(f"cannot read {path}: its 'scoring'")):
-        by_length(summarize(load_runs([sweep]))[0])
+    for lengths in (False, True):
+        text = report([sweep], baseline="model.pe=sinusoidal", lengths=lengths)
+        assert "| model.pe=none | 2 |" in text and "seed 2: " in text
+        unreadable = text.split("Unreadable, not compared:\n")[1]
+        assert unreadable.startswith(f"- {path.parent} (cannot read {path}: its 'scoring' "), unreadable
+        assert isinstance(scoring, dict) or 'not an object such as {"bleu_tokenize": "13a"}' in unreadable
 
 
 def test_a_run_reached_twice_is_one_run(sweep: Path, tmp_path: Path) -> None:

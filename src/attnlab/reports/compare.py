@@ -60,13 +60,15 @@ COUNTS = frozenset({"params"})  # metrics shown as whole numbers
 
 @dataclass
 class Run:
-    """One run directory: its flattened config, status, and final numbers."""
+    """One run directory: its flattened config, status, and final numbers (of a finished run, with the BLEU
+    tokenizer its results were scored with: `_bleu_tokenizer`)."""
 
     path: Path
     config: dict[str, Any]
     status: str
     metrics: dict[str, float] = field(default_factory=dict)
     error: str | None = None
+    bleu_tokenize: str = "13a"
 
     @property
     def files(self) -> RunDir:
@@ -128,8 +130,7 @@ def _number(path: Path, what: str, value: float) -> float:
         raise UnreadableRunFile(f"cannot read {path}: its {what} is past float's range") from None
 
 
-def _result_metrics(run: RunDir) -> dict[str, float]:
-    path, results = run.results_file, run.read_json(RESULTS_FILE)
+def _result_metrics(path: Path, results: dict[str, Any]) -> dict[str, float]:
     numbers = results.get("metrics", {})
     sets = results.get("sets", {})
     if not isinstance(numbers, dict) or not isinstance(sets, dict):
@@ -188,7 +189,8 @@ def _read_run(run_dir: Path) -> Run:
     if status != "finished" or not run.results_file.is_file():
         status = status if status != "finished" else "unfinished"
         return Run(run_dir, config, status, error=manifest.get("error"))
-    metrics = _result_metrics(run)
+    results = run.read_json(RESULTS_FILE)
+    metrics, tokenize = _result_metrics(run.results_file, results), _bleu_tokenizer(run.results_file, results)
     _check_saved_lines(run)  # (a paired test or a length table reads them; one damaged run stopped them all)
     params = _params(run)
     if params is not None:
@@ -196,7 +198,7 @@ def _read_run(run_dir: Path) -> Run:
     seconds = _seconds(manifest, run.manifest_file)
     if seconds is not None:
         metrics["train_minutes"] = seconds / 60
-    return Run(run_dir, config, "finished", metrics)
+    return Run(run_dir, config, "finished", metrics, bleu_tokenize=tokenize)
 
 
 def _is_run_dir(directory: Path) -> bool:
@@ -490,7 +492,7 @@ def paired_tests(baseline: Sequence[Run], runs: Sequence[Run], n_samples: int = 
         if len(same) != 1:  # none, or several (`_warn_repeated_seeds`): no one run to pair with
             continue
         base = same[0]
-        tokenize, base_tokenize = _bleu_tokenizer(run), _bleu_tokenizer(base)  # as each scored its BLEU
+        tokenize, base_tokenize = run.bleu_tokenize, base.bleu_tokenize  # as each scored its BLEU
         if tokenize != base_tokenize:
             log.warning("no paired test of %s against %s: their BLEU was scored with the %s and %s "
                         "tokenizers", run.path, base.path, tokenize, base_tokenize)  # fmt: skip
@@ -550,19 +552,24 @@ def length_labels(edges: Sequence[int]) -> list[str]:
     return [f"<{edges[0]}", *inner, f"{edges[-1]}+"]
 
 
-def _bleu_tokenizer(run: Run) -> str:
-    """The BLEU tokenizer `run` scored with (`scoring` in its results: a closed list of sacreBLEU's
-    offline tokenizers, so a results file cannot name one that downloads or runs anything else; 13a
-    for results from before it was recorded)."""
+def _bleu_tokenizer(path: Path, results: dict[str, Any]) -> str:
+    """The BLEU tokenizer the results in file `path` were scored with (their `scoring`: a closed list of
+    sacreBLEU's offline tokenizers, so a results file cannot name one that downloads or runs anything
+    else; 13a for results from before it was recorded). Read with the run (`read_run`): damaged, it makes
+    its run unreadable, not the comparison fail.
+
+    Raises:
+        UnreadableRunFile: `scoring` is no object of `MetricsConfig`'s settings, or names another tokenizer.
+    """
     from attnlab.metrics import MetricsConfig
 
-    scoring = run.files.read_json(RESULTS_FILE).get("scoring", {})
+    scoring = results.get("scoring", {})
     try:
+        if not isinstance(scoring, dict):
+            raise TypeError(f'a JSON {json_type(scoring)}, not an object such as {{"bleu_tokenize": "13a"}}')
         return MetricsConfig(**scoring).bleu_tokenize
     except (TypeError, ValueError) as exc:
-        raise UnreadableRunFile(
-            f"cannot read {run.files.results_file}: its 'scoring' {scoring!r}: {exc}"
-        ) from None
+        raise UnreadableRunFile(f"cannot read {path}: its 'scoring' {scoring!r}: {exc}") from None
 
 
 def by_length(groups: Sequence[GroupSummary], edges: Sequence[int] = LENGTH_EDGES) -> list[LengthTable]:
@@ -582,7 +589,6 @@ def by_length(groups: Sequence[GroupSummary], edges: Sequence[int] = LENGTH_EDGE
     if not runs:
         return []
     names = set.intersection(*({p.stem for p in r.files.hypotheses_dir.glob("*.txt")} for r in runs))
-    tokenizers = {r.path: _bleu_tokenizer(r) for r in runs}  # as each run scored its BLEU
     tables = []
     for name in sorted(names):
         references = _saved_references(runs[0].files, f"{name}.txt")
@@ -599,7 +605,7 @@ def by_length(groups: Sequence[GroupSummary], edges: Sequence[int] = LENGTH_EDGE
         for group in groups:
             scores: list[list[float]] = [[] for _ in members]
             for run in group.runs:
-                tokenize = tokenizers[run.path]
+                tokenize = run.bleu_tokenize  # as the run scored its BLEU
                 hyp_file = run.files.hypotheses_dir / f"{name}.txt"
                 hypotheses = _lines(hyp_file) or []
                 _same_count([(hyp_file, hypotheses), (run.files.references_dir / f"{name}.txt", references)])
