@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import hashlib
 import itertools
 import json
 import math
@@ -191,7 +192,9 @@ def test_the_paired_test_scores_with_the_runs_bleu_tokenizer(sweep: Path) -> Non
 
     score_with("none", "char")
     groups, _ = summarize(load_runs([sweep]), baseline="model.pe=sinusoidal")
-    assert {g.name: g for g in groups}["model.pe=none"].p_values == {}
+    none = {g.name: g for g in groups}["model.pe=none"]
+    assert none.p_values == {}
+    assert "test/test2016/bleu" not in none.delta and "test/test2016/chrf" in none.delta  # BLEU: other scales
     score_with("sinusoidal", "char")
     groups, _ = summarize(load_runs([sweep]), baseline="model.pe=sinusoidal")
     tested = {g.name: g for g in groups}["model.pe=none"].p_values["test2016"]
@@ -203,19 +206,51 @@ def test_the_paired_test_scores_with_the_runs_bleu_tokenizer(sweep: Path) -> Non
 def test_a_baseline_with_other_references_is_named_not_paired(
     sweep: Path, caplog: pytest.LogCaptureFixture
 ) -> None:
-    """A baseline run that saved other references for a test set (other sentences) has no paired test
-    with the run of its seed: the p-value of that seed was left out without a word."""
-    (base,) = sweep.glob("pe=sinusoidal,seed=2*")
-    references = base / "references" / "test2016.txt"
-    references.write_text(references.read_text().replace("a man", "a woman", 1))
+    """Baseline runs that saved other references for a test set (other sentences) have no paired test
+    with the runs of their seeds (the p-value of a seed was left out without a word), and the scores of
+    that set no Δ (a difference of BLEU on other sentences was shown as the change the setting made)."""
+    for base in sweep.glob("pe=sinusoidal,*"):
+        references = base / "references" / "test2016.txt"
+        references.write_text(references.read_text().replace("a man", "a woman", 1))
     with caplog.at_level("WARNING", logger="attnlab.reports.compare"):
         groups, _ = summarize(load_runs([sweep]), baseline="model.pe=sinusoidal")
-    assert [seed for seed, _ in {g.name: g for g in groups}["model.pe=none"].p_values["test2016"]] == [1, 3]
+    none = {g.name: g for g in groups}["model.pe=none"]
+    assert none.p_values == {} and sorted(none.delta) == ["params", "train_minutes", "val/ppl"]
     (run,) = sweep.glob("pe=none,seed=2*")
+    base = sweep / "pe=sinusoidal,seed=2"
     assert (
         f"no paired test of {run} against {base} on test2016: they saved different references (other "
         "sentences)" in caplog.text
     )
+    told = "no Δ of group model.pe=none against the baseline model.pe=sinusoidal for test/test2016/bleu ("
+    assert told in caplog.text and "test/test2016/chrf (" in caplog.text
+
+
+@pytest.mark.parametrize("unlike", ["tokenizer", "references"])
+def test_a_group_whose_runs_scored_a_test_set_unlike_is_refused(sweep: Path, unlike: str) -> None:
+    """Runs of one group scored with other BLEU tokenizers (one rescored with `char`) or on other references
+    were averaged into one mean, shown as the group's BLEU; the comparison is refused naming both runs."""
+    run = sweep / "pe=none,seed=2"
+    if unlike == "tokenizer":
+        results = json.loads((run / "results.json").read_text())
+        (run / "results.json").write_text(json.dumps({**results, "scoring": {"bleu_tokenize": "char"}}))
+        scored = "BLEU tokenizer 13a, references sha256 ", "BLEU tokenizer char, references sha256 "
+    else:
+        for sub in ("references", "hypotheses"):
+            (run / sub / "test2016.txt").write_text(
+                (run / sub / "test2016.txt").read_text().replace("man", "dog")
+            )
+        digest = hashlib.sha256("\n".join(REFS).encode()).hexdigest()[:12]  # of the other runs' references
+        scored = f"BLEU tokenizer 13a, references sha256 {digest}", "BLEU tokenizer 13a, references sha256 "
+    with pytest.raises(SystemExit) as refused:
+        compare_main([str(sweep)])
+    told = str(refused.value)
+    assert told.startswith(
+        "attnlab-compare: the runs of group model.pe=none scored test/test2016/bleu unlike ("
+    )
+    assert f"{sweep / 'pe=none,seed=1'}: {scored[0]}" in told and f"{run}: {scored[1]}" in told
+    assert told.endswith("Compare runs scored with one BLEU tokenizer on the same references, giving the "
+                         "others in another command")  # fmt: skip
 
 
 def test_a_carriage_return_inside_a_saved_line_is_no_line_end(sweep: Path) -> None:
@@ -378,12 +413,16 @@ def test_bleu_by_length_scores_each_source_length_bucket_over_seeds(sweep: Path,
 def test_bleu_by_length_refuses_runs_of_other_sentences(sweep: Path) -> None:
     from attnlab.reports.compare import by_length
 
-    other = sweep / "pe=none,seed=1" / "references" / "test2016.txt"
-    other.write_text("".join(f"{line} !\n" for line in REFS))
+    others = [sweep / f"pe=none,seed={seed}" / "references" / "test2016.txt" for seed in (1, 2, 3)]
+    for other in others:  # a group of runs scored on other sentences (within a group: `_check_scored_alike`)
+        other.write_text("".join(f"{line} !\n" for line in REFS))
     with pytest.raises(ValueError, match="the runs scored different 'test2016' sentences"):
         by_length(summarize(load_runs([sweep]))[0])
     with pytest.raises(SystemExit, match="attnlab-compare: the runs scored different"):
         compare_main([str(sweep), "--by-length"])
+    for other in others[1:]:
+        other.write_text("".join(f"{line}\n" for line in REFS))
+    other = others[0]
     other.unlink()  # a run whose references are gone: named, not taken for other sentences
     for by_length_too in (True, False):  # (the paired test left its seed out without a word)
         listed = report([sweep], lengths=by_length_too).split("Unreadable, not compared:\n")[1]

@@ -6,7 +6,9 @@ directory, or any directory above), `varying_keys` finds the config values that 
 (the seed and the bookkeeping keys aside: the setting W&B groups by too), and `summarize` groups the runs
 by those values and gives per group the seed count, mean ± std and a 95% Student-t interval over seeds of
 each metric (`attnlab.reports.stats`), the difference of the means against a baseline group, and per
-seed the p-value of sacreBLEU's paired bootstrap test against the baseline run of that seed.
+seed the p-value of sacreBLEU's paired bootstrap test against the baseline run of that seed. Test-set
+scores scored unlike (BLEU with other tokenizers, any score on other references: `_unlike`) are not
+compared: a group and the baseline get no Δ of them, and runs of one group are refused.
 Runs that failed or never finished are listed, not dropped (a `running` run whose process is gone from
 this host as `stopped`: `attnlab.io.FileLock.holder_died`); so is a run whose `config.yaml`,
 `manifest.json`, `results.json` or `csv/metrics.csv` cannot be read (status `unreadable`, with the file
@@ -23,6 +25,7 @@ from __future__ import annotations
 
 import bisect
 import csv
+import hashlib
 import io
 import itertools
 import logging
@@ -61,7 +64,8 @@ COUNTS = frozenset({"params"})  # metrics shown as whole numbers
 @dataclass
 class Run:
     """One run directory: its flattened config, status, and final numbers (of a finished run, with the BLEU
-    tokenizer its results were scored with: `_bleu_tokenizer`)."""
+    tokenizer its results were scored with, `_bleu_tokenizer`, and how each test set was scored,
+    `_scoring`)."""
 
     path: Path
     config: dict[str, Any]
@@ -69,6 +73,7 @@ class Run:
     metrics: dict[str, float] = field(default_factory=dict)
     error: str | None = None
     bleu_tokenize: str = "13a"
+    scoring: dict[str, tuple[str | None, str | None]] = field(default_factory=dict)
 
     @property
     def files(self) -> RunDir:
@@ -191,14 +196,45 @@ def _read_run(run_dir: Path) -> Run:
         return Run(run_dir, config, status, error=manifest.get("error"))
     results = run.read_json(RESULTS_FILE)
     metrics, tokenize = _result_metrics(run.results_file, results), _bleu_tokenizer(run.results_file, results)
-    _check_saved_lines(run)  # (a paired test or a length table reads them; one damaged run stopped them all)
+    references = _check_saved_lines(run)  # (a paired test or a length table reads them: checked here)
     params = _params(run)
     if params is not None:
         metrics["params"] = params
     seconds = _seconds(manifest, run.manifest_file)
     if seconds is not None:
         metrics["train_minutes"] = seconds / 60
-    return Run(run_dir, config, "finished", metrics, bleu_tokenize=tokenize)
+    scoring = _scoring(results, tokenize, references)
+    return Run(run_dir, config, "finished", metrics, bleu_tokenize=tokenize, scoring=scoring)
+
+
+def _scoring(
+    results: dict[str, Any], tokenize: str, references: dict[str, str]
+) -> dict[str, tuple[str | None, str | None]]:
+    """Per test-set score of `results` (`test/<set>/<score>`), how it was scored: the BLEU tokenizer (of
+    BLEU only) and the SHA-256 of the references it was scored against (`references`, per set; None where
+    the run saved none). Scores scored unlike are not compared (`_unlike`)."""
+    return {set_metric(name, score): (tokenize if score == "bleu" else None, references.get(name))
+            for name in results.get("sets", {}) for score in SET_SCORES}  # fmt: skip
+
+
+def _unlike(runs: Sequence[Run], metric: str) -> tuple[Run, Run] | None:
+    """Two of `runs` that scored `metric` (a test set's score) unlike, with other BLEU tokenizers (other
+    scales) or against other references (other sentences); None when all that have it scored it alike
+    (references a run did not save count as the others')."""
+    scored = [r for r in runs if metric in r.scoring]
+    for a, b in itertools.combinations(scored, 2):
+        (tokenize, digest), (other_tokenize, other_digest) = a.scoring[metric], b.scoring[metric]
+        if tokenize != other_tokenize or (None not in (digest, other_digest) and digest != other_digest):
+            return a, b
+    return None
+
+
+def _how(run: Run, metric: str) -> str:
+    """How `run` scored `metric` (`Run.scoring`), for messages."""
+    tokenize, digest = run.scoring[metric]
+    scored = [f"BLEU tokenizer {tokenize}"] if tokenize else []
+    scored.append(f"references sha256 {digest[:12]}" if digest else "references not saved")
+    return f"{run.path}: {', '.join(scored)}"
 
 
 def _is_run_dir(directory: Path) -> bool:
@@ -331,7 +367,12 @@ def summarize(runs: Sequence[Run], baseline: str | None = None) -> tuple[list[Gr
     """Group the finished runs by the varying config values and summarize each group's metrics over
     seeds; returns (groups, runs that did not finish). `baseline` names a group (see `group_name`), the
     first one by default, and comes first in the returned groups; `delta` is each group's mean minus
-    the baseline's."""
+    the baseline's (`_delta`: none of a test-set score the two scored unlike).
+
+    Raises:
+        ValueError: `baseline` names no group, or runs of one group scored a test set unlike
+            (`_check_scored_alike`).
+    """
     finished = [r for r in runs if r.status == "finished"]
     others = [r for r in runs if r.status != "finished"]
     keys, partial = setting_keys(finished)
@@ -348,6 +389,7 @@ def summarize(runs: Sequence[Run], baseline: str | None = None) -> tuple[list[Gr
     for name, members in grouped.items():
         _warn_repeated_seeds(name, members)
         metric_names = sorted({m for r in members for m in r.metrics})
+        _check_scored_alike(name, members, metric_names)
         stats = {m: stat([r.metrics[m] for r in members if m in r.metrics]) for m in metric_names}
         groups.append(GroupSummary(name, members, stats))
     if groups:
@@ -355,12 +397,41 @@ def summarize(runs: Sequence[Run], baseline: str | None = None) -> tuple[list[Gr
         if base is None:
             raise ValueError(_no_such_group(str(baseline), [g.name for g in groups]))
         for group in groups:
-            group.delta = {m: s.mean - base.stats[m].mean for m, s in group.stats.items() if m in base.stats}
+            group.delta = _delta(base, group)
             if group is not base:
                 group.p_values = paired_tests(base.runs, group.runs)
                 _warn_unpaired_seeds(base, group)
         groups = [base, *(g for g in groups if g is not base)]
     return groups, others
+
+
+def _check_scored_alike(name: str, runs: Sequence[Run], metrics: Sequence[str]) -> None:
+    """Raise ValueError when runs of group `name` scored one of `metrics` unlike (`_unlike`: BLEU with other
+    tokenizers, a test set's scores on other sentences): a mean over them would mix scales or sentences."""
+    for metric in metrics:
+        pair = _unlike(runs, metric)
+        if pair is not None:
+            raise ValueError(
+                f"the runs of group {name} scored {metric} unlike ({_how(pair[0], metric)}; "
+                f"{_how(pair[1], metric)}): a mean over them means nothing. Compare runs scored with one "
+                "BLEU tokenizer on the same references, giving the others in another command"
+            )
+
+
+def _delta(base: GroupSummary, group: GroupSummary) -> dict[str, float]:
+    """Each metric's mean in `group` less that in `base`; none of a test-set score the two groups scored
+    unlike (`_unlike`: BLEU of other tokenizers, scores on other sentences), which a warning names."""
+    delta, unlike = {}, []
+    for metric, s in group.stats.items():
+        pair = _unlike([*base.runs, *group.runs], metric) if metric in base.stats else None
+        if pair is not None:
+            unlike.append(f"{metric} ({_how(pair[0], metric)}; {_how(pair[1], metric)})")
+        elif metric in base.stats:
+            delta[metric] = s.mean - base.stats[metric].mean
+    if unlike:
+        log.warning("no Δ of group %s against the baseline %s for %s: scored unlike, they are not "
+                    "comparable", group.name, base.name, "; ".join(unlike))  # fmt: skip
+    return delta
 
 
 def _no_such_group(baseline: str, names: Sequence[str]) -> str:
@@ -441,10 +512,12 @@ def _same_count(files: Sequence[tuple[Path, list[str]]]) -> None:
         )
 
 
-def _check_saved_lines(run: RunDir) -> None:
+def _check_saved_lines(run: RunDir) -> dict[str, str]:
     """Raise `UnreadableRunFile` naming the file when the lines `run` saved of a test set it decoded are
     damaged: its references missing, a file not UTF-8, hypotheses, references and sources of other line
-    counts, or none of them holding a line (no run decodes a test set without sentences: emptied files)."""
+    counts, or none of them holding a line (no run decodes a test set without sentences: emptied files).
+    Returns per test set the SHA-256 of its references' lines."""
+    digests = {}
     for hyp_file in sorted(run.hypotheses_dir.glob("*.txt")):
         files = [(hyp_file, _lines(hyp_file) or []),
                  (run.references_dir / hyp_file.name, _saved_references(run, hyp_file.name))]  # fmt: skip
@@ -458,6 +531,8 @@ def _check_saved_lines(run: RunDir) -> None:
                 "least one sentence); restore the files (attnlab-eval on the run's checkpoint writes them "
                 "again) or leave that run out of the comparison"
             )
+        digests[hyp_file.stem] = hashlib.sha256("\n".join(files[1][1]).encode("utf-8")).hexdigest()
+    return digests
 
 
 def _saved_references(run: RunDir, name: str) -> list[str]:
