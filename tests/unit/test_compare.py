@@ -707,6 +707,18 @@ def test_a_plot_directory_that_is_a_file_is_named_with_the_fix(sweep: Path, tmp_
     assert (tmp_path / "p").read_text() == "mine"
 
 
+def test_run_files_an_editor_saved_with_a_byte_order_mark_are_read(sweep: Path) -> None:
+    """A results.json or manifest.json saved with a UTF-8 byte-order mark (Notepad) left its run out
+    ("Unexpected UTF-8 BOM"), and one on csv/metrics.csv (a spreadsheet) hid its parameter count."""
+    run = sweep / "pe=none,seed=1"
+    for name in ("results.json", "manifest.json", "csv/metrics.csv"):
+        (run / name).write_bytes(b"\xef\xbb\xbf" + (run / name).read_bytes())
+    groups, others = summarize(load_runs([sweep]), baseline="model.pe=sinusoidal")
+    none = {g.name: g for g in groups}["model.pe=none"]
+    assert len(none.runs) == 3 and none.stats["params"].n == 3 and none.stats["train_minutes"].n == 3
+    assert sorted(r.status for r in others) == ["failed", "running"]
+
+
 def test_a_metric_some_runs_lack_says_over_how_many_and_a_finished_run_needs_its_config(sweep: Path) -> None:
     path = sweep / "pe=none,seed=3" / "results.json"
     path.write_text(json.dumps({**json.loads(path.read_text()), "metrics": {}}))  # no val/ppl

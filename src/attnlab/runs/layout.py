@@ -267,14 +267,14 @@ ALIASED = "it holds YAML aliases (*name), which no config.yaml attnlab writes ho
 
 
 def read_json_object(path: Path) -> dict[str, Any]:
-    """The JSON object in the file at `path`.
+    """The JSON object in the file at `path` (UTF-8, a byte-order mark that an editor saved first ignored).
 
     Raises:
         UnreadableRunFile: The file is missing or unreadable, not UTF-8, not JSON (or nested too deeply to
             parse), or not an object.
     """
     try:
-        value = json.loads(Path(path).read_text(encoding="utf-8"))
+        value = json.loads(Path(path).read_text(encoding="utf-8-sig"))
     except (OSError, ValueError) as exc:  # unreadable, not UTF-8, not JSON
         raise UnreadableRunFile(f"cannot read {path}: {exc}") from None
     except RecursionError:  # arrays or objects nested past Python's recursion limit
@@ -346,7 +346,8 @@ def yaml_problem(exc: yaml.MarkedYAMLError) -> str:
 def read_metrics_csv(path: Path, columns: Sequence[str] | None = None) -> list[dict[str, float]]:
     """The rows of a metrics CSV file (Lightning's `CSVLogger`: a run's `csv/metrics.csv`), in order, each
     as `{column: value}` of its non-empty cells (only those of `columns`, when given: the other cells are
-    not read, so damage elsewhere in a row does not matter); [] when there is no such file.
+    not read, so damage elsewhere in a row does not matter); [] when there is no such file. A byte-order
+    mark that an editor (a spreadsheet) saved first is no part of the first column's name.
 
     Raises:
         UnreadableRunFile: The file cannot be read, is not UTF-8 CSV, or holds a cell that is not a number
@@ -357,7 +358,7 @@ def read_metrics_csv(path: Path, columns: Sequence[str] | None = None) -> list[d
         return []
     rows: list[dict[str, float]] = []
     try:
-        with open(path, newline="", encoding="utf-8") as f:
+        with open(path, newline="", encoding="utf-8-sig") as f:
             reader = csv.DictReader(f)
             for row in reader:
                 values: dict[str, float] = {}
