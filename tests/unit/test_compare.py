@@ -719,6 +719,20 @@ def test_run_files_an_editor_saved_with_a_byte_order_mark_are_read(sweep: Path) 
     assert sorted(r.status for r in others) == ["failed", "running"]
 
 
+def test_a_seed_that_is_a_list_leaves_its_run_out_naming_the_file(sweep: Path) -> None:
+    """A config.yaml whose seed was edited into a list ended the comparison in a traceback (unhashable
+    'list', grouping the runs by seed); the run is unreadable, named, and the others are compared."""
+    path = sweep / "pe=none,seed=1" / "config.yaml"
+    path.write_text(path.read_text().replace("seed: 1", "seed: [1, 2]"))
+    text = report([sweep], baseline="model.pe=sinusoidal")
+    assert "| model.pe=none | 2 |" in text and "seed 2: " in text
+    told = text.split("Unreadable, not compared:\n")[1].splitlines()[0]
+    assert (
+        told == f"- {path.parent} (cannot read {path}: its seed [1, 2] is a list, not a number; restore the "
+        "file or leave the run out of the comparison)"
+    )
+
+
 def test_a_metric_some_runs_lack_says_over_how_many_and_a_finished_run_needs_its_config(sweep: Path) -> None:
     path = sweep / "pe=none,seed=3" / "results.json"
     path.write_text(json.dumps({**json.loads(path.read_text()), "metrics": {}}))  # no val/ppl

@@ -174,6 +174,11 @@ def _read_run(run_dir: Path) -> Run:
     config = {}  # a job that failed validation has a manifest but no config.yaml
     if run.config_file.is_file():
         config = run.read_config()
+    if isinstance(config.get("seed"), list):  # (a mapping is flattened: `seed.x`) no seed to pair runs by
+        raise UnreadableRunFile(
+            f"cannot read {run.config_file}: its seed {config['seed']!r} is a list, not a number;"
+            " restore the file or leave the run out of the comparison"
+        )
     manifest: dict[str, Any] = {}
     if run.manifest_file.is_file():
         manifest = run.read_json(MANIFEST_FILE)
