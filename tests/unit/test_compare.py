@@ -733,6 +733,17 @@ def test_a_seed_that_is_a_list_leaves_its_run_out_naming_the_file(sweep: Path) -
     )
 
 
+def test_a_group_name_holding_dollar_signs_is_plotted_as_text(sweep: Path, tmp_path: Path) -> None:
+    """A config value `$\\frac{$` in a group's name was parsed as a matplotlib formula: the comparison ended
+    in a ParseException over three lines, and no table was written (`$x^2$` was drawn as x squared)."""
+    for seed in (1, 2, 3):
+        path = sweep / f"pe=none,seed={seed}" / "config.yaml"
+        path.write_text(path.read_text().replace("pe: none", "pe: '$\\frac{$'"))
+    compare_main([str(sweep), "--plots", str(tmp_path / "plots"), "--out", str(tmp_path / "t.md")])
+    assert "| model.pe=$\\\\frac{$ | 3 |" in (tmp_path / "t.md").read_text()
+    assert len(list((tmp_path / "plots").glob("*.png"))) == 3
+
+
 def test_a_metric_some_runs_lack_says_over_how_many_and_a_finished_run_needs_its_config(sweep: Path) -> None:
     path = sweep / "pe=none,seed=3" / "results.json"
     path.write_text(json.dumps({**json.loads(path.read_text()), "metrics": {}}))  # no val/ppl

@@ -52,7 +52,8 @@ def plot_comparison(
     """Write the comparison plots of `groups` (from `attnlab.reports.compare.summarize`) for `metric` into
     `out_dir` (made if missing), and with `tables` (`attnlab.reports.compare.by_length`) their
     `bleu_by_length_<set>.png` (all together once every plot is drawn: a failed write leaves every file
-    there before unchanged); returns the files written."""
+    there before unchanged); returns the files written. Labels are drawn as the text they are (a group
+    name holding `$`, from a config value, is no mathtext formula, which could fail to parse)."""
     import matplotlib
 
     matplotlib.use("Agg")  # files only: no display needed
@@ -63,12 +64,13 @@ def plot_comparison(
         raise OSError(
             f"cannot make the plot directory {out}: {exc.strerror or exc}; choose another --plots directory"
         ) from None
-    written = {
-        out / f"{_slug(metric)}_by_group.png": _png(_by_group(groups, metric)),
-        out / "validation_curves.png": _png(_validation_curves(groups)),
-        out / f"{_slug(metric)}_vs_params.png": _png(_vs_params(groups, metric)),
-        **_length_plots(tables, out),
-    }
+    with matplotlib.rc_context({"text.parse_math": False}):  # group names are text: `$x$` is no formula
+        written = {
+            out / f"{_slug(metric)}_by_group.png": _png(_by_group(groups, metric)),
+            out / "validation_curves.png": _png(_validation_curves(groups)),
+            out / f"{_slug(metric)}_vs_params.png": _png(_vs_params(groups, metric)),
+            **_length_plots(tables, out),
+        }
     return _write(written, out)
 
 
