@@ -488,6 +488,19 @@ def test_runs_linked_below_a_directory_are_compared(sweep: Path, tmp_path: Path)
     assert not plots.exists()
 
 
+def test_a_link_to_a_directory_above_is_not_followed(
+    sweep: Path, tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    """A symbolic link in a sweep to a directory above it (`..`) took the runs of every other sweep there
+    into the comparison without a word; it is named in a warning and not followed."""
+    write_run(tmp_path / "other" / "pe=rotary,seed=1", "rotary", 1, 50.0)
+    (sweep / "up").symlink_to(tmp_path)
+    with caplog.at_level("WARNING", logger="attnlab.reports.compare"):
+        text = report([sweep], baseline="model.pe=sinusoidal")
+    assert "rotary" not in text and "| model.pe=none | 3 |" in text
+    assert f"{sweep / 'up'} is a symbolic link to {tmp_path}, which holds it: not followed" in caplog.text
+
+
 def test_runs_sharing_a_seed_are_named_and_not_paired_ambiguously(
     sweep: Path, caplog: pytest.LogCaptureFixture
 ) -> None:

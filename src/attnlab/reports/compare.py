@@ -252,7 +252,8 @@ def _is_run_dir(directory: Path) -> bool:
 def _run_dirs_below(path: Path) -> list[Path]:
     """The run directories at or below `path`, sorted, symbolic links to directories followed (a folder of
     links to chosen runs; each real directory is visited once, in name order, so a link loop ends and a
-    directory reached twice is found under its first path); runs do not nest, so
+    directory reached twice is found under its first path; a link to a directory holding it is not:
+    `_link_up`); runs do not nest, so
     nothing below a run directory is looked into (nor into its checkpoints)."""
     found, seen = [], set()
     for directory, subdirs, _ in os.walk(path, followlinks=True):
@@ -262,9 +263,24 @@ def _run_dirs_below(path: Path) -> list[Path]:
             if real not in seen:
                 found.append(Path(directory))
         seen.add(real)
-        subdirs[:] = sorted(name for name in subdirs if name != ".hydra")  # (in order: a run reached twice
-        # is kept under its first path, not under the one the filesystem happens to list first)
+        subdirs[:] = sorted(name for name in subdirs if name != ".hydra" and not _link_up(directory, name))
+        # (in order: a run reached twice is kept under its first path, not the one listed first)
     return sorted(found)
+
+
+def _link_up(directory: str, name: str) -> bool:
+    """Whether `directory/name` is a symbolic link to `directory` or a directory above it (which would take
+    in the runs beside those asked for: a link to `..` in a sweep, the runs of every other sweep); such a
+    link is not followed, and a warning names it."""
+    link = os.path.join(directory, name)
+    if not os.path.islink(link):
+        return False
+    target = Path(os.path.realpath(link))
+    if not Path(os.path.realpath(directory)).is_relative_to(target):
+        return False
+    log.warning("%s is a symbolic link to %s, which holds it: not followed (it would take in the runs "
+                "beside those asked for)", link, target)  # fmt: skip
+    return True
 
 
 def load_runs(paths: Sequence[str | Path]) -> list[Run]:
