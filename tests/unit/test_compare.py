@@ -613,6 +613,20 @@ def test_csv_and_latex_name_the_runs_not_in_the_table(
     assert report([sweep / "pe=learned,seed=1"]).startswith("no finished runs")  # Markdown: the list
 
 
+def test_the_runs_not_in_a_csv_table_are_named_on_one_line_each(
+    sweep: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    """A manifest's error (or a directory's name) holding a line break was written across two lines on
+    stderr, the second one free to pass for a message of its own."""
+    run = sweep / "pe=learned,seed=1"
+    manifest = json.loads((run / "manifest.json").read_text())
+    (run / "manifest.json").write_text(json.dumps({**manifest, "error": "boom\nattnlab-compare: forged"}))
+    with caplog.at_level("WARNING"):
+        report([sweep], fmt="csv")
+    told = [r.getMessage() for r in caplog.records if r.getMessage().startswith("not finished")]
+    assert f"not finished, not in the table: {run} (failed: boom attnlab-compare: forged)" in told
+
+
 def test_latex_escapes_every_special_character_and_csv_length_tables_have_titles(sweep: Path) -> None:
     latex = render([["group #1", "Δ x"], ["a$b{c}~d^e<f>g\\h_i%j&k", "1 ± 2"]], "latex")
     assert "group \\#1 & $\\Delta$ x \\\\ \\hline" in latex

@@ -75,9 +75,8 @@ def report(
             f"- {markdown_text(f'{r.path} ({r.error})')}\n" for r in unreadable
         )
     for r in others if fmt != "md" else ():  # CSV and LaTeX hold the table alone: the others on stderr
-        log.warning(
-            "not finished, not in the table: %s (%s%s)", r.path, r.status, f": {r.error}" if r.error else ""
-        )
+        told = f"{r.path} ({r.status}" + (f": {r.error}" if r.error else "") + ")"
+        log.warning("not finished, not in the table: %s", one_line(told))  # (an error cannot forge a line)
     if plots is not None and groups and metric is not None:
         files = plot_comparison(groups, metric, plots, tables)
         if fmt == "md":
