@@ -412,6 +412,62 @@ def test_every_module_imports_only_its_own_layer_and_lower_ones() -> None:
                 upward.append(f"{where} imports {name} (layer {_layer(name)})")
     assert not upward, "imports pointing up a layer:\n" + "\n".join(upward)
     assert _layer("attnlab.training.pipeline") == 4 and _layer("attnlab.runs.layout") == 2
+    tops = {f"attnlab.{path.name.removesuffix('.py')}" for path in SRC.iterdir() if _is_module(path)}
+    unplaced = tops - set(LAYERS)  # else a new package falls under "attnlab", layer 0
+    assert not unplaced, f"top-level modules of src/attnlab in no layer of LAYERS: {sorted(unplaced)}"
+
+
+def _is_module(path: Path) -> bool:
+    """Whether `path` is a Python module (`name.py`, not `__init__.py`) or a package (a folder with one)."""
+    if path.is_dir():
+        return (path / "__init__.py").is_file()
+    return path.suffix == ".py" and path.name != "__init__.py"
+
+
+def architecture_names() -> tuple[set[str], set[str]]:
+    """The packages (`training/`) and module files (`training/console.py`) the README's Architecture diagram
+    names, relative to src/attnlab. A file belongs to the package that opens its parenthesis
+    (`model/ (attention.py, ...)`), else to its entry's package (`training/   experiment.py`); entries
+    labelled `library:` or `base:` name top-level modules."""
+    block = re.search(r"## Architecture.*?```\n(.*?)```", (ROOT / "README.md").read_text(), re.S)
+    assert block, "README.md has no Architecture diagram"
+    packages, files, entry, scopes, opened = set(), set(), "", [], ""
+    for line in block.group(1).splitlines():
+        label = re.match(r"(\w+)([/:])", line)
+        if label:  # a new entry (layer) of the diagram
+            entry, scopes = (label.group(1) + "/" if label.group(2) == "/" else ""), []
+        for token in re.finditer(r"(?<![\w/.])(\w+)/(?=\s|$)|(?<![\w/.])(\w+\.py)\b|[()]", line):
+            package, module, mark = token.group(1), token.group(2), token.group(0)
+            if package:
+                packages.add(package + "/")
+                opened = package + "/"
+            elif module:
+                files.add((scopes[-1] if scopes else entry) + module)
+            elif mark == "(":
+                scopes.append(opened or (scopes[-1] if scopes else entry))
+            elif scopes:
+                scopes.pop()
+            opened = opened if package else ""
+    return packages, files
+
+
+def test_the_readme_architecture_names_every_module_and_only_existing_ones() -> None:
+    """README, Architecture: each package and module of src/attnlab is named in the diagram, in the folder it
+    is in, and each one the diagram names exists there; a package of src/ beside attnlab (Hydra's plugin
+    namespace) is named by its path."""
+    packages, files = architecture_names()
+    modules = {str(p.relative_to(SRC)) for p in SRC.rglob("*.py") if p.name != "__init__.py"}
+    folders = {str(p.relative_to(SRC)) + "/" for p in SRC.rglob("*") if p.is_dir() and _is_module(p)}
+    named, present = files | packages, modules | folders
+    wrong = [f"{name}: named in the diagram, not in src/attnlab" for name in sorted(named - present)]
+    wrong += [f"src/attnlab/{name}: not named in the diagram" for name in sorted(present - named)]
+    readme = (ROOT / "README.md").read_text()
+    block = readme[readme.index("## Architecture") : readme.index("## Using it")]
+    beside = [f"src/{p.name}/{q.name}" for p in (ROOT / "src").iterdir() if p.is_dir() and p.name != "attnlab"
+              for q in p.iterdir() if _is_module(q)]  # fmt: skip
+    wrong += [f"{name}: not named in the diagram" for name in beside if name not in block]
+    assert len(files) > 40 and beside, (files, beside)
+    assert not wrong, "README Architecture against src/:\n" + "\n".join(wrong)
 
 
 def _function_lengths() -> list[tuple[str, int, str]]:
