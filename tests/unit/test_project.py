@@ -417,6 +417,19 @@ def test_every_module_imports_only_its_own_layer_and_lower_ones() -> None:
     assert not unplaced, f"top-level modules of src/attnlab in no layer of LAYERS: {sorted(unplaced)}"
 
 
+def test_only_the_checkpoint_reader_calls_torch_load() -> None:
+    """README, Architecture: runs/checkpoint.py is the one safe checkpoint reader (`weights_only=True`); no
+    other module of src/attnlab calls `torch.load`."""
+    import ast
+
+    callers, loads = set(), {"torch.load", "torch.serialization.load"}
+    for path in SRC.rglob("*.py"):
+        for node in ast.walk(ast.parse(path.read_text())):
+            if isinstance(node, ast.Call) and ast.unparse(node.func) in loads:
+                callers.add(str(path.relative_to(SRC)))
+    assert callers == {"runs/checkpoint.py"}, callers
+
+
 def _is_module(path: Path) -> bool:
     """Whether `path` is a Python module (`name.py`, not `__init__.py`) or a package (a folder with one)."""
     if path.is_dir():
