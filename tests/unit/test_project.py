@@ -271,6 +271,17 @@ def test_ci_runs_exactly_the_readme_test_command() -> None:
     assert "export CI=true" in ci_lines and ci_lines.index("export CI=true") < ci_lines.index(test_command)
 
 
+def test_the_readme_test_command_runs_slow_tests_and_the_notebooks(request: pytest.FixtureRequest) -> None:
+    """README, Tests: `python -m pytest` (CI's command) runs the `slow` tests too, deselecting nothing by
+    marker, keyword or path, and runs each notebook of notebooks/ as a test (`--nbmake`)."""
+    addopts = shlex.split(" ".join(request.config.getini("addopts")))
+    leaving_out = ("-m", "-k", "--deselect", "--ignore", "--ignore-glob")
+    deselecting = [x for x in addopts if x.split("=")[0] in leaving_out]
+    assert not deselecting, f"pytest's addopts leave tests out of `python -m pytest`: {deselecting}"
+    assert "--nbmake" in addopts and "notebooks" in request.config.getini("testpaths"), addopts
+    assert list((ROOT / "notebooks").glob("*.ipynb"))
+
+
 def test_missing_shared_data_skips_on_a_users_clone(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.delenv("CI", raising=False)
     with pytest.raises(pytest.skip.Exception, match="shared test data not found"):
