@@ -441,6 +441,22 @@ def test_only_the_checkpoint_reader_calls_torch_load() -> None:
     assert callers == {"runs/checkpoint.py"}, callers
 
 
+def test_reports_read_run_files_only_through_runs() -> None:
+    """README, Architecture: reports read runs only through `runs/` (its names and readers in
+    `runs/layout.py`): no module of src/attnlab/reports opens, reads or parses a file itself."""
+    import ast
+
+    readers = {"open", "read_text", "read_bytes", "load", "loads", "safe_load", "reader", "DictReader"}
+    found = set()
+    for path in (SRC / "reports").rglob("*.py"):
+        for node in ast.walk(ast.parse(path.read_text())):
+            if isinstance(node, ast.Call):
+                func = node.func
+                if (func.attr if isinstance(func, ast.Attribute) else getattr(func, "id", "")) in readers:
+                    found.add(f"{path.relative_to(SRC)}:{node.lineno} {ast.unparse(node.func)}")
+    assert not found, found
+
+
 def _is_module(path: Path) -> bool:
     """Whether `path` is a Python module (`name.py`, not `__init__.py`) or a package (a folder with one)."""
     if path.is_dir():

@@ -51,6 +51,7 @@ from attnlab.runs.layout import (
     RunDir,
     UnreadableRunFile,
     json_type,
+    read_saved_lines,
     setting,
 )
 from attnlab.typed import did_you_mean, is_number
@@ -499,27 +500,6 @@ def _warn_repeated_seeds(name: str, runs: Sequence[Run]) -> None:
             )  # fmt: skip
 
 
-def _lines(path: Path) -> list[str] | None:
-    """The lines of a run's saved hypotheses or references, split at "\\n" only, as they were written (a
-    lone "\\r" inside a line, kept from the data, is no line end: `read_text` would split there); a last
-    line without its "\\n" is a line too. None when there is no such file.
-
-    Raises:
-        UnreadableRunFile: The file is not UTF-8 text.
-    """
-    if not path.is_file():
-        return None
-    try:
-        text = path.read_bytes().decode("utf-8")
-    except UnicodeDecodeError as exc:
-        raise UnreadableRunFile(
-            f"cannot read {path}: not UTF-8 text ({exc.reason} at byte {exc.start}); restore the file "
-            "(attnlab-eval on the run's checkpoint writes it again) or leave that run out of the comparison"
-        ) from None
-    lines = text.split("\n")
-    return lines[:-1] if text.endswith("\n") or not text else lines
-
-
 def _same_count(files: Sequence[tuple[Path, list[str]]]) -> None:
     """Raise `UnreadableRunFile` naming the files when saved lines of one test set (hypotheses, references,
     sources, of one run or of the two a paired test compares) have different line counts: they are
@@ -540,9 +520,9 @@ def _check_saved_lines(run: RunDir) -> dict[str, str]:
     Returns per test set the SHA-256 of its references' lines."""
     digests = {}
     for hyp_file in sorted(run.hypotheses_dir.glob("*.txt")):
-        files = [(hyp_file, _lines(hyp_file) or []),
+        files = [(hyp_file, read_saved_lines(hyp_file) or []),
                  (run.references_dir / hyp_file.name, _saved_references(run, hyp_file.name))]  # fmt: skip
-        sources = _lines(run.sources_dir / hyp_file.name)
+        sources = read_saved_lines(run.sources_dir / hyp_file.name)
         if sources is not None:
             files.append((run.sources_dir / hyp_file.name, sources))
         _same_count(files)
@@ -564,7 +544,7 @@ def _saved_references(run: RunDir, name: str) -> list[str]:
         UnreadableRunFile: They are missing (or not UTF-8), naming the file and the fix.
     """
     path = run.references_dir / name
-    saved = _lines(path)
+    saved = read_saved_lines(path)
     if saved is None:
         raise UnreadableRunFile(
             f"{path} is missing (the run has hypotheses of {Path(name).stem!r}): restore it (attnlab-eval on "
@@ -596,14 +576,14 @@ def paired_tests(baseline: Sequence[Run], runs: Sequence[Run], n_samples: int = 
         for hyp_file in sorted(run.files.hypotheses_dir.glob("*.txt")):
             name = hyp_file.name
             refs = _saved_references(run.files, name)
-            base_hyps = _lines(base.files.hypotheses_dir / name)
+            base_hyps = read_saved_lines(base.files.hypotheses_dir / name)
             if base_hyps is None:  # the baseline did not decode the set: no paired test
                 continue
             if refs != _saved_references(base.files, name):  # other sentences: no paired test, said
                 log.warning("no paired test of %s against %s on %s: they saved different references (other "
                             "sentences)", run.path, base.path, hyp_file.stem)  # fmt: skip
                 continue
-            hyps = _lines(hyp_file) or []
+            hyps = read_saved_lines(hyp_file) or []
             _same_count([(hyp_file, hyps), (run.files.references_dir / name, refs),
                          (base.files.hypotheses_dir / name, base_hyps)])  # fmt: skip
             result = paired_bootstrap(base_hyps, hyps, refs, n_samples=n_samples, tokenize=tokenize)
@@ -691,7 +671,7 @@ def by_length(groups: Sequence[GroupSummary], edges: Sequence[int] = LENGTH_EDGE
         if any(_saved_references(r.files, f"{name}.txt") != references for r in runs[1:]):
             raise ValueError(f"the runs scored different {name!r} sentences: compare runs of one test set")
         sources_file = runs[0].files.sources_dir / f"{name}.txt"
-        sources = _lines(sources_file)
+        sources = read_saved_lines(sources_file)
         if sources is not None:
             _same_count([(sources_file, sources), (runs[0].files.references_dir / f"{name}.txt", references)])
         by, counted = ("source", sources) if sources is not None else ("reference", references)
@@ -703,7 +683,7 @@ def by_length(groups: Sequence[GroupSummary], edges: Sequence[int] = LENGTH_EDGE
             for run in group.runs:
                 tokenize = run.bleu_tokenize  # as the run scored its BLEU
                 hyp_file = run.files.hypotheses_dir / f"{name}.txt"
-                hypotheses = _lines(hyp_file) or []
+                hypotheses = read_saved_lines(hyp_file) or []
                 _same_count([(hyp_file, hypotheses), (run.files.references_dir / f"{name}.txt", references)])
                 for k, rows in enumerate(members):
                     if rows:

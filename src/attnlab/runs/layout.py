@@ -284,6 +284,28 @@ def read_json_object(path: Path) -> dict[str, Any]:
     return value
 
 
+def read_saved_lines(path: Path) -> list[str] | None:
+    """The lines of a run's saved hypotheses, references or sources (`RunDir.hypotheses_dir`, ...), split
+    at "\\n" only, as they were written (a lone "\\r" inside a line, kept from the data, is no line end:
+    `read_text` would split there); a last line without its "\\n" is a line too. None when there is no
+    such file.
+
+    Raises:
+        UnreadableRunFile: The file is not UTF-8 text.
+    """
+    if not path.is_file():
+        return None
+    try:
+        text = path.read_bytes().decode("utf-8")
+    except UnicodeDecodeError as exc:
+        raise UnreadableRunFile(
+            f"cannot read {path}: not UTF-8 text ({exc.reason} at byte {exc.start}); restore the file "
+            "(attnlab-eval on the run's checkpoint writes it again) or leave that run out of the comparison"
+        ) from None
+    lines = text.split("\n")
+    return lines[:-1] if text.endswith("\n") or not text else lines
+
+
 class _Aliased(Exception):
     """A YAML alias met while composing a document (`_load_yaml`)."""
 
