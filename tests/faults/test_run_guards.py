@@ -210,8 +210,9 @@ def test_an_mlflow_tracking_uri_of_a_scheme_mlflow_has_no_store_for_is_refused_b
     password), leaving nothing behind."""
     pytest.importorskip("mlflow", reason='needs the [loggers] extra: pip install -e ".[loggers]"')
     accepted = (
-        "Use a local path or file:///abs/path, http://host:5000 or https://... (a tracking server), "
-        "databricks, or a database: sqlite:////abs/path/mlflow.db, postgresql://, mysql://, mssql://"
+        "Use sqlite:////abs/path/mlflow.db (or postgresql://, mysql://, mssql://), http://host:5000 or "
+        "https://... (a tracking server), databricks, or a local path or file:///abs/path with "
+        "MLFLOW_ALLOW_FILE_STORE=true"
     )
     scheme = uri.split(":")[0]
     for override, key in ((f"logger.mlflow.tracking_uri={uri}", "logger.mlflow.tracking_uri"),
@@ -246,19 +247,39 @@ def test_an_mlflow_artifact_location_of_a_scheme_mlflow_has_no_store_for_is_refu
             check_artifact_location("logger.mlflow.artifact_location", uri)
     for uri in ("artifacts", str(tmp_path), "C:\\artifacts", "file:///tmp/a", "s3://b/p", "gs://b/p",
                 "wasbs://c@a.blob.core.windows.net/p", "abfss://c@a.dfs.core.windows.net/p", "dbfs:/p",
-                "hdfs://host/p", "sftp://user@host/p", "https://host/p", "mlflow-artifacts:/p"):  # fmt: skip
+                "hdfs://host/p", "sftp://user@host/p", "https://host/p", "mlflow-artifacts:/p", "r2://b/p",
+                "b2://b/p", "viewfs://c/p", "ftp://host/p", "http://host/p"):  # fmt: skip
         check_artifact_location("logger.mlflow.artifact_location", uri)
 
 
-def test_every_tracking_uri_form_mlflow_accepts_passes_the_check(tmp_path: Path) -> None:
-    """Local paths (relative, absolute, a Windows drive's), file:, a server, Databricks and the databases
-    (with a driver too) pass, as MLflow's own registry of stores takes them."""
+def test_every_tracking_uri_form_mlflow_accepts_passes_the_check(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A server, Databricks and the databases (with a driver too) pass, as MLflow's own registry of stores
+    takes them; a file store (a local path: relative, absolute, a Windows drive's; or file:), which MLflow 3
+    refuses once the run has started unless MLFLOW_ALLOW_FILE_STORE=true, only with that variable."""
+    pytest.importorskip("mlflow", reason='needs the [loggers] extra: pip install -e ".[loggers]"')
     from attnlab.runs.tracking import check_tracking_uri
 
-    for uri in ("mlruns", str(tmp_path), "C:\\mlruns", "file:///tmp/mlruns", "http://localhost:5000",
-                "HTTPS://mlflow.example.org", "databricks", "databricks://profile", "databricks-uc", "uc",
-                "sqlite:////tmp/mlflow.db", "postgresql+psycopg2://user@host/db", "mysql://host/db",
-                "mssql+pyodbc://host/db"):  # fmt: skip
+    for uri in ("http://localhost:5000", "HTTPS://mlflow.example.org", "databricks", "databricks://profile",
+                "databricks-uc", "uc", "sqlite:////tmp/mlflow.db", "postgresql+psycopg2://user@host/db",
+                "mysql://host/db", "mssql+pyodbc://host/db"):  # fmt: skip
+        check_tracking_uri("logger.mlflow.tracking_uri", uri)
+    file_stores = ("mlruns", str(tmp_path), "C:\\mlruns", "file:///tmp/mlruns")
+    monkeypatch.delenv("MLFLOW_ALLOW_FILE_STORE", raising=False)
+    for uri in file_stores:
+        with pytest.raises(ConfigError) as caught:
+            check_tracking_uri("logger.mlflow.tracking_uri", uri)
+        assert str(caught.value) == (
+            f"logger.mlflow.tracking_uri={uri}: MLflow 3 refuses a file store (a local path or file:) unless "
+            "MLFLOW_ALLOW_FILE_STORE=true: use a database, e.g. sqlite:////abs/path/mlflow.db, or set "
+            "MLFLOW_ALLOW_FILE_STORE=true"
+        )
+    monkeypatch.setenv("MLFLOW_ALLOW_FILE_STORE", "yes")
+    with pytest.raises(ConfigError, match=r"^MLFLOW_ALLOW_FILE_STORE='yes' is no boolean: set it to true or"):
+        check_tracking_uri("logger.mlflow.tracking_uri", "mlruns")
+    monkeypatch.setenv("MLFLOW_ALLOW_FILE_STORE", "true")
+    for uri in file_stores:
         check_tracking_uri("logger.mlflow.tracking_uri", uri)
 
 

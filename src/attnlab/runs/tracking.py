@@ -194,12 +194,12 @@ class MLflowLogger(_LightningMLFlowLogger):
         super().log_hyperparams(params)
 
 
-def _check_scheme(key: str, uri: str, schemes: tuple[str, ...], plugin_group: str, refusal: str) -> None:
+def _check_scheme(key: str, uri: str, schemes: tuple[str, ...], plugin_group: str, refusal: str) -> str:
     """Refuse `uri` when MLflow has nothing for its scheme (neither in `schemes` nor an installed plugin's,
     the entry points of `plugin_group`), with `refusal` (holding `{scheme}`) and the plugins' schemes;
     a local path (no scheme, or a Windows drive's `C:`) passes. A scheme naming its driver
     (`postgresql+psycopg2`) counts as its first part. The URI itself, which may hold a password, is not
-    shown.
+    shown. Returns the scheme ("" for a local path).
 
     Raises:
         ConfigError: Naming `key`, the scheme and the forms MLflow accepts.
@@ -210,16 +210,46 @@ def _check_scheme(key: str, uri: str, schemes: tuple[str, ...], plugin_group: st
     if scheme and scheme not in (*schemes, *plugins):
         also = f", or an installed plugin's ({', '.join(plugins)}:)" if plugins else ""
         raise ConfigError(f"{key}: {refusal.format(scheme=scheme)}{also}")
+    return scheme
 
 
 def check_tracking_uri(key: str, uri: str) -> None:
     """Refuse an MLflow tracking URI whose scheme MLflow has no store for (`MLFLOW_SCHEMES`, and the
     schemes of installed plugins): a typo (`htp://`, `fiel:`) or a host without one (`localhost:5000`)
-    failed only when training began, after the data was prepared (`_check_scheme`)."""
-    _check_scheme(key, uri, MLFLOW_SCHEMES, MLFLOW_STORE_PLUGINS,
-                  "MLflow keeps no runs at a {scheme}: URI. Use a local path or file:///abs/path, "
-                  "http://host:5000 or https://... (a tracking server), databricks, or a database: "
-                  "sqlite:////abs/path/mlflow.db, postgresql://, mysql://, mssql://")  # fmt: skip
+    failed only when training began, after the data was prepared (`_check_scheme`); and, unless
+    `MLFLOW_ALLOW_FILE_STORE` is true, a file store (a local path or `file:`), which MLflow 3 refuses there
+    as in maintenance mode."""
+    scheme = _check_scheme(key, uri, MLFLOW_SCHEMES, MLFLOW_STORE_PLUGINS,
+                           "MLflow keeps no runs at a {scheme}: URI. Use sqlite:////abs/path/mlflow.db (or "
+                           "postgresql://, mysql://, mssql://), http://host:5000 or https://... (a tracking "
+                           "server), databricks, or a local path or file:///abs/path with "
+                           "MLFLOW_ALLOW_FILE_STORE=true")  # fmt: skip
+    file_store = scheme == "file" or (not scheme and uri not in ("databricks", "databricks-uc", "uc"))
+    if file_store and not _file_store_allowed():
+        raise ConfigError(
+            f"{key}={uri}: MLflow 3 refuses a file store (a local path or file:) unless "
+            "MLFLOW_ALLOW_FILE_STORE=true: use a database, e.g. sqlite:////abs/path/mlflow.db, or set "
+            "MLFLOW_ALLOW_FILE_STORE=true"
+        )
+
+
+def _file_store_allowed() -> bool:
+    """Whether this MLflow opens a file store: `MLFLOW_ALLOW_FILE_STORE` (MLflow's own reading of it), or
+    an MLflow without that variable (before it refused file stores).
+
+    Raises:
+        ConfigError: `MLFLOW_ALLOW_FILE_STORE` is no boolean.
+    """
+    from mlflow import environment_variables  # optional: the `loggers` extra, checked before this
+
+    allow = getattr(environment_variables, "MLFLOW_ALLOW_FILE_STORE", None)
+    try:
+        return allow is None or bool(allow.get())
+    except ValueError:
+        value = os.environ.get("MLFLOW_ALLOW_FILE_STORE")
+        raise ConfigError(
+            f"MLFLOW_ALLOW_FILE_STORE={value!r} is no boolean: set it to true or false"
+        ) from None
 
 
 def check_artifact_location(key: str, uri: str) -> None:
