@@ -141,8 +141,9 @@ def test_a_wandb_mode_or_tags_wandb_would_refuse_or_misread_are_rejected_before_
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     """A W&B mode W&B does not know (in the config or WANDB_MODE, which wins; empty too) failed with
-    pydantic's traceback when W&B started, after the data was prepared; `logger.wandb.tags=foo` became
-    the tags f, o, o. Both are refused when the config is checked, naming the key and the fix."""
+    pydantic's traceback when W&B started, after the data was prepared, as did a project or tag W&B's own
+    settings refuse (a `/` in the project, a tag over 64 characters); `logger.wandb.tags=foo` became the
+    tags f, o, o. All are refused when the config is checked, naming the key and the fix."""
     cases = [  # (WANDB_MODE, override, message)
         (None, "logger.wandb.mode=bogus", "logger.wandb.mode='bogus' is no W&B mode: use one of offline,"),
         (
@@ -151,6 +152,8 @@ def test_a_wandb_mode_or_tags_wandb_would_refuse_or_misread_are_rejected_before_
             "logger.wandb.tags='foo' must be a list of texts: logger.wandb.tags=[foo]",
         ),
         (None, "logger.wandb.tags=[1,2]", "logger.wandb.tags=[1, 2] must be a list of texts"),
+        (None, "logger.wandb.project=a/b", "logger.wandb.project: W&B refuses it (Invalid project name"),
+        (None, f"logger.wandb.tags=[{'t' * 65}]", "logger.wandb.tags: W&B refuses it (Tag 'tttt"),
         ("nope", "logger.wandb.mode=offline", "the environment variable WANDB_MODE='nope' is no W&B mode"),
         ("", "logger.wandb.mode=offline", "the environment variable WANDB_MODE='' is no W&B mode: use"),
     ]

@@ -30,8 +30,8 @@ from attnlab.metrics import SPLIT_NAMES, better, split_metric
 from attnlab.runs.layout import RunDir, setting, setting_overrides
 from attnlab.typed import ConfigError
 
-__all__ = ["WandbLogger", "config_group", "finish_wandb", "log_results", "run_name",
-           "wandb_names", "wandb_runs"]  # fmt: skip
+__all__ = ["WandbLogger", "check_wandb_settings", "config_group", "finish_wandb", "log_results",
+           "run_name", "wandb_names", "wandb_runs"]  # fmt: skip
 
 # How W&B summarises a metric of the history (`define_metric(summary=...)`): its best value, not the last,
 # for validation scores and losses; everything else keeps W&B's default, the last value.
@@ -157,8 +157,9 @@ class WandbLogger(_LightningWandbLogger):
     @classmethod
     def check_config(cls, key: str, node: Mapping[str, Any]) -> None:
         """Refuse, when the config is checked, what W&B refuses only once the run starts, after the data is
-        prepared (a `mode`, or `WANDB_MODE`, it does not know), and what it takes the wrong way (`tags` as
-        one text, which became one tag per character).
+        prepared (a `mode`, or `WANDB_MODE`, it does not know; a value its settings refuse,
+        `check_wandb_settings`), and what it takes the wrong way (`tags` as one text, which became one tag
+        per character).
 
         Raises:
             ConfigError: Naming the key (or the environment variable) and the values it takes.
@@ -172,6 +173,34 @@ class WandbLogger(_LightningWandbLogger):
         if isinstance(tags, str) or not all(isinstance(tag, str) for tag in tags or ()):
             example = tags if isinstance(tags, str) else "a,b"
             raise ConfigError(f"{key}.tags={tags!r} must be a list of texts: {key}.tags=[{example}]")
+        check_wandb_settings(key, node)
+
+
+# The keys of a W&B logger config that W&B validates when the run starts, by the `wandb.Settings` field
+WANDB_SETTINGS = {"project": "project", "entity": "entity", "group": "run_group", "name": "run_name",
+                  "tags": "run_tags", "id": "run_id", "job_type": "run_job_type"}  # fmt: skip
+
+
+def check_wandb_settings(key: str, node: Mapping[str, Any]) -> None:
+    """Refuse a value of the W&B logger config `node` (at `key`) that W&B's own settings refuse (a project
+    holding `/`, a tag longer than 64 characters): W&B refused it with a traceback when the run started,
+    after the data was prepared.
+
+    Raises:
+        ConfigError: Naming the key and W&B's reason.
+    """
+    import wandb
+
+    for name, field in WANDB_SETTINGS.items():
+        value = node.get(name)
+        if value is None:
+            continue
+        try:
+            wandb.Settings(**{field: tuple(value) if name == "tags" else value})
+        except (wandb.Error, ValueError) as exc:  # (pydantic's ValidationError is a ValueError)
+            errors = getattr(exc, "errors", None)
+            reason = str(errors()[0]["msg"]).removeprefix("Value error, ") if callable(errors) else str(exc)
+            raise ConfigError(f"{key}.{name}: W&B refuses it ({reason}): set another {key}.{name}") from None
 
 
 def effective_mode(mode: str) -> str:
