@@ -196,6 +196,10 @@ def test_mlflow_tags_or_experiment_name_of_the_wrong_kind_are_rejected_before_da
          "+logger.mlflow.tags.a=b"),
         ("logger.mlflow.experiment_name=null", "logger.mlflow.experiment_name=None must be a name (text)"),
         ("logger.mlflow.experiment_name=''", "logger.mlflow.experiment_name='' must be a name (text)"),
+        (f"logger.mlflow.experiment_name={'x' * 501}", "logger.mlflow.experiment_name: MLflow refuses it "
+         "('name' exceeds the maximum length of 500 characters): set another"),
+        ("logger.mlflow.experiment_name=' '", "logger.mlflow.experiment_name: MLflow refuses it (Invalid "
+         "experiment name: ' ')"),
     ):  # fmt: skip
         with pytest.raises(ConfigError) as caught:
             train(compose_train([*corpus_run(tmp_path), "logger=mlflow", override], tmp_path / "run"))

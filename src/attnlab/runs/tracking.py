@@ -131,8 +131,8 @@ class MLflowLogger(_LightningMLFlowLogger):
     def check_config(cls, key: str, node: Mapping[str, Any]) -> None:
         """Refuse, when the config is checked, `tags` that are no mapping (`logger.mlflow.tags=foo` failed
         with a bare ValueError from `dict("foo")` once the data was prepared), an `experiment_name` that
-        is no text, a `tracking_uri` (or `MLFLOW_TRACKING_URI`) MLflow keeps no runs at
-        (`check_tracking_uri`) and an `artifact_location` it stores no artifacts at
+        is no text or that MLflow refuses (blank, too long), a `tracking_uri` (or `MLFLOW_TRACKING_URI`)
+        MLflow keeps no runs at (`check_tracking_uri`) and an `artifact_location` it stores no artifacts at
         (`check_artifact_location`) (`attnlab.training.experiment.check_constructor_keys` calls this).
 
         Raises:
@@ -144,6 +144,14 @@ class MLflowLogger(_LightningMLFlowLogger):
         name = node.get("experiment_name", "attnlab")
         if not isinstance(name, str) or not name:
             raise ConfigError(f"{key}.experiment_name={name!r} must be a name (text), e.g. attnlab")
+        from mlflow.exceptions import MlflowException  # optional: the `loggers` extra, checked before this
+        from mlflow.utils.validation import _validate_experiment_name  # optional, as above
+
+        try:
+            _validate_experiment_name(name)  # (blank, over 500 characters: failed once the data was prepared)
+        except MlflowException as exc:
+            reason = exc.message
+            raise ConfigError(f"{key}.experiment_name: MLflow refuses it ({reason}): set another") from None
         uri = node.get("tracking_uri")
         if uri:
             check_tracking_uri(f"{key}.tracking_uri", str(uri))
