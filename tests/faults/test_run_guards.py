@@ -290,6 +290,27 @@ def test_every_tracking_uri_form_mlflow_accepts_passes_the_check(
         check_tracking_uri("logger.mlflow.tracking_uri", uri)
 
 
+def test_an_installed_mlflow_plugins_schemes_pass_the_checks_and_are_named_in_a_refusal(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A package registering an MLflow tracking store or artifact repository (entry points of
+    `mlflow.tracking_store`, `mlflow.artifact_repository`) adds its scheme to the accepted ones, and the
+    refusal of an unknown scheme names it (README, Tracking: installed plugins' schemes)."""
+    from attnlab.runs.tracking import check_artifact_location, check_tracking_uri
+
+    info = tmp_path / "attnlab_scheme_plugin-0.dist-info"
+    info.mkdir()
+    (info / "METADATA").write_text("Metadata-Version: 2.1\nName: attnlab-scheme-plugin\nVersion: 0\n")
+    entry_points = "[mlflow.tracking_store]\nrunstore = p:S\n\n[mlflow.artifact_repository]\nartstore = p:R\n"
+    (info / "entry_points.txt").write_text(entry_points)
+    monkeypatch.syspath_prepend(str(tmp_path))
+    check_tracking_uri("logger.mlflow.tracking_uri", "runstore://host/db")
+    check_artifact_location("logger.mlflow.artifact_location", "artstore://bucket/p")
+    refusal = r"at a artstore: URI\. .*, or an installed plugin's \(runstore:\)$"
+    with pytest.raises(ConfigError, match=refusal):
+        check_tracking_uri("logger.mlflow.tracking_uri", "artstore://host/db")
+
+
 def cli(module: str, *args: str, cwd: Path) -> subprocess.CompletedProcess:
     """`python -m <module> <args>` as a user runs it (without HYDRA_FULL_ERROR, which the tests set)."""
     env = {k: v for k, v in os.environ.items() if k != "HYDRA_FULL_ERROR"}

@@ -231,6 +231,7 @@ def test_a_resumed_run_continues_the_same_mlflow_run(tmp_path: Path, monkeypatch
         logged = [(int(r["step"]), float(r["val/loss"])) for r in csv.DictReader(f) if r.get("val/loss")]
     history = client.get_metric_history(first, "val/loss")
     assert len(logged) == 2 and [(m.step, pytest.approx(m.value, rel=1e-6)) for m in history] == logged
+    assert [m.step for m in client.get_metric_history(first, "params/total")] == [0]  # logged once, by part 1
 
 
 def test_a_continued_run_logs_to_its_saved_tracker_runs_unless_the_config_names_others(
