@@ -134,10 +134,11 @@ def test_final_results_reach_tensorboard_and_mlflow_at_the_given_step_texts_apar
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     """`log_results` without a run: results.json's numbers (`RESULT_KEYS` of each set, the test metrics)
-    as TensorBoard scalars and MLflow metrics at the step it is given, its signatures as TensorBoard text
-    and MLflow tags, the hypotheses files as MLflow artifacts; the set entries' other keys (files, timings,
-    details) go to neither."""
+    as TensorBoard scalars (and the HParams dashboard's metrics) and MLflow metrics at the step it is
+    given, its signatures as TensorBoard text and MLflow tags, the hypotheses files as MLflow artifacts; the
+    set entries' other keys (files, timings, details) go to neither."""
     from lightning.pytorch.loggers import TensorBoardLogger
+    from tensorboard.plugins.hparams import plugin_data_pb2
 
     from attnlab.runs.tracking import MLflowLogger, log_results
 
@@ -162,6 +163,10 @@ def test_final_results_reach_tensorboard_and_mlflow_at_the_given_step_texts_apar
     assert {tag for tag in events.Tags()["scalars"] if tag.startswith("results/")} == set(numbers)
     (text,) = events.Tensors("results/test/bleu_signature/text_summary")
     assert (text.step, text.tensor_proto.string_val[0].decode()) == (7, "nrefs:1|tok:13a")
+    hparams = plugin_data_pb2.HParamsPluginData.FromString(
+        events.PluginTagToContent("hparams")["_hparams_/experiment"]
+    )
+    assert {m.name.tag for m in hparams.experiment.metric_infos} == set(numbers)  # the HParams dashboard's
     client, run = _mlflow(tmp_path)
     assert {key: [(m.step, m.value) for m in client.get_metric_history(run.info.run_id, key)]
             for key in run.data.metrics} == {key: [(7, value)] for key, value in numbers.items()}  # fmt: skip
