@@ -401,20 +401,24 @@ def test_an_empty_config_file_or_one_key_without_a_value_is_composed(
     assert "d_model:" in capsys.readouterr().out
 
 
+@pytest.mark.parametrize("full_error", [False, True])
 def test_a_sweep_whose_first_job_has_a_config_file_hydra_cannot_load_leaves_no_sweep_directory(
-    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+    full_error: bool, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     """`attnlab-train -m experiment=mine,...`: Hydra loads a swept option's file when it composes that job,
-    after it made the sweep directory and wrote `multirun.yaml` there. The refusal (one line) removes that
-    directory, which holds nothing else, with the parents made for it."""
-    monkeypatch.delenv("HYDRA_FULL_ERROR", raising=False)
+    after it made the sweep directory and wrote `multirun.yaml` there. The refusal (one line; with
+    `HYDRA_FULL_ERROR=1` a `ConfigError`, which left the directory behind) removes that directory, which
+    holds nothing else, with the parents made for it."""
+    if not full_error:
+        monkeypatch.delenv("HYDRA_FULL_ERROR", raising=False)
     conf = user_config(tmp_path / "mine", "experiment", UNLOADABLE["duplicate key"][0])
     sweep_dir = tmp_path / "sweeps" / "s"
-    with pytest.raises(SystemExit) as refused:
+    with pytest.raises(ConfigError if full_error else SystemExit) as refused:
         command_here(monkeypatch, "train", "-m", "--config-dir", str(conf), "experiment=mine,synthetic_pe",
                      "data=synthetic", f"hydra.sweep.dir={sweep_dir}")  # fmt: skip
-    file = conf / "experiment" / "mine.yaml"
-    assert refused.value.code == f"attnlab-train: config error: {file}{UNLOADABLE['duplicate key'][1]}"
+    problem = f"{conf / 'experiment' / 'mine.yaml'}{UNLOADABLE['duplicate key'][1]}"
+    told = str(refused.value) if full_error else refused.value.code
+    assert told == (problem if full_error else f"attnlab-train: config error: {problem}")
     assert list(tmp_path.iterdir()) == [conf]
 
 

@@ -13,7 +13,7 @@ from pathlib import Path
 import pytest
 
 from attnlab.cli.compare import report
-from helpers import subprocess_path
+from helpers import command_here, subprocess_path
 
 
 def local_sweep(
@@ -137,3 +137,69 @@ def test_a_dead_jobs_running_manifest_alone_is_marked_failed_and_counted_so(tmp_
     assert mark_failed(sweep_dir, ["seed=1"], "again") is None  # no longer running: marked once
     counted = {name: _job_status(RunDir(sweep_dir / name)) for name in jobs}
     assert counted == {"a-finished": "finished"} | dict.fromkeys(["b-other", "c-damaged", "d-dead"], "failed")
+
+
+@pytest.mark.parametrize(
+    ("swept", "full_error"), [("experiment=nosuch,synthetic_pe", False), ("model=huge,tiny", True)]
+)
+def test_a_sweep_hydra_cannot_compose_leaves_no_sweep_directory(
+    swept: str, full_error: bool, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """An option that does not exist (`experiment=nosuch`): Hydra finds it when it composes the first job,
+    after it made the sweep directory and wrote `multirun.yaml` there, and prints its message (exit status
+    1; with `HYDRA_FULL_ERROR=1` raises it). That directory, holding nothing else, was left behind; it is
+    removed, with the parents made for it."""
+    from hydra.errors import MissingConfigException
+
+    if not full_error:
+        monkeypatch.delenv("HYDRA_FULL_ERROR", raising=False)
+    sweep_dir = tmp_path / "sweeps" / "s"
+    with pytest.raises(MissingConfigException if full_error else SystemExit) as refused:
+        command_here(monkeypatch, "train", "-m", swept, "data=synthetic", f"hydra.sweep.dir={sweep_dir}")
+    assert full_error or refused.value.code == 1
+    assert list(tmp_path.iterdir()) == []
+
+
+def files_under(directory: Path) -> dict[str, bytes]:
+    """Every file below `directory` (its path relative to it) and its bytes."""
+    return {str(p.relative_to(directory)): p.read_bytes() for p in directory.rglob("*") if p.is_file()}
+
+
+@pytest.mark.parametrize("earlier", [b"# the earlier sweep's record\nhydra: {}\n", None])
+def test_a_sweep_refused_before_its_first_job_leaves_an_earlier_sweep_directory_as_it_was(
+    earlier: bytes | None, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A sweep into the directory of an earlier one, refused when Hydra composes its first job (an option
+    that does not exist): Hydra had written its `multirun.yaml` over the earlier sweep's, which was lost
+    (or left one where there was none). The directory is as it was; the earlier jobs are untouched."""
+    monkeypatch.delenv("HYDRA_FULL_ERROR", raising=False)
+    sweep_dir = tmp_path / "sweep"
+    (sweep_dir / "seed=1-0123abcd").mkdir(parents=True)
+    (sweep_dir / "seed=1-0123abcd" / "manifest.json").write_text('{"status": "finished"}')
+    if earlier is not None:
+        (sweep_dir / "multirun.yaml").write_bytes(earlier)
+    before = files_under(sweep_dir)
+    with pytest.raises(SystemExit):
+        command_here(monkeypatch, "train", "-m", "experiment=nosuch,synthetic_pe", "seed=1,2",
+                     "data=synthetic", f"hydra.sweep.dir={sweep_dir}")  # fmt: skip
+    assert files_under(sweep_dir) == before
+
+
+def test_a_sweep_refused_after_a_job_ran_keeps_its_own_multirun_yaml(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A sweep of batches of one job (`hydra.sweeper.max_batch_size=1`) refused at its second job's
+    composition, after its first job ran (here skipped as finished, `sweep.skip_done=true`): its
+    `multirun.yaml` describes the job it ran, so the earlier sweep's is not put back."""
+    monkeypatch.delenv("HYDRA_FULL_ERROR", raising=False)
+    sweep_dir, job = tmp_path / "sweep", tmp_path / "sweep" / "earlier-job"
+    job.mkdir(parents=True)
+    manifest = {"status": "finished", "overrides": ["experiment=synthetic_pe", "data=synthetic"]}
+    (job / "manifest.json").write_text(json.dumps(manifest))
+    (job / "results.json").write_text('{"metrics": {}}')
+    (sweep_dir / "multirun.yaml").write_text("# the earlier sweep's record\n")
+    with pytest.raises(SystemExit):
+        command_here(monkeypatch, "train", "-m", "experiment=synthetic_pe,nosuch", "data=synthetic",
+                     "sweep.skip_done=true", "hydra.sweeper.max_batch_size=1",
+                     f"hydra.sweep.dir={sweep_dir}")  # fmt: skip
+    assert "experiment=synthetic_pe,nosuch" in (sweep_dir / "multirun.yaml").read_text()

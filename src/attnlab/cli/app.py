@@ -11,7 +11,7 @@ import re
 import secrets
 import warnings
 from collections.abc import Callable, Iterator, Sequence
-from contextlib import contextmanager
+from contextlib import contextmanager, suppress
 from importlib import resources
 from pathlib import Path
 from typing import Any, NoReturn
@@ -21,7 +21,13 @@ from hydra.experimental.callback import Callback
 from omegaconf import DictConfig, OmegaConf
 from omegaconf.errors import OmegaConfBaseException
 
-from attnlab.io import FileLock, held_elsewhere, missing_directories, remove_empty_directories
+from attnlab.io import (
+    FileLock,
+    atomic_write_bytes,
+    held_elsewhere,
+    missing_directories,
+    remove_empty_directories,
+)
 from attnlab.runs.layout import (
     MANIFEST_FILE,
     RUN_LOCK,
@@ -157,6 +163,9 @@ _made_for_this_run: dict[Path, set[Path]] = {}
 # The run directory's lock, claimed by `RunDirectoryCheck.on_run_start` for the whole command, and whether
 # the claim made its file
 _claimed_for_this_run: list[tuple[FileLock, bool]] = []
+# A multirun's `multirun.yaml` in its sweep directory -> its bytes when the command started (None: there was
+# none), which Hydra writes over before it composes the first job (`RunDirectoryCheck.on_multirun_start`)
+_sweep_records_before: dict[Path, bytes | None] = {}
 
 
 @contextmanager
@@ -166,15 +175,18 @@ def refusal_leaves_no_run_directory(task: str) -> Iterator[None]:
     for it (a multirun's sweep directory) if it holds nothing but Hydra's record (`.hydra/`, a sweep's
     `multirun.yaml`) and log (`<task>.log`), with the parents made along with it: a mistyped command
     leaves no empty run behind (nor a sweep refused before its first job ran). A directory that existed
-    before the command, or that holds anything the command wrote (a manifest, a checkpoint), is kept. The run
-    directory's lock the command claimed (`RunDirectoryCheck`) is held until then; a refused command
-    deletes its file if the claim made it. A config file Hydra cannot load while composing (not YAML, not
-    a mapping: `unloadable_config_refused`) refuses the command the same way."""
+    before the command, or that holds anything the command wrote (a manifest, a checkpoint), is kept; a
+    sweep directory that existed gets back the `multirun.yaml` it held (or none) when the sweep is refused
+    before any job of it ran (`_restore_sweep_records`). The run directory's lock the command claimed
+    (`RunDirectoryCheck`) is held until then; a refused command deletes its file if the claim made it.
+    Refused (`_refused`) are also a config file Hydra cannot load while composing (not YAML, not a mapping:
+    `unloadable_config_refused`) and Hydra's own composition errors (an option or key that does not exist,
+    found as Hydra composes a sweep's jobs), with or without `HYDRA_FULL_ERROR=1`."""
     try:
         with unloadable_config_refused(task):
             yield
-    except SystemExit as exc:
-        refused = isinstance(exc.code, str)
+    except BaseException as exc:
+        refused = _refused(exc)
         claims = {lock.path.resolve(): (lock, made) for lock, made in _claimed_for_this_run}
         for run_dir, missing in _made_for_this_run.items():
             lock, made = claims.get(run_dir / RUN_LOCK, (None, False))
@@ -183,11 +195,43 @@ def refusal_leaves_no_run_directory(task: str) -> Iterator[None]:
                 lock.release(delete=refused and made)
             if removed:
                 remove_empty_directories(missing)
+        if refused:
+            _restore_sweep_records()
         raise
     finally:
         _made_for_this_run.clear()
+        _sweep_records_before.clear()
         while _claimed_for_this_run:
             _claimed_for_this_run.pop()[0].release()
+
+
+def _refused(exc: BaseException) -> bool:
+    """Whether `exc` ending a command refuses it for its config: a `SystemExit` with text (its one-line
+    message), or Hydra's composition error (`ConfigCompositionException`: a config option or key that does
+    not exist) or attnlab's `ConfigError` (a config file Hydra cannot load), raised (`HYDRA_FULL_ERROR=1`)
+    or reported by Hydra, which then exits with status 1 (a `SystemExit` raised while handling it)."""
+    from hydra.errors import ConfigCompositionException
+
+    if isinstance(exc, SystemExit):
+        if isinstance(exc.code, str):
+            return True
+        exc = exc.__context__  # (what Hydra reported, if it did)
+    return isinstance(exc, (ConfigCompositionException, ConfigError))
+
+
+def _restore_sweep_records() -> None:
+    """Put back the `multirun.yaml` each existing sweep directory held when the command started (remove
+    the one Hydra wrote where there was none), unless a job of this multirun ran (`multirun_summary`):
+    then Hydra's describes the jobs the directory holds now."""
+    from attnlab.training.launchers import multirun_summary
+
+    if multirun_summary() is not None:
+        return
+    for record, data in _sweep_records_before.items():
+        if data is None:
+            record.unlink(missing_ok=True)
+        elif not record.is_file() or record.read_bytes() != data:
+            atomic_write_bytes(record, data)
 
 
 def _remove_hydra_record(run_dir: Path, claimed: bool) -> bool:
@@ -429,6 +473,11 @@ class RunDirectoryCheck(Callback):
         sweep_dir = Path(config.hydra.sweep.dir)  # what Hydra is about to make: removed if refused
         _made_for_this_run.clear()
         _made_for_this_run[sweep_dir.resolve()] = missing_directories([sweep_dir])
+        _sweep_records_before.clear()  # what Hydra writes over: put back if refused before a job ran
+        if sweep_dir.is_dir():
+            record = sweep_dir.resolve() / "multirun.yaml"
+            with suppress(OSError):  # (one that cannot be read: Hydra's write fails too)
+                _sweep_records_before[record] = record.read_bytes() if record.exists() else None
         if config.get("task_name") == "train":  # a sweep optimizing nothing or the wrong way: refused now
             from attnlab.training.experiment import check_sweep_objective, sweep_skip_done  # (sacreBLEU)
 
