@@ -5,6 +5,7 @@ from __future__ import annotations
 import hashlib
 import json
 import os
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -204,6 +205,37 @@ def test_an_optuna_search_space_entry_of_one_value_over_a_bookkeeping_key_is_no_
     told = r"progress.every_n_steps={type: int, low: 50, high: 60} \(in hydra.sweeper.search_space\) sweeps"
     with pytest.raises(ConfigError, match=told):
         check_no_swept_bookkeeping(space(**{**single, "progress.every_n_steps": dist("int", 50, 60)}))
+
+
+def test_a_one_value_sweep_of_a_bookkeeping_key_is_no_sweep_wherever_it_is_given() -> None:
+    """`attnlab-train -m allocator=choice(keep)` was refused as sweeping a bookkeeping key, while Optuna's
+    `search_space` entry of one choice of the same key was accepted: both give every job that one value,
+    as `allocator=keep` does, so no two jobs share a directory for it (README, Sweeps: one value sweeps
+    nothing). Both are accepted, on the command line and in `hydra.sweeper.params`, as are a list, range or
+    interval of one value; two values are refused on either path, and so is a glob of config options."""
+    from omegaconf import DictConfig, OmegaConf
+
+    from attnlab.cli.app import check_no_swept_bookkeeping
+    from attnlab.typed import ConfigError
+
+    def sweep(*task: str, params: dict | None = None, space: dict | None = None) -> DictConfig:
+        sweeper = {"params": params, "search_space": space}
+        return OmegaConf.create({"hydra": {"sweeper": sweeper, "overrides": {"task": ["seed=1,2", *task]}}})
+
+    one = ["allocator=choice(keep)", "allocator=keep,keep", "progress.every_n_steps=range(50,51)",
+           "progress.every_n_steps=interval(50,50)"]  # fmt: skip
+    for line in one:
+        check_no_swept_bookkeeping(sweep(line))
+        key, _, value = line.partition("=")
+        check_no_swept_bookkeeping(sweep(params={key: value}))
+    for line in ("allocator=choice(keep,release)", "progress.every_n_steps=range(50,52)",
+                 "progress.every_n_steps=interval(50,60)", "logger=glob(*)"):  # fmt: skip
+        with pytest.raises(ConfigError, match=rf"{re.escape(line)} \(in the command line\) sweeps a"):
+            check_no_swept_bookkeeping(sweep(line))
+    pytest.importorskip("hydra_plugins.hydra_optuna_sweeper", reason="needs the [sweep] extra")
+    check_no_swept_bookkeeping(sweep(space={"allocator": {"type": "categorical", "choices": ["keep"]}}))
+    with pytest.raises(ConfigError, match=r"\(in hydra.sweeper.search_space\) sweeps a bookkeeping key"):
+        check_no_swept_bookkeeping(sweep(space={"allocator": {"type": "categorical", "choices": ["a", "b"]}}))
 
 
 def test_a_declared_sweep_over_a_bookkeeping_key_fixed_on_the_command_line_is_not_refused(

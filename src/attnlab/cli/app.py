@@ -88,20 +88,21 @@ def earlier_job_dir(sweep_dir: Path, kept: str) -> str | None:
 
 def sweep_overrides(config: DictConfig) -> list[tuple[str, str, bool]]:
     """What a multirun's sweeper sweeps by, each with where it is given and whether it sweeps (a list of
-    values, a range, a distribution): the `key=value` of every entry of `hydra.sweeper.params` (as
-    Hydra's basic and Optuna's sweepers read it; an experiment file can declare its sweep there), or,
-    when that is null, of Optuna's deprecated `hydra.sweeper.search_space` (`key={type: categorical,
-    choices: [...]}`, each a distribution: its sweeper reads it only then; one that can take a single value
-    does not sweep, `_takes_several_values`), then the command line's
-    overrides (`hydra.overrides.task`). A key given again on the command line is the command line's alone
-    (`allocator=keep` over a declared `allocator: keep,release`): both sweepers take that one."""
+    values, a range, a distribution; one that can take a single value does not sweep): the `key=value` of
+    every entry of `hydra.sweeper.params` (as Hydra's basic and Optuna's sweepers read it; an experiment
+    file can declare its sweep there), or, when that is null, of Optuna's deprecated
+    `hydra.sweeper.search_space` (`key={type: categorical, choices: [...]}`, each a distribution: its
+    sweeper reads it only then; `_takes_several_values`), then the command line's overrides
+    (`hydra.overrides.task`; like `hydra.sweeper.params`, `_override_takes_several_values`). A key given
+    again on the command line is the command line's alone (`allocator=keep` over a declared
+    `allocator: keep,release`): both sweepers take that one."""
     from hydra.core.override_parser.overrides_parser import OverridesParser
 
     parser = OverridesParser.create()
 
     def parsed(line: str) -> tuple[str, bool]:  # its key (`+` and `@package` kept) and whether it sweeps
         (override,) = parser.parse_overrides([line])
-        return override.get_key_element(), override.is_sweep_override()
+        return override.get_key_element(), _override_takes_several_values(override)
 
     declared, where = OmegaConf.select(config, "hydra.sweeper.params"), "hydra.sweeper.params"
     if declared is None:
@@ -120,6 +121,27 @@ def sweep_overrides(config: DictConfig) -> list[tuple[str, str, bool]]:
         found.pop(key, None)
         found[key] = (item, "the command line", swept)
     return list(found.values())
+
+
+def _override_takes_several_values(override: Any) -> bool:
+    """Whether a parsed Hydra override (of the command line, or of `hydra.sweeper.params`) sweeps: it gives
+    its key more than one value (`allocator=keep,release`), as a list, `choice`, `range` or `interval`.
+    One of a single value (`choice(keep)`, `keep,keep`, `range(1,2)`, `interval(1,1)`) gives every job
+    that value, as `allocator=keep` does, in both sweepers (Optuna's `single()` distribution, as for a
+    `search_space` entry: `_takes_several_values`). A `glob` of config options, which only Hydra's config
+    loader lists, counts as sweeping."""
+    from hydra.errors import HydraException
+
+    if not override.is_sweep_override():
+        return False
+    if override.is_interval_sweep():
+        return bool(override.value().start != override.value().end)
+    try:
+        values = override.sweep_string_iterator()
+    except HydraException:  # (a glob)
+        return True
+    first = next(values, None)
+    return any(value != first for value in values)
 
 
 def _takes_several_values(entry: Any) -> bool:
@@ -142,7 +164,8 @@ def check_no_swept_bookkeeping(config: DictConfig) -> None:
     command line (`allocator=keep,release`) or in what the sweeper reads from the config
     (`hydra.sweeper.params`, Optuna's `hydra.sweeper.search_space`: `sweep_overrides`): its jobs would
     differ in nothing that names their directory (`job_dirname`), nor in their setting (W&B groups and
-    attnlab-compare would take them for runs of one setting).
+    attnlab-compare would take them for runs of one setting). A "sweep" of one value, wherever it is given
+    (`allocator=choice(keep)`, a categorical of one choice), sweeps nothing and is not refused.
 
     Raises:
         ConfigError: Naming the override, where it is given, and the fix.
