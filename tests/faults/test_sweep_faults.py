@@ -203,3 +203,16 @@ def test_a_sweep_refused_after_a_job_ran_keeps_its_own_multirun_yaml(
                      "sweep.skip_done=true", "hydra.sweeper.max_batch_size=1",
                      f"hydra.sweep.dir={sweep_dir}")  # fmt: skip
     assert "experiment=synthetic_pe,nosuch" in (sweep_dir / "multirun.yaml").read_text()
+
+
+def test_a_sweep_whose_first_job_is_refused_as_it_starts_leaves_no_sweep_directory(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A sweep of two-process jobs under Hydra's basic launcher is refused by its first job, after Hydra
+    made that job's directory and wrote its `.hydra/` record there: the sweep directory was left holding
+    `multirun.yaml` and that record. It is removed."""
+    sweep_dir = tmp_path / "sweeps" / "s"
+    with pytest.raises(SystemExit, match="Hydra's basic launcher cannot start: add hydra/launcher=local"):
+        command_here(monkeypatch, "train", "-m", "trainer=ddp_cpu", "seed=1,2", "data=synthetic",
+                     f"hydra.sweep.dir={sweep_dir}")  # fmt: skip
+    assert list(tmp_path.iterdir()) == []

@@ -259,8 +259,14 @@ def _restore_sweep_records() -> None:
 
 def _remove_hydra_record(run_dir: Path, claimed: bool) -> bool:
     """Remove `run_dir`'s `.hydra/`, top-level `*.log` files and `multirun.yaml` (a sweep's record) if it
-    holds nothing else (but the lock file, when this command `claimed` the directory); whether it did."""
+    holds nothing else (but the lock file, when this command `claimed` the directory; in a sweep's, the
+    job directories holding nothing but their own record and log, as a job refused as it starts leaves
+    them, `attnlab.cli.train.check_launcher`: removed first); whether it did."""
     record, sweep = run_dir / ".hydra", run_dir / "multirun.yaml"
+    if sweep.is_file():
+        for job in run_dir.iterdir():
+            if job.is_dir() and not job.is_symlink() and job != record and _remove_hydra_record(job, False):
+                job.rmdir()
     found = [p for p in run_dir.rglob("*") if not (claimed and p == run_dir / RUN_LOCK)]
     hydras = [p for p in found if p == record or (p.parent == record and p.is_file() and not p.is_symlink())]
     logs = [p for p in found if p.parent == run_dir and p.is_file() and (p.suffix == ".log" or p == sweep)]
