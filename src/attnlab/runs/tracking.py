@@ -145,8 +145,11 @@ class MLflowLogger(_LightningMLFlowLogger):
         if not isinstance(name, str) or not name:
             raise ConfigError(f"{key}.experiment_name={name!r} must be a name (text), e.g. attnlab")
         from mlflow.exceptions import MlflowException  # optional: the `loggers` extra, checked before this
-        from mlflow.utils.validation import _validate_experiment_name  # optional, as above
 
+        try:  # (MLflow's own check, private: a version without it leaves the name to the run's start)
+            from mlflow.utils.validation import _validate_experiment_name
+        except ImportError:
+            _validate_experiment_name = str
         try:
             _validate_experiment_name(name)  # (blank, over 500 characters: failed once the data was prepared)
         except MlflowException as exc:
