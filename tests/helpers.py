@@ -28,6 +28,14 @@ from attnlab.model.config import TransformerConfig
 TESTS = Path(__file__).resolve().parent
 
 
+# What SLURM sets for a one-task job (Lightning's SLURM environment reads it; its auto-requeue calls
+# `scontrol requeue 4242`).
+SLURM_ENV = {
+    "SLURM_JOB_ID": "4242", "SLURM_NTASKS": "1", "SLURM_NTASKS_PER_NODE": "1", "SLURM_PROCID": "0",
+    "SLURM_LOCALID": "0", "SLURM_NODEID": "0", "SLURM_JOB_NAME": "attnlab", "SLURM_NODELIST": "localhost",
+}  # fmt: skip
+
+
 def subprocess_path() -> str:
     """PYTHONPATH for a test's subprocess: the tests' modules (probes), the attnlab this process imported
     (a checkout's `src/` where PYTHONPATH names it, else the installed one) and the caller's PYTHONPATH."""

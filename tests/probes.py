@@ -54,6 +54,14 @@ class SignalAt(L.Callback):
         self._send(trainer, "test", index + 1)
 
 
+class SignalWhenBuilt(L.Callback):
+    """Send `signum` to this process when the trainer's callbacks are built: after the data is prepared and
+    the model built, before training is set up."""
+
+    def __init__(self, signum: int) -> None:
+        signal.raise_signal(signum)
+
+
 class SleepAt(L.Callback):
     """Sleep `seconds` before the `batch`-th training batch of the run (counted from 1): time passes at a
     known place, as a slow batch would make it."""

@@ -270,6 +270,47 @@ def test_a_run_gives_back_the_signal_handlers_it_found(tmp_path: Path) -> None:
     assert {signum: signal.getsignal(signum) for signum in signals} == before
 
 
+def test_a_sigusr1_before_training_stops_the_run_at_the_end_of_the_first_step(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """SIGUSR1 while the trainer is built (the data prepared, the model built): the run saves last.ckpt at
+    step 1 and stops, interrupted, saying so; then the handler before (submitit's; here a recorder) runs.
+    Its default action ended the process at once, saving nothing, the manifest left at `running`."""
+    signalled = [
+        "+callbacks.early._target_=probes.SignalWhenBuilt",
+        f"+callbacks.early.signum={int(signal.SIGUSR1)}",
+    ]
+    seen: list[bool] = []
+    last = tmp_path / "checkpoints" / "last.ckpt"
+    before = signal.signal(signal.SIGUSR1, lambda signum, frame: seen.append(last.is_file()))
+    try:
+        with pytest.raises(SystemExit) as stopped:
+            train(compose_train([*RUN, *signalled], tmp_path))
+    finally:
+        signal.signal(signal.SIGUSR1, before)
+    assert stopped.value.code == 128 + signal.SIGUSR1 and seen == [True]
+    assert read_checkpoint(last)["global_step"] == 1
+    manifest = json.loads((tmp_path / "manifest.json").read_text())
+    assert manifest["status"] == "interrupted" and "SIGUSR1 at step 1" in manifest["error"], manifest
+    assert f"attnlab-train: stopped by SIGUSR1 at step 1 after saving {last}" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize("preemption", [True, False])
+def test_sigusr1_is_held_before_training_only_for_preemption(preemption: bool, tmp_path: Path) -> None:
+    """With `callbacks.preemption=null` nothing would act on a held SIGUSR1 (and Lightning would not add
+    its SLURM handler beside one): the handler before stays."""
+    from attnlab.training.callbacks import HeldSignal
+    from attnlab.training.pipeline import holding_sigusr1
+
+    cfg = compose_train([*RUN, *([] if preemption else ["callbacks.preemption=null"])], tmp_path)
+    before = signal.getsignal(signal.SIGUSR1)
+    try:
+        holding_sigusr1(cfg.callbacks)
+        assert isinstance(signal.getsignal(signal.SIGUSR1), HeldSignal) == preemption
+    finally:
+        signal.signal(signal.SIGUSR1, before)
+
+
 def test_without_preemption_a_sigterm_stops_training_at_the_step_end_and_the_manifest_says_so(
     tmp_path: Path,
 ) -> None:

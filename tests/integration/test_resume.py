@@ -20,7 +20,7 @@ from typing import Any
 import pytest
 import torch
 
-from helpers import subprocess_path
+from helpers import SLURM_ENV, subprocess_path
 from runs import (
     EPOCH_VALUES,
     RUN,
@@ -176,11 +176,7 @@ def test_sigusr1_under_slurm_saves_requeues_and_resumes(resume_reference: Path, 
     bin_dir.mkdir()
     (bin_dir / "scontrol").write_text(f'#!/bin/sh\necho "$@" >> {calls}\n')
     (bin_dir / "scontrol").chmod(0o755)
-    slurm = {
-        "SLURM_JOB_ID": "4242", "SLURM_NTASKS": "1", "SLURM_NTASKS_PER_NODE": "1", "SLURM_PROCID": "0",
-        "SLURM_LOCALID": "0", "SLURM_NODEID": "0", "SLURM_JOB_NAME": "attnlab",
-        "SLURM_NODELIST": "localhost", "PATH": f"{bin_dir}:{os.environ['PATH']}",
-    }  # fmt: skip
+    slurm = {**SLURM_ENV, "PATH": f"{bin_dir}:{os.environ['PATH']}"}
     run_dir = tmp_path / "run"
     stopped = attnlab_train(run_dir, "+callbacks.kill._target_=probes.SignalAt", "+callbacks.kill.step=5",
                             f"+callbacks.kill.signum={int(signal.SIGUSR1)}", env=slurm)  # fmt: skip

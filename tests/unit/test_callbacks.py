@@ -7,6 +7,7 @@ attnlab's trainers (`SignalConnector`) while training and testing."""
 from __future__ import annotations
 
 import math
+import os
 import signal
 import time
 from pathlib import Path
@@ -23,6 +24,7 @@ from attnlab.training.callbacks import (
     EarlyStopping,
     EvaluationStop,
     EvaluationStopped,
+    HeldSignal,
     LastCheckpoint,
     Preempted,
     Preemption,
@@ -31,6 +33,7 @@ from attnlab.training.callbacks import (
     follow_every_batchs_validation,
 )
 from attnlab.typed import ConfigError
+from helpers import SLURM_ENV
 from probes import SignalAt
 
 pytestmark = pytest.mark.usefixtures("one_torch_thread")
@@ -90,8 +93,9 @@ def trainer(*callbacks: L.Callback, epochs: int = 2, **settings: Any) -> L.Train
     directory) beside them."""
     return L.Trainer(
         max_epochs=epochs, callbacks=list(callbacks), logger=False, enable_progress_bar=False,
-        enable_model_summary=False, num_sanity_val_steps=0, accelerator="cpu",
-        enable_checkpointing=any(isinstance(c, ModelCheckpoint) for c in callbacks), **settings,
+        enable_model_summary=False, accelerator="cpu",
+        enable_checkpointing=any(isinstance(c, ModelCheckpoint) for c in callbacks),
+        **{"num_sanity_val_steps": 0, **settings},
     )  # fmt: skip
 
 
@@ -504,6 +508,60 @@ def test_sigusr1_runs_the_handler_it_replaced_after_the_save(signum: int, tmp_pa
         signal.signal(signal.SIGUSR1, before)
     assert calls == ([(signal.SIGUSR1, True)] if signum == signal.SIGUSR1 else [])
     assert stopped.code == 128 + signum and saves.seen == [(3, 3, 0)]
+
+
+@pytest.mark.parametrize("when", ["sanity validation", "held before fitting"])
+def test_a_sigusr1_before_training_saves_and_stops_at_the_end_of_the_first_step(
+    when: str, tmp_path: Path
+) -> None:
+    """SIGUSR1 in the sanity validation, or while the data was prepared and the model built (a `HeldSignal`
+    remembers it): last.ckpt at step 1, then the handler before (submitit's) runs and training stops.
+    Before, SIGUSR1 reached `Preemption` only from the start of training: the handler before got it at once
+    (without one, its default action ended the process) and training went on."""
+    calls: list[tuple[int, bool]] = []
+    before = signal.signal(signal.SIGUSR1, lambda signum, frame: calls.append((signum, last.exists())))
+    last = tmp_path / "last.ckpt"
+    try:
+        if when == "sanity validation":
+            sanity = SignalAt(step=1, signum=signal.SIGUSR1, stage="sanity")
+            stopped, saves = preempted(tmp_path, sanity, num_sanity_val_steps=1)
+        else:
+            recorder = signal.signal(signal.SIGUSR1, HeldSignal(signal.getsignal(signal.SIGUSR1)))
+            signal.raise_signal(signal.SIGUSR1)
+            saves = Saves()
+            fitting = trainer(saves, Preemption(str(tmp_path)), epochs=1)
+            fitting._signal_connector = SignalConnector(fitting)
+            with pytest.raises(Preempted) as caught:
+                fitting.fit(Tiny())
+            stopped = caught.value
+            assert signal.getsignal(signal.SIGUSR1) is recorder  # (not the HeldSignal: its work is done)
+    finally:
+        signal.signal(signal.SIGUSR1, before)
+    assert calls == [(signal.SIGUSR1, True)]
+    assert stopped.code == 128 + signal.SIGUSR1 and [seen[:2] for seen in saves.seen] == [(1, 1)]
+
+
+def test_under_slurm_a_sigusr1_in_the_sanity_validation_requeues_after_the_save(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Lightning's SLURM auto-requeue, which it installs only where SIGUSR1 has no handler, is the one
+    `Preemption` runs after its save (a stand-in `scontrol` records the requeue), though `Preemption` holds
+    SIGUSR1 from before Lightning installs its handlers."""
+    from lightning.pytorch.plugins.environments import SLURMEnvironment
+
+    calls = tmp_path / "scontrol_calls"
+    (tmp_path / "scontrol").write_text(
+        f'#!/bin/sh\n[ -f {tmp_path / "last.ckpt"} ] && echo "$@" >> {calls}\n'
+    )
+    (tmp_path / "scontrol").chmod(0o755)
+    monkeypatch.setenv("PATH", f"{tmp_path}:{os.environ['PATH']}")
+    for name, value in SLURM_ENV.items():
+        monkeypatch.setenv(name, value)
+    sanity = SignalAt(step=1, signum=signal.SIGUSR1, stage="sanity")
+    stopped, _ = preempted(
+        tmp_path, sanity, num_sanity_val_steps=1, plugins=[SLURMEnvironment()], default_root_dir=tmp_path
+    )
+    assert stopped.code == 128 + signal.SIGUSR1 and calls.read_text().split() == ["requeue", "4242"]
 
 
 class SigintHandler(L.Callback):

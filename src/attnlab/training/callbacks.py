@@ -14,7 +14,7 @@ import os
 import signal
 import threading
 import time
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from typing import Any
 
 import lightning as L
@@ -360,6 +360,18 @@ def restore_signal_handlers(previous: dict[int, Any]) -> None:
         signal.signal(signum, handler if handler is not None else signal.SIG_DFL)
 
 
+class HeldSignal:
+    """A signal's handler before training (`attnlab.training.pipeline.holding_sigusr1`): it remembers the
+    signal (`received`) for `Preemption`, which takes it over with the handler it replaced (`previous`) and
+    acts on it at the end of the first training step."""
+
+    def __init__(self, previous: Any) -> None:
+        self.previous, self.received = previous, None
+
+    def __call__(self, signum: int, frame: Any) -> None:
+        self.received = signum
+
+
 class SignalConnector(_SignalConnector):
     """Lightning's signal connector (`trainer._signal_connector`, set in every trainer attnlab builds) less
     its SIGTERM handler where attnlab's own handlers own SIGTERM and SIGINT: `Preemption` from the setup of
@@ -370,13 +382,23 @@ class SignalConnector(_SignalConnector):
     the sanity validation) or while testing hung there until the process group's timeout (30 minutes).
     Without those callbacks (`callbacks.preemption=null`, training) Lightning's handler stays: SIGTERM
     stops training at the end of the step, without a save. Its SIGUSR1 handler (SLURM's auto-requeue)
-    stays. Relies on Lightning 2.6's `_SignalConnector`, which registers and gives back every handler with
-    `_register_signal` (compare with Lightning's when upgrading it)."""
+    stays, run by `Preemption` after its save where that callback is in the trainer. Relies on Lightning
+    2.6's `_SignalConnector`, which registers and gives back every handler with `_register_signal` and
+    installs its SIGUSR1 handler only where SIGUSR1 has none (compare with Lightning's when upgrading it)."""
 
     def _register_signal(self, signum: Any, handlers: Any) -> None:  # (a static method in Lightning's)
         owned = any(isinstance(callback, (Preemption, EvaluationStop)) for callback in self.trainer.callbacks)
         if not owned or signum not in (signal.SIGTERM, signal.SIGINT):  # (theirs to give back)
             _SignalConnector._register_signal(signum, handlers)
+
+    def register_signal_handlers(self) -> None:
+        """Lightning's handlers, with the SIGUSR1 handler it installs (SLURM's auto-requeue) given to
+        `Preemption` (which holds SIGUSR1 from the setup on) to run after its save."""
+        preemption = next((c for c in self.trainer.callbacks if isinstance(c, Preemption)), None)
+        if preemption is None:
+            super().register_signal_handlers()
+        else:
+            preemption.lend_sigusr1(super().register_signal_handlers)
 
 
 class Preemption(_StepEnds):
@@ -399,13 +421,14 @@ class Preemption(_StepEnds):
     training (Python's KeyboardInterrupt), so a second Ctrl-C stops at once, without the save. A terminal's
     Ctrl-C reaches every rank of a DDP run started there: rank 0 alone says so, once a run.
 
-    This callback's handlers hold SIGTERM and SIGINT from the setup of training on (a signal in the sanity
-    validation, on any rank, stops the run at the end of the first step; Lightning's own SIGTERM handler is
-    left out of attnlab's trainers, `SignalConnector`) and SIGUSR1 from the start of training, replacing
-    whatever handled it; they give the signals back when training ends, before Lightning gives back the
-    handlers it replaced. A SIGUSR1 handler that was installed before (Lightning's SLURM auto-requeue, which
-    saves its own checkpoint and calls `scontrol requeue`, or submitit's, which requeues the job) runs after
-    the save.
+    This callback's handlers hold SIGTERM, SIGINT and SIGUSR1 from the setup of training on, replacing
+    whatever handled them (a signal in the sanity validation, on any rank, stops the run at the end of the
+    first step; Lightning's own SIGTERM handler is left out of attnlab's trainers, `SignalConnector`); a
+    SIGUSR1 that a `HeldSignal` remembered before (while the data was prepared or the model built) does the
+    same. They give the signals back when training ends, before Lightning gives back the handlers it
+    replaced. A SIGUSR1 handler that was installed before (submitit's, which requeues the job) or that
+    Lightning installs (its SLURM auto-requeue, which saves its own checkpoint and calls `scontrol
+    requeue`) runs after the save.
 
     Args:
         dirpath: Directory of the checkpoint.
@@ -432,16 +455,31 @@ class Preemption(_StepEnds):
         on at the end of the first step, where the ranks agree on it."""
         if stage == "fit":
             self._rank = trainer.global_rank
-            self._take(signal.SIGTERM, signal.SIGINT)
+            self._take(signal.SIGTERM, signal.SIGINT, signal.SIGUSR1)
 
-    def on_train_start(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
-        self._take(signal.SIGUSR1)  # after Lightning set its own (SLURM's auto-requeue), run after the save
+    def lend_sigusr1(self, register: Callable[[], None]) -> None:
+        """Run `register` (Lightning's registration of its handlers, `SignalConnector`) with SIGUSR1 given
+        back to the handler this callback replaced: the one Lightning puts there (SLURM's auto-requeue),
+        or that one, is what runs after the save."""
+        if signal.SIGUSR1 not in self._previous:  # (not taken: not the main thread)
+            register()
+            return
+        previous = self._previous[signal.SIGUSR1]
+        held = signal.signal(signal.SIGUSR1, previous if previous is not None else signal.SIG_DFL)
+        try:
+            register()
+        finally:
+            self._previous[signal.SIGUSR1] = signal.signal(signal.SIGUSR1, held)
 
     def _take(self, *signums: int) -> None:
         if threading.current_thread() is not threading.main_thread():
             return  # signals reach only the main thread
         for signum in signums:
-            self._previous[signum] = signal.getsignal(signum)
+            previous = signal.getsignal(signum)
+            if isinstance(previous, HeldSignal):  # a signal before training: acted on at the first step
+                self._received = self._received or previous.received
+                previous = previous.previous
+            self._previous[signum] = previous
             signal.signal(signum, self._on_signal)
 
     def _restore(self) -> None:

@@ -221,6 +221,22 @@ def _run(plan: RunPlan) -> dict[str, float]:
     return metrics
 
 
+def holding_sigusr1(callbacks: DictConfig | None) -> None:
+    """Where `callbacks` has attnlab's `Preemption`, SIGUSR1 from here until training is set up (the data
+    prepared, the model built, the trainer built) is remembered (`HeldSignal`), and `Preemption` saves and
+    stops at the end of the first step, as for a SIGUSR1 in the sanity validation: its default action
+    ended the process at once, saving nothing and leaving the manifest at `running`.
+    (`keeping_signal_handlers` puts back the handler it replaces.)"""
+    from attnlab.training.callbacks import HeldSignal, Preemption
+
+    target = f"{Preemption.__module__}.{Preemption.__qualname__}"
+    nodes = (callbacks or {}).values()
+    if threading.current_thread() is threading.main_thread() and any(
+        isinstance(node, DictConfig) and node.get("_target_") == target for node in nodes
+    ):
+        signal.signal(signal.SIGUSR1, HeldSignal(signal.getsignal(signal.SIGUSR1)))
+
+
 def _ctrl_c(exc: BaseException, run: RunDir) -> str:
     """What the manifest says of a run in `run` stopped at once by Ctrl-C (a KeyboardInterrupt, which
     Lightning turns into `sys.exit(1)` inside fit), or "" for any other end. `resume=true` is named only
@@ -256,6 +272,7 @@ def _train_and_evaluate(plan: RunPlan, manifest: Manifest | None) -> dict[str, f
     write_results."""
     import lightning as L
 
+    holding_sigusr1(plan.cfg.get("callbacks"))
     mode = plan.cfg.get("allocator", "keep")
     _record(manifest, allocator={"mode": mode, "glibc_options_set": configure_allocator(mode)})
     if plan.cfg.get("seed") is not None:
