@@ -358,6 +358,14 @@ def test_gpu_preset_instantiates_on_a_gpu(tmp_path: Path) -> None:
     assert trainer.num_devices == 1 and trainer.precision == "bf16-mixed"
 
 
+def test_cpu_preset_is_one_float32_cpu_process(tmp_path: Path) -> None:
+    cfg = compose_train(["trainer=cpu"], tmp_path)
+    trainer = instantiate(cfg.trainer, logger=False, enable_checkpointing=False)
+    assert (type(trainer.accelerator).__name__, trainer.num_devices, trainer.precision) == (
+        "CPUAccelerator", 1, "32-true"
+    )  # fmt: skip
+
+
 def test_ddp_cpu_preset_is_two_gloo_processes(tmp_path: Path) -> None:
     cfg = compose_train(["trainer=ddp_cpu"], tmp_path)
     trainer = instantiate(cfg.trainer, logger=False, enable_checkpointing=False)
