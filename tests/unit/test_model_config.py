@@ -40,6 +40,8 @@ def test_defaults_are_the_paper_base_model() -> None:
     assert (config.d_model, config.n_heads, config.d_ff) == (512, 8, 2048)
     assert (config.n_encoder_layers, config.n_decoder_layers) == (6, 6)
     assert config.dropout == 0.1
+    # README, "Choices where the paper is silent": no dropout inside the FFN or on attention weights
+    assert (config.activation_dropout, config.attention_dropout, config.activation) == (0.0, 0.0, "relu")
     assert config.pe == "sinusoidal"
     assert config.pe_layout == "interleaved"
     assert config.norm_first is False

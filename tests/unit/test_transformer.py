@@ -406,6 +406,24 @@ def test_embedding_and_activation_dropout_act_in_training_only() -> None:
         torch.testing.assert_close(ffn(x), ffn.w_2(hidden * mask * 2))
 
 
+@pytest.mark.parametrize("norm_first", [False, True])
+def test_residual_dropout_is_on_each_sublayer_output_before_the_residual_add(norm_first: bool) -> None:
+    """§5.4: `model.dropout` drops each sublayer's output before it is added to the sublayer input: post-norm
+    (the paper, §3.1) LayerNorm(x + Dropout(Sublayer(x))), pre-norm x + Dropout(Sublayer(LayerNorm(x)))."""
+    model = build(norm_first=norm_first, dropout=0.5)
+    layer = model.decoder.layers[0]
+    x = torch.randn(2, 5, D)
+    with torch.no_grad():
+        sublayer = layer.ffn(layer.ffn_block.norm(x) if norm_first else x)  # eval: no dropout inside it
+        model.train()
+        torch.manual_seed(1)
+        mask = keep_mask(sublayer, 0.5)  # what attnlab's Dropout draws with this seed
+        torch.manual_seed(1)
+        out = layer.ffn_block(x, layer.ffn)
+    dropped = sublayer * mask * 2
+    torch.testing.assert_close(out, x + dropped if norm_first else layer.ffn_block.norm(x + dropped))
+
+
 # ---------------------------------------------------------------------------------------------------------
 # Cross-attention weights through the model
 
