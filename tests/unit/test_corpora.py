@@ -1312,6 +1312,9 @@ def test_datamodule_vocabularies_special_ids_and_test_sets(
         "test": SIZES["test"],
         "test2": SIZES["test2"],
     }
+    # the teacher-forced test loss is the first test set's (README, "Choices where the paper is silent")
+    served = sorted(index for batch in dm.test_dataloader() for index, _, _ in batch_rows(batch))
+    assert served == list(range(SIZES["test"]))
 
 
 def test_references_are_the_raw_target_lines_untouched(corpus: Path, tmp_path: Path) -> None:
