@@ -19,12 +19,12 @@ from omegaconf import OmegaConf
 from attnlab.cli.eval import evaluate_checkpoint
 from attnlab.cli.translate import main as translate_main
 from attnlab.inference.translator import Translator, resolve_checkpoints
-from attnlab.metrics import MetricsConfig, corpus_bleu, corpus_ter, fit_metrics, is_final_metric
+from attnlab.metrics import MetricsConfig, corpus_bleu, corpus_chrf, corpus_ter, fit_metrics, is_final_metric
 from attnlab.runs.checkpoint import CheckpointError, kept_checkpoints, read_checkpoint
 from attnlab.training.experiment import validate
 from attnlab.training.module import TranslationModule
 from attnlab.typed import ConfigError
-from helpers import compose_eval, lines, subprocess_path
+from helpers import TEXT_SPLITS, compose_eval, compose_train, lines, subprocess_path, text_data, write_corpus
 
 
 @pytest.fixture(scope="module")
@@ -175,6 +175,33 @@ def test_validation_decodes_with_val_beam(text_run: dict[str, Any]) -> None:
         module.decode_config = dataclasses.replace(module.decode_config, val_beam=val_beam, every_n_epochs=1)
         (logged,) = trainer.validate(module, datamodule=datamodule, verbose=False)
         assert logged["val/bleu"] == pytest.approx(bleu[val_beam], abs=1e-4), val_beam
+
+
+def test_each_test_set_is_scored_against_its_own_references(shared_data: Path, tmp_path: Path) -> None:
+    """results.json and the run's `test/<set>/<score>` metrics score each test set's hypotheses against
+    that set's own references, so two test sets get their own scores. One training step from scratch:
+    the outputs are poor, but two sets of other sentences score differently (tested here, so that a set
+    given another set's scores cannot pass)."""
+    from attnlab.training.pipeline import train
+
+    corpus = write_corpus(shared_data, tmp_path / "corpus", TEXT_SPLITS)
+    overrides = [*text_data(corpus, tmp_path / "cache"), "trainer.max_epochs=1",
+                 "+trainer.limit_train_batches=1", "decode.every_n_epochs=0", "decode.beam=2",
+                 "decode.max_len_b=5", "logger=csv"]  # fmt: skip
+    metrics = train(compose_train(overrides, tmp_path / "run"))
+    results = json.loads((tmp_path / "run" / "results.json").read_text())
+    for name in ("test", "test2"):
+        entry = results["sets"][name]
+        hypotheses, refs = lines(tmp_path / "run" / entry["hypotheses"]), lines(corpus / f"{name}.en")
+        assert lines(tmp_path / "run" / entry["references"]) == refs
+        own = {"bleu": corpus_bleu, "chrf": corpus_chrf, "ter": corpus_ter}
+        assert {score: entry[score] for score in own} == {
+            score: scored(hypotheses, refs).score for score, scored in own.items()
+        }
+        assert {score: metrics[f"test/{name}/{score}"] for score in own} == {
+            score: entry[score] for score in own
+        }
+    assert results["sets"]["test"]["chrf"] != results["sets"]["test2"]["chrf"]
 
 
 def test_results_json_scores_every_test_set_from_the_averaged_checkpoints(text_run: dict[str, Any]) -> None:
