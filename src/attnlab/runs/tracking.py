@@ -147,7 +147,7 @@ class MLflowLogger(_LightningMLFlowLogger):
         from mlflow.exceptions import MlflowException  # optional: the `loggers` extra, checked before this
 
         try:  # (MLflow's own check, private: a version without it leaves the name to the run's start)
-            from mlflow.utils.validation import _validate_experiment_name
+            from mlflow.utils.validation import _validate_experiment_name  # optional, as above
         except ImportError:
             _validate_experiment_name = str
         try:
