@@ -93,11 +93,14 @@ def compose_app(name: str, overrides: list[str], *, hydra_node: bool = False) ->
 
 def command_here(monkeypatch: pytest.MonkeyPatch, task: str, *args: str) -> None:
     """`attnlab-<task> <args>` (`attnlab.cli.<task>.main`, Hydra's own logging off) in this process: no new
-    process's 10 s of imports. Raises what the command raises (a refusal's `SystemExit`)."""
+    process's 10 s of imports. Raises what the command raises (a refusal's `SystemExit`). Hydra's global
+    state (`GlobalHydra`, and the `HydraConfig` of the job, which Hydra leaves set) is cleared afterwards:
+    later code outside a Hydra app (`Manifest.failed`'s overrides) would read this command's."""
     import importlib
     import sys
 
     from hydra.core.global_hydra import GlobalHydra
+    from hydra.core.hydra_config import HydraConfig
 
     main = importlib.import_module(f"attnlab.cli.{task}").main
     argv = [f"attnlab-{task}", *args, "hydra/job_logging=none", "hydra/hydra_logging=none"]
@@ -107,6 +110,7 @@ def command_here(monkeypatch: pytest.MonkeyPatch, task: str, *args: str) -> None
         main()
     finally:
         GlobalHydra.instance().clear()
+        HydraConfig.instance().cfg = None
 
 
 def compose_train(overrides: list[str], output_dir: Path, *, hydra_node: bool = False) -> DictConfig:
