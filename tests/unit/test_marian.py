@@ -136,6 +136,23 @@ def test_a_model_with_an_untied_output_layer_converts_with_its_own_output_weight
         torch.testing.assert_close(ours(src, tgt), expected, atol=2e-5, rtol=1e-5)
 
 
+def test_a_model_with_an_untied_output_layer_is_not_converted_back_naming_the_fix() -> None:
+    """`to_marian` of a `tie=none` model: what it cannot convert and the setting to train with instead (a
+    bare `MarianMT ties the output layer ...` named neither)."""
+    from attnlab.model.config import TransformerConfig
+    from attnlab.model.transformer import Transformer
+
+    config = TransformerConfig(src_vocab_size=60, tgt_vocab_size=60, d_model=32, n_heads=4, d_ff=64,
+                               n_encoder_layers=1, n_decoder_layers=1, tie="none")  # fmt: skip
+    with pytest.raises(ValueError) as refused:
+        to_marian(Transformer(config))
+    assert str(refused.value) == (
+        "to_marian converts a model whose output layer is its target embedding (tie=decoder or all), and "
+        "this one has tie=none (an output layer with weights of its own), which it cannot convert: train "
+        "with model.tie=decoder or model.tie=all"
+    )
+
+
 def test_greedy_outputs_are_the_same(marian) -> None:
     ours = from_marian(marian)
     torch.manual_seed(1)

@@ -120,7 +120,8 @@ def marian_config(config: TransformerConfig, positions: int | None = None) -> An
     of `positions` sinusoids (default `config.max_positions`; Marian can encode no longer sequence).
 
     Raises:
-        ValueError: naming the attnlab option Marian cannot express.
+        ValueError: naming the attnlab option Marian cannot express, or that `to_marian` does not convert
+            (`tie=none`), with the setting to train with instead.
     """
     from transformers import MarianConfig
 
@@ -132,7 +133,11 @@ def marian_config(config: TransformerConfig, positions: int | None = None) -> An
     if config.d_head is not None and config.d_head * config.n_heads != config.d_model:
         raise ValueError("MarianMT needs n_heads x d_head = d_model")
     if config.tie == "none":
-        raise ValueError("MarianMT ties the output layer to the target embedding: the model has tie=none")
+        raise ValueError(
+            "to_marian converts a model whose output layer is its target embedding (tie=decoder or all), and "
+            "this one has tie=none (an output layer with weights of its own), which it cannot convert: train "
+            "with model.tie=decoder or model.tie=all"
+        )
     return MarianConfig(
         vocab_size=config.src_vocab_size, decoder_vocab_size=config.tgt_vocab_size, d_model=config.d_model,
         encoder_layers=config.n_encoder_layers, decoder_layers=config.n_decoder_layers,
