@@ -317,6 +317,12 @@ UNLOADABLE = {
         b"# @package _global_\nmodel:\n  pe: [learned\n",
         " is not valid YAML: expected ',' or ']', but got '<stream end>' (line 4): correct the YAML there",
     ),
+    "two documents": (
+        b"# @package _global_\nmodel:\n  d_model: 64\n---\nmodel:\n  d_model: 32\n",
+        " holds more than one YAML document: expected a single document in the stream, but found another "
+        "document (line 4): a config file is one document; join them (remove that --- line) or move the "
+        "second to a file of its own",
+    ),
     "list": (b"# a list\n- model: tiny\n", " holds a YAML list (line 2), not a mapping of keys to values"),
     "string": (b"model tiny\n", " holds a YAML scalar (line 1), not a mapping of keys to values"),
     "number": (b"42\n", " holds a YAML scalar (line 1), not a mapping of keys to values"),

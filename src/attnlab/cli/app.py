@@ -283,9 +283,9 @@ def unloadable_config_refused(task: str) -> Iterator[None]:
     config source: `--config-dir`, `hydra.searchpath`, the packaged configs) ends the command with one line,
     `attnlab-<task>: config error: <file> ...` naming the file, the line, the problem and the fix
     (`config_file_problem`), instead of PyYAML's traceback: a file that is not YAML (a syntax error, a tab
-    indenting), gives a key twice in one mapping, is not UTF-8 text or cannot be read, or holds a list or a
-    scalar instead of a mapping of keys to values. With `HYDRA_FULL_ERROR=1` the message is a `ConfigError`
-    raised from the loading error, with its traceback."""
+    indenting), gives a key twice in one mapping, holds a second YAML document (after a `---` line), is not
+    UTF-8 text or cannot be read, or holds a list or a scalar instead of a mapping of keys to values. With
+    `HYDRA_FULL_ERROR=1` the message is a `ConfigError` raised from the loading error, with its traceback."""
     from hydra._internal.sources_registry import SourcesRegistry
     from hydra.core.plugins import Plugins
 
@@ -342,14 +342,19 @@ def _config_file(source: Any, config_path: str) -> tuple[str, Any]:
 
 def config_file_problem(source: Any, config_path: str, exc: Exception) -> str:
     """What stopped a Hydra config source from loading its config file `config_path` (`exc`), with the fix,
-    on one line naming the file and the line: YAML's error (`yaml_problem`), text that is not UTF-8 or
-    holds a character YAML does not allow, a scalar at the top level (`_not_a_mapping`), a file that cannot
-    be read."""
+    on one line naming the file and the line: YAML's error (`yaml_problem`; a second document named by the
+    line of its `---`), text that is not UTF-8 or holds a character YAML does not allow, a scalar at the
+    top level (`_not_a_mapping`), a file that cannot be read."""
     name, file = _config_file(source, config_path)
     if isinstance(exc, yaml.MarkedYAMLError):
         problem = yaml_problem(exc)
         if (exc.problem or "").startswith("found duplicate key"):
             return f"{name}: {problem}"
+        if (exc.problem or "").startswith("but found another document"):  # (after a `---` line)
+            return (
+                f"{name} holds more than one YAML document: {problem}: a config file is one document; join "
+                "them (remove that --- line) or move the second to a file of its own"
+            )
         fix = (
             "indent with spaces, YAML allows no tabs there"
             if "'\\t'" in problem

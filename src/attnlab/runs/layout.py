@@ -354,8 +354,12 @@ def read_config_file(path: Path) -> dict[str, Any]:
 def yaml_problem(exc: yaml.MarkedYAMLError) -> str:
     """PyYAML's error on one line: its problem and the line it is on (`mapping values are not allowed here
     (line 3)`), not the first line of its text, which is often only its context (`while constructing a
-    mapping`); a key given twice in one mapping (which OmegaConf's loader refuses) is named with the fix."""
+    mapping`); a problem that ends the context's sentence keeps it (a second document in the file:
+    `expected a single document in the stream, but found another document (line 4)`, the line of its
+    `---`); a key given twice in one mapping (which OmegaConf's loader refuses) is named with the fix."""
     problem = (exc.problem or exc.context or type(exc).__name__).strip()
+    if exc.problem and exc.context and problem.startswith("but "):
+        problem = f"{exc.context.strip()}, {problem}"
     mark = exc.problem_mark or exc.context_mark
     line = f"line {mark.line + 1}" if mark is not None else "somewhere"
     duplicate = re.fullmatch(r"found duplicate key (.*)", problem)
