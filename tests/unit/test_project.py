@@ -592,3 +592,24 @@ def test_function_local_imports_only_defer_heavy_modules_or_say_why() -> None:
                     cheap.append(f"{where}: {modules[0]}")
     assert not cheap, "function-local imports of cheap modules (import them at the top):\n" + "\n".join(cheap)
     assert _heavy("attnlab.training.module") and not _heavy("attnlab.typed")
+
+
+def test_the_readme_names_every_entry_and_manifest_field_a_run_writes(resume_reference: Path) -> None:
+    """README, "Run directory": each top-level entry of a real `attnlab-train` run's directory (the
+    session's `resume_reference`), each file of its `csv/` and each field of its `manifest.json` is named
+    there in `code` (`train.log`, `.lock`, `csv/hparams.yaml`, `effective_batch`, `allocator` and
+    `overrides` were not): a new file or field the README leaves out fails here."""
+    import json
+
+    section = re.search(r"^## Run directory\n(.*?)^## ", (ROOT / "README.md").read_text(), re.S | re.M)
+    assert section, "README.md has no Run directory section"
+    named = set(inline_code(section.group(1)))
+    probe = "final_weights_rank0.pt"  # the test run's own `probes.SaveFinalWeights`, no run's file
+    written = [p.name + "/" * p.is_dir() for p in resume_reference.iterdir() if p.name != probe]
+    written += [f"csv/{p.name}" for p in (resume_reference / "csv").iterdir()]
+    unnamed = [p for p in written if not any(n == p or (p.endswith("/") and n.startswith(p)) for n in named)]
+    fields = json.loads((resume_reference / "manifest.json").read_text())
+    assert {"status", "effective_batch", "allocator", "overrides"} <= set(fields) and "train.log" in written
+    assert not unnamed, f"README, Run directory, leaves out what a run writes: {unnamed}"
+    left_out = sorted(key for key in fields if key not in named)
+    assert not left_out, f"README, Run directory, leaves out the manifest's fields: {left_out}"
