@@ -6,7 +6,6 @@ import base64
 import itertools
 import json
 import random
-import re
 import sys
 import unicodedata
 from collections.abc import Iterator
@@ -242,13 +241,26 @@ def test_vocab_size_without_room_beyond_specials_is_rejected(model: str, vocab_s
 
 @pytest.mark.parametrize("model", MODELS)
 def test_the_characters_a_too_small_vocab_size_is_told_fit_with_the_specials(model: str) -> None:
-    """The error counts the text's distinct characters: the special tokens plus that many is a vocab_size
-    that trains, whichever model (unigram needs every one of them)."""
+    """The error counts the characters a vocabulary of the text needs: its distinct ones but the space,
+    and ▁ (a, b, c, ▁ here; the space and ▁ were both counted). One vocab_size fewer than the special tokens
+    plus that many is refused; that many trains with BPE and SentencePiece, and the unigram trainer, which
+    keeps a longer piece too, is told so."""
     texts = ["ab c", "ca b"]
+    what = "characters of the training text (its distinct characters but the space, and ▁, which marks"
     with pytest.raises(VocabSizeError) as raised:
         SubwordTokenizer.train(texts, model=model, vocab_size=5)  # type: ignore[arg-type]
-    counted = int(re.search(r"plus the (\d+) distinct characters", str(raised.value)).group(1))
-    trained = SubwordTokenizer.train(texts, model=model, vocab_size=4 + counted)  # type: ignore[arg-type]
+    assert str(raised.value).startswith(f"vocab_size=5 cannot hold the 4 special tokens plus the 4 {what}")
+    assert str(raised.value).endswith(", 8 in all: raise vocab_size")
+    with pytest.raises(VocabSizeError, match=r"^vocab_size=7 cannot hold the 4 special tokens plus the 4 "):
+        SubwordTokenizer.train(texts, model=model, vocab_size=7)  # type: ignore[arg-type]
+    if model == "unigram":
+        with pytest.raises(VocabSizeError) as raised:
+            SubwordTokenizer.train(texts, model=model, vocab_size=8)  # type: ignore[arg-type]
+        assert str(raised.value).startswith(f"vocab_size=8 holds the 4 special tokens plus the 4 {what}")
+        assert str(raised.value).endswith("8 in all, but leaves the trainer no room for the longer pieces it "
+                                          "keeps besides: raise vocab_size")  # fmt: skip
+    fits = 9 if model == "unigram" else 8
+    trained = SubwordTokenizer.train(texts, model=model, vocab_size=fits)  # type: ignore[arg-type]
     assert trained.decode(trained.encode("cab")) == "cab"
 
 

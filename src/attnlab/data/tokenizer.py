@@ -401,15 +401,31 @@ class _Guarded:
 
 
 def _vocab_too_small(vocab_size: int, texts: Iterable[str]) -> VocabSizeError:
-    """The error for too small a `vocab_size`, counting the characters of `texts` unless it was a one-time
-    iterator (read up already)."""
-    counted = ""
-    if iter(texts) is not texts:
-        characters = {"▁"}
-        for text in texts:
-            characters.update(normalize(text))
-        counted = f" {len(characters)}"
+    """The error for too small a `vocab_size`, counting the characters a vocabulary of `texts` holds unless
+    it was a one-time iterator (read up already): each distinct character of the normalised text but the
+    space, which every model reads as ▁ (the mark of a word's start), and ▁. The special tokens plus that
+    many is the smallest `vocab_size` BPE and SentencePiece take; the unigram trainer of `tokenizers` may
+    keep a longer piece besides and so need more, which the error then says."""
+    specials = f"the {len(SPECIAL_TOKENS)} special tokens"
+    what = (
+        "characters of the training text (its distinct characters but the space, and ▁, which marks where a "
+        "word starts)"
+    )
+    if iter(texts) is texts:
+        return VocabSizeError(
+            f"vocab_size={vocab_size} cannot hold {specials} plus the {what}: raise vocab_size"
+        )
+    characters = {"▁"}
+    for text in texts:
+        characters.update(normalize(text))
+    characters.discard(" ")
+    needed = len(SPECIAL_TOKENS) + len(characters)
+    if vocab_size < needed:
+        return VocabSizeError(
+            f"vocab_size={vocab_size} cannot hold {specials} plus the {len(characters)} {what}, {needed} in "
+            "all: raise vocab_size"
+        )
     return VocabSizeError(
-        f"vocab_size={vocab_size} cannot hold the special tokens plus the{counted} distinct characters of "
-        "the training text: raise vocab_size"
+        f"vocab_size={vocab_size} holds {specials} plus the {len(characters)} {what}, {needed} in all, but "
+        "leaves the trainer no room for the longer pieces it keeps besides: raise vocab_size"
     )
