@@ -129,7 +129,7 @@ def test_a_huge_line_through_attnlab_translate_is_cut_and_counted(
     assert len(out[3].split()) <= LIMIT + 5  # its output limit a·|S| + b (a=1, b=5) of the cut source
     messages = [r.getMessage() for r in caplog.records if r.name == "attnlab.cli.translate"]
     assert cuts(messages) == [
-        f"1 sources were cut to data.max_source_tokens={LIMIT} (the training filter's limit; set "
+        f"1 source was cut to data.max_source_tokens={LIMIT} (the training filter's limit; set "
         "decode.max_source_tokens)"
     ]
     caplog.clear()
@@ -140,7 +140,7 @@ def test_a_huge_line_through_attnlab_translate_is_cut_and_counted(
     assert len(target.read_text(encoding="utf-8").splitlines()) == len(lines)
     tokenizer = Translator.from_checkpoints([trained["ckpt"]]).src_tokenizer
     longer = sum(len(ids) + 1 > 8 for ids in tokenizer.encode_batch(lines))  # eos included
-    assert cuts(messages) == [f"{longer} sources were cut to decode.max_source_tokens=8"]
+    assert longer > 1 and cuts(messages) == [f"{longer} sources were cut to decode.max_source_tokens=8"]
 
 
 def test_translations_without_eos_are_counted_in_a_warning(
@@ -160,6 +160,15 @@ def test_translations_without_eos_are_counted_in_a_warning(
             "4 of 4 translations ran to their length limit without eos (decode.max_len_a=1.0, max_len_b=5, "
             "min_len=500)"
         ], nbest
+    source.write_text(f"{trained['sources'][0]}\n", encoding="utf-8")
+    caplog.clear()
+    with caplog.at_level(logging.WARNING, logger="attnlab.cli.translate"):
+        translate_main([f"ckpt_path={trained['ckpt']}", f"input={source}", f"output={tmp_path / 'out'}",
+                        "device=cpu", "decode.beam=1", "decode.min_len=500"])  # fmt: skip
+    assert [r.getMessage() for r in caplog.records if r.name == "attnlab.cli.translate"] == [
+        "1 of 1 translation ran to their length limit without eos (decode.max_len_a=1.0, max_len_b=5, "
+        "min_len=500)"
+    ]
 
 
 def test_max_source_tokens_below_two_is_refused(trained: dict[str, Any]) -> None:
@@ -180,13 +189,30 @@ def test_a_huge_line_in_a_test_set_is_cut_and_counted_in_results(
     assert results["decode"]["max_source_tokens"] is None
     unfinished = results["sets"]["test"]["unfinished"]  # this model rarely emits eos: also counted
     assert [r.getMessage() for r in caplog.records if r.name == "attnlab.inference.translator"] == [
-        f"test: 1 sources were cut to data.max_source_tokens={LIMIT} (the training filter's limit; set "
+        f"test: 1 source was cut to data.max_source_tokens={LIMIT} (the training filter's limit; set "
         "decode.max_source_tokens)",
         *([f"test: {unfinished} of {len(sources)} translations ran to their length limit without eos "
            "(decode.max_len_a=1.0, max_len_b=5, min_len=1)"] if unfinished else []),
     ]  # fmt: skip
     hypotheses = (tmp_path / "hypotheses" / "test.txt").read_text(encoding="utf-8")
     assert len(hypotheses.splitlines()) == len(sources)
+
+
+def test_a_one_sentence_test_set_is_told_in_the_singular(
+    trained: dict[str, Any], tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    """attnlab-eval's log of a set of one sentence that ran to its length limit: `1 sentence`, `1 of 1
+    translation`, not `1 sentences`, `1 of 1 translations`."""
+    translator = Translator.from_checkpoints([trained["ckpt"]], decode_overrides={"beam": 1, "min_len": 500})
+    with caplog.at_level(logging.INFO, logger="attnlab.inference.translator"):
+        evaluate(translator, {"one": (trained["sources"][:1], trained["references"][:1])}, tmp_path)
+    said = [r.getMessage() for r in caplog.records if r.name == "attnlab.inference.translator"]
+    assert [m.split(" (")[0] for m in said if "length limit" in m] == [
+        "one: 1 of 1 translation ran to their length limit without eos"
+    ]
+    assert [m for m in said if m.startswith("one: BLEU")] and all(
+        " (1 sentence, " in m for m in said if m.startswith("one: BLEU")
+    ), said
 
 
 def test_without_data_settings_the_limit_is_the_training_filter_default(trained: dict[str, Any]) -> None:

@@ -332,7 +332,7 @@ def test_attnlab_translate_file_gives_one_line_per_input_line(
                         "chunk_lines=3", "device=cpu"])  # fmt: skip
     assert target.read_bytes().decode("utf-8") == "".join(f"{out}\n" for out in checkpoint["expected"])
     messages = [r.getMessage() for r in caplog.records if r.name == "attnlab.cli.translate"]
-    assert cuts(messages) == ["1 sources were cut to the model's max_positions"]
+    assert cuts(messages) == ["1 source was cut to the model's max_positions"]
 
 
 def test_attnlab_translate_ignores_a_byte_order_mark(

@@ -462,7 +462,7 @@ def test_attnlab_translate_removes_invisible_characters_its_tokenizer_reads_as_u
     (warned,) = [r.getMessage() for r in caplog.records if "invisible" in r.getMessage()]
     assert warned == (
         "removed invisible formatting characters the model's tokenizer does not know (U+200B zero-width "
-        "space, U+2060 word joiner, U+FEFF byte-order mark) from 3 input line(s), line 2, 3, 4: they would "
+        "space, U+2060 word joiner, U+FEFF byte-order mark) from 3 input lines, lines 2, 3, 4: they would "
         "have been read as <unk>"
     )
     persian = SubwordTokenizer.train(["می\u200cخواهم", "نمی\u200cدانم"] * 5, model="bpe", vocab_size=40)
@@ -472,18 +472,21 @@ def test_attnlab_translate_removes_invisible_characters_its_tokenizer_reads_as_u
 
 def test_the_invisible_character_filter_keeps_a_bounded_record_of_an_endless_stream() -> None:
     """`attnlab-translate` streams: the filter keeps the first lines' numbers and a count, not every
-    number (memory growing with the stream), and its warning still counts every line."""
+    number (memory growing with the stream), and its warning still counts every line (one line in the
+    singular: `1 input line, line 3`)."""
     from attnlab.cli.translate import SHOWN_LINES, InvisibleFilter
     from attnlab.data.tokenizer import SubwordTokenizer
 
-    invisible = InvisibleFilter(
-        SubwordTokenizer.train(["ein Haus", "das Haus"] * 5, model="bpe", vocab_size=30)
-    )
+    tokenizer = SubwordTokenizer.train(["ein Haus", "das Haus"] * 5, model="bpe", vocab_size=30)
+    invisible = InvisibleFilter(tokenizer)
     assert sum(1 for _ in invisible(f"Haus\u200b {i}" for i in range(5000))) == 5000
     assert len(invisible.lines) == SHOWN_LINES and invisible.count == 5000
-    assert "from 5000 input line(s), line 1, 2, 3, 4, 5, 6, 7, 8, 9, 10 and 4990 more:" in str(
+    assert "from 5000 input lines, lines 1, 2, 3, 4, 5, 6, 7, 8, 9, 10 and 4990 more:" in str(
         invisible.warning()
     )
+    invisible = InvisibleFilter(tokenizer)  # one line: its count and number in the singular
+    assert list(invisible(["Haus", "Haus", "Haus\u200b"])) == ["Haus"] * 3
+    assert "(U+200B zero-width space) from 1 input line, line 3: they" in str(invisible.warning())
 
 
 def test_attnlab_translate_command_streams_stdin_to_stdout(text_run: dict[str, Any]) -> None:
@@ -502,7 +505,7 @@ def test_attnlab_translate_command_streams_stdin_to_stdout(text_run: dict[str, A
     *translated, cut = done.stdout.splitlines()
     assert translated == translator.translate(sources) and "sources were cut" not in cut
     assert_translates(translated, references(text_run, "test2"))
-    assert "WARNING" in done.stderr and "1 sources were cut to" in done.stderr
+    assert "WARNING" in done.stderr and "1 source was cut to" in done.stderr
 
 
 def test_attnlab_translate_at_a_terminal_answers_each_line_as_it_is_typed(text_run: dict[str, Any]) -> None:

@@ -111,6 +111,8 @@ def test_resolve_checkpoints(tmp_path: Path) -> None:
     assert resolve_checkpoints([run, best], ensemble=True) == [best, best]  # a run: its best checkpoint
     with pytest.raises(CheckpointError, match="ckpt_path is a list of 2 checkpoints: add ensemble=true"):
         resolve_checkpoints(listed)
+    with pytest.raises(CheckpointError, match="ckpt_path is a list of 1 checkpoint: add ensemble=true"):
+        resolve_checkpoints(listed[:1])
     with pytest.raises(CheckpointError, match="ensemble=true needs a list of checkpoints"):
         resolve_checkpoints(best, ensemble=True)
     with pytest.raises(CheckpointError, match="average_last=2 averages one run's weights"):

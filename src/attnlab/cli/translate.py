@@ -62,6 +62,7 @@ from typing import IO, TYPE_CHECKING, Any, NoReturn
 from omegaconf import OmegaConf
 from omegaconf.errors import OmegaConfBaseException
 
+from attnlab.data.text import plural
 from attnlab.decoding.settings import DECODE_TIME_KEYS
 from attnlab.io import atomic_writer, written_in_place
 from attnlab.training.allocator import configure_allocator
@@ -184,11 +185,12 @@ class InvisibleFilter:
         if not self.count:
             return None
         names = ", ".join(f"U+{ord(c):04X} {INVISIBLE[c]}" for c in sorted(self.found))
+        lines = plural(self.count, "line")
         shown = ", ".join(map(str, self.lines))
         more = f" and {self.count - len(self.lines)} more" if self.count > len(self.lines) else ""
         return (
             f"removed invisible formatting characters the model's tokenizer does not know ({names}) from "
-            f"{self.count} input line(s), line {shown}{more}: they would have been read as <unk>"
+            f"{self.count} input {lines}, {lines} {shown}{more}: they would have been read as <unk>"
         )
 
 
@@ -248,12 +250,14 @@ def translate_stream(translator: Translator, source: Iterable[str], sink: IO[str
         logging.getLogger(__name__).warning("%s", invisible.warning())
     if translator.truncated:
         logging.getLogger(__name__).warning(
-            "%d sources were cut to %s", translator.truncated, translator.source_limit()[1]
-        )
+            "%d %s cut to %s", translator.truncated,
+            plural(translator.truncated, "source was", "sources were"), translator.source_limit()[1],
+        )  # fmt: skip
     if translator.unfinished:
         logging.getLogger(__name__).warning(
-            "%d of %d translations ran to their length limit without eos (decode.max_len_a=%s, max_len_b=%s, "
-            "min_len=%s)", translator.unfinished, count, decode.max_len_a, decode.max_len_b, decode.min_len,
+            "%d of %d %s ran to their length limit without eos (decode.max_len_a=%s, max_len_b=%s, "
+            "min_len=%s)", translator.unfinished, count, plural(count, "translation"), decode.max_len_a,
+            decode.max_len_b, decode.min_len,
         )  # fmt: skip
     return count
 

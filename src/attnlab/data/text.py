@@ -8,7 +8,8 @@ and references are never normalised: evaluation scores detokenized hypotheses ag
 (its line breaks and tabs as spaces);
 `json_line(value)` is a JSON Lines record that stays one line, its text kept;
 `shell_word(text)` is one word of a shell command, and `override_word(key, value)` one that Hydra reads as
-the override `key=value` (a command to copy, naming a path).
+the override `key=value` (a command to copy, naming a path);
+`plural(count, singular)` is the form of a word (or phrase) that agrees with a count in a message.
 """
 
 from __future__ import annotations
@@ -76,3 +77,10 @@ def override_word(key: str, value: str) -> str:
         return f"{key}={value}"
     quoted = re.sub(r'(\\+)("|\Z)', lambda m: 2 * m.group(1) + m.group(2), value).replace('"', '\\"')
     return shell_word(f'{key}="{quoted}"')
+
+
+def plural(count: int, singular: str, many: str | None = None) -> str:
+    """`singular` for a `count` of 1, else `many` (`singular` + "s" unless given): the words after a
+    count in a message, so that it reads `1 source was cut` and `2 sources were cut`
+    (`plural(n, "source was", "sources were")`), never `1 sources were cut`."""
+    return singular if count == 1 else singular + "s" if many is None else many

@@ -28,6 +28,7 @@ import torch
 
 from attnlab.data.batching import TokenBatchSampler, cut_source, pad
 from attnlab.data.corpora import CorpusData
+from attnlab.data.text import plural
 from attnlab.data.tokenizer import SubwordTokenizer
 from attnlab.decoding import DecodeConfig
 from attnlab.decoding.ensemble import Ensemble
@@ -517,9 +518,9 @@ def score_sets(
         results["sets"][name]["unfinished"] = unfinished
         if name in nbest_of:
             results["sets"][name]["nbest"] = nbest_file(name, nbest_format)
-        log.info("%s: BLEU %.2f chrF %.2f TER %.2f (%d sentences, %.1f s; %s); the paper's tokenized BLEU "
+        log.info("%s: BLEU %.2f chrF %.2f TER %.2f (%d %s, %.1f s; %s); the paper's tokenized BLEU "
                  "%.2f (%s)", name, scores["bleu"].score, scores["chrf"].score, scores["ter"].score,
-                 len(hypotheses), seconds,
+                 len(hypotheses), plural(len(hypotheses), "sentence"), seconds,
                  scores["bleu"].signature, paper.score, paper.signature)  # fmt: skip
     if translator.truncated:
         results["truncated_sources"] = translator.truncated
@@ -546,14 +547,15 @@ def _warn_of_cuts(translator: Translator, name: str, count: int, truncated: int,
     """Log the sources of set `name` cut to the source limit and its `count` translations that ran to their
     length limit without eos, from the translator's counts before it (`truncated`, `unfinished`); returns
     the latter's number."""
-    if translator.truncated > truncated:
-        log.warning("%s: %d sources were cut to %s", name, translator.truncated - truncated,
+    sources = translator.truncated - truncated
+    if sources:
+        log.warning("%s: %d %s cut to %s", name, sources, plural(sources, "source was", "sources were"),
                     translator.source_limit()[1])  # fmt: skip
     cut, decode = translator.unfinished - unfinished, translator.decode
     if cut:
-        log.warning("%s: %d of %d translations ran to their length limit without eos (decode.max_len_a=%s, "
-                    "max_len_b=%s, min_len=%s)", name, cut, count, decode.max_len_a, decode.max_len_b,
-                    decode.min_len)  # fmt: skip
+        log.warning("%s: %d of %d %s ran to their length limit without eos (decode.max_len_a=%s, "
+                    "max_len_b=%s, min_len=%s)", name, cut, count, plural(count, "translation"),
+                    decode.max_len_a, decode.max_len_b, decode.min_len)  # fmt: skip
     return cut
 
 
@@ -603,9 +605,9 @@ def resolve_checkpoints(
     listed = ckpt_path is not None and not isinstance(ckpt_path, (str, Path))  # a list (or ListConfig)
     if listed and not ensemble:
         raise CheckpointError(
-            f"ckpt_path is a list of {len(ckpt_path)} checkpoints: add ensemble=true to decode with their "
-            "models combined at every step (an ensemble), or give one checkpoint or run with average_last=N "
-            "to average the weights of its last N epoch checkpoints"
+            f"ckpt_path is a list of {len(ckpt_path)} {plural(len(ckpt_path), 'checkpoint')}: add "
+            "ensemble=true to decode with their models combined at every step (an ensemble), or give one "
+            "checkpoint or run with average_last=N to average the weights of its last N epoch checkpoints"
         )
     if ensemble and not listed:
         raise CheckpointError(
