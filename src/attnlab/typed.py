@@ -104,11 +104,20 @@ def shown(value: Any, most: int = 48) -> str:
     return f"{text[: most // 2]}…{text[-8:]} ({len(text)} characters)"
 
 
+# What a refused true or false was typed as: YAML (a config file, OmegaConf's dotlist) reads these words
+# unquoted as booleans, so `decode.print_alignment=yes` arrives as True
+_YAML_BOOLEANS = {
+    True: " (YAML reads an unquoted yes, on or true as the boolean true)",
+    False: " (YAML reads an unquoted no, off or false as the boolean false)",
+}
+
+
 def check_fields(obj: Any) -> None:
     """Check (and coerce in place) every field of dataclass `obj` against its type annotation.
 
     Raises:
-        ValueError: naming the field, the bad value and what is accepted.
+        ValueError: naming the field, the bad value and what is accepted; a true or false a field does
+            not take says that YAML read the value as one (`yes`, `on`, `no`, `off` as typed).
     """
     hints = typing.get_type_hints(type(obj))
     for field in dataclasses.fields(obj):
@@ -117,6 +126,7 @@ def check_fields(obj: Any) -> None:
         if not ok:
             raise ValueError(
                 f"{field.name}={shown(value)} is not valid: expected {_describe(hints[field.name])}"
+                f"{_YAML_BOOLEANS[value] if isinstance(value, bool) else ''}"
             )
         object.__setattr__(obj, field.name, coerced)
 

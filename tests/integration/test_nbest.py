@@ -269,7 +269,9 @@ def test_invalid_nbest_settings_are_refused_naming_the_fix(
         DecodeConfig(nbest=0)
     with pytest.raises(ValueError, match=r"nbest_format='xml': use one of jsonl, fairseq"):
         DecodeConfig(nbest_format="xml")
-    with pytest.raises(ValueError, match=r"print_alignment='yes': use hard, soft or null"):
+    with pytest.raises(
+        ValueError, match=r"print_alignment='yes' is not valid: expected 'hard' \| 'soft' \| null$"
+    ):
         DecodeConfig(print_alignment="yes")
     for asked in ({"print_alignment": "hard"}, {"nbest": 1}):
         with pytest.raises(ValueError, match="n-best lists and alignments come from beam search"):
@@ -278,7 +280,10 @@ def test_invalid_nbest_settings_are_refused_naming_the_fix(
     (tmp_path / "out.en").write_text("kept\n", encoding="utf-8")
     for bad, message in (("decode.nbest=9", "nbest=9 must be between 1 and beam="),
                          ("decode.nbest_format=moses", "nbest_format='moses'"),
-                         ("decode.print_alignment=all", "print_alignment='all'")):  # fmt: skip
+                         ("decode.print_alignment=all", "print_alignment='all'"),
+                         ("decode.print_alignment=yes", "print_alignment=True is not valid: expected "
+                          "'hard' | 'soft' | null (YAML reads an unquoted yes, on or true as the boolean "
+                          "true)")):  # fmt: skip
         with pytest.raises(SystemExit, match=re.escape(message)):
             translate_main(
                 [f"ckpt_path={run}", f"input={tmp_path / 'in.de'}", f"output={tmp_path / 'out.en'}", bad]

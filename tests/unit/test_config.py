@@ -413,6 +413,17 @@ INVALID = [
     (["decode.lenpen=1", "decode.length_penalty=fairseq"], "use decode.alpha=1.0 instead of decode.lenpen"),
     (["decode.every_n_epochs=-1"], "decode.every_n_epochs=-1 must be >= 0"),
     (["decode.val_subset=0"], "decode.val_subset=0 must be positive"),
+    (
+        ["decode.print_alignment=yes"],
+        "decode.print_alignment='yes' is not valid: expected 'hard' | 'soft' | null",
+    ),
+    # YAML's booleans: a config file's `print_alignment: yes` and the override `...=true` arrive as True
+    (
+        ["decode.print_alignment=true"],
+        "decode.print_alignment=True is not valid: expected 'hard' | 'soft' | null "
+        "(YAML reads an unquoted yes, on or true as the boolean true)",
+    ),
+    (["decode.print_alignment=false"], "(YAML reads an unquoted no, off or false as the boolean false)"),
     (["data._target_=attnlab.data.Nope"], "data._target_=attnlab.data.Nope cannot be imported"),
 ]
 

@@ -19,7 +19,6 @@ LENPEN_DEPRECATED = (
     "instead. Replace decode.lenpen=X by decode.alpha=X"
 )
 NBEST_FORMATS = ("jsonl", "fairseq")  # `DecodeConfig.nbest_format`
-ALIGNMENTS = ("hard", "soft")  # `DecodeConfig.print_alignment`
 
 
 @dataclass(frozen=True)
@@ -99,7 +98,7 @@ class DecodeConfig:
     lenpen: float | None = None
     nbest: int | None = None
     nbest_format: str = "jsonl"
-    print_alignment: str | None = None
+    print_alignment: Literal["hard", "soft"] | None = None
 
     def __post_init__(self) -> None:
         check_fields(self)
@@ -168,10 +167,6 @@ class DecodeConfig:
         require(
             self.nbest_format in NBEST_FORMATS,
             f"nbest_format={self.nbest_format!r}: use one of {', '.join(NBEST_FORMATS)}",
-        )
-        require(
-            self.print_alignment is None or self.print_alignment in ALIGNMENTS,
-            f"print_alignment={self.print_alignment!r}: use hard, soft or null (none)",
         )
         require(
             not (self.sampling and self.writes_nbest),
