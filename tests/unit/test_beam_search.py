@@ -347,7 +347,7 @@ def test_a_beam_whose_first_step_cannot_fit_in_memory_is_refused_before_it_alloc
         beam_search(model, src, beam=2**31 - 1)
     assert calls == []
     assert str(refused.value).startswith(
-        f"beam=2147483647 for 2 sentence(s) needs at least {gib} GiB at its first step (2 × 2147483647 rows "
+        f"beam=2147483647 for 2 sentences needs at least {gib} GiB at its first step (2 × 2147483647 rows "
         f"of {row} float32 numbers: the scores over the target vocabulary, and keys and values for 16 "
         "positions)"
     )
@@ -355,7 +355,7 @@ def test_a_beam_whose_first_step_cannot_fit_in_memory_is_refused_before_it_alloc
         "lower the beam (decode.beam; decode.val_beam for validation in training), or decode fewer sentences "
         "at once (decode.batch_size, decode.max_tokens)"
     )
-    with pytest.raises(ConfigError, match=r"beam=2147483647 for 1 sentence\(s\) .*in training\)$"):
+    with pytest.raises(ConfigError, match=r"beam=2147483647 for 1 sentence .*in training\)$"):
         translate(model, src[:1], DecodeConfig(beam=2**31 - 1))  # through translate's settings; one sentence
     del model.encode
     assert len(beam_search(model, src, beam=2, max_len_b=2)) == 2
@@ -386,7 +386,7 @@ def test_a_beam_whose_growing_keys_and_values_cannot_fit_is_refused_before_they_
         beam_search(model, src, beam=4, max_len_a=0, max_len_b=40, min_len=40)
     assert steps[0] == 33  # the 33rd step, refused before its buffers grow
     assert str(refused.value).startswith(
-        "beam=4 for 2 sentence(s) needs at least 0.0 GiB more at step 33 (2 × 4 rows of 4096 float32 "
+        "beam=4 for 2 sentences needs at least 0.0 GiB more at step 33 (2 × 4 rows of 4096 float32 "
         "numbers: keys and values for as many more positions as the search held, in every decoder layer), "
         "more than the 0.0 GiB of memory this process can take: lower the beam (decode.beam;"
     )
@@ -419,7 +419,7 @@ def test_a_beam_keeping_attention_is_refused_before_its_cache_and_attention_grow
         beam_search(model, src, beam=4, max_len_a=0, max_len_b=40, min_len=40, need_attention=True)
     assert steps[0] == 33  # the 33rd step, refused before its cache grows
     assert str(refused.value).startswith(
-        "beam=4 for 2 sentence(s) needs at least 0.0 GiB more at step 33 (2 × 4 rows of 4256 float32 "
+        "beam=4 for 2 sentences needs at least 0.0 GiB more at step 33 (2 × 4 rows of 4256 float32 "
         "numbers: keys and values for as many more positions as the search held, in every decoder layer, and "
         "their cross-attention over 5 source positions), more than the 0.0 GiB of memory this process can "
         "take: lower the beam (decode.beam;"
@@ -499,7 +499,7 @@ def test_greedy_decoding_checks_its_memory_as_beam_search_does(monkeypatch: pyte
         greedy_decode(model, src, max_len_a=0, max_len_b=80, min_len=80)
     assert steps[0] == 65  # the 65th step, refused before its buffers grow
     assert str(refused.value) == (
-        "greedy decoding for 2 sentence(s) needs at least 0.0 GiB more at step 65 (2 × 1 rows of 8192 "
+        "greedy decoding for 2 sentences needs at least 0.0 GiB more at step 65 (2 × 1 rows of 8192 "
         "float32 numbers: keys and values for as many more positions as the search held, in every decoder "
         "layer), more than the 0.0 GiB of memory this process can take: decode fewer sentences at once "
         "(decode.batch_size, decode.max_tokens), or lower the length limit (decode.max_len_a, "
@@ -507,7 +507,7 @@ def test_greedy_decoding_checks_its_memory_as_beam_search_does(monkeypatch: pyte
     )
     monkeypatch.setattr(search, "available_memory", lambda: 4_000)  # below one sentence's first step
     model.encode = lambda *a: pytest.fail("encoded before the memory check")  # type: ignore[method-assign]
-    with pytest.raises(ConfigError, match=r"^greedy decoding for 1 sentence\(s\) .* at its first step .*"
+    with pytest.raises(ConfigError, match=r"^greedy decoding for 1 sentence .* at its first step .*"
                        r": lower the length limit \(decode.max_len_a, decode.max_len_b\)$"):  # fmt: skip
         translate(model, src[:1], DecodeConfig(beam=1))
 
@@ -518,7 +518,7 @@ def test_the_memory_check_refuses_just_past_what_is_available_and_not_before() -
         pytest.skip("the memory available is known on Linux only")
     fits, too_much = int(available * 0.8) // 4, int(available * 1.2) // 4  # float32 numbers
     check_beam_memory(1, fits, 1, "test rows", "fix it")
-    with pytest.raises(ConfigError, match=r"beam=\d+ for 1 sentence\(s\) .*: test rows\), more .*: fix it$"):
+    with pytest.raises(ConfigError, match=r"beam=\d+ for 1 sentence .*: test rows\), more .*: fix it$"):
         check_beam_memory(1, too_much, 1, "test rows", "fix it")
 
 

@@ -639,9 +639,7 @@ def test_an_exported_beam_whose_step_cannot_fit_in_memory_is_refused_before_ctra
     )
 
     def refused(sentences: int, fix: str) -> str:
-        return (
-            rf"^beam={huge} for {sentences} sentence\(s\) needs at least [\d,.]+ GiB .*{scores}\), .*: {fix}$"
-        )
+        return rf"^beam={huge} for {sentences} sentences? needs at least [\d,.]+ GiB .*{scores}\), .*: {fix}$"
 
     batch = r" or batch_size= \(fewer sentences at once\)"
     with address_space_capped():  # a refusal that broke fails here, not by the out-of-memory killer
@@ -685,7 +683,7 @@ def test_ctranslate2_greedy_decoding_that_cannot_fit_is_refused_naming_what_lowe
     monkeypatch.setattr(search, "_SURELY_FITS", 0)
     monkeypatch.setattr(search, "available_memory", lambda: 300)
     engine = CT2Translator(path, intra_threads=1)
-    two = r"^greedy decoding for 2 sentence\(s\) .*: translate with a smaller "
+    two = r"^greedy decoding for 2 sentences .*: translate with a smaller "
     with pytest.raises(ConfigError, match=two + r"batch_size= \(fewer sentences at once\)$"):
         engine.translate(lines, beam=1)
     assert engine.translate(lines, beam=1, batch_size=1) == expected  # one at a time fits
@@ -695,7 +693,7 @@ def test_ctranslate2_greedy_decoding_that_cannot_fit_is_refused_naming_what_lowe
     ):
         side_by_side.translate(lines, beam=1, batch_size=1)
     monkeypatch.setattr(search, "available_memory", lambda: 100)  # not even one sentence's scores
-    with pytest.raises(ConfigError, match=r"^greedy decoding for 1 sentence\(s\) .*: free memory for this "
+    with pytest.raises(ConfigError, match=r"^greedy decoding for 1 sentence .*: free memory for this "
                        r"process, or raise its limit \(ulimit -v, its cgroup's memory.max\)$"):  # fmt: skip
         engine.translate(lines[:1], beam=1)
 

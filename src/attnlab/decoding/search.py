@@ -16,6 +16,7 @@ from pathlib import Path
 import torch
 from torch import Tensor
 
+from attnlab.data.text import plural
 from attnlab.decoding.settings import DecodeConfig
 from attnlab.decoding.step import FIRST_POSITIONS, decoding_step
 from attnlab.model.config import TransformerConfig
@@ -454,7 +455,8 @@ def check_beam_memory(
     if available is not None and needed > available:
         search = f"beam={beam}" if beam > 1 else "greedy decoding"
         raise ConfigError(
-            f"{search} for {sentences} sentence(s) needs at least {needed / 2**30:,.1f} GiB {when} "
+            f"{search} for {sentences} {plural(sentences, 'sentence')} needs at least "
+            f"{needed / 2**30:,.1f} GiB {when} "
             f"({sentences} × {beam} rows of {row_floats} float32 numbers: {what}), more than the "
             f"{available / 2**30:,.1f} GiB of memory this process can take: {fix}"
         )
