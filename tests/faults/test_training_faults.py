@@ -367,6 +367,39 @@ def test_a_sigterm_in_the_final_evaluation_stops_it_and_names_the_command_that_r
     assert not (tmp_path / "results.json").exists()
 
 
+def test_a_sigusr1_in_the_final_evaluation_stops_it_and_then_runs_the_requeue_handler(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """SIGUSR1 at the first test batch, where a SIGUSR1 handler was installed before (submitit's requeue,
+    here a recorder): the run stops at once (exit status 128 + SIGUSR1), its manifest and stderr name the
+    attnlab-eval command, and the handler runs once, after the manifest says interrupted, so the job is
+    still requeued. (Without a handler, SIGUSR1's default ended the process and left the manifest
+    `running`; with one, the evaluation went on and the handler ran alone.)"""
+    kill = ["+callbacks.kill._target_=probes.SignalAt", "+callbacks.kill.stage=test",
+            "+callbacks.kill.step=1", f"+callbacks.kill.signum={int(signal.SIGUSR1)}"]  # fmt: skip
+    status: list[str] = []
+
+    def requeue(signum: int, frame: object) -> None:
+        status.append(json.loads((tmp_path / "manifest.json").read_text())["status"])
+
+    before = signal.signal(signal.SIGUSR1, requeue)
+    try:
+        with pytest.raises(SystemExit) as stopped:
+            train(compose_train([*RUN, "test=true", *kill], tmp_path))
+        assert signal.getsignal(signal.SIGUSR1) is requeue
+    finally:
+        signal.signal(signal.SIGUSR1, before)
+    assert stopped.value.code == 128 + signal.SIGUSR1 and status == ["interrupted"]
+    manifest = json.loads((tmp_path / "manifest.json").read_text())
+    assert manifest["error"].startswith(
+        "EvaluationStopped: stopped by SIGUSR1 in the final evaluation, after training (the checkpoints are "
+        "kept); evaluate them alone with: attnlab-eval ckpt_path="
+    ), manifest
+    err = capsys.readouterr().err
+    assert f"attnlab-train: {manifest['error'].removeprefix('EvaluationStopped: ')}\n" in err
+    assert not (tmp_path / "results.json").exists()
+
+
 def test_the_command_that_redoes_a_stopped_final_evaluation_reads_back_a_multirun_jobs_path(
     tmp_path: Path,
 ) -> None:

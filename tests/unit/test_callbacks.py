@@ -621,6 +621,45 @@ def test_a_sigterm_in_a_single_process_final_evaluation_stops_it_at_once() -> No
     )
 
 
+def test_under_slurm_a_sigusr1_in_the_final_evaluation_stops_it_and_keeps_the_requeue(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """SIGUSR1 at the first test batch under SLURM: `EvaluationStopped` (exit status 138) carries Lightning's
+    auto-requeue, which Lightning installs for testing only where SIGUSR1 has no handler (a stand-in
+    `scontrol` records the requeue when it runs); SIGUSR1 after testing, while the test sets would be
+    decoded, stops at once too, with the handler before (here the default action), to which Lightning gave
+    SIGUSR1 back when testing ended (before, that ended the process). SIGUSR1's handler is the one before
+    afterwards."""
+    from lightning.pytorch.plugins.environments import SLURMEnvironment
+
+    from attnlab.training.pipeline import stopping_evaluation
+
+    calls = tmp_path / "scontrol_calls"
+    (tmp_path / "scontrol").write_text(f'#!/bin/sh\necho "$@" >> {calls}\n')
+    (tmp_path / "scontrol").chmod(0o755)
+    monkeypatch.setenv("PATH", f"{tmp_path}:{os.environ['PATH']}")
+    for name, value in SLURM_ENV.items():
+        monkeypatch.setenv(name, value)
+    before = signal.getsignal(signal.SIGUSR1)
+    sigusr1 = SignalAt(step=1, signum=signal.SIGUSR1, stage="test")
+    testing = trainer(sigusr1, plugins=[SLURMEnvironment()], default_root_dir=tmp_path)
+    testing._signal_connector = SignalConnector(testing)
+    redo = "attnlab-eval ckpt_path=run"
+    with pytest.raises(EvaluationStopped) as stopped, stopping_evaluation(redo, testing):
+        testing.test(Tiny(), verbose=False)
+    assert stopped.value.code == 128 + signal.SIGUSR1 and stopped.value.requeue is not None
+    assert not calls.exists()  # (run once the manifest says interrupted)
+    stopped.value.requeue(signal.SIGUSR1, None)
+    assert calls.read_text().split() == ["requeue", "4242"]
+    assert signal.getsignal(signal.SIGUSR1) == before
+    sigusr1.step = 0  # (no more)
+    with pytest.raises(EvaluationStopped) as after, stopping_evaluation(redo, testing):
+        testing.test(Tiny(), verbose=False)
+        signal.raise_signal(signal.SIGUSR1)
+    assert after.value.code == 128 + signal.SIGUSR1 and after.value.requeue is None
+    assert signal.getsignal(signal.SIGUSR1) == before
+
+
 def test_under_ddp_a_signal_while_testing_stops_at_its_end_and_one_after_testing_at_once() -> None:
     """The ranks of a DDP run (here one process standing for them, with `world_size=2`) note a signal while
     testing and stop at the end of testing, where they agree on it; after testing (rank 0 decodes the test

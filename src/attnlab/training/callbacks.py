@@ -295,11 +295,13 @@ class Preempted(SystemExit):
 
 class EvaluationStopped(SystemExit):
     """A signal stopped the final evaluation, after training; `redo` evaluates the kept checkpoints alone.
-    Exit status 128 + the signal number, as `Preempted`."""
+    Exit status 128 + the signal number, as `Preempted`. For SIGUSR1, `requeue` is the handler it had
+    before the evaluation (submitit's, which requeues the job, or Lightning's SLURM auto-requeue; None:
+    none), which `attnlab.training.pipeline` runs once the manifest says the run was interrupted."""
 
-    def __init__(self, signum: int, redo: str) -> None:
+    def __init__(self, signum: int, redo: str, requeue: Callable[[int, Any], Any] | None = None) -> None:
         super().__init__(128 + signum)
-        self.signum, self.redo = signum, redo
+        self.signum, self.redo, self.requeue = signum, redo, requeue
         self.message = (
             f"stopped by {signal.Signals(signum).name} in the final evaluation, after training (the "
             f"checkpoints are kept); evaluate them alone with: {redo}"
@@ -323,28 +325,66 @@ def agreed_signal(trainer: L.Trainer, received: int | None) -> int:
     return int(trainer.strategy.reduce(signum, reduce_op="max"))
 
 
-class EvaluationStop(L.Callback):
-    """SIGTERM and SIGINT in the final evaluation (its handler `on_signal`, and this callback in the
-    trainer, for its length: `attnlab.training.pipeline.stopping_evaluation`) stop it with
-    `EvaluationStopped`: at once in a single process, and on rank 0 once testing has ended (it decodes the
-    test sets alone); under DDP while testing, at the end of testing, where the ranks agree on it (their
+class _HoldsSignals:
+    """A callback whose handlers hold signals for a while, with the handlers they replaced (`_previous`,
+    `signum -> handler`), given back by `release`."""
+
+    _previous: dict[int, Any]
+
+    def release(self) -> None:
+        """Give every signal held back to the handler it had."""
+        restore_signal_handlers(self._previous)
+        self._previous = {}
+
+    def lend_sigusr1(self, register: Callable[[], None]) -> None:
+        """Run `register` (Lightning's registration of its handlers, or its giving them back, in
+        `SignalConnector`) with SIGUSR1 given back to the handler this callback replaced: the one there
+        afterwards (SLURM's auto-requeue, which Lightning installs, or the one before) is what runs after
+        this callback acted on the signal, and what `release` gives SIGUSR1 back to."""
+        if signal.SIGUSR1 not in self._previous:  # (not taken: not the main thread)
+            register()
+            return
+        previous = self._previous[signal.SIGUSR1]
+        held = signal.signal(signal.SIGUSR1, previous if previous is not None else signal.SIG_DFL)
+        try:
+            register()
+        finally:
+            self._previous[signal.SIGUSR1] = signal.signal(signal.SIGUSR1, held)
+
+
+class EvaluationStop(_HoldsSignals, L.Callback):
+    """SIGTERM, SIGINT and SIGUSR1 in the final evaluation (its handler `on_signal`, held with `hold`, and
+    this callback in the trainer, for its length: `attnlab.training.pipeline.stopping_evaluation`) stop it
+    with `EvaluationStopped`: at once in a single process, and on rank 0 once testing has ended (it decodes
+    the test sets alone); under DDP while testing, at the end of testing, where the ranks agree on it (their
     test batches may differ by one: no earlier point is common to all), so that every rank stops and rank
     0's manifest says so. (Raised at once on one rank, it ended that rank and the others with gloo's
-    `Connection closed by peer`: the manifest said `failed`.)"""
+    `Connection closed by peer`: the manifest said `failed`.) The SIGUSR1 handler there before (submitit's)
+    or, while testing, the one Lightning installs (SLURM's auto-requeue) is the stop's `requeue`."""
 
     def __init__(self, redo: str, world_size: int) -> None:
         self.redo, self._received, self._testing = redo, None, world_size > 1
+        self._previous = {}
+
+    def hold(self) -> None:
+        """SIGTERM, SIGINT and SIGUSR1 to `on_signal` until `release` (main thread only)."""
+        for signum in (signal.SIGTERM, signal.SIGINT, signal.SIGUSR1):
+            self._previous[signum] = signal.signal(signum, self.on_signal)
 
     def on_signal(self, signum: int, frame: Any) -> None:
         if not self._testing:
-            raise EvaluationStopped(signum, self.redo)
+            raise self._stopped(signum)
         self._received = signum
 
     def on_test_end(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
         self._testing = False
         signum = agreed_signal(trainer, self._received)
         if signum:
-            raise EvaluationStopped(signum, self.redo)
+            raise self._stopped(signum)
+
+    def _stopped(self, signum: int) -> EvaluationStopped:
+        handler = self._previous.get(signal.SIGUSR1) if signum == signal.SIGUSR1 else None
+        return EvaluationStopped(signum, self.redo, handler if callable(handler) else None)
 
 
 _CTRL_C = (
@@ -384,24 +424,42 @@ class SignalConnector(_SignalConnector):
     stops training at the end of the step, without a save. Its SIGUSR1 handler (SLURM's auto-requeue)
     stays, run by `Preemption` after its save where that callback is in the trainer. Relies on Lightning
     2.6's `_SignalConnector`, which registers and gives back every handler with `_register_signal` and
-    installs its SIGUSR1 handler only where SIGUSR1 has none (compare with Lightning's when upgrading it)."""
+    installs its SIGUSR1 handler only where SIGUSR1 has none (compare with Lightning's when upgrading it).
+
+    SIGUSR1, which `Preemption` and `EvaluationStop` hold, is given back to
+    its handler while Lightning installs its own (`lend_sigusr1`): the one they run after acting on it
+    (SLURM's auto-requeue, or the handler before); so is the handler Lightning gives SIGUSR1 back to when
+    `test` ends, where `EvaluationStop` still holds it (for the decoding of the test sets that follows)."""
 
     def _register_signal(self, signum: Any, handlers: Any) -> None:  # (a static method in Lightning's)
         owned = any(isinstance(callback, (Preemption, EvaluationStop)) for callback in self.trainer.callbacks)
         if not owned or signum not in (signal.SIGTERM, signal.SIGINT):  # (theirs to give back)
             _SignalConnector._register_signal(signum, handlers)
 
+    def _holder(self) -> _HoldsSignals | None:
+        """The callback holding SIGUSR1 now (`Preemption` while training, `EvaluationStop` while testing)."""
+        holders = (c for c in self.trainer.callbacks if isinstance(c, _HoldsSignals))
+        return next((c for c in holders if signal.SIGUSR1 in c._previous), None)
+
     def register_signal_handlers(self) -> None:
-        """Lightning's handlers, with the SIGUSR1 handler it installs (SLURM's auto-requeue) given to
-        `Preemption` (which holds SIGUSR1 from the setup on) to run after its save."""
-        preemption = next((c for c in self.trainer.callbacks if isinstance(c, Preemption)), None)
-        if preemption is None:
+        """Lightning's handlers, with the SIGUSR1 handler it installs (SLURM's auto-requeue) given to the
+        callback holding SIGUSR1 to run after it acted on the signal."""
+        holder = self._holder()
+        if holder is None:
             super().register_signal_handlers()
         else:
-            preemption.lend_sigusr1(super().register_signal_handlers)
+            holder.lend_sigusr1(super().register_signal_handlers)
+
+    def teardown(self) -> None:
+        """Lightning gives back the handlers it replaced; SIGUSR1's to the callback still holding it."""
+        holder = self._holder()
+        if holder is None:
+            super().teardown()
+        else:
+            holder.lend_sigusr1(super().teardown)
 
 
-class Preemption(_StepEnds):
+class Preemption(_StepEnds, _HoldsSignals):
     """On SIGTERM, SIGUSR1 or a first Ctrl-C (SIGINT), save a checkpoint at the end of the current training
     step (after the last one: when training ends, before the final evaluation) and stop.
 
@@ -457,20 +515,6 @@ class Preemption(_StepEnds):
             self._rank = trainer.global_rank
             self._take(signal.SIGTERM, signal.SIGINT, signal.SIGUSR1)
 
-    def lend_sigusr1(self, register: Callable[[], None]) -> None:
-        """Run `register` (Lightning's registration of its handlers, `SignalConnector`) with SIGUSR1 given
-        back to the handler this callback replaced: the one Lightning puts there (SLURM's auto-requeue),
-        or that one, is what runs after the save."""
-        if signal.SIGUSR1 not in self._previous:  # (not taken: not the main thread)
-            register()
-            return
-        previous = self._previous[signal.SIGUSR1]
-        held = signal.signal(signal.SIGUSR1, previous if previous is not None else signal.SIG_DFL)
-        try:
-            register()
-        finally:
-            self._previous[signal.SIGUSR1] = signal.signal(signal.SIGUSR1, held)
-
     def _take(self, *signums: int) -> None:
         if threading.current_thread() is not threading.main_thread():
             return  # signals reach only the main thread
@@ -481,10 +525,6 @@ class Preemption(_StepEnds):
                 previous = previous.previous
             self._previous[signum] = previous
             signal.signal(signum, self._on_signal)
-
-    def _restore(self) -> None:
-        restore_signal_handlers(self._previous)
-        self._previous = {}
 
     def on_train_batch_end(
         self, trainer: L.Trainer, pl_module: L.LightningModule, outputs: Any, batch: Any, batch_idx: int
@@ -510,7 +550,7 @@ class Preemption(_StepEnds):
         signum = agreed_signal(trainer, self._received)
         if signum:
             self._stop(trainer, self._save(trainer) if self._ended_a_step(trainer) else None, signum)
-        self._restore()  # before Lightning puts back the handlers it replaced (after this hook)
+        self.release()  # before Lightning puts back the handlers it replaced (after this hook)
 
     def _save(self, trainer: L.Trainer) -> str:
         path = f"{self.dirpath}/{self.filename}.ckpt"
@@ -520,7 +560,7 @@ class Preemption(_StepEnds):
     def _stop(self, trainer: L.Trainer, path: str | None, signum: int) -> None:
         previous = self._previous.get(signal.SIGUSR1)
         self._received = None
-        self._restore()
+        self.release()
         if signum == signal.SIGUSR1 and callable(previous):
             previous(signum, None)  # Lightning's auto-requeue or submitit's handler
         raise Preempted(signum, trainer.global_step, path)
@@ -542,7 +582,7 @@ class Preemption(_StepEnds):
     def on_exception(
         self, trainer: L.Trainer, pl_module: L.LightningModule, exception: BaseException
     ) -> None:
-        self._restore()  # (as at the end of training)
+        self.release()  # (as at the end of training)
 
     def teardown(self, trainer: L.Trainer, pl_module: L.LightningModule, stage: str) -> None:
-        self._restore()
+        self.release()

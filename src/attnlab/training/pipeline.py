@@ -212,6 +212,8 @@ def _run(plan: RunPlan) -> dict[str, float]:
             if stopped:  # where it saved and how to go on: a batch job's log shows it, not only the manifest
                 print(f"attnlab-train: {exc}", file=sys.stderr, flush=True)
         _finish_tracking(exit_code=1)
+        if isinstance(exc, EvaluationStopped) and exc.requeue is not None:  # (every rank, as in training)
+            exc.requeue(exc.signum, None)  # submitit's or SLURM's requeue, once the manifest says interrupted
         if unsaved:  # Lightning exits with 1 after Ctrl-C, 0 after SIGTERM: a shell expects 128 + N
             raise SystemExit(128 + (signal.SIGINT if ctrl_c else signal.SIGTERM)) from None
         raise
@@ -658,25 +660,27 @@ def redo_evaluation(plan: RunPlan, trainer: Any) -> str:
 
 @contextmanager
 def stopping_evaluation(redo: str, trainer: Any) -> Iterator[None]:
-    """While the final evaluation runs, SIGTERM and SIGINT (Ctrl-C) stop it with `EvaluationStopped`, at
-    once or, under DDP while testing, at the end of testing on every rank
-    (`attnlab.training.callbacks.EvaluationStop`): SIGTERM's default would end the process before the
-    manifest says so, and decoding the test sets can take minutes. There is nothing to save: training has
-    ended and its checkpoints are on disk."""
+    """While the final evaluation runs, SIGTERM, SIGINT (Ctrl-C) and SIGUSR1 stop it with
+    `EvaluationStopped`, at once or, under DDP while testing, at the end of testing on every rank
+    (`attnlab.training.callbacks.EvaluationStop`): SIGTERM's and SIGUSR1's defaults would end the process
+    before the manifest says so, and decoding the test sets can take minutes. There is nothing to save:
+    training has ended and its checkpoints are on disk. A SIGUSR1 handler installed before (submitit's) or
+    by Lightning for testing (SLURM's auto-requeue) runs once the manifest says the run was interrupted
+    (`_run`), so the job is still requeued."""
     if threading.current_thread() is not threading.main_thread():  # signals reach only the main thread
         yield
         return
 
-    from attnlab.training.callbacks import EvaluationStop, restore_signal_handlers  # (lightning: loaded)
+    from attnlab.training.callbacks import EvaluationStop  # (lightning: loaded)
 
     stop = EvaluationStop(redo, trainer.world_size)
-    previous = {signum: signal.signal(signum, stop.on_signal) for signum in (signal.SIGTERM, signal.SIGINT)}
+    stop.hold()
     trainer.callbacks.append(stop)
     try:
         yield
     finally:
         trainer.callbacks = [callback for callback in trainer.callbacks if callback is not stop]
-        restore_signal_handlers(previous)
+        stop.release()
 
 
 def final_evaluation(
