@@ -298,17 +298,53 @@ def test_a_sigusr1_before_training_stops_the_run_at_the_end_of_the_first_step(
 @pytest.mark.parametrize("preemption", [True, False])
 def test_sigusr1_is_held_before_training_only_for_preemption(preemption: bool, tmp_path: Path) -> None:
     """With `callbacks.preemption=null` nothing would act on a held SIGUSR1 (and Lightning would not add
-    its SLURM handler beside one): the handler before stays."""
+    its SLURM handler beside one): the handler before stays. SIGTERM is held (to stop at once) either way."""
     from attnlab.training.callbacks import HeldSignal
-    from attnlab.training.pipeline import holding_sigusr1
+    from attnlab.training.pipeline import holding_signals
 
     cfg = compose_train([*RUN, *([] if preemption else ["callbacks.preemption=null"])], tmp_path)
-    before = signal.getsignal(signal.SIGUSR1)
+    before = {signum: signal.getsignal(signum) for signum in (signal.SIGUSR1, signal.SIGTERM)}
     try:
-        holding_sigusr1(cfg.callbacks)
+        holding_signals(cfg.callbacks)
         assert isinstance(signal.getsignal(signal.SIGUSR1), HeldSignal) == preemption
+        assert isinstance(signal.getsignal(signal.SIGTERM), HeldSignal)
     finally:
-        signal.signal(signal.SIGUSR1, before)
+        for signum, handler in before.items():
+            signal.signal(signum, handler)
+
+
+@pytest.mark.parametrize("preemption", [True, False])
+def test_a_sigterm_before_training_stops_the_run_at_once_and_the_manifest_says_so(
+    preemption: bool, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """SIGTERM once the data is prepared and the model built, before training is set up: the run stops at
+    once (exit status 128 + SIGTERM), its manifest and a line on stderr say it was interrupted with nothing
+    saved, and SIGTERM's handler is back afterwards. (SIGTERM's default action, here a handler of the
+    caller's standing in for it, ended the process and left the manifest `running`.)"""
+    early = [
+        "+callbacks.early._target_=probes.SignalWhenBuilt",
+        f"+callbacks.early.signum={int(signal.SIGTERM)}",
+    ]
+    early += [] if preemption else ["callbacks.preemption=null"]
+    seen: list[int] = []
+    before = signal.signal(signal.SIGTERM, lambda signum, frame: seen.append(signum))
+    try:
+        with pytest.raises(SystemExit) as stopped:
+            train(compose_train([*RUN, *early], tmp_path))
+        assert signal.getsignal(signal.SIGTERM) is not None and not seen
+        signal.raise_signal(signal.SIGTERM)
+        assert seen == [signal.SIGTERM]  # (the caller's handler is back)
+    finally:
+        signal.signal(signal.SIGTERM, before)
+    assert stopped.value.code == 128 + signal.SIGTERM and not (tmp_path / "checkpoints").exists()
+    manifest = json.loads((tmp_path / "manifest.json").read_text())
+    assert manifest["status"] == "interrupted", manifest
+    assert manifest["error"] == (
+        "SetupStopped: stopped by SIGTERM before training (while the data was prepared or the model or "
+        "trainer built), with nothing to save; run the command again: a new run starts over, a run continued "
+        "with resume=true or resume=auto goes on from its last.ckpt"
+    )
+    assert f"attnlab-train: {manifest['error'].removeprefix('SetupStopped: ')}\n" in capsys.readouterr().err
 
 
 def test_without_preemption_a_sigterm_stops_training_at_the_step_end_and_the_manifest_says_so(

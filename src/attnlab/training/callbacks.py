@@ -311,6 +311,23 @@ class EvaluationStopped(SystemExit):
         return self.message
 
 
+class SetupStopped(SystemExit):
+    """SIGTERM stopped the run before training (`HeldSignal`): while the data was prepared or the model or
+    trainer built, with nothing to save. Exit status 128 + the signal number, as `Preempted`."""
+
+    def __init__(self, signum: int) -> None:
+        super().__init__(128 + signum)
+        self.signum = signum
+        self.message = (
+            f"stopped by {signal.Signals(signum).name} before training (while the data was prepared or the "
+            "model or trainer built), with nothing to save; run the command again: a new run starts over, a "
+            "run continued with resume=true or resume=auto goes on from its last.ckpt"
+        )
+
+    def __str__(self) -> str:
+        return self.message
+
+
 def agreed_signal(trainer: L.Trainer, received: int | None) -> int:
     """The signal that reached this rank (`received`) or any other (0: none), at a point every rank
     reaches. The ranks agree on which (the highest number where they got different ones): the one the run
@@ -401,14 +418,18 @@ def restore_signal_handlers(previous: dict[int, Any]) -> None:
 
 
 class HeldSignal:
-    """A signal's handler before training (`attnlab.training.pipeline.holding_sigusr1`): it remembers the
-    signal (`received`) for `Preemption`, which takes it over with the handler it replaced (`previous`) and
-    acts on it at the end of the first training step."""
+    """A signal's handler before training (`attnlab.training.pipeline.holding_signals`), in place of the
+    handler it replaced (`previous`) until training is set up, where `Preemption` (or, without it,
+    `SignalConnector`) takes the signal over with that handler. It remembers the signal (`received`) for
+    `Preemption`, which acts on it at the end of the first training step; with `at_once` it stops the run
+    at once instead (`SetupStopped`): there is nothing to save before training."""
 
-    def __init__(self, previous: Any) -> None:
-        self.previous, self.received = previous, None
+    def __init__(self, previous: Any, at_once: bool = False) -> None:
+        self.previous, self.at_once, self.received = previous, at_once, None
 
     def __call__(self, signum: int, frame: Any) -> None:
+        if self.at_once:
+            raise SetupStopped(signum)
         self.received = signum
 
 
@@ -426,7 +447,8 @@ class SignalConnector(_SignalConnector):
     2.6's `_SignalConnector`, which registers and gives back every handler with `_register_signal` and
     installs its SIGUSR1 handler only where SIGUSR1 has none (compare with Lightning's when upgrading it).
 
-    SIGUSR1, which `Preemption` and `EvaluationStop` hold, is given back to
+    Before training, SIGTERM's `HeldSignal` (stop at once) gives way here to Lightning's handler, where no
+    `Preemption` took SIGTERM over. SIGUSR1, which `Preemption` and `EvaluationStop` hold, is given back to
     its handler while Lightning installs its own (`lend_sigusr1`): the one they run after acting on it
     (SLURM's auto-requeue, or the handler before); so is the handler Lightning gives SIGUSR1 back to when
     `test` ends, where `EvaluationStop` still holds it (for the decoding of the test sets that follows)."""
@@ -444,6 +466,9 @@ class SignalConnector(_SignalConnector):
     def register_signal_handlers(self) -> None:
         """Lightning's handlers, with the SIGUSR1 handler it installs (SLURM's auto-requeue) given to the
         callback holding SIGUSR1 to run after it acted on the signal."""
+        before = signal.getsignal(signal.SIGTERM)
+        if isinstance(before, HeldSignal):  # (no Preemption took it over)
+            signal.signal(signal.SIGTERM, before.previous if before.previous is not None else signal.SIG_DFL)
         holder = self._holder()
         if holder is None:
             super().register_signal_handlers()

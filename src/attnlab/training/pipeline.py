@@ -187,7 +187,7 @@ def _run(plan: RunPlan) -> dict[str, float]:
     from lightning.pytorch.utilities import rank_zero_only
 
     from attnlab.data.download import DataError
-    from attnlab.training.callbacks import EvaluationStopped, Preempted
+    from attnlab.training.callbacks import EvaluationStopped, Preempted, SetupStopped
     from attnlab.training.console import route_lightning_logging
 
     route_lightning_logging()  # each Lightning message once, on the handlers set up (Hydra's)
@@ -206,7 +206,7 @@ def _run(plan: RunPlan) -> dict[str, float]:
             # stays as it was.
             _restore_run_records(previous)
         elif manifest is not None:
-            stopped = isinstance(exc, (Preempted, EvaluationStopped))
+            stopped = isinstance(exc, (Preempted, EvaluationStopped, SetupStopped))
             status = "interrupted" if stopped or unsaved else "failed"
             manifest.finish(status, error=unsaved or f"{type(exc).__name__}: {exc}".splitlines()[0])
             if stopped:  # where it saved and how to go on: a batch job's log shows it, not only the manifest
@@ -223,19 +223,21 @@ def _run(plan: RunPlan) -> dict[str, float]:
     return metrics
 
 
-def holding_sigusr1(callbacks: DictConfig | None) -> None:
-    """Where `callbacks` has attnlab's `Preemption`, SIGUSR1 from here until training is set up (the data
-    prepared, the model built, the trainer built) is remembered (`HeldSignal`), and `Preemption` saves and
-    stops at the end of the first step, as for a SIGUSR1 in the sanity validation: its default action
-    ended the process at once, saving nothing and leaving the manifest at `running`.
-    (`keeping_signal_handlers` puts back the handler it replaces.)"""
+def holding_signals(callbacks: DictConfig | None) -> None:
+    """From here until training is set up (the data prepared, the model built, the trainer built), SIGTERM
+    stops the run at once (`SetupStopped`: nothing to save yet), and where `callbacks` has attnlab's
+    `Preemption`, SIGUSR1 is remembered and `Preemption` saves and stops at the end of the first step, as
+    for a SIGUSR1 in the sanity validation (`HeldSignal`, each). The default actions ended the process at
+    once, leaving the manifest at `running`. (`keeping_signal_handlers` puts back the handlers they
+    replace.)"""
     from attnlab.training.callbacks import HeldSignal, Preemption
 
+    if threading.current_thread() is not threading.main_thread():  # signals reach only the main thread
+        return
+    signal.signal(signal.SIGTERM, HeldSignal(signal.getsignal(signal.SIGTERM), at_once=True))
     target = f"{Preemption.__module__}.{Preemption.__qualname__}"
     nodes = (callbacks or {}).values()
-    if threading.current_thread() is threading.main_thread() and any(
-        isinstance(node, DictConfig) and node.get("_target_") == target for node in nodes
-    ):
+    if any(isinstance(node, DictConfig) and node.get("_target_") == target for node in nodes):
         signal.signal(signal.SIGUSR1, HeldSignal(signal.getsignal(signal.SIGUSR1)))
 
 
@@ -274,7 +276,7 @@ def _train_and_evaluate(plan: RunPlan, manifest: Manifest | None) -> dict[str, f
     write_results."""
     import lightning as L
 
-    holding_sigusr1(plan.cfg.get("callbacks"))
+    holding_signals(plan.cfg.get("callbacks"))
     mode = plan.cfg.get("allocator", "keep")
     _record(manifest, allocator={"mode": mode, "glibc_options_set": configure_allocator(mode)})
     if plan.cfg.get("seed") is not None:
