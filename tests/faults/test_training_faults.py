@@ -9,6 +9,7 @@ import errno
 import json
 import os
 import signal
+import sys
 from pathlib import Path
 
 import pytest
@@ -270,19 +271,28 @@ def test_a_run_gives_back_the_signal_handlers_it_found(tmp_path: Path) -> None:
     assert {signum: signal.getsignal(signum) for signum in signals} == before
 
 
+@pytest.mark.parametrize("exits", [False, True], ids=["returns", "exits"])
 def test_a_sigusr1_before_training_stops_the_run_at_the_end_of_the_first_step(
-    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+    exits: bool, tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
     """SIGUSR1 while the trainer is built (the data prepared, the model built): the run saves last.ckpt at
     step 1 and stops, interrupted, saying so; then the handler before (submitit's; here a recorder) runs.
-    Its default action ended the process at once, saving nothing, the manifest left at `running`."""
+    Its default action ended the process at once, saving nothing, the manifest left at `running`. A handler
+    that ends the process as submitit's does (`sys.exit(-1)` once it requeued the job) leaves the run
+    recorded `interrupted` with status 128 + SIGUSR1 (it was `failed`, "SystemExit: -1")."""
     signalled = [
         "+callbacks.early._target_=probes.SignalWhenBuilt",
         f"+callbacks.early.signum={int(signal.SIGUSR1)}",
     ]
     seen: list[bool] = []
     last = tmp_path / "checkpoints" / "last.ckpt"
-    before = signal.signal(signal.SIGUSR1, lambda signum, frame: seen.append(last.is_file()))
+
+    def requeue(signum: int, frame: object) -> None:
+        seen.append(last.is_file())
+        if exits:
+            sys.exit(-1)
+
+    before = signal.signal(signal.SIGUSR1, requeue)
     try:
         with pytest.raises(SystemExit) as stopped:
             train(compose_train([*RUN, *signalled], tmp_path))
@@ -403,20 +413,24 @@ def test_a_sigterm_in_the_final_evaluation_stops_it_and_names_the_command_that_r
     assert not (tmp_path / "results.json").exists()
 
 
+@pytest.mark.parametrize("exits", [False, True], ids=["returns", "exits"])
 def test_a_sigusr1_in_the_final_evaluation_stops_it_and_then_runs_the_requeue_handler(
-    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+    exits: bool, tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
     """SIGUSR1 at the first test batch, where a SIGUSR1 handler was installed before (submitit's requeue,
     here a recorder): the run stops at once (exit status 128 + SIGUSR1), its manifest and stderr name the
     attnlab-eval command, and the handler runs once, after the manifest says interrupted, so the job is
     still requeued. (Without a handler, SIGUSR1's default ended the process and left the manifest
-    `running`; with one, the evaluation went on and the handler ran alone.)"""
+    `running`; with one, the evaluation went on and the handler ran alone.) A handler that ends the process
+    as submitit's does (`sys.exit(-1)`) leaves the stop's status."""
     kill = ["+callbacks.kill._target_=probes.SignalAt", "+callbacks.kill.stage=test",
             "+callbacks.kill.step=1", f"+callbacks.kill.signum={int(signal.SIGUSR1)}"]  # fmt: skip
     status: list[str] = []
 
     def requeue(signum: int, frame: object) -> None:
         status.append(json.loads((tmp_path / "manifest.json").read_text())["status"])
+        if exits:
+            sys.exit(-1)
 
     before = signal.signal(signal.SIGUSR1, requeue)
     try:

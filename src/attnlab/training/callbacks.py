@@ -15,6 +15,7 @@ import signal
 import threading
 import time
 from collections.abc import Callable, Mapping
+from contextlib import suppress
 from typing import Any
 
 import lightning as L
@@ -410,6 +411,15 @@ _CTRL_C = (
 )
 
 
+def run_requeue(handler: Callable[[int, Any], Any], signum: int) -> None:
+    """Run `handler`, the SIGUSR1 handler a stop replaced (submitit's requeue, Lightning's SLURM
+    auto-requeue), once the stop is saved or recorded. A handler that ends the process (submitit's
+    `sys.exit(-1)` once the job is requeued) lets the stop go on: the run is recorded `interrupted` and
+    exits with the stop's status, 128 + SIGUSR1 (it was recorded `failed`, "SystemExit: -1")."""
+    with suppress(SystemExit):
+        handler(signum, None)
+
+
 def restore_signal_handlers(previous: dict[int, Any]) -> None:
     """Put back the handlers `signal.signal` returned when they were replaced (`signum -> handler`); None,
     a handler installed outside Python, as the default action."""
@@ -587,7 +597,7 @@ class Preemption(_StepEnds, _HoldsSignals):
         self._received = None
         self.release()
         if signum == signal.SIGUSR1 and callable(previous):
-            previous(signum, None)  # Lightning's auto-requeue or submitit's handler
+            run_requeue(previous, signum)  # Lightning's auto-requeue or submitit's handler
         raise Preempted(signum, trainer.global_step, path)
 
     @staticmethod

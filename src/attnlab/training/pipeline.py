@@ -187,7 +187,7 @@ def _run(plan: RunPlan) -> dict[str, float]:
     from lightning.pytorch.utilities import rank_zero_only
 
     from attnlab.data.download import DataError
-    from attnlab.training.callbacks import EvaluationStopped, Preempted, SetupStopped
+    from attnlab.training.callbacks import EvaluationStopped, Preempted, SetupStopped, run_requeue
     from attnlab.training.console import route_lightning_logging
 
     route_lightning_logging()  # each Lightning message once, on the handlers set up (Hydra's)
@@ -213,7 +213,7 @@ def _run(plan: RunPlan) -> dict[str, float]:
                 print(f"attnlab-train: {exc}", file=sys.stderr, flush=True)
         _finish_tracking(exit_code=1)
         if isinstance(exc, EvaluationStopped) and exc.requeue is not None:  # (every rank, as in training)
-            exc.requeue(exc.signum, None)  # submitit's or SLURM's requeue, once the manifest says interrupted
+            run_requeue(exc.requeue, exc.signum)  # submitit's or SLURM's, once the manifest says interrupted
         if unsaved:  # Lightning exits with 1 after Ctrl-C, 0 after SIGTERM: a shell expects 128 + N
             raise SystemExit(128 + (signal.SIGINT if ctrl_c else signal.SIGTERM)) from None
         raise
