@@ -59,7 +59,8 @@ class FileLock:
             `_LOOK_S` seconds, so a look is never taken for a holder.
         record_holder: Write this process's pid and host into the lock file while holding it.
         waiting: Called once, before waiting, when another process holds the lock (to say why nothing
-            happens meanwhile: a build or download can take minutes); not called when the lock is free.
+            happens meanwhile: a build or download can take minutes); not called when the lock is free or
+            only a `held_elsewhere` look holds it.
     """
 
     def __init__(
@@ -97,9 +98,9 @@ class FileLock:
             fd = os.open(self.path, os.O_RDWR | os.O_CREAT, 0o644)
             try:
                 if not (notice and _try_lock(fd)):
-                    if notice:
+                    if notice and not _looked_at(fd):  # (a look holds it for an instant: no wait to tell)
                         self.waiting()
-                        notice = False
+                    notice = False
                     if deadline is None:
                         fcntl.flock(fd, fcntl.LOCK_EX)
                     else:

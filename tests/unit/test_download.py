@@ -751,6 +751,29 @@ def test_a_look_at_a_lock_does_not_refuse_a_claim_tried_in_its_instant(tmp_path:
         os.close(fd)
 
 
+@pytest.mark.parametrize("held", ["look", "holder"])
+def test_a_wait_is_announced_for_a_holder_not_for_a_look(held: str, tmp_path: Path) -> None:
+    """`FileLock(waiting=...)` says why nothing happens (a download or build another process holds) once,
+    when another process holds the lock; not while only a `held_elsewhere` look holds it for an instant
+    (its shared lock, here held by another open file of the lock until a timer frees it)."""
+    import fcntl
+
+    path = tmp_path / ".lock"
+    path.touch()
+    fd = os.open(path, os.O_RDONLY if held == "look" else os.O_RDWR)
+    freed = threading.Timer(0.1, fcntl.flock, (fd, fcntl.LOCK_UN))
+    announced: list[bool] = []
+    try:
+        fcntl.flock(fd, fcntl.LOCK_SH if held == "look" else fcntl.LOCK_EX)
+        freed.start()
+        with FileLock(path, timeout=5, waiting=lambda: announced.append(True)) as lock:
+            assert lock.locked
+    finally:
+        freed.cancel()
+        os.close(fd)
+    assert announced == ([True] if held == "holder" else [])
+
+
 def test_a_lock_file_its_holder_deletes_is_never_held_twice(tmp_path: Path) -> None:
     """A process waiting on a lock file that its holder deletes (`release(delete=True)`: a refused command
     removing the run directory it made) takes the file at the path afterwards, not the deleted one: a
