@@ -746,6 +746,32 @@ def test_run_files_an_editor_saved_with_a_byte_order_mark_are_read(sweep: Path) 
     assert sorted(r.status for r in others) == ["failed", "running"]
 
 
+def test_saved_lines_an_editor_saved_with_a_byte_order_mark_are_read_past_it(sweep: Path) -> None:
+    """A byte-order mark an editor saved before a run's hypotheses or references stayed in the first line:
+    the first hypothesis was scored changed in paired tests and by-length tables, and the references were
+    taken for other sentences than the other runs'. A file that is not UTF-8 past the mark names the byte
+    counted from the file's start."""
+    from attnlab.metrics import corpus_bleu, paired_bootstrap
+    from attnlab.reports.compare import by_length
+    from attnlab.reports.stats import stat
+
+    for sub in ("hypotheses", "references"):
+        for run in ("pe=none,seed=1", "pe=sinusoidal,seed=1"):
+            path = sweep / run / sub / "test2016.txt"
+            path.write_bytes(b"\xef\xbb\xbf" + path.read_bytes())
+    groups, _ = summarize(load_runs([sweep]), baseline="model.pe=sinusoidal")
+    tested = {g.name: g for g in groups}["model.pe=none"].p_values["test2016"]
+    for seed, p in tested:
+        assert p == paired_bootstrap(hypotheses("sinusoidal", seed), hypotheses("none", seed), REFS).p_value
+    (table,) = by_length(groups)  # (by reference words: every reference has 14)
+    scores = [corpus_bleu(hypotheses("none", seed), REFS).score for seed in (1, 2, 3)]
+    assert table.groups["model.pe=none"][1].mean == pytest.approx(stat(scores).mean, rel=1e-12)
+    hyps = sweep / "pe=none,seed=1" / "hypotheses" / "test2016.txt"
+    hyps.write_bytes(b"\xef\xbb\xbf" + b"\xff\n" * 60)
+    listed = report([sweep]).split("Unreadable, not compared:\n")[1]
+    assert f"cannot read {hyps}: not UTF-8 text (invalid start byte at byte 3); restore" in listed, listed
+
+
 def test_a_seed_that_is_a_list_leaves_its_run_out_naming_the_file(sweep: Path) -> None:
     """A config.yaml whose seed was edited into a list ended the comparison in a traceback (unhashable
     'list', grouping the runs by seed); the run is unreadable, named, and the others are compared."""

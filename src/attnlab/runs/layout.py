@@ -18,6 +18,7 @@ A run directory holds::
 
 from __future__ import annotations
 
+import codecs
 import csv
 import json
 import os
@@ -288,18 +289,22 @@ def read_saved_lines(path: Path) -> list[str] | None:
     """The lines of a run's saved hypotheses, references or sources (`RunDir.hypotheses_dir`, ...), split
     at "\\n" only, as they were written (a lone "\\r" inside a line, kept from the data, is no line end:
     `read_text` would split there); a last line without its "\\n" is a line too. None when there is no
-    such file.
+    such file. A UTF-8 byte-order mark at its start (an editor saved it) is no part of the first line, as
+    `read_json_object` and `RunDir.metrics_rows` read past one too.
 
     Raises:
-        UnreadableRunFile: The file is not UTF-8 text.
+        UnreadableRunFile: The file is not UTF-8 text (the byte named counts from the file's start).
     """
     if not path.is_file():
         return None
+    data = path.read_bytes()
+    body = data.removeprefix(codecs.BOM_UTF8)  # (not the "utf-8-sig" codec: its error offsets skip the mark)
     try:
-        text = path.read_bytes().decode("utf-8")
+        text = body.decode("utf-8")
     except UnicodeDecodeError as exc:
+        at = exc.start + len(data) - len(body)
         raise UnreadableRunFile(
-            f"cannot read {path}: not UTF-8 text ({exc.reason} at byte {exc.start}); restore the file "
+            f"cannot read {path}: not UTF-8 text ({exc.reason} at byte {at}); restore the file "
             "(attnlab-eval on the run's checkpoint writes it again) or leave that run out of the comparison"
         ) from None
     lines = text.split("\n")
