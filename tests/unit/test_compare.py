@@ -536,6 +536,25 @@ def test_seeds_without_a_baseline_run_are_named_not_dropped_silently(
     assert f"{named} no run of that seed" in caplog.text
 
 
+def test_a_seed_written_as_text_is_the_number_it_seeds(sweep: Path, caplog: pytest.LogCaptureFixture) -> None:
+    """A seed written as the text '1' in a baseline run's config.yaml (Lightning seeds with `int(seed)`: 1)
+    and as 1 in another run's was another seed: that run had no paired test, with a warning of "no paired
+    test for seed 1" though the baseline has a run of seed 1, and two runs of seed '2' and 2 in one group
+    were not named as one seed's."""
+    import shutil
+
+    path = sweep / "pe=sinusoidal,seed=1" / "config.yaml"
+    path.write_text(path.read_text().replace("seed: 1", "seed: '1'"))
+    shutil.copytree(sweep / "pe=sinusoidal,seed=2", sweep / "again" / "pe=sinusoidal,seed=2")
+    path = sweep / "again" / "pe=sinusoidal,seed=2" / "config.yaml"
+    path.write_text(path.read_text().replace("seed: 2", "seed: '2'"))
+    with caplog.at_level("WARNING"):
+        groups, _ = summarize(load_runs([sweep]), baseline="model.pe=sinusoidal")
+    assert [seed for seed, _ in {g.name: g for g in groups}["model.pe=none"].p_values["test2016"]] == [1, 3]
+    assert "no paired test for seed" not in caplog.text
+    assert "group model.pe=sinusoidal has 2 runs of seed 2" in caplog.text
+
+
 def test_a_running_run_whose_process_died_is_listed_as_stopped(sweep: Path) -> None:
     """A run's manifest says `running` until its process writes how it ended; a process killed with
     SIGKILL never does. Its run directory's lock still names it: a dead process there is shown as such."""

@@ -33,6 +33,7 @@ import math
 import os
 import re
 from collections.abc import Sequence
+from contextlib import suppress
 from dataclasses import dataclass, field
 from datetime import datetime
 from pathlib import Path
@@ -80,6 +81,17 @@ class Run:
     def files(self) -> RunDir:
         """The run directory's files."""
         return RunDir(self.path)
+
+    @property
+    def seed(self) -> Any:
+        """The seed runs are paired and counted by: the config's `seed`, a text holding a whole number read
+        as that number, as Lightning's `seed_everything` seeds with `int(seed)` ('1' in one config.yaml
+        and 1 in another are one seed, shown 1); None without one."""
+        seed = self.config.get("seed")
+        if isinstance(seed, str):
+            with suppress(ValueError):
+                return int(seed)
+        return seed
 
 
 def _params(run: RunDir) -> float | None:
@@ -471,9 +483,9 @@ def _no_such_group(baseline: str, names: Sequence[str]) -> str:
 def _warn_unpaired_seeds(base: GroupSummary, group: GroupSummary) -> None:
     """Warn when runs of `group` that saved hypotheses have no baseline run of their seed: they get no
     paired test (with no seed in common, the table has no p column at all)."""
-    base_seeds = {r.config.get("seed") for r in base.runs}
+    base_seeds = {r.seed for r in base.runs}
     alone = sorted(
-        {str(r.config.get("seed")) for r in group.runs if r.config.get("seed") not in base_seeds
+        {str(r.seed) for r in group.runs if r.seed not in base_seeds
          and any(r.files.hypotheses_dir.glob("*.txt"))}
     )  # fmt: skip
     if alone:
@@ -489,7 +501,7 @@ def _warn_repeated_seeds(name: str, runs: Sequence[Run]) -> None:
     own, and a baseline seed with several runs has no paired test (`paired_tests`)."""
     by_seed: dict[Any, list[Run]] = {}
     for run in runs:
-        by_seed.setdefault(run.config.get("seed"), []).append(run)
+        by_seed.setdefault(run.seed, []).append(run)
     for seed, same in by_seed.items():
         if len(same) > 1:
             log.warning(
@@ -561,10 +573,10 @@ def paired_tests(baseline: Sequence[Run], runs: Sequence[Run], n_samples: int = 
 
     by_seed: dict[Any, list[Run]] = {}
     for r in baseline:
-        by_seed.setdefault(r.config.get("seed"), []).append(r)
+        by_seed.setdefault(r.seed, []).append(r)
     out: dict[str, list[tuple[Any, float]]] = {}
     for run in runs:
-        same = by_seed.get(run.config.get("seed"), [])
+        same = by_seed.get(run.seed, [])
         if len(same) != 1:  # none, or several (`_warn_repeated_seeds`): no one run to pair with
             continue
         base = same[0]
@@ -587,7 +599,7 @@ def paired_tests(baseline: Sequence[Run], runs: Sequence[Run], n_samples: int = 
             _same_count([(hyp_file, hyps), (run.files.references_dir / name, refs),
                          (base.files.hypotheses_dir / name, base_hyps)])  # fmt: skip
             result = paired_bootstrap(base_hyps, hyps, refs, n_samples=n_samples, tokenize=tokenize)
-            out.setdefault(hyp_file.stem, []).append((run.config.get("seed"), result.p_value))
+            out.setdefault(hyp_file.stem, []).append((run.seed, result.p_value))
     return out
 
 
