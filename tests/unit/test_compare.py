@@ -536,6 +536,19 @@ def test_seeds_without_a_baseline_run_are_named_not_dropped_silently(
     assert f"{named} no run of that seed" in caplog.text
 
 
+def test_unpaired_seeds_are_named_in_numeric_order(sweep: Path, caplog: pytest.LogCaptureFixture) -> None:
+    """The seeds a warning names without a baseline run are in numeric order: 2, 3, 10 (as text: 10, 2, 3)."""
+    import shutil
+
+    config = sweep / "pe=none,seed=1" / "config.yaml"
+    config.write_text(config.read_text().replace("seed: 1\n", "seed: 10\n"))
+    for seed in (2, 3):
+        shutil.rmtree(sweep / f"pe=sinusoidal,seed={seed}")
+    with caplog.at_level("WARNING"):
+        summarize(load_runs([sweep]), baseline="model.pe=sinusoidal")
+    assert "no paired test for seed 2, 3, 10 of group model.pe=none" in caplog.text, caplog.text
+
+
 def test_a_seed_written_as_text_is_the_number_it_seeds(sweep: Path, caplog: pytest.LogCaptureFixture) -> None:
     """A seed written as the text '1' in a baseline run's config.yaml (Lightning seeds with `int(seed)`: 1)
     and as 1 in another run's was another seed: that run had no paired test, with a warning of "no paired

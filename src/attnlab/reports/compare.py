@@ -484,16 +484,21 @@ def _warn_unpaired_seeds(base: GroupSummary, group: GroupSummary) -> None:
     """Warn when runs of `group` that saved hypotheses have no baseline run of their seed: they get no
     paired test (with no seed in common, the table has no p column at all)."""
     base_seeds = {r.seed for r in base.runs}
-    alone = sorted(
-        {str(r.seed) for r in group.runs if r.seed not in base_seeds
-         and any(r.files.hypotheses_dir.glob("*.txt"))}
-    )  # fmt: skip
+    unpaired = {
+        r.seed for r in group.runs if r.seed not in base_seeds and any(r.files.hypotheses_dir.glob("*.txt"))
+    }
+    alone = [str(seed) for seed in sorted(unpaired, key=_seed_order)]
     if alone:
         log.warning(
             "no paired test for seed %s of group %s: the baseline group %s has no run of %s; run the "
             "baseline with the same seeds to test them", ", ".join(alone), group.name, base.name,
             "that seed" if len(alone) == 1 else "those seeds",
         )  # fmt: skip
+
+
+def _seed_order(seed: Any) -> tuple[bool, Any]:
+    """Seeds in order for messages: numbers by value (2 before 10), then any other value by its text."""
+    return (False, seed) if is_number(seed) else (True, str(seed))
 
 
 def _warn_repeated_seeds(name: str, runs: Sequence[Run]) -> None:
