@@ -205,14 +205,26 @@ def test_a_sweep_refused_after_a_job_ran_keeps_its_own_multirun_yaml(
     assert "experiment=synthetic_pe,nosuch" in (sweep_dir / "multirun.yaml").read_text()
 
 
+@pytest.mark.parametrize("existing", [False, True], ids=["new", "existing"])
 def test_a_sweep_whose_first_job_is_refused_as_it_starts_leaves_no_sweep_directory(
-    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+    existing: bool, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     """A sweep of two-process jobs under Hydra's basic launcher is refused by its first job, after Hydra
     made that job's directory and wrote its `.hydra/` record there: the sweep directory was left holding
-    `multirun.yaml` and that record. It is removed."""
+    `multirun.yaml` and that record. It is removed; an existing sweep directory is left as it was (its
+    earlier job and multirun.yaml), without the refused job's directory."""
     sweep_dir = tmp_path / "sweeps" / "s"
+    earlier = {}
+    if existing:
+        earlier = {"multirun.yaml": "# earlier\n", "earlier/manifest.json": '{"status": "finished"}\n'}
+        for name, text in earlier.items():
+            (sweep_dir / name).parent.mkdir(parents=True, exist_ok=True)
+            (sweep_dir / name).write_text(text)
     with pytest.raises(SystemExit, match="Hydra's basic launcher cannot start: add hydra/launcher=local"):
         command_here(monkeypatch, "train", "-m", "trainer=ddp_cpu", "seed=1,2", "data=synthetic",
                      f"hydra.sweep.dir={sweep_dir}")  # fmt: skip
-    assert list(tmp_path.iterdir()) == []
+    if not existing:
+        assert list(tmp_path.iterdir()) == []
+        return
+    files = {str(p.relative_to(sweep_dir)): p.read_text() for p in sweep_dir.rglob("*") if p.is_file()}
+    assert files == earlier and sorted(p.name for p in sweep_dir.iterdir()) == ["earlier", "multirun.yaml"]

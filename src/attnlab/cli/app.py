@@ -186,9 +186,10 @@ _made_for_this_run: dict[Path, set[Path]] = {}
 # The run directory's lock, claimed by `RunDirectoryCheck.on_run_start` for the whole command, and whether
 # the claim made its file
 _claimed_for_this_run: list[tuple[FileLock, bool]] = []
-# A multirun's `multirun.yaml` in its sweep directory -> its bytes when the command started (None: there was
-# none), which Hydra writes over before it composes the first job (`RunDirectoryCheck.on_multirun_start`)
-_sweep_records_before: dict[Path, bytes | None] = {}
+# A multirun's existing sweep directory -> the bytes of its `multirun.yaml` when the command started (None:
+# there was none), which Hydra writes over before it composes the first job, and the names it held then
+# (`RunDirectoryCheck.on_multirun_start`)
+_sweep_records_before: dict[Path, tuple[bytes | None, frozenset[str]]] = {}
 
 
 @contextmanager
@@ -244,17 +245,32 @@ def _refused(exc: BaseException) -> bool:
 
 def _restore_sweep_records() -> None:
     """Put back the `multirun.yaml` each existing sweep directory held when the command started (remove
-    the one Hydra wrote where there was none), unless a job of this multirun ran (`multirun_summary`):
-    then Hydra's describes the jobs the directory holds now."""
+    the one Hydra wrote where there was none), and remove the job directories this multirun made there
+    that hold nothing but Hydra's record and log (a job refused as it starts: `_remove_refused_jobs`),
+    unless a job of this multirun ran (`multirun_summary`): then Hydra's describes the jobs the directory
+    holds now."""
     from attnlab.training.launchers import multirun_summary
 
     if multirun_summary() is not None:
         return
-    for record, data in _sweep_records_before.items():
+    for directory, (data, names) in _sweep_records_before.items():
+        _remove_refused_jobs(directory, names)
+        record = directory / "multirun.yaml"
         if data is None:
             record.unlink(missing_ok=True)
         elif not record.is_file() or record.read_bytes() != data:
             atomic_write_bytes(record, data)
+
+
+def _remove_refused_jobs(sweep_dir: Path, kept: frozenset[str] = frozenset()) -> None:
+    """Remove the job directories of `sweep_dir` (but those named in `kept`, there before the command) that
+    hold nothing but their own Hydra record and log: what a job refused as it starts leaves
+    (`attnlab.cli.train.check_launcher`)."""
+    for job in sweep_dir.iterdir():
+        if job.name in kept or job.name == ".hydra" or not job.is_dir() or job.is_symlink():
+            continue
+        if _remove_hydra_record(job, False):
+            job.rmdir()
 
 
 def _remove_hydra_record(run_dir: Path, claimed: bool) -> bool:
@@ -264,9 +280,7 @@ def _remove_hydra_record(run_dir: Path, claimed: bool) -> bool:
     them, `attnlab.cli.train.check_launcher`: removed first); whether it did."""
     record, sweep = run_dir / ".hydra", run_dir / "multirun.yaml"
     if sweep.is_file():
-        for job in run_dir.iterdir():
-            if job.is_dir() and not job.is_symlink() and job != record and _remove_hydra_record(job, False):
-                job.rmdir()
+        _remove_refused_jobs(run_dir)
     found = [p for p in run_dir.rglob("*") if not (claimed and p == run_dir / RUN_LOCK)]
     hydras = [p for p in found if p == record or (p.parent == record and p.is_file() and not p.is_symlink())]
     logs = [p for p in found if p.parent == run_dir and p.is_file() and (p.suffix == ".log" or p == sweep)]
@@ -509,9 +523,11 @@ class RunDirectoryCheck(Callback):
         _made_for_this_run[sweep_dir.resolve()] = missing_directories([sweep_dir])
         _sweep_records_before.clear()  # what Hydra writes over: put back if refused before a job ran
         if sweep_dir.is_dir():
-            record = sweep_dir.resolve() / "multirun.yaml"
+            directory = sweep_dir.resolve()
+            record = directory / "multirun.yaml"
             with suppress(OSError):  # (one that cannot be read: Hydra's write fails too)
-                _sweep_records_before[record] = record.read_bytes() if record.exists() else None
+                names = frozenset(path.name for path in directory.iterdir())
+                _sweep_records_before[directory] = (record.read_bytes() if record.exists() else None, names)
         if config.get("task_name") == "train":  # a sweep optimizing nothing or the wrong way: refused now
             from attnlab.training.experiment import check_sweep_objective, sweep_skip_done  # (sacreBLEU)
 
