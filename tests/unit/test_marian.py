@@ -136,21 +136,29 @@ def test_a_model_with_an_untied_output_layer_converts_with_its_own_output_weight
         torch.testing.assert_close(ours(src, tgt), expected, atol=2e-5, rtol=1e-5)
 
 
-def test_a_model_with_an_untied_output_layer_is_not_converted_back_naming_the_fix() -> None:
-    """`to_marian` of a `tie=none` model: what it cannot convert and the setting to train with instead (a
-    bare `MarianMT ties the output layer ...` named neither)."""
+def test_a_model_with_an_untied_output_layer_converts_back_with_its_own_output_weights() -> None:
+    """`to_marian` of a `tie=none` model: MarianMT with `tie_word_embeddings=False` and separate embeddings,
+    its output layer the model's own (not the decoder's embedding), the same logits, and `from_marian` of it
+    `tie=none` again."""
     from attnlab.model.config import TransformerConfig
     from attnlab.model.transformer import Transformer
 
-    config = TransformerConfig(src_vocab_size=60, tgt_vocab_size=60, d_model=32, n_heads=4, d_ff=64,
-                               n_encoder_layers=1, n_decoder_layers=1, tie="none")  # fmt: skip
-    with pytest.raises(ValueError) as refused:
-        to_marian(Transformer(config))
-    assert str(refused.value) == (
-        "to_marian converts a model whose output layer is its target embedding (tie=decoder or all), and "
-        "this one has tie=none (an output layer with weights of its own), which it cannot convert: train "
-        "with model.tie=decoder or model.tie=all"
-    )
+    config = TransformerConfig(src_vocab_size=70, tgt_vocab_size=60, d_model=32, n_heads=4, d_ff=64,
+                               n_encoder_layers=1, n_decoder_layers=1, pad_id=PAD, bos_id=1, eos_id=EOS,
+                               decoder_start_id=PAD, tie="none", pe_layout="split")  # fmt: skip
+    torch.manual_seed(0)
+    ours = Transformer(config).eval()
+    theirs = to_marian(ours)
+    assert not theirs.config.tie_word_embeddings and not theirs.config.share_encoder_decoder_embeddings
+    assert torch.equal(theirs.lm_head.weight, ours.output.weight)
+    assert not torch.equal(theirs.lm_head.weight, theirs.model.decoder.embed_tokens.weight)
+    src, tgt = batch()
+    with torch.no_grad():
+        expected = ours(src, tgt)
+        got = theirs(input_ids=src, attention_mask=src != PAD, decoder_input_ids=tgt).logits
+        torch.testing.assert_close(got, expected, atol=2e-5, rtol=1e-5)
+        torch.testing.assert_close(from_marian(theirs)(src, tgt), expected, atol=2e-5, rtol=1e-5)
+    assert from_marian(theirs).config.tie == "none"
 
 
 def test_greedy_outputs_are_the_same(marian) -> None:

@@ -234,9 +234,8 @@ def _marian(translator: Translator) -> Any:
     except ValueError as exc:  # what MarianMT cannot hold: name what an exportable model is trained with
         raise ValueError(
             f"{exc}. Both formats go through MarianMT, which holds the paper's post-norm model with "
-            "sinusoidal positions, a tied output layer and LayerNorms of epsilon 1e-5: a model trained with "
-            "model.pe=sinusoidal, model.norm_first=false, model.layer_norm_eps=1e-5 and model.tie=decoder "
-            "or all exports; this one cannot"
+            "sinusoidal positions and LayerNorms of epsilon 1e-5: a model trained with model.pe=sinusoidal, "
+            "model.norm_first=false and model.layer_norm_eps=1e-5 exports; this one cannot"
         ) from None
 
 

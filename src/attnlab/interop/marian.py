@@ -3,7 +3,8 @@
 MarianMT is the same architecture as attnlab's Transformer with a few options set: post-norm, scaled
 embeddings, sinusoidal positions in the `split` layout (all sines, then all cosines), SiLU ("swish") in
 the feed-forward network, an output bias (`final_logits_bias`), embeddings shared between encoder,
-decoder and output (`tie=all`; `tie=decoder` when the encoder's are separate), decoding started from
+decoder and output (`tie=all`; `tie=decoder` when the encoder's are separate; `tie=none`, an output layer
+of its own, as `tie_word_embeddings=False` with separate embeddings), decoding started from
 the pad token. `config_from_marian`/`from_marian` build the attnlab model with the same weights, and
 `to_marian` goes back; logits are equal to float precision (tested). Marian has no beginning-of-sentence
 token: attnlab's `bos_id` is set to the smallest id that is neither pad nor eos, and is never fed
@@ -120,8 +121,7 @@ def marian_config(config: TransformerConfig, positions: int | None = None) -> An
     of `positions` sinusoids (default `config.max_positions`; Marian can encode no longer sequence).
 
     Raises:
-        ValueError: naming the attnlab option Marian cannot express, or that `to_marian` does not convert
-            (`tie=none`), with the setting to train with instead.
+        ValueError: naming the attnlab option Marian cannot express.
     """
     from transformers import MarianConfig
 
@@ -132,12 +132,6 @@ def marian_config(config: TransformerConfig, positions: int | None = None) -> An
             raise ValueError(f"MarianMT needs {key}={value!r}, the model has {key}={getattr(config, key)!r}")
     if config.d_head is not None and config.d_head * config.n_heads != config.d_model:
         raise ValueError("MarianMT needs n_heads x d_head = d_model")
-    if config.tie == "none":
-        raise ValueError(
-            "to_marian converts a model whose output layer is its target embedding (tie=decoder or all), and "
-            "this one has tie=none (an output layer with weights of its own), which it cannot convert: train "
-            "with model.tie=decoder or model.tie=all"
-        )
     return MarianConfig(
         vocab_size=config.src_vocab_size, decoder_vocab_size=config.tgt_vocab_size, d_model=config.d_model,
         encoder_layers=config.n_encoder_layers, decoder_layers=config.n_decoder_layers,
@@ -146,7 +140,7 @@ def marian_config(config: TransformerConfig, positions: int | None = None) -> An
         attention_dropout=config.attention_dropout, activation_dropout=config.activation_dropout,
         activation_function={"silu": "swish", "relu": "relu", "gelu": "gelu"}[config.activation],
         max_position_embeddings=positions or config.max_positions, scale_embedding=config.scale_embeddings,
-        share_encoder_decoder_embeddings=config.tie == "all", tie_word_embeddings=True,
+        share_encoder_decoder_embeddings=config.tie == "all", tie_word_embeddings=config.tie != "none",
         pad_token_id=config.pad_id, eos_token_id=config.eos_id, forced_eos_token_id=config.eos_id,
         decoder_start_token_id=config.start_id, bos_token_id=None,
     )  # fmt: skip
