@@ -6,6 +6,7 @@ import hashlib
 import json
 import os
 import re
+import shutil
 import subprocess
 import sys
 from pathlib import Path
@@ -314,6 +315,30 @@ def test_a_single_run_prints_no_multirun_summary(
     )
     out = capsys.readouterr().out
     assert out == f"attnlab-train: {run} already finished (sweep.skip_done=true): skipped\n"
+
+
+def test_skip_done_trains_nothing_over_a_finished_run_and_gives_its_recorded_metric(
+    resume_reference: Path,
+    tmp_path: Path,
+    monkeypatch: pytest.MonkeyPatch,
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    """`attnlab-train sweep.skip_done=true` in the directory of a finished run (a copy of a real one) trains
+    nothing: every file of the run stays as it was (checkpoints, results, manifest, no new Hydra record),
+    and the command gives its recorded `optimized_metric` (what a sweep's job returns to the sweeper)."""
+    from attnlab.cli.train import _main
+    from helpers import command_here, compose_train
+    from runs import IN_PROCESS, RUN
+
+    run = tmp_path / "run"
+    shutil.copytree(resume_reference, run)
+    kept = {p: p.read_bytes() for p in run.rglob("*") if p.is_file()}
+    recorded = json.loads((run / "results.json").read_text())["metrics"]["val/loss"]
+    command_here(monkeypatch, "train", *RUN, "sweep.skip_done=true", f"hydra.run.dir={run}")
+    skipped = f"attnlab-train: {run} already finished (sweep.skip_done=true): skipped\n"
+    assert capsys.readouterr().out == skipped
+    assert _main(compose_train([*IN_PROCESS, "sweep.skip_done=true"], run)) == recorded  # the task's return
+    assert {p: p.read_bytes() for p in run.rglob("*") if p.is_file()} == kept
 
 
 def test_a_skipped_finished_job_gives_the_sweeper_its_saved_metric_and_a_missing_one_is_named(
