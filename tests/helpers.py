@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import os
 import resource
 import signal
@@ -111,6 +112,16 @@ def command_here(monkeypatch: pytest.MonkeyPatch, task: str, *args: str) -> None
     finally:
         GlobalHydra.instance().clear()
         HydraConfig.instance().cfg = None
+
+
+def saved_run(run_dir: Path, status: str, checkpoints: list[str]) -> dict[Path, bytes]:
+    """A run directory's records as a run leaves them: a manifest.json saying `status` and the files
+    `checkpoints` under checkpoints/ (their content is never read); returns every file with its bytes."""
+    (run_dir / "checkpoints").mkdir(parents=True)
+    (run_dir / "manifest.json").write_text(json.dumps({"status": status}))
+    for name in checkpoints:
+        (run_dir / "checkpoints" / name).write_bytes(b"weights")
+    return {p: p.read_bytes() for p in run_dir.rglob("*") if p.is_file()}
 
 
 def compose_train(overrides: list[str], output_dir: Path, *, hydra_node: bool = False) -> DictConfig:

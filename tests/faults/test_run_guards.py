@@ -27,7 +27,7 @@ from attnlab.io import FileLock
 from attnlab.runs.layout import RUN_LOCK, RunDir
 from attnlab.training.pipeline import train
 from attnlab.typed import ConfigError
-from helpers import command_here, compose_app, compose_train, subprocess_path
+from helpers import command_here, compose_app, compose_train, saved_run, subprocess_path
 from runs import RUN, running
 
 WORDS = ["ein", "mann", "frau", "hund", "katze", "spielt", "läuft", "im", "park", "mit", "ball", "und"]
@@ -409,15 +409,6 @@ def test_a_directory_where_the_run_writes_a_record_is_refused_before_anything_ch
     assert sorted(p.relative_to(run_dir) for p in run_dir.rglob("*")) == [
         Path(part) for part in ([name] if "/" not in name else ["csv", name])
     ]
-
-
-def saved_run(run_dir: Path, status: str, checkpoints: list[str]) -> dict[Path, bytes]:
-    """A run directory's records as a run leaves them (the checkpoints' content is never read here)."""
-    (run_dir / "checkpoints").mkdir(parents=True)
-    (run_dir / "manifest.json").write_text(json.dumps({"status": status}))
-    for name in checkpoints:
-        (run_dir / "checkpoints" / name).write_bytes(b"weights")
-    return {p: p.read_bytes() for p in run_dir.rglob("*") if p.is_file()}
 
 
 def test_a_new_run_in_a_directory_holding_a_saved_run_is_refused_before_anything_changes(

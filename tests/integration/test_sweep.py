@@ -735,6 +735,38 @@ def test_an_interrupted_job_without_a_last_ckpt_is_not_told_to_add_resume_auto(
     assert "Add resume=auto to the sweep's command" in caplog.text
 
 
+@pytest.mark.parametrize(
+    ("status", "checkpoints", "continues", "runs"),
+    [("failed", [], False, True), ("failed", ["last.ckpt"], False, False),
+     ("failed", ["last.ckpt"], True, True), ("interrupted", ["last.ckpt"], True, True),
+     ("interrupted", ["last.ckpt"], False, False)],
+)  # fmt: skip
+def test_skip_done_runs_an_unfinished_job_it_would_not_train_over(
+    tmp_path: Path,
+    monkeypatch: pytest.MonkeyPatch,
+    status: str,
+    checkpoints: list[str],
+    continues: bool,
+    runs: bool,
+) -> None:
+    """With `sweep.skip_done`, a multirun job whose run did not finish runs (None, nothing recorded) when
+    its run failed before saving a checkpoint (it starts over) or the command continues it (resume=auto
+    with its last.ckpt); one holding checkpoints that the command does not continue is recorded as failed
+    and not run (`_NOT_RUN`), its files untouched."""
+    from attnlab.cli.train import _NOT_RUN, _skip_done
+    from attnlab.runs.layout import RunDir
+    from attnlab.training import launchers
+    from helpers import saved_run
+
+    monkeypatch.setattr(launchers, "JOBS", [])
+    run = RunDir(tmp_path / "job")
+    kept = saved_run(run.path, status, checkpoints)
+    skipped = _skip_done(run, multirun=True, continues=continues)
+    recorded = launchers.JOBS
+    assert (skipped, recorded) == ((None, []) if runs else (_NOT_RUN, [("failed", run.manifest_file)]))
+    assert {p: p.read_bytes() for p in run.path.rglob("*") if p.is_file()} == kept
+
+
 def test_a_job_whose_directory_another_process_has_claimed_fails_writing_nothing_there(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
 ) -> None:
