@@ -767,6 +767,38 @@ def test_skip_done_runs_an_unfinished_job_it_would_not_train_over(
     assert {p: p.read_bytes() for p in run.path.rglob("*") if p.is_file()} == kept
 
 
+def test_skip_done_with_resume_auto_continues_an_interrupted_job_and_fails_an_unreadable_finished_one(
+    resume_reference: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
+) -> None:
+    """A sweep re-run with `sweep.skip_done=true resume=auto` (in this process) continues its interrupted
+    job from its last.ckpt (a finished run resumed for more epochs and stopped: its earlier results.json
+    gives the metrics of what is left to train, here nothing), and records as failed, its files untouched,
+    a finished job whose results.json cannot be read: one error line naming the file, none about a metric
+    that job has no results for."""
+    from helpers import command_here
+    from runs import IN_PROCESS
+
+    sweep_dir = tmp_path / "sweep"
+    # (the overrides as Hydra's sweeper gives them to a job, which names its directory: `test=False`)
+    task = [o.replace("test=false", "test=False") for o in IN_PROCESS if not o.startswith("seed=")]
+    job = {seed: sweep_dir / job_dirname([*task, f"seed={seed}"]) for seed in (7, 8)}
+    shutil.copytree(resume_reference, job[7])  # (seed=7: the reference run's)
+    manifest = json.loads((job[7] / "manifest.json").read_text())
+    (job[7] / "manifest.json").write_text(json.dumps({**manifest, "status": "interrupted"}))  # (as SIGTERM)
+    shutil.copytree(resume_reference, job[8])
+    (job[8] / "results.json").write_text("[1]")  # (seed=8: a finished run whose results.json was replaced)
+    kept = {p: p.read_bytes() for p in job[8].rglob("*") if p.is_file()}
+    with caplog.at_level("ERROR", logger="attnlab.cli.train"), pytest.raises(SystemExit) as ended:
+        command_here(monkeypatch, "train", "-m", *task, "seed=7,8", f"hydra.sweep.dir={sweep_dir}",
+                     "sweep.skip_done=true", "resume=auto")  # fmt: skip
+    summary = f"attnlab-train: multirun: 1 finished, 1 failed (see {job[8] / 'results.json'})"
+    assert str(ended.value) == summary
+    assert [m.split(": cannot read ")[0] for m in caplog.messages] == [f"job {job[8].name} not skipped"]
+    assert {p: p.read_bytes() for p in job[8].rglob("*") if p.is_file()} == kept
+    manifest = json.loads((job[7] / "manifest.json").read_text())
+    assert manifest["status"] == "finished" and len(manifest["resumed"]) == 1
+
+
 def test_a_job_whose_directory_another_process_has_claimed_fails_writing_nothing_there(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
 ) -> None:
