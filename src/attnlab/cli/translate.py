@@ -392,7 +392,7 @@ def main(argv: Sequence[str] | None = None) -> None:
             after = f"; nothing was written to {output} (a file there before is unchanged)"
         elif streaming is not None and isinstance(exc, ValueError):
             done = streaming.records
-            lines = "the line before it was" if done == 1 else f"the {done} lines before it were"
+            lines = plural(done, "the line before it was", f"the {done} lines before it were")
             after = f"; {lines} translated to standard output" if done else "; nothing was translated"
         else:
             after = ""

@@ -41,7 +41,7 @@ from typing import Any
 
 import yaml
 
-from attnlab.data.text import json_line, one_line, shell_word
+from attnlab.data.text import json_line, one_line, plural, shell_word
 from attnlab.io import FileLock
 from attnlab.metrics import SET_SCORES, set_metric, split_metric, train_metric
 from attnlab.reports.stats import Stat, stat
@@ -492,7 +492,7 @@ def _warn_unpaired_seeds(base: GroupSummary, group: GroupSummary) -> None:
         log.warning(
             "no paired test for seed %s of group %s: the baseline group %s has no run of %s; run the "
             "baseline with the same seeds to test them", ", ".join(alone), group.name, base.name,
-            "that seed" if len(alone) == 1 else "those seeds",
+            plural(len(alone), "that seed", "those seeds"),
         )  # fmt: skip
 
 
