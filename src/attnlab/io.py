@@ -1,11 +1,17 @@
-"""Writing files so that a reader never sees half of one, and an inter-process lock (torch-free, POSIX).
+"""Writing files so that a reader never sees half of one, an inter-process lock (torch-free, POSIX), and
+reading past the byte-order mark an editor saved before UTF-8 text (`without_bom`).
 
 Every file attnlab writes that another process or a later run reads (checkpoints, run records, the data
 cache) goes through here: a temporary file beside the target, flushed and fsynced, renamed over it.
+
+`without_bom` is here, in the lowest layer, rather than among the text helpers of `attnlab.data.text`:
+its readers are in every layer (data files, standard input, a run's files), and importing
+`attnlab.data.text` imports the data package (numpy, the tokenizer) into commands that read run files only.
 """
 
 from __future__ import annotations
 
+import codecs
 import errno
 import fcntl
 import os
@@ -454,3 +460,17 @@ def removing_new_directories(directories: Iterable[Path]) -> Iterator[None]:
     except BaseException:
         remove_empty_directories(missing)
         raise
+
+
+def without_bom(data: bytes) -> bytes:
+    """`data`, the first bytes read of UTF-8 text (a file, a stream), without the byte-order mark that an
+    editor (Notepad, a spreadsheet) may have saved before the text: the mark is no part of the first line.
+    One mark at the very start only: pass a file's or a stream's first bytes, never a later block or line,
+    where a U+FEFF (files joined with `cat`) is text, left to the reader.
+
+    Cut off from the bytes, not by the "utf-8-sig" codec, so that the reader decodes the rest as "utf-8"
+    and can say where a bad byte is: its error's offset counts from the text after the mark (the file's
+    byte is `len(data) - len(without_bom(data))` further), and the line feeds before it are all there.
+    Every attnlab reader that reads past the mark does so here: data files (`attnlab.data.corpora`),
+    attnlab-translate's input, a run's JSON, CSV and saved lines (`attnlab.runs.layout`)."""
+    return data.removeprefix(codecs.BOM_UTF8)

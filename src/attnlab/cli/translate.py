@@ -49,7 +49,6 @@ Example:
 
 from __future__ import annotations
 
-import codecs
 import contextlib
 import logging
 import os
@@ -64,7 +63,7 @@ from omegaconf.errors import OmegaConfBaseException
 
 from attnlab.data.text import plural
 from attnlab.decoding.settings import DECODE_TIME_KEYS
-from attnlab.io import atomic_writer, written_in_place
+from attnlab.io import atomic_writer, without_bom, written_in_place
 from attnlab.training.allocator import configure_allocator
 
 if TYPE_CHECKING:
@@ -137,7 +136,7 @@ def utf8_lines(stream: IO[bytes] | IO[str], name: str) -> Iterator[str]:
             yield raw
             continue
         if number == 1:
-            raw = raw.removeprefix(codecs.BOM_UTF8)
+            raw = without_bom(raw)
             try:
                 refuse_wide_text(raw, name)
             except DataError as exc:

@@ -12,7 +12,6 @@ dataset batch by batch), so the training split of a WMT-sized corpus is never he
 
 from __future__ import annotations
 
-import codecs
 import dataclasses
 import functools
 import itertools
@@ -24,6 +23,7 @@ from typing import IO, TYPE_CHECKING, Any
 from attnlab.data.cache import file_sha256
 from attnlab.data.download import MULTI30K_BASE_URL, MULTI30K_LANGS, DataError
 from attnlab.data.tokenizer import SPECIAL_TOKENS, TokenizerModel
+from attnlab.io import without_bom
 from attnlab.typed import check_fields, require, require_positive
 
 if TYPE_CHECKING:
@@ -87,9 +87,8 @@ def _decoded_blocks(file: IO[bytes], path: Path) -> Iterator[list[str]]:
             data, rest = b"".join([*rest, block[:cut]]), [block[cut:]]  # at the end: the last line, if any
             if not data:
                 return
-            if first:  # a byte-order mark is not part of line 1: cut off here, not by the "utf-8-sig" codec,
-                # whose error positions count from after it (one line short for a bad byte after a line feed)
-                data, first = data.removeprefix(codecs.BOM_UTF8), False
+            if first:  # a byte-order mark is not part of line 1
+                data, first = without_bom(data), False
                 refuse_wide_text(data, path)
             try:
                 text = data.decode("utf-8")

@@ -10,6 +10,7 @@ and references are never normalised: evaluation scores detokenized hypotheses ag
 `shell_word(text)` is one word of a shell command, and `override_word(key, value)` one that Hydra reads as
 the override `key=value` (a command to copy, naming a path);
 `plural(count, singular)` is the form of a word (or phrase) that agrees with a count in a message.
+(A byte-order mark before UTF-8 text is cut off by `attnlab.io.without_bom`, in the base layer.)
 """
 
 from __future__ import annotations

@@ -18,8 +18,8 @@ A run directory holds::
 
 from __future__ import annotations
 
-import codecs
 import csv
+import io
 import json
 import os
 import re
@@ -34,7 +34,14 @@ from omegaconf import OmegaConf
 from omegaconf._utils import get_yaml_loader
 from omegaconf.errors import OmegaConfBaseException
 
-from attnlab.io import FileLock, atomic_write_bytes, atomic_write_files, held_here, make_writable_directory
+from attnlab.io import (
+    FileLock,
+    atomic_write_bytes,
+    atomic_write_files,
+    held_here,
+    make_writable_directory,
+    without_bom,
+)
 from attnlab.runs.results import results_bytes
 from attnlab.typed import ConfigError
 
@@ -275,7 +282,7 @@ def read_json_object(path: Path) -> dict[str, Any]:
             parse), or not an object.
     """
     try:
-        value = json.loads(Path(path).read_text(encoding="utf-8-sig"))
+        value = json.loads(without_bom(Path(path).read_bytes()).decode("utf-8"))
     except (OSError, ValueError) as exc:  # unreadable, not UTF-8, not JSON
         raise UnreadableRunFile(f"cannot read {path}: {exc}") from None
     except RecursionError:  # arrays or objects nested past Python's recursion limit
@@ -298,7 +305,7 @@ def read_saved_lines(path: Path) -> list[str] | None:
     if not path.is_file():
         return None
     data = path.read_bytes()
-    body = data.removeprefix(codecs.BOM_UTF8)  # (not the "utf-8-sig" codec: its error offsets skip the mark)
+    body = without_bom(data)
     try:
         text = body.decode("utf-8")
     except UnicodeDecodeError as exc:
@@ -389,7 +396,7 @@ def read_metrics_csv(path: Path, columns: Sequence[str] | None = None) -> list[d
         return []
     rows: list[dict[str, float]] = []
     try:
-        with open(path, newline="", encoding="utf-8-sig") as f:
+        with io.StringIO(without_bom(path.read_bytes()).decode("utf-8"), newline="") as f:
             reader = csv.DictReader(f)
             for row in reader:
                 values: dict[str, float] = {}

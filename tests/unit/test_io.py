@@ -1,0 +1,26 @@
+"""`attnlab.io.without_bom`: the one place a UTF-8 byte-order mark before text is cut off."""
+
+from __future__ import annotations
+
+import pytest
+
+from attnlab.io import without_bom
+
+MARK = "\ufeff".encode()  # EF BB BF
+
+
+@pytest.mark.parametrize(
+    ("data", "text"),
+    [
+        (MARK + b"eins\nzwei\n", b"eins\nzwei\n"),  # an editor's mark before the first line
+        (MARK, b""),  # a file of the mark alone holds no text
+        (MARK + MARK + b"x", MARK + b"x"),  # one mark: a second is the text's own U+FEFF
+        (b"eins\n" + MARK + b"zwei\n", b"eins\n" + MARK + b"zwei\n"),  # inside (files joined with cat): text
+        (b"x" + MARK, b"x" + MARK),
+        (MARK[:2] + b"x", MARK[:2] + b"x"),  # part of a mark is no mark (invalid UTF-8, refused later)
+        ("\ufeff".encode("utf-16") + b"x", "\ufeff".encode("utf-16") + b"x"),  # UTF-16's mark: not UTF-8
+        (b"", b""),
+    ],
+)
+def test_only_a_utf8_byte_order_mark_at_the_very_start_is_cut_off(data: bytes, text: bytes) -> None:
+    assert without_bom(data) == text
