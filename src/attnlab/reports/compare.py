@@ -66,8 +66,8 @@ COUNTS = frozenset({"params"})  # metrics shown as whole numbers
 @dataclass
 class Run:
     """One run directory: its flattened config, status, and final numbers (of a finished run, with the BLEU
-    tokenizer its results were scored with, `_bleu_tokenizer`, and how each test set was scored,
-    `_scoring`)."""
+    tokenizer its results were scored with, `_bleu_tokenizer`, and the references each test-set score was
+    scored against, `_scored_references`: together how it scored each, `scoring`)."""
 
     path: Path
     config: dict[str, Any]
@@ -75,12 +75,18 @@ class Run:
     metrics: dict[str, float] = field(default_factory=dict)
     error: str | None = None
     bleu_tokenize: str = "13a"
-    scoring: dict[str, tuple[str | None, str | None]] = field(default_factory=dict)
+    references: dict[str, str | None] = field(default_factory=dict)
 
     @property
     def files(self) -> RunDir:
         """The run directory's files."""
         return RunDir(self.path)
+
+    def scoring(self, metric: str) -> tuple[str | None, str | None]:
+        """How the run scored `metric`, one of its test-set scores (`test/<set>/<score>`, a key of
+        `references`): the BLEU tokenizer (of BLEU only) and the SHA-256 of the references it was scored
+        against (None where the run saved none). Scores scored unlike are not compared (`_unlike`)."""
+        return (self.bleu_tokenize if metric.endswith("/bleu") else None), self.references[metric]
 
     @property
     def seed(self) -> Any:
@@ -221,17 +227,14 @@ def _read_run(run_dir: Path) -> Run:
     seconds = _seconds(manifest, run.manifest_file)
     if seconds is not None:
         metrics["train_minutes"] = seconds / 60
-    scoring = _scoring(results, tokenize, references)
-    return Run(run_dir, config, "finished", metrics, bleu_tokenize=tokenize, scoring=scoring)
+    scored = _scored_references(results, references)
+    return Run(run_dir, config, "finished", metrics, bleu_tokenize=tokenize, references=scored)
 
 
-def _scoring(
-    results: dict[str, Any], tokenize: str, references: dict[str, str]
-) -> dict[str, tuple[str | None, str | None]]:
-    """Per test-set score of `results` (`test/<set>/<score>`), how it was scored: the BLEU tokenizer (of
-    BLEU only) and the SHA-256 of the references it was scored against (`references`, per set; None where
-    the run saved none). Scores scored unlike are not compared (`_unlike`)."""
-    return {set_metric(name, score): (tokenize if score == "bleu" else None, references.get(name))
+def _scored_references(results: dict[str, Any], references: dict[str, str]) -> dict[str, str | None]:
+    """Per test-set score of `results` (`test/<set>/<score>`), the SHA-256 of the references it was scored
+    against (`references`, per set; None where the run saved none)."""
+    return {set_metric(name, score): references.get(name)
             for name in results.get("sets", {}) for score in SET_SCORES}  # fmt: skip
 
 
@@ -239,9 +242,9 @@ def _unlike(runs: Sequence[Run], metric: str) -> tuple[Run, Run] | None:
     """Two of `runs` that scored `metric` (a test set's score) unlike, with other BLEU tokenizers (other
     scales) or against other references (other sentences); None when all that have it scored it alike
     (references a run did not save count as the others')."""
-    scored = [r for r in runs if metric in r.scoring]
+    scored = [r for r in runs if metric in r.references]
     for a, b in itertools.combinations(scored, 2):
-        (tokenize, digest), (other_tokenize, other_digest) = a.scoring[metric], b.scoring[metric]
+        (tokenize, digest), (other_tokenize, other_digest) = a.scoring(metric), b.scoring(metric)
         if tokenize != other_tokenize or (None not in (digest, other_digest) and digest != other_digest):
             return a, b
     return None
@@ -249,7 +252,7 @@ def _unlike(runs: Sequence[Run], metric: str) -> tuple[Run, Run] | None:
 
 def _how(run: Run, metric: str) -> str:
     """How `run` scored `metric` (`Run.scoring`), for messages."""
-    tokenize, digest = run.scoring[metric]
+    tokenize, digest = run.scoring(metric)
     scored = [f"BLEU tokenizer {tokenize}"] if tokenize else []
     scored.append(f"references sha256 {digest[:12]}" if digest else "references not saved")
     return f"{run.path}: {', '.join(scored)}"
