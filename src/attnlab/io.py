@@ -25,7 +25,7 @@ from collections.abc import Callable, Iterable, Iterator, Mapping
 from contextlib import contextmanager, suppress
 from pathlib import Path
 from types import TracebackType
-from typing import IO, Any
+from typing import IO, Any, AnyStr
 
 _POLL_S = 0.05  # seconds between tries of a lock held by another process
 _LOOK_S = 1.0  # seconds a lock that only looks hold (`held_elsewhere`) is tried past a timeout
@@ -462,9 +462,10 @@ def removing_new_directories(directories: Iterable[Path]) -> Iterator[None]:
         raise
 
 
-def without_bom(data: bytes) -> bytes:
+def without_bom(data: AnyStr) -> AnyStr:
     """`data`, the first bytes read of UTF-8 text (a file, a stream), without the byte-order mark that an
     editor (Notepad, a spreadsheet) may have saved before the text: the mark is no part of the first line.
+    Text already decoded (a stream without a byte buffer) loses the mark's character, U+FEFF.
     One mark at the very start only: pass a file's or a stream's first bytes, never a later block or line,
     where a U+FEFF (files joined with `cat`) is text, left to the reader.
 
@@ -473,4 +474,6 @@ def without_bom(data: bytes) -> bytes:
     byte is `len(data) - len(without_bom(data))` further), and the line feeds before it are all there.
     Every attnlab reader that reads past the mark does so here: data files (`attnlab.data.corpora`),
     attnlab-translate's input, a run's JSON, CSV and saved lines (`attnlab.runs.layout`)."""
+    if isinstance(data, str):
+        return data.removeprefix("\ufeff")
     return data.removeprefix(codecs.BOM_UTF8)

@@ -348,10 +348,9 @@ def test_attnlab_translate_ignores_a_byte_order_mark(
         )
     assert target.read_text(encoding="utf-8") == "".join(f"{out}\n" for out in checkpoint["expected"])
     assert not [r for r in caplog.records if "invisible" in r.getMessage()]
-    assert list(utf8_lines(io.BytesIO(b"\xef\xbb\xbfeins\n\xef\xbb\xbfzwei\n"), "x")) == [
-        "eins\n",
-        "\ufeffzwei\n",
-    ]
+    text = io.StringIO("\ufeffeins\n\ufeffzwei\n")  # a text stream, without a byte buffer
+    for stream in (io.BytesIO(b"\xef\xbb\xbfeins\n\xef\xbb\xbfzwei\n"), text):
+        assert list(utf8_lines(stream, "x")) == ["eins\n", "\ufeffzwei\n"]
 
 
 def test_a_list_of_checkpoints_is_split_at_commas_and_stripped() -> None:

@@ -20,7 +20,11 @@ MARK = "\ufeff".encode()  # EF BB BF
         (MARK[:2] + b"x", MARK[:2] + b"x"),  # part of a mark is no mark (invalid UTF-8, refused later)
         ("\ufeff".encode("utf-16") + b"x", "\ufeff".encode("utf-16") + b"x"),  # UTF-16's mark: not UTF-8
         (b"", b""),
+        ("\ufeffeins\n\ufeffzwei", "eins\n\ufeffzwei"),  # text already decoded: the mark's character
+        ("eins\ufeff", "eins\ufeff"),
     ],
 )
-def test_only_a_utf8_byte_order_mark_at_the_very_start_is_cut_off(data: bytes, text: bytes) -> None:
+def test_only_a_utf8_byte_order_mark_at_the_very_start_is_cut_off(
+    data: str | bytes, text: str | bytes
+) -> None:
     assert without_bom(data) == text

@@ -133,7 +133,7 @@ def utf8_lines(stream: IO[bytes] | IO[str], name: str) -> Iterator[str]:
 
     for number, raw in enumerate(stream, start=1):
         if isinstance(raw, str):  # a text stream without a byte buffer: already decoded
-            yield raw
+            yield without_bom(raw) if number == 1 else raw
             continue
         if number == 1:
             raw = without_bom(raw)
