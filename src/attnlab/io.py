@@ -141,15 +141,7 @@ class FileLock:
         releasing the lock), or None: the record names no one, another host, or a live process. Reads the
         file only (never takes the lock); a pid reused by another process reads as alive."""
         recorded = self.recorded_holder()
-        if recorded is None or recorded[1] != socket.gethostname() or recorded[0] <= 0:
-            return None
-        try:
-            os.kill(recorded[0], 0)
-        except ProcessLookupError:
-            return recorded[0]
-        except OSError:  # exists, owned by another user
-            return None
-        return None
+        return recorded[0] if recorded is not None and process_gone(*recorded) else None
 
     def _wait(self, fd: int, deadline: float) -> None:
         """Try the lock until `deadline`, and past it while only looks hold it (`_looked_at`)."""
@@ -195,6 +187,21 @@ class FileLock:
         tb: TracebackType | None,
     ) -> None:
         self.release()
+
+
+def process_gone(pid: int, host: str) -> bool:
+    """Whether the process `pid` of host `host` is known to have ended: `host` is this one and no process
+    has that pid (one of another host cannot be seen: False; a pid reused by another process reads as
+    alive)."""
+    if host != socket.gethostname() or pid <= 0:
+        return False
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return True
+    except OSError:  # exists, owned by another user
+        return False
+    return False
 
 
 def _same_file(fd: int, path: Path) -> bool:

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import json
 import os
+import socket
 import subprocess
 import sys
 from pathlib import Path
@@ -183,6 +184,95 @@ def test_a_sweep_refused_before_its_first_job_leaves_an_earlier_sweep_directory_
         command_here(monkeypatch, "train", "-m", "experiment=nosuch,synthetic_pe", "seed=1,2",
                      "data=synthetic", f"hydra.sweep.dir={sweep_dir}")  # fmt: skip
     assert files_under(sweep_dir) == before
+
+
+# Where `attnlab-train -m` is killed (SIGKILL): right after Hydra's basic sweeper wrote the sweep's
+# multirun.yaml, as it goes on to check that the first jobs compose (on `Sweeper`, its base class: Hydra
+# loads its plugin modules afresh, so a change to `BasicSweeper` made before would not be seen); or as the
+# first job starts, in the task function
+KILLS = {
+    "after_hydras_record": "import hydra.plugins.sweeper as at\nat.Sweeper.validate_batch_is_legal = kill",
+    "as_a_job_starts": "import attnlab.cli.train as at\nat.check_launcher = kill",
+}
+
+
+def killed_sweep(tmp_path: Path, sweep_dir: Path, where: str) -> None:
+    """`attnlab-train -m seed=1,2 data=synthetic hydra.sweep.dir=<sweep_dir>`, killed at `where` (`KILLS`)."""
+    code = f"import os, signal\nkill = lambda *args: os.kill(os.getpid(), signal.SIGKILL)\n{KILLS[where]}\n"
+    code += "from attnlab.cli.train import main\nmain()\n"
+    command = [sys.executable, "-c", code, "-m", "seed=1,2", "data=synthetic", f"hydra.sweep.dir={sweep_dir}",
+               "hydra/job_logging=none", "hydra/hydra_logging=none"]  # fmt: skip
+    env = {**os.environ, "ATTNLAB_LOG_DIR": str(tmp_path / "logs"), "PYTHONPATH": subprocess_path()}
+    killed = subprocess.run(command, capture_output=True, text=True, timeout=300, env=env, cwd=tmp_path)
+    assert killed.returncode == -9, killed.stderr
+    assert "seed=1,2" in (sweep_dir / "multirun.yaml").read_text()  # (the killed sweep's record)
+
+
+def earlier_sweep(sweep_dir: Path, record: bytes | None) -> dict[str, bytes]:
+    """An earlier sweep's directory: a finished job, `record` as its multirun.yaml (None: none); its files."""
+    (sweep_dir / "seed=1-0123abcd").mkdir(parents=True)
+    (sweep_dir / "seed=1-0123abcd" / "manifest.json").write_text('{"status": "finished"}')
+    if record is not None:
+        (sweep_dir / "multirun.yaml").write_bytes(record)
+    return files_under(sweep_dir)
+
+
+def refused_sweep(monkeypatch: pytest.MonkeyPatch, sweep_dir: Path) -> None:
+    """A multirun into `sweep_dir` refused as Hydra composes its first job (an option that does not exist)."""
+    with pytest.raises(SystemExit):
+        command_here(monkeypatch, "train", "-m", "experiment=nosuch,synthetic_pe", "data=synthetic",
+                     f"hydra.sweep.dir={sweep_dir}")  # fmt: skip
+
+
+@pytest.mark.parametrize("earlier", [b"# the earlier sweep's record\nhydra: {}\n", None])
+def test_a_sweep_killed_before_its_first_job_has_the_earlier_multirun_yaml_put_back_by_the_next(
+    earlier: bytes | None, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A sweep into the directory of an earlier one killed between Hydra's write of its `multirun.yaml` (over
+    the earlier sweep's) and the command's end, before any job: its copy of the earlier record is left on
+    disk, and the next multirun there (refused here, so that nothing writes over the record again) puts it
+    back; the directory is then as it was before the killed sweep."""
+    monkeypatch.delenv("HYDRA_FULL_ERROR", raising=False)
+    sweep_dir = tmp_path / "sweep"
+    before = earlier_sweep(sweep_dir, earlier)
+    killed_sweep(tmp_path, sweep_dir, "after_hydras_record")
+    refused_sweep(monkeypatch, sweep_dir)
+    assert files_under(sweep_dir) == before
+
+
+def test_a_sweep_killed_once_a_job_started_keeps_its_own_multirun_yaml(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A sweep into the directory of an earlier one killed as its first job starts: Hydra's `multirun.yaml`
+    describes the job directory the sweep made, so the earlier sweep's record is not put back (its copy went
+    when the job started), by the next multirun there either."""
+    monkeypatch.delenv("HYDRA_FULL_ERROR", raising=False)
+    sweep_dir = tmp_path / "sweep"
+    earlier_sweep(sweep_dir, b"# the earlier sweep's record\n")
+    killed_sweep(tmp_path, sweep_dir, "as_a_job_starts")
+    assert not list(sweep_dir.glob(".multirun.yaml.*"))
+    refused_sweep(monkeypatch, sweep_dir)
+    assert "seed=1,2" in (sweep_dir / "multirun.yaml").read_text()
+
+
+def test_a_kept_sweep_record_of_a_live_process_or_another_host_is_left(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
+) -> None:
+    """The next multirun into a sweep directory leaves a copy of an earlier `multirun.yaml` kept by a
+    process that lives (a sweep starting there now), and one kept on another host, whose process cannot be
+    seen: it names that one in a warning, with the command that puts the record back."""
+    monkeypatch.delenv("HYDRA_FULL_ERROR", raising=False)
+    sweep_dir = tmp_path / "sweep"
+    sweep_dir.mkdir()
+    (sweep_dir / "multirun.yaml").write_text("# the record of a sweep starting now\n")
+    live = sweep_dir / f".multirun.yaml.kept-{os.getppid()}-{socket.gethostname()}"
+    elsewhere = sweep_dir / ".multirun.yaml.kept-12-elsewhere"
+    for kept in (live, elsewhere):
+        kept.write_text("# the earlier sweep's record\n")
+    before = files_under(sweep_dir)
+    refused_sweep(monkeypatch, sweep_dir)
+    assert files_under(sweep_dir) == before
+    assert f"`mv {elsewhere} {sweep_dir / 'multirun.yaml'}` puts the record back" in caplog.text
 
 
 def test_a_sweep_refused_after_a_job_ran_keeps_its_own_multirun_yaml(

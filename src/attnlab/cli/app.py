@@ -23,7 +23,6 @@ from omegaconf.errors import OmegaConfBaseException
 
 from attnlab.io import (
     FileLock,
-    atomic_write_bytes,
     held_elsewhere,
     missing_directories,
     remove_empty_directories,
@@ -31,11 +30,16 @@ from attnlab.io import (
 from attnlab.runs.layout import (
     MANIFEST_FILE,
     RUN_LOCK,
+    SWEEP_RECORD,
     RunDir,
     UnreadableRunFile,
     check_no_credentials,
+    drop_kept_sweep_records,
     job_setting,
+    keep_sweep_record,
     launched_rank,
+    put_back_sweep_record,
+    recover_kept_sweep_records,
     setting_overrides,
     yaml_problem,
 )
@@ -187,8 +191,8 @@ _made_for_this_run: dict[Path, set[Path]] = {}
 # the claim made its file
 _claimed_for_this_run: list[tuple[FileLock, bool]] = []
 # A multirun's existing sweep directory -> the bytes of its `multirun.yaml` when the command started (None:
-# there was none), which Hydra writes over before it composes the first job, and the names it held then
-# (`RunDirectoryCheck.on_multirun_start`)
+# there was none), which Hydra writes over before it composes the first job (a copy kept on disk too until a
+# job starts: `keep_sweep_record`), and the names it held then (`RunDirectoryCheck.on_multirun_start`)
 _sweep_records_before: dict[Path, tuple[bytes | None, frozenset[str]]] = {}
 
 
@@ -201,7 +205,9 @@ def refusal_leaves_no_run_directory(task: str) -> Iterator[None]:
     leaves no empty run behind (nor a sweep refused before its first job ran). A directory that existed
     before the command, or that holds anything the command wrote (a manifest, a checkpoint), is kept; a
     sweep directory that existed gets back the `multirun.yaml` it held (or none) when the sweep is refused
-    before any job of it ran (`_restore_sweep_records`). The run directory's lock the command claimed
+    before any job of it ran (`_restore_sweep_records`), from a copy kept on disk until a job starts: a
+    command killed before it put the record back leaves the copy, and the next multirun there puts it
+    back (`attnlab.runs.layout.recover_kept_sweep_records`). The run directory's lock the command claimed
     (`RunDirectoryCheck`) is held until then; a refused command deletes its file if the claim made it.
     Refused (`_refused`) are also a config file Hydra cannot load while composing (not YAML, not a mapping:
     `unloadable_config_refused`) and Hydra's own composition errors (an option or key that does not exist,
@@ -224,6 +230,7 @@ def refusal_leaves_no_run_directory(task: str) -> Iterator[None]:
         raise
     finally:
         _made_for_this_run.clear()
+        drop_kept_sweep_records()
         _sweep_records_before.clear()
         while _claimed_for_this_run:
             _claimed_for_this_run.pop()[0].release()
@@ -255,11 +262,7 @@ def _restore_sweep_records() -> None:
         return
     for directory, (data, names) in _sweep_records_before.items():
         _remove_refused_jobs(directory, names)
-        record = directory / "multirun.yaml"
-        if data is None:
-            record.unlink(missing_ok=True)
-        elif not record.is_file() or record.read_bytes() != data:
-            atomic_write_bytes(record, data)
+        put_back_sweep_record(directory, data)
 
 
 def _remove_refused_jobs(sweep_dir: Path, kept: frozenset[str] = frozenset()) -> None:
@@ -524,10 +527,13 @@ class RunDirectoryCheck(Callback):
         _sweep_records_before.clear()  # what Hydra writes over: put back if refused before a job ran
         if sweep_dir.is_dir():
             directory = sweep_dir.resolve()
-            record = directory / "multirun.yaml"
-            with suppress(OSError):  # (one that cannot be read: Hydra's write fails too)
+            record = directory / SWEEP_RECORD
+            with suppress(OSError):  # (one that cannot be read or written: Hydra's write fails too)
+                recover_kept_sweep_records(directory)
                 names = frozenset(path.name for path in directory.iterdir())
-                _sweep_records_before[directory] = (record.read_bytes() if record.exists() else None, names)
+                data = record.read_bytes() if record.exists() else None
+                _sweep_records_before[directory] = (data, names)
+                keep_sweep_record(directory, data)
         if config.get("task_name") == "train":  # a sweep optimizing nothing or the wrong way: refused now
             from attnlab.training.experiment import check_sweep_objective, sweep_skip_done  # (sacreBLEU)
 
@@ -538,6 +544,9 @@ class RunDirectoryCheck(Callback):
             except ConfigError as exc:
                 raise SystemExit(f"attnlab-train: config error: {exc}") from None
         self._check(config, Path(config.hydra.sweep.dir))
+
+    def on_job_start(self, config: DictConfig, **kwargs: Any) -> None:
+        drop_kept_sweep_records()  # (a multirun's job, run in this process: see `keep_sweep_record`)
 
     @staticmethod
     def _check(config: DictConfig, directory: Path) -> None:

@@ -21,8 +21,10 @@ from __future__ import annotations
 import csv
 import io
 import json
+import logging
 import os
 import re
+import socket
 from collections.abc import Iterator, Mapping, Sequence
 from contextlib import contextmanager, suppress
 from dataclasses import dataclass
@@ -40,6 +42,7 @@ from attnlab.io import (
     atomic_write_files,
     held_here,
     make_writable_directory,
+    process_gone,
     without_bom,
 )
 from attnlab.runs.results import results_bytes
@@ -56,6 +59,7 @@ METRICS_CSV = "csv/metrics.csv"
 CHECKPOINTS_DIR = "checkpoints"
 LAST_CHECKPOINT = f"{CHECKPOINTS_DIR}/last.ckpt"
 RUN_LOCK = ".lock"  # `<pid> <host>` of the process running in the run directory
+SWEEP_RECORD = "multirun.yaml"  # Hydra's record of a multirun, in its sweep directory
 
 # The config keys that never define a run's setting: where the run writes (`paths.`, `hydra.`, the
 # `callbacks.`, which hold run-directory paths such as the checkpoint directory, and with them their other
@@ -652,3 +656,62 @@ class RunDir:
                 "or set hydra.run.dir to another directory"
             ) from None
         return lock
+
+
+log = logging.getLogger(__name__)
+# A copy of the `multirun.yaml` of an existing sweep directory, kept while a multirun there starts
+# (`keep_sweep_record`): `.multirun.yaml.kept-<pid>-<host>`, or `.multirun.yaml.none-...` where there was none
+_KEPT_RECORD = re.compile(r"\.multirun\.yaml\.(kept|none)-(\d+)-(.+)")
+_kept_records: list[Path] = []  # the copies this process kept
+
+
+def keep_sweep_record(directory: Path, data: bytes | None) -> None:
+    """Write `data`, the `multirun.yaml` that the existing sweep directory `directory` holds as a multirun
+    starts (None: it holds none), into a hidden copy there before Hydra writes over it: atomically, as
+    `.multirun.yaml.kept-<pid>-<host>` (an empty `.multirun.yaml.none-<pid>-<host>` for None). The command
+    removes it (`drop_kept_sweep_records`) once a job of it starts or it ends, having put the record back if
+    it was refused before a job ran (`attnlab.cli.app.refusal_leaves_no_run_directory`); one killed first
+    leaves it to the next multirun there (`recover_kept_sweep_records`)."""
+    kind = "none" if data is None else "kept"
+    kept = directory / f".{SWEEP_RECORD}.{kind}-{os.getpid()}-{socket.gethostname()}"
+    atomic_write_bytes(kept, data or b"")
+    _kept_records.append(kept)
+
+
+def drop_kept_sweep_records() -> None:
+    """Remove the copies of sweep records this process kept (`keep_sweep_record`): a job of its multirun
+    starts (Hydra's `multirun.yaml` then describes the jobs the directory holds), or the command ends."""
+    while _kept_records:
+        _kept_records.pop().unlink(missing_ok=True)
+
+
+def put_back_sweep_record(directory: Path, data: bytes | None) -> None:
+    """Make the `multirun.yaml` of `directory` hold `data` again (atomically; None: remove it)."""
+    record = directory / SWEEP_RECORD
+    if data is None:
+        record.unlink(missing_ok=True)
+    elif not record.is_file() or record.read_bytes() != data:
+        atomic_write_bytes(record, data)
+
+
+def recover_kept_sweep_records(directory: Path) -> None:
+    """Put back the `multirun.yaml` that a multirun into `directory` kept a copy of (`keep_sweep_record`) and
+    was killed before it put it back, nor started a job: a copy whose process, of this host, is gone. The
+    copy's bytes go over the record Hydra wrote (which is removed where the copy says there was none), the
+    copy is removed, and a warning says so. A copy of a live process (a sweep starting now) is left; so is
+    one of another host, whose process cannot be seen, with a warning naming it and the fix."""
+    for kept in sorted(directory.iterdir()):
+        found = _KEPT_RECORD.fullmatch(kept.name)
+        if found is None or not kept.is_file():
+            continue
+        record, pid, host = directory / SWEEP_RECORD, int(found[2]), found[3]
+        if host != socket.gethostname():
+            fix = f"mv {kept} {record}" if found[1] == "kept" else f"rm {record} {kept}"
+            log.warning("%s: the multirun.yaml a multirun on host %s (pid %d) wrote over; if that multirun "
+                        "is not running, it was stopped before its first job: `%s` puts the record back",
+                        kept, host, pid, fix)  # fmt: skip
+        elif process_gone(pid, host):
+            put_back_sweep_record(directory, kept.read_bytes() if found[1] == "kept" else None)
+            kept.unlink()
+            log.warning("put back %s as it was before a multirun (pid %d), stopped before its first job, "
+                        "wrote over it", record, pid)  # fmt: skip

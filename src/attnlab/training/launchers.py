@@ -32,7 +32,7 @@ from hydra.core.singleton import Singleton
 from hydra.core.utils import JobReturn, JobStatus, filter_overrides
 from omegaconf import OmegaConf
 
-from attnlab.runs.layout import MANIFEST_FILE, RunDir, UnreadableRunFile, job_setting
+from attnlab.runs.layout import MANIFEST_FILE, RunDir, UnreadableRunFile, drop_kept_sweep_records, job_setting
 from attnlab.runs.manifest import Manifest
 
 log = logging.getLogger(__name__)
@@ -86,6 +86,7 @@ class TolerantLaunch:
         from hydra_plugins.hydra_submitit_launcher.config import BaseQueueConf
 
         assert self.config is not None and len(job_overrides) > 0
+        drop_kept_sweep_records()  # (its jobs start now, each in a process of its own)
         params = dict(self.params)
         folder = params.pop("submitit_folder")
         init = {}
