@@ -28,8 +28,9 @@ from types import TracebackType
 from typing import IO, Any, AnyStr
 
 _POLL_S = 0.05  # seconds between tries of a lock held by another process
-_LOOK_S = 1.0  # seconds a lock that only looks hold (`held_elsewhere`) is tried past a timeout
-_LOOK_POLL_S = 0.001  # seconds between those tries (a look holds it for an instant)
+_LOOK_S = 1.0  # seconds a lock that only looks hold (`held_elsewhere`) is tried every `_LOOK_POLL_S` past a
+# timeout (a look holds it for an instant); then every `_POLL_S`, for as long as only looks hold it
+_LOOK_POLL_S = 0.001
 
 
 class FileLock:
@@ -61,8 +62,10 @@ class FileLock:
     Args:
         path: The lock file.
         timeout: Seconds to wait for the lock; None waits forever, 0 tries once. A lock that only
-            `held_elsewhere` looks hold when the time is up (each for an instant) is tried on, for at most
-            `_LOOK_S` seconds, so a look is never taken for a holder.
+            `held_elsewhere` looks hold when the time is up (each for an instant) is tried on for as long
+            as only looks hold it, so a look is never taken for a holder: a look paused while it holds the
+            lock (its process stopped, a slow NFS server) delays the lock but does not refuse it. A holder
+            found then refuses it at once.
         record_holder: Write this process's pid and host into the lock file while holding it.
         waiting: Called once, before waiting, when another process holds the lock (to say why nothing
             happens meanwhile: a build or download can take minutes); not called when the lock is free or
@@ -144,13 +147,13 @@ class FileLock:
         return recorded[0] if recorded is not None and process_gone(*recorded) else None
 
     def _wait(self, fd: int, deadline: float) -> None:
-        """Try the lock until `deadline`, and past it while only looks hold it (`_looked_at`)."""
-        looks_end: float | None = None
+        """Try the lock until `deadline`, and past it for as long as only looks hold it (`_looked_at`)."""
+        looks_since: float | None = None
         while not _try_lock(fd):
             remaining = deadline - time.monotonic()
             if remaining <= 0 and _looked_at(fd):
-                looks_end = looks_end or time.monotonic() + _LOOK_S
-                remaining = min(_LOOK_POLL_S, looks_end - time.monotonic())
+                looks_since = looks_since or time.monotonic()
+                remaining = _LOOK_POLL_S if time.monotonic() - looks_since < _LOOK_S else _POLL_S
             if remaining <= 0:
                 raise TimeoutError(
                     f"could not lock {self.path} within {self.timeout} s: "
@@ -222,7 +225,8 @@ def held_here(path: Path) -> FileLock | None:
 def held_elsewhere(path: Path) -> bool:
     """Whether another live process holds the `FileLock` on `path` (this process's own: False; no file: False,
     and none is made). Reads it by taking a shared lock without waiting and freeing it at once: a process
-    that tries the lock in that instant finds it held shared only, and tries on (`FileLock`'s `timeout`);
+    that tries the lock in that instant finds it held shared only, and tries on for as long as it is
+    (`FileLock`'s `timeout`: a look paused there, its process stopped, delays it but never refuses it);
     other processes looking at once do not take each other for its holder; and the file is opened for
     reading alone, where NFS takes an exclusive lock only on a file opened for writing (`flock(2)`)."""
     if held_here(path) is not None:

@@ -751,6 +751,33 @@ def test_a_look_at_a_lock_does_not_refuse_a_claim_tried_in_its_instant(tmp_path:
         os.close(fd)
 
 
+def test_a_look_paused_past_a_second_delays_a_run_directory_claim_not_refuses_it(tmp_path: Path) -> None:
+    """A `held_elsewhere` look paused while it holds the lock shared (its process stopped: Ctrl-Z, SLURM's
+    suspend; a slow NFS server), here a shared lock of another open file of the lock freed after 1.3 s,
+    past the second a claim tries on quickly (`_LOOK_S`): the run directory's claim (`RunDir.claim`,
+    `FileLock(timeout=0)`) is not refused as `in use`, it takes the lock once the look ends. (A holder
+    still refuses it at once: `test_a_look_at_a_lock_does_not_refuse_a_claim_tried_in_its_instant`.)"""
+    import fcntl
+
+    from attnlab.runs.layout import RunDir
+
+    run = RunDir(tmp_path)
+    run.run_lock.touch()
+    fd = os.open(run.run_lock, os.O_RDONLY)
+    look_ends = threading.Timer(1.3, fcntl.flock, (fd, fcntl.LOCK_UN))
+    try:
+        fcntl.flock(fd, fcntl.LOCK_SH)  # (a look at the lock, paused)
+        start = time.monotonic()
+        look_ends.start()
+        claim = run.claim()
+        assert time.monotonic() - start >= 1.2 and claim.locked
+        assert claim.recorded_holder() == (os.getpid(), socket.gethostname())
+        claim.release()
+    finally:
+        look_ends.cancel()
+        os.close(fd)
+
+
 @pytest.mark.parametrize("held", ["look", "holder"])
 def test_a_wait_is_announced_for_a_holder_not_for_a_look(held: str, tmp_path: Path) -> None:
     """`FileLock(waiting=...)` says why nothing happens (a download or build another process holds) once,
