@@ -413,6 +413,29 @@ def test_a_sigterm_in_the_final_evaluation_stops_it_and_names_the_command_that_r
     assert not (tmp_path / "results.json").exists()
 
 
+def test_a_run_stopped_in_its_final_evaluation_continues_to_the_metrics_of_an_uninterrupted_run(
+    tmp_path: Path,
+) -> None:
+    """A run stopped by SIGTERM in its final evaluation (after its last checkpoint, before results.json),
+    continued with `resume=auto` (as a requeued job or a sweep re-run with `sweep.skip_done=true` does),
+    trains nothing and evaluates: it ends with the training's final `train/*` and `val/*` metrics, read
+    from what the stopped run recorded when training ended (the validation is not run again), and the
+    test scores, all in results.json. (It ended without `train/*` and `val/*`: a sweep optimizing
+    `val/loss` got nothing for the job.)"""
+    kill = ["+callbacks.kill._target_=probes.SignalAt", "+callbacks.kill.stage=test",
+            "+callbacks.kill.step=1", f"+callbacks.kill.signum={int(signal.SIGTERM)}"]  # fmt: skip
+    with pytest.raises(SystemExit):
+        train(compose_train([*RUN, "test=true", *kill], tmp_path))
+    metrics = train(compose_train([*RUN, "test=true", "resume=auto"], tmp_path))
+    assert metrics["val/loss"] == logged_rows(tmp_path, "val/loss")[-1][1]  # the last validation's
+    assert metrics["train/loss_epoch"] == logged_rows(tmp_path, "train/loss_epoch")[-1][1]
+    assert metrics["best/val/loss"] == min(value for _, value in logged_rows(tmp_path, "val/loss"))
+    assert "test/loss" in metrics and (tmp_path / "checkpoints" / "last.ckpt").is_file()
+    results = json.loads((tmp_path / "results.json").read_text())
+    assert results["metrics"] == pytest.approx(metrics)
+    assert json.loads((tmp_path / "manifest.json").read_text())["status"] == "finished"
+
+
 @pytest.mark.parametrize("exits", [False, True], ids=["returns", "exits"])
 def test_a_sigusr1_in_the_final_evaluation_stops_it_and_then_runs_the_requeue_handler(
     exits: bool, tmp_path: Path, capsys: pytest.CaptureFixture[str]

@@ -100,8 +100,9 @@ class Manifest:
         """The manifest of a run starting now, written to `run`.
 
         With `resumed_from` (the run continues from that checkpoint), the first start time, the W&B run
-        id, the checkpoint a fine-tuning run started from (`init_from`) and the earlier resumptions are
-        kept from the run's manifest (read here, once; a missing or unreadable one keeps nothing), and
+        id, the checkpoint a fine-tuning run started from (`init_from`), the end of its training so far
+        (`training_end`: its step and final metrics) and the earlier resumptions are kept from the run's
+        manifest (read here, once; a missing or unreadable one keeps nothing), and
         this resumption is added to `resumed` (time, checkpoint, command, and `previous_end`: the end time
         of the part before, None when that part was killed before it could record it), so the time the run
         trained is known without the pauses between its parts (`attnlab.reports.compare`).
@@ -124,7 +125,7 @@ class Manifest:
                 before = run.read_json(MANIFEST_FILE)
             except UnreadableRunFile:
                 before = {}
-            for key in ("start_time", "wandb_run_id", "mlflow_run_id", "init_from"):
+            for key in ("start_time", "wandb_run_id", "mlflow_run_id", "init_from", "training_end"):
                 if before.get(key):
                     fields[key] = before[key]
             earlier = before.get("resumed")

@@ -39,7 +39,7 @@ from omegaconf import DictConfig, OmegaConf
 from attnlab.data.text import override_word
 from attnlab.io import atomic_write_bytes, removing_new_directories
 from attnlab.metrics import SET_SCORES, best_metric, set_metric, truncated_metric
-from attnlab.runs.layout import RESULTS_FILE, RunDir, UnreadableRunFile, check_no_credentials
+from attnlab.runs.layout import MANIFEST_FILE, RESULTS_FILE, RunDir, UnreadableRunFile, check_no_credentials
 from attnlab.runs.manifest import Manifest, data_identity, task_overrides
 from attnlab.training.allocator import configure_allocator
 from attnlab.training.experiment import Experiment, check_constructor_keys, resolve_monitor, validate
@@ -306,11 +306,13 @@ def _train_and_evaluate(plan: RunPlan, manifest: Manifest | None) -> dict[str, f
     if module.schedule_facts is not None:
         _record(manifest, schedule=module.schedule_facts)
     metrics = {k: float(v) for k, v in trainer.callback_metrics.items()}
-    if plan.continuing and int(trainer.global_step) == plan.resumed_step:  # a finished run, nothing trained
-        metrics = {**_earlier_metrics(plan.run), **metrics}  # its train/val metrics stand (Lightning's: none)
+    step = int(trainer.global_step)
+    if plan.continuing and step == plan.resumed_step:  # its training had ended: nothing trained
+        metrics = {**_earlier_metrics(plan.run, step), **metrics}  # they stand (Lightning's: none)
     best = _best_score(plan.cfg, trainer)
     if best is not None:  # what sweepers optimize: the monitor's value at the selected checkpoint
         metrics[best_metric(plan.cfg.monitor.metric)] = best
+    _record(manifest, training_end={"step": step, "metrics": metrics})  # before the final evaluation
     if plan.cfg.get("test", True):
         with stopping_evaluation(redo_evaluation(plan, trainer), trainer):
             test_metrics, evaluation = final_evaluation(plan, trainer, module, datamodule)
@@ -326,14 +328,25 @@ def _train_and_evaluate(plan: RunPlan, manifest: Manifest | None) -> dict[str, f
     return metrics
 
 
-def _earlier_metrics(run: RunDir) -> dict[str, float]:
-    """The final metrics the run's `results.json` holds from an earlier part ({} without one): a finished
-    run continued without more epochs or steps trains and validates nothing, so Lightning has no
-    `train/*` or `val/*` metric for it, and its results (and what a sweep reads) would lose them."""
+def _earlier_metrics(run: RunDir, step: int) -> dict[str, float]:
+    """The final metrics of the run's training, which ended at `step`, as an earlier part saved them ({}
+    without a record): a run continued once its training had ended (stopped or killed in its final
+    evaluation, or finished and continued without more epochs or steps) trains and validates nothing, so
+    Lightning has no `train/*` or `val/*` metric for it, and its results (and what a sweep reads) would
+    lose them. They are read, not validated again (that would cost a validation, with its decoding, and
+    give no `train/*`): the manifest's `training_end`, recorded when training ended, before the final
+    evaluation, at `step`; else the `results.json` of a run that finished before attnlab recorded it."""
     try:
-        numbers = run.read_json(RESULTS_FILE).get("metrics")
+        record = run.read_json(MANIFEST_FILE).get("training_end")
     except UnreadableRunFile:
-        return {}
+        record = None
+    if isinstance(record, dict) and type(record.get("step")) is int and record["step"] == step:
+        numbers = record.get("metrics")
+    else:
+        try:
+            numbers = run.read_json(RESULTS_FILE).get("metrics")
+        except UnreadableRunFile:
+            return {}
     numbers = numbers if isinstance(numbers, dict) else {}
     kept = {k: v for k, v in numbers.items() if type(v) in (int, float)}  # (not true or false)
     return {k: float(v) for k, v in kept.items() if abs(v) < 1e300 or type(v) is float}  # (float's range)
