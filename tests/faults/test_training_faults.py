@@ -271,38 +271,47 @@ def test_a_run_gives_back_the_signal_handlers_it_found(tmp_path: Path) -> None:
     assert {signum: signal.getsignal(signum) for signum in signals} == before
 
 
-@pytest.mark.parametrize("exits", [False, True], ids=["returns", "exits"])
+@pytest.mark.parametrize("ends", ["returns", "exits", "raises"])
 def test_a_sigusr1_before_training_stops_the_run_at_the_end_of_the_first_step(
-    exits: bool, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+    ends: str, tmp_path: Path, capsys: pytest.CaptureFixture[str], caplog: pytest.LogCaptureFixture
 ) -> None:
     """SIGUSR1 while the trainer is built (the data prepared, the model built): the run saves last.ckpt at
-    step 1 and stops, interrupted, saying so; then the handler before (submitit's; here a recorder) runs.
-    Its default action ended the process at once, saving nothing, the manifest left at `running`. A handler
-    that ends the process as submitit's does (`sys.exit(-1)` once it requeued the job) leaves the run
-    recorded `interrupted` with status 128 + SIGUSR1 (it was `failed`, "SystemExit: -1")."""
+    step 1 and stops, interrupted, saying so; then the handler before (submitit's; here a recorder) runs,
+    once the manifest says `interrupted` (it ran before the manifest was written: a requeue that killed the
+    process left it `running`). Its default action ended the process at once, saving nothing, the manifest
+    left at `running`. A handler that ends the process as submitit's does (`sys.exit(-1)` once it requeued
+    the job), or that fails (logged, naming it), leaves the run recorded `interrupted` with status
+    128 + SIGUSR1 (it was `failed`, "SystemExit: -1" or the handler's error)."""
     signalled = [
         "+callbacks.early._target_=probes.SignalWhenBuilt",
         f"+callbacks.early.signum={int(signal.SIGUSR1)}",
     ]
-    seen: list[bool] = []
+    seen: list[tuple[bool, str]] = []
     last = tmp_path / "checkpoints" / "last.ckpt"
 
     def requeue(signum: int, frame: object) -> None:
-        seen.append(last.is_file())
-        if exits:
+        seen.append((last.is_file(), json.loads((tmp_path / "manifest.json").read_text())["status"]))
+        if ends == "exits":
             sys.exit(-1)
+        if ends == "raises":
+            raise RuntimeError("scontrol: command not found")
 
     before = signal.signal(signal.SIGUSR1, requeue)
     try:
-        with pytest.raises(SystemExit) as stopped:
+        with pytest.raises(SystemExit) as stopped, caplog.at_level("ERROR", "attnlab.training.callbacks"):
             train(compose_train([*RUN, *signalled], tmp_path))
     finally:
         signal.signal(signal.SIGUSR1, before)
-    assert stopped.value.code == 128 + signal.SIGUSR1 and seen == [True]
+    assert stopped.value.code == 128 + signal.SIGUSR1 and seen == [(True, "interrupted")]
     assert read_checkpoint(last)["global_step"] == 1
     manifest = json.loads((tmp_path / "manifest.json").read_text())
     assert manifest["status"] == "interrupted" and "SIGUSR1 at step 1" in manifest["error"], manifest
     assert f"attnlab-train: stopped by SIGUSR1 at step 1 after saving {last}" in capsys.readouterr().err
+    failed = [r.getMessage() for r in caplog.records if r.name == "attnlab.training.callbacks"]
+    assert failed == ([] if ends != "raises" else [
+        f"the SIGUSR1 handler that requeues the job ({requeue.__qualname__}) failed: the run is recorded "
+        "interrupted, but the job may not be requeued: run it again with resume=auto to continue it"
+    ])  # fmt: skip
 
 
 @pytest.mark.parametrize("preemption", [True, False])

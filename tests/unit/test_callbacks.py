@@ -496,18 +496,20 @@ def test_a_signal_when_training_stopped_early_inside_an_accumulation_saves_nothi
 
 @pytest.mark.usefixtures("sigterm_caught")
 @pytest.mark.parametrize("signum", [signal.SIGUSR1, signal.SIGTERM])
-def test_sigusr1_runs_the_handler_it_replaced_after_the_save(signum: int, tmp_path: Path) -> None:
-    """SLURM's auto-requeue or submitit's SIGUSR1 handler (here a recorder) runs once, after last.ckpt is
-    written, on a stop by SIGUSR1 alone: a SIGTERM stop does not requeue the job."""
+def test_sigusr1_stops_with_the_handler_it_replaced_as_the_requeue(signum: int, tmp_path: Path) -> None:
+    """SLURM's auto-requeue or submitit's SIGUSR1 handler (here a recorder) is the `requeue` of a stop by
+    SIGUSR1 alone, left to run once the run's manifest says so (`attnlab.training.pipeline`): training
+    does not run it. A SIGTERM stop does not requeue the job."""
     calls: list[tuple[int, bool]] = []
-    before = signal.signal(signal.SIGUSR1, lambda signum, frame: calls.append((signum, last.exists())))
+    handler = signal.signal(signal.SIGUSR1, lambda signum, frame: calls.append((signum, last.exists())))
     last = tmp_path / "last.ckpt"
     try:
         stopped, saves = preempted(tmp_path, SignalAt(step=2, signum=signum))
+        requeue = signal.getsignal(signal.SIGUSR1)
     finally:
-        signal.signal(signal.SIGUSR1, before)
-    assert calls == ([(signal.SIGUSR1, True)] if signum == signal.SIGUSR1 else [])
-    assert stopped.code == 128 + signum and saves.seen == [(3, 3, 0)]
+        signal.signal(signal.SIGUSR1, handler)
+    assert stopped.code == 128 + signum and saves.seen == [(3, 3, 0)] and calls == []
+    assert stopped.requeue is (requeue if signum == signal.SIGUSR1 else None)
 
 
 @pytest.mark.parametrize("when", ["sanity validation", "held before fitting"])
@@ -515,7 +517,7 @@ def test_a_sigusr1_before_training_saves_and_stops_at_the_end_of_the_first_step(
     when: str, tmp_path: Path
 ) -> None:
     """SIGUSR1 in the sanity validation, or while the data was prepared and the model built (a `HeldSignal`
-    remembers it): last.ckpt at step 1, then the handler before (submitit's) runs and training stops.
+    remembers it): last.ckpt at step 1, then training stops, the handler before (submitit's) its requeue.
     Before, SIGUSR1 reached `Preemption` only from the start of training: the handler before got it at once
     (without one, its default action ended the process) and training went on."""
     calls: list[tuple[int, bool]] = []
@@ -535,8 +537,11 @@ def test_a_sigusr1_before_training_saves_and_stops_at_the_end_of_the_first_step(
                 fitting.fit(Tiny())
             stopped = caught.value
             assert signal.getsignal(signal.SIGUSR1) is recorder  # (not the HeldSignal: its work is done)
+        requeue = signal.getsignal(signal.SIGUSR1)
     finally:
         signal.signal(signal.SIGUSR1, before)
+    assert calls == [] and stopped.requeue is requeue and callable(requeue)
+    stopped.requeue(signal.SIGUSR1, None)
     assert calls == [(signal.SIGUSR1, True)]
     assert stopped.code == 128 + signal.SIGUSR1 and [seen[:2] for seen in saves.seen] == [(1, 1)]
 
@@ -544,9 +549,10 @@ def test_a_sigusr1_before_training_saves_and_stops_at_the_end_of_the_first_step(
 def test_under_slurm_a_sigusr1_in_the_sanity_validation_requeues_after_the_save(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    """Lightning's SLURM auto-requeue, which it installs only where SIGUSR1 has no handler, is the one
-    `Preemption` runs after its save (a stand-in `scontrol` records the requeue), though `Preemption` holds
-    SIGUSR1 from before Lightning installs its handlers."""
+    """Lightning's SLURM auto-requeue, which it installs only where SIGUSR1 has no handler, is the `requeue`
+    of `Preemption`'s stop, though `Preemption` holds SIGUSR1 from before Lightning installs its handlers;
+    run after training stopped (as the pipeline runs it, once the manifest says so), it requeues the job (a
+    stand-in `scontrol` records the requeue)."""
     from lightning.pytorch.plugins.environments import SLURMEnvironment
 
     calls = tmp_path / "scontrol_calls"
@@ -561,7 +567,9 @@ def test_under_slurm_a_sigusr1_in_the_sanity_validation_requeues_after_the_save(
     stopped, _ = preempted(
         tmp_path, sanity, num_sanity_val_steps=1, plugins=[SLURMEnvironment()], default_root_dir=tmp_path
     )
-    assert stopped.code == 128 + signal.SIGUSR1 and calls.read_text().split() == ["requeue", "4242"]
+    assert stopped.code == 128 + signal.SIGUSR1 and stopped.requeue is not None and not calls.exists()
+    stopped.requeue(signal.SIGUSR1, None)
+    assert calls.read_text().split() == ["requeue", "4242"]
 
 
 class SigintHandler(L.Callback):

@@ -9,13 +9,13 @@ again and count it as an epoch without improvement. Checkpointing avoids the sam
 
 from __future__ import annotations
 
+import logging
 import math
 import os
 import signal
 import threading
 import time
 from collections.abc import Callable, Mapping
-from contextlib import suppress
 from typing import Any
 
 import lightning as L
@@ -24,6 +24,8 @@ from lightning.pytorch.callbacks import ModelCheckpoint
 from lightning.pytorch.trainer.connectors.signal_connector import _SignalConnector
 
 from attnlab.typed import ConfigError, is_number, whole_count
+
+log = logging.getLogger(__name__)
 
 
 class EarlyStopping(_LightningEarlyStopping):
@@ -270,18 +272,34 @@ class LastCheckpoint(_StepEnds, ModelCheckpoint):
         return saved
 
 
-class Preempted(SystemExit):
-    """Training stopped on a signal after saving a checkpoint; `attnlab-train resume=true` continues it.
+class Stopped(SystemExit):
+    """The run stopped on a signal (`Preempted`, `EvaluationStopped`, `SetupStopped`): a `SystemExit` (like
+    Lightning's `SIGTERMException`) that ends the process with `code` 128 + the signal number, as a process
+    killed by that signal would report; its text says what happened and how to go on.
 
-    A `SystemExit` (like Lightning's `SIGTERMException`): it ends the process, with `code` 128 + the
-    signal number, as a process killed by that signal would report.
+    `requeue`: for SIGUSR1, the handler the stop replaced (submitit's, which requeues the job, or
+    Lightning's SLURM auto-requeue; None: none), which `attnlab.training.pipeline` runs with `run_requeue`
+    once the manifest says the run was interrupted and the stop is printed, so that a handler that raises,
+    exits or has the process killed as it requeues leaves the run recorded `interrupted`.
     """
 
-    def __init__(self, signum: int, step: int, path: str | None) -> None:
+    def __init__(self, signum: int, message: str, requeue: Callable[[int, Any], Any] | None = None) -> None:
         super().__init__(128 + signum)
-        self.signum, self.step, self.path = signum, step, path
+        self.signum, self.message, self.requeue = signum, message, requeue
+
+    def __str__(self) -> str:
+        return self.message
+
+
+class Preempted(Stopped):
+    """Training stopped on a signal after saving a checkpoint; `attnlab-train resume=true` continues it."""
+
+    def __init__(
+        self, signum: int, step: int, path: str | None, requeue: Callable[[int, Any], Any] | None = None
+    ) -> None:
+        self.step, self.path = step, path
         name = signal.Signals(signum).name
-        self.message = (
+        message = (
             f"stopped by {name} at step {step} after saving {path}; continue with resume=true (same run "
             "directory)"
             if path is not None
@@ -289,44 +307,33 @@ class Preempted(SystemExit):
             "accumulation, which no checkpoint can hold: nothing saved; resume=true (same run directory) "
             "continues from the run's last.ckpt and stops at the same step"
         )
-
-    def __str__(self) -> str:
-        return self.message
+        super().__init__(signum, message, requeue)
 
 
-class EvaluationStopped(SystemExit):
+class EvaluationStopped(Stopped):
     """A signal stopped the final evaluation, after training; `redo` evaluates the kept checkpoints alone.
-    Exit status 128 + the signal number, as `Preempted`. For SIGUSR1, `requeue` is the handler it had
-    before the evaluation (submitit's, which requeues the job, or Lightning's SLURM auto-requeue; None:
-    none), which `attnlab.training.pipeline` runs once the manifest says the run was interrupted."""
+    For SIGUSR1, `requeue` is the handler it had before the evaluation, or Lightning's while testing."""
 
     def __init__(self, signum: int, redo: str, requeue: Callable[[int, Any], Any] | None = None) -> None:
-        super().__init__(128 + signum)
-        self.signum, self.redo, self.requeue = signum, redo, requeue
-        self.message = (
+        self.redo = redo
+        message = (
             f"stopped by {signal.Signals(signum).name} in the final evaluation, after training (the "
             f"checkpoints are kept); evaluate them alone with: {redo}"
         )
-
-    def __str__(self) -> str:
-        return self.message
+        super().__init__(signum, message, requeue)
 
 
-class SetupStopped(SystemExit):
+class SetupStopped(Stopped):
     """SIGTERM stopped the run before training (`HeldSignal`): while the data was prepared or the model or
-    trainer built, with nothing to save. Exit status 128 + the signal number, as `Preempted`."""
+    trainer built, with nothing to save."""
 
     def __init__(self, signum: int) -> None:
-        super().__init__(128 + signum)
-        self.signum = signum
-        self.message = (
+        super().__init__(
+            signum,
             f"stopped by {signal.Signals(signum).name} before training (while the data was prepared or the "
             "model or trainer built), with nothing to save; run the command again: a new run starts over, a "
-            "run continued with resume=true or resume=auto goes on from its last.ckpt"
+            "run continued with resume=true or resume=auto goes on from its last.ckpt",
         )
-
-    def __str__(self) -> str:
-        return self.message
 
 
 def agreed_signal(trainer: L.Trainer, received: int | None) -> int:
@@ -412,12 +419,20 @@ _CTRL_C = (
 
 
 def run_requeue(handler: Callable[[int, Any], Any], signum: int) -> None:
-    """Run `handler`, the SIGUSR1 handler a stop replaced (submitit's requeue, Lightning's SLURM
-    auto-requeue), once the stop is saved or recorded. A handler that ends the process (submitit's
-    `sys.exit(-1)` once the job is requeued) lets the stop go on: the run is recorded `interrupted` and
-    exits with the stop's status, 128 + SIGUSR1 (it was recorded `failed`, "SystemExit: -1")."""
-    with suppress(SystemExit):
+    """Run `handler`, the SIGUSR1 handler a stop replaced (`Stopped.requeue`: submitit's requeue, Lightning's
+    SLURM auto-requeue), once the stop is saved and recorded. A handler that ends the process (submitit's
+    `sys.exit(-1)` once the job is requeued) lets the stop go on: the run exits with the stop's status,
+    128 + SIGUSR1; so does one that fails, logged as an error naming it (the job may not be requeued)."""
+    try:
         handler(signum, None)
+    except SystemExit:
+        pass
+    except Exception:
+        log.exception(
+            "the SIGUSR1 handler that requeues the job (%s) failed: the run is recorded interrupted, but the "
+            "job may not be requeued: run it again with resume=auto to continue it",
+            getattr(handler, "__qualname__", type(handler).__qualname__),
+        )
 
 
 def restore_signal_handlers(previous: dict[int, Any]) -> None:
@@ -453,7 +468,7 @@ class SignalConnector(_SignalConnector):
     the sanity validation) or while testing hung there until the process group's timeout (30 minutes).
     Without those callbacks (`callbacks.preemption=null`, training) Lightning's handler stays: SIGTERM
     stops training at the end of the step, without a save. Its SIGUSR1 handler (SLURM's auto-requeue)
-    stays, run by `Preemption` after its save where that callback is in the trainer. Relies on Lightning
+    stays, the `requeue` of `Preemption`'s stop where that callback is in the trainer. Relies on Lightning
     2.6's `_SignalConnector`, which registers and gives back every handler with `_register_signal` and
     installs its SIGUSR1 handler only where SIGUSR1 has none (compare with Lightning's when upgrading it).
 
@@ -521,7 +536,7 @@ class Preemption(_StepEnds, _HoldsSignals):
     same. They give the signals back when training ends, before Lightning gives back the handlers it
     replaced. A SIGUSR1 handler that was installed before (submitit's, which requeues the job) or that
     Lightning installs (its SLURM auto-requeue, which saves its own checkpoint and calls `scontrol
-    requeue`) runs after the save.
+    requeue`) is the stop's `requeue`, run once the run's manifest says `interrupted`.
 
     Args:
         dirpath: Directory of the checkpoint.
@@ -596,9 +611,8 @@ class Preemption(_StepEnds, _HoldsSignals):
         previous = self._previous.get(signal.SIGUSR1)
         self._received = None
         self.release()
-        if signum == signal.SIGUSR1 and callable(previous):
-            run_requeue(previous, signum)  # Lightning's auto-requeue or submitit's handler
-        raise Preempted(signum, trainer.global_step, path)
+        requeue = previous if signum == signal.SIGUSR1 and callable(previous) else None
+        raise Preempted(signum, trainer.global_step, path, requeue)  # (requeue: run once recorded)
 
     @staticmethod
     def _log_this_step(trainer: L.Trainer) -> None:

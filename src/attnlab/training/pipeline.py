@@ -187,7 +187,7 @@ def _run(plan: RunPlan) -> dict[str, float]:
     from lightning.pytorch.utilities import rank_zero_only
 
     from attnlab.data.download import DataError
-    from attnlab.training.callbacks import EvaluationStopped, Preempted, SetupStopped, run_requeue
+    from attnlab.training.callbacks import Stopped, run_requeue
     from attnlab.training.console import route_lightning_logging
 
     route_lightning_logging()  # each Lightning message once, on the handlers set up (Hydra's)
@@ -206,13 +206,13 @@ def _run(plan: RunPlan) -> dict[str, float]:
             # stays as it was.
             _restore_run_records(previous)
         elif manifest is not None:
-            stopped = isinstance(exc, (Preempted, EvaluationStopped, SetupStopped))
+            stopped = isinstance(exc, Stopped)
             status = "interrupted" if stopped or unsaved else "failed"
             manifest.finish(status, error=unsaved or f"{type(exc).__name__}: {exc}".splitlines()[0])
             if stopped:  # where it saved and how to go on: a batch job's log shows it, not only the manifest
                 print(f"attnlab-train: {exc}", file=sys.stderr, flush=True)
         _finish_tracking(exit_code=1)
-        if isinstance(exc, EvaluationStopped) and exc.requeue is not None:  # (every rank, as in training)
+        if isinstance(exc, Stopped) and exc.requeue is not None:  # (on every rank)
             run_requeue(exc.requeue, exc.signum)  # submitit's or SLURM's, once the manifest says interrupted
         if unsaved:  # Lightning exits with 1 after Ctrl-C, 0 after SIGTERM: a shell expects 128 + N
             raise SystemExit(128 + (signal.SIGINT if ctrl_c else signal.SIGTERM)) from None
@@ -606,7 +606,8 @@ def compile_model(model: Any, options: DictConfig | None) -> None:
 
 def cluster_plugins() -> list[Any]:
     """Under submitit on SLURM, Lightning's SLURM environment without its auto-requeue: submitit
-    requeues the job itself (its SIGUSR1 handler runs after `attnlab.training.callbacks.Preemption` saved)."""
+    requeues the job itself (its SIGUSR1 handler runs once `attnlab.training.callbacks.Preemption` saved and
+    the manifest says the run was interrupted)."""
     if os.environ.get("SUBMITIT_EXECUTOR") != "slurm":
         return []
     from lightning.pytorch.plugins.environments import SLURMEnvironment
