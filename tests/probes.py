@@ -23,10 +23,10 @@ from attnlab.data import SyntheticData
 class SignalAt(L.Callback):
     """Send `signum` to this process at the end of training step `step` (global step, counted from 1),
     or with `stage="test"` at the end of test batch `step` (counted from 1), with `stage="sanity"` of the
-    sanity validation's batch `step`, before training, on every rank, or only on rank
-    `rank` when given; `times` times in a row; with `group`, to every process of this process's group, as
-    a terminal's Ctrl-C does (DataLoader workers too: run the run in a session of its own, as
-    `runs.run_all` does)."""
+    sanity validation's batch `step`, before training (`stage="validate"`: of any other validation), on
+    every rank, or only on rank `rank` when given; `times` times in a row; with `group`, to every process
+    of this process's group, as a terminal's Ctrl-C does (DataLoader workers too: run the run in a session
+    of its own, as `runs.run_all` does)."""
 
     def __init__(
         self, step: int, signum: int, rank: int | None = None, times: int = 1, group: bool = False,
@@ -43,8 +43,7 @@ class SignalAt(L.Callback):
 
     def on_validation_batch_end(self, trainer: L.Trainer, pl_module: Any, outputs: Any, batch: Any,
                                 index: int, *args: Any) -> None:  # fmt: skip
-        if trainer.sanity_checking:
-            self._send(trainer, "sanity", index + 1)
+        self._send(trainer, "sanity" if trainer.sanity_checking else "validate", index + 1)
 
     def on_train_batch_end(self, trainer: L.Trainer, *args: Any) -> None:
         self._send(trainer, "train", trainer.global_step)

@@ -422,16 +422,18 @@ def test_a_sigterm_in_the_final_evaluation_stops_it_and_names_the_command_that_r
     assert not (tmp_path / "results.json").exists()
 
 
+@pytest.mark.parametrize("stage", ["test", "validate"])
 def test_a_run_stopped_in_its_final_evaluation_continues_to_the_metrics_of_an_uninterrupted_run(
-    tmp_path: Path,
+    stage: str, tmp_path: Path
 ) -> None:
     """A run stopped by SIGTERM in its final evaluation (after its last checkpoint, before results.json),
-    continued with `resume=auto` (as a requeued job or a sweep re-run with `sweep.skip_done=true` does),
-    trains nothing and evaluates: it ends with the training's final `train/*` and `val/*` metrics, read
-    from what the stopped run recorded when training ended (the validation is not run again), and the
-    test scores, all in results.json. (It ended without `train/*` and `val/*`: a sweep optimizing
-    `val/loss` got nothing for the job.)"""
-    kill = ["+callbacks.kill._target_=probes.SignalAt", "+callbacks.kill.stage=test",
+    or in its last validation (saved and stopped once it ends, after the last step), continued with
+    `resume=auto` (as a requeued job or a sweep re-run with `sweep.skip_done=true` does), trains nothing
+    and evaluates: it ends with the training's final `train/*` and `val/*` metrics, read from what the
+    stopped run recorded when training ended (the validation is not run again), and the test scores, all
+    in results.json. (It ended without `train/*` and `val/*`: a sweep optimizing `val/loss` got nothing
+    for the job.)"""
+    kill = ["+callbacks.kill._target_=probes.SignalAt", f"+callbacks.kill.stage={stage}",
             "+callbacks.kill.step=1", f"+callbacks.kill.signum={int(signal.SIGTERM)}"]  # fmt: skip
     with pytest.raises(SystemExit):
         train(compose_train([*RUN, "test=true", *kill], tmp_path))

@@ -292,12 +292,19 @@ class Stopped(SystemExit):
 
 
 class Preempted(Stopped):
-    """Training stopped on a signal after saving a checkpoint; `attnlab-train resume=true` continues it."""
+    """Training stopped on a signal after saving a checkpoint; `attnlab-train resume=true` continues it.
+    `training_ended`: the stop came after the last step, which the checkpoint saved (a signal in the last
+    validation), so the run continued from it trains nothing more."""
 
     def __init__(
-        self, signum: int, step: int, path: str | None, requeue: Callable[[int, Any], Any] | None = None
+        self,
+        signum: int,
+        step: int,
+        path: str | None,
+        requeue: Callable[[int, Any], Any] | None = None,
+        training_ended: bool = False,
     ) -> None:
-        self.step, self.path = step, path
+        self.step, self.path, self.training_ended = step, path, training_ended
         name = signal.Signals(signum).name
         message = (
             f"stopped by {name} at step {step} after saving {path}; continue with resume=true (same run "
@@ -599,7 +606,8 @@ class Preemption(_StepEnds, _HoldsSignals):
         resumed from the last.ckpt before replays the steps up to that validation and stops there."""
         signum = agreed_signal(trainer, self._received)
         if signum:
-            self._stop(trainer, self._save(trainer) if self._ended_a_step(trainer) else None, signum)
+            saved = self._ended_a_step(trainer)
+            self._stop(trainer, self._save(trainer) if saved else None, signum, training_ended=saved)
         self.release()  # before Lightning puts back the handlers it replaced (after this hook)
 
     def _save(self, trainer: L.Trainer) -> str:
@@ -607,12 +615,12 @@ class Preemption(_StepEnds, _HoldsSignals):
         trainer.save_checkpoint(path, weights_only=False)  # all of it, to resume (Lightning logs its default)
         return path
 
-    def _stop(self, trainer: L.Trainer, path: str | None, signum: int) -> None:
+    def _stop(self, trainer: L.Trainer, path: str | None, signum: int, training_ended: bool = False) -> None:
         previous = self._previous.get(signal.SIGUSR1)
         self._received = None
         self.release()
         requeue = previous if signum == signal.SIGUSR1 and callable(previous) else None
-        raise Preempted(signum, trainer.global_step, path, requeue)  # (requeue: run once recorded)
+        raise Preempted(signum, trainer.global_step, path, requeue, training_ended)  # (requeue: run later)
 
     @staticmethod
     def _log_this_step(trainer: L.Trainer) -> None:

@@ -302,17 +302,10 @@ def _train_and_evaluate(plan: RunPlan, manifest: Manifest | None) -> dict[str, f
         from attnlab.runs.tracking import log_run_config
 
         log_run_config(trainer.loggers, plan.resolved, manifest.fields if manifest is not None else {})
-    fit(plan, trainer, module, datamodule)
+    fit(plan, trainer, module, datamodule, manifest)
     if module.schedule_facts is not None:
         _record(manifest, schedule=module.schedule_facts)
-    metrics = {k: float(v) for k, v in trainer.callback_metrics.items()}
-    step = int(trainer.global_step)
-    if plan.continuing and step == plan.resumed_step:  # its training had ended: nothing trained
-        metrics = {**_earlier_metrics(plan.run, step), **metrics}  # they stand (Lightning's: none)
-    best = _best_score(plan.cfg, trainer)
-    if best is not None:  # what sweepers optimize: the monitor's value at the selected checkpoint
-        metrics[best_metric(plan.cfg.monitor.metric)] = best
-    _record(manifest, training_end={"step": step, "metrics": metrics})  # before the final evaluation
+    metrics = _training_end(plan, trainer, manifest)
     if plan.cfg.get("test", True):
         with stopping_evaluation(redo_evaluation(plan, trainer), trainer):
             test_metrics, evaluation = final_evaluation(plan, trainer, module, datamodule)
@@ -325,6 +318,21 @@ def _train_and_evaluate(plan: RunPlan, manifest: Manifest | None) -> dict[str, f
         metrics[truncated_metric(split)] = float(count)
     if evaluation is not None and trainer.is_global_zero:  # every final metric, for sweeps and reports
         write_results(plan.run, evaluation, metrics, trainer)
+    return metrics
+
+
+def _training_end(plan: RunPlan, trainer: Any, manifest: Manifest | None) -> dict[str, float]:
+    """The final metrics of training (the last `train/*` and `val/*`, and the monitor's best), recorded in
+    the manifest as `training_end` with the step, before the final evaluation: a run stopped after it
+    (in its final evaluation, or in its last validation: `fit`) continues to them (`_earlier_metrics`)."""
+    metrics = {k: float(v) for k, v in trainer.callback_metrics.items()}
+    step = int(trainer.global_step)
+    if plan.continuing and step == plan.resumed_step:  # its training had ended: nothing trained
+        metrics = {**_earlier_metrics(plan.run, step), **metrics}  # they stand (Lightning's: none)
+    best = _best_score(plan.cfg, trainer)
+    if best is not None:  # what sweepers optimize: the monitor's value at the selected checkpoint
+        metrics[best_metric(plan.cfg.monitor.metric)] = best
+    _record(manifest, training_end={"step": step, "metrics": metrics})
     return metrics
 
 
@@ -504,9 +512,25 @@ def build_trainer(
     return trainer
 
 
-def fit(plan: RunPlan, trainer: Any, module: TranslationModule, datamodule: ParallelDataModule) -> None:
-    """Train (continuing from `plan.resume_from` when set)."""
-    trainer.fit(module, datamodule=datamodule, ckpt_path=plan.resume_from)
+def fit(
+    plan: RunPlan,
+    trainer: Any,
+    module: TranslationModule,
+    datamodule: ParallelDataModule,
+    manifest: Manifest | None = None,
+) -> None:
+    """Train (continuing from `plan.resume_from` when set). A stop after the last step, with its checkpoint
+    saved (a signal in the last validation: `Preempted.training_ended`), records the end of training in
+    `manifest` first, as a run going on to its final evaluation does: the run continued from that
+    checkpoint trains nothing and ends with those metrics (`_training_end`)."""
+    from attnlab.training.callbacks import Preempted  # (lightning: loaded by then)
+
+    try:
+        trainer.fit(module, datamodule=datamodule, ckpt_path=plan.resume_from)
+    except Preempted as stop:
+        if stop.training_ended:
+            _training_end(plan, trainer, manifest)
+        raise
 
 
 def _instantiate_all(group: DictConfig | None, kwargs: dict[str, dict[str, Any]] | None = None) -> list[Any]:
