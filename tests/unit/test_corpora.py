@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import gzip
 import hashlib
@@ -13,6 +14,10 @@ import pickle
 import random
 import re
 import shutil
+import subprocess
+import sys
+import tempfile
+import threading
 import time
 from collections import Counter
 from collections.abc import Iterator
@@ -32,6 +37,7 @@ from attnlab.data.prepare import EncodedSplit, Prepared, id_dtype, prepare, prep
 from attnlab.data.text import normalize
 from attnlab.data.tokenizer import SPECIAL_TOKENS, HuggingFaceTokenizer, SubwordTokenizer
 from attnlab.runs.manifest import data_identity
+from helpers import subprocess_path
 
 PAD, BOS, EOS, UNK = 0, 1, 2, 3
 DE_WORDS = "der die das ein eine Haus Hund Katze läuft schnell über Straße Mädchen spielt im Garten Fußball"
@@ -209,18 +215,78 @@ def test_read_lines_names_a_missing_file(tmp_path: Path) -> None:
         read_lines(tmp_path / "missing.de")
 
 
-def test_a_data_file_that_is_a_directory_is_named_when_a_set_is_loaded_or_prepared(
-    corpus: Path, tmp_path: Path
+@contextlib.contextmanager
+def ending_readers(fifo: Path) -> Iterator[None]:
+    """While inside, whoever opens the named pipe `fifo` to read gets an empty stream at once (a writer
+    connects and leaves), so that code wrongly reading it ends instead of waiting for a writer forever."""
+    stop = threading.Event()
+
+    def connect() -> None:
+        while not stop.wait(0.02):
+            with contextlib.suppress(OSError):  # (ENXIO while nobody reads)
+                os.close(os.open(fifo, os.O_WRONLY | os.O_NONBLOCK))
+
+    thread = threading.Thread(target=connect, daemon=True)
+    thread.start()
+    try:
+        yield
+    finally:
+        stop.set()
+        thread.join()
+
+
+@pytest.mark.parametrize("kind", ["directory", "named pipe"])
+def test_a_data_file_that_is_a_directory_or_a_pipe_is_named_when_a_set_is_loaded_or_prepared(
+    corpus: Path, tmp_path: Path, kind: str
 ) -> None:
     """attnlab-eval loads its sets without preparing the corpus: a test file that was a directory ended
-    it with IsADirectoryError's traceback; training called it "not found"."""
+    it with IsADirectoryError's traceback; training called it "not found". A named pipe (`<(zcat ...)`)
+    made both wait for a writer forever, and would be read once at most (preparing hashes, then reads)."""
     (corpus / "test.de").unlink()
-    (corpus / "test.de").mkdir()
-    named = f"data file {corpus.resolve() / 'test.de'} cannot be read (Is a directory): give a UTF-8 text"
-    with pytest.raises(DataError, match=re.escape(named)):
+    if kind == "directory":
+        (corpus / "test.de").mkdir()
+        why = "Is a directory"
+    else:
+        os.mkfifo(corpus / "test.de")
+        why = "a pipe, socket or device, not a regular file"
+    named = f"data file {corpus.resolve() / 'test.de'} cannot be read ({why}): give a UTF-8 text"
+    with ending_readers(corpus / "test.de"), pytest.raises(DataError, match=re.escape(named)):
         files_spec(corpus, tmp_path).load(["test"])
-    with pytest.raises(DataError, match=re.escape(named)):  # training: checked before anything is read
-        prepare(files_spec(corpus, tmp_path))
+    with ending_readers(corpus / "test.de"), pytest.raises(DataError, match=re.escape(named)):
+        prepare(files_spec(corpus, tmp_path))  # training: checked before anything is read
+
+
+# What a user without read permission sees hashing a training file for the cache key and reading it; run in a
+# child process, as `nobody` when this one is root (root reads any file), in a directory it can enter.
+UNREADABLE_PROBE = """
+import os, sys
+from attnlab.data.corpora import FilesData
+from attnlab.data.download import DataError
+from attnlab.data.prepare import prepared_dir
+if os.geteuid() == 0:
+    os.setgid(65534)
+    os.setuid(65534)
+spec = FilesData(dir=sys.argv[1], cache_dir=sys.argv[2], test=("test",))
+for call in (lambda: prepared_dir(spec), lambda: spec.load(["train"])):
+    try:
+        call()
+    except DataError as exc:
+        print(exc)
+"""
+
+
+def test_a_data_file_without_read_permission_is_named_when_prepared_or_loaded(corpus: Path) -> None:
+    """Hashing a training file its user may not read, for the cache key, ended in PermissionError's
+    traceback (reading its lines named it)."""
+    with tempfile.TemporaryDirectory() as shared:
+        data, cache = shutil.copytree(corpus, Path(shared) / "corpus"), Path(shared) / "cache"
+        cache.mkdir()
+        os.chmod(shared, 0o755), os.chmod(data, 0o755), os.chmod(cache, 0o777), os.chmod(data / "train.de", 0)
+        env = {**os.environ, "PYTHONPATH": subprocess_path()}
+        run = [sys.executable, "-c", UNREADABLE_PROBE, str(data), str(cache)]
+        done = subprocess.run(run, capture_output=True, text=True, env=env, timeout=120)
+    named = f"data file {data / 'train.de'} cannot be read (Permission denied): give a UTF-8 text file, one"
+    assert done.stdout.splitlines() == [named + " sentence a line"] * 2, done.stdout + done.stderr[-2000:]
 
 
 def test_prepare_names_a_missing_file(corpus: Path, tmp_path: Path) -> None:

@@ -15,6 +15,7 @@ from __future__ import annotations
 import dataclasses
 import functools
 import itertools
+import stat
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -48,8 +49,9 @@ def iter_lines(path: Path) -> Iterator[str]:
 
 def _line_blocks(path: Path) -> Iterator[list[str]]:
     """`iter_lines(path)` a block at a time: the lists of the lines of each `BLOCK_BYTES` read (no Python
-    step per line unless a line ends in "\\r"). A missing file, or one that cannot be opened (a directory, no
-    permission): `DataError` at once, naming it, not when iterated."""
+    step per line unless a line ends in "\\r"). A missing file, or one that cannot be opened (a directory, a
+    pipe, no permission): `DataError` at once, naming it, not when iterated."""
+    check_data_file(path)
     try:
         file = open(path, "rb")  # noqa: SIM115 (closed by `_decoded_blocks`)
     except FileNotFoundError:
@@ -70,6 +72,28 @@ COMPRESSED = {
 def unreadable(path: Path, why: str) -> DataError:
     """The error for a data file that exists but cannot be read as one (`why`: a directory, no permission)."""
     return DataError(f"data file {path} cannot be read ({why}): give a UTF-8 text file, one sentence a line")
+
+
+def check_data_file(path: Path) -> None:
+    """Raise `DataError` naming `path` unless it is a regular file (or a link to one) that can be opened:
+    missing (a link to nothing included), a directory, a named pipe, socket or device, or without read
+    permission. A pipe (`<(zcat ...)`) would be read once at most (preparing reads a file twice: hashing
+    it for the cache key, then its lines), and opening one waits for a writer: forever. Hashing a file
+    without read permission ended in PermissionError's traceback."""
+    try:
+        mode = path.stat().st_mode
+    except FileNotFoundError:
+        raise DataError(f"data file not found: {path}") from None
+    except OSError as exc:
+        raise unreadable(path, exc.strerror or str(exc)) from None
+    if stat.S_ISDIR(mode):
+        raise unreadable(path, "Is a directory")
+    if not stat.S_ISREG(mode):
+        raise unreadable(path, "a pipe, socket or device, not a regular file")
+    try:
+        open(path, "rb").close()
+    except OSError as exc:
+        raise unreadable(path, exc.strerror or str(exc)) from None
 
 
 def _decoded_blocks(file: IO[bytes], path: Path) -> Iterator[list[str]]:
@@ -438,10 +462,7 @@ class CorpusData:
         """What identifies the raw text (file contents are hashed, not paths)."""
         files = self.files()
         for path in (p for pair in files.values() for p in pair):
-            if path.is_dir():  # (open() would say "Is a directory" when reading)
-                raise unreadable(path, "Is a directory")
-            if not path.is_file():
-                raise DataError(f"data file not found: {path}")
+            check_data_file(path)
         return [(name, src, tgt) for name, (src, tgt) in files.items()]
 
     def datamodule(self) -> CorpusDataModule:
