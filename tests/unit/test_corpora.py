@@ -1810,6 +1810,19 @@ def test_a_full_disk_while_preparing_is_a_data_error_naming_the_cache(
     assert not prepared_dir(spec).exists() and not leftovers(prepared_dir(spec).parent)
 
 
+def test_a_directory_in_place_of_the_prepared_datas_lock_is_a_data_error_naming_it(
+    corpus: Path, tmp_path: Path
+) -> None:
+    """It ended in IsADirectoryError's traceback."""
+    spec = files_spec(corpus, tmp_path)
+    lock = prepared_dir(spec).with_suffix(".lock")
+    lock.mkdir(parents=True)
+    named = f"cannot use {lock} in the cache (Is a directory): something else is in its place; remove it"
+    with pytest.raises(DataError, match=re.escape(named)):
+        prepare(spec)
+    assert lock.is_dir() and not prepared_dir(spec).exists()
+
+
 @pytest.mark.parametrize("final_lf", [False, True])
 @pytest.mark.parametrize("block_bytes", [corpora.BLOCK_BYTES, 3])
 def test_a_file_with_cr_line_endings_is_refused_not_read_as_one_line(

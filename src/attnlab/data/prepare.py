@@ -722,7 +722,9 @@ def prepare(spec: CorpusData) -> Prepared:
     Raises:
         DataError: A corpus or tokenizer file is missing or unusable (from `spec.readers`), or changed
             while it was read, or the directory is damaged again right after being rebuilt
-            (`DamagedPreparedData`: check the disk).
+            (`DamagedPreparedData`: check the disk); the disk is full or read-only, or the lock or the
+            temporary directory beside the prepared directory cannot be made (a directory or a file
+            without permission in its place).
     """
     target = prepared_dir(spec)
     recheck = None  # a directory another process builds while this one waits is new: not checked twice
@@ -740,10 +742,15 @@ def prepare(spec: CorpusData) -> Prepared:
                 _build(spec, spec.readers(), tmp, target.name)
                 _check_unchanged(spec, target)
     except OSError as exc:
-        if exc.errno not in (errno.ENOSPC, errno.EDQUOT, errno.EROFS):
-            raise
-        raise DataError(
-            f"cannot write the prepared data into {target.parent} ({exc.strerror}); nothing was kept. Free "
-            "space there, or set data.cache_dir to a writable directory with room for it"
-        ) from exc
+        if exc.errno in (errno.ENOSPC, errno.EDQUOT, errno.EROFS):
+            raise DataError(
+                f"cannot write the prepared data into {target.parent} ({exc.strerror}); nothing was kept. "
+                "Free space there, or set data.cache_dir to a writable directory with room for it"
+            ) from exc
+        if exc.filename and Path(exc.filename).parent == target.parent:  # its lock, its temporary directory
+            raise DataError(
+                f"cannot use {exc.filename} in the cache ({exc.strerror}): something else is in its place; "
+                "remove it, or set data.cache_dir to another directory"
+            ) from exc
+        raise
     return _timed_load(target)
