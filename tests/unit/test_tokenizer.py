@@ -502,7 +502,11 @@ def test_a_tokenizer_file_of_another_kind_or_missing_is_refused_by_name(
         load_tokenizer_file(model, "bpe")
     text = tmp_path / "tokenizer.json"
     text.write_text(spm.to_json())
-    with pytest.raises(DataError, match=f"{text}: the bytes are not a SentencePiece model"):
+    with pytest.raises(DataError) as raised:
         load_tokenizer_file(text, "sentencepiece")
+    assert str(raised.value) == (
+        f"{text}: the bytes are not a SentencePiece model (its proto does not parse); for a Hugging Face "
+        "tokenizers JSON file set data.tokenizer=bpe or unigram"
+    )  # (not the special-id contract's fix, which a model of that kind breaking it gets)
     with pytest.raises(DataError, match=f"tokenizer file {tmp_path / 'missing.json'} cannot be read"):
         load_tokenizer_file(tmp_path / "missing.json", "bpe")

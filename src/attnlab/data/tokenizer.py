@@ -261,6 +261,10 @@ class HuggingFaceTokenizer(SubwordTokenizer):
         return [self.tokenizer.id_to_token(int(i)) for i in ids]
 
 
+class NotASentencePieceModel(ValueError):
+    """`SentencePieceTokenizer`: the bytes given are no serialized SentencePiece model."""
+
+
 class SentencePieceTokenizer(SubwordTokenizer):
     """A SentencePiece model (unigram when trained here) whose serialized proto is `model`."""
 
@@ -269,7 +273,9 @@ class SentencePieceTokenizer(SubwordTokenizer):
         try:
             processor.LoadFromSerializedProto(model)
         except RuntimeError:
-            raise ValueError("the bytes are not a SentencePiece model (its proto does not parse)") from None
+            raise NotASentencePieceModel(
+                "the bytes are not a SentencePiece model (its proto does not parse)"
+            ) from None
         found = (processor.pad_id(), processor.bos_id(), processor.eos_id(), processor.unk_id())
         if found != (PAD_ID, BOS_ID, EOS_ID, UNK_ID):
             names = ", ".join(f"{k}={v}" for k, v in zip(SPECIAL_IDS, found, strict=True))
@@ -349,7 +355,13 @@ def load_tokenizer_file(path: Path, model: TokenizerModel) -> SubwordTokenizer:
         raise DataError(f"tokenizer file {path} cannot be read ({exc.strerror or exc})") from None
     try:
         if model == SENTENCEPIECE:
-            return SentencePieceTokenizer(data)
+            try:
+                return SentencePieceTokenizer(data)
+            except NotASentencePieceModel as exc:  # (another kind of file: the contract is not the fix)
+                raise DataError(
+                    f"{path}: {exc}; for a Hugging Face tokenizers JSON file set data.tokenizer=bpe or "
+                    "unigram"
+                ) from None
         try:
             tokenizer = Tokenizer.from_str(data.decode("utf-8"))
         except Exception as exc:  # UnicodeDecodeError, or the bare Exception of the Rust parser
