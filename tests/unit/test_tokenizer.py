@@ -510,3 +510,14 @@ def test_a_tokenizer_file_of_another_kind_or_missing_is_refused_by_name(
     )  # (not the special-id contract's fix, which a model of that kind breaking it gets)
     with pytest.raises(DataError, match=f"tokenizer file {tmp_path / 'missing.json'} cannot be read"):
         load_tokenizer_file(tmp_path / "missing.json", "bpe")
+
+
+def test_a_tokenizer_is_trained_on_normalised_lines() -> None:
+    """Lines are normalised (NFC, white space stripped and collapsed) before a tokenizer is trained on them:
+    lines differing only in that train the same tokenizer (a tab or a run of spaces was no piece of it).
+    BPE: a unigram trainer gives different vocabularies from the same lines."""
+    lines = ["ein  Hund\tläuft ", " über die Straße", "das Ma\u0308dchen\u00a0spielt  im Garten"] * 5
+    raw, normal = (
+        SubwordTokenizer.train(text, model="bpe", vocab_size=60) for text in (lines, map(normalize, lines))
+    )
+    assert raw.to_json() == normal.to_json()
