@@ -239,6 +239,53 @@ def test_a_one_value_sweep_of_a_bookkeeping_key_is_no_sweep_wherever_it_is_given
         check_no_swept_bookkeeping(sweep(space={"allocator": {"type": "categorical", "choices": ["a", "b"]}}))
 
 
+def test_a_sweep_of_a_range_or_interval_its_sweeper_cannot_run_is_refused_before_any_job(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A range of step 0, an interval under Hydra's basic sweeper, a descending range or interval under
+    Optuna's, or `hydra.sweeper.n_trials=0` failed with a traceback once the sweep had started (the step
+    of 0 also switched off the other up-front checks: Hydra turns a callback's error into a warning); an
+    empty range (`seed=range(5,1)`) ran no job and said nothing. Each is refused naming the fix."""
+    from omegaconf import OmegaConf
+
+    from attnlab.cli.app import check_sweep_values
+    from attnlab.typed import ConfigError
+    from helpers import command_here
+
+    def check(sweeper: str, *task: str, params: dict | None = None, n_trials: int = 20) -> None:
+        node = {
+            "_target_": f"hydra_plugins.attnlab_launchers.{sweeper}",
+            "params": params,
+            "n_trials": n_trials,
+        }
+        check_sweep_values(OmegaConf.create({"hydra": {"sweeper": node, "overrides": {"task": list(task)}}}))
+
+    for sweeper, line, told in (
+        ("BasicSweeper", "seed=range(1,5,0)", "has a step of 0"),
+        ("OptunaSweeper", "seed=range(1,5,0)", "has a step of 0"),
+        ("BasicSweeper", "model.dropout=interval(0.1,0.3)", "is an interval, which Hydra's basic sweeper"),
+        ("OptunaSweeper", "model.dropout=interval(0.3,0.1)", r"starts above its end: give interval\(0.1,0.3"),
+        ("OptunaSweeper", "seed=range(3,1,-1)", r"counts down, .*: give range\(1,3\)"),
+    ):  # fmt: skip
+        with pytest.raises(ConfigError, match=rf"^{re.escape(line)} \(in the command line\) {told}"):
+            check(sweeper, "model.pe=learned,none", line)
+        key, _, value = line.partition("=")
+        with pytest.raises(ConfigError, match=r"\(in hydra.sweeper.params\)"):
+            check(sweeper, params={key: value})
+    check("BasicSweeper", "seed=range(3,1,-1)", "seed=shuffle(range(1,3))", "model.pe=learned,none")
+    check(
+        "OptunaSweeper", "model.dropout=interval(0.1,0.1)", "seed=shuffle(range(3,1,-1))", "seed=range(1,3)"
+    )
+    with pytest.raises(ConfigError, match=r"^hydra.sweeper.n_trials=0 runs no trial: give 1 or more$"):
+        check("OptunaSweeper", n_trials=0)
+    sweep_dir = tmp_path / "sweep"
+    with pytest.raises(SystemExit, match=r"config error: seed=range\(5,1\) \(in the command line\) gives no"):
+        command_here(
+            monkeypatch, "train", "-m", "data=synthetic", "seed=range(5,1)", f"hydra.sweep.dir={sweep_dir}"
+        )
+    assert not sweep_dir.exists()
+
+
 def test_a_declared_sweep_over_a_bookkeeping_key_fixed_on_the_command_line_is_not_refused(
     tmp_path: Path,
 ) -> None:

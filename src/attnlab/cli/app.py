@@ -142,7 +142,7 @@ def _override_takes_several_values(override: Any) -> bool:
         return bool(override.value().start != override.value().end)
     try:
         values = override.sweep_string_iterator()
-    except HydraException:  # (a glob)
+    except (HydraException, ValueError):  # (a glob; a range of step 0: `check_sweep_values` refuses it)
         return True
     first = next(values, None)
     return any(value != first for value in values)
@@ -161,6 +161,54 @@ def _takes_several_values(entry: Any) -> bool:
             return not create_optuna_distribution_from_config(entry).single()
     except (ImportError, AssertionError, AttributeError, KeyError, TypeError, ValueError):
         return True
+
+
+def check_sweep_values(config: DictConfig) -> None:
+    """Refuse, before any job, a swept override (on the command line or in `hydra.sweeper.params`) that its
+    sweeper cannot run, which failed with a traceback once the sweep had started, or, a range of no value
+    under Hydra's basic sweeper, ran no job and said nothing: a `range` with a step of 0 or of no value
+    (`range(5,1)`: it counts up to its stop, a negative step down), under Optuna's sweeper one counting
+    down, an `interval` that starts above its end, an `interval` under Hydra's basic sweeper (only Optuna's
+    samples one), and Optuna's `hydra.sweeper.n_trials` below 1 (no trial: no best one).
+
+    Raises:
+        ConfigError: Naming the override, where it is given, and the fix.
+    """
+    from hydra.core.override_parser.overrides_parser import OverridesParser
+
+    sweeper = str(OmegaConf.select(config, "hydra.sweeper._target_") or "")
+    optuna, parser = sweeper.endswith("OptunaSweeper"), OverridesParser.create()
+    trials = OmegaConf.select(config, "hydra.sweeper.n_trials") if optuna else None
+    if isinstance(trials, int) and trials < 1:
+        raise ConfigError(f"hydra.sweeper.n_trials={trials} runs no trial: give 1 or more")
+    for line, where, _ in sweep_overrides(config):
+        if where != "hydra.sweeper.search_space":
+            (override,) = parser.parse_overrides([line])
+            problem = _unsweepable(override, optuna, sweeper.endswith("BasicSweeper"))
+            if problem:
+                raise ConfigError(f"{line} (in {where}) {problem}")
+
+
+def _unsweepable(override: Any, optuna: bool, basic: bool) -> str | None:
+    """Why the sweeper (Optuna's, Hydra's basic one, or another) cannot sweep this parsed override, with the
+    fix; None if it can (or does not sweep)."""
+    value = override.value() if override.is_sweep_override() else None
+    if override.is_interval_sweep():
+        if basic:
+            return ("is an interval, which Hydra's basic sweeper cannot sweep: list its values (a,b,c or "
+                    "range(start,stop,step)), or search it with hparams_search=optuna")  # fmt: skip
+        if value.start > value.end:
+            return f"starts above its end: give interval({value.end},{value.start})"
+    if not override.is_range_sweep():
+        return None
+    if value.step == 0:
+        return "has a step of 0, which never reaches its stop: give a step other than 0"
+    if optuna and not value.shuffle and (value.step < 0 or value.start > value.stop):
+        return f"counts down, which Optuna's sweeper cannot sample: give range({value.stop},{value.start})"
+    if next(iter(override.sweep_string_iterator()), None) is None:
+        return ("gives no value: range(start,stop,step) counts from start up to stop (stop left out), a "
+                "negative step down")  # fmt: skip
+    return None
 
 
 def check_no_swept_bookkeeping(config: DictConfig) -> None:
@@ -486,8 +534,9 @@ class RunDirectoryCheck(Callback):
     live command runs is refused, and so is a training run directory holding a saved run
     (`RunDir.check_no_run`) for a command that does not continue it (`resume=false`), and a training sweep
     whose `optimized_metric` no run writes or whose sweeper would optimise it the wrong way
-    (`check_sweep_objective`). So is a config holding a credential (`check_no_credentials`), which Hydra would
-    write into `.hydra/`, its own node included (`hydra.job.env_set.HF_TOKEN=...`).
+    (`check_sweep_objective`), or that sweeps a value its sweeper cannot run (`check_sweep_values`). So is
+    a config holding a credential (`check_no_credentials`), which Hydra would write into `.hydra/`, its own
+    node included (`hydra.job.env_set.HF_TOKEN=...`).
     attnlab-eval and attnlab-export refuse a directory holding a training run (`RunDir.check_no_training`):
     they would replace its results and Hydra record with their own."""
 
@@ -538,6 +587,7 @@ class RunDirectoryCheck(Callback):
             from attnlab.training.experiment import check_sweep_objective, sweep_skip_done  # (sacreBLEU)
 
             try:
+                check_sweep_values(config)
                 check_no_swept_bookkeeping(config)
                 sweep_skip_done(config.get("sweep"))
                 check_sweep_objective(config.get("optimized_metric"), config.hydra.sweeper.get("direction"))
