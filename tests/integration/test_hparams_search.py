@@ -192,3 +192,22 @@ def test_a_trial_repeating_an_earlier_trials_parameters_reuses_its_result_withou
     assert len(jobs) == 2
     assert capsys.readouterr().out.count("attnlab-train: test/") == 2  # two trainings, not three
     assert caplog.text.count("not run again, it gets that job's result") == 1
+
+
+def test_a_study_none_of_whose_trials_returned_a_value_ends_with_its_summary_not_a_traceback(
+    tmp_path: Any, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
+) -> None:
+    """Every trial failing (here refused for its config, before training) left Optuna without a best
+    trial: once all had run, the sweep ended with Optuna's traceback ("No trials are completed yet") and
+    no summary of its jobs. One error line says there is no best trial; the summary names the failures."""
+    from helpers import command_here
+
+    sweep_dir = tmp_path / "sweep"
+    with caplog.at_level("ERROR"), pytest.raises(SystemExit) as ended:
+        command_here(monkeypatch, "train", "hparams_search=optuna", "data=synthetic", "model=tiny",
+                     "model.n_heads=3", "logger=csv", "hydra.sweeper.n_trials=2",
+                     f"hydra.sweep.dir={sweep_dir}")  # fmt: skip
+    assert str(ended.value).startswith("attnlab-train: multirun: 0 finished, 2 failed (see ")
+    told = ("no trial of this study returned optimized_metric=best/val/bleu (each failed or lacks it: see "
+            "the errors above): there is no best trial, so no optimization_results.yaml")  # fmt: skip
+    assert caplog.messages.count(told) == 1 and not (sweep_dir / "optimization_results.yaml").exists()

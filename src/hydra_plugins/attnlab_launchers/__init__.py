@@ -5,12 +5,15 @@ killed (`attnlab.training.launchers`); and its sweepers, running each job once a
 and the one of `hparams_search=optuna`, hydra-optuna-sweeper's. Only the basic sweeper without those
 plugins (the `[sweep]` extra)."""
 
+import logging
 from importlib.util import find_spec
 from typing import Any
 
 from hydra._internal.core_plugins import basic_sweeper
 
 from attnlab.training.launchers import OncePerSweep
+
+log = logging.getLogger(__name__)
 
 
 class BasicSweeper(basic_sweeper.BasicSweeper):
@@ -41,8 +44,22 @@ if find_spec("hydra_plugins.hydra_optuna_sweeper") is not None:
 
     class OptunaSweeper(optuna_sweeper.OptunaSweeper):
         """Optuna's sweeper, a trial repeating an earlier trial's parameters given its result instead of
-        training again in its directory (`OncePerSweep`)."""
+        training again in its directory (`OncePerSweep`). A study none of whose trials returned a value
+        (each failed, or its run lacks `optimized_metric`) has no best trial to write: one error line says
+        so, and the sweep ends with its summary of the jobs (`attnlab.cli.train.main`), not Optuna's
+        traceback."""
 
         def setup(self, **kwargs: Any) -> None:
             super().setup(**kwargs)
             self.sweeper.launcher = OncePerSweep(self.sweeper.launcher)
+
+        def sweep(self, arguments: list[str]) -> None:
+            try:
+                super().sweep(arguments)
+            except ValueError as exc:
+                if "No trials are completed yet" not in str(exc):  # (Optuna's `study.best_trial`)
+                    raise
+                metric = self.sweeper.config.get("optimized_metric")
+                log.error("no trial of this study returned optimized_metric=%s (each failed or lacks it: see "
+                          "the errors above): there is no best trial, so no optimization_results.yaml",
+                          metric)  # fmt: skip
