@@ -272,9 +272,12 @@ def test_a_sweep_of_a_range_or_interval_its_sweeper_cannot_run_is_refused_before
         key, _, value = line.partition("=")
         with pytest.raises(ConfigError, match=r"\(in hydra.sweeper.params\)"):
             check(sweeper, params={key: value})
-    check("BasicSweeper", "seed=range(3,1,-1)", "seed=shuffle(range(1,3))", "model.pe=learned,none")
+    check("BasicSweeper", "seed=range(3,1,-1)", "model.d_ff=shuffle(range(1,3))", "model.pe=learned,none")
     check(
-        "OptunaSweeper", "model.dropout=interval(0.1,0.1)", "seed=shuffle(range(3,1,-1))", "seed=range(1,3)"
+        "OptunaSweeper",
+        "model.dropout=interval(0.1,0.1)",
+        "model.d_ff=shuffle(range(3,1,-1))",
+        "seed=range(1,3)",
     )
     with pytest.raises(ConfigError, match=r"^hydra.sweeper.n_trials=0 runs no trial: give 1 or more$"):
         check("OptunaSweeper", n_trials=0)
@@ -284,6 +287,54 @@ def test_a_sweep_of_a_range_or_interval_its_sweeper_cannot_run_is_refused_before
             monkeypatch, "train", "-m", "data=synthetic", "seed=range(5,1)", f"hydra.sweep.dir={sweep_dir}"
         )
     assert not sweep_dir.exists()
+
+
+def test_swept_values_dropped_a_batch_of_no_job_or_an_empty_sweep_directory_are_refused_before_any_job(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """`seed=1,2 seed=3` swept seed 3 alone (both sweepers take a key's last override), dropping the swept
+    values unsaid; `hydra.sweeper.max_batch_size=0` ended with Hydra's AssertionError; an empty
+    `hydra.sweep.dir` (or `hydra.run.dir`) wrote the jobs (the run) into the current directory. Each is
+    refused naming the fix; a single value given again is overridden, as in a single run."""
+    from omegaconf import OmegaConf
+
+    from attnlab.cli.app import check_sweep_values
+    from attnlab.typed import ConfigError
+    from helpers import command_here
+
+    def check(*task: str, batch: int | None = None) -> None:
+        node = {
+            "_target_": "hydra_plugins.attnlab_launchers.BasicSweeper",
+            "params": None,
+            "max_batch_size": batch,
+        }
+        check_sweep_values(OmegaConf.create({"hydra": {"sweeper": node, "overrides": {"task": list(task)}}}))
+
+    told = (
+        r"^seed is given twice on the command line \(seed=1,2, \+seed=3\): the sweeper takes the last alone"
+    )
+    with pytest.raises(ConfigError, match=told):
+        check("seed=1,2", "model.pe=learned,none", "+seed=3")
+    check("seed=1", "model.pe=learned,none", "seed=2", "data.n_train=16", "data.n_train=8", batch=1)
+    with pytest.raises(ConfigError, match=r"^hydra.sweeper.max_batch_size=0 launches no job: give 1 or more"):
+        check("seed=1,2", batch=0)
+    monkeypatch.chdir(tmp_path)
+    told = r"^attnlab-train: config error: {} is empty, which is the current directory"
+    for task, key in (
+        ("-m", "hydra.sweep.dir"),
+        ("data.n_val=8", "hydra.run.dir"),
+    ):  # (n_train=0: no job runs)
+        with pytest.raises(SystemExit, match=told.format(key)):
+            command_here(
+                monkeypatch,
+                "train",
+                task,
+                "data=synthetic",
+                "data.n_train=0",
+                "seed=1,2" if task == "-m" else "seed=1",
+                f"{key}=",
+            )
+    assert list(tmp_path.iterdir()) == []
 
 
 def test_a_declared_sweep_over_a_bookkeeping_key_fixed_on_the_command_line_is_not_refused(

@@ -169,7 +169,10 @@ def check_sweep_values(config: DictConfig) -> None:
     under Hydra's basic sweeper, ran no job and said nothing: a `range` with a step of 0 or of no value
     (`range(5,1)`: it counts up to its stop, a negative step down), under Optuna's sweeper one counting
     down, an `interval` that starts above its end, an `interval` under Hydra's basic sweeper (only Optuna's
-    samples one), and Optuna's `hydra.sweeper.n_trials` below 1 (no trial: no best one).
+    samples one), Optuna's `hydra.sweeper.n_trials` or the basic sweeper's `max_batch_size` below 1 (no
+    trial, no job), and a key swept on the command line then given again (`seed=1,2 seed=3`: both
+    sweepers take the last alone, the swept values silently dropped; a value given again, `seed=1 seed=2`,
+    is overridden, as in a single run).
 
     Raises:
         ConfigError: Naming the override, where it is given, and the fix.
@@ -181,6 +184,24 @@ def check_sweep_values(config: DictConfig) -> None:
     trials = OmegaConf.select(config, "hydra.sweeper.n_trials") if optuna else None
     if isinstance(trials, int) and trials < 1:
         raise ConfigError(f"hydra.sweeper.n_trials={trials} runs no trial: give 1 or more")
+    batch = (
+        OmegaConf.select(config, "hydra.sweeper.max_batch_size") if sweeper.endswith("BasicSweeper") else None
+    )
+    if isinstance(batch, int) and batch < 1:
+        raise ConfigError(
+            f"hydra.sweeper.max_batch_size={batch} launches no job: give 1 or more, or null (all)"
+        )
+    given: dict[str, str] = {}
+    for line in (str(item) for item in OmegaConf.select(config, "hydra.overrides.task") or []):
+        (override,) = parser.parse_overrides([line])
+        key = override.get_key_element().lstrip("+~")
+        if key in given:
+            raise ConfigError(
+                f"{key} is given twice on the command line ({given[key]}, {line}): the sweeper takes the "
+                "last alone, not the values swept before; give it once, with every value to sweep"
+            )
+        if _override_takes_several_values(override):
+            given[key] = line
     for line, where, _ in sweep_overrides(config):
         if where != "hydra.sweeper.search_space":
             (override,) = parser.parse_overrides([line])
@@ -541,6 +562,7 @@ class RunDirectoryCheck(Callback):
     they would replace its results and Hydra record with their own."""
 
     def on_run_start(self, config: DictConfig, **kwargs: Any) -> None:
+        self._check_not_empty(config, "hydra.run.dir")
         run_dir = Path(config.hydra.run.dir).resolve()  # what Hydra is about to make: removed if refused
         _made_for_this_run.clear()
         _made_for_this_run[run_dir] = missing_directories([Path(config.hydra.run.dir)])  # (`a/../b`: `a`)
@@ -570,6 +592,7 @@ class RunDirectoryCheck(Callback):
             raise SystemExit(f"attnlab-{task}: config error: {exc}") from None
 
     def on_multirun_start(self, config: DictConfig, **kwargs: Any) -> None:
+        self._check_not_empty(config, "hydra.sweep.dir")
         sweep_dir = Path(config.hydra.sweep.dir)  # what Hydra is about to make: removed if refused
         _made_for_this_run.clear()
         _made_for_this_run[sweep_dir.resolve()] = missing_directories([sweep_dir])
@@ -597,6 +620,17 @@ class RunDirectoryCheck(Callback):
 
     def on_job_start(self, config: DictConfig, **kwargs: Any) -> None:
         drop_kept_sweep_records()  # (a multirun's job, run in this process: see `keep_sweep_record`)
+
+    @staticmethod
+    def _check_not_empty(config: DictConfig, key: str) -> None:
+        """Refuse an empty run or sweep directory `key`: the current directory, where the command would
+        write its run or jobs among whatever is there."""
+        if not str(OmegaConf.select(config, key)).strip():
+            raise SystemExit(
+                f"attnlab-{config.get('task_name', 'train')}: config error: {key} is empty, which is the "
+                f"current directory: give the directory to write into ({key}=logs/...), or leave it out "
+                "for a new one under logs/"
+            )
 
     @staticmethod
     def _check(config: DictConfig, directory: Path) -> None:
