@@ -20,6 +20,7 @@ import torch
 from hypothesis import assume, given, settings
 from hypothesis import strategies as st
 
+from attnlab.cli import translate as translate_cli
 from attnlab.cli.translate import main as translate_main
 from attnlab.cli.translate import parse_args, utf8_lines
 from attnlab.data.batching import TokenBatchSampler
@@ -432,6 +433,38 @@ def test_attnlab_translate_refuses_utf16_and_utf32_input_naming_the_encoding(
         )
     assert sorted(tmp_path.iterdir()) == [source]
     assert list(utf8_lines(io.BytesIO(b"ein\0Hund\n\0\0\0\n"), "x")) == ["ein\0Hund\n", "\0\0\0\n"]
+
+
+class Endless:
+    """A byte stream of one line that never ends: `byte` repeated (`/dev/zero` is b"\\0")."""
+
+    def __init__(self, byte: bytes) -> None:
+        self.byte = byte
+
+    def readline(self, size: int = -1) -> bytes:
+        return self.byte * size
+
+    def read(self, size: int = -1) -> bytes:
+        return self.byte * size
+
+
+def test_a_line_past_the_read_limit_is_cut_and_an_endless_one_does_not_fill_memory(
+    monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
+) -> None:
+    """A line was read whole before it was cut to the source limit: `input=/dev/zero` took 20 GB before it
+    was killed. Now a line is read `LINE_BYTES` at a time, cut after them (at a whole character) with a
+    warning, and the first piece is checked: NULs or bytes that are no text are refused at once."""
+    monkeypatch.setattr(translate_cli, "LINE_BYTES", 5)
+    data = "kurz\nStraße Straße\nnoch\n".encode()
+    with caplog.at_level(logging.WARNING, logger="attnlab.cli.translate"):
+        assert list(utf8_lines(io.BytesIO(data), "x")) == ["kurz\n", "Stra", "noch\n"]  # ß cut: left out
+    assert [r.getMessage() for r in caplog.records] == [
+        "x, line 2 is longer than 5 bytes: only its first 5 are translated (one sentence a line)"
+    ]
+    with pytest.raises(ValueError, match=r"^x: 5 of its first 5 bytes are NUL"):
+        next(utf8_lines(Endless(b"\0"), "x"))
+    with pytest.raises(ValueError, match=r"^x, line 1, byte 1: not UTF-8 text"):
+        next(utf8_lines(Endless(b"\xff"), "x"))
 
 
 @pytest.mark.parametrize(("compress", "tool"), [(gzip.compress, "gunzip"), (lzma.compress, "unxz")])

@@ -11,10 +11,11 @@ as <unk>, and translate the words around it wrongly), with a warning naming the 
 text that holds them (a zero-width non-joiner in Persian) keeps them. Only here: tokenizers, training data and
 `Translator` read text as it is. A source longer than `decode.max_source_tokens` (default: the training
 filter's `data.max_source_tokens`) or than a learned position table allows is cut to fit, keeping eos, with a
-warning counting them. Lines are read `chunk_lines` at a time, each chunk decoded in length-sorted batches, so
-memory stays bounded on inputs of any length. Typed at a terminal (standard input a TTY, `chunk_lines` not
-given), each line is translated as soon as it is entered (`chunk_lines=1`); a pipe or file keeps the chunks.
-Log messages go to stderr.
+warning counting them; a line longer than 1 MiB is cut there first (at a whole character), the rest of it
+read and dropped with a warning naming the line. Lines are read `chunk_lines` at a time, each chunk decoded
+in length-sorted batches, so memory stays bounded on inputs of any length. Typed at a terminal (standard
+input a TTY, `chunk_lines` not given), each line is translated as soon as it is entered (`chunk_lines=1`); a
+pipe or file keeps the chunks. Log messages go to stderr.
 
 `output=FILE` is written only when everything has succeeded: the checkpoint, the decoding settings, the
 input and the output's directory are checked first (an output that is the input file, or a checkpoint
@@ -49,6 +50,7 @@ Example:
 
 from __future__ import annotations
 
+import codecs
 import contextlib
 import logging
 import os
@@ -89,6 +91,9 @@ CHUNK_LINES = 2048  # lines read and decoded at a time from a file or a pipe
 INVISIBLE = {"\ufeff": "byte-order mark", "\u200b": "zero-width space", "\u200c": "zero-width non-joiner",
              "\u200d": "zero-width joiner", "\u2060": "word joiner"}  # fmt: skip
 SHOWN_LINES = 10  # line numbers a warning names
+# The most of one input line read (1 MiB): many times the text of any source limit in tokens; the rest of a
+# longer line (an endless one: `tr -d "\\n" < big.txt`) is dropped, so memory stays bounded
+LINE_BYTES = 1 << 20
 VERBATIM = ("ckpt_path", "input", "output")  # keys whose values are file names, never parsed
 
 
@@ -120,7 +125,9 @@ def parse_args(argv: Sequence[str]) -> dict[str, Any]:
 
 def utf8_lines(stream: IO[bytes] | IO[str], name: str) -> Iterator[str]:
     """The lines of a UTF-8 byte stream, split at "\n" only, as in attnlab's data files (`read_lines`): a
-    lone "\r" inside a line does not split it. A byte-order mark opening the stream is no text.
+    lone "\r" inside a line does not split it. A byte-order mark opening the stream is no text. A line
+    longer than `LINE_BYTES` is cut to its first `LINE_BYTES` (at a character's start), the rest of it read
+    and dropped with a warning naming the line, so that memory stays bounded on a line of any length.
 
     Raises:
         ValueError: A line is not valid UTF-8, or the first line is mostly NUL bytes (UTF-16 or UTF-32
@@ -128,26 +135,47 @@ def utf8_lines(stream: IO[bytes] | IO[str], name: str) -> Iterator[str]:
             NULs, as `attnlab.data.corpora.refuse_wide_text` refuses data files, which also refuses gzip,
             xz or zstd data); the message names the input, the line or the encoding, and the fix.
     """
+    for number, raw in enumerate(iter(lambda: stream.readline(LINE_BYTES), stream.read(0)), start=1):
+        cut = len(raw) == LINE_BYTES and raw[-1:] not in (b"\n", "\n")
+        if number == 1:
+            raw = without_bom(raw)
+        if isinstance(raw, bytes):  # (a text stream without a byte buffer gives lines already decoded)
+            raw = _decoded(raw, name, number, cut)
+        if cut:  # after the checks: an endless line of NULs or of bytes that are no text is not read on
+            _drop_rest_of_line(stream, name, number)
+        yield raw
+
+
+def _decoded(raw: bytes, name: str, number: int, cut: bool) -> str:
+    """Line `number` of input `name` decoded (`utf8_lines`); a `cut` line ends with its last whole
+    character."""
     from attnlab.data.corpora import refuse_wide_text
     from attnlab.data.download import DataError
 
-    for number, raw in enumerate(stream, start=1):
-        if isinstance(raw, str):  # a text stream without a byte buffer: already decoded
-            yield without_bom(raw) if number == 1 else raw
-            continue
-        if number == 1:
-            raw = without_bom(raw)
-            try:
-                refuse_wide_text(raw, name)
-            except DataError as exc:
-                raise ValueError(str(exc)) from None
+    if number == 1:
         try:
-            yield raw.decode("utf-8")
-        except UnicodeDecodeError as exc:
-            raise ValueError(
-                f"{name}, line {number}, byte {exc.start + 1}: not UTF-8 text ({exc.reason}). Convert the "
-                "input to UTF-8 (e.g. iconv -f latin1 -t utf-8)"
-            ) from None
+            refuse_wide_text(raw, name)
+        except DataError as exc:
+            raise ValueError(str(exc)) from None
+    try:
+        return codecs.getincrementaldecoder("utf-8")().decode(raw, final=not cut)
+    except UnicodeDecodeError as exc:
+        raise ValueError(
+            f"{name}, line {number}, byte {exc.start + 1}: not UTF-8 text ({exc.reason}). Convert the "
+            "input to UTF-8 (e.g. iconv -f latin1 -t utf-8)"
+        ) from None
+
+
+def _drop_rest_of_line(stream: IO[bytes] | IO[str], name: str, number: int) -> None:
+    """Read and drop the rest of line `number` of `stream` past its first `LINE_BYTES`, with a warning."""
+    logging.getLogger(__name__).warning(
+        "%s, line %d is longer than %d bytes: only its first %d are translated (one sentence a line)",
+        name, number, LINE_BYTES, LINE_BYTES,
+    )  # fmt: skip
+    while True:
+        piece = stream.readline(LINE_BYTES)
+        if not piece or piece[-1:] in (b"\n", "\n"):
+            return
 
 
 class InvisibleFilter:
