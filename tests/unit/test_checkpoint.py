@@ -39,10 +39,12 @@ def test_average_is_the_elementwise_mean_in_the_original_dtype() -> None:
 
 
 def test_average_accumulates_in_float64() -> None:
-    # In float32, 1e8 + 1 == 1e8: a float32 running sum would lose the ones.
-    states = [{"w": torch.tensor([1e8], dtype=torch.float32)}] + [{"w": torch.tensor([1.0])}] * 3
-    expected = (1e8 + 3.0) / 4
-    assert float(average_state_dicts(states)["w"]) == pytest.approx(expected, rel=1e-7)
+    """In float32, 2**24 + 1 == 2**24: a float32 running sum loses the ones, and its mean 2**24 / 3 rounds to
+    5592405.5 in float32, where the float64 sum's (2**24 + 2) / 3 is 5592406 exactly (a relative tolerance
+    of 1e-7 let the float32 sum pass)."""
+    states = [{"w": torch.tensor([2.0**24])}] + [{"w": torch.tensor([1.0])}] * 2
+    averaged = average_state_dicts(states)["w"]
+    assert averaged.dtype == torch.float32 and float(averaged) == (2**24 + 2) / 3 == 5592406.0
 
 
 def test_non_float_tensors_must_agree() -> None:
