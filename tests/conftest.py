@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import errno
 import os
 import shutil
 import tempfile
@@ -102,3 +103,19 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
     for item in items:
         if "gpu" in item.keywords:
             item.add_marker(skip_gpu)
+
+
+@pytest.fixture
+def full_for_results(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Writing a run directory's files fails as on a full disk (ENOSPC) when they include results.json."""
+    import attnlab.runs.layout as layout
+
+    write = layout.atomic_write_files
+
+    def full(files: dict[Path, bytes]) -> None:
+        for path in files:
+            if path.name == "results.json":
+                raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC), str(path))
+        write(files)
+
+    monkeypatch.setattr(layout, "atomic_write_files", full)

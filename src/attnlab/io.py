@@ -33,6 +33,21 @@ _LOOK_S = 1.0  # seconds a lock that only looks hold (`held_elsewhere`) is tried
 _LOOK_POLL_S = 0.001
 
 
+class WriteError(OSError):
+    """Files could not be written (a full disk, no permission); its message, one line, names the file,
+    what is unchanged and the fix (`write_fix`), and is told without a traceback. `str()` is the message
+    alone, without OSError's `[Errno 28] ` before it."""
+
+    def __str__(self) -> str:
+        return self.strerror or super().__str__()
+
+
+def write_fix(failure: OSError) -> str:
+    """The first step of the fix for a write that failed with `failure`: free disk space for a full disk
+    or quota, else make the place writable."""
+    return "Free disk space" if failure.errno in (errno.ENOSPC, errno.EDQUOT) else "Make it writable"
+
+
 class FileLock:
     """An exclusive inter-process lock held on `path` with ``fcntl.flock``.
 

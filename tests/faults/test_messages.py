@@ -69,6 +69,31 @@ def test_a_full_disk_ends_the_cli_run_with_the_checkpoint_message_and_no_traceba
     assert json.loads((run_dir / "manifest.json").read_text())["status"] == "failed"
 
 
+@pytest.mark.usefixtures("full_for_results")
+def test_a_full_disk_writing_the_results_ends_the_cli_run_in_one_line_naming_the_command_that_redoes_them(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """After training, results.json cannot be written: `attnlab-train` ends with one line naming the file,
+    the fix and the attnlab-eval command that evaluates the checkpoints, which are kept; the manifest says
+    failed. (It ended with OSError's traceback.)"""
+    monkeypatch.delenv("HYDRA_FULL_ERROR", raising=False)
+    run_dir = tmp_path / "run"
+    with pytest.raises(SystemExit) as failed:
+        command_here(monkeypatch, "train", "data=synthetic", "model=tiny", "data.n_train=32",
+                     "data.n_val=8", "data.n_test=8", "trainer.max_epochs=1", "logger=csv",
+                     "trainer.enable_progress_bar=false", f"hydra.run.dir={run_dir}")  # fmt: skip
+    (best,) = (run_dir / "checkpoints").glob("best-*.ckpt")
+    assert str(failed.value) == (
+        f"attnlab-train: cannot write {run_dir / 'results.json'}: No space left on device; the evaluation's "
+        f"results.json, hypotheses, references and sources in {run_dir} are as they were. Free disk space, "
+        f"then evaluate the checkpoints training saved with: attnlab-eval ckpt_path={best}"
+    )
+    assert (run_dir / "checkpoints" / "last.ckpt").is_file() and not (run_dir / "results.json").exists()
+    manifest = json.loads((run_dir / "manifest.json").read_text())
+    assert manifest["status"] == "failed", manifest
+    assert manifest["error"] == f"WriteError: {str(failed.value).removeprefix('attnlab-train: ')}"
+
+
 def write_run(directory: Path, seed: int, bleu: float) -> None:
     """A finished run directory as attnlab writes it (config, manifest, results)."""
     directory.mkdir(parents=True)

@@ -27,7 +27,14 @@ from attnlab.cli.translate import main as translate_main
 from attnlab.runs.checkpoint import BUNDLE_KEY
 from attnlab.training.pipeline import train
 from attnlab.typed import ConfigError
-from helpers import compose_eval, compose_train, file_size_limit, require_shared_data, write_corpus
+from helpers import (
+    command_here,
+    compose_eval,
+    compose_train,
+    file_size_limit,
+    require_shared_data,
+    write_corpus,
+)
 
 SPLITS = (("train", "train", 300), ("valid", "val", 30), ("test", "test2016", 20))
 OLD = b"an earlier translation\nthat must survive\n" * 40  # 1640 bytes
@@ -316,6 +323,25 @@ def test_a_failing_eval_leaves_earlier_hypotheses_references_and_results(
         evaluate_checkpoint(eval_config(trained, out, *short))
     assert {name: (out / name).read_bytes() for name in earlier} == earlier
     assert names(out) == sorted(earlier)
+
+
+@pytest.mark.usefixtures("full_for_results")
+def test_a_full_disk_ends_attnlab_eval_in_one_line_naming_the_file_and_the_fix(
+    trained: dict[str, Any], tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """results.json cannot be written (ENOSPC): one line, the file, what is unchanged and the fix; nothing
+    written. (It ended with OSError's traceback.)"""
+    monkeypatch.delenv("HYDRA_FULL_ERROR", raising=False)
+    out = tmp_path / "eval"
+    with pytest.raises(SystemExit) as failed:
+        command_here(monkeypatch, "eval", f"ckpt_path={trained['ckpt']}", "decode.max_len_a=0",
+                     "decode.max_len_b=1", f"hydra.run.dir={out}")  # fmt: skip
+    assert str(failed.value) == (
+        f"attnlab-eval: cannot write {out / 'results.json'}: No space left on device; the evaluation's "
+        f"results.json, hypotheses, references and sources in {out} are as they were. Free disk space, then "
+        "run attnlab-eval again"
+    )
+    assert not out.exists()  # (Hydra's record alone, removed: nothing else was written)
 
 
 DAMAGES = {

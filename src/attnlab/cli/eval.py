@@ -16,6 +16,7 @@ import hydra
 from omegaconf import DictConfig, ListConfig, OmegaConf
 
 from attnlab.cli.app import config_dir, refusal_leaves_no_run_directory, register_resolvers
+from attnlab.io import WriteError
 from attnlab.runs.layout import RunDir
 from attnlab.runs.results import decoding_summary, results_table
 from attnlab.training.allocator import check_mode, configure_allocator
@@ -134,6 +135,8 @@ def _main(cfg: DictConfig) -> float | None:
         results = evaluate_checkpoint(cfg)
     except ConfigError as exc:
         raise SystemExit(f"attnlab-eval: {exc}") from None
+    except WriteError as exc:  # (a full disk: the file and the fix)
+        raise SystemExit(f"attnlab-eval: {exc}, then run attnlab-eval again") from None
     print(results_table(results))
     print(decoding_summary(results))
     print(f"attnlab-eval: wrote {RunDir(Path(cfg.paths.output_dir)).results_file}")

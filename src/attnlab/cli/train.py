@@ -28,6 +28,7 @@ import hydra
 from omegaconf import DictConfig
 
 from attnlab.cli.app import config_dir, continues_run, refusal_leaves_no_run_directory, register_resolvers
+from attnlab.io import WriteError
 from attnlab.runs.layout import (
     MANIFEST_FILE,
     RESULTS_FILE,
@@ -124,21 +125,18 @@ def _sweeper_value(metrics: dict[str, Any], metric: str | None, multirun: bool) 
 def told_message(exc: BaseException) -> str | None:
     """The one-line message of a training error whose message is the whole story (what, where, the fix),
     printed without a traceback (`HYDRA_FULL_ERROR=1` shows it); None for any other error. Data errors
-    (missing or misaligned files, invalid UTF-8, an empty corpus), a full disk during a checkpoint save,
-    a NaN/inf loss or gradient, a model whose scores are NaN when it decodes (`NonFiniteScores`: one that
-    diverged under `optim.on_nonfinite=skip`, decoding validation or test sentences), as attnlab-eval
-    reports it."""
+    (missing or misaligned files, invalid UTF-8, an empty corpus), a full disk while saving a checkpoint or
+    writing the final evaluation (`attnlab.io.WriteError`), a NaN/inf loss or gradient, a model whose
+    scores are NaN when it decodes (`NonFiniteScores`: one that diverged under `optim.on_nonfinite=skip`,
+    decoding validation or test sentences), as attnlab-eval reports it."""
     from attnlab.data.download import DataError
     from attnlab.decoding.search import NonFiniteScores
 
     if isinstance(exc, DataError):
         return f"data error: {exc}"
-    from attnlab.training.checkpoint_io import CheckpointWriteError  # lightning is loaded once training ran
-    from attnlab.training.module import NonFiniteError
+    from attnlab.training.module import NonFiniteError  # lightning is loaded once training ran
 
-    if isinstance(exc, CheckpointWriteError):  # its message, without OSError's `[Errno 28] ` before it
-        return exc.strerror or str(exc)
-    return str(exc) if isinstance(exc, (NonFiniteError, NonFiniteScores)) else None
+    return str(exc) if isinstance(exc, (WriteError, NonFiniteError, NonFiniteScores)) else None
 
 
 def trainer_processes(cfg: DictConfig) -> int | None:

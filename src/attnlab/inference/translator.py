@@ -35,6 +35,7 @@ from attnlab.decoding.ensemble import Ensemble
 from attnlab.decoding.search import nbest_decode, translate
 from attnlab.decoding.settings import NBEST_FORMATS, NBEST_KEYS, SAMPLING_KEYS, TRAINING_ONLY
 from attnlab.inference.nbest import NBest, candidate, nbest_text
+from attnlab.io import WriteError, write_fix
 from attnlab.metrics import MetricsConfig, ScoringError, bleu_tok_compound, moses_rules, score_all
 from attnlab.model.transformer import Transformer
 from attnlab.runs.checkpoint import (
@@ -414,7 +415,11 @@ class Evaluation:
         return dataclasses.replace(self, results={**self.results, **entries})
 
     def write(self, run: RunDir | str | Path) -> None:
-        """Write every file of the evaluation into the run directory at once (`RunDir.write_files`)."""
+        """Write every file of the evaluation into the run directory at once (`RunDir.write_files`).
+
+        Raises:
+            WriteError: A file cannot be written (a full disk): named, with every file there unchanged.
+        """
         files: dict[str, bytes] = {}
         written = ((HYPOTHESES_DIR, self.hypotheses), (REFERENCES_DIR, self.references),
                    (SOURCES_DIR, self.sources))  # fmt: skip
@@ -426,7 +431,15 @@ class Evaluation:
             files[nbest_file(name, self.nbest_format)] = text.encode("utf-8")
         files[RESULTS_FILE] = results_bytes(self.results)
         run = run if isinstance(run, RunDir) else RunDir(Path(run))
-        run.write_files(files)
+        try:
+            run.write_files(files)
+        except OSError as exc:
+            raise WriteError(
+                exc.errno,
+                f"cannot write {exc.filename or run.path}: {exc.strerror or exc}; the evaluation's "
+                f"results.json, hypotheses, references and sources in {run.path} are as they were. "
+                f"{write_fix(exc)}",
+            ) from exc
         for name in self.hypotheses:  # an earlier evaluation's n-best list of a set scored again now
             for nbest_format in NBEST_FORMATS:
                 if nbest_file(name, nbest_format) not in files:

@@ -14,7 +14,6 @@ callback states that may steer the run in (`trusted_callback_states`).
 
 from __future__ import annotations
 
-import errno
 import logging
 from collections.abc import Callable
 from pathlib import Path
@@ -23,12 +22,12 @@ from typing import IO, Any
 import torch
 from lightning.fabric.plugins.io.torch_io import TorchCheckpointIO
 
-from attnlab.io import atomic_writer
+from attnlab.io import WriteError, atomic_writer, write_fix
 
 log = logging.getLogger(__name__)
 
 
-class CheckpointWriteError(OSError):
+class CheckpointWriteError(WriteError):
     """A checkpoint could not be written; what was saved before is unchanged."""
 
 
@@ -178,12 +177,11 @@ class AtomicCheckpointIO(TorchCheckpointIO):
             if failure is None:
                 raise
             reason = failure.strerror or str(failure)
-            hint = "Free disk space" if failure.errno in (errno.ENOSPC, errno.EDQUOT) else "Make it writable"
             kept = "the previous checkpoint there is unchanged" if path.exists() else "nothing was written"
             raise CheckpointWriteError(
                 failure.errno,
-                f"cannot write checkpoint {path}: {reason}; {kept}. {hint} (or run in another directory: "
-                "hydra.run.dir=...), then continue the run with resume=auto",
+                f"cannot write checkpoint {path}: {reason}; {kept}. {write_fix(failure)} (or run in another "
+                "directory: hydra.run.dir=...), then continue the run with resume=auto",
             ) from failure
 
     def write(self, checkpoint: dict[str, Any], file: IO[bytes]) -> None:

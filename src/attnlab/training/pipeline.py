@@ -37,7 +37,7 @@ from typing import TYPE_CHECKING, Any
 from omegaconf import DictConfig, OmegaConf
 
 from attnlab.data.text import override_word
-from attnlab.io import atomic_write_bytes, removing_new_directories
+from attnlab.io import WriteError, atomic_write_bytes, removing_new_directories
 from attnlab.metrics import SET_SCORES, best_metric, set_metric, truncated_metric
 from attnlab.runs.layout import MANIFEST_FILE, RESULTS_FILE, RunDir, UnreadableRunFile, check_no_credentials
 from attnlab.runs.manifest import Manifest, data_identity, task_overrides
@@ -306,8 +306,9 @@ def _train_and_evaluate(plan: RunPlan, manifest: Manifest | None) -> dict[str, f
     if module.schedule_facts is not None:
         _record(manifest, schedule=module.schedule_facts)
     metrics = _training_end(plan, trainer, manifest)
+    redo = redo_evaluation(plan, trainer)
     if plan.cfg.get("test", True):
-        with stopping_evaluation(redo_evaluation(plan, trainer), trainer):
+        with stopping_evaluation(redo, trainer):
             test_metrics, evaluation = final_evaluation(plan, trainer, module, datamodule)
         metrics.update(test_metrics)
     else:  # no test sets: results.json holds the final metrics alone (what sweeps and reports read)
@@ -317,7 +318,7 @@ def _train_and_evaluate(plan: RunPlan, manifest: Manifest | None) -> dict[str, f
     for split, count in getattr(datamodule, "truncated", {}).items():
         metrics[truncated_metric(split)] = float(count)
     if evaluation is not None and trainer.is_global_zero:  # every final metric, for sweeps and reports
-        write_results(plan.run, evaluation, metrics, trainer)
+        write_results(plan.run, evaluation, metrics, trainer, redo)
     return metrics
 
 
@@ -765,11 +766,20 @@ def final_evaluation(
     return metrics, evaluation
 
 
-def write_results(run: RunDir, evaluation: Any, metrics: dict[str, float], trainer: Any) -> None:
+def write_results(run: RunDir, evaluation: Any, metrics: dict[str, float], trainer: Any, redo: str) -> None:
     """Write the evaluation with every final metric (`results.json`, hypotheses, references: once,
-    together) and give its results to every logger of `trainer` (`attnlab.runs.tracking.log_results`)."""
+    together) and give its results to every logger of `trainer` (`attnlab.runs.tracking.log_results`).
+
+    Raises:
+        WriteError: A file cannot be written (a full disk): every file there is unchanged, and the
+            message ends with `redo`, the command that evaluates the checkpoints training saved.
+    """
     evaluation = evaluation.with_results(metrics=metrics)
-    evaluation.write(run)
+    try:
+        evaluation.write(run)
+    except WriteError as exc:
+        told = f"{exc}, then evaluate the checkpoints training saved with: {redo}"
+        raise WriteError(exc.errno, told) from exc
     if trainer.loggers:
         from attnlab.runs.tracking import log_results
 
