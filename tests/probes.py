@@ -9,6 +9,7 @@ import dataclasses
 import json
 import multiprocessing
 import os
+import shutil
 import signal
 import time
 from pathlib import Path
@@ -72,6 +73,18 @@ class SleepAt(L.Callback):
         self._seen += 1
         if self._seen == self.batch:
             time.sleep(self.seconds)
+
+
+class RemoveDirectoryAt(L.Callback):
+    """Remove directory `path` (a run's, with everything in it) at the end of training step `step` (global
+    step, counted from 1), as a user's `rm -r` while the run runs."""
+
+    def __init__(self, step: int, path: str) -> None:
+        self.step, self.path = step, path
+
+    def on_train_batch_end(self, trainer: L.Trainer, *args: Any) -> None:
+        if trainer.global_step == self.step:
+            shutil.rmtree(self.path)
 
 
 class SaveFinalWeights(L.Callback):

@@ -94,6 +94,26 @@ def test_a_full_disk_writing_the_results_ends_the_cli_run_in_one_line_naming_the
     assert manifest["error"] == f"WriteError: {str(failed.value).removeprefix('attnlab-train: ')}"
 
 
+def test_a_run_directory_removed_while_training_ends_the_cli_run_in_one_line(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """`rm -r` of the run directory in the first epoch: the next write (the CSV logger's) fails, and
+    `attnlab-train` ends saying the directory is gone and the run must start again. (It ended with
+    FileNotFoundError's traceback, the manifest's write failing in turn.)"""
+    monkeypatch.delenv("HYDRA_FULL_ERROR", raising=False)
+    run_dir = tmp_path / "run"
+    with pytest.raises(SystemExit) as failed:
+        command_here(monkeypatch, "train", "data=synthetic", "model=tiny", "data.n_train=64",
+                     "data.batch_size=32", "data.n_val=8", "data.n_test=8", "trainer.max_epochs=1",
+                     "logger=csv", "trainer.enable_progress_bar=false",
+                     "+callbacks.rm._target_=probes.RemoveDirectoryAt", "+callbacks.rm.step=1",
+                     f"+callbacks.rm.path={run_dir}", f"hydra.run.dir={run_dir}")  # fmt: skip
+    assert str(failed.value) == (
+        f"attnlab-train: the run directory {run_dir} was removed while the run was running, with its "
+        "checkpoints and records: nothing is left to continue; start the run again"
+    )
+
+
 def write_run(directory: Path, seed: int, bleu: float) -> None:
     """A finished run directory as attnlab writes it (config, manifest, results)."""
     directory.mkdir(parents=True)

@@ -23,6 +23,7 @@ so that `plan_run` rejects a bad config before they load.
 from __future__ import annotations
 
 import copy
+import errno
 import logging
 import os
 import signal
@@ -199,6 +200,13 @@ def _run(plan: RunPlan) -> dict[str, float]:
     try:
         metrics = _train_and_evaluate(plan, manifest)
     except BaseException as exc:
+        if not run.path.is_dir():  # removed while the run ran (a Lightning logger's write failed first)
+            _finish_tracking(exit_code=1)
+            raise WriteError(
+                errno.ENOENT,
+                f"the run directory {run.path} was removed while the run was running, with its checkpoints "
+                "and records: nothing is left to continue; start the run again",
+            ) from exc
         ctrl_c = _ctrl_c(exc, run)
         unsaved = ctrl_c or _unsaved_sigterm(exc, run)  # stopped at once by a signal, without a save
         if manifest is not None and previous is not None and isinstance(exc, (ConfigError, DataError)):
