@@ -4,6 +4,7 @@ a damaged prepared cache (rebuilt), data errors at the command line, unreadable 
 
 from __future__ import annotations
 
+import errno
 import json
 import logging
 import os
@@ -70,28 +71,56 @@ def test_a_full_disk_ends_the_cli_run_with_the_checkpoint_message_and_no_traceba
 
 
 @pytest.mark.usefixtures("full_for_results")
-def test_a_full_disk_writing_the_results_ends_the_cli_run_in_one_line_naming_the_command_that_redoes_them(
-    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+@pytest.mark.parametrize("manifest_too", [False, True], ids=["results", "then-manifest"])
+def test_a_full_disk_writing_the_results_ends_the_cli_run_in_one_line_and_resume_auto_evaluates_again(
+    manifest_too: bool, tmp_path: Path, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
 ) -> None:
     """After training, results.json cannot be written: `attnlab-train` ends with one line naming the file,
-    the fix and the attnlab-eval command that evaluates the checkpoints, which are kept; the manifest says
-    failed. (It ended with OSError's traceback.)"""
+    what is unchanged and the fix, the same command with resume=auto; the checkpoints are kept and the
+    manifest says failed, or, where the full disk refuses that write too (`then-manifest`), an error says
+    so and the run's own line still ends the command. The command given again with resume=auto trains
+    nothing and writes results.json with the training's and the test's metrics. (It ended with OSError's
+    traceback; then it named an attnlab-eval command, which cannot translate this run's synthetic data.)"""
+    import attnlab.runs.layout as layout
+    from attnlab.io import atomic_write_files
+
+    if manifest_too:
+        write, full = layout.atomic_write_files, []
+
+        def then_full(files: dict[Path, bytes]) -> None:
+            if full and any(path.name == "manifest.json" for path in files):
+                raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC))
+            try:
+                write(files)
+            except OSError:
+                full.append(True)
+                raise
+
+        monkeypatch.setattr(layout, "atomic_write_files", then_full)
     monkeypatch.delenv("HYDRA_FULL_ERROR", raising=False)
     run_dir = tmp_path / "run"
+    run = ["train", "data=synthetic", "model=tiny", "data.n_train=32", "data.n_val=8", "data.n_test=8",
+           "trainer.max_epochs=1", "logger=csv", "trainer.enable_progress_bar=false",
+           f"hydra.run.dir={run_dir}"]  # fmt: skip
     with pytest.raises(SystemExit) as failed:
-        command_here(monkeypatch, "train", "data=synthetic", "model=tiny", "data.n_train=32",
-                     "data.n_val=8", "data.n_test=8", "trainer.max_epochs=1", "logger=csv",
-                     "trainer.enable_progress_bar=false", f"hydra.run.dir={run_dir}")  # fmt: skip
-    (best,) = (run_dir / "checkpoints").glob("best-*.ckpt")
+        command_here(monkeypatch, *run)
     assert str(failed.value) == (
         f"attnlab-train: cannot write {run_dir / 'results.json'}: No space left on device; the evaluation's "
         f"results.json, hypotheses, references and sources in {run_dir} are as they were. Free disk space, "
-        f"then evaluate the checkpoints training saved with: attnlab-eval ckpt_path={best}"
+        "then run the same command with resume=auto: it trains nothing more and evaluates again"
     )
     assert (run_dir / "checkpoints" / "last.ckpt").is_file() and not (run_dir / "results.json").exists()
     manifest = json.loads((run_dir / "manifest.json").read_text())
-    assert manifest["status"] == "failed", manifest
-    assert manifest["error"] == f"WriteError: {str(failed.value).removeprefix('attnlab-train: ')}"
+    if manifest_too:
+        assert manifest["status"] == "running" and "cannot record the run's end (failed)" in caplog.text
+    else:
+        assert manifest["status"] == "failed", manifest
+        assert manifest["error"] == f"WriteError: {str(failed.value).removeprefix('attnlab-train: ')}"
+    monkeypatch.setattr(layout, "atomic_write_files", atomic_write_files)  # space again
+    command_here(monkeypatch, *run, "resume=auto")
+    results = json.loads((run_dir / "results.json").read_text())["metrics"]
+    assert {"val/loss", "train/loss_epoch", "test/loss"} <= set(results), results
+    assert json.loads((run_dir / "manifest.json").read_text())["status"] == "finished"
 
 
 def test_a_run_directory_removed_while_training_ends_the_cli_run_in_one_line(

@@ -216,7 +216,7 @@ def _run(plan: RunPlan) -> dict[str, float]:
         elif manifest is not None:
             stopped = isinstance(exc, Stopped)
             status = "interrupted" if stopped or unsaved else "failed"
-            manifest.finish(status, error=unsaved or f"{type(exc).__name__}: {exc}".splitlines()[0])
+            _finish_manifest(manifest, status, unsaved or f"{type(exc).__name__}: {exc}".splitlines()[0])
             if stopped:  # where it saved and how to go on: a batch job's log shows it, not only the manifest
                 print(f"attnlab-train: {exc}", file=sys.stderr, flush=True)
         _finish_tracking(exit_code=1)
@@ -229,6 +229,18 @@ def _run(plan: RunPlan) -> dict[str, float]:
         manifest.finish("finished")
     _finish_tracking(exit_code=0)
     return metrics
+
+
+def _finish_manifest(manifest: Manifest, status: str, error: str) -> None:
+    """Record in `manifest` how a run that raised `error` ended, unless the disk, full or failing, refuses
+    that write too: then logged, and the run's own error goes on (it says what happened and the fix)."""
+    try:
+        manifest.finish(status, error=error)
+    except OSError as exc:
+        log.error(
+            "cannot record the run's end (%s) in %s: %s; it still says running", status,
+            manifest.run.path / MANIFEST_FILE, exc.strerror or exc,
+        )  # fmt: skip
 
 
 def holding_signals(callbacks: DictConfig | None) -> None:
@@ -314,9 +326,8 @@ def _train_and_evaluate(plan: RunPlan, manifest: Manifest | None) -> dict[str, f
     if module.schedule_facts is not None:
         _record(manifest, schedule=module.schedule_facts)
     metrics = _training_end(plan, trainer, manifest)
-    redo = redo_evaluation(plan, trainer)
     if plan.cfg.get("test", True):
-        with stopping_evaluation(redo, trainer):
+        with stopping_evaluation(redo_evaluation(plan, trainer), trainer):
             test_metrics, evaluation = final_evaluation(plan, trainer, module, datamodule)
         metrics.update(test_metrics)
     else:  # no test sets: results.json holds the final metrics alone (what sweeps and reports read)
@@ -326,7 +337,7 @@ def _train_and_evaluate(plan: RunPlan, manifest: Manifest | None) -> dict[str, f
     for split, count in getattr(datamodule, "truncated", {}).items():
         metrics[truncated_metric(split)] = float(count)
     if evaluation is not None and trainer.is_global_zero:  # every final metric, for sweeps and reports
-        write_results(plan.run, evaluation, metrics, trainer, redo)
+        write_results(plan.run, evaluation, metrics, trainer)
     return metrics
 
 
@@ -774,19 +785,23 @@ def final_evaluation(
     return metrics, evaluation
 
 
-def write_results(run: RunDir, evaluation: Any, metrics: dict[str, float], trainer: Any, redo: str) -> None:
+def write_results(run: RunDir, evaluation: Any, metrics: dict[str, float], trainer: Any) -> None:
     """Write the evaluation with every final metric (`results.json`, hypotheses, references: once,
     together) and give its results to every logger of `trainer` (`attnlab.runs.tracking.log_results`).
 
     Raises:
         WriteError: A file cannot be written (a full disk): every file there is unchanged, and the
-            message ends with `redo`, the command that evaluates the checkpoints training saved.
+            message ends with the fix, the run continued with `resume=auto`, which trains nothing more and
+            evaluates again into the run directory (for data without text too, which attnlab-eval cannot
+            translate).
     """
     evaluation = evaluation.with_results(metrics=metrics)
     try:
         evaluation.write(run)
     except WriteError as exc:
-        told = f"{exc}, then evaluate the checkpoints training saved with: {redo}"
+        told = (
+            f"{exc}, then run the same command with resume=auto: it trains nothing more and evaluates again"
+        )
         raise WriteError(exc.errno, told) from exc
     if trainer.loggers:
         from attnlab.runs.tracking import log_results
