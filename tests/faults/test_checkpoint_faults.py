@@ -86,8 +86,11 @@ def write_damaged(kind: str, good: Path, path: Path) -> None:
         "hostile pickle": lambda: path.write_bytes(pickle.dumps({"state_dict": Hostile()})),
         "a list": lambda: torch.save([1, 2, 3], path),
         "bare state dict": lambda: torch.save({"state_dict": {}}, path),
-        "other format": lambda: torch.save(
+        "newer format": lambda: torch.save(
             {**torch.load(good, weights_only=True), BUNDLE_KEY: {"format": 99}}, path
+        ),
+        "other format": lambda: torch.save(
+            {**torch.load(good, weights_only=True), BUNDLE_KEY: {"format": "x"}}, path
         ),
         "data no dict": lambda: torch.save(
             {**torch.load(good, weights_only=True), BUNDLE_KEY: {"format": 1, "data": ["synthetic"]}}, path
@@ -109,7 +112,8 @@ DAMAGED = [
     ("hostile pickle", r"bad\.ckpt refused: it contains executable objects \(builtins\.print\)"),
     ("a list", r"bad\.ckpt holds a list, not a Lightning checkpoint"),
     ("bare state dict", r"bad\.ckpt lacks hyper_parameters, attnlab: it was not written by attnlab-train"),
-    ("other format", r"bad\.ckpt has attnlab checkpoint format 99; this version reads format 1"),
+    ("newer format", r"bad\.ckpt has .* format 99; this version reads format 1: a newer attnlab wrote it"),
+    ("other format", r"bad\.ckpt has .* format 'x'; this version reads format 1: use another checkpoint"),
     ("data no dict", r"bad\.ckpt has a list as attnlab\.data, not the dict of data settings attnlab-train"),
     ("deeply nested", r"bad\.ckpt holds data nested more than 64 levels deep, .*use another checkpoint"),
     (

@@ -143,10 +143,13 @@ def read_checkpoint(path: str | Path, map_location: Any = "cpu", *, mmap: bool =
                 "writes: it was not written by attnlab-train"
             )
     bundle = checkpoint[BUNDLE_KEY]
-    if bundle.get("format") != BUNDLE_FORMAT:
+    found = bundle.get("format")
+    if found != BUNDLE_FORMAT:
+        newer = type(found) is int and found > BUNDLE_FORMAT
+        fix = "a newer attnlab wrote it: upgrade attnlab to read it" if newer else "use another checkpoint"
         raise CheckpointError(
-            f"{path} has attnlab checkpoint format {_SHOWN.repr(bundle.get('format'))}; this version reads "
-            f"format {BUNDLE_FORMAT}"
+            f"{path} has attnlab checkpoint format {_SHOWN.repr(found)}; this version reads format "
+            f"{BUNDLE_FORMAT}: {fix}"
         )
     _refuse_data_class(bundle, path)
     _refuse_unsafe_data(checkpoint, path)
