@@ -44,8 +44,12 @@ class WriteError(OSError):
 
 def write_fix(failure: OSError) -> str:
     """The first step of the fix for a write that failed with `failure`: free disk space for a full disk
-    or quota, else make the place writable."""
-    return "Free disk space" if failure.errno in (errno.ENOSPC, errno.EDQUOT) else "Make it writable"
+    or quota, another file system for a file too large for this one, else make the place writable."""
+    if failure.errno in (errno.ENOSPC, errno.EDQUOT):
+        return "Free disk space"
+    if failure.errno == errno.EFBIG:
+        return "Write to a file system that holds files this large"
+    return "Make it writable"
 
 
 class FileLock:

@@ -1,10 +1,13 @@
-"""`attnlab.io.without_bom`: the one place a UTF-8 byte-order mark before text is cut off."""
+"""`attnlab.io.without_bom`, the one place a UTF-8 byte-order mark before text is cut off, and `write_fix`."""
 
 from __future__ import annotations
 
+import errno
+import os
+
 import pytest
 
-from attnlab.io import without_bom
+from attnlab.io import without_bom, write_fix
 
 MARK = "\ufeff".encode()  # EF BB BF
 
@@ -28,3 +31,17 @@ def test_only_a_utf8_byte_order_mark_at_the_very_start_is_cut_off(
     data: str | bytes, text: str | bytes
 ) -> None:
     assert without_bom(data) == text
+
+
+@pytest.mark.parametrize(
+    ("number", "fix"),
+    [
+        (errno.ENOSPC, "Free disk space"),
+        (errno.EDQUOT, "Free disk space"),
+        (errno.EFBIG, "Write to a file system that holds files this large"),
+        (errno.EROFS, "Make it writable"),
+        (errno.EACCES, "Make it writable"),
+    ],
+)
+def test_a_failed_write_names_the_fix_of_its_cause(number: int, fix: str) -> None:
+    assert write_fix(OSError(number, os.strerror(number))) == fix
