@@ -710,6 +710,19 @@ def test_the_optuna_search_preset_composes(tmp_path: Path) -> None:
     }
 
 
+def test_a_range_under_optuna_includes_its_stop_unlike_the_basic_sweeper() -> None:
+    """README, Sweeps: Optuna's sweeper samples a whole-number `range(1,5)` from 1 to 5, its stop included;
+    the basic sweeper runs 1 to 4 (a hydra-optuna-sweeper that changes this makes the README wrong)."""
+    pytest.importorskip("hydra_plugins.hydra_optuna_sweeper", reason="needs the [sweep] extra")
+    from hydra.core.override_parser.overrides_parser import OverridesParser
+    from hydra_plugins.hydra_optuna_sweeper._impl import create_optuna_distribution_from_override
+
+    (override,) = OverridesParser.create().parse_overrides(["seed=range(1,5)"])
+    assert list(override.sweep_string_iterator()) == ["1", "2", "3", "4"]
+    distribution = create_optuna_distribution_from_override(override)
+    assert (distribution.low, distribution.high, distribution.step) == (1, 5, 1)
+
+
 def test_multi_gpu_presets(tmp_path: Path) -> None:
     from lightning.pytorch.strategies import FSDPStrategy
 
