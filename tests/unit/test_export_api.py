@@ -431,8 +431,10 @@ def test_ctranslate2_samples_with_the_saved_topk_topp_and_temperature(
 @pytest.mark.parametrize(
     "model,named",
     [({"pe": "learned", "max_positions": 64}, "pe='learned'"), ({"norm_first": True}, "norm_first=True"),
-     ({"layer_norm_eps": 1e-6}, "layer_norm_eps=1e-06")],
-    ids=["learned positions", "pre-norm", "another layernorm epsilon"],
+     ({"layer_norm_eps": 1e-6}, "layer_norm_eps=1e-06"),
+     ({"d_head": 16}, "MarianMT needs n_heads x d_head = d_model, the model has n_heads=4 x d_head=16 != "
+                      "d_model=32")],
+    ids=["learned positions", "pre-norm", "another layernorm epsilon", "heads wider than d_model / n_heads"],
 )  # fmt: skip
 def test_a_model_marianmt_cannot_hold_is_refused_naming_what_exports(
     tmp_path: Path, fmt: str, model: dict[str, Any], named: str
@@ -445,7 +447,9 @@ def test_a_model_marianmt_cannot_hold_is_refused_naming_what_exports(
         export(ours, fmt, tmp_path / "out")
     message = str(caught.value)
     assert named in message and f"format={fmt}" in message
-    assert "model.pe=sinusoidal, model.norm_first=false and model.layer_norm_eps=1e-5 exports" in message
+    assert (
+        "model.pe=sinusoidal, model.norm_first=false, model.layer_norm_eps=1e-5 and model.d_head=null exports"
+    ) in message
     assert not (tmp_path / "out").exists() and list(tmp_path.iterdir()) == []  # nothing half-written
 
 

@@ -234,8 +234,9 @@ def _marian(translator: Translator) -> Any:
     except ValueError as exc:  # what MarianMT cannot hold: name what an exportable model is trained with
         raise ValueError(
             f"{exc}. Both formats go through MarianMT, which holds the paper's post-norm model with "
-            "sinusoidal positions and LayerNorms of epsilon 1e-5: a model trained with model.pe=sinusoidal, "
-            "model.norm_first=false and model.layer_norm_eps=1e-5 exports; this one cannot"
+            "sinusoidal positions, LayerNorms of epsilon 1e-5 and heads of d_model / n_heads: a model "
+            "trained with model.pe=sinusoidal, model.norm_first=false, model.layer_norm_eps=1e-5 and "
+            "model.d_head=null exports; this one cannot"
         ) from None
 
 

@@ -131,7 +131,8 @@ def marian_config(config: TransformerConfig, positions: int | None = None) -> An
         if getattr(config, key) != value:
             raise ValueError(f"MarianMT needs {key}={value!r}, the model has {key}={getattr(config, key)!r}")
     if config.d_head is not None and config.d_head * config.n_heads != config.d_model:
-        raise ValueError("MarianMT needs n_heads x d_head = d_model")
+        raise ValueError(f"MarianMT needs n_heads x d_head = d_model, the model has n_heads={config.n_heads} "
+                         f"x d_head={config.d_head} != d_model={config.d_model}")  # fmt: skip
     return MarianConfig(
         vocab_size=config.src_vocab_size, decoder_vocab_size=config.tgt_vocab_size, d_model=config.d_model,
         encoder_layers=config.n_encoder_layers, decoder_layers=config.n_decoder_layers,
