@@ -538,6 +538,7 @@ def test_an_interrupted_overwrite_puts_the_earlier_export_back(
         (lambda s: s.update(eos_id=10**6), "eos_id is 1000000, not an id of the"),
         (lambda s: s.update(pad_id=50), "pad_id is 50, not an id of the 50-token vocabulary"),  # the smaller
         (lambda s: s.update(eos_id=3), "eos_id is 3, not the end token of config.json beside it \\('2'\\)"),
+        (lambda s: s.update(pad_id=2), "pad_id is 2, not an id apart from eos_id's \\(pad and bos are never"),
         (lambda s: s.pop("decode"), r"decode is missing \(or null\)"),
         (lambda s: s.update(decode=[]), r"decode is \[\], not a JSON object"),
         (lambda s: s["decode"].pop("beam"), r"decode.beam is missing \(or null\)"),

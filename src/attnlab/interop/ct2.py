@@ -152,10 +152,15 @@ def _finite(value: object) -> bool:
 def checked_ids(settings: dict[str, Any], vocab_size: int, target_size: int, where: Path) -> None:
     """An ExportError unless pad_id, bos_id and eos_id are ids of the exported vocabulary (`vocab_size`, the
     smaller of the two) and a sampling `topk` is at most the `target_size` tokens it draws among, and its
-    `topp` not 0 in float32: CTranslate2 raises a ValueError mid-translation for each."""
+    `topp` not 0 in float32: CTranslate2 raises a ValueError mid-translation for each. A pad_id or bos_id
+    equal to eos_id is refused too: they are never generated, so no output would end before its limit."""
     for name in ("pad_id", "bos_id", "eos_id"):
         if settings[name] >= vocab_size:
             _refuse(where, name, settings[name], f"an id of the {vocab_size}-token vocabulary")
+    for name in ("pad_id", "bos_id"):
+        if settings[name] == settings["eos_id"]:
+            _refuse(where, name, settings[name], "an id apart from eos_id's (pad and bos are never "
+                    "generated: no output could end)")  # fmt: skip
     sampling = settings["decode"].get("sampling")
     if sampling is not None and sampling["topk"] > target_size:
         _refuse(where, "decode.sampling.topk", sampling["topk"],
