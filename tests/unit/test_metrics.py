@@ -304,6 +304,8 @@ def test_compound_split_of_consecutive_hyphens() -> None:
     assert split_compounds('"Ja"-Wort (x)-(y) 5%-Hürde') == (
         '"Ja" ##AT##-##AT## Wort (x) ##AT##-##AT## (y) 5% ##AT##-##AT## Hürde'
     )
+    # perl reads bytes: a no-break space (bytes c2 a0) is no whitespace to its \S, as Unicode's is
+    assert split_compounds("10\u00a0-Euro-Schein") == "10\u00a0 ##AT##-##AT## Euro ##AT##-##AT## Schein"
 
 
 def test_bleu_tok_compound_is_not_sacrebleu() -> None:
