@@ -310,6 +310,17 @@ def test_an_empty_required_value_is_refused_naming_the_key(key: str, tmp_path: P
     )
 
 
+def test_an_overwrite_not_true_or_false_is_refused_and_the_earlier_export_kept(tmp_path: Path) -> None:
+    """`overwrite=no` reaches the export as the text "no", which read as true: the earlier export in `out`
+    was replaced. It is refused, before the checkpoint is read."""
+    earlier = tmp_path / "earlier"
+    earlier.mkdir()
+    (earlier / "attnlab_export.json").write_text('{"format": "hf"}')
+    refused = refusal(f"ckpt_path={tmp_path / 'a.ckpt'}", "format=hf", f"out={earlier}", "overwrite=no")
+    assert refused == "overwrite='no' must be true or false (true: replace an earlier export in out=)"
+    assert [p.name for p in earlier.iterdir()] == ["attnlab_export.json"]
+
+
 def test_an_export_over_the_directory_holding_its_checkpoint_is_refused_and_the_checkpoint_kept(
     translating_run: dict[str, Any], tmp_path: Path
 ) -> None:

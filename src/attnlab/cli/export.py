@@ -31,6 +31,10 @@ def export_checkpoint(cfg: DictConfig) -> Path:
         if OmegaConf.is_missing(cfg, key) or cfg.get(key) in (None, ""):
             raise ConfigError(f"{key}= is required (attnlab-export ckpt_path=<run> format=hf|ctranslate2 "
                               "out=<directory>)")  # fmt: skip
+    overwrite = cfg.get("overwrite") or False  # null: false
+    if not isinstance(overwrite, bool):  # the text "no" would read as true and replace an earlier export
+        raise ConfigError(f"overwrite={overwrite!r} must be true or false (true: replace an earlier export "
+                          "in out=)")  # fmt: skip
     from attnlab.interop.export import check_request, export  # imports torch: not for --help or a bad key
     from attnlab.runs.checkpoint import CheckpointError
 
@@ -43,7 +47,7 @@ def export_checkpoint(cfg: DictConfig) -> Path:
         )
     fmt, quantization = str(cfg.format), str(cfg.quantization)
     try:
-        check_request(fmt, quantization, str(cfg.out), bool(cfg.overwrite))  # before the checkpoint is read
+        check_request(fmt, quantization, str(cfg.out), overwrite)  # before the checkpoint is read
         from attnlab.inference.translator import Translator, resolve_checkpoints
 
         paths = resolve_checkpoints(ckpt_path, cfg.get("average_last"))
@@ -54,7 +58,7 @@ def export_checkpoint(cfg: DictConfig) -> Path:
                               "replacing it would delete it; choose another directory")  # fmt: skip
         decode = OmegaConf.to_container(cfg.decode) if cfg.get("decode") is not None else {}
         translator = Translator.from_checkpoints(paths, device="cpu", decode_overrides=decode)
-        return export(translator, fmt, str(cfg.out), quantization, overwrite=bool(cfg.overwrite))
+        return export(translator, fmt, str(cfg.out), quantization, overwrite=overwrite)
     except (CheckpointError, ValueError, OSError) as exc:  # OSError: out's directory is not writable
         raise ConfigError(str(exc)) from None
 
