@@ -350,7 +350,7 @@ def test_an_export_the_file_system_stops_while_writing_is_refused_naming_out_and
     with file_size_limit(64):  # config.json, written first, is larger
         refused = refusal(f"ckpt_path={translating_run['dir']}", "format=hf", f"out={out}")
     assert refused == (
-        f"out={out}: writing the export failed (File too large): free some space or choose another "
-        "directory; nothing was written"
+        f"out={out}: writing the export failed (File too large). Write to a file system that holds files "
+        "this large, or choose another directory; nothing was written"
     )
     assert list(tmp_path.iterdir()) == []

@@ -39,6 +39,7 @@ from typing import TYPE_CHECKING, Any
 
 from attnlab.decoding.search import MAX_OUTPUT_TOKENS, max_output_length
 from attnlab.interop.marian import to_marian
+from attnlab.io import write_fix
 
 if TYPE_CHECKING:
     from attnlab.data.tokenizer import SubwordTokenizer
@@ -186,8 +187,8 @@ def export(translator: Translator, fmt: str, out: str | Path, quantization: str 
     except ValueError as exc:  # to_marian's and the tokenizer's: name what the format cannot express
         raise ExportError(f"format={fmt}: {exc}") from None
     except OSError as exc:  # a full disk, a file size limit: the staging directory goes, out stays as it was
-        raise ExportError(f"out={out}: writing the export failed ({exc.strerror or exc}): free some space or "
-                          "choose another directory; nothing was written") from None  # fmt: skip
+        raise ExportError(f"out={out}: writing the export failed ({exc.strerror or exc}). {write_fix(exc)}, "
+                          "or choose another directory; nothing was written") from None  # fmt: skip
     finally:
         shutil.rmtree(staging, ignore_errors=True)
     for sentence in lost:
