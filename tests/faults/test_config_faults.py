@@ -193,6 +193,8 @@ CASES = [
     Case(["test=no"], E, "test='no'", "true or false"),
     Case(["resume=maybe"], E, "resume='maybe'", "use true, false or auto"),
     Case([f"ckpt_path={MISSING}.ckpt"], E, f"ckpt_path={MISSING}.ckpt", "no such checkpoint file"),
+    Case(["ckpt_path=3"], E, "ckpt_path=3", "must be the path of a .ckpt file"),  # was a TypeError
+    Case(["monitor=null"], E, "callbacks.model_checkpoint.monitor", "give the key a value"),  # the same
     Case(["monitor.mode=up"], E, "monitor.mode='up'", "min, max or auto"),
     Case(
         ["data=synthetic", "monitor.metric=val/bleu"], E, "monitor.metric=val/bleu", "monitor.metric=val/loss"
@@ -360,6 +362,25 @@ def test_a_config_file_hydra_cannot_load_refuses_the_command_in_one_line(
     file = conf / "experiment" / "mine.yaml"
     assert str(refused.value.code).startswith(f"attnlab-train: config error: {file}{said}"), refused.value
     assert "\n" not in str(refused.value.code) and not (tmp_path / "runs").exists()
+
+
+@pytest.mark.parametrize("group", ["model", "logger"])
+def test_an_experiment_setting_a_group_to_an_option_name_refuses_the_command_in_one_line(
+    group: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """An experiment file's `model: small` (for `override /model: small`) replaces the group's node with
+    a text: one line naming the key and the fix, no run directory (an AttributeError's traceback before)."""
+    monkeypatch.delenv("HYDRA_FULL_ERROR", raising=False)
+    conf = user_config(tmp_path / "mine", "experiment", f"# @package _global_\n{group}: small\n".encode())
+    with pytest.raises(SystemExit) as refused:
+        command_here(monkeypatch, "train", "--config-dir", str(conf), "experiment=mine", "data=synthetic",
+                     f"hydra.run.dir={tmp_path / 'runs' / 'run'}")  # fmt: skip
+    assert refused.value.code == (
+        f"attnlab-train: config error: {group}='small' is not a config node: select an option of the group "
+        f"with {group}=<name> (in an experiment file, `override /{group}: <name>` under defaults) or set its "
+        f"keys ({group}.<key>)"
+    )
+    assert not (tmp_path / "runs").exists()
 
 
 @pytest.mark.parametrize(

@@ -425,6 +425,10 @@ INVALID = [
     ),
     (["decode.print_alignment=false"], "(YAML reads an unquoted no, off or false as the boolean false)"),
     (["data._target_=attnlab.data.Nope"], "data._target_=attnlab.data.Nope cannot be imported"),
+    # read as no compilation (`compile.enabled=yes` failed once the data was prepared)
+    (["compile=true"], "compile=True must be a node of compile settings (or null)"),
+    (["+compile.enable=true"], "compile.enable is not a compile setting: did you mean compile.enabled?"),
+    (["compile.enabled=yes"], "compile.enabled='yes' must be true or false"),
 ]
 
 

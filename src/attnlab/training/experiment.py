@@ -10,7 +10,8 @@ from __future__ import annotations
 
 import importlib.util
 import inspect
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -233,6 +234,42 @@ def sweep_skip_done(node: Any) -> bool:
     return skip
 
 
+# The config groups' nodes of a training config, each with whether it may be null (no loggers, no
+# callbacks), and its other nodes of settings (null: the defaults); each a mapping.
+GROUP_NODES = {
+    "model": False, "optim": False, "data": False, "decode": False, "trainer": False, "paths": False,
+    "logger": True, "callbacks": True,
+}  # fmt: skip
+SETTING_NODES = ("metrics", "monitor", "compile")
+COMPILE_KEYS = ("enabled", "backend", "mode", "dynamic")
+
+
+def _check_nodes(cfg: DictConfig) -> None:
+    """The config's nodes are mappings of settings (`GROUP_NODES`, `SETTING_NODES`), and `compile` holds
+    only `COMPILE_KEYS`, its `enabled` true or false. An experiment file's `model: small` (for `override
+    /model: small`) or `logger: csv` failed with an AttributeError; `compile: true` or a misspelt
+    `compile.enable: true` were read as no compilation, and `compile.enabled: yes` failed only once the
+    data was prepared."""
+    for key, nullable in GROUP_NODES.items():
+        node = cfg.get(key)
+        if node is None and not nullable:
+            raise ConfigError(f"the config has no `{key}` node: select one, e.g. `{key}=<name>`")
+        if node is not None and not OmegaConf.is_dict(node):
+            raise ConfigError(
+                f"{key}={node!r} is not a config node: select an option of the group with {key}=<name> (in "
+                f"an experiment file, `override /{key}: <name>` under defaults) or set its keys ({key}.<key>)"
+            )
+    for key in SETTING_NODES:
+        node = cfg.get(key)
+        if node is not None and not OmegaConf.is_dict(node):
+            raise ConfigError(f"{key}={node!r} must be a node of {key} settings (or null)")
+    compile_node = cfg.get("compile")
+    if compile_node is not None:
+        _check_node_keys(compile_node, "compile", COMPILE_KEYS)
+        if not isinstance(compile_node.get("enabled", False), bool):
+            raise ConfigError(f"compile.enabled={compile_node.enabled!r} must be true or false")
+
+
 PROGRESS_KEYS = ("every_n_seconds", "every_n_steps")
 
 
@@ -404,8 +441,16 @@ def validate(cfg: DictConfig) -> Experiment:
         ConfigError: naming the offending key, its value and the fix (an interpolation that cannot be
             resolved, such as `${oc.env:VAR}` of an unset variable, included).
     """
-    try:
+    with interpolations_refused(cfg):
         return _validate(cfg)
+
+
+@contextmanager
+def interpolations_refused(cfg: DictConfig) -> Iterator[None]:
+    """Turn an interpolation of `cfg` that cannot be resolved (`${oc.env:VAR}` of an unset variable, a
+    `${monitor.metric}` of `monitor=null`), raised inside, into a `ConfigError` naming the key and the fix."""
+    try:
+        yield
     except InterpolationResolutionError as exc:
         reason = str(exc).splitlines()[0]
         key = exc.full_key or _unresolvable_key(cfg) or "a value"
@@ -432,9 +477,7 @@ def _unresolvable_key(node: DictConfig, prefix: str = "") -> str | None:
 
 
 def _validate(cfg: DictConfig) -> Experiment:
-    for key in ("model", "optim", "data", "decode", "trainer"):
-        if key not in cfg or cfg[key] is None:
-            raise ConfigError(f"the config has no `{key}` node: select one, e.g. `{key}=<name>`")
+    _check_nodes(cfg)
     _check_top_level(cfg)
     model = build_node(cfg.model, "model")
     optim = build_node(cfg.optim, "optim")

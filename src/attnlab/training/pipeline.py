@@ -43,7 +43,13 @@ from attnlab.metrics import SET_SCORES, best_metric, set_metric, truncated_metri
 from attnlab.runs.layout import MANIFEST_FILE, RESULTS_FILE, RunDir, UnreadableRunFile, check_no_credentials
 from attnlab.runs.manifest import Manifest, data_identity, task_overrides
 from attnlab.training.allocator import configure_allocator
-from attnlab.training.experiment import Experiment, check_constructor_keys, resolve_monitor, validate
+from attnlab.training.experiment import (
+    Experiment,
+    check_constructor_keys,
+    interpolations_refused,
+    resolve_monitor,
+    validate,
+)
 from attnlab.training.resume import (
     check_checkpoint_fits,
     check_resumption,
@@ -116,7 +122,8 @@ def plan_run(cfg: DictConfig) -> RunPlan:
     OmegaConf.set_readonly(cfg, True)
 
     run = RunDir(Path(cfg.paths.output_dir))
-    resolved = resolved_config(cfg)
+    with interpolations_refused(cfg):  # (`${monitor.metric}` of monitor=null)
+        resolved = resolved_config(cfg)
     check_no_credentials(resolved)  # (config.yaml, the manifest and the loggers get it)
     resume_from = resume_path(cfg, run.path)
     resumed_step, history = None, []

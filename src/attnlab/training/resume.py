@@ -59,8 +59,9 @@ def resume_path(cfg: DictConfig, output_dir: Path) -> str | None:
     """The checkpoint to continue from (None: a new run), per `cfg.resume` and `cfg.ckpt_path`.
 
     Raises:
-        ConfigError: A wrong `resume` value, `resume=true` with no checkpoint in `output_dir`, or a
-            `checkpoints/last.ckpt` that is no file (a directory, a symbolic link to nothing).
+        ConfigError: A wrong `resume` value, a `ckpt_path` that is no path (a number, a list),
+            `resume=true` with no checkpoint in `output_dir`, or a `checkpoints/last.ckpt` that is no file
+            (a directory, a symbolic link to nothing).
     """
     mode = cfg.get("resume", False)
     ckpt_path = cfg.get("ckpt_path")
@@ -68,6 +69,11 @@ def resume_path(cfg: DictConfig, output_dir: Path) -> str | None:
         raise ConfigError(f"resume={mode!r}: use true, false or auto")
     if ckpt_path == "last":
         mode, ckpt_path = True, None
+    if ckpt_path is not None and not isinstance(ckpt_path, (str, os.PathLike)):
+        raise ConfigError(
+            f"ckpt_path={ckpt_path!r} must be the path of a .ckpt file written by attnlab-train, last, or "
+            "null"
+        )
     if ckpt_path is not None:
         if mode not in (False, None):
             raise ConfigError(f"resume={mode} and ckpt_path={ckpt_path}: give one of them")
