@@ -598,10 +598,15 @@ def test_run_directories_never_collide(tmp_path: Path) -> None:
 
 def test_runs_go_under_logs_or_attnlab_log_dir(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     """README, "Config groups": `paths.log_dir` is `./logs` (relative to the working directory), or the
-    environment's `ATTNLAB_LOG_DIR`; a run's directory is `<log_dir>/train/runs/<date>_<time>_<id>`."""
-    monkeypatch.delenv("ATTNLAB_LOG_DIR", raising=False)
-    cfg = compose_train([], tmp_path, hydra_node=True)
-    assert cfg.paths.log_dir == "logs" and Path(cfg.hydra.run.dir).parent == Path("logs/train/runs")
+    environment's `ATTNLAB_LOG_DIR` unless it is empty (runs went under the filesystem's root, `/train/runs`);
+    a run's directory is `<log_dir>/train/runs/<date>_<time>_<id>`."""
+    for unset in (False, True):
+        if unset:
+            monkeypatch.delenv("ATTNLAB_LOG_DIR", raising=False)
+        else:
+            monkeypatch.setenv("ATTNLAB_LOG_DIR", "")
+        cfg = compose_train([], tmp_path, hydra_node=True)
+        assert cfg.paths.log_dir == "logs" and Path(cfg.hydra.run.dir).parent == Path("logs/train/runs")
     monkeypatch.setenv("ATTNLAB_LOG_DIR", str(tmp_path / "mine"))
     cfg = compose_train([], tmp_path, hydra_node=True)
     assert Path(cfg.hydra.run.dir).parent == tmp_path / "mine" / "train" / "runs"

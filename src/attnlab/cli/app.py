@@ -524,7 +524,11 @@ def hydra_output_subdir(output_dir: Any, resume: Any = False, ckpt_path: Any = N
 def register_resolvers() -> None:
     """`${attnlab.run_id:}`: a fresh id per composed config (pid + random), so run dirs never collide;
     `${attnlab.job_dir:<overrides>,<sweep dir>}`: `job_dirname`;
-    `${attnlab.output_subdir:<dir>,<resume>,<ckpt_path>}`: `hydra_output_subdir`."""
+    `${attnlab.output_subdir:<dir>,<resume>,<ckpt_path>}`: `hydra_output_subdir`;
+    `${attnlab.env:<VAR>,<default>}`: the environment variable, or `default` where it is unset or empty (an
+    empty `ATTNLAB_LOG_DIR` put runs under the filesystem's root, `/train/runs/`)."""
+    if not OmegaConf.has_resolver("attnlab.env"):
+        OmegaConf.register_new_resolver("attnlab.env", lambda name, default: os.environ.get(name) or default)
     if not OmegaConf.has_resolver("attnlab.output_subdir"):
         OmegaConf.register_new_resolver("attnlab.output_subdir", hydra_output_subdir)
     if not OmegaConf.has_resolver("attnlab.run_id"):
