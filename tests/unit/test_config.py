@@ -489,6 +489,7 @@ def test_invalid_values_are_rejected_naming_the_key(
 
 # Values at the edge of what the checks take, each accepted (a check one step too strict refused them).
 ACCEPTED = [
+    ["seed=0"],  # NumPy's smallest seed (README: 0 to 2^32 - 1)
     ["seed=4294967295"],  # NumPy's largest seed
     ["trainer.gradient_clip_val=0"],  # no clipping
     ["trainer.max_epochs=-1", "optim.total_steps=1000"],  # the linear schedule's length from optim
