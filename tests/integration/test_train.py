@@ -7,6 +7,7 @@ import json
 import logging
 import math
 import os
+import re
 import subprocess
 import sys
 from importlib import metadata
@@ -189,7 +190,8 @@ def test_cli_fast_dev_run(tmp_path: Path) -> None:
         capture_output=True, text=True, timeout=300, env=env, cwd=tmp_path,
     )  # fmt: skip
     assert out.returncode == 0, out.stderr[-3000:]
-    assert "attnlab-train: test/exact_match=" in out.stdout
+    # README, "The console": the final metrics, test and validation, on one line at the end
+    assert re.search(r"^attnlab-train: test/exact_match=\S+, .*, val/loss=", out.stdout, re.M), out.stdout
     assert "multirun" not in out.stdout + out.stderr  # one run: no sweep summary
     assert "optimized_metric" not in out.stdout + out.stderr  # a single run returns its value to no sweeper
     (run_dir,) = (tmp_path / "train" / "runs").iterdir()
