@@ -337,6 +337,35 @@ def test_swept_values_dropped_a_batch_of_no_job_or_an_empty_sweep_directory_are_
     assert list(tmp_path.iterdir()) == []
 
 
+def test_a_declared_sweep_entry_hydra_cannot_read_is_refused_naming_it_before_any_job(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """An entry of `hydra.sweeper.params` that Hydra's override grammar cannot read (`model.pe: learned,`,
+    a mapping) raised Hydra's parse error inside the up-front checks, which Hydra turns into a warning: the
+    checks after it were skipped, and the sweeper then failed with the grammar's error, not naming the
+    entry. It is refused in one line naming the entry, where it is given and the forms a sweep takes."""
+    from attnlab.cli.app import check_no_swept_bookkeeping
+    from attnlab.typed import ConfigError
+    from helpers import command_here, compose_train
+
+    (tmp_path / "conf" / "experiment").mkdir(parents=True)
+    for name, entry in (("comma", "learned,"), ("mapping", "{a: 1}")):
+        (tmp_path / "conf" / "experiment" / f"{name}.yaml").write_text(
+            f"# @package _global_\nhydra:\n  sweeper:\n    params:\n      model.pe: {entry}\n"
+        )
+    search = f"hydra.searchpath=[file://{tmp_path / 'conf'}]"
+    told = (
+        r"model.pe={} \(in hydra.sweeper.params\) is not an override Hydra's sweeper can read: .*: give its"
+    )
+    with pytest.raises(ConfigError, match="^" + told.format(re.escape("{'a': 1}"))):
+        check_no_swept_bookkeeping(compose_train([search, "experiment=mapping"], tmp_path, hydra_node=True))
+    sweep_dir = tmp_path / "sweep"
+    with pytest.raises(SystemExit, match="^attnlab-train: config error: " + told.format("learned,")):
+        command_here(monkeypatch, "train", "-m", search, "experiment=comma", "data=synthetic",
+                     f"hydra.sweep.dir={sweep_dir}")  # fmt: skip
+    assert not sweep_dir.exists()
+
+
 def test_a_declared_sweep_over_a_bookkeeping_key_fixed_on_the_command_line_is_not_refused(
     tmp_path: Path,
 ) -> None:

@@ -99,13 +99,26 @@ def sweep_overrides(config: DictConfig) -> list[tuple[str, str, bool]]:
     sweeper reads it only then; `_takes_several_values`), then the command line's overrides
     (`hydra.overrides.task`; like `hydra.sweeper.params`, `_override_takes_several_values`). A key given
     again on the command line is the command line's alone (`allocator=keep` over a declared
-    `allocator: keep,release`): both sweepers take that one."""
+    `allocator: keep,release`): both sweepers take that one.
+
+    Raises:
+        ConfigError: An entry of `hydra.sweeper.params` is no override Hydra's grammar reads (`learned,`,
+            `choice(a`), which its sweeper fails on; naming the entry and the forms it takes.
+    """
     from hydra.core.override_parser.overrides_parser import OverridesParser
+    from hydra.errors import OverrideParseException
 
     parser = OverridesParser.create()
 
-    def parsed(line: str) -> tuple[str, bool]:  # its key (`+` and `@package` kept) and whether it sweeps
-        (override,) = parser.parse_overrides([line])
+    def parsed(line: str, where: str = "the command line") -> tuple[str, bool]:  # its key, whether it sweeps
+        try:  # (the key keeps its `+` and `@package`)
+            (override,) = parser.parse_overrides([line])
+        except OverrideParseException as exc:  # (the command line's were parsed by Hydra already)
+            raise ConfigError(
+                f"{line} (in {where}) is not an override Hydra's sweeper can read: "
+                f"{str(exc).splitlines()[0]}: give its values as a,b,c, choice(a,b), range(start,stop,step) "
+                "or interval(low,high), quoting a value that holds a comma, bracket or brace"
+            ) from None
         return override.get_key_element(), _override_takes_several_values(override)
 
     declared, where = OmegaConf.select(config, "hydra.sweeper.params"), "hydra.sweeper.params"
@@ -115,7 +128,7 @@ def sweep_overrides(config: DictConfig) -> list[tuple[str, str, bool]]:
     found: dict[str, tuple[str, str, bool]] = {}  # each key's last entry
     for key, value in entries.items():
         if where == "hydra.sweeper.params":
-            name, swept = parsed(f"{key}={value}")
+            name, swept = parsed(f"{key}={value}", where)
             found[name] = (f"{key}={value}", where, swept)
         else:
             flow = yaml.safe_dump(value, default_flow_style=True, sort_keys=False, width=10**6).strip()
