@@ -415,6 +415,49 @@ def test_hydra_full_error_shows_the_traceback_of_a_config_file_hydra_cannot_load
     assert isinstance(refused.value.__cause__, yaml.constructor.ConstructorError)
 
 
+def test_a_run_or_sweep_directory_the_checks_cannot_look_into_refuses_the_command_in_one_line(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """Hydra turns an error a callback raises into a warning and goes on: a run directory name too long for
+    the file system, or a sweep directory that is a symlink loop, stopped the up-front checks
+    (`RunDirectoryCheck`) at their first step and the command went on unchecked, to Hydra's traceback, and
+    a `.lock` directory where the command claims its run directory skipped the checks of a saved run there.
+    Each refuses the command in one line naming what could not be checked and the error (with
+    `HYDRA_FULL_ERROR=1`, after its traceback), or, the `.lock` directory, naming it; nothing is left."""
+    monkeypatch.delenv("HYDRA_FULL_ERROR", raising=False)
+    (tmp_path / "loop").symlink_to(tmp_path / "loop")
+    told = (
+        r"^attnlab-train: cannot check the {} before it starts \({}\), so nothing ran: correct what it names"
+    )
+    run = told.format(r"run directory \(hydra.run.dir\) and the config", "OSError: .*: File name too long")
+    with pytest.raises(SystemExit, match=run):
+        command_here(
+            monkeypatch,
+            "train",
+            "data=synthetic",
+            "data.n_train=0",
+            f"hydra.run.dir={tmp_path / ('x' * 300)}",
+        )
+    assert "Traceback" not in capsys.readouterr().err
+    monkeypatch.setenv("HYDRA_FULL_ERROR", "1")
+    sweep = told.format(
+        r"sweep directory \(hydra.sweep.dir\), the sweep and the config", r"\w+Error: .*loop'?"
+    )
+    with pytest.raises(SystemExit, match=sweep):
+        command_here(monkeypatch, "train", "-m", "data=synthetic", "data.n_train=0", "seed=1,2",
+                     f"hydra.sweep.dir={tmp_path / 'loop'}")  # fmt: skip
+    assert "Traceback (most recent call last)" in capsys.readouterr().err
+    (tmp_path / "run" / ".lock").mkdir(parents=True)
+    lock = (
+        rf"^attnlab-train: config error: {tmp_path}/run/.lock is a directory where the run writes its .lock"
+    )
+    with pytest.raises(SystemExit, match=lock):
+        command_here(
+            monkeypatch, "train", "data=synthetic", "data.n_train=0", f"hydra.run.dir={tmp_path / 'run'}"
+        )
+    assert sorted(str(p.relative_to(tmp_path)) for p in tmp_path.rglob("*")) == ["loop", "run", "run/.lock"]
+
+
 @pytest.mark.parametrize(
     "text", [b"", b"# @package _global_\n# nothing yet\n", b"# @package _global_\nfoo: null\n"]
 )

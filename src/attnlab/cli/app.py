@@ -9,6 +9,7 @@ import hashlib
 import os
 import re
 import secrets
+import traceback
 import warnings
 from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager, suppress
@@ -564,6 +565,36 @@ def continues_run(run: RunDir, resume: Any, ckpt_path: Any) -> bool:
     return ckpt_path is not None and Path(str(ckpt_path)).absolute() == run.last_checkpoint.absolute()
 
 
+def _refusing_unchecked(checked: str) -> Callable[[Callable[..., None]], Callable[..., None]]:
+    """A `RunDirectoryCheck` hook whose unexpected error (not its refusal, a `SystemExit`) refuses the
+    command: Hydra turns a callback's exception into a warning and goes on, so an error in one check (an
+    `OSError` of a path the file system refuses, a bug) would skip the checks after it and run the command
+    unchecked. It ends instead with one line naming what could not be checked (`checked`) and the error;
+    `HYDRA_FULL_ERROR=1` prints the error's traceback first. The refusal leaves no run directory
+    (`refusal_leaves_no_run_directory`)."""
+
+    def wrap(hook: Callable[..., None]) -> Callable[..., None]:
+        @functools.wraps(hook)
+        def refusing(self: Any, config: DictConfig, **kwargs: Any) -> None:
+            try:
+                hook(self, config, **kwargs)
+            except Exception as exc:
+                if os.environ.get("HYDRA_FULL_ERROR") == "1":
+                    traceback.print_exception(exc)
+                lines = str(exc).strip().splitlines()
+                reason = f"{exc.filename}: {exc.strerror}" if isinstance(exc, OSError) and exc.strerror else (
+                    lines[0] if lines else "")  # fmt: skip
+                raise SystemExit(
+                    f"attnlab-{config.get('task_name', 'train')}: cannot check {checked} before it starts "
+                    f"({type(exc).__name__}: {reason}), so nothing ran: correct what it names "
+                    "(HYDRA_FULL_ERROR=1 shows the traceback)"
+                ) from None
+
+        return refusing
+
+    return wrap
+
+
 class RunDirectoryCheck(Callback):
     """Refuses a run (`hydra.run.dir`) or sweep (`hydra.sweep.dir`) directory that cannot be created or
     written, before Hydra creates it (`conf/hydra/default.yaml` registers this callback): the command exits
@@ -576,8 +607,11 @@ class RunDirectoryCheck(Callback):
     a config holding a credential (`check_no_credentials`), which Hydra would write into `.hydra/`, its own
     node included (`hydra.job.env_set.HF_TOKEN=...`).
     attnlab-eval and attnlab-export refuse a directory holding a training run (`RunDir.check_no_training`):
-    they would replace its results and Hydra record with their own."""
+    they would replace its results and Hydra record with their own. A check that fails unexpectedly (an
+    error other than its refusal) refuses the command too, naming what could not be checked
+    (`_refusing_unchecked`): Hydra would only warn and run it unchecked."""
 
+    @_refusing_unchecked("the run directory (hydra.run.dir) and the config")
     def on_run_start(self, config: DictConfig, **kwargs: Any) -> None:
         self._check_not_empty(config, "hydra.run.dir")
         run_dir = Path(config.hydra.run.dir).resolve()  # what Hydra is about to make: removed if refused
@@ -608,6 +642,7 @@ class RunDirectoryCheck(Callback):
         except ConfigError as exc:
             raise SystemExit(f"attnlab-{task}: config error: {exc}") from None
 
+    @_refusing_unchecked("the sweep directory (hydra.sweep.dir), the sweep and the config")
     def on_multirun_start(self, config: DictConfig, **kwargs: Any) -> None:
         self._check_not_empty(config, "hydra.sweep.dir")
         sweep_dir = Path(config.hydra.sweep.dir)  # what Hydra is about to make: removed if refused

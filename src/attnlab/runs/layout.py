@@ -544,7 +544,7 @@ class RunDir:
         Raises:
             ConfigError: It cannot be created or written, or a directory stands where the run writes its
                 config.yaml, manifest.json or csv/metrics.csv (that write would fail once the others had
-                changed), naming it and the fix.
+                changed) or its lock (`.lock`: `claim` would fail), naming it and the fix.
         """
         try:
             make_writable_directory(self.path)
@@ -553,7 +553,7 @@ class RunDir:
                 f"cannot create the run directory {self.path} or write in it: {exc.strerror or exc} — set "
                 "hydra.run.dir (hydra.sweep.dir for -m) to a writable directory, or fix its permissions"
             ) from None
-        for file in (self.config_file, self.manifest_file, self.metrics_csv):
+        for file in (self.config_file, self.manifest_file, self.metrics_csv, self.run_lock):
             if file.is_dir():
                 raise ConfigError(f"{file} is a directory where the run writes its {file.name}: move it "
                                   "aside, or run in another directory (hydra.run.dir=...)")  # fmt: skip
