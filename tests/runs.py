@@ -69,6 +69,26 @@ def attnlab_train(
     return run_all(command, timeout=timeout, env=environment)
 
 
+def srun_ranks(
+    run_dir: Path, *extra: str, env: dict[str, str], tasks: int = 2, timeout: float = 180
+) -> list[subprocess.CompletedProcess]:
+    """`attnlab_train(run_dir, *extra)` as `srun --ntasks-per-node=tasks` starts it on one node: `tasks`
+    processes at once, each given its rank in SLURM's variables (`env`: the job's, SLURM_JOB_ID among them)
+    and the same free port, so that Lightning's SLURM environment (auto-requeue included) makes them one
+    DDP run; each process's result, by rank. Each is killed after `timeout` seconds: a run that hangs
+    fails."""
+    from concurrent.futures import ThreadPoolExecutor
+
+    from lightning.fabric.plugins.environments.lightning import find_free_network_port
+
+    job = {**env, "SLURM_NTASKS": str(tasks), "SLURM_NTASKS_PER_NODE": str(tasks), "SLURM_NODEID": "0",
+           "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(find_free_network_port())}  # fmt: skip
+    ranks = [{**job, "SLURM_PROCID": str(rank), "SLURM_LOCALID": str(rank)} for rank in range(tasks)]
+    with ThreadPoolExecutor(tasks) as pool:
+        started = [pool.submit(attnlab_train, run_dir, *extra, env=rank, timeout=timeout) for rank in ranks]
+        return [future.result() for future in started]
+
+
 def run_all(command: list[str], timeout: float = 600, **kwargs: Any) -> subprocess.CompletedProcess:
     """`subprocess.run(command, capture_output=True, text=True)`, in a process group of its own: past
     `timeout` (or on an exception here, such as Ctrl-C) every process of the run is killed (a DDP run's

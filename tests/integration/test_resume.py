@@ -29,6 +29,7 @@ from runs import (
     final,
     logged_rows,
     running,
+    srun_ranks,
     train_here,
 )
 
@@ -170,16 +171,25 @@ def test_a_signal_inside_a_gradient_accumulation_saves_after_its_optimizer_step(
     assert_same_training(run_dir, reference)
 
 
-def test_sigusr1_under_slurm_saves_requeues_and_resumes(resume_reference: Path, tmp_path: Path) -> None:
-    """Lightning's SLURM auto-requeue path, with a stand-in `scontrol` on PATH that records its call."""
+@pytest.fixture
+def slurm(tmp_path: Path) -> tuple[dict[str, str], Path]:
+    """SLURM's variables for a one-task job (`helpers.SLURM_ENV`) with a stand-in `scontrol` first on PATH,
+    which appends each call's arguments to the file returned with them."""
     bin_dir, calls = tmp_path / "bin", tmp_path / "scontrol_calls.txt"
     bin_dir.mkdir()
     (bin_dir / "scontrol").write_text(f'#!/bin/sh\necho "$@" >> {calls}\n')
     (bin_dir / "scontrol").chmod(0o755)
-    slurm = {**SLURM_ENV, "PATH": f"{bin_dir}:{os.environ['PATH']}"}
+    return {**SLURM_ENV, "PATH": f"{bin_dir}:{os.environ['PATH']}"}, calls
+
+
+def test_sigusr1_under_slurm_saves_requeues_and_resumes(
+    resume_reference: Path, tmp_path: Path, slurm: tuple[dict[str, str], Path]
+) -> None:
+    """Lightning's SLURM auto-requeue path, with a stand-in `scontrol` on PATH that records its call."""
+    env, calls = slurm
     run_dir = tmp_path / "run"
     stopped = attnlab_train(run_dir, "+callbacks.kill._target_=probes.SignalAt", "+callbacks.kill.step=5",
-                            f"+callbacks.kill.signum={int(signal.SIGUSR1)}", env=slurm)  # fmt: skip
+                            f"+callbacks.kill.signum={int(signal.SIGUSR1)}", env=env)  # fmt: skip
     assert stopped.returncode == 128 + signal.SIGUSR1, stopped.stderr[-3000:]
     assert calls.read_text().split() == ["requeue", "4242"]
     assert torch.load(run_dir / "checkpoints" / "last.ckpt", weights_only=True)["global_step"] == 6
@@ -288,6 +298,18 @@ def test_a_ddp_runs_epoch_loss_is_over_every_ranks_tokens(ddp_resumption: dict[s
 DDP_SIGNAL_RUN = ("trainer=ddp_cpu", "data.n_val=32")  # a validation batch per rank
 
 
+def signal_at(
+    signum: int, rank: int | None, group: bool = False, stage: str = "train", step: int = 3
+) -> list[str]:
+    """The overrides of a run that rank `rank` (None: every rank) sends `signum` at the end of step `step`
+    (with `group`, to the whole process group, as a terminal's Ctrl-C reaches every rank; `stage`: another
+    point, `probes.SignalAt`'s)."""
+    ranked = [] if rank is None else [f"+callbacks.kill.rank={rank}"]
+    return ["+callbacks.kill._target_=probes.SignalAt", f"+callbacks.kill.step={step}", *ranked,
+            f"+callbacks.kill.signum={signum}", f"+callbacks.kill.group={str(group).lower()}",
+            f"+callbacks.kill.stage={stage}"]  # fmt: skip
+
+
 def ddp_signalled(
     run_dir: Path,
     signum: int,
@@ -298,12 +320,9 @@ def ddp_signalled(
     step: int = 3,
 ) -> subprocess.CompletedProcess:
     """A two-process run of `runs.RUN` (and the overrides `extra`) that rank `rank` sends `signum` at the
-    end of step 3 (with `group`, to the whole process group, as a terminal's Ctrl-C reaches every rank;
-    `stage` and `step`: another point, `probes.SignalAt`'s). Stopped after 3 minutes (a run takes under
-    one): a run that hangs fails."""
-    kill = ["+callbacks.kill._target_=probes.SignalAt", f"+callbacks.kill.step={step}",
-            f"+callbacks.kill.rank={rank}", f"+callbacks.kill.signum={signum}",
-            f"+callbacks.kill.group={str(group).lower()}", f"+callbacks.kill.stage={stage}"]  # fmt: skip
+    end of step 3 (`signal_at`'s `group`, `stage` and `step`: another way or point). Stopped after 3 minutes
+    (a run takes under one): a run that hangs fails."""
+    kill = signal_at(signum, rank, group, stage, step)
     return attnlab_train(run_dir, *DDP_SIGNAL_RUN, *kill, *extra, env={"OMP_NUM_THREADS": "1"}, timeout=180)
 
 
@@ -362,6 +381,33 @@ def test_a_signal_to_one_rank_in_the_final_evaluation_stops_every_rank_and_names
     )
     assert "evaluate them alone with: attnlab-eval ckpt_path=" in manifest["error"], manifest
     assert not (run_dir / "results.json").exists()
+
+
+@pytest.mark.ddp
+@pytest.mark.parametrize("stage", ["train", "test"])
+def test_sigusr1_to_a_ddp_slurm_job_saves_and_requeues_it_once_after_every_rank_stopped(
+    tmp_path: Path, slurm: tuple[dict[str, str], Path], stage: str
+) -> None:
+    """Two ranks started as `srun` starts them, both sent SIGUSR1 (as SLURM's `--signal` does) at step 3 or
+    at the first test batch: every rank stops (exit status 128 + SIGUSR1) and then runs Lightning's SLURM
+    auto-requeue after `trainer.fit` or `test` ended, the manifest saying interrupted. Its
+    `trainer.save_checkpoint` is collective (a barrier): run on rank 0 alone it fails with gloo's
+    `Connection closed by peer` once rank 1 has exited, and the job is not requeued; run on every rank it
+    writes the hpc checkpoint, and rank 0 alone calls `scontrol requeue`."""
+    env, calls = slurm
+    run_dir = tmp_path / "run"
+    kill = signal_at(int(signal.SIGUSR1), None, stage=stage, step=3 if stage == "train" else 1)
+    tested = ("test=true", "data.n_test=32", "trainer.max_epochs=1") if stage == "test" else ()
+    ranks = srun_ranks(run_dir, *DDP_SIGNAL_RUN, *kill, *tested, env={**env, "OMP_NUM_THREADS": "1"})
+    assert [r.returncode for r in ranks] == [128 + signal.SIGUSR1] * 2, ranks[0].stderr[-3000:]
+    assert "GLOBAL_RANK: 1, MEMBER: 2/2" in ranks[1].stderr + ranks[1].stdout  # one run of two processes
+    assert calls.read_text().split() == ["requeue", "4242"]  # once, by rank 0
+    manifest = json.loads((run_dir / "manifest.json").read_text())
+    assert manifest["status"] == "interrupted", manifest
+    stop = "Preempted: stopped by SIGUSR1 at step 4" if stage == "train" else "EvaluationStopped: stopped by"
+    assert manifest["error"].startswith(stop), manifest
+    saved = torch.load(run_dir / "hpc_ckpt_1.ckpt", weights_only=True)  # Lightning's, by its requeue handler
+    assert saved["global_step"] == (4 if stage == "train" else 5)  # (the test: after 1 epoch of 5 steps)
 
 
 def callback_states(checkpoint: Path) -> dict[str, Any]:
