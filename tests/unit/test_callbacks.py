@@ -572,6 +572,26 @@ def test_under_slurm_a_sigusr1_in_the_sanity_validation_requeues_after_the_save(
     assert calls.read_text().split() == ["requeue", "4242"]
 
 
+def test_a_failing_lightning_requeue_is_logged_by_the_name_of_the_handler_lightning_runs(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    """Lightning installs its SLURM auto-requeue inside a `_HandlersCompose`: the error of a requeue that
+    failed names the handler that failed, not the wrapper."""
+    from lightning.pytorch.trainer.connectors.signal_connector import _HandlersCompose
+
+    from attnlab.training.callbacks import run_requeue
+
+    def slurm_requeue(signum: int, frame: Any) -> None:
+        raise RuntimeError("scontrol: command not found")
+
+    with caplog.at_level("ERROR", "attnlab.training.callbacks"):
+        run_requeue(_HandlersCompose([slurm_requeue]), signal.SIGUSR1)
+    assert [r.getMessage() for r in caplog.records] == [
+        f"the SIGUSR1 handler that requeues the job ({slurm_requeue.__qualname__}) failed: the run is "
+        "recorded interrupted, but the job may not be requeued: run it again with resume=auto to continue it"
+    ]
+
+
 class SigintHandler(L.Callback):
     """The SIGINT handler at the start of each training batch."""
 

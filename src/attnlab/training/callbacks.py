@@ -438,8 +438,16 @@ def run_requeue(handler: Callable[[int, Any], Any], signum: int) -> None:
         log.exception(
             "the SIGUSR1 handler that requeues the job (%s) failed: the run is recorded interrupted, but the "
             "job may not be requeued: run it again with resume=auto to continue it",
-            getattr(handler, "__qualname__", type(handler).__qualname__),
+            _handler_name(handler),
         )
+
+
+def _handler_name(handler: Callable[[int, Any], Any]) -> str:
+    """`handler`'s qualified name; for Lightning's `_HandlersCompose` (which Lightning installs its SLURM
+    auto-requeue as), those of the handlers it runs (`_SignalConnector._slurm_sigusr_handler_fn`)."""
+    inner = getattr(handler, "signal_handlers", None)
+    handlers = [h for h in inner if callable(h)] if isinstance(inner, list) and inner else [handler]
+    return ", ".join(getattr(h, "__qualname__", type(h).__qualname__) for h in handlers)
 
 
 def restore_signal_handlers(previous: dict[int, Any]) -> None:
