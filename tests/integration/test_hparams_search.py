@@ -211,3 +211,26 @@ def test_a_study_none_of_whose_trials_returned_a_value_ends_with_its_summary_not
     told = ("no trial of this study returned optimized_metric=best/val/bleu (each failed or lacks it: see "
             "the errors above): there is no best trial, so no optimization_results.yaml")  # fmt: skip
     assert caplog.messages.count(told) == 1 and not (sweep_dir / "optimization_results.yaml").exists()
+    assert str(ended.value).endswith(
+        "; no trial returned optimized_metric=best/val/bleu: the study has no best trial"
+    )
+
+
+def test_a_study_whose_finished_trials_lack_the_metric_fails(
+    tmp_path: Any, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
+) -> None:
+    """A trial that finished without `optimized_metric` among its final metrics (here `best/val/bleu` of
+    data without text) returns nothing to Optuna: a study of such trials has no best trial, and the
+    multirun fails (exit status 1) though its jobs finished. (It exited 0.)"""
+    from helpers import command_here
+
+    sweep_dir = tmp_path / "sweep"
+    with caplog.at_level("ERROR"), pytest.raises(SystemExit) as ended:
+        command_here(monkeypatch, "train", "hparams_search=optuna", "data=synthetic", "model=tiny",
+                     "data.n_train=32", "data.n_val=8", "data.n_test=8", "trainer.max_epochs=1",
+                     "logger=csv", "hydra.sweeper.n_trials=1", f"hydra.sweep.dir={sweep_dir}")  # fmt: skip
+    assert str(ended.value) == (
+        "attnlab-train: multirun: 1 finished, 0 failed; no trial returned optimized_metric=best/val/bleu: "
+        "the study has no best trial"
+    )
+    assert not (sweep_dir / "optimization_results.yaml").exists()

@@ -40,6 +40,9 @@ log = logging.getLogger(__name__)
 # How each job of this process's multirun ended: (status `finished` or `failed`, where to look: its
 # manifest.json, or the launcher's log of a job that died before writing one).
 JOBS: list[tuple[str, Path]] = []
+# The `optimized_metric` of a study of this multirun that ended with no best trial (no trial returned it:
+# `hydra_plugins.attnlab_launchers.OptunaSweeper`), which fails the multirun even where every job finished
+NO_BEST_TRIAL: list[str] = []
 
 
 def record_job(status: str, where: Path) -> None:
@@ -51,17 +54,21 @@ def forget_jobs() -> None:
     """Forget the jobs recorded so far: those of an earlier multirun in this process (a notebook's, run
     through `attnlab.cli.train.main` again), which its summary would count."""
     JOBS.clear()
+    NO_BEST_TRIAL.clear()
 
 
 def multirun_summary() -> tuple[str, bool] | None:
-    """The summary line of this process's multirun and whether any job failed; None when no job ran."""
+    """The summary line of this process's multirun and whether it failed (a job failed, or its study found
+    no best trial: `NO_BEST_TRIAL`); None when no job ran."""
     if not JOBS:
         return None
     failed = [where for status, where in JOBS if status != "finished"]
     line = f"{len(JOBS) - len(failed)} finished, {len(failed)} failed"
     if failed:
         line += f" (see {', '.join(map(str, failed))})"
-    return line, bool(failed)
+    if NO_BEST_TRIAL:
+        line += f"; no trial returned optimized_metric={NO_BEST_TRIAL[0]}: the study has no best trial"
+    return line, bool(failed or NO_BEST_TRIAL)
 
 
 def _job_status(run: RunDir) -> str:

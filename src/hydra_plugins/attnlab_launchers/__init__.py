@@ -11,7 +11,7 @@ from typing import Any
 
 from hydra._internal.core_plugins import basic_sweeper
 
-from attnlab.training.launchers import OncePerSweep
+from attnlab.training.launchers import NO_BEST_TRIAL, OncePerSweep
 
 log = logging.getLogger(__name__)
 
@@ -47,7 +47,7 @@ if find_spec("hydra_plugins.hydra_optuna_sweeper") is not None:
         training again in its directory (`OncePerSweep`). A study none of whose trials returned a value
         (each failed, or its run lacks `optimized_metric`) has no best trial to write: one error line says
         so, and the sweep ends with its summary of the jobs (`attnlab.cli.train.main`), not Optuna's
-        traceback."""
+        traceback, and fails (exit status 1) even where every job finished."""
 
         def setup(self, **kwargs: Any) -> None:
             super().setup(**kwargs)
@@ -60,6 +60,7 @@ if find_spec("hydra_plugins.hydra_optuna_sweeper") is not None:
                 if "No trials are completed yet" not in str(exc):  # (Optuna's `study.best_trial`)
                     raise
                 metric = self.sweeper.config.get("optimized_metric")
+                NO_BEST_TRIAL.append(str(metric))  # (the multirun fails, every job finished or not)
                 log.error("no trial of this study returned optimized_metric=%s (each failed or lacks it: see "
                           "the errors above): there is no best trial, so no optimization_results.yaml",
                           metric)  # fmt: skip
