@@ -384,6 +384,32 @@ def test_an_experiment_setting_a_group_to_an_option_name_refuses_the_command_in_
 
 
 @pytest.mark.parametrize(
+    ("task", "argument", "options"),
+    [
+        ("train", "model=null", "base, big, mini, small, tiny"),
+        ("train", "experiment=null", "multi30k_base, multi30k_fast"),
+        ("train", "logger=", "csv, many, mlflow"),
+        ("eval", "data=null", "files, hf, multi30k"),
+    ],
+)
+def test_a_config_group_set_to_null_refuses_the_command_in_one_line_naming_its_options(
+    task: str, argument: str, options: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """`model=null` on the command line: Hydra refused it with a ValueError traceback ("Config group
+    override must be a string or a list"); one line names the group's options and `~group`. A key of a
+    group's node set to null (`callbacks.early_stopping=null`) is no group: not refused here."""
+    monkeypatch.delenv("HYDRA_FULL_ERROR", raising=False)
+    group = argument.split("=")[0]
+    with pytest.raises(SystemExit) as refused:
+        command_here(monkeypatch, task, argument, f"hydra.run.dir={tmp_path / 'run'}")
+    said = f"attnlab-{task}: config error: {argument}: a config group takes one of its options by name "
+    said += f"({group}=<name>: "
+    assert str(refused.value.code).startswith(said + options), refused.value.code
+    assert str(refused.value.code).endswith(f"); ~{group} leaves it out")
+    assert not (tmp_path / "run").exists()
+
+
+@pytest.mark.parametrize(
     ("task", "group", "args"), [("eval", "data", []), ("export", "paths", ["format=hf"])]
 )
 def test_eval_and_export_refuse_a_config_file_they_cannot_load_named_on_the_search_path(

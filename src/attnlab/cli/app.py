@@ -9,6 +9,7 @@ import hashlib
 import os
 import re
 import secrets
+import sys
 import traceback
 import warnings
 from collections.abc import Callable, Iterator, Sequence
@@ -294,8 +295,10 @@ def refusal_leaves_no_run_directory(task: str) -> Iterator[None]:
     (`RunDirectoryCheck`) is held until then; a refused command deletes its file if the claim made it.
     Refused (`_refused`) are also a config file Hydra cannot load while composing (not YAML, not a mapping:
     `unloadable_config_refused`) and Hydra's own composition errors (an option or key that does not exist,
-    found as Hydra composes a sweep's jobs), with or without `HYDRA_FULL_ERROR=1`."""
+    found as Hydra composes a sweep's jobs), with or without `HYDRA_FULL_ERROR=1`, and a config group set
+    to null on the command line (`null_group_refused`)."""
     try:
+        null_group_refused(task, sys.argv[1:])
         with unloadable_config_refused(task):
             yield
     except BaseException as exc:
@@ -375,6 +378,21 @@ def _remove_hydra_record(run_dir: Path, claimed: bool) -> bool:
     for path in [*logs, *hydras[::-1]]:
         (path.rmdir if path == record else path.unlink)()
     return True
+
+
+def null_group_refused(task: str, arguments: Sequence[str]) -> None:
+    """End `attnlab-<task>` with one line when a command-line argument sets a config group of the packaged
+    configs to null (`model=null`, `experiment=null`): Hydra refuses it with a `ValueError` traceback
+    ("Config group override must be a string or a list"). The line names the group's options and `~group`,
+    which leaves an optional group out."""
+    for argument in arguments:
+        found = re.fullmatch(r"\+{0,2}([\w./-]+)=(?:null|None)?", argument)
+        group = config_dir() / found[1].replace(".", "/") if found else None
+        if group is None or not group.is_dir():
+            continue
+        options = sorted(path.stem for path in group.glob("*.yaml"))
+        _refuse(task, f"{argument}: a config group takes one of its options by name ({found[1]}=<name>: "
+                f"{', '.join(options)}); ~{found[1]} leaves it out", None)  # fmt: skip
 
 
 @contextmanager
