@@ -42,6 +42,13 @@ class WriteError(OSError):
         return self.strerror or super().__str__()
 
 
+def error_reason(exc: BaseException) -> str:
+    """The first line of `exc`'s text, for a one-line message that names why something failed (the name of
+    its type where it has no text)."""
+    text = str(exc).strip()
+    return text.splitlines()[0] if text else type(exc).__name__
+
+
 def write_fix(failure: OSError) -> str:
     """The first step of the fix for a write that failed with `failure`: free disk space for a full disk
     or quota, another file system for a file too large for this one, else make the place writable."""

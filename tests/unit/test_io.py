@@ -1,4 +1,5 @@
-"""`attnlab.io.without_bom`, the one place a UTF-8 byte-order mark before text is cut off, and `write_fix`."""
+"""`attnlab.io`'s message helpers: `without_bom` (the one place a UTF-8 byte-order mark is cut off),
+`write_fix` and `error_reason`."""
 
 from __future__ import annotations
 
@@ -7,7 +8,7 @@ import os
 
 import pytest
 
-from attnlab.io import without_bom, write_fix
+from attnlab.io import error_reason, without_bom, write_fix
 
 MARK = "\ufeff".encode()  # EF BB BF
 
@@ -45,3 +46,8 @@ def test_only_a_utf8_byte_order_mark_at_the_very_start_is_cut_off(
 )
 def test_a_failed_write_names_the_fix_of_its_cause(number: int, fix: str) -> None:
     assert write_fix(OSError(number, os.strerror(number))) == fix
+
+
+def test_an_errors_reason_is_its_first_line_or_its_type() -> None:
+    assert error_reason(ValueError("  bad value\n  at line 3\n")) == "bad value"
+    assert error_reason(KeyError()) == "KeyError"

@@ -25,6 +25,7 @@ from omegaconf.errors import OmegaConfBaseException
 
 from attnlab.io import (
     FileLock,
+    error_reason,
     held_elsewhere,
     missing_directories,
     remove_empty_directories,
@@ -494,7 +495,7 @@ def config_file_problem(source: Any, config_path: str, exc: Exception) -> str:
     top = _top_level(text)
     if top is not None and not isinstance(top, yaml.MappingNode):
         return _not_a_mapping_message(name, top)
-    reason = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
+    reason = error_reason(exc)
     return f"{name} cannot be loaded as a config: {reason}: correct the file"
 
 
@@ -599,9 +600,8 @@ def _refusing_unchecked(checked: str) -> Callable[[Callable[..., None]], Callabl
             except Exception as exc:
                 if os.environ.get("HYDRA_FULL_ERROR") == "1":
                     traceback.print_exception(exc)
-                lines = str(exc).strip().splitlines()
-                reason = f"{exc.filename}: {exc.strerror}" if isinstance(exc, OSError) and exc.strerror else (
-                    lines[0] if lines else "")  # fmt: skip
+                named = isinstance(exc, OSError) and exc.strerror
+                reason = f"{exc.filename}: {exc.strerror}" if named else error_reason(exc)
                 raise SystemExit(
                     f"attnlab-{config.get('task_name', 'train')}: cannot check {checked} before it starts "
                     f"({type(exc).__name__}: {reason}), so nothing ran: correct what it names "

@@ -40,6 +40,7 @@ from attnlab.io import (
     FileLock,
     atomic_write_bytes,
     atomic_write_files,
+    error_reason,
     held_here,
     make_writable_directory,
     process_gone,
@@ -359,7 +360,7 @@ def read_config_file(path: Path) -> dict[str, Any]:
     except yaml.MarkedYAMLError as exc:
         raise UnreadableRunFile(f"cannot read {path}: {yaml_problem(exc)}") from None
     except (OSError, ValueError, yaml.YAMLError, OmegaConfBaseException) as exc:
-        reason = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
+        reason = error_reason(exc)
         raise UnreadableRunFile(f"cannot read {path}: {reason}") from None
     except RecursionError:  # lists or mappings nested past Python's recursion limit
         raise UnreadableRunFile(f"cannot read {path}: {NESTED}") from None

@@ -32,6 +32,7 @@ from hydra.core.singleton import Singleton
 from hydra.core.utils import JobReturn, JobStatus, filter_overrides
 from omegaconf import OmegaConf
 
+from attnlab.io import error_reason
 from attnlab.runs.layout import MANIFEST_FILE, RunDir, UnreadableRunFile, drop_kept_sweep_records, job_setting
 from attnlab.runs.manifest import Manifest
 
@@ -138,7 +139,7 @@ def _result(job: Any, overrides: list[str], sweep_dir: Path) -> tuple[JobReturn,
         hydra_cfg = result.hydra_cfg
         return result, None if hydra_cfg is None else Path(str(hydra_cfg.hydra.runtime.output_dir))
     except (FailedJobError, UncompletedJobError) as exc:
-        reason = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
+        reason = error_reason(exc)
         error = (
             f"the job's process ended without finishing (killed by the out-of-memory killer or a signal, or "
             f"its node was lost): {reason} — see its submitit log in {job.paths.folder}"
