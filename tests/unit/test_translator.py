@@ -61,3 +61,59 @@ def test_streamed_lines_lose_their_line_ends_crlf_included(joint: SubwordTokeniz
     assert [n.source for n in streamed] == LINES[:3]
     assert [n.index for n in streamed] == [0, 1, 2]
     assert list(translator.stream(["Hund\r\n", "\r\n"])) == [*translator.translate(["Hund"]), ""]
+
+
+@pytest.mark.parametrize("method", ["translate", "nbest", "stream", "stream_nbest"])
+def test_a_single_string_is_refused_at_the_call_naming_the_list_to_give(
+    joint: SubwordTokenizer, method: str
+) -> None:
+    translator = random_translator(joint)
+    for text in (GERMAN[0], GERMAN[0].encode()):
+        with pytest.raises(TypeError, match=rf"^Translator\.{method} .* not a single {type(text).__name__} "
+                           rf".*: use {method}\(\[text\]\)$"):  # fmt: skip
+            getattr(translator, method)(text)  # refused before anything is read: no list() needed
+
+
+@pytest.mark.parametrize("method", ["translate", "nbest", "stream", "stream_nbest"])
+def test_a_line_that_is_no_str_is_named_by_index_and_type(joint: SubwordTokenizer, method: str) -> None:
+    translator = random_translator(joint)
+    for bad, kind in ((b"Hund", "bytes"), (None, "NoneType"), (3, "int")):
+        refused = rf"^Translator\.{method}: line 2 \(from 0\) is a {kind}, not a str"
+        with pytest.raises(TypeError, match=refused):
+            list(getattr(translator, method)([*GERMAN[:2], bad]))
+
+
+def test_streams_check_each_line_as_read_translating_those_before_it(joint: SubwordTokenizer) -> None:
+    translator = random_translator(joint)
+    read: list[int] = []
+
+    def lines() -> Any:
+        for index, line in enumerate([*LINES[:3], None, "never read"]):
+            read.append(index)
+            yield line
+
+    streamed = translator.stream(lines(), chunk_lines=2)
+    assert read == []  # nothing read before the first translation is asked for
+    assert next(streamed) == translator.translate(LINES[:1])[0]
+    assert read == [0, 1]
+    rest: list[str] = []
+    with pytest.raises(TypeError, match=r"^Translator\.stream: line 3 \(from 0\) is a NoneType"):
+        rest.extend(streamed)
+    assert rest == translator.translate(LINES[1:3])  # the lines before it, then the error
+    assert read == [0, 1, 2, 3]
+
+
+@pytest.mark.parametrize("method", ["stream", "stream_nbest"])
+def test_chunk_lines_is_a_whole_number_of_lines_refused_at_the_call(
+    joint: SubwordTokenizer, method: str
+) -> None:
+    translator = random_translator(joint)
+    for chunk_lines, error in ((True, TypeError), (2.0, TypeError), ("2", TypeError), (0, ValueError)):
+        refused = rf"^chunk_lines={chunk_lines!r} must be a whole number of lines >= 1 \(an int\)$"
+        with pytest.raises(error, match=refused):
+            getattr(translator, method)(LINES, chunk_lines)
+    streamed = list(getattr(translator, method)(iter(LINES), 4))  # a correct call: every line, in order
+    if method == "stream_nbest":  # scores may differ in the last bits between batchings: texts compared
+        assert [n.index for n in streamed] == list(range(len(LINES)))
+        streamed = [n.best for n in streamed]
+    assert streamed == translator.translate(LINES)

@@ -269,7 +269,14 @@ class Translator:
     def translate(self, lines: Sequence[str]) -> list[str]:
         """Detokenized translations of `lines`, in their order. A line without source tokens (empty or
         whitespace only) translates to an empty line, without decoding. Translations that ran to their
-        length limit without eos are counted in `self.unfinished`."""
+        length limit without eos are counted in `self.unfinished`.
+
+        Raises:
+            TypeError: `lines` is one `str` (or bytes) rather than a sequence of lines: `translate([text])`
+                translates one text; or a line is no `str` (named by its index and type). So do `nbest`,
+                `stream` and `stream_nbest` (`_checked_lines`).
+        """
+        lines = list(_checked_lines(lines, "translate"))
         out = [""] * len(lines)
         unfinished: list[int] = []
 
@@ -289,8 +296,10 @@ class Translator:
         hypothesis is the translation `translate` gives (`nbest_decode`; with alignments the decoder
         computes its attention weights explicitly, the same outputs up to float rounding). A line
         without source tokens gets no hypotheses. `start` is the index of the first line,
-        `references` their reference translations (for test sets).
+        `references` their reference translations (for test sets). Lines are checked as `translate`
+        checks them.
         """
+        lines = list(_checked_lines(lines, "nbest"))
         cfg, ids = self.decode, self._source_ids(lines)
         n_best, alignment = cfg.nbest or 1, cfg.print_alignment
         hypotheses: list[list[Any]] = [[] for _ in lines]
@@ -313,37 +322,82 @@ class Translator:
 
         At most `chunk_lines` inputs and outputs are held at once, so a file of any length streams
         through in bounded memory; each chunk is sorted by length for batching. When reading `lines`
-        fails (e.g. a line that is not UTF-8), the lines read before it are translated first, then the
-        error is raised.
+        fails (e.g. a line that is not UTF-8, or one that is no `str`), the lines read before it are
+        translated first, then the error is raised.
+
+        Raises:
+            TypeError: At the call, `lines` is one `str` (or bytes), or `chunk_lines` is no int (a bool or
+                a float); while reading, a line that is no `str` (`translate` says more).
+            ValueError: At the call, `chunk_lines` < 1.
         """
-        for chunk in _chunks(lines, chunk_lines):
-            yield from self.translate(chunk)
+        chunks = _chunks(lines, chunk_lines, "stream")
+        return (line for _, chunk in chunks for line in self.translate(chunk))
 
     def stream_nbest(self, lines: Iterable[str], chunk_lines: int = 2048) -> Iterator[NBest]:
         """The n-best lists (`nbest`) of `lines` in input order, indexed from 0, read and decoded
-        `chunk_lines` at a time, as `stream` does."""
-        start = 0
-        for chunk in _chunks(lines, chunk_lines):
-            yield from self.nbest(chunk, start=start)
-            start += len(chunk)
+        `chunk_lines` at a time, as `stream` does (and refusing what it refuses)."""
+        chunks = _chunks(lines, chunk_lines, "stream_nbest")
+        return (n for start, chunk in chunks for n in self.nbest(chunk, start=start))
 
 
-def _chunks(lines: Iterable[str], chunk_lines: int) -> Iterator[list[str]]:
-    """`lines` without their line ends, `chunk_lines` at a time. When reading fails, the lines read
-    before are yielded first, then the error is raised."""
-    if chunk_lines < 1:
-        raise ValueError(f"chunk_lines={chunk_lines} must be >= 1")
-    iterator = (line.rstrip("\r\n") for line in lines)
+def _checked_lines(lines: Iterable[str], method: str) -> Iterator[str]:
+    """The lines of `lines`, each checked to be a `str` as it is read (a stream stays lazy), for
+    `Translator.<method>`.
+
+    Raises:
+        TypeError: At once, `lines` is one `str` (or bytes): iterated, each character would be translated
+            as a line; the message names the fix, `<method>([text])`. While reading, a line is no `str`
+            (bytes, None, a number): named by its index from 0 and its type.
+    """
+    if isinstance(lines, (str, bytes, bytearray)):
+        raise TypeError(
+            f"Translator.{method} takes a sequence of lines, not a single {type(lines).__name__} (each "
+            f"character would be translated as a line): use {method}([text])"
+        )
+    return (_line(index, line, method) for index, line in enumerate(lines))
+
+
+def _line(index: int, line: Any, method: str) -> str:
+    """`line`, the line at `index` given to `Translator.<method>`, when it is a `str` (`_checked_lines`)."""
+    if not isinstance(line, str):
+        raise TypeError(
+            f"Translator.{method}: line {index} (from 0) is a {type(line).__name__}, not a str: give text "
+            "lines only (decode bytes first, line.decode('utf-8'))"
+        )
+    return line
+
+
+def _chunks(lines: Iterable[str], chunk_lines: int, method: str) -> Iterator[tuple[int, list[str]]]:
+    """The lines of `lines` (`_checked_lines` for `Translator.<method>`) without their line ends,
+    `chunk_lines` at a time, each chunk with the index of its first line. `lines` and `chunk_lines` are
+    checked at the call, each line as it is read. When reading fails, the lines read before are yielded
+    first, then the error is raised.
+
+    Raises:
+        TypeError: `chunk_lines` is no int (a bool, a float), or `_checked_lines` refuses `lines`.
+        ValueError: `chunk_lines` < 1.
+    """
+    if not is_int(chunk_lines) or chunk_lines < 1:
+        refused = ValueError if is_int(chunk_lines) else TypeError
+        raise refused(f"chunk_lines={chunk_lines!r} must be a whole number of lines >= 1 (an int)")
+    return _read_chunks((line.rstrip("\r\n") for line in _checked_lines(lines, method)), chunk_lines)
+
+
+def _read_chunks(lines: Iterator[str], chunk_lines: int) -> Iterator[tuple[int, list[str]]]:
+    """`_chunks` once checked: `(start, chunk)` of up to `chunk_lines` lines, the lines read before a
+    failed read yielded first, then its error raised."""
+    start = 0
     while True:
         chunk: list[str] = []
         try:
-            chunk.extend(islice(iterator, chunk_lines))
+            chunk.extend(islice(lines, chunk_lines))
         except Exception:
-            yield chunk
+            yield start, chunk
             raise
         if not chunk:
             return
-        yield chunk
+        yield start, chunk
+        start += len(chunk)
 
 
 def _check_same_languages(first: Translator, member: Translator, first_path: Path, path: Path) -> None:
