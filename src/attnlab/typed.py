@@ -177,10 +177,10 @@ def whole_count(value: Any) -> int | None:
     return None
 
 
-def did_you_mean(name: str, known: list[str], prefix: str = "") -> str:
-    """`did you mean <prefix><closest known name>? ` for a mistyped key, or "" when none is close."""
+def did_you_mean(name: str, known: list[str], prefix: str = "", suffix: str = "") -> str:
+    """`did you mean <prefix><closest known name><suffix>? ` for a mistyped key, or "" when none is close."""
     close = difflib.get_close_matches(name, known, n=1)
-    return f"did you mean {prefix}{close[0]}? " if close else ""
+    return f"did you mean {prefix}{close[0]}{suffix}? " if close else ""
 
 
 def reject_unknown_keys(key: str, cls: type, given: Any, known: list[str]) -> None:

@@ -409,6 +409,59 @@ def test_a_config_group_set_to_null_refuses_the_command_in_one_line_naming_its_o
     assert not (tmp_path / "run").exists()
 
 
+OPTIONS = "options: base, big, mini, small, tiny"
+# `(task, its arguments, the one line after "attnlab-<task>: config error: ")`
+NOT_IN_THE_CONFIG = [
+    ("train", ["model=smal"], f"model=smal: no option 'smal' in group model (did you mean small?); {OPTIONS}"
+     ),
+    ("train", ["model=zzz"], f"model=zzz: no option 'zzz' in group model; {OPTIONS}"),
+    ("train", ["trainer.max_epoc=3"], "trainer.max_epoc: no such key in trainer (did you mean "
+     "trainer.max_epochs?); add a new key with +trainer.max_epoc=..."),
+    ("train", ["sed=3"], "sed: no such key in the config (did you mean seed?); add a new key with +sed=..."),
+    ("train", ["trainr.max_epochs=3"], "trainr.max_epochs: no such key in the config (did you mean "
+     "trainer.max_epochs?); add a new key with +trainr.max_epochs=..."),
+    ("eval", ["data=multi30"], "data=multi30: no option 'multi30' in group data (did you mean multi30k?); "
+     "options: files, hf, multi30k, synthetic, wmt14, wmt14_enfr"),
+    ("eval", ["decode.bem=3"], "decode.bem: no such key in decode (did you mean decode.beam?); add a new key "
+     "with +decode.bem=..."),
+    ("export", ["formt=hf"], "formt: no such key in the config (did you mean format?); add a new key with "
+     "+formt=..."),
+]  # fmt: skip
+
+
+@pytest.mark.parametrize(
+    ("task", "args", "said"), NOT_IN_THE_CONFIG, ids=[" ".join(c[1]) for c in NOT_IN_THE_CONFIG]
+)
+def test_an_option_or_key_not_in_the_config_refuses_the_command_in_one_line_with_the_closest_names(
+    task: str, args: list[str], said: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """`attnlab-train model=smal`, `trainer.max_epoc=3`: Hydra printed its message of several lines (the
+    options one a line, the config search path, the hint of `HYDRA_FULL_ERROR=1`); one line names the
+    override, the closest option or key and the fix; exit status 1 (the text of the `SystemExit`), as
+    before; no run directory."""
+    monkeypatch.delenv("HYDRA_FULL_ERROR", raising=False)
+    with pytest.raises(SystemExit) as refused:
+        command_here(monkeypatch, task, *args, f"hydra.run.dir={tmp_path / 'run'}")
+    assert refused.value.code == f"attnlab-{task}: config error: {said}"
+    assert list(tmp_path.iterdir()) == []
+
+
+def test_hydra_full_error_shows_the_traceback_of_an_option_not_in_the_config(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """With `HYDRA_FULL_ERROR=1` (set for the tests) the refusal is a `ConfigError` with the same line,
+    raised from Hydra's error: both tracebacks are shown. Hydra composing outside a command (`hydra.compose`)
+    raises its own error, as before."""
+    with pytest.raises(
+        ConfigError, match=r"^model=smal: no option 'smal' in group model \(did you"
+    ) as refused:
+        command_here(monkeypatch, "train", "model=smal", f"hydra.run.dir={tmp_path / 'run'}")
+    assert isinstance(refused.value.__cause__, MissingConfigException)
+    assert list(tmp_path.iterdir()) == []
+    with pytest.raises(MissingConfigException):
+        compose_train(["model=smal"], tmp_path / "run")
+
+
 @pytest.mark.parametrize(
     ("task", "group", "args"), [("eval", "data", []), ("export", "paths", ["format=hf"])]
 )

@@ -14,6 +14,7 @@ from pathlib import Path
 import pytest
 
 from attnlab.cli.compare import report
+from attnlab.typed import ConfigError
 from helpers import command_here, subprocess_path
 
 
@@ -141,23 +142,34 @@ def test_a_dead_jobs_running_manifest_alone_is_marked_failed_and_counted_so(tmp_
 
 
 @pytest.mark.parametrize(
-    ("swept", "full_error"), [("experiment=nosuch,synthetic_pe", False), ("model=huge,tiny", True)]
+    ("swept", "full_error"), [("experiment=nosuch,synthetic_pe", False), ("model=smal,tiny", True)]
 )
 def test_a_sweep_hydra_cannot_compose_leaves_no_sweep_directory(
     swept: str, full_error: bool, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     """An option that does not exist (`experiment=nosuch`): Hydra finds it when it composes the first job,
-    after it made the sweep directory and wrote `multirun.yaml` there, and prints its message (exit status
-    1; with `HYDRA_FULL_ERROR=1` raises it). That directory, holding nothing else, was left behind; it is
-    removed, with the parents made for it."""
+    after it made the sweep directory and wrote `multirun.yaml` there. The multirun is refused in one line
+    naming the job's override, the group's options and the closest (exit status 1; with
+    `HYDRA_FULL_ERROR=1` a `ConfigError` raised from Hydra's error). That directory, holding nothing else,
+    was left behind; it is removed, with the parents made for it."""
     from hydra.errors import MissingConfigException
 
     if not full_error:
         monkeypatch.delenv("HYDRA_FULL_ERROR", raising=False)
     sweep_dir = tmp_path / "sweeps" / "s"
-    with pytest.raises(MissingConfigException if full_error else SystemExit) as refused:
+    with pytest.raises(ConfigError if full_error else SystemExit) as refused:
         command_here(monkeypatch, "train", "-m", swept, "data=synthetic", f"hydra.sweep.dir={sweep_dir}")
-    assert full_error or refused.value.code == 1
+    if full_error:
+        assert str(refused.value) == (
+            "model=smal: no option 'smal' in group model (did you mean small?); options: base, big, mini, "
+            "small, tiny"
+        )
+        assert isinstance(refused.value.__cause__, MissingConfigException)
+    else:
+        assert str(refused.value.code).startswith(
+            "attnlab-train: config error: experiment=nosuch: no option 'nosuch' in group experiment; "
+            "options: multi30k_base, "
+        )
     assert list(tmp_path.iterdir()) == []
 
 

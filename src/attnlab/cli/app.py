@@ -1,6 +1,7 @@
 """The Hydra application shared by the commands: where the configs live, the resolvers they use, the
 callback that checks run directories before Hydra writes into them, and the refusal of a config file
-Hydra cannot load (`unloadable_config_refused`)."""
+Hydra cannot load (`unloadable_config_refused`) and of an override naming an option or key the config does
+not have (`composition_errors_refused`)."""
 
 from __future__ import annotations
 
@@ -21,7 +22,7 @@ from typing import Any, NoReturn
 import yaml
 from hydra.experimental.callback import Callback
 from omegaconf import DictConfig, OmegaConf
-from omegaconf.errors import OmegaConfBaseException
+from omegaconf.errors import ConfigAttributeError, ConfigKeyError, OmegaConfBaseException
 
 from attnlab.io import (
     FileLock,
@@ -48,7 +49,7 @@ from attnlab.runs.layout import (
 )
 from attnlab.runs.manifest import Manifest
 from attnlab.training.resume import continues_own_run
-from attnlab.typed import ConfigError
+from attnlab.typed import ConfigError, did_you_mean
 
 
 def config_dir() -> Path:
@@ -295,12 +296,13 @@ def refusal_leaves_no_run_directory(task: str) -> Iterator[None]:
     back (`attnlab.runs.layout.recover_kept_sweep_records`). The run directory's lock the command claimed
     (`RunDirectoryCheck`) is held until then; a refused command deletes its file if the claim made it.
     Refused (`_refused`) are also a config file Hydra cannot load while composing (not YAML, not a mapping:
-    `unloadable_config_refused`) and Hydra's own composition errors (an option or key that does not exist,
-    found as Hydra composes a sweep's jobs), with or without `HYDRA_FULL_ERROR=1`, and a config group set
-    to null on the command line (`null_group_refused`)."""
+    `unloadable_config_refused`), an option or key of an override that does not exist (also found as Hydra
+    composes a sweep's jobs: `composition_errors_refused`) and Hydra's other composition errors, with or
+    without `HYDRA_FULL_ERROR=1`, and a config group set to null on the command line
+    (`null_group_refused`)."""
     try:
         null_group_refused(task, sys.argv[1:])
-        with unloadable_config_refused(task):
+        with unloadable_config_refused(task), composition_errors_refused(task):
             yield
     except BaseException as exc:
         refused = _refused(exc)
@@ -325,9 +327,10 @@ def refusal_leaves_no_run_directory(task: str) -> Iterator[None]:
 
 def _refused(exc: BaseException) -> bool:
     """Whether `exc` ending a command refuses it for its config: a `SystemExit` with text (its one-line
-    message), or Hydra's composition error (`ConfigCompositionException`: a config option or key that does
-    not exist) or attnlab's `ConfigError` (a config file Hydra cannot load), raised (`HYDRA_FULL_ERROR=1`)
-    or reported by Hydra, which then exits with status 1 (a `SystemExit` raised while handling it)."""
+    message), or Hydra's composition error (`ConfigCompositionException`) or attnlab's `ConfigError` (a
+    config file Hydra cannot load, a config option or key that does not exist), raised
+    (`HYDRA_FULL_ERROR=1`) or reported by Hydra, which then exits with status 1 (a `SystemExit` raised while
+    handling it)."""
     from hydra.errors import ConfigCompositionException
 
     if isinstance(exc, SystemExit):
@@ -438,6 +441,82 @@ def _refusing_unloadable(load: Callable[[Any, str], Any], task: str) -> Callable
         return result
 
     return checked
+
+
+@contextmanager
+def composition_errors_refused(task: str) -> Iterator[None]:
+    """While it runs, a command-line override Hydra refuses as it composes the config (the command's own
+    config, or a multirun job's) because it names nothing there ends the command with one line,
+    `attnlab-<task>: config error: ...` (`composition_problem`), instead of Hydra's message of several
+    lines (the options one a line, the config search path, a hint of `HYDRA_FULL_ERROR=1`): an option a
+    config group does not have (`model=smal`) and a key the config does not have (`trainer.max_epoc=3`).
+    Other composition errors keep Hydra's message. With `HYDRA_FULL_ERROR=1` the line is a `ConfigError`
+    raised from Hydra's error, with its traceback."""
+    from hydra._internal.config_loader_impl import ConfigLoaderImpl
+
+    load = ConfigLoaderImpl.__dict__["load_configuration"]
+    ConfigLoaderImpl.load_configuration = _refusing_composition_errors(load, task)
+    try:
+        yield
+    finally:
+        ConfigLoaderImpl.load_configuration = load
+
+
+def _refusing_composition_errors(load: Callable[..., Any], task: str) -> Callable[..., Any]:
+    """Hydra's config loader's `load_configuration`, an override naming no option or key refusing
+    `attnlab-<task>`."""
+    from hydra.errors import ConfigCompositionException
+
+    @functools.wraps(load)
+    def checked(loader: Any, config_name: str | None, overrides: list[str], *args: Any, **kwargs: Any) -> Any:
+        try:
+            return load(loader, config_name, overrides, *args, **kwargs)
+        except ConfigCompositionException as exc:
+            problem = composition_problem(exc, overrides)
+            if problem is None:
+                raise
+            _refuse(task, problem, exc)
+
+    return checked
+
+
+def composition_problem(exc: Exception, overrides: Sequence[str]) -> str | None:
+    """The one line for Hydra's composition error `exc` caused by one of `overrides` (as typed), naming the
+    problem, the closest names (`difflib`) and the fix; None for any other error (Hydra's message stays):
+    `model=smal: no option 'smal' in group model (did you mean small?); options: base, big, mini, small,
+    tiny` and `trainer.max_epoc: no such key in trainer (did you mean trainer.max_epochs?); add a new key
+    with +trainer.max_epoc=...`."""
+    from hydra.core.override_parser.overrides_parser import OverridesParser
+    from hydra.errors import MissingConfigException, OverrideParseException
+
+    try:
+        parsed = OverridesParser.create().parse_overrides(list(overrides))
+    except OverrideParseException:
+        return None
+    if isinstance(exc, MissingConfigException) and exc.options:
+        for override in parsed:
+            if f"{override.key_or_group}/{override.value()}" == exc.missing_cfg_file:
+                group, name = override.key_or_group, str(override.value())
+                return (f"{override.input_line}: no option '{name}' in group {group}"
+                        f"{_close_match(name, exc.options)}; options: {', '.join(exc.options)}")  # fmt: skip
+        return None
+    cause = exc.__cause__
+    if not isinstance(cause, (ConfigKeyError, ConfigAttributeError)) or not cause.full_key:
+        return None
+    parent, _, name = str(cause.full_key).rpartition(".")
+    known = [str(key) for key in cause.parent_node] if isinstance(cause.parent_node, DictConfig) else []
+    for override in parsed:
+        key = override.key_or_group
+        if override.package is None and (key == cause.full_key or key.startswith(f"{cause.full_key}.")):
+            close = _close_match(name, known, f"{parent}." if parent else "", key[len(cause.full_key) :])
+            return f"{key}: no such key in {parent or 'the config'}{close}; add a new key with +{key}=..."
+    return None
+
+
+def _close_match(name: str, known: Sequence[str], prefix: str = "", suffix: str = "") -> str:
+    """` (did you mean <prefix><the known name closest to name><suffix>?)`, or "" when none is close."""
+    hint = did_you_mean(name, list(known), prefix, suffix).strip()
+    return f" ({hint})" if hint else ""
 
 
 def _refuse(task: str, problem: str, cause: Exception | None) -> NoReturn:
