@@ -76,11 +76,12 @@ def test_a_full_disk_writing_the_results_ends_the_cli_run_in_one_line_and_resume
     manifest_too: bool, tmp_path: Path, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
 ) -> None:
     """After training, results.json cannot be written: `attnlab-train` ends with one line naming the file,
-    what is unchanged and the fix, the same command with resume=auto; the checkpoints are kept and the
-    manifest says failed, or, where the full disk refuses that write too (`then-manifest`), an error says
-    so and the run's own line still ends the command. The command given again with resume=auto trains
-    nothing and writes results.json with the training's and the test's metrics. (It ended with OSError's
-    traceback; then it named an attnlab-eval command, which cannot translate this run's synthetic data.)"""
+    what is unchanged and the fix, the same command with resume=auto in the run's directory (hydra.run.dir);
+    the checkpoints are kept and the manifest says failed, or, where the full disk refuses that write too
+    (`then-manifest`), an error says so and the run's own line still ends the command. The command given again
+    with resume=auto trains nothing and writes results.json with the training's and the test's metrics. (It
+    ended with OSError's traceback; then it named an attnlab-eval command, which cannot translate this run's
+    synthetic data.)"""
     import attnlab.runs.layout as layout
     from attnlab.io import atomic_write_files
 
@@ -107,7 +108,8 @@ def test_a_full_disk_writing_the_results_ends_the_cli_run_in_one_line_and_resume
     assert str(failed.value) == (
         f"attnlab-train: cannot write {run_dir / 'results.json'}: No space left on device; the evaluation's "
         f"results.json, hypotheses, references and sources in {run_dir} are as they were. Free disk space, "
-        "then run the same command with resume=auto: it trains nothing more and evaluates again"
+        f"then run the same command with resume=auto hydra.run.dir={run_dir}: it trains nothing more and "
+        "evaluates again"
     )
     assert (run_dir / "checkpoints" / "last.ckpt").is_file() and not (run_dir / "results.json").exists()
     manifest = json.loads((run_dir / "manifest.json").read_text())

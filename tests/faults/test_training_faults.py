@@ -18,7 +18,7 @@ import torch
 from attnlab.runs.checkpoint import RESUME_KEY, read_checkpoint
 from attnlab.training.pipeline import train
 from attnlab.typed import ConfigError
-from helpers import compose_train
+from helpers import command_here, compose_train
 from runs import assert_same_training, attnlab_train, final, logged_rows, train_here
 
 RUN = [
@@ -393,14 +393,14 @@ def test_without_preemption_a_sigterm_stops_training_at_the_step_end_and_the_man
     assert read_checkpoint(tmp_path / "checkpoints" / "last.ckpt")["global_step"] == 2  # none at step 3
 
 
-def test_a_sigterm_in_the_final_evaluation_stops_it_and_names_the_command_that_redoes_it(
+def test_a_sigterm_in_the_final_evaluation_stops_it_and_names_the_command_that_evaluates_again(
     tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
     """SIGTERM at the first test batch, after training: the run stops at once (exit status 128 + SIGTERM),
-    keeps its checkpoints, and its manifest reads interrupted with the attnlab-eval command that evaluates
-    them; SIGTERM's own handler is back afterwards. (Lightning's handler, in place while testing, set a
-    flag that its last test batch does not read: the run went on; while decoding, SIGTERM ended the
-    process and left the manifest `running`.)"""
+    keeps its checkpoints, and its manifest reads interrupted with the fix: the same command with
+    resume=auto and the run's directory; SIGTERM's own handler is back afterwards. (Lightning's handler, in
+    place while testing, set a flag that its last test batch does not read: the run went on; while
+    decoding, SIGTERM ended the process and left the manifest `running`.)"""
     kill = ["+callbacks.kill._target_=probes.SignalAt", "+callbacks.kill.stage=test",
             "+callbacks.kill.step=1", f"+callbacks.kill.signum={int(signal.SIGTERM)}"]  # fmt: skip
     before = signal.getsignal(signal.SIGTERM)
@@ -409,12 +409,12 @@ def test_a_sigterm_in_the_final_evaluation_stops_it_and_names_the_command_that_r
     assert stopped.value.code == 128 + signal.SIGTERM
     assert signal.getsignal(signal.SIGTERM) == before
     assert read_checkpoint(tmp_path / "checkpoints" / "last.ckpt")["global_step"] == 10  # training ended
-    (best,) = (tmp_path / "checkpoints").glob("best-*.ckpt")
     manifest = json.loads((tmp_path / "manifest.json").read_text())
     assert manifest["status"] == "interrupted", manifest
     assert manifest["error"] == (
         "EvaluationStopped: stopped by SIGTERM in the final evaluation, after training (the checkpoints are "
-        f"kept); evaluate them alone with: attnlab-eval ckpt_path={best}"
+        f"kept); run the same command with resume=auto hydra.run.dir={tmp_path}: it trains nothing more and "
+        "evaluates again"
     )
     assert (
         f"attnlab-train: {manifest['error'].removeprefix('EvaluationStopped: ')}\n" in capsys.readouterr().err
@@ -451,12 +451,12 @@ def test_a_run_stopped_in_its_final_evaluation_continues_to_the_metrics_of_an_un
 def test_a_sigusr1_in_the_final_evaluation_stops_it_and_then_runs_the_requeue_handler(
     exits: bool, tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
-    """SIGUSR1 at the first test batch, where a SIGUSR1 handler was installed before (submitit's requeue,
-    here a recorder): the run stops at once (exit status 128 + SIGUSR1), its manifest and stderr name the
-    attnlab-eval command, and the handler runs once, after the manifest says interrupted, so the job is
-    still requeued. (Without a handler, SIGUSR1's default ended the process and left the manifest
-    `running`; with one, the evaluation went on and the handler ran alone.) A handler that ends the process
-    as submitit's does (`sys.exit(-1)`) leaves the stop's status."""
+    """SIGUSR1 at the first test batch, where a SIGUSR1 handler was installed before (submitit's requeue, here
+    a recorder): the run stops at once (exit status 128 + SIGUSR1), its manifest and stderr name the command
+    that evaluates again (resume=auto), and the handler runs once, after the manifest says interrupted, so the
+    job is still requeued. (Without a handler, SIGUSR1's default ended the process and left the manifest
+    `running`; with one, the evaluation went on and the handler ran alone.) A handler that ends the process as
+    submitit's does (`sys.exit(-1)`) leaves the stop's status."""
     kill = ["+callbacks.kill._target_=probes.SignalAt", "+callbacks.kill.stage=test",
             "+callbacks.kill.step=1", f"+callbacks.kill.signum={int(signal.SIGUSR1)}"]  # fmt: skip
     status: list[str] = []
@@ -477,37 +477,43 @@ def test_a_sigusr1_in_the_final_evaluation_stops_it_and_then_runs_the_requeue_ha
     manifest = json.loads((tmp_path / "manifest.json").read_text())
     assert manifest["error"].startswith(
         "EvaluationStopped: stopped by SIGUSR1 in the final evaluation, after training (the checkpoints are "
-        "kept); evaluate them alone with: attnlab-eval ckpt_path="
+        "kept); run the same command with resume=auto hydra.run.dir="
     ), manifest
     err = capsys.readouterr().err
     assert f"attnlab-train: {manifest['error'].removeprefix('EvaluationStopped: ')}\n" in err
     assert not (tmp_path / "results.json").exists()
 
 
-def test_the_command_that_redoes_a_stopped_final_evaluation_reads_back_a_multirun_jobs_path(
-    tmp_path: Path,
+def test_the_command_a_run_stopped_in_its_final_evaluation_names_evaluates_it_again(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    """SIGTERM in the final evaluation of a run whose directory is named as a multirun job's (`=`, `,`) and
-    holds a space and a quote: the attnlab-eval command the manifest names is one the shell splits into
-    its words and Hydra parses back into the best checkpoint's path. (It wrote the path unquoted, which
-    Hydra refused: `mismatched input '='`.)"""
+    """SIGTERM in the final evaluation of `attnlab-train` on data without text, in the directory named by the
+    time that the command makes, under a log directory named as a multirun job's (`=`, `,`) with a space
+    and a quote: the command the manifest names (the same command, with the words after "run the same
+    command with" as the shell splits them) trains nothing more (its checkpoints unchanged) and evaluates
+    again into that directory, which ends finished with its test scores in results.json. (It named an
+    attnlab-eval command, which refuses a checkpoint of data without text: it holds no tokenizers.)"""
     import shlex
 
-    from hydra.core.override_parser.overrides_parser import OverridesParser
-
-    run_dir = tmp_path / "pe=learned,seed=2-1b2c3d4e it's"
+    logs = tmp_path / "pe=learned,seed=2-1b2c3d4e it's"
+    monkeypatch.setenv("ATTNLAB_LOG_DIR", str(logs))
     kill = ["+callbacks.kill._target_=probes.SignalAt", "+callbacks.kill.stage=test",
             "+callbacks.kill.step=1", f"+callbacks.kill.signum={int(signal.SIGTERM)}"]  # fmt: skip
-    where = f'paths.output_dir="{run_dir}"'
-    with pytest.raises(SystemExit):
-        train(compose_train([*RUN, "test=true", *kill, where], tmp_path))
-    (best,) = (run_dir / "checkpoints").glob("best-*.ckpt")
+    with pytest.raises(SystemExit) as stopped:
+        command_here(monkeypatch, "train", *RUN, "test=true", *kill)
+    assert stopped.value.code == 128 + signal.SIGTERM
+    (run_dir,) = (logs / "train" / "runs").iterdir()
     error = json.loads((run_dir / "manifest.json").read_text())["error"]
-    command = error.partition("evaluate them alone with: ")[2]
-    words = shlex.split(command)
-    assert words[0] == "attnlab-eval" and len(words) == 2, command
-    (override,) = OverridesParser.create().parse_overrides(words[1:])
-    assert (override.key_or_group, override.value()) == ("ckpt_path", str(best)), command
+    fix = error.partition("run the same command with ")[2].partition(": it trains nothing more")[0]
+    saved = {path: path.read_bytes() for path in (run_dir / "checkpoints").glob("*.ckpt")}
+    command_here(monkeypatch, "train", *RUN, "test=true", *shlex.split(fix))
+    assert list((logs / "train" / "runs").iterdir()) == [run_dir], fix  # no new run
+    assert read_checkpoint(run_dir / "checkpoints" / "last.ckpt")["global_step"] == 10
+    now = (run_dir / "checkpoints").glob("*.ckpt")
+    assert not [path.name for path in now if saved.get(path) != path.read_bytes()]  # nothing trained
+    assert json.loads((run_dir / "manifest.json").read_text())["status"] == "finished"
+    results = json.loads((run_dir / "results.json").read_text())
+    assert "test/loss" in results["metrics"] and "val/loss" in results["metrics"], results
 
 
 def test_a_second_ctrl_c_before_any_save_reads_interrupted_without_naming_resume(tmp_path: Path) -> None:

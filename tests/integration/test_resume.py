@@ -364,12 +364,13 @@ def test_a_signal_to_one_rank_before_training_stops_every_rank_at_the_end_of_the
 
 
 @pytest.mark.ddp
-def test_a_signal_to_one_rank_in_the_final_evaluation_stops_every_rank_and_names_the_eval_command(
+def test_a_signal_to_one_rank_in_the_final_evaluation_stops_every_rank_and_names_the_fix(
     tmp_path: Path,
 ) -> None:
     """Rank 1 alone gets SIGTERM at its first test batch, after training: every rank stops at the end of
-    testing, with exit status 128 + SIGTERM and a manifest that reads interrupted and names the attnlab-eval
-    command. (Raised at once on rank 1, it ended rank 0 with gloo's `Connection closed by peer`: failed.)"""
+    testing, with exit status 128 + SIGTERM and a manifest that reads interrupted and names the fix, the same
+    command with resume=auto in the run's directory. (Raised at once on rank 1, it ended rank 0 with gloo's
+    `Connection closed by peer`: failed.)"""
     run_dir = tmp_path / "run"
     evaluated = ("test=true", "data.n_test=32", "trainer.max_epochs=1")  # a test batch per rank
     stopped = ddp_signalled(run_dir, int(signal.SIGTERM), 1, *evaluated, stage="test", step=1)
@@ -379,7 +380,7 @@ def test_a_signal_to_one_rank_in_the_final_evaluation_stops_every_rank_and_names
     assert manifest["error"].startswith("EvaluationStopped: stopped by SIGTERM in the final evaluation"), (
         manifest
     )
-    assert "evaluate them alone with: attnlab-eval ckpt_path=" in manifest["error"], manifest
+    assert f"run the same command with resume=auto hydra.run.dir={run_dir}:" in manifest["error"], manifest
     assert not (run_dir / "results.json").exists()
 
 

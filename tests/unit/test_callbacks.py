@@ -324,6 +324,8 @@ def test_averaging_checkpoints_refuse_a_step_interval_below_one(steps: int, tmp_
 
 
 SIGNALS = (signal.SIGTERM, signal.SIGINT, signal.SIGUSR1)
+# What `attnlab.training.pipeline.stopping_evaluation` is given (`evaluate_again`'s text for a run in `run`)
+FIX = "run the same command with resume=auto hydra.run.dir=run: it trains nothing more and evaluates again"
 
 
 class Handlers(L.Callback):
@@ -370,7 +372,7 @@ def test_in_the_final_evaluation_sigterm_and_sigint_reach_its_stop_alone() -> No
     handlers = Handlers()
     testing = trainer(handlers)
     testing._signal_connector = SignalConnector(testing)
-    with stopping_evaluation("attnlab-eval ckpt_path=run", testing):
+    with stopping_evaluation(FIX, testing):
         stop = testing.callbacks[-1]
         testing.test(Tiny(), verbose=False)
     assert handlers.seen[signal.SIGTERM] == handlers.seen[signal.SIGINT] == stop.on_signal
@@ -631,8 +633,8 @@ class EndedTestBatches(L.Callback):
 
 @pytest.mark.usefixtures("sigterm_caught")
 def test_a_sigterm_in_a_single_process_final_evaluation_stops_it_at_once() -> None:
-    """SIGTERM at the first of the 2 test batches: `EvaluationStopped` (exit status 143, naming the command
-    that redoes the evaluation) before the second runs."""
+    """SIGTERM at the first of the 2 test batches: `EvaluationStopped` (exit status 143, its message ending
+    with the fix it was given: the command that evaluates again) before the second runs."""
     from attnlab.training.pipeline import stopping_evaluation
 
     batches = EndedTestBatches()
@@ -640,13 +642,11 @@ def test_a_sigterm_in_a_single_process_final_evaluation_stops_it_at_once() -> No
     testing._signal_connector = SignalConnector(testing)
     with (
         pytest.raises(EvaluationStopped) as stopped,
-        stopping_evaluation("attnlab-eval ckpt_path=run", testing),
+        stopping_evaluation(FIX, testing),
     ):
         testing.test(Tiny(), verbose=False)
     assert batches.ended == 1 and stopped.value.code == 128 + signal.SIGTERM
-    assert str(stopped.value).endswith(
-        "(the checkpoints are kept); evaluate them alone with: attnlab-eval ckpt_path=run"
-    )
+    assert str(stopped.value).endswith(f"(the checkpoints are kept); {FIX}")
 
 
 def test_under_slurm_a_sigusr1_in_the_final_evaluation_stops_it_and_keeps_the_requeue(
@@ -672,8 +672,7 @@ def test_under_slurm_a_sigusr1_in_the_final_evaluation_stops_it_and_keeps_the_re
     sigusr1 = SignalAt(step=1, signum=signal.SIGUSR1, stage="test")
     testing = trainer(sigusr1, plugins=[SLURMEnvironment()], default_root_dir=tmp_path)
     testing._signal_connector = SignalConnector(testing)
-    redo = "attnlab-eval ckpt_path=run"
-    with pytest.raises(EvaluationStopped) as stopped, stopping_evaluation(redo, testing):
+    with pytest.raises(EvaluationStopped) as stopped, stopping_evaluation(FIX, testing):
         testing.test(Tiny(), verbose=False)
     assert stopped.value.code == 128 + signal.SIGUSR1 and stopped.value.requeue is not None
     assert not calls.exists()  # (run once the manifest says interrupted)
@@ -681,7 +680,7 @@ def test_under_slurm_a_sigusr1_in_the_final_evaluation_stops_it_and_keeps_the_re
     assert calls.read_text().split() == ["requeue", "4242"]
     assert signal.getsignal(signal.SIGUSR1) == before
     sigusr1.step = 0  # (no more)
-    with pytest.raises(EvaluationStopped) as after, stopping_evaluation(redo, testing):
+    with pytest.raises(EvaluationStopped) as after, stopping_evaluation(FIX, testing):
         testing.test(Tiny(), verbose=False)
         signal.raise_signal(signal.SIGUSR1)
     assert after.value.code == 128 + signal.SIGUSR1 and after.value.requeue is None
@@ -692,9 +691,9 @@ def test_under_ddp_a_signal_while_testing_stops_at_its_end_and_one_after_testing
     """The ranks of a DDP run (here one process standing for them, with `world_size=2`) note a signal while
     testing and stop at the end of testing, where they agree on it; after testing (rank 0 decodes the test
     sets alone) a signal stops at once. Without a signal, testing ends as usual."""
-    quiet = EvaluationStop("attnlab-eval ckpt_path=run", world_size=2)
+    quiet = EvaluationStop(FIX, world_size=2)
     quiet.on_test_end(trainer(), Tiny())
-    stop = EvaluationStop("attnlab-eval ckpt_path=run", world_size=2)
+    stop = EvaluationStop(FIX, world_size=2)
     stop.on_signal(signal.SIGINT, None)
     with pytest.raises(EvaluationStopped) as at_end:
         stop.on_test_end(trainer(), Tiny())

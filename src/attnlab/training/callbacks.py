@@ -318,14 +318,15 @@ class Preempted(Stopped):
 
 
 class EvaluationStopped(Stopped):
-    """A signal stopped the final evaluation, after training; `redo` evaluates the kept checkpoints alone.
-    For SIGUSR1, `requeue` is the handler it had before the evaluation, or Lightning's while testing."""
+    """A signal stopped the final evaluation, after training; the message ends with `fix`, the command that
+    evaluates again (`attnlab.training.pipeline.evaluate_again`). For SIGUSR1, `requeue` is the handler it
+    had before the evaluation, or Lightning's while testing."""
 
-    def __init__(self, signum: int, redo: str, requeue: Callable[[int, Any], Any] | None = None) -> None:
-        self.redo = redo
+    def __init__(self, signum: int, fix: str, requeue: Callable[[int, Any], Any] | None = None) -> None:
+        self.fix = fix
         message = (
             f"stopped by {signal.Signals(signum).name} in the final evaluation, after training (the "
-            f"checkpoints are kept); evaluate them alone with: {redo}"
+            f"checkpoints are kept); {fix}"
         )
         super().__init__(signum, message, requeue)
 
@@ -394,8 +395,8 @@ class EvaluationStop(_HoldsSignals, L.Callback):
     `Connection closed by peer`: the manifest said `failed`.) The SIGUSR1 handler there before (submitit's)
     or, while testing, the one Lightning installs (SLURM's auto-requeue) is the stop's `requeue`."""
 
-    def __init__(self, redo: str, world_size: int) -> None:
-        self.redo, self._received, self._testing = redo, None, world_size > 1
+    def __init__(self, fix: str, world_size: int) -> None:
+        self.fix, self._received, self._testing = fix, None, world_size > 1
         self._previous = {}
 
     def hold(self) -> None:
@@ -416,7 +417,7 @@ class EvaluationStop(_HoldsSignals, L.Callback):
 
     def _stopped(self, signum: int) -> EvaluationStopped:
         handler = self._previous.get(signal.SIGUSR1) if signum == signal.SIGUSR1 else None
-        return EvaluationStopped(signum, self.redo, handler if callable(handler) else None)
+        return EvaluationStopped(signum, self.fix, handler if callable(handler) else None)
 
 
 _CTRL_C = (

@@ -334,7 +334,7 @@ def _train_and_evaluate(plan: RunPlan, manifest: Manifest | None) -> dict[str, f
         _record(manifest, schedule=module.schedule_facts)
     metrics = _training_end(plan, trainer, manifest)
     if plan.cfg.get("test", True):
-        with stopping_evaluation(redo_evaluation(plan, trainer), trainer):
+        with stopping_evaluation(evaluate_again(plan.run), trainer):
             test_metrics, evaluation = final_evaluation(plan, trainer, module, datamodule)
         metrics.update(test_metrics)
     else:  # no test sets: results.json holds the final metrics alone (what sweeps and reports read)
@@ -714,33 +714,33 @@ def _best_score(cfg: DictConfig, trainer: Any) -> float | None:
     return float(callback.best_model_score)
 
 
-def redo_evaluation(plan: RunPlan, trainer: Any) -> str:
-    """The `attnlab-eval` command that evaluates what `final_evaluation` evaluates: the average of the
-    run's last `average_last` checkpoints, its best checkpoint, or else its last.ckpt; the path written so
-    that the shell and Hydra read it back (`override_word`: a multirun job's directory holds `=` and `,`)."""
-    average_last = int(plan.cfg.get("average_last") or 0)
-    if average_last > 0:
-        return f"attnlab-eval {override_word('ckpt_path', str(plan.run.path))} average_last={average_last}"
-    checkpoint = _best_checkpoint(plan.cfg, trainer) or plan.run.last_checkpoint
-    return f"attnlab-eval {override_word('ckpt_path', str(checkpoint))}"
+def evaluate_again(run: RunDir) -> str:
+    """The fix for a run whose final evaluation did not end (stopped by a signal, or its results not
+    written): the same command with `resume=auto` and the run's directory, which trains nothing more and
+    evaluates again into that directory, for every run (one on data without text too, which attnlab-eval
+    cannot translate; a run in a directory named by the time, which the command alone would not find). The
+    directory is written with `override_word`, so that the shell and Hydra read it back (a multirun job's
+    holds `=` and `,`)."""
+    where = override_word("hydra.run.dir", str(run.path))
+    return f"run the same command with resume=auto {where}: it trains nothing more and evaluates again"
 
 
 @contextmanager
-def stopping_evaluation(redo: str, trainer: Any) -> Iterator[None]:
-    """While the final evaluation runs, SIGTERM, SIGINT (Ctrl-C) and SIGUSR1 stop it with
-    `EvaluationStopped`, at once or, under DDP while testing, at the end of testing on every rank
-    (`attnlab.training.callbacks.EvaluationStop`): SIGTERM's and SIGUSR1's defaults would end the process
-    before the manifest says so, and decoding the test sets can take minutes. There is nothing to save:
-    training has ended and its checkpoints are on disk. A SIGUSR1 handler installed before (submitit's) or
-    by Lightning for testing (SLURM's auto-requeue) runs once the manifest says the run was interrupted
-    (`_run`), so the job is still requeued."""
+def stopping_evaluation(fix: str, trainer: Any) -> Iterator[None]:
+    """While the final evaluation runs, SIGTERM, SIGINT (Ctrl-C) and SIGUSR1 stop it with `EvaluationStopped`,
+    whose message ends with `fix` (`evaluate_again`), at once or, under DDP while testing, at the end of
+    testing on every rank (`attnlab.training.callbacks.EvaluationStop`): SIGTERM's and SIGUSR1's defaults
+    would end the process before the manifest says so, and decoding the test sets can take minutes. There is
+    nothing to save: training has ended and its checkpoints are on disk. A SIGUSR1 handler installed before
+    (submitit's) or by Lightning for testing (SLURM's auto-requeue) runs once the manifest says the run was
+    interrupted (`_run`), so the job is still requeued."""
     if threading.current_thread() is not threading.main_thread():  # signals reach only the main thread
         yield
         return
 
     from attnlab.training.callbacks import EvaluationStop  # (lightning: loaded)
 
-    stop = EvaluationStop(redo, trainer.world_size)
+    stop = EvaluationStop(fix, trainer.world_size)
     stop.hold()
     trainer.callbacks.append(stop)
     try:
@@ -798,18 +798,13 @@ def write_results(run: RunDir, evaluation: Any, metrics: dict[str, float], train
 
     Raises:
         WriteError: A file cannot be written (a full disk): every file there is unchanged, and the
-            message ends with the fix, the run continued with `resume=auto`, which trains nothing more and
-            evaluates again into the run directory (for data without text too, which attnlab-eval cannot
-            translate).
+            message ends with the fix, `evaluate_again`: the run continued with `resume=auto`.
     """
     evaluation = evaluation.with_results(metrics=metrics)
     try:
         evaluation.write(run)
     except WriteError as exc:
-        told = (
-            f"{exc}, then run the same command with resume=auto: it trains nothing more and evaluates again"
-        )
-        raise WriteError(exc.errno, told) from exc
+        raise WriteError(exc.errno, f"{exc}, then {evaluate_again(run)}") from exc
     if trainer.loggers:
         from attnlab.runs.tracking import log_results
 
