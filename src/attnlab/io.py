@@ -458,6 +458,36 @@ def atomic_write_bytes(path: Path, data: bytes) -> None:
         f.write(data)
 
 
+def too_long_path(path: str | Path) -> str | None:
+    """Why the file system would refuse `path` as too long (``ENAMETOOLONG``), or None: the first name on
+    it (a directory's or the file's) longer than a name can be there (``NAME_MAX``: 255 bytes on ext4),
+    shown shortened with its length in bytes and the limit; or the whole path, made absolute, longer than a
+    path can be (``PATH_MAX``: 4096 bytes with the terminating NUL on Linux). The limits are those of the
+    deepest directory on the path that exists (255 and 4096 where it cannot say). Nothing is created."""
+    absolute = Path(os.path.abspath(path))
+    existing = next((p for p in absolute.parents if os.path.isdir(p)), Path(absolute.anchor))
+    name_max, path_max = (_path_limit(existing, name, default) for name, default in (
+        ("PC_NAME_MAX", 255), ("PC_PATH_MAX", 4096)))  # fmt: skip
+    for name in absolute.parts[1:]:
+        size = len(os.fsencode(name))
+        if size > name_max:
+            shown = name if len(name) <= 40 else f"{name[:20]}...{name[-12:]}"
+            return f"its name {shown!r} is {size} bytes, over the {name_max} bytes a name can have there"
+    size = len(os.fsencode(str(absolute)))
+    if size >= path_max:
+        return f"it is {size} bytes long as an absolute path, over the {path_max - 1} bytes a path can have"
+    return None
+
+
+def _path_limit(directory: Path, name: str, default: int) -> int:
+    """`os.pathconf(directory, name)`, or `default` where the file system does not say."""
+    try:
+        limit = os.pathconf(directory, name)
+    except (OSError, ValueError):
+        return default
+    return limit if limit > 0 else default
+
+
 def make_writable_directory(directory: Path) -> None:
     """Create `directory` (with its parents) if it is missing, and check that a file can be written in it.
 

@@ -24,6 +24,8 @@ given twice, not a mapping, not UTF-8): each refuses the command in one line nam
 
 from __future__ import annotations
 
+import os
+import re
 from pathlib import Path
 from typing import NamedTuple
 
@@ -31,6 +33,7 @@ import pytest
 from hydra.errors import ConfigCompositionException, MissingConfigException
 
 import attnlab.training.pipeline
+from attnlab.io import too_long_path
 from attnlab.training.pipeline import train
 from attnlab.typed import ConfigError
 from helpers import command_here, compose_train
@@ -497,8 +500,8 @@ def test_hydra_full_error_shows_the_traceback_of_a_config_file_hydra_cannot_load
 def test_a_run_or_sweep_directory_the_checks_cannot_look_into_refuses_the_command_in_one_line(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
 ) -> None:
-    """Hydra turns an error a callback raises into a warning and goes on: a run directory name too long for
-    the file system, or a sweep directory that is a symlink loop, stopped the up-front checks
+    """Hydra turns an error a callback raises into a warning and goes on: a run or sweep directory under a
+    symlink loop stopped the up-front checks
     (`RunDirectoryCheck`) at their first step and the command went on unchecked, to Hydra's traceback, and
     a `.lock` directory where the command claims its run directory skipped the checks of a saved run there.
     Each refuses the command in one line naming what could not be checked and the error (with
@@ -508,15 +511,10 @@ def test_a_run_or_sweep_directory_the_checks_cannot_look_into_refuses_the_comman
     told = (
         r"^attnlab-train: cannot check the {} before it starts \({}\), so nothing ran: correct what it names"
     )
-    run = told.format(r"run directory \(hydra.run.dir\) and the config", "OSError: .*: File name too long")
+    run = told.format(r"run directory \(hydra.run.dir\) and the config", r"\w+Error: .*loop/run'?")
     with pytest.raises(SystemExit, match=run):
-        command_here(
-            monkeypatch,
-            "train",
-            "data=synthetic",
-            "data.n_train=0",
-            f"hydra.run.dir={tmp_path / ('x' * 300)}",
-        )
+        command_here(monkeypatch, "train", "data=synthetic", "data.n_train=0",
+                     f"hydra.run.dir={tmp_path / 'loop' / 'run'}")  # fmt: skip
     assert "Traceback" not in capsys.readouterr().err
     monkeypatch.setenv("HYDRA_FULL_ERROR", "1")
     sweep = told.format(
@@ -535,6 +533,49 @@ def test_a_run_or_sweep_directory_the_checks_cannot_look_into_refuses_the_comman
             monkeypatch, "train", "data=synthetic", "data.n_train=0", f"hydra.run.dir={tmp_path / 'run'}"
         )
     assert sorted(str(p.relative_to(tmp_path)) for p in tmp_path.rglob("*")) == ["loop", "run", "run/.lock"]
+
+
+def test_a_run_sweep_or_job_directory_too_long_for_the_file_system_is_refused_naming_its_long_name(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """A run, sweep or multirun job directory with a name longer than the file system takes (NAME_MAX), or
+    a path longer than PATH_MAX, ended the command in `File name too long` (a multirun in Hydra's
+    traceback, once it had made the sweep directory and its multirun.yaml): it is refused before anything is
+    made, in one line naming the key, the long name (shortened), its length in bytes, the limit and the
+    fix; nothing is left, and a sweep directory that existed keeps the multirun.yaml it held."""
+    monkeypatch.delenv("HYDRA_FULL_ERROR", raising=False)
+    limit, long = os.pathconf(tmp_path, "PC_NAME_MAX"), "x" * 300
+    named = f"its name '{'x' * 20}...{'x' * 12}' is 300 bytes, over the {limit} bytes a name can have there"
+    told = f"attnlab-train: config error: hydra.run.dir is too long for the file system: {named}; set a "
+    with pytest.raises(SystemExit, match=f"^{re.escape(told)}shorter hydra.run.dir$"):
+        command_here(monkeypatch, "train", "data=synthetic", "data.n_train=0",
+                     f"hydra.run.dir={tmp_path / 'new' / long / 'run'}")  # fmt: skip
+    deep = tmp_path.joinpath(*["d" * 200] * 21)  # (each name short enough)
+    said = f"it is {len(str(deep))} bytes long as an absolute path, over the 4095 bytes a path can have"
+    assert too_long_path(deep) == said and too_long_path(tmp_path / ("x" * limit)) is None
+    sweep = tmp_path / "sweep"
+    with pytest.raises(
+        SystemExit, match=re.escape(f"hydra.sweep.dir is too long for the file system: {named}")
+    ):
+        command_here(monkeypatch, "train", "-m", "data=synthetic", "data.n_train=0", "seed=1,2",
+                     f"hydra.sweep.dir={sweep / long}")  # fmt: skip
+    sweep.mkdir()
+    (sweep / "multirun.yaml").write_bytes(b"an earlier sweep's record\n")
+    job = "the job directory of #0 (data=synthetic data.n_train=0 seed=1) is too long for the file system: "
+    job += (
+        f"its name '0_{'x' * 18}...{'x' * 12}' is 302 bytes, over the {limit} bytes a name can have there; "
+    )
+    with pytest.raises(
+        SystemExit, match=f"^attnlab-train: config error: {re.escape(job)}set a shorter hydra.sweep.subdir"
+    ):
+        command_here(monkeypatch, "train", "-m", "data=synthetic", "data.n_train=0", "seed=1,2",
+                     f"hydra.sweep.dir={sweep}", f"hydra.sweep.subdir=${{hydra.job.num}}_{long}")  # fmt: skip
+    assert "Traceback" not in capsys.readouterr().err
+    assert sorted(str(p.relative_to(tmp_path)) for p in tmp_path.rglob("*")) == [
+        "sweep",
+        "sweep/multirun.yaml",
+    ]
+    assert (sweep / "multirun.yaml").read_bytes() == b"an earlier sweep's record\n"
 
 
 @pytest.mark.parametrize(

@@ -38,6 +38,7 @@ from attnlab.runs.layout import (
     RunDir,
     UnreadableRunFile,
     check_no_credentials,
+    check_path_length,
     drop_kept_sweep_records,
     job_setting,
     keep_sweep_record,
@@ -694,8 +695,9 @@ def _refusing_unchecked(checked: str) -> Callable[[Callable[..., None]], Callabl
 
 class RunDirectoryCheck(Callback):
     """Refuses a run (`hydra.run.dir`) or sweep (`hydra.sweep.dir`) directory that cannot be created or
-    written, before Hydra creates it (`conf/hydra/default.yaml` registers this callback): the command exits
-    with one line naming the key and the fix instead of Hydra's traceback. It claims the run directory
+    written, or is too long for the file system (`check_path_length`), before Hydra creates it
+    (`conf/hydra/default.yaml` registers this callback): the command exits with one line naming the key and
+    the fix instead of Hydra's traceback. It claims the run directory
     (`RunDir.claim`) for the whole command before Hydra writes `.hydra/` into it: a directory in which another
     live command runs is refused, and so is a training run directory holding a saved run
     (`RunDir.check_no_run`) for a command that does not continue it (`resume=false`), and a training sweep
@@ -711,6 +713,7 @@ class RunDirectoryCheck(Callback):
     @_refusing_unchecked("the run directory (hydra.run.dir) and the config")
     def on_run_start(self, config: DictConfig, **kwargs: Any) -> None:
         self._check_not_empty(config, "hydra.run.dir")
+        self._check_length(config, "hydra.run.dir")
         run_dir = Path(config.hydra.run.dir).resolve()  # what Hydra is about to make: removed if refused
         _made_for_this_run.clear()
         _made_for_this_run[run_dir] = missing_directories([Path(config.hydra.run.dir)])  # (`a/../b`: `a`)
@@ -742,6 +745,7 @@ class RunDirectoryCheck(Callback):
     @_refusing_unchecked("the sweep directory (hydra.sweep.dir), the sweep and the config")
     def on_multirun_start(self, config: DictConfig, **kwargs: Any) -> None:
         self._check_not_empty(config, "hydra.sweep.dir")
+        self._check_length(config, "hydra.sweep.dir")
         sweep_dir = Path(config.hydra.sweep.dir)  # what Hydra is about to make: removed if refused
         _made_for_this_run.clear()
         _made_for_this_run[sweep_dir.resolve()] = missing_directories([sweep_dir])
@@ -780,6 +784,15 @@ class RunDirectoryCheck(Callback):
                 f"current directory: give the directory to write into ({key}=logs/...), or leave it out "
                 "for a new one under logs/"
             )
+
+    @staticmethod
+    def _check_length(config: DictConfig, key: str) -> None:
+        """Refuse a run or sweep directory `key` too long for the file system (`check_path_length`), before
+        anything is made."""
+        try:
+            check_path_length(key, str(OmegaConf.select(config, key)))
+        except ConfigError as exc:
+            raise SystemExit(f"attnlab-{config.get('task_name', 'train')}: config error: {exc}") from None
 
     @staticmethod
     def _check(config: DictConfig, directory: Path) -> None:

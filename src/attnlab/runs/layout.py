@@ -44,6 +44,7 @@ from attnlab.io import (
     held_here,
     make_writable_directory,
     process_gone,
+    too_long_path,
     without_bom,
 )
 from attnlab.runs.results import results_bytes
@@ -424,6 +425,22 @@ def read_metrics_csv(path: Path, columns: Sequence[str] | None = None) -> list[d
     except (OSError, UnicodeDecodeError, csv.Error) as exc:
         raise UnreadableRunFile(f"cannot read {path}: {exc}") from None
     return rows
+
+
+def check_path_length(key: str, path: str | Path, fix: str | None = None) -> None:
+    """Refuse `path`, the directory `key` gives (`hydra.run.dir`, a multirun job's directory), when the file
+    system would refuse it as too long (`attnlab.io.too_long_path`). Called before anything is created, so
+    the refusal leaves no directory; `OSError`'s `File name too long` said it otherwise, once some of its
+    parents were made.
+
+    Raises:
+        ConfigError: Naming `key`, the name on it that is too long, its length in bytes and the limit, and
+            the fix (`fix`, else a shorter `key`).
+    """
+    problem = too_long_path(path)
+    if problem is not None:
+        fix = fix or f"set a shorter {key}"
+        raise ConfigError(f"{key} is too long for the file system: {problem}; {fix}")
 
 
 class RunDirectoryInUse(ConfigError):

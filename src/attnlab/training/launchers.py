@@ -30,11 +30,20 @@ from typing import Any
 
 from hydra.core.singleton import Singleton
 from hydra.core.utils import JobReturn, JobStatus, filter_overrides
-from omegaconf import OmegaConf
+from hydra.errors import HydraException
+from omegaconf import OmegaConf, open_dict
 
 from attnlab.io import error_reason
-from attnlab.runs.layout import MANIFEST_FILE, RunDir, UnreadableRunFile, drop_kept_sweep_records, job_setting
+from attnlab.runs.layout import (
+    MANIFEST_FILE,
+    RunDir,
+    UnreadableRunFile,
+    check_path_length,
+    drop_kept_sweep_records,
+    job_setting,
+)
 from attnlab.runs.manifest import Manifest
+from attnlab.typed import ConfigError
 
 log = logging.getLogger(__name__)
 
@@ -163,13 +172,36 @@ def mark_failed(sweep_dir: Path, overrides: list[str], error: str) -> Path | Non
     return None
 
 
+def check_job_directories(launcher: Any, job_overrides: Sequence[Sequence[str]], first_idx: int) -> None:
+    """End the multirun with one line (`attnlab.runs.layout.check_path_length`) before `launcher` launches
+    `job_overrides` when the directory of one of them (`hydra.sweep.dir`/`hydra.sweep.subdir`, composed and
+    numbered from `first_idx` as Hydra's launchers do) is too long for the file system: Hydra made the job
+    directories first, with `OSError`'s `File name too long` traceback. The default subdir
+    (`attnlab.cli.app.job_dirname`) is short; one the user sets, or a long sweep directory, need not be. A
+    job whose config cannot be composed is left to the launcher, which reports it."""
+    for idx, overrides in enumerate(job_overrides, start=first_idx):
+        try:
+            config = launcher.hydra_context.config_loader.load_sweep_config(launcher.config, list(overrides))
+        except HydraException:
+            continue
+        with open_dict(config):
+            config.hydra.job.id = config.hydra.job.num = idx
+        job_dir = Path(str(config.hydra.sweep.dir), str(config.hydra.sweep.subdir))
+        key = f"the job directory of #{idx} ({' '.join(filter_overrides(overrides))})"
+        try:
+            check_path_length(key, job_dir, "set a shorter hydra.sweep.subdir (or hydra.sweep.dir)")
+        except ConfigError as exc:
+            raise SystemExit(f"attnlab-{config.get('task_name', 'train')}: config error: {exc}") from None
+
+
 class OncePerSweep:
     """A sweeper's launcher that runs each job once a sweep: a job whose overrides are those of a job
     launched before in the sweep (`attnlab.runs.layout.job_setting`: the same setting and seed, so the
     same job directory), in an earlier batch or the same one, is not launched; a log line names it before
     the batch is launched, and it gets that job's return (its result, or its failure). Without this, an
     Optuna trial repeating an earlier trial's parameters, or a job listed twice on the command line
-    (`seed=1,1`), trained again in that job's directory, over its checkpoints and results."""
+    (`seed=1,1`), trained again in that job's directory, over its checkpoints and results. A batch with a
+    job directory too long for the file system is not launched (`check_job_directories`)."""
 
     def __init__(self, launcher: Any) -> None:
         self.launcher = launcher
@@ -188,6 +220,7 @@ class OncePerSweep:
                 log.info("job %s repeats an earlier job of this sweep (the same setting and seed): not run "
                          "again, it gets that job's result", shown)  # fmt: skip
         if new:
+            check_job_directories(self.launcher, [job_overrides[i] for i in new], initial_job_idx)
             launched = self.launcher.launch([job_overrides[i] for i in new], initial_job_idx)
             self.returns.update({keys[i]: ret for i, ret in zip(new, launched, strict=True)})
         return [dataclasses.replace(self.returns[key], overrides=list(overrides))
