@@ -14,6 +14,7 @@ from __future__ import annotations
 import codecs
 import errno
 import fcntl
+import logging
 import os
 import re
 import secrets
@@ -31,6 +32,8 @@ _POLL_S = 0.05  # seconds between tries of a lock held by another process
 _LOOK_S = 1.0  # seconds a lock that only looks hold (`held_elsewhere`) is tried every `_LOOK_POLL_S` past a
 # timeout (a look holds it for an instant); then every `_POLL_S`, for as long as only looks hold it
 _LOOK_POLL_S = 0.001
+
+log = logging.getLogger(__name__)
 
 
 class WriteError(OSError):
@@ -90,7 +93,8 @@ class FileLock:
         timeout: Seconds to wait for the lock; None waits forever, 0 tries once. A lock that only
             `held_elsewhere` looks hold when the time is up (each for an instant) is tried on for as long
             as only looks hold it, so a look is never taken for a holder: a look paused while it holds the
-            lock (its process stopped, a slow NFS server) delays the lock but does not refuse it. A holder
+            lock (its process stopped, a slow NFS server) delays the lock but does not refuse it; past
+            `_LOOK_S` a warning says which process holds it and what to do (`_tell_looks_wait`). A holder
             found then refuses it at once.
         record_holder: Write this process's pid and host into the lock file while holding it.
         waiting: Called once, before waiting, when another process holds the lock (to say why nothing
@@ -153,9 +157,16 @@ class FileLock:
             os.pwrite(fd, f"{os.getpid()} {socket.gethostname()}\n".encode(), 0)
 
     def holder(self) -> str:
-        """Who holds the lock as its holder recorded it (`pid 12 on host x`), or `another process`."""
+        """Who holds the lock as its holder recorded it (`pid 12 on host x`), or `another process`; a holder
+        of this host that is stopped (Ctrl-Z, SIGSTOP), which would hold it until resumed, is said to be, with
+        the fix (`pid 12 on host x (stopped: resume it ... or end it ...)`)."""
         recorded = self.recorded_holder()
-        return "another process" if recorded is None else f"pid {recorded[0]} on host {recorded[1]}"
+        if recorded is None:
+            return "another process"
+        pid, host = recorded
+        if host != socket.gethostname() or not process_stopped(pid):
+            return f"pid {pid} on host {host}"
+        return f"pid {pid} on host {host} (stopped: {_resume_or_end(pid)})"
 
     def recorded_holder(self) -> tuple[int, str] | None:
         """The `(pid, host)` a holder with `record_holder` wrote into the file, or None (an empty file: no
@@ -173,13 +184,19 @@ class FileLock:
         return recorded[0] if recorded is not None and process_gone(*recorded) else None
 
     def _wait(self, fd: int, deadline: float) -> None:
-        """Try the lock until `deadline`, and past it for as long as only looks hold it (`_looked_at`)."""
+        """Try the lock until `deadline`, and past it for as long as only looks hold it (`_looked_at`); a
+        look that holds it past `_LOOK_S` is told once (`_tell_looks_wait`), as it would wait silently for
+        as long as the look's process stays stopped."""
         looks_since: float | None = None
+        told = False
         while not _try_lock(fd):
             remaining = deadline - time.monotonic()
             if remaining <= 0 and _looked_at(fd):
                 looks_since = looks_since or time.monotonic()
                 remaining = _LOOK_POLL_S if time.monotonic() - looks_since < _LOOK_S else _POLL_S
+                if remaining == _POLL_S and not told:
+                    told = True
+                    _tell_looks_wait(self.path, fd)
             if remaining <= 0:
                 raise TimeoutError(
                     f"could not lock {self.path} within {self.timeout} s: "
@@ -216,6 +233,64 @@ class FileLock:
         tb: TracebackType | None,
     ) -> None:
         self.release()
+
+
+def _tell_looks_wait(path: Path, fd: int) -> None:
+    """Log once, as a warning, that a `FileLock` on `path` (open as `fd`) waits past `_LOOK_S` for
+    `held_elsewhere` looks, which hold it for an instant unless their process is stopped (Ctrl-Z, SIGSTOP)
+    or hung: which processes hold it (`flock_holders`), their command lines and whether they are stopped
+    (`process_description`), and what to do."""
+    pids = flock_holders(fd)
+    stopped = [pid for pid in pids if process_stopped(pid)]
+    who = ", ".join(process_description(pid) for pid in pids) or "another process"
+    fix = _resume_or_end(*stopped) if stopped else "if it hangs (a slow network file system), end it"
+    log.warning("waiting for the lock %s: %s has held it for %.0f s to look at it (a look takes an instant); "
+                "%s, and this command goes on", path, who, _LOOK_S, fix)  # fmt: skip
+
+
+def _resume_or_end(*pids: int) -> str:
+    """What to do about the stopped processes `pids` holding a lock: resume them or end them."""
+    shown = " ".join(map(str, pids))
+    return f"resume it (fg in its shell, or kill -CONT {shown}) or end it (kill {shown})"
+
+
+def flock_holders(fd: int) -> list[int]:
+    """The pids of the other processes holding an ``flock`` on the file open as `fd`, as Linux lists them
+    in ``/proc/locks`` (the process that took each lock); [] where there is no such list."""
+    held = os.fstat(fd)
+    file_id = f"{os.major(held.st_dev):02x}:{os.minor(held.st_dev):02x}:{held.st_ino}"
+    try:
+        with open("/proc/locks", encoding="ascii", errors="replace") as locks:
+            rows = [line.split() for line in locks]
+    except OSError:
+        return []
+    pids = {int(row[4]) for row in rows if len(row) > 5 and row[1] == "FLOCK" and row[5] == file_id
+            and row[4].isdigit()}  # fmt: skip
+    return sorted(pids - {os.getpid()})
+
+
+def process_stopped(pid: int) -> bool:
+    """Whether process `pid` of this host is stopped (Ctrl-Z, SIGSTOP, a debugger), as Linux says in
+    ``/proc/<pid>/stat`` (its state `T` or `t`); False where it cannot be read."""
+    try:
+        with open(f"/proc/{pid}/stat", encoding="utf-8", errors="replace") as stat_file:
+            return stat_file.read().rpartition(")")[2].split()[0] in ("T", "t")
+    except (OSError, IndexError):
+        return False
+
+
+def process_description(pid: int) -> str:
+    """`pid 12 (<its command line, shortened>, stopped)`, as far as ``/proc`` says (`pid 12` alone where it
+    does not)."""
+    try:
+        with open(f"/proc/{pid}/cmdline", "rb") as cmdline:
+            command = " ".join(cmdline.read().decode("utf-8", "replace").replace("\0", " ").split())
+    except OSError:
+        command = ""
+    if len(command) > 80:
+        command = command[:77] + "..."
+    said = [part for part in (command, "stopped" if process_stopped(pid) else "") if part]
+    return f"pid {pid} ({', '.join(said)})" if said else f"pid {pid}"
 
 
 def process_gone(pid: int, host: str) -> bool:

@@ -32,7 +32,7 @@ from attnlab.data.download import (
     fetch_gzipped,
     multi30k_paths,
 )
-from attnlab.io import FileLock, atomic_write_bytes, held_elsewhere
+from attnlab.io import FileLock, atomic_write_bytes, held_elsewhere, process_stopped
 from helpers import Mirror, serve_mirror, upstream_path
 
 LANGS = ("de", "en")
@@ -776,6 +776,81 @@ def test_a_look_paused_past_a_second_delays_a_run_directory_claim_not_refuses_it
     finally:
         look_ends.cancel()
         os.close(fd)
+
+
+def test_a_claim_waiting_on_a_stopped_looks_process_says_which_process_and_what_to_do(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    """A run directory's claim (`RunDir.claim`) waiting on a `held_elsewhere` look whose process is stopped
+    (here a real process holding the lock shared, as a look does, then sent SIGSTOP: an attnlab-eval
+    suspended with Ctrl-Z in its look) waited silently for as long as the process stayed stopped. Past
+    a second it says, once, in one line, which process holds the lock (pid, command line, stopped) and what
+    to do; the claim takes the lock once that process ends."""
+    from attnlab.runs.layout import RunDir
+
+    run = RunDir(tmp_path)
+    run.run_lock.touch()
+    look = "import fcntl, os, sys, time\nfd = os.open(sys.argv[1], os.O_RDONLY)\n"  # (as a look opens it)
+    look += "fcntl.flock(fd, fcntl.LOCK_SH)\nprint(flush=True)\ntime.sleep(60)"
+    other = subprocess.Popen([sys.executable, "-c", look, str(run.run_lock)], stdout=subprocess.PIPE)
+    claimed: list[FileLock] = []
+    claim = threading.Thread(target=lambda: claimed.append(run.claim()))
+    try:
+        other.stdout.readline()  # (it holds the lock)
+        os.kill(other.pid, signal.SIGSTOP)
+        caplog.set_level("WARNING", logger="attnlab.io")
+        claim.start()
+        deadline = time.monotonic() + 10
+        while not caplog.records and time.monotonic() < deadline:
+            time.sleep(0.02)
+        assert not claimed  # still waiting, not refused
+    finally:
+        other.kill()  # (SIGKILL ends a stopped process too)
+        other.wait()
+    claim.join(10)
+    assert claimed and claimed[0].locked
+    claimed[0].release()
+    (told,) = [record.getMessage() for record in caplog.records]
+    pid = other.pid
+    assert told.startswith(
+        f"waiting for the lock {run.run_lock}: pid {pid} ({sys.executable} -c import fcntl"
+    )
+    assert "..., stopped) has held it for 1 s to look at it" in told
+    assert told.endswith(f"resume it (fg in its shell, or kill -CONT {pid}) or end it (kill {pid}), and this "
+                         "command goes on")  # fmt: skip
+
+
+def test_a_run_directory_claim_refused_by_a_stopped_holder_says_it_is_stopped_and_what_to_do(
+    tmp_path: Path,
+) -> None:
+    """A run directory whose holder is stopped (a run suspended with Ctrl-Z; here a real process holding the
+    lock with its record, then sent SIGSTOP) is refused at once as any other in use; the message said the
+    holder `is running there`, and waiting for it to end waited until someone resumed it. It says that the
+    holder is stopped, and how to resume or end it."""
+    from attnlab.runs.layout import RunDir, RunDirectoryInUse
+
+    run = RunDir(tmp_path)
+    hold = "import fcntl, os, socket, sys, time\nfd = os.open(sys.argv[1], os.O_RDWR | os.O_CREAT)\n"
+    hold += (
+        "fcntl.flock(fd, fcntl.LOCK_EX)\nos.write(fd, f'{os.getpid()} {socket.gethostname()}\\n'.encode())\n"
+    )
+    hold += "print(flush=True)\ntime.sleep(60)"
+    other = subprocess.Popen([sys.executable, "-c", hold, str(run.run_lock)], stdout=subprocess.PIPE)
+    try:
+        other.stdout.readline()  # (it holds the lock)
+        os.kill(other.pid, signal.SIGSTOP)
+        deadline = time.monotonic() + 5
+        while not process_stopped(other.pid) and time.monotonic() < deadline:
+            time.sleep(0.01)
+        with pytest.raises(RunDirectoryInUse) as refused:
+            run.claim()
+    finally:
+        other.kill()
+        other.wait()
+    pid = other.pid
+    fix = f"resume it (fg in its shell, or kill -CONT {pid}) or end it (kill {pid})"
+    said = f"is in use: pid {pid} on host {socket.gethostname()} (stopped: {fix}) is running there"
+    assert said in str(refused.value)
 
 
 @pytest.mark.parametrize("held", ["look", "holder"])
