@@ -542,7 +542,8 @@ def test_a_run_sweep_or_job_directory_too_long_for_the_file_system_is_refused_na
     a path longer than PATH_MAX, ended the command in `File name too long` (a multirun in Hydra's
     traceback, once it had made the sweep directory and its multirun.yaml): it is refused before anything is
     made, in one line naming the key, the long name (shortened), its length in bytes, the limit and the
-    fix; nothing is left, and a sweep directory that existed keeps the multirun.yaml it held."""
+    fix; nothing is left, and a sweep directory that existed keeps the multirun.yaml it held. A job's
+    subdir is resolved as Hydra's launchers resolve it, `${hydra:...}` with the job's own Hydra config."""
     monkeypatch.delenv("HYDRA_FULL_ERROR", raising=False)
     limit, long = os.pathconf(tmp_path, "PC_NAME_MAX"), "x" * 300
     named = f"its name '{'x' * 20}...{'x' * 12}' is 300 bytes, over the {limit} bytes a name can have there"
@@ -569,7 +570,7 @@ def test_a_run_sweep_or_job_directory_too_long_for_the_file_system_is_refused_na
         SystemExit, match=f"^attnlab-train: config error: {re.escape(job)}set a shorter hydra.sweep.subdir"
     ):
         command_here(monkeypatch, "train", "-m", "data=synthetic", "data.n_train=0", "seed=1,2",
-                     f"hydra.sweep.dir={sweep}", f"hydra.sweep.subdir=${{hydra.job.num}}_{long}")  # fmt: skip
+                     f"hydra.sweep.dir={sweep}", f"hydra.sweep.subdir=${{hydra:job.num}}_{long}")  # fmt: skip
     assert "Traceback" not in capsys.readouterr().err
     assert sorted(str(p.relative_to(tmp_path)) for p in tmp_path.rglob("*")) == [
         "sweep",

@@ -28,10 +28,12 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
+from hydra.core.hydra_config import HydraConfig
 from hydra.core.singleton import Singleton
 from hydra.core.utils import JobReturn, JobStatus, filter_overrides
 from hydra.errors import HydraException
 from omegaconf import OmegaConf, open_dict
+from omegaconf.errors import OmegaConfBaseException
 
 from attnlab.io import error_reason
 from attnlab.runs.layout import (
@@ -178,20 +180,35 @@ def check_job_directories(launcher: Any, job_overrides: Sequence[Sequence[str]],
     numbered from `first_idx` as Hydra's launchers do) is too long for the file system: Hydra made the job
     directories first, with `OSError`'s `File name too long` traceback. The default subdir
     (`attnlab.cli.app.job_dirname`) is short; one the user sets, or a long sweep directory, need not be. A
-    job whose config cannot be composed is left to the launcher, which reports it."""
+    job whose config cannot be composed or resolved is left to the launcher, which reports it."""
     for idx, overrides in enumerate(job_overrides, start=first_idx):
-        try:
-            config = launcher.hydra_context.config_loader.load_sweep_config(launcher.config, list(overrides))
-        except HydraException:
+        job_dir = _job_directory(launcher, overrides, idx)
+        if job_dir is None:
             continue
-        with open_dict(config):
-            config.hydra.job.id = config.hydra.job.num = idx
-        job_dir = Path(str(config.hydra.sweep.dir), str(config.hydra.sweep.subdir))
         key = f"the job directory of #{idx} ({' '.join(filter_overrides(overrides))})"
         try:
             check_path_length(key, job_dir, "set a shorter hydra.sweep.subdir (or hydra.sweep.dir)")
         except ConfigError as exc:
-            raise SystemExit(f"attnlab-{config.get('task_name', 'train')}: config error: {exc}") from None
+            task = launcher.config.get("task_name", "train")
+            raise SystemExit(f"attnlab-{task}: config error: {exc}") from None
+
+
+def _job_directory(launcher: Any, overrides: Sequence[str], idx: int) -> Path | None:
+    """The directory Hydra's launchers make for job `idx` of `overrides` (`hydra.sweep.dir`/
+    `hydra.sweep.subdir` of its config, resolved as `hydra.core.utils.run_job` does: with the job's config
+    as `HydraConfig`, for `${hydra:...}`), or None where its config cannot be composed or resolved."""
+    hydra_config = HydraConfig.instance()
+    before = hydra_config.cfg
+    try:
+        config = launcher.hydra_context.config_loader.load_sweep_config(launcher.config, list(overrides))
+        with open_dict(config):
+            config.hydra.job.id = config.hydra.job.num = idx
+        hydra_config.set_config(config)
+        return Path(str(config.hydra.sweep.dir), str(config.hydra.sweep.subdir))
+    except (HydraException, OmegaConfBaseException):
+        return None
+    finally:
+        hydra_config.cfg = before
 
 
 class OncePerSweep:
