@@ -571,6 +571,13 @@ def test_a_run_sweep_or_job_directory_too_long_for_the_file_system_is_refused_na
     ):
         command_here(monkeypatch, "train", "-m", "data=synthetic", "data.n_train=0", "seed=1,2",
                      f"hydra.sweep.dir={sweep}", f"hydra.sweep.subdir=${{hydra:job.num}}_{long}")  # fmt: skip
+    # The default subdir's names (at most JOB_DIRNAME_BYTES) without room for the longest: each job's is found
+    deep, room = tmp_path / "deep", 4075 - len(str(tmp_path / "deep"))
+    deep = deep.joinpath(*["d" * 200] * (room // 201), "d" * (room % 201))  # 4075 bytes, then the job's name
+    job = re.escape(job[: job.index(":") + 2]) + r"it is \d+ bytes long as an absolute path, over the 4095"
+    with pytest.raises(SystemExit, match=f"^attnlab-train: config error: {job}"):
+        command_here(monkeypatch, "train", "-m", "data=synthetic", "data.n_train=0", "seed=1,2",
+                     f"hydra.sweep.dir={deep}")  # fmt: skip
     assert "Traceback" not in capsys.readouterr().err
     assert sorted(str(p.relative_to(tmp_path)) for p in tmp_path.rglob("*")) == [
         "sweep",

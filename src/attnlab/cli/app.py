@@ -32,6 +32,7 @@ from attnlab.io import (
     remove_empty_directories,
 )
 from attnlab.runs.layout import (
+    JOB_DIRNAME_BYTES,
     MANIFEST_FILE,
     RUN_LOCK,
     SWEEP_RECORD,
@@ -73,9 +74,9 @@ def job_dirname(overrides: Sequence[str], sweep_dir: str | None = None) -> str:
     digest = hashlib.sha256(kept.encode("utf-8")).hexdigest()[:8]
     short = [f"{key.rsplit('.', 1)[-1]}={value}" for key, _, value in (item.partition("=") for item in
              kept.split(",") if "=" in item)]  # fmt: skip
-    readable = re.sub(r"[^A-Za-z0-9=,._+-]", "_", ",".join(short))[:160]
+    readable = re.sub(r"[^A-Za-z0-9=,._+-]", "_", ",".join(short))[: JOB_DIRNAME_BYTES - 9]
     name = f"{readable}-{digest}" if readable else digest
-    if sweep_dir is None or (Path(sweep_dir) / name).exists():
+    if sweep_dir is None or os.path.exists(Path(sweep_dir) / name):  # (False, no OSError, for a long path)
         return name
     return earlier_job_dir(Path(sweep_dir), kept) or name
 

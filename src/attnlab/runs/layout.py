@@ -60,6 +60,9 @@ NBEST_DIR = "nbest"
 METRICS_CSV = "csv/metrics.csv"
 CHECKPOINTS_DIR = "checkpoints"
 LAST_CHECKPOINT = f"{CHECKPOINTS_DIR}/last.ckpt"
+# The longest multirun job directory name the default hydra.sweep.subdir gives (`attnlab.cli.app.job_dirname`:
+# its readable part, a dash and an 8-digit hash, ASCII only).
+JOB_DIRNAME_BYTES = 169
 RUN_LOCK = ".lock"  # `<pid> <host>` of the process running in the run directory
 SWEEP_RECORD = "multirun.yaml"  # Hydra's record of a multirun, in its sweep directory
 

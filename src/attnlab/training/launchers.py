@@ -35,8 +35,9 @@ from hydra.errors import HydraException
 from omegaconf import OmegaConf, open_dict
 from omegaconf.errors import OmegaConfBaseException
 
-from attnlab.io import error_reason
+from attnlab.io import error_reason, too_long_path
 from attnlab.runs.layout import (
+    JOB_DIRNAME_BYTES,
     MANIFEST_FILE,
     RunDir,
     UnreadableRunFile,
@@ -180,7 +181,10 @@ def check_job_directories(launcher: Any, job_overrides: Sequence[Sequence[str]],
     numbered from `first_idx` as Hydra's launchers do) is too long for the file system: Hydra made the job
     directories first, with `OSError`'s `File name too long` traceback. The default subdir
     (`attnlab.cli.app.job_dirname`) is short; one the user sets, or a long sweep directory, need not be. A
-    job whose config cannot be composed or resolved is left to the launcher, which reports it."""
+    job whose config cannot be composed or resolved is left to the launcher, which reports it. With the
+    default subdir and room for its longest name, no job's config is composed (`_default_job_names_fit`)."""
+    if _default_job_names_fit(launcher.config):
+        return
     for idx, overrides in enumerate(job_overrides, start=first_idx):
         job_dir = _job_directory(launcher, overrides, idx)
         if job_dir is None:
@@ -191,6 +195,20 @@ def check_job_directories(launcher: Any, job_overrides: Sequence[Sequence[str]],
         except ConfigError as exc:
             task = launcher.config.get("task_name", "train")
             raise SystemExit(f"attnlab-{task}: config error: {exc}") from None
+
+
+def _default_job_names_fit(config: Any) -> bool:
+    """Whether the sweep's `hydra.sweep.subdir` is the default one (`${attnlab.job_dir:...}`, names of at
+    most `JOB_DIRNAME_BYTES`) and `hydra.sweep.dir` has room for such a name: then composing each job's
+    config to find its directory (a few tenths of a second a job) would find none too long."""
+    try:
+        sweep = config.hydra.sweep
+        subdir = sweep._get_node("subdir")._value()
+        if not (isinstance(subdir, str) and subdir.startswith("${attnlab.job_dir:")):
+            return False
+        return too_long_path(Path(str(sweep.dir), "j" * JOB_DIRNAME_BYTES)) is None
+    except (HydraException, OmegaConfBaseException, AttributeError):
+        return False
 
 
 def _job_directory(launcher: Any, overrides: Sequence[str], idx: int) -> Path | None:
