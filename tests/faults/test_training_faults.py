@@ -484,30 +484,36 @@ def test_a_sigusr1_in_the_final_evaluation_stops_it_and_then_runs_the_requeue_ha
     assert not (tmp_path / "results.json").exists()
 
 
+@pytest.mark.parametrize("multirun", [False, True], ids=["run", "multirun"])
 def test_the_command_a_run_stopped_in_its_final_evaluation_names_evaluates_it_again(
-    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+    multirun: bool, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     """SIGTERM in the final evaluation of `attnlab-train` on data without text, in the directory named by the
     time that the command makes, under a log directory named as a multirun job's (`=`, `,`) with a space
     and a quote: the command the manifest names (the same command, with the words after "run the same
     command with" as the shell splits them) trains nothing more (its checkpoints unchanged) and evaluates
     again into that directory, which ends finished with its test scores in results.json. (It named an
-    attnlab-eval command, which refuses a checkpoint of data without text: it holds no tokenizers.)"""
+    attnlab-eval command, which refuses a checkpoint of data without text: it holds no tokenizers.) A
+    multirun's job (`-m`, which ignores `hydra.run.dir`) is named the same multirun with its sweep
+    directory, which finds the job again."""
     import shlex
 
     logs = tmp_path / "pe=learned,seed=2-1b2c3d4e it's"
     monkeypatch.setenv("ATTNLAB_LOG_DIR", str(logs))
     kill = ["+callbacks.kill._target_=probes.SignalAt", "+callbacks.kill.stage=test",
             "+callbacks.kill.step=1", f"+callbacks.kill.signum={int(signal.SIGTERM)}"]  # fmt: skip
+    command = ["-m"] if multirun else []
     with pytest.raises(SystemExit) as stopped:
-        command_here(monkeypatch, "train", *RUN, "test=true", *kill)
+        command_here(monkeypatch, "train", *command, *RUN, "test=true", *kill)
     assert stopped.value.code == 128 + signal.SIGTERM
-    (run_dir,) = (logs / "train" / "runs").iterdir()
-    error = json.loads((run_dir / "manifest.json").read_text())["error"]
-    fix = error.partition("run the same command with ")[2].partition(": it trains nothing more")[0]
+    (manifest_file,) = logs.glob("train/*/*/manifest.json" if not multirun else "train/*/*/*/manifest.json")
+    run_dir = manifest_file.parent
+    error = json.loads(manifest_file.read_text())["error"]
+    told = "run the same multirun again with " if multirun else "run the same command with "
+    fix = error.partition(told)[2].partition(": ")[0]
     saved = {path: path.read_bytes() for path in (run_dir / "checkpoints").glob("*.ckpt")}
-    command_here(monkeypatch, "train", *RUN, "test=true", *shlex.split(fix))
-    assert list((logs / "train" / "runs").iterdir()) == [run_dir], fix  # no new run
+    command_here(monkeypatch, "train", *command, *RUN, "test=true", *shlex.split(fix))
+    assert [p.parent for p in logs.rglob("manifest.json")] == [run_dir], fix  # no new run
     assert read_checkpoint(run_dir / "checkpoints" / "last.ckpt")["global_step"] == 10
     now = (run_dir / "checkpoints").glob("*.ckpt")
     assert not [path.name for path in now if saved.get(path) != path.read_bytes()]  # nothing trained

@@ -718,11 +718,28 @@ def evaluate_again(run: RunDir) -> str:
     """The fix for a run whose final evaluation did not end (stopped by a signal, or its results not
     written): the same command with `resume=auto` and the run's directory, which trains nothing more and
     evaluates again into that directory, for every run (one on data without text too, which attnlab-eval
-    cannot translate; a run in a directory named by the time, which the command alone would not find). The
-    directory is written with `override_word`, so that the shell and Hydra read it back (a multirun job's
-    holds `=` and `,`)."""
+    cannot translate; a run in a directory named by the time, which the command alone would not find). A
+    multirun's job (`-m`, which takes no `hydra.run.dir`) is found again by its sweep directory: the fix is
+    the sweep again with `resume=auto sweep.skip_done=true` and that `hydra.sweep.dir`, the job continued
+    that way and the finished jobs skipped. The directory is written with `override_word`, so that the shell
+    and Hydra read it back (a multirun job's holds `=` and `,`)."""
+    sweep_dir = _sweep_dir()
+    if sweep_dir is not None:
+        where = override_word("hydra.sweep.dir", sweep_dir)
+        return (f"run the same multirun again with resume=auto sweep.skip_done=true {where}: this job trains "
+                "nothing more and evaluates again, finished jobs are skipped")  # fmt: skip
     where = override_word("hydra.run.dir", str(run.path))
     return f"run the same command with resume=auto {where}: it trains nothing more and evaluates again"
+
+
+def _sweep_dir() -> str | None:
+    """The sweep directory of the multirun this process runs a job of (Hydra's config), else None."""
+    from hydra.core.hydra_config import HydraConfig
+    from hydra.types import RunMode
+
+    if not HydraConfig.initialized() or HydraConfig.get().mode != RunMode.MULTIRUN:
+        return None
+    return str(HydraConfig.get().sweep.dir)
 
 
 @contextmanager
