@@ -154,6 +154,38 @@ def test_training_decodes_exactly_val_subset_sentences_and_not_in_the_sanity_che
     ]
 
 
+def test_val_subset_is_decoded_whole_when_limit_val_batches_stops_before_it(
+    shared_data: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """`decode.val_subset=n` with `trainer.limit_val_batches=1`: the one validation batch (the shortest
+    sentences) holds none of the first n sentences, yet the run trains its epoch, decodes exactly those n
+    and logs their `val/bleu`, the metric its checkpoints monitor (README, "Run directory")."""
+    from attnlab.training.pipeline import train
+
+    decoded: list[list[int]] = []
+    translate = TranslationModule.translate
+
+    def recorded(module: TranslationModule, src: torch.Tensor, beam: int | None = None) -> list[list[int]]:
+        decoded.extend([t for t in row if t != module.model_config.pad_id] for row in src.tolist())
+        return translate(module, src, beam)
+
+    monkeypatch.setattr(TranslationModule, "translate", recorded)
+    corpus = write_corpus(shared_data, tmp_path / "corpus", TEXT_SPLITS)
+    n = 2
+    overrides = [*text_data(corpus, tmp_path / "cache"), "data.max_tokens=200", "trainer.max_epochs=1",
+                 "+trainer.limit_train_batches=1", "+trainer.limit_val_batches=1", f"decode.val_subset={n}",
+                 "decode.every_n_epochs=1", "monitor.metric=val/bleu", "test=false",
+                 "logger=csv"]  # fmt: skip
+    cfg = compose_train(overrides, tmp_path / "run")
+    datamodule = validate(cfg).data.datamodule()
+    assert not bool((next(iter(datamodule.val_dataloader()))["index"] < n).any())  # the batch misses them
+    metrics = train(cfg)
+    first = [src for src, _, _ in datamodule.splits["val"][:n]]
+    assert sorted(decoded) == sorted(first)
+    assert "val/bleu" in metrics and "val/chrf" in metrics
+    assert list((tmp_path / "run" / "checkpoints").glob("best-epoch000-*.ckpt"))  # chosen by val/bleu
+
+
 def test_validation_decodes_with_val_beam(text_run: dict[str, Any]) -> None:
     """`decode.val_beam` is the beam of the validation decodes: a validation pass with val_beam=4 logs
     the BLEU of beam 4's decodes, not greedy's. The model's greedy and beam-4 decodes of its validation set

@@ -78,12 +78,13 @@ class ParallelDataModule(L.LightningDataModule):
         trainer = self.trainer
         return (trainer.world_size, trainer.global_rank) if trainer is not None else (1, 0)
 
-    def sampler(self, split: str, *, shuffle: bool) -> TokenBatchSampler:
-        """The batch sampler of `split` for this process's rank."""
+    def sampler(self, split: str, *, shuffle: bool, first: int | None = None) -> TokenBatchSampler:
+        """The batch sampler of `split` for this process's rank (with `first`: of the split's first `first`
+        examples only, indices 0 .. first - 1; all of them when the split is shorter)."""
         self.setup()
         replicas, rank = self._replicas()
         return TokenBatchSampler(
-            self.splits[split].lengths(), max_tokens=self.max_tokens, batch_size=self.batch_size,
+            self.splits[split].lengths()[:first], max_tokens=self.max_tokens, batch_size=self.batch_size,
             shuffle=shuffle, seed=self.seed, num_replicas=replicas, rank=rank, bucket=self.bucket,
         )  # fmt: skip
 

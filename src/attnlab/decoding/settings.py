@@ -39,7 +39,11 @@ class DecodeConfig:
         every_n_epochs: During training, decode the validation set and log `val/bleu` and `val/chrf`
             every n epochs (0: never). Needs a corpus with a tokenizer (not `data=synthetic`).
         val_beam: Beam size of those validation decodes (1 = greedy, the fast default).
-        val_subset: Decode only the first n validation sentences (null: all).
+        val_subset: Decode only the first n validation sentences (null: all). They are decoded by index,
+            not from the validation batches, so `val/bleu` and `val/chrf` score exactly these n even
+            when `trainer.limit_val_batches` (or fast_dev_run) stops validation before the batches
+            that hold them (sorted by length); without a subset such a limited validation scores the
+            sentences its batches held.
         batch_size: Most sentences per decoding batch outside training (each holds `beam` hypotheses).
         max_tokens: Most source tokens (padding included) per decoding batch outside training, so long
             inputs get fewer sentences per batch (null: no token budget, `batch_size` alone).

@@ -345,17 +345,27 @@ class TranslationModule(L.LightningModule):
 
     def validation_step(self, batch: dict[str, Tensor], batch_idx: int) -> None:
         self._accumulate(batch)
-        if self._val_hypotheses is None:
-            return
-        subset = self.decode_config.val_subset
-        keep = (
-            batch["index"] < subset
-            if subset is not None
-            else torch.ones_like(batch["index"], dtype=torch.bool)
-        )
-        if bool(keep.any()):
-            outputs = self.translate(batch["src"][keep], self.decode_config.val_beam)
-            self._val_hypotheses.extend(zip(batch["index"][keep].tolist(), outputs, strict=True))
+        if self._val_hypotheses is not None and self.decode_config.val_subset is None:
+            self._decode(batch["src"], batch["index"])
+
+    def _decode(self, src: Tensor, index: Tensor) -> None:
+        """Decode sources (B, S) of validation sentences `index` (B,) for `val/bleu` and `val/chrf`."""
+        outputs = self.translate(src.to(self.device), self.decode_config.val_beam)
+        self._val_hypotheses.extend(zip(index.tolist(), outputs, strict=True))  # type: ignore[union-attr]
+
+    def _decode_subset(self) -> None:
+        """Decode this rank's share of the first `decode.val_subset` validation sentences, chosen by index
+        rather than taken from the validation batches: `trainer.limit_val_batches` (or fast_dev_run) may
+        stop validation before the batches that hold them (sorted by length), and `val/bleu` still scores
+        exactly these sentences. The ranks' shares are their batches of the subset (`TokenBatchSampler`):
+        every sentence once over the ranks, a rank with none still gathering in `_score_validation`.
+        They run at the precision of the validation steps (`trainer.precision`, e.g. autocast)."""
+        datamodule = self.trainer.datamodule
+        examples = datamodule.splits["val"]
+        for ids in datamodule.sampler("val", shuffle=False, first=self.decode_config.val_subset):
+            batch = datamodule.collate(examples.__getitems__(ids))
+            with self.trainer.precision_plugin.val_step_context():
+                self._decode(batch["src"], batch["index"])
 
     def _score_validation(self) -> dict[str, float]:
         """BLEU and chrF of the gathered validation decodes against the raw references."""
@@ -364,7 +374,8 @@ class TranslationModule(L.LightningModule):
             gathered: list[Any] = [None] * self.trainer.world_size
             torch.distributed.all_gather_object(gathered, pairs)
             pairs = [pair for shard in gathered for pair in shard]
-        # Original order; a limited validation (fast_dev_run, limit_val_batches) scores what it decoded.
+        # Original order; a limited validation (fast_dev_run, limit_val_batches) of the whole set scores
+        # what it decoded.
         indices = [i for i, _ in pairs]
         outputs = restore_order(indices, [ids for _, ids in pairs], complete=False)
         indices.sort()
@@ -378,6 +389,8 @@ class TranslationModule(L.LightningModule):
     def on_validation_epoch_end(self) -> None:
         self._log_epoch("val")
         if self._val_hypotheses is not None:
+            if self.decode_config.val_subset is not None:
+                self._decode_subset()
             self.log_dict(self._score_validation(), prog_bar=True, sync_dist=False)
             self._val_hypotheses = None
             self._log_attention()
