@@ -574,13 +574,35 @@ def make_writable_directory(directory: Path) -> None:
         pass
 
 
+# What looking at a path that cannot exist fails with: a name the file system refuses as too long (where its
+# real limit is below the one `os.pathconf` says: eCryptfs, some FUSE), a file where a directory is on the
+# path, a loop of symbolic links; and a path that does not exist
+_CANNOT_EXIST = (errno.ENOENT, errno.ENAMETOOLONG, errno.ENOTDIR, errno.ELOOP)
+
+
+def path_exists(path: str | Path) -> bool:
+    """Whether `path` exists (following symbolic links): False also for a path that cannot exist
+    (`_CANNOT_EXIST`: a name too long for the file system, on which Python 3.11's `Path.exists` raises).
+    Another error (no permission to look) is raised."""
+    try:
+        os.stat(path)
+    except OSError as exc:
+        if exc.errno in _CANNOT_EXIST:
+            return False
+        raise
+    except ValueError:  # (a NUL byte in it)
+        return False
+    return True
+
+
 def missing_directories(directories: Iterable[Path]) -> set[Path]:
     """Each of `directories` and their parents that does not exist now (absolute, resolved): what
     `remove_empty_directories` may remove after a refused command. The parents are those of the path as
-    written, as `mkdir(parents=True)` makes them: `a/../b` with `a` missing makes `a` too."""
+    written, as `mkdir(parents=True)` makes them: `a/../b` with `a` missing makes `a` too. One that cannot
+    exist (`path_exists`: a name too long for the file system) is missing too."""
     resolved = (path.resolve() for directory in directories
                 for path in (Path(directory).absolute(), *Path(directory).absolute().parents))  # fmt: skip
-    return {path for path in resolved if not path.exists()}
+    return {path for path in resolved if not path_exists(path)}
 
 
 def remove_empty_directories(directories: Iterable[Path]) -> None:

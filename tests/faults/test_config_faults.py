@@ -32,6 +32,7 @@ from typing import NamedTuple
 import pytest
 from hydra.errors import ConfigCompositionException, MissingConfigException
 
+import attnlab.io
 import attnlab.training.pipeline
 from attnlab.io import too_long_path
 from attnlab.training.pipeline import train
@@ -584,6 +585,28 @@ def test_a_run_sweep_or_job_directory_too_long_for_the_file_system_is_refused_na
         "sweep/multirun.yaml",
     ]
     assert (sweep / "multirun.yaml").read_bytes() == b"an earlier sweep's record\n"
+
+
+def test_a_directory_the_file_system_refuses_as_too_long_below_its_reported_limit_is_refused_leaving_nothing(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """Where the file system's real name limit is below the one it reports (eCryptfs, some FUSE; stood in
+    for by reporting a larger limit), a run or sweep directory passes the up-front length check and the
+    file system refuses it as it is made: the command ends in one line naming the refusal as too long and
+    the fix, not an `OSError` traceback of the cleanup looking at the long path, and the parents it made
+    are removed (under a missing parent, and under an existing one)."""
+    monkeypatch.delenv("HYDRA_FULL_ERROR", raising=False)
+    monkeypatch.setattr(attnlab.io, "_path_limit", lambda directory, name, default: 1 << 20)
+    long = "x" * (os.pathconf(tmp_path, "PC_NAME_MAX") + 45)
+    for parent, key, multirun in [("new", "run", []), ("", "run", []), ("new", "sweep", ["-m", "seed=1,2"]),
+                                  ("", "sweep", ["-m", "seed=1,2"])]:  # fmt: skip
+        told = f"cannot create the run directory {tmp_path / parent / long}: the file system refuses it as "
+        with pytest.raises(SystemExit, match=f"^attnlab-train: config error: {re.escape(told)}too long .* — "
+                           "set a shorter hydra.run.dir \\(hydra.sweep.dir for -m\\)$"):  # fmt: skip
+            command_here(monkeypatch, "train", *multirun, "data=synthetic", "data.n_train=0",
+                         f"hydra.{key}.dir={tmp_path / parent / long}")  # fmt: skip
+        assert list(tmp_path.iterdir()) == []
+    assert "Traceback" not in capsys.readouterr().err
 
 
 @pytest.mark.parametrize(

@@ -29,6 +29,7 @@ from attnlab.io import (
     error_reason,
     held_elsewhere,
     missing_directories,
+    path_exists,
     remove_empty_directories,
 )
 from attnlab.runs.layout import (
@@ -372,7 +373,10 @@ def _remove_hydra_record(run_dir: Path, claimed: bool) -> bool:
     """Remove `run_dir`'s `.hydra/`, top-level `*.log` files and `multirun.yaml` (a sweep's record) if it
     holds nothing else (but the lock file, when this command `claimed` the directory; in a sweep's, the
     job directories holding nothing but their own record and log, as a job refused as it starts leaves
-    them, `attnlab.cli.train.check_launcher`: removed first); whether it did."""
+    them, `attnlab.cli.train.check_launcher`: removed first); whether it did. A `run_dir` that does not
+    exist, or cannot (`attnlab.io.path_exists`: a name too long for the file system), holds nothing."""
+    if not path_exists(run_dir):
+        return True
     record, sweep = run_dir / ".hydra", run_dir / "multirun.yaml"
     if sweep.is_file():
         _remove_refused_jobs(run_dir)
@@ -751,7 +755,7 @@ class RunDirectoryCheck(Callback):
         _made_for_this_run.clear()
         _made_for_this_run[sweep_dir.resolve()] = missing_directories([sweep_dir])
         _sweep_records_before.clear()  # what Hydra writes over: put back if refused before a job ran
-        if sweep_dir.is_dir():
+        if os.path.isdir(sweep_dir):  # (False for one that cannot exist: a name too long, `path_exists`)
             directory = sweep_dir.resolve()
             record = directory / SWEEP_RECORD
             with suppress(OSError):  # (one that cannot be read or written: Hydra's write fails too)

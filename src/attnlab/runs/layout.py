@@ -19,6 +19,7 @@ A run directory holds::
 from __future__ import annotations
 
 import csv
+import errno
 import io
 import json
 import logging
@@ -563,13 +564,21 @@ class RunDir:
         """Create the run directory and check that files can be written there, before anything is run.
 
         Raises:
-            ConfigError: It cannot be created or written, or a directory stands where the run writes its
-                config.yaml, manifest.json or csv/metrics.csv (that write would fail once the others had
-                changed) or its lock (`.lock`: `claim` would fail), naming it and the fix.
+            ConfigError: It cannot be created or written (or is too long for the file system, whose real
+                limit can be below the one `attnlab.io.too_long_path` reads: eCryptfs, some FUSE), or a
+                directory stands where the run writes its config.yaml, manifest.json or csv/metrics.csv
+                (that write would fail once the others had changed) or its lock (`.lock`: `claim` would
+                fail), naming it and the fix.
         """
         try:
             make_writable_directory(self.path)
         except OSError as exc:
+            if exc.errno == errno.ENAMETOOLONG:
+                raise ConfigError(
+                    f"cannot create the run directory {self.path}: the file system refuses it as too long "
+                    f"({exc.strerror}), below the limits it reports — set a shorter hydra.run.dir "
+                    "(hydra.sweep.dir for -m)"
+                ) from None
             raise ConfigError(
                 f"cannot create the run directory {self.path} or write in it: {exc.strerror or exc} — set "
                 "hydra.run.dir (hydra.sweep.dir for -m) to a writable directory, or fix its permissions"
