@@ -162,6 +162,20 @@ def is_int(value: Any) -> bool:
     return isinstance(value, int) and not isinstance(value, bool)
 
 
+def check_chunk_lines(chunk_lines: Any) -> int:
+    """`chunk_lines`, the lines read and decoded at a time (`Translator.stream`, attnlab-translate's
+    `chunk_lines=`), when it is a whole number of lines >= 1: an int (a bool or a whole float is not).
+
+    Raises:
+        TypeError: It is no int; the message names the setting and its value.
+        ValueError: It is < 1; likewise.
+    """
+    if not is_int(chunk_lines) or chunk_lines < 1:
+        refused = ValueError if is_int(chunk_lines) else TypeError
+        raise refused(f"chunk_lines={chunk_lines!r} must be a whole number of lines >= 1 (an int)")
+    return chunk_lines
+
+
 def is_number(value: Any) -> bool:
     """Whether `value` is an int or a float (True and False are not, though Python counts them)."""
     return isinstance(value, (int, float)) and not isinstance(value, bool)

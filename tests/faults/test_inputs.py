@@ -487,5 +487,6 @@ def test_attnlab_translate_refuses_compressed_input_naming_the_tool_that_unpacks
 def test_chunk_lines_that_is_no_whole_number_is_refused(value: str, tmp_path: Path) -> None:
     """`chunk_lines=abc` failed with a traceback and `chunk_lines=2.7` read 2 lines at a time; checked before
     the checkpoint is read."""
-    with pytest.raises(SystemExit, match=r"chunk_lines=.* must be a whole number of lines >= 1"):
+    refused = r"^attnlab-translate: chunk_lines=.* must be a whole number of lines >= 1"
+    with pytest.raises(SystemExit, match=refused):
         translate_main([f"ckpt_path={tmp_path / 'none.ckpt'}", f"chunk_lines={value}"])

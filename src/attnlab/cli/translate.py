@@ -67,6 +67,7 @@ from attnlab.data.text import plural
 from attnlab.decoding.settings import DECODE_TIME_KEYS
 from attnlab.io import atomic_writer, without_bom, written_in_place
 from attnlab.training.allocator import configure_allocator
+from attnlab.typed import check_chunk_lines
 
 if TYPE_CHECKING:
     from attnlab.data.tokenizer import SubwordTokenizer
@@ -223,12 +224,18 @@ class InvisibleFilter:
 
 def chunk_size(settings: dict[str, Any]) -> int:
     """The lines read at a time: `chunk_lines` when given, else 1 for input typed at a terminal (standard
-    input a TTY: each line is translated as it is entered) and `CHUNK_LINES` for a file or a pipe."""
+    input a TTY: each line is translated as it is entered) and `CHUNK_LINES` for a file or a pipe.
+
+    Raises:
+        SystemExit: `chunk_lines` is no whole number of lines >= 1 (`attnlab.typed.check_chunk_lines`, the
+            check of `Translator.stream`'s too), in one line naming it.
+    """
     given = settings["chunk_lines"]
     if given is not None:
-        if isinstance(given, bool) or not isinstance(given, int) or given < 1:
-            raise SystemExit(f"attnlab-translate: chunk_lines={given!r} must be a whole number of lines >= 1")
-        return given
+        try:
+            return check_chunk_lines(given)
+        except (TypeError, ValueError) as exc:
+            raise SystemExit(f"attnlab-translate: {exc}") from None
     try:
         typed = str(settings["input"]) == "-" and os.isatty(sys.stdin.fileno())
     except (AttributeError, OSError, ValueError):  # no real stdin (closed, replaced by an object)

@@ -56,7 +56,7 @@ from attnlab.runs.layout import (
     nbest_file,
 )
 from attnlab.runs.results import results_bytes
-from attnlab.typed import is_int, language_subtag
+from attnlab.typed import check_chunk_lines, is_int, language_subtag
 
 log = logging.getLogger(__name__)
 
@@ -374,12 +374,11 @@ def _chunks(lines: Iterable[str], chunk_lines: int, method: str) -> Iterator[tup
     first, then the error is raised.
 
     Raises:
-        TypeError: `chunk_lines` is no int (a bool, a float), or `_checked_lines` refuses `lines`.
+        TypeError: `chunk_lines` is no int (a bool, a float: `check_chunk_lines`), or `_checked_lines`
+            refuses `lines`.
         ValueError: `chunk_lines` < 1.
     """
-    if not is_int(chunk_lines) or chunk_lines < 1:
-        refused = ValueError if is_int(chunk_lines) else TypeError
-        raise refused(f"chunk_lines={chunk_lines!r} must be a whole number of lines >= 1 (an int)")
+    chunk_lines = check_chunk_lines(chunk_lines)
     return _read_chunks((line.rstrip("\r\n") for line in _checked_lines(lines, method)), chunk_lines)
 
 
