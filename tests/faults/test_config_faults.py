@@ -414,6 +414,7 @@ def test_a_config_group_set_to_null_refuses_the_command_in_one_line_naming_its_o
 
 
 OPTIONS = "options: base, big, mini, small, tiny"
+GRAMMAR = "https://hydra.cc/docs/1.2/advanced/override_grammar/basic"
 # `(task, its arguments, the one line after "attnlab-<task>: config error: ")`
 NOT_IN_THE_CONFIG = [
     ("train", ["model=smal"], f"model=smal: no option 'smal' in group model (did you mean small?); {OPTIONS}"
@@ -430,6 +431,20 @@ NOT_IN_THE_CONFIG = [
      "with +decode.bem=..."),
     ("export", ["formt=hf"], "formt: no such key in the config (did you mean format?); add a new key with "
      "+formt=..."),
+    ("train", ["+seed=3"], "+seed=3: seed is already in the config: set it with seed=3 (++seed=3 sets it "
+     "whether or not it is there)"),
+    ("train", ["+model=small"], "+model=small: group model already has an option: choose it with "
+     "model=small"),
+    ("train", ["~trainer.max_epoc"], "~trainer.max_epoc: no such key in trainer to delete (did you mean "
+     "~trainer.max_epochs?)"),
+    ("train", ["~trainr.max_epochs"], "~trainr.max_epochs: no such key in the config to delete (did you mean "
+     "~trainer.max_epochs?)"),
+    ("train", ["~ckpt_path"], "~ckpt_path: ckpt_path is null, which Hydra cannot delete (it takes a null "
+     "value for no key): leave it null, or set it with ckpt_path=<value>"),
+    ("eval", ["model.d_model=[", "seed=1"], "model.d_model=[: not an override Hydra can parse (no viable "
+     f"alternative at input '['); see {GRAMMAR}"),
+    ("train", ["seed='3"], f"seed='3: not an override Hydra can parse (\"'\" at character 6 is not allowed "
+     f"there); see {GRAMMAR}"),
 ]  # fmt: skip
 
 
@@ -442,12 +457,33 @@ def test_an_option_or_key_not_in_the_config_refuses_the_command_in_one_line_with
     """`attnlab-train model=smal`, `trainer.max_epoc=3`: Hydra printed its message of several lines (the
     options one a line, the config search path, the hint of `HYDRA_FULL_ERROR=1`); one line names the
     override, the closest option or key and the fix; exit status 1 (the text of the `SystemExit`), as
-    before; no run directory."""
+    before; no run directory. So do a key or group appended with `+` that the config has, a key deleted
+    (`~key`) that it has not, and an override that is not Hydra's grammar."""
     monkeypatch.delenv("HYDRA_FULL_ERROR", raising=False)
     with pytest.raises(SystemExit) as refused:
         command_here(monkeypatch, task, *args, f"hydra.run.dir={tmp_path / 'run'}")
     assert refused.value.code == f"attnlab-{task}: config error: {said}"
     assert list(tmp_path.iterdir()) == []
+
+
+@pytest.mark.parametrize("entry", ["override /model: smal", "/model: smal"])
+def test_an_option_not_in_its_group_chosen_by_an_experiment_file_refuses_the_command_naming_the_file(
+    entry: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """An experiment file's `override /model: smal` (or `/model: smal`) under defaults: Hydra's message of
+    several lines named the config whose default it replaces (`In 'train'`), not the file; one line names
+    the file, the option, the closest one and the group's options; no run directory."""
+    monkeypatch.delenv("HYDRA_FULL_ERROR", raising=False)
+    text = f"# @package _global_\ndefaults:\n  - {entry}\n"
+    conf = user_config(tmp_path / "mine", "experiment", text.encode())
+    with pytest.raises(SystemExit) as refused:
+        command_here(monkeypatch, "train", "--config-dir", str(conf), "experiment=mine",
+                     f"hydra.run.dir={tmp_path / 'runs' / 'run'}")  # fmt: skip
+    assert refused.value.code == (
+        f"attnlab-train: config error: {conf}/experiment/mine.yaml: no option 'smal' in group model, which "
+        f"its defaults list chooses (did you mean small?); {OPTIONS}"
+    )
+    assert not (tmp_path / "runs").exists()
 
 
 def test_hydra_full_error_shows_the_traceback_of_an_option_not_in_the_config(

@@ -1,7 +1,7 @@
 """The Hydra application shared by the commands: where the configs live, the resolvers they use, the
 callback that checks run directories before Hydra writes into them, and the refusal of a config file
 Hydra cannot load (`unloadable_config_refused`) and of an override naming an option or key the config does
-not have (`composition_errors_refused`)."""
+not have, or that Hydra cannot apply or parse (`composition_errors_refused`)."""
 
 from __future__ import annotations
 
@@ -452,12 +452,14 @@ def _refusing_unloadable(load: Callable[[Any, str], Any], task: str) -> Callable
 @contextmanager
 def composition_errors_refused(task: str) -> Iterator[None]:
     """While it runs, a command-line override Hydra refuses as it composes the config (the command's own
-    config, or a multirun job's) because it names nothing there ends the command with one line,
-    `attnlab-<task>: config error: ...` (`composition_problem`), instead of Hydra's message of several
-    lines (the options one a line, the config search path, a hint of `HYDRA_FULL_ERROR=1`): an option a
-    config group does not have (`model=smal`) and a key the config does not have (`trainer.max_epoc=3`).
-    Other composition errors keep Hydra's message. With `HYDRA_FULL_ERROR=1` the line is a `ConfigError`
-    raised from Hydra's error, with its traceback."""
+    config, or a multirun job's) ends the command with one line, `attnlab-<task>: config error: ...`
+    (`composition_problem`), instead of Hydra's message of several lines (the options one a line, the
+    config search path, a hint of `HYDRA_FULL_ERROR=1`): an option a config group does not have
+    (`model=smal`, or in a config file's defaults list, named by the line), a key the config does not have
+    (`trainer.max_epoc=3`, `~trainer.max_epoc`), a key or group appended that it has (`+seed=3`,
+    `+model=small`), an override that is not Hydra's grammar (`model.d_model=[`). Other composition errors
+    keep Hydra's message. With `HYDRA_FULL_ERROR=1` the line is a `ConfigError` raised from Hydra's error,
+    with its traceback."""
     from hydra._internal.config_loader_impl import ConfigLoaderImpl
 
     load = ConfigLoaderImpl.__dict__["load_configuration"]
@@ -469,15 +471,15 @@ def composition_errors_refused(task: str) -> Iterator[None]:
 
 
 def _refusing_composition_errors(load: Callable[..., Any], task: str) -> Callable[..., Any]:
-    """Hydra's config loader's `load_configuration`, an override naming no option or key refusing
-    `attnlab-<task>`."""
-    from hydra.errors import ConfigCompositionException
+    """Hydra's config loader's `load_configuration`, a composition error `composition_problem` words (an
+    override naming no option or key, ...) refusing `attnlab-<task>`."""
+    from hydra.errors import ConfigCompositionException, OverrideParseException
 
     @functools.wraps(load)
     def checked(loader: Any, config_name: str | None, overrides: list[str], *args: Any, **kwargs: Any) -> Any:
         try:
             return load(loader, config_name, overrides, *args, **kwargs)
-        except ConfigCompositionException as exc:
+        except (ConfigCompositionException, OverrideParseException) as exc:
             problem = composition_problem(exc, overrides)
             if problem is None:
                 raise
@@ -487,25 +489,64 @@ def _refusing_composition_errors(load: Callable[..., Any], task: str) -> Callabl
 
 
 def composition_problem(exc: Exception, overrides: Sequence[str]) -> str | None:
-    """The one line for Hydra's composition error `exc` caused by one of `overrides` (as typed), naming the
-    problem, the closest names (`difflib`) and the fix; None for any other error (Hydra's message stays):
-    `model=smal: no option 'smal' in group model (did you mean small?); options: base, big, mini, small,
-    tiny` and `trainer.max_epoc: no such key in trainer (did you mean trainer.max_epochs?); add a new key
-    with +trainer.max_epoc=...`."""
+    """The one line for Hydra's composition error `exc` caused by one of `overrides` (as typed) or by a
+    config file's defaults list, naming the problem, the closest names (`difflib`) and the fix; None for any
+    other error (Hydra's message stays): an option a group does not have, chosen on the command line
+    (`model=smal: no option 'smal' in group model (did you mean small?); options: base, big, mini, small,
+    tiny`) or in a config file (`my_conf/experiment/mine.yaml: no option 'smal' in group model, which its
+    defaults list chooses (did you mean small?); ...`, `_option_problem`); a key the config does not have
+    (`trainer.max_epoc: no such key in trainer (did you mean trainer.max_epochs?); add a new key with
+    +trainer.max_epoc=...`), also to delete (`~trainer.max_epoc`, `_deletion_problem`); a key or group
+    appended with `+` that the config already has (`_append_problem`); an override that is not Hydra's
+    grammar (`_grammar_problem`)."""
     from hydra.core.override_parser.overrides_parser import OverridesParser
     from hydra.errors import MissingConfigException, OverrideParseException
 
+    if isinstance(exc, OverrideParseException):
+        return _grammar_problem(exc)
     try:
         parsed = OverridesParser.create().parse_overrides(list(overrides))
     except OverrideParseException:
         return None
-    if isinstance(exc, MissingConfigException) and exc.options:
-        for override in parsed:
-            if f"{override.key_or_group}/{override.value()}" == exc.missing_cfg_file:
-                group, name = override.key_or_group, str(override.value())
-                return (f"{override.input_line}: no option '{name}' in group {group}"
-                        f"{_close_match(name, exc.options)}; options: {', '.join(exc.options)}")  # fmt: skip
+    if isinstance(exc, MissingConfigException):
+        return _option_problem(exc, parsed) if exc.options else None
+    return _key_problem(exc, parsed) or _deletion_problem(exc, parsed) or _append_problem(exc, parsed)
+
+
+def _option_problem(exc: Any, parsed: Sequence[Any]) -> str | None:
+    """The line for Hydra's `MissingConfigException` `exc` of an option its group does not have, chosen by
+    one of the `parsed` overrides or, failing that, by the defaults list of a config file (an `override
+    /group: name` there, or a plain entry), which the line names; None when neither is found."""
+    from hydra._internal.config_repository import IConfigRepository
+    from hydra._internal.defaults_list import Overrides
+    from hydra.core.default_element import DefaultsTreeNode
+
+    group, _, name = str(exc.missing_cfg_file).rpartition("/")
+    close = f"{_close_match(name, exc.options)}; options: {', '.join(exc.options)}"
+    for override in parsed:
+        if f"{override.key_or_group}/{override.value()}" == exc.missing_cfg_file:
+            return f"{override.input_line}: no option '{name}' in group {group}{close}"
+    chosen = _hydra_local(exc, "overrides", Overrides)
+    tree = _hydra_local(exc, "tree", DefaultsTreeNode)
+    overridden = chosen.override_metadata if chosen is not None else {}
+    metas = [meta for key, meta in overridden.items() if key.split("@")[0] == group]
+    containing = None
+    if metas:  # (the option an override chose: the file it is in; None for the command line's)
+        containing = metas[0].containing_config_path
+    elif tree is not None and tree.parent is not None:  # (the file whose defaults list names it)
+        containing = tree.parent.node.get_config_path()
+    repo = _hydra_local(exc, "repo", IConfigRepository)
+    found = repo.get_sources() if containing and repo is not None else []
+    sources = [source for source in found if source.is_config(containing)]
+    if not sources:
         return None
+    file = _config_file(sources[0], containing)[0]
+    return f"{file}: no option '{name}' in group {group}, which its defaults list chooses{close}"
+
+
+def _key_problem(exc: Exception, parsed: Sequence[Any]) -> str | None:
+    """The line for Hydra's error `exc` of a key one of the `parsed` overrides sets that the config does
+    not have (OmegaConf's `ConfigKeyError` or `ConfigAttributeError` its cause); None for another error."""
     cause = exc.__cause__
     if not isinstance(cause, (ConfigKeyError, ConfigAttributeError)) or not cause.full_key:
         return None
@@ -517,6 +558,75 @@ def composition_problem(exc: Exception, overrides: Sequence[str]) -> str | None:
             close = _close_match(name, known, f"{parent}." if parent else "", key[len(cause.full_key) :])
             return f"{key}: no such key in {parent or 'the config'}{close}; add a new key with +{key}=..."
     return None
+
+
+def _deletion_problem(exc: Exception, parsed: Sequence[Any]) -> str | None:
+    """The line for Hydra's error `exc` of a key one of the `parsed` overrides deletes (`~key`) that the
+    config does not have, with the closest key of the config Hydra composed; or that it has with the value
+    null, which Hydra takes for no key. None for another error."""
+    found = re.fullmatch(r"Could not delete from config\. '(.+)' does not exist\.", str(exc))
+    config = _hydra_local(exc, "cfg", DictConfig)
+    deleted = [o for o in parsed if found and o.is_delete() and o.key_or_group == found[1] and not o.package]
+    if not deleted or config is None:
+        return None
+    parts, node = found[1].split("."), config
+    for depth, part in enumerate(parts):
+        known = [str(key) for key in node] if isinstance(node, DictConfig) else []
+        if part not in known:
+            parent, rest = ".".join(parts[:depth]), "".join(f".{p}" for p in parts[depth + 1 :])
+            close = _close_match(part, known, f"~{parent}." if parent else "~", rest)
+            return f"{deleted[0].input_line}: no such key in {parent or 'the config'} to delete{close}"
+        node = node._get_node(part)
+    return (f"{deleted[0].input_line}: {found[1]} is null, which Hydra cannot delete (it takes a null value "
+            f"for no key): leave it null, or set it with {found[1]}=<value>")  # fmt: skip
+
+
+def _append_problem(exc: Exception, parsed: Sequence[Any]) -> str | None:
+    """The line for Hydra's error `exc` of a key or config group one of the `parsed` overrides appends with
+    `+` that the config already has: set or choose it without the `+`. None for another error."""
+    key = re.match(r"Could not append to config\. An item is already at '(.+)'\.", str(exc))
+    group = re.match(r"Multiple values for ([^\s@]+)[@.]", str(exc))
+    for override in parsed:
+        if not override.is_add():
+            continue
+        plain = override.input_line[1:]
+        if key and override.key_or_group == key[1]:
+            return (f"{override.input_line}: {key[1]} is already in the config: set it with {plain} "
+                    f"(++{plain} sets it whether or not it is there)")  # fmt: skip
+        if group and override.key_or_group == group[1]:
+            return f"{override.input_line}: group {group[1]} already has an option: choose it with {plain}"
+    return None
+
+
+def _grammar_problem(exc: Any) -> str:
+    """The line for Hydra's `OverrideParseException` `exc`: the override that is not Hydra's grammar, why
+    (`_unparsable_reason`) and where the grammar is described."""
+    guide = str(exc).splitlines()[-1].removeprefix("See ").removesuffix(" for details")
+    return f"{exc.override}: not an override Hydra can parse ({_unparsable_reason(exc)}); see {guide}"
+
+
+def _unparsable_reason(exc: Any) -> str:
+    """Why Hydra's override parser refused an override (its `OverrideParseException` `exc`), on one line:
+    the character its lexer stopped at, or its parser's message (`no viable alternative at input '['`)."""
+    lines = str(exc).splitlines()
+    lexer = "LexerNoViableAltException: "
+    if lines[0].startswith(lexer) and len(lines) > 2:
+        at = len(lines[1]) - len(lexer) - 1  # (the column of Hydra's `^` under the override)
+        return f"{exc.override[at : at + 1]!r} at character {at + 1} is not allowed there"
+    said = [line.strip() for line in lines[:-1] if not line.startswith("Error parsing override")]
+    return "; ".join(line for line in said if line)
+
+
+def _hydra_local(exc: BaseException, name: str, kind: type) -> Any:
+    """The value of the variable `name` (an instance of `kind`) in the innermost frame of `exc`'s traceback
+    that has one (Hydra's, where it raised `exc`), or None: Hydra's error carries neither the config it
+    composed nor the config file an option came from."""
+    found, frames = None, exc.__traceback__
+    while frames is not None:
+        value = frames.tb_frame.f_locals.get(name)
+        found = value if isinstance(value, kind) else found
+        frames = frames.tb_next
+    return found
 
 
 def _close_match(name: str, known: Sequence[str], prefix: str = "", suffix: str = "") -> str:
