@@ -341,15 +341,16 @@ def test_a_declared_sweep_entry_hydra_cannot_read_is_refused_naming_it_before_an
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     """An entry of `hydra.sweeper.params` that Hydra's override grammar cannot read (`model.pe: learned,`,
-    a mapping) raised Hydra's parse error inside the up-front checks, which Hydra turns into a warning: the
-    checks after it were skipped, and the sweeper then failed with the grammar's error, not naming the
-    entry. It is refused in one line naming the entry, where it is given and the forms a sweep takes."""
+    a mapping, an unclosed quote) raised Hydra's parse error inside the up-front checks, which Hydra turns
+    into a warning: the checks after it were skipped, and the sweeper then failed with the grammar's error,
+    not naming the entry. It is refused in one line naming the entry, where it is given, why (for a
+    character the grammar does not allow, which one) and the forms a sweep takes."""
     from attnlab.cli.app import check_no_swept_bookkeeping
     from attnlab.typed import ConfigError
     from helpers import command_here, compose_train
 
     (tmp_path / "conf" / "experiment").mkdir(parents=True)
-    for name, entry in (("comma", "learned,"), ("mapping", "{a: 1}")):
+    for name, entry in (("comma", "learned,"), ("mapping", "{a: 1}"), ("quote", "learned'")):
         (tmp_path / "conf" / "experiment" / f"{name}.yaml").write_text(
             f"# @package _global_\nhydra:\n  sweeper:\n    params:\n      model.pe: {entry}\n"
         )
@@ -359,6 +360,9 @@ def test_a_declared_sweep_entry_hydra_cannot_read_is_refused_naming_it_before_an
     )
     with pytest.raises(ConfigError, match="^" + told.format(re.escape("{'a': 1}"))):
         check_no_swept_bookkeeping(compose_train([search, "experiment=mapping"], tmp_path, hydra_node=True))
+    stopped = told.format("learned'").replace(".*", '"\'" at character 17 is not allowed there')
+    with pytest.raises(ConfigError, match="^" + stopped):  # (where the grammar's lexer stopped)
+        check_no_swept_bookkeeping(compose_train([search, "experiment=quote"], tmp_path, hydra_node=True))
     sweep_dir = tmp_path / "sweep"
     with pytest.raises(SystemExit, match="^attnlab-train: config error: " + told.format("learned,")):
         command_here(monkeypatch, "train", "-m", search, "experiment=comma", "data=synthetic",

@@ -123,7 +123,7 @@ def sweep_overrides(config: DictConfig) -> list[tuple[str, str, bool]]:
         except OverrideParseException as exc:  # (the command line's were parsed by Hydra already)
             raise ConfigError(
                 f"{line} (in {where}) is not an override Hydra's sweeper can read: "
-                f"{str(exc).splitlines()[0]}: give its values as a,b,c, choice(a,b), range(start,stop,step) "
+                f"{_unparsable_reason(exc)}: give its values as a,b,c, choice(a,b), range(start,stop,step) "
                 "or interval(low,high), quoting a value that holds a comma, bracket or brace"
             ) from None
         return override.get_key_element(), _override_takes_several_values(override)
