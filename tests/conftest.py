@@ -5,6 +5,7 @@ from __future__ import annotations
 import errno
 import os
 import shutil
+import signal
 import tempfile
 from collections.abc import Iterator
 from pathlib import Path
@@ -14,13 +15,24 @@ import pytest
 
 os.environ.setdefault("WANDB_MODE", "disabled")
 os.environ.setdefault("HYDRA_FULL_ERROR", "1")
+# A pytest started as a background job (`pytest &` in a script, nohup) inherits SIGINT ignored, which Python
+# then keeps (its workers too): the tests of Ctrl-C run with Python's own handler, as from a terminal.
+if signal.getsignal(signal.SIGINT) is signal.SIG_IGN:
+    signal.signal(signal.SIGINT, signal.default_int_handler)
+# Under pytest-xdist (`-n auto`, CI's command) the workers share the CPUs: each one, and the processes
+# its tests start, gets its share of threads (set before torch is imported), not every CPU each, which
+# on a busy 2-core machine makes OpenMP's waiting threads compete with the other worker's.
+_WORKERS = int(os.environ.get("PYTEST_XDIST_WORKER_COUNT", "1"))
+if _WORKERS > 1:
+    os.environ.setdefault("OMP_NUM_THREADS", str(max(1, len(os.sched_getaffinity(0)) // _WORKERS)))
 # Downloads and prepared corpora of the test session go to a fresh directory, never the user's cache;
 # it is removed when the session ends (`pytest_unconfigure`).
 _SESSION_CACHE = os.environ["ATTNLAB_CACHE_DIR"] = tempfile.mkdtemp(prefix="attnlab-test-cache-")
 
-from hypothesis import settings as _hypothesis_settings
+# Imported once the environment above is set: helpers imports torch, which reads OMP_NUM_THREADS.
+from hypothesis import settings as _hypothesis_settings  # noqa: E402
 
-from helpers import require_shared_data
+from helpers import require_shared_data  # noqa: E402
 
 # Property-based tests (hypothesis) try the same examples on every CI run: a red CI is then always
 # reproducible, never a newly drawn example in an unrelated change. Locally they draw fresh ones.

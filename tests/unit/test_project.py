@@ -282,6 +282,18 @@ def test_the_readme_test_command_runs_slow_tests_and_the_notebooks(request: pyte
     assert list((ROOT / "notebooks").glob("*.ipynb"))
 
 
+def test_each_worker_of_the_ci_command_gets_its_share_of_the_cpus() -> None:
+    """README, Tests: under `python -m pytest -n auto` (CI's command: `PYTEST_XDIST_WORKER_COUNT` workers),
+    each worker's torch and the processes its tests start (`OMP_NUM_THREADS`) get the CPUs divided by the
+    workers (at least 1), not every CPU each; run alone, torch keeps its own count."""
+    import torch
+
+    workers = int(os.environ.get("PYTEST_XDIST_WORKER_COUNT", "1"))
+    if workers > 1:
+        share = max(1, len(os.sched_getaffinity(0)) // workers)
+        assert (torch.get_num_threads(), os.environ.get("OMP_NUM_THREADS")) == (share, str(share))
+
+
 def test_missing_shared_data_skips_on_a_users_clone(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.delenv("CI", raising=False)
     with pytest.raises(pytest.skip.Exception, match="shared test data not found"):
