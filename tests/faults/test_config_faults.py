@@ -35,6 +35,7 @@ from hydra.errors import ConfigCompositionException, MissingConfigException
 import attnlab.io
 import attnlab.training.pipeline
 from attnlab.io import too_long_path
+from attnlab.training.launchers import _default_job_names_fit
 from attnlab.training.pipeline import train
 from attnlab.typed import ConfigError
 from helpers import command_here, compose_train
@@ -643,6 +644,26 @@ def test_a_directory_the_file_system_refuses_as_too_long_below_its_reported_limi
                          f"hydra.{key}.dir={tmp_path / parent / long}")  # fmt: skip
         assert list(tmp_path.iterdir()) == []
     assert "Traceback" not in capsys.readouterr().err
+
+
+def test_a_job_subdir_adding_to_the_default_one_is_checked_for_length(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """A `hydra.sweep.subdir` that is the default `${attnlab.job_dir:...}` and more (a suffix of 300
+    bytes) names job directories longer than the default's: taken for the default (its names fit), it was
+    not checked, and Hydra's `File name too long` traceback ended the multirun, leaving the sweep
+    directory and its multirun.yaml. It is refused in one line before anything is made; the default subdir
+    alone is still known to fit without composing each job's config."""
+    monkeypatch.delenv("HYDRA_FULL_ERROR", raising=False)
+    subdir = "'${attnlab.job_dir:${hydra.overrides.task},${hydra.sweep.dir}}_" + "x" * 300 + "'"
+    job = "the job directory of #0 (data=synthetic data.n_train=0 seed=1) is too long for the file system: "
+    with pytest.raises(SystemExit, match=f"^attnlab-train: config error: {re.escape(job)}its name "):
+        command_here(monkeypatch, "train", "-m", "data=synthetic", "data.n_train=0", "seed=1,2",
+                     f"hydra.sweep.dir={tmp_path / 'sweep'}", f"hydra.sweep.subdir={subdir}")  # fmt: skip
+    assert "Traceback" not in capsys.readouterr().err
+    assert list(tmp_path.iterdir()) == []
+    default = compose_train([], tmp_path / "run", hydra_node=True)
+    assert _default_job_names_fit(default)  # the default subdir alone: no job's config composed to check it
 
 
 @pytest.mark.parametrize(

@@ -32,7 +32,7 @@ from hydra.core.hydra_config import HydraConfig
 from hydra.core.singleton import Singleton
 from hydra.core.utils import JobReturn, JobStatus, filter_overrides
 from hydra.errors import HydraException
-from omegaconf import OmegaConf, open_dict
+from omegaconf import OmegaConf, grammar_parser, open_dict
 from omegaconf.errors import OmegaConfBaseException
 
 from attnlab.io import error_reason, too_long_path
@@ -198,17 +198,27 @@ def check_job_directories(launcher: Any, job_overrides: Sequence[Sequence[str]],
 
 
 def _default_job_names_fit(config: Any) -> bool:
-    """Whether the sweep's `hydra.sweep.subdir` is the default one (`${attnlab.job_dir:...}`, names of at
-    most `JOB_DIRNAME_BYTES`) and `hydra.sweep.dir` has room for such a name: then composing each job's
-    config to find its directory (a few tenths of a second a job) would find none too long."""
+    """Whether the sweep's `hydra.sweep.subdir` is the default one (`${attnlab.job_dir:...}` alone, names
+    of at most `JOB_DIRNAME_BYTES`; not one adding to it, `${attnlab.job_dir:...}_<more>`) and
+    `hydra.sweep.dir` has room for such a name: then composing each job's config to find its directory (a
+    few tenths of a second a job) would find none too long."""
     try:
         sweep = config.hydra.sweep
-        subdir = sweep._get_node("subdir")._value()
-        if not (isinstance(subdir, str) and subdir.startswith("${attnlab.job_dir:")):
+        if not _job_dir_alone(sweep._get_node("subdir")._value()):
             return False
         return too_long_path(Path(str(sweep.dir), "j" * JOB_DIRNAME_BYTES)) is None
     except (HydraException, OmegaConfBaseException, AttributeError):
         return False
+
+
+def _job_dir_alone(subdir: Any) -> bool:
+    """Whether `subdir`, a `hydra.sweep.subdir` as written, is one `${attnlab.job_dir:...}` interpolation and
+    nothing else (OmegaConf's grammar: text around it, or a second interpolation after it, is more)."""
+    if not (isinstance(subdir, str) and subdir.startswith("${attnlab.job_dir:")):
+        return False
+    parts = list(grammar_parser.parse(subdir).text().getChildren())
+    interpolation = grammar_parser.OmegaConfGrammarParser.InterpolationContext
+    return len(parts) == 1 and isinstance(parts[0], interpolation)
 
 
 def _job_directory(launcher: Any, overrides: Sequence[str], idx: int) -> Path | None:
