@@ -12,6 +12,7 @@ from __future__ import annotations
 import dataclasses
 import difflib
 import inspect
+import operator
 import types
 import typing
 from collections.abc import Mapping
@@ -164,16 +165,23 @@ def is_int(value: Any) -> bool:
 
 def check_chunk_lines(chunk_lines: Any) -> int:
     """`chunk_lines`, the lines read and decoded at a time (`Translator.stream`, attnlab-translate's
-    `chunk_lines=`), when it is a whole number of lines >= 1: an int (a bool or a whole float is not).
+    `chunk_lines=`), as an int when it is a whole number of lines >= 1: an integer (an int, a NumPy integer:
+    `operator.index` takes it; a bool or a whole float is not one).
 
     Raises:
-        TypeError: It is no int; the message names the setting and its value.
+        TypeError: It is no integer; the message names the setting and its value.
         ValueError: It is < 1; likewise.
     """
-    if not is_int(chunk_lines) or chunk_lines < 1:
-        refused = ValueError if is_int(chunk_lines) else TypeError
-        raise refused(f"chunk_lines={chunk_lines!r} must be a whole number of lines >= 1 (an int)")
-    return chunk_lines
+    refused = f"chunk_lines={chunk_lines!r} must be a whole number of lines >= 1 (an int)"
+    try:
+        count = None if isinstance(chunk_lines, bool) else operator.index(chunk_lines)
+    except TypeError:
+        count = None
+    if count is None:
+        raise TypeError(refused)
+    if count < 1:
+        raise ValueError(refused)
+    return count
 
 
 def is_number(value: Any) -> bool:

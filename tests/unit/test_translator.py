@@ -5,6 +5,7 @@ from __future__ import annotations
 
 from typing import Any
 
+import numpy as np
 import pytest
 
 from attnlab.data.tokenizer import SubwordTokenizer
@@ -112,8 +113,9 @@ def test_chunk_lines_is_a_whole_number_of_lines_refused_at_the_call(
         refused = rf"^chunk_lines={chunk_lines!r} must be a whole number of lines >= 1 \(an int\)$"
         with pytest.raises(error, match=refused):
             getattr(translator, method)(LINES, chunk_lines)
-    streamed = list(getattr(translator, method)(iter(LINES), 4))  # a correct call: every line, in order
-    if method == "stream_nbest":  # scores may differ in the last bits between batchings: texts compared
-        assert [n.index for n in streamed] == list(range(len(LINES)))
-        streamed = [n.best for n in streamed]
-    assert streamed == translator.translate(LINES)
+    for whole in (4, np.int64(4)):  # correct calls (a NumPy integer is a whole number): every line, in order
+        streamed = list(getattr(translator, method)(iter(LINES), whole))
+        if method == "stream_nbest":  # scores may differ in the last bits between batchings: texts compared
+            assert [n.index for n in streamed] == list(range(len(LINES)))
+            streamed = [n.best for n in streamed]
+        assert streamed == translator.translate(LINES)

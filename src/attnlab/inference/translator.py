@@ -326,8 +326,9 @@ class Translator:
         translated first, then the error is raised.
 
         Raises:
-            TypeError: At the call, `lines` is one `str` (or bytes), or `chunk_lines` is no int (a bool or
-                a float); while reading, a line that is no `str` (`translate` says more).
+            TypeError: At the call, `lines` is one `str` (or bytes), or `chunk_lines` is no integer (a bool
+                or a float; a NumPy integer is one); while reading, a line that is no `str` (`translate` says
+                more).
             ValueError: At the call, `chunk_lines` < 1.
         """
         chunks = _chunks(lines, chunk_lines, "stream")
@@ -374,8 +375,8 @@ def _chunks(lines: Iterable[str], chunk_lines: int, method: str) -> Iterator[tup
     first, then the error is raised.
 
     Raises:
-        TypeError: `chunk_lines` is no int (a bool, a float: `check_chunk_lines`), or `_checked_lines`
-            refuses `lines`.
+        TypeError: `chunk_lines` is no integer (a bool, a float; an int or a NumPy integer is one:
+            `check_chunk_lines`), or `_checked_lines` refuses `lines`.
         ValueError: `chunk_lines` < 1.
     """
     chunk_lines = check_chunk_lines(chunk_lines)
