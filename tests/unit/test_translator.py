@@ -119,3 +119,22 @@ def test_chunk_lines_is_a_whole_number_of_lines_refused_at_the_call(
             assert [n.index for n in streamed] == list(range(len(LINES)))
             streamed = [n.best for n in streamed]
         assert streamed == translator.translate(LINES)
+
+
+def test_nbest_references_are_one_str_a_line_or_refused(joint: SubwordTokenizer) -> None:
+    """`nbest(lines, references=...)` paired a single str's characters with the lines, and dropped
+    references past the last line, silently (one too few was an IndexError): references are checked as
+    lines are, and there is one a line."""
+    translator = random_translator(joint)
+    paired = translator.nbest(GERMAN[:2], references=ENGLISH[:2])
+    assert [n.reference for n in paired] == ENGLISH[:2]
+    with pytest.raises(TypeError, match=r"^Translator\.nbest takes references .* not a single str .*: use "
+                       r"references=\[text\]$"):  # fmt: skip
+        translator.nbest(GERMAN[:1], references=ENGLISH[0])
+    refused = r"^Translator\.nbest: reference 1 \(from 0\) is a NoneType, not a str"
+    with pytest.raises(TypeError, match=refused):
+        translator.nbest(GERMAN[:2], references=[ENGLISH[0], None])
+    for references in (ENGLISH[:1], ENGLISH):
+        told = rf"^Translator\.nbest: {len(references)} references for 2 lines: give one reference a line"
+        with pytest.raises(ValueError, match=told):
+            translator.nbest(GERMAN[:2], references=references)

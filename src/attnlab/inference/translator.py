@@ -296,10 +296,19 @@ class Translator:
         hypothesis is the translation `translate` gives (`nbest_decode`; with alignments the decoder
         computes its attention weights explicitly, the same outputs up to float rounding). A line
         without source tokens gets no hypotheses. `start` is the index of the first line,
-        `references` their reference translations (for test sets). Lines are checked as `translate`
-        checks them.
+        `references` their reference translations (for test sets), one a line. Lines are checked as
+        `translate` checks them, and so are references.
+
+        Raises:
+            TypeError: As `translate` raises it, for `lines` or `references`.
+            ValueError: `references` has not one reference a line.
         """
         lines = list(_checked_lines(lines, "nbest"))
+        if references is not None:
+            references = list(_checked_lines(references, "nbest", "reference"))
+            if len(references) != len(lines):
+                told = f"{len(references)} references for {len(lines)} lines"
+                raise ValueError(f"Translator.nbest: {told}: give one reference a line, in their order")
         cfg, ids = self.decode, self._source_ids(lines)
         n_best, alignment = cfg.nbest or 1, cfg.print_alignment
         hypotheses: list[list[Any]] = [[] for _ in lines]
@@ -341,28 +350,31 @@ class Translator:
         return (n for start, chunk in chunks for n in self.nbest(chunk, start=start))
 
 
-def _checked_lines(lines: Iterable[str], method: str) -> Iterator[str]:
+def _checked_lines(lines: Iterable[str], method: str, item: str = "line") -> Iterator[str]:
     """The lines of `lines`, each checked to be a `str` as it is read (a stream stays lazy), for
-    `Translator.<method>`.
+    `Translator.<method>`; `item` names them in the messages (`reference` for `nbest`'s references).
 
     Raises:
         TypeError: At once, `lines` is one `str` (or bytes): iterated, each character would be translated
-            as a line; the message names the fix, `<method>([text])`. While reading, a line is no `str`
-            (bytes, None, a number): named by its index from 0 and its type.
+            as a line (taken as a line's reference); the message names the fix, `<method>([text])`
+            (`references=[text]`). While reading, a line is no `str` (bytes, None, a number): named by its
+            index from 0 and its type.
     """
     if isinstance(lines, (str, bytes, bytearray)):
-        raise TypeError(
-            f"Translator.{method} takes a sequence of lines, not a single {type(lines).__name__} (each "
-            f"character would be translated as a line): use {method}([text])"
-        )
-    return (_line(index, line, method) for index, line in enumerate(lines))
+        kind = type(lines).__name__
+        if item == "line":
+            raise TypeError(f"Translator.{method} takes a sequence of lines, not a single {kind} (each "
+                            f"character would be translated as a line): use {method}([text])")  # fmt: skip
+        raise TypeError(f"Translator.{method} takes {item}s as a sequence, not a single {kind} (each "
+                        f"character would be taken as a line's {item}): use {item}s=[text]")  # fmt: skip
+    return (_line(index, line, method, item) for index, line in enumerate(lines))
 
 
-def _line(index: int, line: Any, method: str) -> str:
-    """`line`, the line at `index` given to `Translator.<method>`, when it is a `str` (`_checked_lines`)."""
+def _line(index: int, line: Any, method: str, item: str = "line") -> str:
+    """`line`, the `item` at `index` given to `Translator.<method>`, when it is a `str` (`_checked_lines`)."""
     if not isinstance(line, str):
         raise TypeError(
-            f"Translator.{method}: line {index} (from 0) is a {type(line).__name__}, not a str: give text "
+            f"Translator.{method}: {item} {index} (from 0) is a {type(line).__name__}, not a str: give text "
             "lines only (decode bytes first, line.decode('utf-8'))"
         )
     return line
