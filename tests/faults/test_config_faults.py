@@ -137,6 +137,8 @@ CASES = [
     Case(["trainer.check_val_every_n_epoch=0"], E, "trainer.check_val_every_n_epoch=0", "positive integer"),
     Case(["trainer.num_nodes=0"], E, "trainer.num_nodes=0", "positive integer"),
     Case(["trainer.devices=0"], E, "trainer.devices=0", "-1 (all) or 'auto'"),
+    # (a mapping, as `+trainer.devices.0=1` makes: a TypeError of Lightning's once the run had started)
+    Case(["+trainer.devices.0=1"], E, "trainer.devices={'0': 1}", "'auto' or a list of device ids ([0,1])"),
     # (a TypeError of Lightning's once the run had started)
     Case(
         ["trainer.accelerator=cpu", "trainer.devices=[0,1]"],

@@ -347,8 +347,14 @@ def _check_devices(trainer: DictConfig) -> None:
     """`trainer.devices`: a count, -1 (every GPU) or `auto`; a list of device ids (`[0,1]`, `"0,1"`) or -1
     only off the CPU (`runs_on_cpu`: `trainer.accelerator=cpu`, or `auto` on a machine without a GPU),
     where Lightning takes a number of processes alone (it failed with a TypeError once the run had
-    started)."""
+    started). A mapping (`+trainer.devices.0=1`) is refused too (Lightning's TypeError, the run started)."""
     devices = trainer.get("devices")
+    if isinstance(devices, DictConfig):
+        shown = OmegaConf.to_container(devices)
+        raise ConfigError(
+            f"trainer.devices={shown!r} must be a positive count, -1 (all), 'auto' or a list of device ids "
+            "([0,1])"
+        )
     if isinstance(devices, int) and (devices == 0 or devices < -1):
         raise ConfigError(f"trainer.devices={devices} must be a positive count, -1 (all) or 'auto'")
     listed = isinstance(devices, ListConfig) or (isinstance(devices, str) and "," in devices)
