@@ -499,7 +499,8 @@ def test_the_command_a_run_stopped_in_its_final_evaluation_names_evaluates_it_ag
     import shlex
 
     logs = tmp_path / "pe=learned,seed=2-1b2c3d4e it's"
-    monkeypatch.setenv("ATTNLAB_LOG_DIR", str(logs))
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.setenv("ATTNLAB_LOG_DIR", logs.name)  # (relative: the fix is run from another directory)
     kill = ["+callbacks.kill._target_=probes.SignalAt", "+callbacks.kill.stage=test",
             "+callbacks.kill.step=1", f"+callbacks.kill.signum={int(signal.SIGTERM)}"]  # fmt: skip
     command = ["-m"] if multirun else []
@@ -512,6 +513,7 @@ def test_the_command_a_run_stopped_in_its_final_evaluation_names_evaluates_it_ag
     told = "run the same multirun again with " if multirun else "run the same command with "
     fix = error.partition(told)[2].partition(": ")[0]
     saved = {path: path.read_bytes() for path in (run_dir / "checkpoints").glob("*.ckpt")}
+    monkeypatch.chdir((tmp_path / "elsewhere").mkdir() or tmp_path / "elsewhere")
     command_here(monkeypatch, "train", *command, *RUN, "test=true", *shlex.split(fix))
     assert [p.parent for p in logs.rglob("manifest.json")] == [run_dir], fix  # no new run
     assert read_checkpoint(run_dir / "checkpoints" / "last.ckpt")["global_step"] == 10

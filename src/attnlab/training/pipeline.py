@@ -733,13 +733,16 @@ def evaluate_again(run: RunDir) -> str:
 
 
 def _sweep_dir() -> str | None:
-    """The sweep directory of the multirun this process runs a job of (Hydra's config), else None."""
+    """The sweep directory of the multirun this process runs a job of (Hydra's config), else None; absolute
+    (Hydra reads a relative one from the command's working directory), so a command in another directory
+    finds it too."""
     from hydra.core.hydra_config import HydraConfig
     from hydra.types import RunMode
 
     if not HydraConfig.initialized() or HydraConfig.get().mode != RunMode.MULTIRUN:
         return None
-    return str(HydraConfig.get().sweep.dir)
+    hydra = HydraConfig.get()
+    return os.path.join(str(hydra.runtime.cwd), str(hydra.sweep.dir))
 
 
 @contextmanager
