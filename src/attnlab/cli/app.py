@@ -77,7 +77,7 @@ def job_dirname(overrides: Sequence[str], sweep_dir: str | None = None) -> str:
              kept.split(",") if "=" in item)]  # fmt: skip
     readable = re.sub(r"[^A-Za-z0-9=,._+-]", "_", ",".join(short))[: JOB_DIRNAME_BYTES - 9]
     name = f"{readable}-{digest}" if readable else digest
-    if sweep_dir is None or os.path.exists(Path(sweep_dir) / name):  # (False, no OSError, for a long path)
+    if sweep_dir is None or path_exists(Path(sweep_dir) / name):
         return name
     return earlier_job_dir(Path(sweep_dir), kept) or name
 
